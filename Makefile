@@ -1,0 +1,30 @@
+# Every target bootstraps .venv itself, so a fresh machine needs only `make demo` / `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/keyorder dev
+
+test: $(STAMP)
+	$(PY) -m ruff check consumer operator tests examples
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+lint: $(STAMP)
+	$(PY) -m ruff check consumer operator tests examples
+	$(PY) -m ruff format --check consumer operator tests examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
