@@ -1,0 +1,103 @@
+"""The ``keyorder`` command line: ``run`` (a pod) and ``dev`` (the local demo).
+
+Flags of ``run`` are generated from ``RunConfig`` so every option is also settable through its
+``KEYORDER_*`` variable. Start-up errors (bad flag, bad handler path, bad Kafka property) exit
+with status 2 and one message that names what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic_core import PydanticUndefined
+
+from keyorder import __version__
+from keyorder.config import ConfigError, RunConfig, env_name, flag_name, load_run_config
+from keyorder.handlers import HandlerLoadError
+from keyorder.logs import configure_logging
+from keyorder.source import SourceError
+
+EXIT_CONFIG = 2
+log = logging.getLogger("keyorder")
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    for name, field in RunConfig.model_fields.items():
+        default = field.default if field.default is not PydanticUndefined else None
+        if field.default_factory is not None:
+            default = None
+        shown = f" [default: {default.value if hasattr(default, 'value') else default}]" \
+            if default is not None else " [required]" if field.is_required() else ""
+        help_text = f"{field.description}{shown} (env {env_name(name)})".replace("%", "%%")
+        if name == "kafka_property":
+            parser.add_argument(flag_name(name), dest=name, action="append", metavar="NAME=VALUE",
+                                help=help_text)
+        else:
+            parser.add_argument(flag_name(name), dest=name, metavar=name.upper(), help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="keyorder", description="Key-ordered Kafka consumers that scale "
+                                     "past the partition count.")
+    parser.add_argument("--version", action="version", version=f"keyorder {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a consumer pod", description="Consume topics and call the "
+                              "handler per message, in key order, with W key workers.")
+    _add_run_flags(run)
+    dev = commands.add_parser("dev", help="local demo: embedded broker, producer, pod, order check")
+    from keyorder.dev import add_dev_flags
+
+    add_dev_flags(dev)
+    return parser
+
+
+def run_command(flags: dict[str, Any]) -> int:
+    from keyorder.pod import Pod
+
+    try:
+        config = load_run_config(flags)
+    except ConfigError as error:
+        print(f"keyorder run: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(config.log_level, config.log_format)
+    try:
+        pod = Pod(config)
+    except (ConfigError, HandlerLoadError, SourceError) as error:
+        print(f"keyorder run: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        pod.run(stop)
+    except SourceError as error:
+        log.error("%s", error)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    flags = vars(args)
+    if args.command == "run":
+        return run_command(flags)
+    if args.command == "dev":
+        from keyorder.dev import dev_command
+
+        return dev_command(args)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

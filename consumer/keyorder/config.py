@@ -1,0 +1,220 @@
+"""Configuration of ``keyorder run``: one pydantic model, filled from flags, then env, then defaults.
+
+The model is the single source of truth: the CLI flags (``--max-inflight``), the environment
+variables (``KEYORDER_MAX_INFLIGHT``) and the docs table are all derived from its fields, so they
+cannot drift apart. Invalid input fails at start-up with a message naming the flag and variable.
+
+Kafka client properties (any librdkafka property, SASL/TLS included) come from, in increasing
+precedence: a Java-style properties file (``--kafka-properties-file``, e.g. a mounted Secret),
+``KEYORDER_RDKAFKA_<NAME>`` variables (``KEYORDER_RDKAFKA_SASL_MECHANISM`` -> ``sasl.mechanism``),
+and ``--kafka-property name=value`` flags. Their values are never logged unredacted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from keyorder.retry import ExhaustedPolicy
+from keyorder.routing import Ordering
+
+ENV_PREFIX = "KEYORDER_"
+RDKAFKA_ENV_PREFIX = "KEYORDER_RDKAFKA_"
+SENSITIVE_MARKERS = ("password", "secret", "pem", "token", "credential", "jaas", "sasl.username",
+                     "oauthbearer.config", "ssl.key", "keystore")
+"""Kafka property names containing one of these are redacted wherever properties are shown."""
+MANAGED_PROPERTIES = {
+    "enable.auto.commit": "keyorder commits the lowest unfinished offset itself",
+    "enable.auto.offset.store": "keyorder stores offsets itself",
+    "group.id": "use --group-id",
+}
+CONSUMER_ONLY_PREFIXES = ("group.", "enable.auto.", "auto.offset.reset", "auto.commit.", "session.timeout",
+                          "heartbeat.", "max.poll.", "partition.assignment", "fetch.", "queued.",
+                          "isolation.level", "check.crcs", "enable.partition.eof", "allow.auto.create",
+                          "consume.callback")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the offending flag, variable or file."""
+
+
+class RunConfig(BaseModel):
+    """Everything ``keyorder run`` needs. Field docs become the ``--help`` text and the docs table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    handler: str = Field(description="Handler to call per message, as 'package.module:function' "
+                                     "(plain or async def).", pattern=r"^[\w.]+:[\w.]+$")
+    topics: list[str] = Field(description="Topics to consume, comma-separated.", min_length=1)
+    group_id: str = Field(description="Kafka consumer group id.", min_length=1)
+    bootstrap_servers: str | None = Field(None, description="Kafka bootstrap servers (or set "
+                                          "bootstrap.servers in the Kafka properties).")
+    ordering: Ordering = Field(Ordering.KEY, description="key: same key in order (keyless messages per "
+                               "partition); partition: same partition in order; unordered: no order.")
+    workers: int = Field(16, ge=1, description="Key workers per pod at start (live-resizable).")
+    max_workers: int = Field(4096, ge=1, description="Upper bound for a live resize of the key workers.")
+    max_inflight: int = Field(10_000, ge=1, description="Unfinished messages per pod before every "
+                              "partition is paused (bounds memory).")
+    max_inflight_per_partition: int = Field(5_000, ge=1, description="Unfinished messages per partition "
+                                            "before that partition is paused.")
+    resume_ratio: float = Field(0.5, gt=0, lt=1, description="Paused partitions resume when in-flight "
+                                "falls to this fraction of the bound.")
+    poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
+    commit_interval: float = Field(1.0, gt=0, description="Seconds between periodic commits.")
+    max_attempts: int = Field(5, ge=1, description="Handler attempts per message, the first included.")
+    retry_initial_backoff: float = Field(0.2, ge=0, description="Seconds before the second attempt; "
+                                         "doubles per attempt. Only the failing key waits.")
+    retry_max_backoff: float = Field(30.0, ge=0, description="Longest wait between attempts (and the "
+                                     "retry period of a blocked key).")
+    on_exhausted: ExhaustedPolicy = Field(ExhaustedPolicy.DLQ, description="After max-attempts: dlq "
+                                          "(publish to the dead-letter topic, go on) or block (park the "
+                                          "key, keep retrying, hold the partition's commit).")
+    dlq_topic: str = Field("{topic}.dlq", min_length=1, description="Dead-letter topic; {topic} is "
+                           "replaced by the source topic.")
+    revoke_drain_timeout: float = Field(10.0, ge=0, description="Seconds revoked partitions' in-flight "
+                                        "messages may take to finish before they are abandoned.")
+    shutdown_grace: float = Field(25.0, ge=0, description="Seconds in-flight messages may take to finish "
+                                  "on SIGTERM (keep below the pod's terminationGracePeriodSeconds).")
+    http_host: str = Field("0.0.0.0", description="Address of the metrics/health/admin HTTP server.")
+    http_port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: any free port).")
+    admin_token_file: Path | None = Field(None, description="File holding the bearer token required by "
+                                          "PUT /admin/workers; without it the endpoint is disabled.")
+    kafka_properties_file: Path | None = Field(None, description="Java-style properties file of "
+                                               "librdkafka settings (e.g. a mounted Secret with SASL/TLS).")
+    kafka_property: list[str] = Field(default_factory=list, description="librdkafka setting "
+                                      "'name=value' (repeatable; overrides the file and environment).")
+    log_format: Literal["text", "json"] = Field("text", description="Log format.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+
+    @field_validator("topics", "kafka_property", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("kafka_property")
+    @classmethod
+    def _name_equals_value(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if "=" not in item or not item.split("=", 1)[0].strip():
+                raise ValueError(f"{item!r} must look like name=value")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RunConfig:
+        if self.workers > self.max_workers:
+            raise ValueError(f"workers ({self.workers}) must be <= max_workers ({self.max_workers})")
+        if self.max_inflight_per_partition > self.max_inflight:
+            raise ValueError(f"max_inflight_per_partition ({self.max_inflight_per_partition}) must be <= "
+                             f"max_inflight ({self.max_inflight})")
+        if self.retry_initial_backoff > self.retry_max_backoff:
+            raise ValueError("retry_initial_backoff must be <= retry_max_backoff")
+        return self
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def load_run_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> RunConfig:
+    """Build the config from parsed flags (``None`` = not given), then the environment."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for field in RunConfig.model_fields:
+        flag_value = flags.get(field)
+        if flag_value is not None and flag_value != []:
+            values[field] = flag_value
+        elif env_name(field) in environ:
+            values[field] = environ[env_name(field)]
+    try:
+        return RunConfig.model_validate(values)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error)) from None
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    lines = ["invalid configuration:"]
+    for problem in error.errors():
+        field = str(problem["loc"][0]) if problem["loc"] else ""
+        where = f"{flag_name(field)} / {env_name(field)}" if field else "config"
+        lines.append(f"  {where}: {problem['msg']}")
+    return "\n".join(lines)
+
+
+def read_properties_file(path: Path) -> dict[str, str]:
+    """Parse ``name=value`` / ``name: value`` lines; ``#`` and ``!`` start comments."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"--kafka-properties-file {path}: cannot read: {error.strerror}") from None
+    properties = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        separator = min((index for index in (line.find("="), line.find(":")) if index > 0), default=-1)
+        if separator < 0:
+            raise ConfigError(f"--kafka-properties-file {path}, line {number}: expected name=value")
+        properties[line[:separator].strip()] = line[separator + 1:].strip()
+    return properties
+
+
+def kafka_properties(config: RunConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The librdkafka properties the user supplied, merged by precedence (file < env < flags)."""
+    environ = os.environ if environ is None else environ
+    properties: dict[str, str] = {}
+    if config.kafka_properties_file is not None:
+        properties.update(read_properties_file(config.kafka_properties_file))
+    for name, value in environ.items():
+        if name.startswith(RDKAFKA_ENV_PREFIX) and len(name) > len(RDKAFKA_ENV_PREFIX):
+            properties[name[len(RDKAFKA_ENV_PREFIX):].lower().replace("_", ".")] = value
+    for item in config.kafka_property:
+        name, value = item.split("=", 1)
+        properties[name.strip()] = value.strip()
+    if config.bootstrap_servers:
+        properties["bootstrap.servers"] = config.bootstrap_servers
+    for name, reason in MANAGED_PROPERTIES.items():
+        if name in properties:
+            raise ConfigError(f"Kafka property {name!r} cannot be set: {reason}")
+    if not properties.get("bootstrap.servers"):
+        raise ConfigError("no Kafka bootstrap servers: set --bootstrap-servers / KEYORDER_BOOTSTRAP_SERVERS "
+                          "or bootstrap.servers in the Kafka properties")
+    return properties
+
+
+def consumer_properties(config: RunConfig, properties: Mapping[str, str]) -> dict[str, str]:
+    """Consumer settings: keyorder's defaults, overridden by the user's properties."""
+    return {"auto.offset.reset": "earliest", **properties, "group.id": config.group_id}
+
+
+def producer_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    """Connection and security settings reused by the dead-letter producer (consumer-only ones dropped)."""
+    return {name: value for name, value in properties.items() if not name.startswith(CONSUMER_ONLY_PREFIXES)}
+
+
+def redact(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy safe to log: values of sensitive properties replaced by ``<redacted>``."""
+    return {name: "<redacted>" if any(marker in name.lower() for marker in SENSITIVE_MARKERS) else value
+            for name, value in properties.items()}
+
+
+def read_admin_token(config: RunConfig) -> str | None:
+    if config.admin_token_file is None:
+        return None
+    try:
+        token = config.admin_token_file.read_text().strip()
+    except OSError as error:
+        raise ConfigError(f"--admin-token-file {config.admin_token_file}: cannot read: {error.strerror}") \
+            from None
+    if len(token) < 16:
+        raise ConfigError(f"--admin-token-file {config.admin_token_file}: token must be at least 16 characters")
+    return token

@@ -1,0 +1,66 @@
+"""Backpressure: which partitions to pause and resume so that memory stays bounded.
+
+A blocking queue in the poll loop would stall every partition when one fills up. Instead each
+partition is paused while it holds ``max_inflight_per_partition`` unfinished messages, and every
+partition is paused while the pod holds ``max_inflight``; both resume below a low-water mark
+(``resume_ratio`` of the bound), so pause/resume does not flap on every message.
+
+Pure: it is told the in-flight counts and answers with the partitions whose state must change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FlowLimits:
+    max_inflight: int = 10_000
+    """Unfinished messages per pod before every partition is paused."""
+    max_inflight_per_partition: int = 5_000
+    """Unfinished messages per partition before that partition is paused."""
+    resume_ratio: float = 0.5
+    """A paused partition (or pod) resumes when its in-flight count falls to this fraction of the bound."""
+
+    def __post_init__(self) -> None:
+        if self.max_inflight < 1 or self.max_inflight_per_partition < 1:
+            raise ValueError("in-flight bounds must be >= 1")
+        if not 0 < self.resume_ratio < 1:
+            raise ValueError(f"resume_ratio must be in (0, 1), got {self.resume_ratio}")
+
+
+class FlowControl:
+    """Hysteresis state for the pod and each partition."""
+
+    def __init__(self, limits: FlowLimits) -> None:
+        self.limits = limits
+        self.pod_saturated = False
+        self._full: set[Hashable] = set()
+        self.paused: set[Hashable] = set()
+
+    def capacity(self, pod_inflight: int) -> int:
+        """How many more messages the pod may take in now."""
+        return max(self.limits.max_inflight - pod_inflight, 0)
+
+    def decide(self, partition_inflight: Mapping[Hashable, int], pod_inflight: int
+               ) -> tuple[list[Hashable], list[Hashable]]:
+        """``(to_pause, to_resume)`` for the current in-flight counts; updates ``paused``."""
+        limits = self.limits
+        if pod_inflight >= limits.max_inflight:
+            self.pod_saturated = True
+        elif pod_inflight <= limits.max_inflight * limits.resume_ratio:
+            self.pod_saturated = False
+        high, low = limits.max_inflight_per_partition, limits.max_inflight_per_partition * limits.resume_ratio
+        full = self._full
+        for partition, inflight in partition_inflight.items():
+            if inflight >= high:
+                full.add(partition)
+            elif inflight <= low:
+                full.discard(partition)
+        full.intersection_update(partition_inflight)
+        wanted = set(partition_inflight) if self.pod_saturated else full
+        to_pause = [partition for partition in wanted if partition not in self.paused]
+        to_resume = [partition for partition in self.paused if partition not in wanted]
+        self.paused = set(wanted)
+        return to_pause, to_resume

@@ -1,0 +1,120 @@
+"""The pod's one HTTP port: ``/metrics``, ``/healthz``, ``/readyz`` and the admin endpoint.
+
+``/metrics``, ``/healthz``, ``/readyz`` and ``GET /admin/workers`` are read-only. The one endpoint
+that changes behaviour, ``PUT /admin/workers`` (live resize of the key workers), requires
+``Authorization: Bearer <token>`` with the token from a file only the operator and the pod can
+read (a Secret). Without a configured token the endpoint is disabled, never open.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from keyorder.runtime import ConsumerRuntime
+
+log = logging.getLogger(__name__)
+
+STALL_SECONDS = 60.0
+"""``/healthz`` fails when the poll loop has not turned for this long (a wedged pod gets restarted)."""
+MAX_BODY_BYTES = 4096
+
+
+class PodHttpServer:
+    """Serves the pod endpoints on a daemon thread."""
+
+    def __init__(self, runtime: ConsumerRuntime, registry: CollectorRegistry, host: str, port: int,
+                 admin_token: str | None) -> None:
+        self.runtime = runtime
+        self.registry = registry
+        self.admin_token = admin_token
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server._get(self)
+
+            def do_PUT(self) -> None:
+                server._put(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("http %s - " + format, self.address_string(), *args)
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="keyorder-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    # -- handlers -----------------------------------------------------------------------------
+    def _get(self, request: BaseHTTPRequestHandler) -> None:
+        path = request.path.split("?", 1)[0]
+        runtime = self.runtime
+        if path == "/metrics":
+            _reply(request, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            stalled = runtime.started.is_set() and not runtime.stopping and \
+                runtime.clock() - runtime.last_iteration > STALL_SECONDS
+            _reply_json(request, 503 if stalled else 200, {"status": "stalled" if stalled else "ok"})
+        elif path == "/readyz":
+            ready = runtime.started.is_set() and not runtime.stopping
+            _reply_json(request, 200 if ready else 503, {"status": "ready" if ready else "not ready"})
+        elif path == "/admin/workers":
+            _reply_json(request, 200, {"workers": runtime.workers})
+        else:
+            _reply_json(request, 404, {"error": f"no such endpoint: {path}"})
+
+    def _put(self, request: BaseHTTPRequestHandler) -> None:
+        path = request.path.split("?", 1)[0]
+        if path != "/admin/workers":
+            _reply_json(request, 404, {"error": f"no such endpoint: {path}"})
+            return
+        if not self.admin_token:
+            _reply_json(request, 403, {"error": "admin endpoint disabled: no admin token configured "
+                                                "(--admin-token-file / KEYORDER_ADMIN_TOKEN_FILE)"})
+            return
+        supplied = request.headers.get("Authorization", "")
+        expected = f"Bearer {self.admin_token}"
+        if not hmac.compare_digest(supplied.encode(), expected.encode()):
+            _reply_json(request, 401, {"error": "missing or wrong bearer token"})
+            return
+        try:
+            length = int(request.headers.get("Content-Length", "0"))
+            if not 0 < length <= MAX_BODY_BYTES:
+                raise ValueError(f"body must be 1..{MAX_BODY_BYTES} bytes of JSON")
+            body = json.loads(request.rfile.read(length))
+            workers = body["workers"] if isinstance(body, dict) else None
+            if not isinstance(workers, int) or isinstance(workers, bool):
+                raise ValueError('body must be {"workers": <integer>}')
+            previous = self.runtime.request_resize(workers)
+        except (ValueError, KeyError) as error:
+            _reply_json(request, 400, {"error": str(error) if not isinstance(error, KeyError)
+                                       else 'body must be {"workers": <integer>}'})
+            return
+        log.info("admin: key workers %d -> %d requested", previous, workers)
+        _reply_json(request, 200, {"workers": workers, "previous": previous})
+
+
+def _reply(request: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:
+    request.send_response(status)
+    request.send_header("Content-Type", content_type)
+    request.send_header("Content-Length", str(len(body)))
+    request.end_headers()
+    request.wfile.write(body)
+
+
+def _reply_json(request: BaseHTTPRequestHandler, status: int, payload: dict[str, Any]) -> None:
+    _reply(request, status, json.dumps(payload).encode() + b"\n", "application/json")

@@ -1,0 +1,121 @@
+"""Every keyorder_* metric of a pod, produced at scrape time from the runtime and the workers.
+
+Nothing on the hot path touches prometheus_client: the poll loop publishes an immutable snapshot
+and each worker keeps plain counters; this collector turns them into metric families when
+Prometheus scrapes. Labels are ``topic``/``partition`` only, never the message key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from keyorder.runtime import ConsumerRuntime
+from keyorder.workers import LATENCY_BUCKETS, LatencyHistogram, WorkerPool
+
+# name -> help; the table in docs/metrics.md is checked against this in the tests
+PARTITION_GAUGES = {
+    "keyorder_partition_lag_messages": "End offset minus committed offset of the partition.",
+    "keyorder_partition_committed_offset": "Last offset committed by this pod (the lowest unfinished offset).",
+    "keyorder_partition_min_inflight_offset": "Lowest offset received and not yet finished (the min-offset).",
+    "keyorder_partition_oldest_inflight_age_seconds": "Age of the min-offset message (0 when idle); "
+                                                      "grows while a key is blocked.",
+    "keyorder_partition_inflight_messages": "Messages of the partition received and not yet finished.",
+    "keyorder_partition_paused": "1 while fetching from the partition is paused by backpressure.",
+}
+
+
+class KeyorderCollector(Collector):
+    def __init__(self, runtime: ConsumerRuntime, pool: WorkerPool) -> None:
+        self.runtime = runtime
+        self.pool = pool
+
+    def describe(self) -> list:
+        return []  # families depend on the assignment; collect() is cheap enough to run on register
+
+    def collect(self) -> Iterator:
+        snapshot = self.runtime.snapshot
+        labels = ["topic", "partition"]
+        families = {name: GaugeMetricFamily(name, text, labels=labels) for name, text in PARTITION_GAUGES.items()}
+        completed = CounterMetricFamily("keyorder_partition_completed_messages",
+                                        "Messages of the partition finished (handled or dead-lettered).",
+                                        labels=labels)
+        for part in snapshot.partitions:
+            value = [part.topic, str(part.partition)]
+            if part.lag is not None:
+                families["keyorder_partition_lag_messages"].add_metric(value, part.lag)
+            if part.committed is not None:
+                families["keyorder_partition_committed_offset"].add_metric(value, part.committed)
+            if part.min_inflight is not None:
+                families["keyorder_partition_min_inflight_offset"].add_metric(value, part.min_inflight)
+            families["keyorder_partition_oldest_inflight_age_seconds"].add_metric(value, part.oldest_inflight_age)
+            families["keyorder_partition_inflight_messages"].add_metric(value, part.inflight)
+            families["keyorder_partition_paused"].add_metric(value, 1 if part.paused else 0)
+            completed.add_metric(value, part.completed)
+        yield from families.values()
+        yield completed
+
+        stats = self.pool.stats()
+        busy = sum(1 for worker in stats if worker.busy)
+        yield GaugeMetricFamily("keyorder_pod_inflight_messages", "Messages received and not yet finished.",
+                                value=snapshot.inflight)
+        yield GaugeMetricFamily("keyorder_pod_queued_messages",
+                                "Messages waiting for a worker (in flight and not being handled).",
+                                value=max(snapshot.inflight - busy, 0))
+        yield GaugeMetricFamily("keyorder_workers", "Key workers (target; retiring ones excluded).",
+                                value=self.runtime.workers)
+        yield GaugeMetricFamily("keyorder_workers_busy", "Workers inside the handler right now.", value=busy)
+        yield GaugeMetricFamily("keyorder_keys_inflight", "Distinct keys (lanes) with messages in flight.",
+                                value=snapshot.pinned_lanes)
+        yield GaugeMetricFamily("keyorder_keys_retrying", "Keys parked waiting for a retry.",
+                                value=sum(worker.parked_lanes for worker in stats))
+        yield GaugeMetricFamily("keyorder_keys_blocked",
+                                "Keys that exhausted their attempts under the block policy.",
+                                value=sum(worker.blocked_lanes for worker in stats))
+        for name, text, attribute in (
+            ("keyorder_messages_processed", "Messages handled successfully.", "processed"),
+            ("keyorder_messages_failed", "Handler calls that raised.", "failed"),
+            ("keyorder_messages_retried", "Failures that scheduled a retry of the key.", "retried"),
+            ("keyorder_messages_dead_lettered", "Messages published to the dead-letter topic.", "dead_lettered"),
+        ):
+            yield CounterMetricFamily(name, text, value=sum(getattr(worker, attribute) for worker in stats))
+        yield CounterMetricFamily("keyorder_messages_skipped",
+                                  "Messages not run because commit metadata marked them done.",
+                                  value=snapshot.skipped)
+        yield CounterMetricFamily("keyorder_commits", "Offset commits sent.", value=snapshot.commits)
+        yield CounterMetricFamily("keyorder_commit_failures", "Offset commits that failed.",
+                                  value=snapshot.commit_failures)
+        yield CounterMetricFamily("keyorder_rebalances", "Partition assignments, revocations and losses.",
+                                  value=snapshot.rebalances)
+        yield _histogram("keyorder_handler_duration_seconds", "Time inside the handler per attempt.",
+                         [worker.handler_seconds for worker in stats])
+        yield _histogram("keyorder_processing_latency_seconds",
+                         "Time from receipt by the pod to successful handling (queueing and retries included).",
+                         [worker.latency for worker in stats])
+
+
+def _histogram(name: str, text: str, parts: list[LatencyHistogram]) -> HistogramMetricFamily:
+    counts = [0] * (len(LATENCY_BUCKETS) + 1)
+    total = 0.0
+    for part in parts:
+        for index, count in enumerate(part.buckets):
+            counts[index] += count
+        total += part.total
+    cumulative, buckets = 0, []
+    for bound, count in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+    return HistogramMetricFamily(name, text, buckets=buckets, sum_value=total)
+
+
+def build_registry(runtime: ConsumerRuntime, pool: WorkerPool) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(KeyorderCollector(runtime, pool))
+    return registry

@@ -1,0 +1,98 @@
+"""Composition root of a pod: turns a ``RunConfig`` into a running consumer with its HTTP port.
+
+Keeping the wiring here (and only here) lets the CLI, the demo, the benchmark and the tests run
+the very same pod, with only the handler and the stop signal differing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from keyorder.config import (
+    RunConfig,
+    consumer_properties,
+    kafka_properties,
+    producer_properties,
+    read_admin_token,
+    redact,
+)
+from keyorder.dead_letters import DeadLetterSink, KafkaDeadLetterSink
+from keyorder.flow import FlowLimits
+from keyorder.handlers import is_async_callable, load_handler
+from keyorder.http_server import PodHttpServer
+from keyorder.metrics import build_registry
+from keyorder.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.routing import KeyRouter
+from keyorder.runtime import ConsumerRuntime, RuntimeSettings
+from keyorder.source import KafkaSource
+from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool
+
+log = logging.getLogger(__name__)
+
+
+class Pod:
+    """One keyorder consumer process: runtime, workers, DLQ producer and HTTP server."""
+
+    def __init__(self, config: RunConfig, handler: Callable[[Any], Any] | None = None,
+                 environ: Mapping[str, str] | None = None, serve_http: bool = True,
+                 dead_letters: DeadLetterSink | None = None) -> None:
+        self.config = config
+        function = handler if handler is not None else load_handler(config.handler).function
+        properties = kafka_properties(config, environ)
+        admin_token = read_admin_token(config)
+        log.info("Kafka properties: %s", redact(properties))
+        retry = RetryPolicy(max_attempts=config.max_attempts, initial_backoff=config.retry_initial_backoff,
+                            max_backoff=config.retry_max_backoff, exhausted=config.on_exhausted)
+        if dead_letters is None and config.on_exhausted is ExhaustedPolicy.DLQ:
+            dead_letters = KafkaDeadLetterSink(producer_properties(properties), config.dlq_topic)
+        self._dead_letters = dead_letters
+        self.completions: deque = deque()
+        pool_type = AsyncWorkerPool if is_async_callable(function) else ThreadWorkerPool
+        self.pool = pool_type(function, config.workers, retry, dead_letters, self.completions)
+        self.router = KeyRouter(config.ordering, config.workers)
+        settings = RuntimeSettings(
+            topics=tuple(config.topics),
+            flow=FlowLimits(config.max_inflight, config.max_inflight_per_partition, config.resume_ratio),
+            poll_batch=config.poll_batch, commit_interval=config.commit_interval,
+            revoke_drain_timeout=config.revoke_drain_timeout, shutdown_grace=config.shutdown_grace,
+            max_workers=config.max_workers)
+        runtime_box: list[ConsumerRuntime] = []
+        self.source = KafkaSource(consumer_properties(config, properties),
+                                  on_commit_error=lambda text: runtime_box[0].record_commit_error(text))
+        self.runtime = ConsumerRuntime(settings, self.source, self.pool, self.router, self.completions)
+        runtime_box.append(self.runtime)
+        self.registry = build_registry(self.runtime, self.pool)
+        self.http = PodHttpServer(self.runtime, self.registry, config.http_host, config.http_port,
+                                  admin_token) if serve_http else None
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http else None
+
+    def run(self, stop: threading.Event) -> None:
+        """Consume until ``stop`` is set; returns after the graceful shutdown."""
+        if self.http:
+            self.http.start()
+            log.info("metrics and health on http://%s:%d", self.config.http_host, self.http.port)
+        try:
+            self.runtime.run(stop)
+        finally:
+            if self._dead_letters is not None and hasattr(self._dead_letters, "close"):
+                self._dead_letters.close()
+            if self.http:
+                self.http.stop()
+
+    def start_in_thread(self, stop: threading.Event) -> threading.Thread:
+        """Run in a background thread (tests, demo, bench); waits until the loop has started."""
+        thread = threading.Thread(target=self.run, args=(stop,), name="keyorder-poll", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not self.runtime.started.wait(0.05):
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the pod did not start")
+        return thread

@@ -1,0 +1,351 @@
+"""The poll loop of a keyorder pod: the one thread that owns offsets, routing and flow control.
+
+Data flow: ``consume`` a batch -> record each offset (``PartitionOffsets.received``) -> route it
+to a lane and a worker slot (``LaneAffinity``) -> hand per-slot batches to the pool -> workers
+append finished deliveries to ``completions`` -> this loop marks them completed and commits each
+partition's lowest unfinished offset, periodically, on revoke and on shutdown.
+
+Threading: everything here runs on the poll-loop thread, rebalance callbacks included (they run
+inside ``consume``). Other threads only call ``request_resize`` (an int assignment) and read
+``snapshot``, an immutable object the loop republishes every ``snapshot_interval``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from keyorder import offset_metadata
+from keyorder.flow import FlowControl, FlowLimits
+from keyorder.routing import KeyRouter, LaneAffinity
+from keyorder.scheduling import Delivery
+from keyorder.source import Source, TopicPartitionId
+from keyorder.tracking import PartitionOffsets, ReceiveTimes
+from keyorder.workers import Completions, WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Poll-loop tuning; the CLI fills it from ``RunConfig``."""
+
+    topics: tuple[str, ...]
+    """Topics to subscribe to."""
+    flow: FlowLimits = field(default_factory=FlowLimits)
+    """In-flight bounds (backpressure)."""
+    poll_batch: int = 500
+    """Most messages taken from the client per poll."""
+    poll_timeout: float = 0.1
+    """Seconds one poll waits for messages when there are none."""
+    commit_interval: float = 1.0
+    """Seconds between periodic (asynchronous) commits."""
+    revoke_drain_timeout: float = 10.0
+    """Seconds a revoked partition's in-flight messages may take to finish before they are abandoned."""
+    shutdown_grace: float = 25.0
+    """Seconds in-flight messages may take to finish on shutdown (keep below the pod's grace period)."""
+    max_workers: int = 4096
+    """Upper bound for a live resize."""
+    snapshot_interval: float = 0.5
+    """Seconds between refreshes of the metrics snapshot."""
+    broker_timeout: float = 10.0
+    """Seconds to wait for the broker in blocking calls (committed offsets, synchronous commit)."""
+
+
+class PartitionState:
+    """What the pod knows about one assigned partition."""
+
+    __slots__ = ("completed", "id", "last_committed", "offsets", "receive_times", "revoked")
+
+    def __init__(self, partition_id: TopicPartitionId, offsets: PartitionOffsets) -> None:
+        self.id = partition_id
+        self.offsets = offsets
+        self.receive_times = ReceiveTimes()
+        self.revoked = False
+        """Set once the partition is gone: workers then skip its queued messages (never run them)."""
+        self.last_committed: tuple[int, int] | None = None  # (position, completed-above count)
+        self.completed = 0
+
+
+@dataclass(frozen=True)
+class PartitionSnapshot:
+    topic: str
+    partition: int
+    committed: int | None
+    high_watermark: int | None
+    min_inflight: int | None
+    oldest_inflight_age: float
+    inflight: int
+    paused: bool
+    completed: int
+
+    @property
+    def lag(self) -> int | None:
+        """End offset minus committed offset (``None`` while either is unknown)."""
+        if self.high_watermark is None or self.committed is None:
+            return None
+        return max(self.high_watermark - self.committed, 0)
+
+
+@dataclass(frozen=True)
+class RuntimeSnapshot:
+    partitions: tuple[PartitionSnapshot, ...] = ()
+    inflight: int = 0
+    workers: int = 0
+    pinned_lanes: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    rebalances: int = 0
+    skipped: int = 0
+    """Messages not run because the commit metadata said they were already done."""
+
+
+class ConsumerRuntime:
+    """Runs the poll loop until ``stop`` is set, then shuts down gracefully."""
+
+    def __init__(self, settings: RuntimeSettings, source: Source, pool: WorkerPool, router: KeyRouter,
+                 completions: Completions, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.source = source
+        self.pool = pool
+        self.router = router
+        self.affinity = LaneAffinity(router)
+        self.completions = completions
+        self.clock = clock
+        self.flow = FlowControl(settings.flow)
+        self.partitions: dict[TopicPartitionId, PartitionState] = {}
+        self.inflight = 0
+        self.snapshot = RuntimeSnapshot(workers=router.workers)
+        self.started = threading.Event()
+        self.stopping = False
+        self.last_iteration = clock()
+        self._requested_workers = router.workers
+        self._closing = False
+        self._commits = self._commit_failures = self._rebalances = self._skipped = 0
+
+    # -- called from other threads ---------------------------------------------------------------
+    def request_resize(self, workers: int) -> int:
+        """Ask the loop to run ``workers`` key workers (applied within one poll); returns the old target."""
+        if not 1 <= workers <= self.settings.max_workers:
+            raise ValueError(f"workers must be between 1 and {self.settings.max_workers}, got {workers}")
+        previous, self._requested_workers = self._requested_workers, workers
+        return previous
+
+    @property
+    def workers(self) -> int:
+        return self._requested_workers
+
+    def record_commit_error(self, description: str) -> None:
+        """Asynchronous commit failures (reported by the client on the poll thread)."""
+        self._commit_failures += 1
+        log.warning("offset commit failed (the next commit retries): %s", description)
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        settings = self.settings
+        self.source.subscribe(settings.topics, self._on_assign, self._on_revoke, self._on_lost)
+        self.pool.start()
+        self.started.set()
+        log.info("consuming %s with %d %s-ordered workers", ",".join(settings.topics), self.router.workers,
+                 self.router.ordering.value)
+        next_commit = next_snapshot = self.clock()
+        try:
+            while not stop.is_set():
+                now = self.clock()
+                self.last_iteration = now
+                self._collect_completions()
+                self._apply_resize()
+                self._apply_flow()
+                capacity = self.flow.capacity(self.inflight)
+                if capacity:
+                    messages = self.source.consume(min(settings.poll_batch, capacity), settings.poll_timeout)
+                else:  # every partition is paused: this call only serves rebalance callbacks
+                    messages = self.source.consume(1, 0.01)
+                if messages:
+                    self._dispatch(messages, self.clock())
+                now = self.clock()
+                if now >= next_commit:
+                    self._commit(self.partitions.values(), asynchronous=True)
+                    next_commit = now + settings.commit_interval
+                if now >= next_snapshot:
+                    self._publish_snapshot(now)
+                    next_snapshot = now + settings.snapshot_interval
+        finally:
+            self._shutdown()
+
+    def _dispatch(self, messages: list, now: float) -> None:
+        partitions = self.partitions
+        lane_of, assign = self.router.lane, self.affinity.assign
+        batches: dict[int, list[Delivery]] = {}
+        state = None
+        dispatched = 0
+        for message in messages:
+            partition_id = (message.topic, message.partition)
+            if state is None or state.id != partition_id:
+                state = partitions.get(partition_id)
+                if state is None or state.revoked:  # no longer ours: the new owner fetches it again
+                    state = None
+                    continue
+                state.receive_times.mark(message.offset, now)
+            if not state.offsets.received(message.offset):
+                self._skipped += 1
+                continue
+            lane = lane_of(message.topic, message.partition, message.key)
+            slot = assign(lane)
+            delivery = Delivery(message, lane, slot, state, now)
+            batch = batches.get(slot)
+            if batch is None:
+                batches[slot] = [delivery]
+            else:
+                batch.append(delivery)
+            dispatched += 1
+        self.inflight += dispatched
+        if batches:
+            self.pool.submit(batches)
+
+    def _collect_completions(self) -> None:
+        completions, release = self.completions, self.affinity.release
+        finished = 0
+        while completions:
+            delivery, handled = completions.popleft()
+            release(delivery.lane, delivery.slot)
+            finished += 1
+            state = delivery.partition
+            if handled and not state.revoked:
+                state.offsets.completed(delivery.message.offset)
+                state.completed += 1
+        self.inflight -= finished
+
+    def _apply_resize(self) -> None:
+        target = self._requested_workers
+        if target != self.router.workers:
+            log.info("resizing key workers %d -> %d (in-flight keys finish on their current worker)",
+                     self.router.workers, target)
+            self.router.workers = target
+            self.pool.resize(target)
+        if len(self.pool.retiring_slots()):
+            for slot in self.pool.retiring_slots():
+                if slot not in self.affinity.slot_load:
+                    self.pool.retire(slot)
+
+    def _apply_flow(self) -> None:
+        partition_inflight = {pid: state.offsets.inflight for pid, state in self.partitions.items()}
+        to_pause, to_resume = self.flow.decide(partition_inflight, self.inflight)
+        if to_pause:
+            self.source.pause(to_pause)
+        if to_resume:
+            self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in to_resume})
+
+    # -- commits ----------------------------------------------------------------------------------
+    def _commit(self, states: Iterable[PartitionState], asynchronous: bool) -> None:
+        offsets: dict[TopicPartitionId, tuple[int, str]] = {}
+        marks = []
+        for state in states:
+            position = state.offsets.commit_position
+            if position is None:
+                continue
+            done = state.offsets.completed_above_position()
+            mark = (position, len(done))
+            if mark == state.last_committed:
+                continue
+            offsets[state.id] = (position, offset_metadata.encode(position, done))
+            marks.append((state, mark))
+        if not offsets:
+            return
+        try:
+            self.source.commit(offsets, asynchronous=asynchronous)
+        except Exception as error:  # KafkaException: e.g. a rebalance is in progress; retried next time
+            self.record_commit_error(str(error))
+            return
+        self._commits += 1
+        for state, mark in marks:
+            state.last_committed = mark
+
+    # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
+    def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:
+        self._rebalances += 1
+        committed = self.source.committed(partition_ids, self.settings.broker_timeout) if partition_ids else {}
+        for partition_id in partition_ids:
+            offset, metadata = committed.get(partition_id, (None, None))
+            prior_done = offset_metadata.decode(metadata, offset) if offset is not None else set()
+            self.partitions[partition_id] = PartitionState(partition_id, PartitionOffsets(offset, prior_done))
+            log.info("assigned %s[%d] from offset %s%s", *partition_id, offset if offset is not None else "reset",
+                     f" ({len(prior_done)} offsets above it already done)" if prior_done else "")
+
+    def _on_revoke(self, partition_ids: list[TopicPartitionId]) -> None:
+        self._rebalances += 1
+        states = [self.partitions[pid] for pid in partition_ids if pid in self.partitions]
+        if not self._closing:
+            deadline = self.clock() + self.settings.revoke_drain_timeout
+            while any(state.offsets.inflight for state in states) and self.clock() < deadline:
+                time.sleep(0.002)
+                self._collect_completions()
+            abandoned = sum(state.offsets.inflight for state in states)
+            if abandoned:
+                log.warning("revoke: %d in-flight messages did not finish within %.0fs; the new owner "
+                            "re-delivers them from the committed offset", abandoned,
+                            self.settings.revoke_drain_timeout)
+        for state in states:
+            state.revoked = True
+        self._commit(states, asynchronous=False)
+        self._drop(partition_ids)
+
+    def _on_lost(self, partition_ids: list[TopicPartitionId]) -> None:
+        """Partitions lost without a clean revoke: another member may own them already; never commit."""
+        self._rebalances += 1
+        log.warning("lost partitions %s; their in-flight work is abandoned", partition_ids)
+        for pid in partition_ids:
+            if pid in self.partitions:
+                self.partitions[pid].revoked = True
+        self._drop(partition_ids)
+
+    def _drop(self, partition_ids: Iterable[TopicPartitionId]) -> None:
+        for pid in partition_ids:
+            self.partitions.pop(pid, None)
+        self.flow.paused.difference_update(partition_ids)
+
+    # -- shutdown -------------------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        self.stopping = True
+        settings = self.settings
+        deadline = self.clock() + settings.shutdown_grace
+        log.info("shutting down: waiting up to %.0fs for %d in-flight messages", settings.shutdown_grace,
+                 self.inflight)
+        next_commit = self.clock()
+        while self.inflight and self.clock() < deadline:
+            time.sleep(0.005)
+            self._collect_completions()
+            if self.clock() >= next_commit:
+                self._commit(self.partitions.values(), asynchronous=True)
+                next_commit = self.clock() + settings.commit_interval
+        self.pool.stop(max(deadline - self.clock(), 0.5))
+        self._collect_completions()
+        if self.inflight:
+            log.warning("shutdown: %d in-flight messages abandoned; they are re-delivered after restart",
+                        self.inflight)
+        self._commit(self.partitions.values(), asynchronous=False)
+        self._closing = True
+        self.source.close()
+        self._publish_snapshot(self.clock())
+        log.info("stopped")
+
+    # -- observability --------------------------------------------------------------------------------
+    def _publish_snapshot(self, now: float) -> None:
+        paused = self.flow.paused
+        partitions = []
+        for state in list(self.partitions.values()):
+            offsets = state.offsets
+            committed = state.last_committed[0] if state.last_committed else offsets.start
+            partitions.append(PartitionSnapshot(
+                topic=state.id[0], partition=state.id[1], committed=committed,
+                high_watermark=self.source.high_watermark(state.id), min_inflight=offsets.min_inflight,
+                oldest_inflight_age=state.receive_times.oldest_age(offsets.min_inflight, now),
+                inflight=offsets.inflight, paused=state.id in paused, completed=state.completed))
+        self.snapshot = RuntimeSnapshot(
+            partitions=tuple(partitions), inflight=self.inflight, workers=self.router.workers,
+            pinned_lanes=self.affinity.pinned_lanes(), commits=self._commits,
+            commit_failures=self._commit_failures, rebalances=self._rebalances, skipped=self._skipped)
+

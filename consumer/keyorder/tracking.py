@@ -1,0 +1,134 @@
+"""Which offset of a partition is safe to commit: the lowest offset not yet completed.
+
+Messages of one partition finish out of order (different keys run concurrently), so the
+committed offset cannot simply follow the last completed message. ``PartitionOffsets`` records
+every offset it actually received (gaps from compaction or transactions are never invented) and
+reports the *commit position*: the lowest received offset not yet completed, or the last
+received offset + 1 when nothing is in flight. A crash therefore re-delivers from the oldest
+unfinished message and never skips one.
+
+Completed offsets above the commit position are kept too: they go into the commit metadata
+(see ``offset_metadata``) so that a restart can skip what is already done.
+
+Pure and synchronous; owned by the poll-loop thread only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+
+class OffsetOrderError(ValueError):
+    """An offset was completed that was never received or is already completed."""
+
+
+class PartitionOffsets:
+    """Received, completed and committable offsets of one partition.
+
+    Invariants: ``pending`` holds received offsets in increasing order whose head is not
+    completed; ``done`` is exactly the completed offsets still in ``pending``.
+    """
+
+    __slots__ = ("_done", "_pending", "_prior_done", "last_received", "start")
+
+    def __init__(self, start: int | None = None, prior_done: Iterable[int] = ()) -> None:
+        """``start``: the committed offset consumption begins at (``None`` if unknown yet).
+
+        ``prior_done``: offsets above ``start`` that an earlier owner already completed (from the
+        commit metadata); they are skipped when received.
+        """
+        self.start = start
+        self.last_received: int | None = None
+        self._pending: deque[int] = deque()
+        self._done: set[int] = set()
+        self._prior_done: set[int] = set(prior_done)
+
+    def received(self, offset: int) -> bool:
+        """Record a fetched offset; ``True`` if it must be processed.
+
+        ``False`` for a re-delivery of an offset already received, and for an offset that the
+        commit metadata says is already done (it is recorded as completed at once).
+        """
+        if self.last_received is not None and offset <= self.last_received:
+            return False
+        if self.start is not None and offset < self.start:
+            return False
+        self.last_received = offset
+        if self._prior_done and offset in self._prior_done:
+            self._prior_done.discard(offset)
+            if self._pending:
+                self._pending.append(offset)
+                self._done.add(offset)
+            return False
+        self._pending.append(offset)
+        return True
+
+    def completed(self, offset: int) -> None:
+        """Record that the message at ``offset`` is finished (handled or dead-lettered)."""
+        pending = self._pending
+        if pending and pending[0] == offset:
+            pending.popleft()
+            done = self._done
+            while pending and pending[0] in done:
+                done.remove(pending.popleft())
+            return
+        if offset in self._done or not pending or offset < pending[0]:
+            raise OffsetOrderError(f"offset {offset} completed twice or never received")
+        self._done.add(offset)
+
+    @property
+    def commit_position(self) -> int | None:
+        """The offset to commit: lowest unfinished, else last received + 1 (``None``: nothing known)."""
+        if self._pending:
+            return self._pending[0]
+        if self.last_received is not None:
+            return self.last_received + 1
+        return self.start
+
+    @property
+    def min_inflight(self) -> int | None:
+        """The lowest unfinished offset (the *min-offset*), or ``None`` when idle."""
+        return self._pending[0] if self._pending else None
+
+    @property
+    def inflight(self) -> int:
+        """Messages received and not yet completed."""
+        return len(self._pending) - len(self._done)
+
+    def completed_above_position(self) -> list[int]:
+        """Completed offsets above the commit position, ascending (for the commit metadata)."""
+        return sorted(self._done)
+
+    @property
+    def next_fetch(self) -> int | None:
+        """Offset the source should fetch next (to re-seek after a resume)."""
+        if self.last_received is not None:
+            return self.last_received + 1
+        return self.start
+
+
+class ReceiveTimes:
+    """When the messages of one partition arrived, per poll batch, to age the oldest in-flight one.
+
+    One mark per batch (not per message) keeps this cheap: the age of the min-offset is measured
+    from the arrival of the batch that contained it.
+    """
+
+    __slots__ = ("_marks",)
+
+    def __init__(self) -> None:
+        self._marks: deque[tuple[int, float]] = deque()  # (first offset of a batch, arrival time)
+
+    def mark(self, first_offset: int, at: float) -> None:
+        self._marks.append((first_offset, at))
+
+    def oldest_age(self, min_inflight: int | None, now: float) -> float:
+        """Seconds since the message at ``min_inflight`` arrived (0 when nothing is in flight)."""
+        marks = self._marks
+        if min_inflight is None:
+            marks.clear()
+            return 0.0
+        while len(marks) > 1 and marks[1][0] <= min_inflight:
+            marks.popleft()
+        return now - marks[0][1] if marks else 0.0
