@@ -13,6 +13,7 @@ and ``--kafka-property name=value`` flags. Their values are never logged unredac
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -90,11 +91,19 @@ class RunConfig(BaseModel):
     log_format: Literal["text", "json"] = Field("text", description="Log format.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
-    @field_validator("topics", "kafka_property", mode="before")
+    @field_validator("topics", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("kafka_property", mode="before")
+    @classmethod
+    def _split_properties(cls, value: Any) -> Any:
+        """``a=1,b=x,y`` -> ``a=1``, ``b=x,y``: split only at commas that start a new ``name=``."""
+        if isinstance(value, str):
+            return [part.strip() for part in re.split(r",\s*(?=[\w.-]+=)", value) if part.strip()]
         return value
 
     @field_validator("kafka_property")

@@ -44,6 +44,7 @@ def dead_letter_topic(template: str, source_topic: str) -> str:
 def dead_letter_headers(message: Message, error: BaseException, attempts: int) -> list[tuple[str, bytes]]:
     """The original headers followed by keyorder's provenance headers."""
     description = f"{type(error).__name__}: {error}".encode(errors="replace")[:MAX_ERROR_HEADER_BYTES]
+    description = description.decode("utf-8", "ignore").encode()  # never cut a character in half
     return [
         *((name, value if value is not None else b"") for name, value in message.headers),
         (HEADER_TOPIC, message.topic.encode()),

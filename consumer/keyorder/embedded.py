@@ -46,7 +46,8 @@ class EmbeddedBroker:
         self.bootstrap = f"127.0.0.1:{self.port}"
         self._start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
-        self._log_file = tempfile.NamedTemporaryFile(prefix="keyorder-broker-", suffix=".log", delete=False)
+        self._log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the broker
+            prefix="keyorder-broker-", suffix=".log", delete=False)
         self.log_path = Path(self._log_file.name)
 
     def start(self) -> EmbeddedBroker:

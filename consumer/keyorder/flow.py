@@ -1,9 +1,11 @@
 """Backpressure: which partitions to pause and resume so that memory stays bounded.
 
 A blocking queue in the poll loop would stall every partition when one fills up. Instead each
-partition is paused while it holds ``max_inflight_per_partition`` unfinished messages, and every
-partition is paused while the pod holds ``max_inflight``; both resume below a low-water mark
-(``resume_ratio`` of the bound), so pause/resume does not flap on every message.
+partition is paused while it holds ``max_inflight_per_partition`` *uncommitted* messages (received
+at or above its last committed offset), and every partition is paused while the pod holds
+``max_inflight``; both resume below a low-water mark (``resume_ratio`` of the bound), so
+pause/resume does not flap on every message. Counting uncommitted rather than unfinished messages
+also bounds what a crash re-delivers, and the memory held behind a stuck (blocked) key.
 
 Pure: it is told the in-flight counts and answers with the partitions whose state must change.
 """
@@ -17,11 +19,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class FlowLimits:
     max_inflight: int = 10_000
-    """Unfinished messages per pod before every partition is paused."""
+    """Uncommitted messages per pod before every partition is paused."""
     max_inflight_per_partition: int = 5_000
-    """Unfinished messages per partition before that partition is paused."""
+    """Uncommitted messages per partition before that partition is paused."""
     resume_ratio: float = 0.5
-    """A paused partition (or pod) resumes when its in-flight count falls to this fraction of the bound."""
+    """A paused partition (or pod) resumes when its count falls to this fraction of the bound."""
 
     def __post_init__(self) -> None:
         if self.max_inflight < 1 or self.max_inflight_per_partition < 1:
@@ -39,13 +41,25 @@ class FlowControl:
         self._full: set[Hashable] = set()
         self.paused: set[Hashable] = set()
 
-    def capacity(self, pod_inflight: int) -> int:
+    def capacity(self, pod_uncommitted: int) -> int:
         """How many more messages the pod may take in now."""
-        return max(self.limits.max_inflight - pod_inflight, 0)
+        return max(self.limits.max_inflight - pod_uncommitted, 0)
+
+    def commit_pressure(self, partition_uncommitted: Mapping[Hashable, int], pod_uncommitted: int) -> bool:
+        """True when a commit now would let work resume: a bound is half-used by uncommitted messages.
+
+        With fast handlers the window fills faster than the periodic commit interval; committing
+        early keeps throughput from being capped at ``bound / commit_interval``.
+        """
+        limits = self.limits
+        if pod_uncommitted >= limits.max_inflight * limits.resume_ratio:
+            return True
+        threshold = limits.max_inflight_per_partition * limits.resume_ratio
+        return any(count >= threshold for count in partition_uncommitted.values())
 
     def decide(self, partition_inflight: Mapping[Hashable, int], pod_inflight: int
                ) -> tuple[list[Hashable], list[Hashable]]:
-        """``(to_pause, to_resume)`` for the current in-flight counts; updates ``paused``."""
+        """``(to_pause, to_resume)`` for the current uncommitted counts; updates ``paused``."""
         limits = self.limits
         if pod_inflight >= limits.max_inflight:
             self.pod_saturated = True

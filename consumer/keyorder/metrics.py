@@ -28,6 +28,8 @@ PARTITION_GAUGES = {
     "keyorder_partition_oldest_inflight_age_seconds": "Age of the min-offset message (0 when idle); "
                                                       "grows while a key is blocked.",
     "keyorder_partition_inflight_messages": "Messages of the partition received and not yet finished.",
+    "keyorder_partition_uncommitted_messages": "Messages received at or above the committed offset "
+                                               "(what a crash would re-deliver; bounded by backpressure).",
     "keyorder_partition_paused": "1 while fetching from the partition is paused by backpressure.",
 }
 
@@ -57,6 +59,7 @@ class KeyorderCollector(Collector):
                 families["keyorder_partition_min_inflight_offset"].add_metric(value, part.min_inflight)
             families["keyorder_partition_oldest_inflight_age_seconds"].add_metric(value, part.oldest_inflight_age)
             families["keyorder_partition_inflight_messages"].add_metric(value, part.inflight)
+            families["keyorder_partition_uncommitted_messages"].add_metric(value, part.uncommitted)
             families["keyorder_partition_paused"].add_metric(value, 1 if part.paused else 0)
             completed.add_metric(value, part.completed)
         yield from families.values()

@@ -52,7 +52,10 @@ class RetryPolicy:
     def backoff(self, failed_attempts: int) -> float:
         """Seconds to wait after the ``failed_attempts``-th consecutive failure (1-based)."""
         exponent = max(failed_attempts - 1, 0)
-        return min(self.max_backoff, self.initial_backoff * self.multiplier ** min(exponent, 64))
+        try:
+            return min(self.max_backoff, self.initial_backoff * self.multiplier ** exponent)
+        except OverflowError:
+            return self.max_backoff
 
     def after_failure(self, failed_attempts: int) -> tuple[Verdict, float]:
         """The verdict after a failure, and the delay before the lane runs again."""

@@ -79,6 +79,7 @@ class PartitionSnapshot:
     min_inflight: int | None
     oldest_inflight_age: float
     inflight: int
+    uncommitted: int
     paused: bool
     completed: int
 
@@ -158,8 +159,7 @@ class ConsumerRuntime:
                 self.last_iteration = now
                 self._collect_completions()
                 self._apply_resize()
-                self._apply_flow()
-                capacity = self.flow.capacity(self.inflight)
+                capacity = self._apply_flow()
                 if capacity:
                     messages = self.source.consume(min(settings.poll_batch, capacity), settings.poll_timeout)
                 else:  # every partition is paused: this call only serves rebalance callbacks
@@ -231,21 +231,35 @@ class ConsumerRuntime:
                 if slot not in self.affinity.slot_load:
                     self.pool.retire(slot)
 
-    def _apply_flow(self) -> None:
-        partition_inflight = {pid: state.offsets.inflight for pid, state in self.partitions.items()}
-        to_pause, to_resume = self.flow.decide(partition_inflight, self.inflight)
+    def _apply_flow(self) -> int:
+        """Pause/resume partitions by their uncommitted counts; returns how many messages may be taken."""
+        uncommitted = {pid: state.offsets.uncommitted for pid, state in self.partitions.items()}
+        pod_uncommitted = sum(uncommitted.values())
+        if self.flow.commit_pressure(uncommitted, pod_uncommitted):
+            self._commit(self.partitions.values(), asynchronous=True, only_if_moved=True)
+            uncommitted = {pid: state.offsets.uncommitted for pid, state in self.partitions.items()}
+            pod_uncommitted = sum(uncommitted.values())
+        to_pause, to_resume = self.flow.decide(uncommitted, pod_uncommitted)
         if to_pause:
             self.source.pause(to_pause)
         if to_resume:
             self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in to_resume})
+        return self.flow.capacity(pod_uncommitted)
 
     # -- commits ----------------------------------------------------------------------------------
-    def _commit(self, states: Iterable[PartitionState], asynchronous: bool) -> None:
+    def _commit(self, states: Iterable[PartitionState], asynchronous: bool, only_if_moved: bool = False) -> None:
+        """Commit each partition's lowest unfinished offset, with its completed-above set as metadata.
+
+        Partitions whose position and completed set are unchanged are skipped; ``only_if_moved``
+        also skips those whose position did not move (early commits under backpressure).
+        """
         offsets: dict[TopicPartitionId, tuple[int, str]] = {}
         marks = []
         for state in states:
             position = state.offsets.commit_position
             if position is None:
+                continue
+            if only_if_moved and state.last_committed and state.last_committed[0] == position:
                 continue
             done = state.offsets.completed_above_position()
             mark = (position, len(done))
@@ -263,6 +277,7 @@ class ConsumerRuntime:
         self._commits += 1
         for state, mark in marks:
             state.last_committed = mark
+            state.offsets.mark_committed()
 
     # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
     def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:
@@ -303,9 +318,16 @@ class ConsumerRuntime:
         self._drop(partition_ids)
 
     def _drop(self, partition_ids: Iterable[TopicPartitionId]) -> None:
+        partition_ids = list(partition_ids)
         for pid in partition_ids:
             self.partitions.pop(pid, None)
+        # librdkafka keeps a partition's pause flag across rebalances: clear it, or a later
+        # re-assignment of the same partition to this pod would never fetch
+        still_paused = [pid for pid in partition_ids if pid in self.flow.paused]
+        if still_paused:
+            self.source.resume(dict.fromkeys(still_paused))
         self.flow.paused.difference_update(partition_ids)
+        log.info("released %s", ", ".join(f"{topic}[{partition}]" for topic, partition in partition_ids))
 
     # -- shutdown -------------------------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -343,7 +365,8 @@ class ConsumerRuntime:
                 topic=state.id[0], partition=state.id[1], committed=committed,
                 high_watermark=self.source.high_watermark(state.id), min_inflight=offsets.min_inflight,
                 oldest_inflight_age=state.receive_times.oldest_age(offsets.min_inflight, now),
-                inflight=offsets.inflight, paused=state.id in paused, completed=state.completed))
+                inflight=offsets.inflight, uncommitted=offsets.uncommitted, paused=state.id in paused,
+                completed=state.completed))
         self.snapshot = RuntimeSnapshot(
             partitions=tuple(partitions), inflight=self.inflight, workers=self.router.workers,
             pinned_lanes=self.affinity.pinned_lanes(), commits=self._commits,

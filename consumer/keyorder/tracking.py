@@ -20,7 +20,11 @@ from collections.abc import Iterable
 
 
 class OffsetOrderError(ValueError):
-    """An offset was completed that was never received or is already completed."""
+    """An offset was completed twice, or below the head or above the last received offset.
+
+    (An unreceived offset inside a gap between received ones is not detected: that would cost a
+    set lookup per message, and the runtime only completes offsets it dispatched.)
+    """
 
 
 class PartitionOffsets:
@@ -30,7 +34,8 @@ class PartitionOffsets:
     completed; ``done`` is exactly the completed offsets still in ``pending``.
     """
 
-    __slots__ = ("_done", "_pending", "_prior_done", "last_received", "start")
+    __slots__ = ("_committed_received", "_done", "_pending", "_prior_done", "last_received", "received_count",
+                 "start")
 
     def __init__(self, start: int | None = None, prior_done: Iterable[int] = ()) -> None:
         """``start``: the committed offset consumption begins at (``None`` if unknown yet).
@@ -43,6 +48,9 @@ class PartitionOffsets:
         self._pending: deque[int] = deque()
         self._done: set[int] = set()
         self._prior_done: set[int] = set(prior_done)
+        self.received_count = 0
+        """Offsets received so far (skipped ones included)."""
+        self._committed_received = 0  # received offsets below the last committed position
 
     def received(self, offset: int) -> bool:
         """Record a fetched offset; ``True`` if it must be processed.
@@ -55,6 +63,7 @@ class PartitionOffsets:
         if self.start is not None and offset < self.start:
             return False
         self.last_received = offset
+        self.received_count += 1
         if self._prior_done and offset in self._prior_done:
             self._prior_done.discard(offset)
             if self._pending:
@@ -73,7 +82,7 @@ class PartitionOffsets:
             while pending and pending[0] in done:
                 done.remove(pending.popleft())
             return
-        if offset in self._done or not pending or offset < pending[0]:
+        if offset in self._done or not pending or offset < pending[0] or offset > self.last_received:
             raise OffsetOrderError(f"offset {offset} completed twice or never received")
         self._done.add(offset)
 
@@ -95,6 +104,19 @@ class PartitionOffsets:
     def inflight(self) -> int:
         """Messages received and not yet completed."""
         return len(self._pending) - len(self._done)
+
+    def mark_committed(self) -> None:
+        """The current ``commit_position`` was just committed (or sent to the broker)."""
+        self._committed_received = self.received_count - len(self._pending)
+
+    @property
+    def uncommitted(self) -> int:
+        """Received offsets at or above the last committed position: what a crash would re-deliver.
+
+        Backpressure bounds this number (not just ``inflight``), so a stuck head offset cannot let
+        completed-but-uncommittable offsets, memory and crash re-deliveries grow without limit.
+        """
+        return self.received_count - self._committed_received
 
     def completed_above_position(self) -> list[int]:
         """Completed offsets above the commit position, ascending (for the commit metadata)."""

@@ -15,6 +15,7 @@ shared ``completions`` deque (``append`` and ``popleft`` are atomic), never thro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -313,10 +314,8 @@ class _AsyncWorker(_WorkerCore):
             if item is None:
                 await self.wakeup.wait()
             else:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wakeup.wait(), item)
-                except TimeoutError:
-                    pass
         self._abandon_all()
 
     async def _execute(self, delivery: Delivery) -> None:

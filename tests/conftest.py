@@ -1,0 +1,125 @@
+"""Shared fixtures: one real Kafka-protocol broker (Tansu) per test session, topics, running pods."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from keyorder.config import RunConfig
+from keyorder.dev import DEV_GROUP_TIMINGS
+from keyorder.embedded import EmbeddedBroker
+from keyorder.loadgen import create_topics
+from keyorder.pod import Pod
+from tests.guarantees import SerialPerKey
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    """A real Tansu broker process on a free port, stopped by PID at the end of the session."""
+    with EmbeddedBroker() as running:
+        yield running
+
+
+@pytest.fixture
+def make_topic(broker: EmbeddedBroker) -> Callable[..., str]:
+    def create(partitions: int = 4, with_dlq: bool = True) -> str:
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        create_topics(broker.bootstrap, [name, f"{name}.dlq"] if with_dlq else [name], partitions)
+        return name
+
+    return create
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def group_committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The group's committed offsets as the broker reports them (not the pod's view)."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        found = reader.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+    finally:
+        reader.close()
+
+
+class Recorder:
+    """A handler that records ``(key, seq)`` as it finishes, checks per-key seriality, may sleep/fail."""
+
+    def __init__(self, min_sleep: float = 0.0, max_sleep: float = 0.0, fail: Callable[[dict], bool] | None = None,
+                 seed: int = 1) -> None:
+        self.records: list[tuple[str, int]] = []
+        self.details: list[tuple[str, int, int, int, float]] = []  # key, seq, partition, offset, finished at
+        self.attempts: list[tuple[str, int, float]] = []  # failed attempts: key, seq, time
+        self.serial = SerialPerKey()
+        self._lock = threading.Lock()
+        self._random = random.Random(seed)
+        self.min_sleep, self.max_sleep = min_sleep, max_sleep
+        self.fail = fail
+
+    def __call__(self, message: Any) -> None:
+        event = json.loads(message.value)
+        key = event["key"]
+        self.serial.enter(key)
+        try:
+            if self.max_sleep:
+                with self._lock:
+                    pause = self._random.uniform(self.min_sleep, self.max_sleep)
+                time.sleep(pause)
+            if self.fail is not None and self.fail(event):
+                with self._lock:
+                    self.attempts.append((key, event["seq"], time.monotonic()))
+                raise RuntimeError(f"poison message {key}/{event['seq']}")
+            with self._lock:
+                self.records.append((key, event["seq"]))
+                self.details.append((key, event["seq"], message.partition, message.offset, time.monotonic()))
+        finally:
+            self.serial.leave(key)
+
+    def count(self) -> int:
+        return len(self.records)
+
+
+@pytest.fixture
+def run_pod(broker: EmbeddedBroker) -> Iterator[Callable[..., Pod]]:
+    """Start in-process pods on the test broker; every one is stopped at teardown."""
+    running: list[tuple[Pod, threading.Event, threading.Thread]] = []
+
+    def start(topic: str, handler: Callable[[Any], Any], group: str | None = None, **settings: Any) -> Pod:
+        values: dict[str, Any] = {"handler": "tests.conftest:Recorder", "topics": [topic],
+                                  "group_id": group or f"g-{topic}", "bootstrap_servers": broker.bootstrap,
+                                  "http_port": 0, "http_host": "127.0.0.1", "kafka_property": DEV_GROUP_TIMINGS,
+                                  "commit_interval": 0.2, **settings}
+        pod = Pod(RunConfig(**values), handler=handler)
+        stop = threading.Event()
+        thread = pod.start_in_thread(stop)
+        pod.stop_event = stop  # type: ignore[attr-defined]
+        pod.thread = thread  # type: ignore[attr-defined]
+        running.append((pod, stop, thread))
+        return pod
+
+    yield start
+    for _pod, stop, _thread in running:
+        stop.set()
+    for _pod, _stop, thread in running:
+        thread.join(60)
+        assert not thread.is_alive(), "a pod did not stop within 60s"
+
+
+def stop_pod(pod: Pod, timeout: float = 60) -> None:
+    pod.stop_event.set()  # type: ignore[attr-defined]
+    pod.thread.join(timeout)  # type: ignore[attr-defined]
+    assert not pod.thread.is_alive(), "pod did not stop"  # type: ignore[attr-defined]

@@ -1,0 +1,242 @@
+"""The pod against the real broker: order, concurrency, failures, rebalance, resize, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from keyorder.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
+from keyorder.loadgen import produce_keyed
+from tests.conftest import Recorder, group_committed, stop_pod, wait_until
+from tests.guarantees import (
+    SerialPerKey,
+    assert_at_least_once,
+    assert_first_processing_in_order,
+    assert_key_order,
+)
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
+
+
+def produce_one(bootstrap: str, topic: str, key: str, seq: int, partition: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, key=key.encode(), value=json.dumps({"key": key, "seq": seq}).encode(),
+                     partition=partition)
+    assert producer.flush(10) == 0
+
+
+def read_topic(bootstrap: str, topic: str, expect: int, linger: float = 2.0) -> list:
+    """Everything in ``topic`` (waits for ``expect`` records, then ``linger`` more seconds for extras)."""
+    import time
+
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}",
+                       "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                       "heartbeat.interval.ms": 500})
+    reader.subscribe([topic])
+    records, deadline, linger_until = [], time.monotonic() + 60, None
+    try:
+        while time.monotonic() < deadline:
+            record = reader.poll(0.2)
+            if record is not None and record.error() is None:
+                records.append(record)
+            if len(records) >= expect:
+                linger_until = linger_until or time.monotonic() + linger
+                if time.monotonic() >= linger_until:
+                    break
+    finally:
+        reader.close()
+    return records
+
+
+def metrics_text(pod) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{pod.http_port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The first sample of ``name`` (``None`` when the family has no sample right now)."""
+    for line in text.splitlines():
+        if line.startswith((name + " ", name + "{")):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_key_order_concurrency_and_commit_to_end(broker, make_topic, run_pod):
+    """(a) 4 partitions, 200 keys, 20,000 messages, W=32, 0-5 ms handler; (b) real concurrency."""
+    topic = make_topic(4)
+    produced = produce_keyed(broker.bootstrap, topic, 20_000, 200, seed=11)
+    recorder = Recorder(0.0, 0.005)
+    pod = run_pod(topic, recorder, workers=32)
+    wait_until(lambda: recorder.count() >= produced.total, 120, "every message handled")
+    wait_until(lambda: {p.partition: p.committed for p in pod.runtime.snapshot.partitions} == produced.end_offsets,
+               30, "commits to reach the end offsets")
+    stop_pod(pod)
+    assert_key_order(recorder.records)
+    recorder.serial.assert_serial()
+    assert recorder.count() == produced.total
+    assert group_committed(broker.bootstrap, f"g-{topic}", topic, 4) == produced.end_offsets
+    assert recorder.serial.peak >= 16, f"peak concurrent handler calls {recorder.serial.peak} < 16"
+
+
+def test_async_handler_runs_thousands_of_workers_in_order(broker, make_topic, run_pod):
+    topic = make_topic(4)
+    produced = produce_keyed(broker.bootstrap, topic, 6_000, 2_000, seed=5)
+    serial, records = SerialPerKey(), []
+
+    async def handler(message):
+        event = json.loads(message.value)
+        serial.enter(event["key"])
+        await asyncio.sleep(0.005)
+        serial.leave(event["key"])
+        records.append((event["key"], event["seq"]))
+
+    pod = run_pod(topic, handler, workers=1024, max_workers=2048)
+    wait_until(lambda: len(records) >= produced.total, 120, "every message handled")
+    stop_pod(pod)
+    assert_key_order(records)
+    serial.assert_serial()
+    assert serial.peak >= 256, f"peak concurrent async handler calls {serial.peak} < 256"
+
+
+def test_poison_key_goes_to_dlq_while_other_keys_flow(broker, make_topic, run_pod):
+    """(c) only the poison message is dead-lettered, after exactly max_attempts attempts."""
+    topic = make_topic(2)
+    produce_one(broker.bootstrap, topic, "poison", 0, partition=0)
+    produced = produce_keyed(broker.bootstrap, topic, 2_000, 50, seed=3)
+    recorder = Recorder(0.0005, 0.002, fail=lambda event: event["key"] == "poison")
+    pod = run_pod(topic, recorder, workers=8, max_attempts=3, retry_initial_backoff=0.4, retry_max_backoff=2)
+    dead = read_topic(broker.bootstrap, f"{topic}.dlq", expect=1)
+    wait_until(lambda: recorder.count() >= produced.total, 60, "other keys handled")
+    assert len(dead) == 1, f"expected exactly the poison message in the DLQ, got {len(dead)}"
+    record = dead[0]
+    headers = dict(record.headers())
+    assert record.key() == b"poison"
+    assert json.loads(record.value()) == {"key": "poison", "seq": 0}
+    assert headers[HEADER_TOPIC] == topic.encode()
+    assert headers[HEADER_PARTITION] == b"0" and headers[HEADER_OFFSET] == b"0"
+    assert headers[HEADER_ATTEMPTS] == b"3"
+    assert b"poison message poison/0" in headers[HEADER_ERROR]
+    assert len(recorder.attempts) == 3, f"handler attempts on the poison message: {len(recorder.attempts)}"
+    last_attempt = recorder.attempts[-1][2]
+    finished_meanwhile = [d for d in recorder.details if d[2] == 0 and d[4] < last_attempt]
+    assert len(finished_meanwhile) >= 100, "other keys of the poison message's partition waited for its retries"
+    assert ("poison", 0) not in recorder.records
+    assert_key_order(recorder.records)
+    wait_until(lambda: metric_value(metrics_text(pod), "keyorder_messages_dead_lettered_total") == 1, 10,
+               "the DLQ counter")
+    end = {p.partition: p.committed for p in pod.runtime.snapshot.partitions}
+    assert end[0] == produced.end_offsets[0], "a dead-lettered message must let the commit pass it"
+
+
+def test_block_policy_parks_the_key_and_holds_the_commit(broker, make_topic, run_pod):
+    topic = make_topic(1)
+    produce_keyed(broker.bootstrap, topic, 100, 10, seed=2)
+    produce_one(broker.bootstrap, topic, "stuck", 0, partition=0)
+    produce_one(broker.bootstrap, topic, "stuck", 1, partition=0)
+    later = produce_keyed(broker.bootstrap, topic, 300, 10, seed=4, start_sequences=None)
+    recorder = Recorder(fail=lambda event: event["key"] == "stuck")
+    pod = run_pod(topic, recorder, workers=4, max_attempts=2, on_exhausted="block",
+                  retry_initial_backoff=0.05, retry_max_backoff=0.5)
+    wait_until(lambda: recorder.count() >= 100 + later.total, 60, "keys other than the blocked one")
+    wait_until(lambda: metric_value(metrics_text(pod), "keyorder_keys_blocked") == 1, 10, "the blocked-key gauge")
+    wait_until(lambda: metric_value(metrics_text(pod), "keyorder_partition_min_inflight_offset") == 100, 10,
+               "the min-offset gauge to show the stuck offset")
+    wait_until(lambda: pod.runtime.snapshot.partitions[0].committed == 100, 10, "commit held at the stuck offset")
+    assert not any(key == "stuck" for key, _ in recorder.records)
+    wait_until(lambda: len(recorder.attempts) >= 4, 10, "a blocked key to keep being retried (every 0.5 s)")
+    assert {seq for key, seq, _ in recorder.attempts if key == "stuck"} == {0}, "seq 1 ran before seq 0"
+
+
+def test_rebalance_when_a_second_pod_joins(broker, make_topic, run_pod):
+    """(d) a second consumer joins mid-stream: no loss, no per-key order violation."""
+    topic = make_topic(4)
+    produced = produce_keyed(broker.bootstrap, topic, 20_000, 200, seed=21)
+    recorder = Recorder(0.002, 0.006)
+    group = f"g-{topic}"
+    first = run_pod(topic, recorder, group=group, workers=8)
+    wait_until(lambda: recorder.count() >= 2_000, 60, "the first pod to make progress")
+    second = run_pod(topic, recorder, group=group, workers=8)
+    wait_until(lambda: len(set(recorder.records)) >= produced.total, 120, "every message handled once")
+    wait_until(lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets, 30,
+               "the group's commits to reach the end", interval=0.5)
+    assert first.runtime.snapshot.rebalances >= 2 and second.runtime.snapshot.rebalances >= 1
+    assert second.runtime.snapshot.partitions, "the second pod got no partitions"
+    duplicates = assert_at_least_once(recorder.records, produced.sequences)
+    assert_first_processing_in_order(recorder.records)
+    recorder.serial.assert_serial()
+    print(f"rebalance: {duplicates} re-deliveries")
+
+
+def test_live_resize_over_the_admin_endpoint(broker, make_topic, run_pod, tmp_path):
+    """(f) 8 -> 32 -> 4 key workers mid-stream, through the token-protected endpoint: no violation."""
+    token = "t0ken-" + "x" * 26
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(token + "\n")
+    topic = make_topic(4)
+    produced = produce_keyed(broker.bootstrap, topic, 20_000, 300, seed=8)
+    recorder = Recorder(0.0005, 0.003)
+    pod = run_pod(topic, recorder, workers=8, admin_token_file=str(token_file))
+    url = f"http://127.0.0.1:{pod.http_port}/admin/workers"
+
+    def put(body: bytes, auth: str | None) -> tuple[int, dict]:
+        request = urllib.request.Request(url, data=body, method="PUT",
+                                         headers={"Authorization": auth} if auth else {})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    assert put(b'{"workers": 32}', None)[0] == 401
+    assert put(b'{"workers": 32}', "Bearer wrong-token-wrong-token")[0] == 401
+    status, body = put(b'{"workers": "many"}', f"Bearer {token}")
+    assert status == 400 and "workers" in body["error"]
+    status, body = put(b'{"workers": 0}', f"Bearer {token}")
+    assert status == 400 and "between 1 and" in body["error"]
+    assert pod.runtime.workers == 8
+
+    wait_until(lambda: recorder.count() >= 3_000, 60, "progress at 8 workers")
+    assert put(b'{"workers": 32}', f"Bearer {token}") == (200, {"workers": 32, "previous": 8})
+    wait_until(lambda: recorder.count() >= 9_000, 60, "progress at 32 workers")
+    assert put(b'{"workers": 4}', f"Bearer {token}") == (200, {"workers": 4, "previous": 32})
+    wait_until(lambda: recorder.count() >= produced.total, 120, "every message handled")
+    wait_until(lambda: len(pod.pool.stats()) == 1 + 4, 10, "the 28 surplus workers to retire")
+    assert metric_value(metrics_text(pod), "keyorder_workers") == 4
+    stop_pod(pod)
+    assert_key_order(recorder.records)
+    recorder.serial.assert_serial()
+    assert recorder.serial.peak > 8, "the resize to 32 never ran more than 8 handlers at once"
+
+
+def test_metrics_and_health_endpoints(broker, make_topic, run_pod):
+    topic = make_topic(2)
+    produced = produce_keyed(broker.bootstrap, topic, 500, 20, seed=9, extra_config={"batch.num.messages": 1})
+    recorder = Recorder()
+    pod = run_pod(topic, recorder, workers=4)
+    wait_until(lambda: recorder.count() >= produced.total, 60, "every message handled")
+    base = f"http://127.0.0.1:{pod.http_port}"
+    for path, expected in (("/healthz", "ok"), ("/readyz", "ready")):
+        with urllib.request.urlopen(base + path, timeout=5) as response:
+            assert json.loads(response.read())["status"] == expected
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(base + "/nope", timeout=5)
+    assert missing.value.code == 404
+    with pytest.raises(urllib.error.HTTPError) as disabled:
+        urllib.request.urlopen(urllib.request.Request(base + "/admin/workers", data=b'{"workers": 2}',
+                                                      method="PUT"), timeout=5)
+    assert disabled.value.code == 403, "without a token file the admin endpoint must be disabled"
+    wait_until(lambda: metric_value(metrics_text(pod), "keyorder_messages_processed_total") == produced.total,
+               10, "the processed counter")
+    text = metrics_text(pod)
+    assert metric_value(text, "keyorder_workers") == 4
+    assert metric_value(text, "keyorder_pod_inflight_messages") == 0
+    assert f'keyorder_partition_committed_offset{{partition="0",topic="{topic}"}}' in text
+    assert metric_value(text, "keyorder_handler_duration_seconds_count") == produced.total
+    wait_until(lambda: sum(p.lag or 0 for p in pod.runtime.snapshot.partitions) == 0
+               and all(p.lag is not None for p in pod.runtime.snapshot.partitions), 15, "lag 0 at the end")
+    assert "key-" not in text, "metrics must never carry message keys"

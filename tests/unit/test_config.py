@@ -1,0 +1,451 @@
+"""load_run_config and the Kafka-properties helpers: precedence, parsing, clear errors, redaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyorder.config import (
+    ConfigError,
+    RunConfig,
+    consumer_properties,
+    env_name,
+    flag_name,
+    kafka_properties,
+    load_run_config,
+    producer_properties,
+    read_admin_token,
+    read_properties_file,
+    redact,
+)
+from keyorder.retry import ExhaustedPolicy
+from keyorder.routing import Ordering
+
+REQUIRED_FLAGS = {"handler": "app.handlers:handle", "topics": "orders", "group_id": "g1"}
+
+
+def load(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> RunConfig:
+    """Always an explicit environment: the tests never read the real process environment."""
+    return load_run_config({**REQUIRED_FLAGS, **(flags or {})}, environ=env or {})
+
+
+def config_with(**flags: Any) -> RunConfig:
+    return load({"bootstrap_servers": None, **flags})
+
+
+# --- precedence and names -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        ({"workers": "8"}, {"KEYORDER_WORKERS": "4"}, 8),  # flag beats env
+        ({}, {"KEYORDER_WORKERS": "4"}, 4),  # env beats default
+        ({"workers": None}, {"KEYORDER_WORKERS": "4"}, 4),  # None = flag not given
+        ({}, {}, 16),  # default
+        ({}, {"KEYORDER_WORKER": "4", "WORKERS": "5", "keyorder_workers": "6"}, 16),  # near misses ignored
+    ],
+)
+def test_flags_beat_env_beat_defaults(flags: dict[str, Any], env: dict[str, str], expected: int) -> None:
+    assert load(flags, env).workers == expected
+
+
+def test_required_fields_can_all_come_from_the_environment() -> None:
+    env = {"KEYORDER_HANDLER": "m:f", "KEYORDER_TOPICS": "a,b", "KEYORDER_GROUP_ID": "grp"}
+    config = load_run_config({}, environ=env)
+    assert (config.handler, config.topics, config.group_id) == ("m:f", ["a", "b"], "grp")
+
+
+def test_empty_list_flag_counts_as_not_given() -> None:
+    config = load({"kafka_property": []}, {"KEYORDER_KAFKA_PROPERTY": "client.id=from-env"})
+    assert config.kafka_property == ["client.id=from-env"]
+
+
+@pytest.mark.parametrize(
+    ("field", "env_value", "expected"),
+    [
+        ("workers", "3", 3),
+        ("max_workers", "64", 64),
+        ("max_inflight", "20000", 20_000),
+        ("max_inflight_per_partition", "100", 100),
+        ("resume_ratio", "0.25", 0.25),
+        ("poll_batch", "1000", 1000),
+        ("commit_interval", "2.5", 2.5),
+        ("max_attempts", "9", 9),
+        ("retry_initial_backoff", "0.05", 0.05),
+        ("retry_max_backoff", "60", 60.0),
+        ("ordering", "partition", Ordering.PARTITION),
+        ("ordering", "unordered", Ordering.UNORDERED),
+        ("on_exhausted", "block", ExhaustedPolicy.BLOCK),
+        ("dlq_topic", "dead.{topic}", "dead.{topic}"),
+        ("revoke_drain_timeout", "0", 0.0),
+        ("shutdown_grace", "5", 5.0),
+        ("http_host", "127.0.0.1", "127.0.0.1"),
+        ("http_port", "0", 0),
+        ("admin_token_file", "/run/secrets/token", Path("/run/secrets/token")),
+        ("kafka_properties_file", "/etc/kafka.properties", Path("/etc/kafka.properties")),
+        ("bootstrap_servers", "b1:9092,b2:9092", "b1:9092,b2:9092"),  # not split: one string
+        ("log_format", "json", "json"),
+        ("log_level", "DEBUG", "DEBUG"),
+    ],
+)
+def test_every_field_reads_keyorder_field_from_the_environment(field: str, env_value: str, expected: Any) -> None:
+    name = env_name(field)
+    assert name == "KEYORDER_" + field.upper()
+    assert getattr(load(env={name: env_value}), field) == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "flag", "env"),
+    [
+        ("workers", "--workers", "KEYORDER_WORKERS"),
+        ("max_inflight_per_partition", "--max-inflight-per-partition", "KEYORDER_MAX_INFLIGHT_PER_PARTITION"),
+        ("group_id", "--group-id", "KEYORDER_GROUP_ID"),
+    ],
+)
+def test_flag_and_env_names(field: str, flag: str, env: str) -> None:
+    assert (flag_name(field), env_name(field)) == (flag, env)
+
+
+def test_every_field_has_a_description() -> None:
+    undocumented = [name for name, field in RunConfig.model_fields.items() if not field.description]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("orders", ["orders"]),
+        ("orders,payments", ["orders", "payments"]),
+        (" orders , payments ,, ", ["orders", "payments"]),
+        (["a", "b"], ["a", "b"]),  # already a list: kept as is
+    ],
+)
+def test_topics_are_comma_separated(given: str | list[str], expected: list[str]) -> None:
+    assert load({"topics": given}).topics == expected
+    if isinstance(given, str):
+        assert load_run_config({"handler": "m:f", "group_id": "g"}, {"KEYORDER_TOPICS": given}).topics == expected
+
+
+def test_defaults() -> None:
+    config = load()
+    assert config.ordering is Ordering.KEY
+    assert (config.workers, config.max_workers, config.max_inflight, config.max_inflight_per_partition) == (
+        16,
+        4096,
+        10_000,
+        5_000,
+    )
+    assert config.on_exhausted is ExhaustedPolicy.DLQ
+    assert config.dlq_topic == "{topic}.dlq"
+    assert config.kafka_property == []
+    assert config.admin_token_file is None
+
+
+# --- invalid values name the flag and the variable ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("workers", "abc"),
+        ("workers", "0"),
+        ("max_workers", "-1"),
+        ("max_inflight", "0"),
+        ("resume_ratio", "1.5"),
+        ("resume_ratio", "0"),
+        ("poll_batch", "100001"),
+        ("commit_interval", "0"),
+        ("ordering", "random"),
+        ("on_exhausted", "drop"),
+        ("http_port", "70000"),
+        ("handler", "no-colon-here"),
+        ("handler", "module:"),
+        ("topics", " , "),
+        ("group_id", ""),
+        ("log_level", "TRACE"),
+        ("log_format", "xml"),
+        ("kafka_property", "no-equals-sign"),
+        ("kafka_property", "=value-without-name"),
+    ],
+)
+@pytest.mark.parametrize("source", ["flag", "env"])
+def test_invalid_value_names_flag_and_env_var(field: str, value: str, source: str) -> None:
+    flags = {field: value} if source == "flag" else {}
+    env = {env_name(field): value} if source == "env" else {}
+    base = {name: v for name, v in REQUIRED_FLAGS.items() if name != field}
+    with pytest.raises(ConfigError) as caught:
+        load_run_config({**base, **flags}, environ=env)
+    message = str(caught.value)
+    assert f"{flag_name(field)} / {env_name(field)}" in message
+    assert message.startswith("invalid configuration:")
+
+
+@pytest.mark.parametrize("missing", ["handler", "topics", "group_id"])
+def test_missing_required_field_names_flag_and_env_var(missing: str) -> None:
+    flags = {name: value for name, value in REQUIRED_FLAGS.items() if name != missing}
+    with pytest.raises(ConfigError, match=f"{flag_name(missing)} / {env_name(missing)}"):
+        load_run_config(flags, environ={})
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"workers": "32", "max_workers": "16"}, r"workers \(32\) must be <= max_workers \(16\)"),
+        (
+            {"max_inflight": "1000", "max_inflight_per_partition": "2000"},
+            r"max_inflight_per_partition \(2000\) must be <= max_inflight \(1000\)",
+        ),
+        (
+            {"retry_initial_backoff": "5", "retry_max_backoff": "1"},
+            "retry_initial_backoff must be <= retry_max_backoff",
+        ),
+    ],
+)
+def test_cross_field_errors(flags: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(flags)
+
+
+def test_cross_field_bounds_are_inclusive() -> None:
+    config = load({"workers": "16", "max_workers": "16", "max_inflight": "50", "max_inflight_per_partition": "50"})
+    assert config.workers == config.max_workers == 16
+
+
+def test_config_error_is_a_value_error_without_pydantic_chained() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load({"workers": "x"})
+    assert isinstance(caught.value, ValueError)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+# --- Kafka properties -----------------------------------------------------------------------------
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_kafka_properties_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
+    file = write(
+        tmp_path / "kafka.properties",
+        "bootstrap.servers=file:9092\nclient.id=from-file\nsasl.mechanism=PLAIN\nlinger.ms=1\n",
+    )
+    config = config_with(kafka_properties_file=str(file), kafka_property=["linger.ms=3", "acks = all"])
+    env = {
+        "KEYORDER_RDKAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "KEYORDER_RDKAFKA_LINGER_MS": "2",
+        "KEYORDER_WORKERS": "4",  # a run setting, not a Kafka property
+        "KEYORDER_RDKAFKA_": "ignored: no name",
+    }
+    assert kafka_properties(config, env) == {
+        "bootstrap.servers": "file:9092",
+        "client.id": "from-file",
+        "sasl.mechanism": "SCRAM-SHA-512",  # env beats file
+        "linger.ms": "3",  # flag beats env and file
+        "acks": "all",
+    }
+
+
+def test_bootstrap_servers_setting_beats_the_property(tmp_path: Path) -> None:
+    config = config_with(bootstrap_servers="setting:9092", kafka_property=["bootstrap.servers=flag:9092"])
+    assert kafka_properties(config, {})["bootstrap.servers"] == "setting:9092"
+
+
+def test_flag_value_may_contain_equals_and_commas() -> None:
+    config = config_with(
+        kafka_property=["bootstrap.servers=a:9092,b:9092", "sasl.oauthbearer.config=scope=x principal=y"]
+    )
+    properties = kafka_properties(config, {})
+    assert properties["bootstrap.servers"] == "a:9092,b:9092"
+    assert properties["sasl.oauthbearer.config"] == "scope=x principal=y"
+
+
+def test_env_kafka_property_value_may_contain_commas() -> None:
+    config = load(env={"KEYORDER_KAFKA_PROPERTY": "bootstrap.servers=a:9092,b:9092"})
+    assert kafka_properties(config, {}) == {"bootstrap.servers": "a:9092,b:9092"}
+
+
+def test_env_kafka_property_list_is_comma_separated() -> None:
+    config = load(env={"KEYORDER_KAFKA_PROPERTY": "bootstrap.servers=a:9092, client.id=c"})
+    assert kafka_properties(config, {}) == {"bootstrap.servers": "a:9092", "client.id": "c"}
+
+
+def test_properties_file_parsing(tmp_path: Path) -> None:
+    file = write(
+        tmp_path / "client.properties",
+        "# a comment\n"
+        "! also a comment\n"
+        "\n"
+        "bootstrap.servers=host:9092\n"  # ':' in the value: '=' comes first
+        "security.protocol : SASL_SSL\n"  # ':' separator, spaces around
+        "   ssl.ca.location = /etc/ca.pem   \n"
+        "sasl.jaas.config=a=b\n"  # only the first separator splits
+        "empty.value=\n",
+    )
+    assert read_properties_file(file) == {
+        "bootstrap.servers": "host:9092",
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": "/etc/ca.pem",
+        "sasl.jaas.config": "a=b",
+        "empty.value": "",
+    }
+
+
+@pytest.mark.parametrize(("bad_line", "number"), [("just-a-name", 3), ("=value", 3), (":value", 3)])
+def test_properties_file_bad_line_names_the_line_number(tmp_path: Path, bad_line: str, number: int) -> None:
+    file = write(tmp_path / "bad.properties", f"# header\nclient.id=x\n{bad_line}\nacks=all\n")
+    with pytest.raises(ConfigError) as caught:
+        read_properties_file(file)
+    message = str(caught.value)
+    assert f"line {number}" in message
+    assert "--kafka-properties-file" in message and str(file) in message
+
+
+def test_missing_properties_file_is_a_config_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.properties"
+    with pytest.raises(ConfigError, match="cannot read"):
+        kafka_properties(config_with(kafka_properties_file=str(missing)), {})
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "reason"),
+    [
+        ("flag", "enable.auto.commit", "commits the lowest unfinished offset itself"),
+        ("env", "enable.auto.offset.store", "stores offsets itself"),
+        ("file", "group.id", "use --group-id"),
+    ],
+)
+def test_managed_properties_are_rejected(tmp_path: Path, source: str, name: str, reason: str) -> None:
+    flags: dict[str, Any] = {"bootstrap_servers": "b:9092"}
+    env: dict[str, str] = {}
+    if source == "flag":
+        flags["kafka_property"] = [f"{name}=true"]
+    elif source == "env":
+        env["KEYORDER_RDKAFKA_" + name.upper().replace(".", "_")] = "true"
+    else:
+        flags["kafka_properties_file"] = str(write(tmp_path / "k.properties", f"{name}=x\n"))
+    with pytest.raises(ConfigError) as caught:
+        kafka_properties(load(flags), env)
+    assert repr(name) in str(caught.value)
+    assert reason in str(caught.value)
+
+
+@pytest.mark.parametrize("extra", [[], ["bootstrap.servers="], ["client.id=x"]])
+def test_missing_bootstrap_servers_is_a_clear_error(extra: list[str]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        kafka_properties(config_with(kafka_property=extra), {})
+    message = str(caught.value)
+    assert "bootstrap servers" in message
+    assert "--bootstrap-servers" in message and "KEYORDER_BOOTSTRAP_SERVERS" in message
+
+
+def test_bootstrap_servers_from_rdkafka_env() -> None:
+    properties = kafka_properties(config_with(), {"KEYORDER_RDKAFKA_BOOTSTRAP_SERVERS": "env:9092"})
+    assert properties == {"bootstrap.servers": "env:9092"}
+
+
+def test_consumer_properties_defaults_and_forced_group() -> None:
+    config = load()
+    assert consumer_properties(config, {"bootstrap.servers": "b"}) == {
+        "auto.offset.reset": "earliest",
+        "bootstrap.servers": "b",
+        "group.id": "g1",
+    }
+    assert consumer_properties(config, {"auto.offset.reset": "latest"})["auto.offset.reset"] == "latest"
+
+
+def test_producer_properties_drop_consumer_only_keys() -> None:
+    kept = {
+        "bootstrap.servers": "b:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "u",
+        "sasl.password": "p",
+        "ssl.ca.location": "/ca.pem",
+        "client.id": "c",
+        "enable.idempotence": "true",  # "enable." but not "enable.auto."
+        "queue.buffering.max.ms": "5",  # "queue." is a producer setting, "queued." is not
+        "statistics.interval.ms": "0",
+    }
+    dropped = {
+        "group.instance.id": "i",
+        "enable.auto.offset.store": "false",
+        "auto.offset.reset": "earliest",
+        "auto.commit.interval.ms": "5000",
+        "session.timeout.ms": "6000",
+        "heartbeat.interval.ms": "500",
+        "max.poll.interval.ms": "300000",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "fetch.min.bytes": "1",
+        "queued.max.messages.kbytes": "1024",
+        "isolation.level": "read_committed",
+        "check.crcs": "true",
+        "enable.partition.eof": "false",
+        "allow.auto.create.topics": "false",
+        "consume.callback.max.messages": "10",
+    }
+    assert producer_properties({**kept, **dropped}) == kept
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "sasl.password",
+        "SASL.PASSWORD",
+        "sasl.username",
+        "ssl.key.pem",
+        "ssl.key.password",
+        "ssl.keystore.password",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.config",
+        "sasl.jaas.config",
+    ],
+)
+def test_redact_hides_sensitive_values(secret: str) -> None:
+    properties = {"bootstrap.servers": "b:9092", secret: "hunter2"}
+    shown = redact(properties)
+    assert shown == {"bootstrap.servers": "b:9092", secret: "<redacted>"}
+    assert properties[secret] == "hunter2", "redact must return a copy"
+
+
+def test_redact_keeps_ordinary_settings() -> None:
+    ordinary = {
+        "bootstrap.servers": "b:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-256",
+        "client.id": "c",
+        "linger.ms": 5,
+    }
+    assert redact(ordinary) == ordinary
+
+
+# --- admin token ----------------------------------------------------------------------------------
+
+
+def test_no_admin_token_file_means_no_token() -> None:
+    assert read_admin_token(load()) is None
+
+
+@pytest.mark.parametrize(("content", "token"), [("s" * 16, "s" * 16), ("  " + "t" * 40 + "\n", "t" * 40)])
+def test_admin_token_is_read_and_stripped(tmp_path: Path, content: str, token: str) -> None:
+    file = write(tmp_path / "token", content)
+    assert read_admin_token(load({"admin_token_file": str(file)})) == token
+
+
+@pytest.mark.parametrize("content", ["", "Qx7Kp", "Qx7Kp" * 3, "   " + "Qx7Kp" * 3 + "   \n"])
+def test_short_admin_token_is_rejected(tmp_path: Path, content: str) -> None:
+    file = write(tmp_path / "token", content)
+    with pytest.raises(ConfigError) as caught:
+        read_admin_token(load({"admin_token_file": str(file)}))
+    assert "--admin-token-file" in str(caught.value)
+    assert "at least 16 characters" in str(caught.value)
+    assert content.strip() == "" or content.strip() not in str(caught.value), "the token must not be echoed"
+
+
+def test_unreadable_admin_token_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_admin_token(load({"admin_token_file": str(tmp_path / "missing")}))

@@ -1,0 +1,139 @@
+"""FlowControl: per-partition and pod-wide pause/resume with hysteresis, and FlowLimits validation."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyorder.flow import FlowControl, FlowLimits
+
+# Per partition: pause at >= 10, resume at <= 5. Pod: pause all at >= 100, resume at <= 50.
+LIMITS = FlowLimits(max_inflight=100, max_inflight_per_partition=10, resume_ratio=0.5)
+
+
+# One partition's in-flight count over time -> paused afterwards, and the change reported.
+HYSTERESIS_STEPS = [
+    (0, False, None),
+    (5, False, None),
+    (9, False, None),
+    (10, True, "pause"),  # reached the bound
+    (11, True, None),
+    (9, True, None),  # below the bound but above low-water: stays paused (no flapping)
+    (6, True, None),
+    (5, False, "resume"),  # low-water reached
+    (4, False, None),
+    (9, False, None),  # rising again below the bound: stays running
+    (10, True, "pause"),
+    (3, False, "resume"),
+]
+
+
+def test_partition_hysteresis_sequence() -> None:
+    flow = FlowControl(LIMITS)
+    for step, (inflight, paused, change) in enumerate(HYSTERESIS_STEPS):
+        to_pause, to_resume = flow.decide({"p0": inflight}, pod_inflight=inflight)
+        where = f"step {step}: inflight {inflight}"
+        assert flow.paused == ({"p0"} if paused else set()), where
+        assert to_pause == (["p0"] if change == "pause" else []), where
+        assert to_resume == (["p0"] if change == "resume" else []), where
+
+
+def test_partitions_are_paused_independently() -> None:
+    flow = FlowControl(LIMITS)
+    to_pause, to_resume = flow.decide({"p0": 12, "p1": 3, "p2": 10}, pod_inflight=25)
+    assert sorted(to_pause) == ["p0", "p2"]
+    assert to_resume == []
+    to_pause, to_resume = flow.decide({"p0": 4, "p1": 9, "p2": 7}, pod_inflight=20)
+    assert (to_pause, to_resume) == ([], ["p0"])
+    assert flow.paused == {"p2"}
+
+
+def test_pod_saturation_pauses_every_partition_and_resumes_them_at_pod_low_water() -> None:
+    flow = FlowControl(LIMITS)
+    counts = {"p0": 34, "p1": 33, "p2": 33}  # each far below its own bound
+    to_pause, _ = flow.decide(counts, pod_inflight=100)
+    assert flow.pod_saturated
+    assert sorted(to_pause) == ["p0", "p1", "p2"]
+
+    # Draining but above the pod low-water mark (50): everything stays paused.
+    to_pause, to_resume = flow.decide({"p0": 9, "p1": 9, "p2": 9}, pod_inflight=60)
+    assert (to_pause, to_resume) == ([], [])
+    assert flow.paused == {"p0", "p1", "p2"}
+
+    # Low-water reached: all resume, except a partition that is full on its own.
+    to_pause, to_resume = flow.decide({"p0": 4, "p1": 4, "p2": 10}, pod_inflight=50)
+    assert not flow.pod_saturated
+    assert to_pause == []
+    assert sorted(to_resume) == ["p0", "p1"]
+    assert flow.paused == {"p2"}
+
+
+def test_pod_saturation_covers_partitions_that_arrive_while_saturated() -> None:
+    flow = FlowControl(LIMITS)
+    flow.decide({"p0": 5}, pod_inflight=100)
+    to_pause, _ = flow.decide({"p0": 5, "p1": 0}, pod_inflight=80)
+    assert to_pause == ["p1"]
+    assert flow.paused == {"p0", "p1"}
+
+
+def test_revoked_partition_is_forgotten() -> None:
+    flow = FlowControl(LIMITS)
+    flow.decide({"p0": 10}, pod_inflight=10)
+    assert flow.paused == {"p0"}
+    flow.decide({}, pod_inflight=0)  # p0 revoked
+    assert flow.paused == set()
+    to_pause, _ = flow.decide({"p0": 7}, pod_inflight=7)  # re-assigned, between the marks
+    assert to_pause == []
+    assert flow.paused == set()
+
+
+@pytest.mark.parametrize(("pod_inflight", "capacity"), [(0, 100), (40, 60), (99, 1), (100, 0), (150, 0)])
+def test_capacity(pod_inflight: int, capacity: int) -> None:
+    assert FlowControl(LIMITS).capacity(pod_inflight) == capacity
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_inflight": 0},
+        {"max_inflight": -1},
+        {"max_inflight_per_partition": 0},
+        {"resume_ratio": 0.0},
+        {"resume_ratio": 1.0},
+        {"resume_ratio": -0.5},
+        {"resume_ratio": 1.5},
+    ],
+)
+def test_invalid_limits_raise(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        FlowLimits(**kwargs)  # type: ignore[arg-type]
+
+
+def test_default_limits() -> None:
+    limits = FlowLimits()
+    assert (limits.max_inflight, limits.max_inflight_per_partition, limits.resume_ratio) == (10_000, 5_000, 0.5)
+
+
+@settings(deadline=None, database=None, max_examples=200)
+@given(steps=st.lists(st.dictionaries(st.sampled_from(["p0", "p1", "p2"]), st.integers(0, 40)), max_size=40))
+def test_decide_invariants(steps: list[dict[str, int]]) -> None:
+    """Whatever the counts: at the bound -> paused; low-water and no saturation -> running;
+    between the marks the previous state holds; the returned lists describe the state change."""
+    flow = FlowControl(FlowLimits(max_inflight=60, max_inflight_per_partition=20, resume_ratio=0.5))
+    for counts in steps:
+        pod = sum(counts.values())
+        before = set(flow.paused)
+        was_saturated = flow.pod_saturated
+        to_pause, to_resume = flow.decide(counts, pod)
+        assert len(set(to_pause)) == len(to_pause) and len(set(to_resume)) == len(to_resume)
+        assert flow.paused == (before | set(to_pause)) - set(to_resume)
+        assert not set(to_pause) & before and set(to_resume) <= before
+        assert flow.paused <= set(counts)
+        saturated = pod >= 60 or (was_saturated and pod > 30)
+        assert flow.pod_saturated is saturated
+        for partition, inflight in counts.items():
+            if saturated or inflight >= 20:
+                assert partition in flow.paused
+            elif inflight <= 10:
+                assert partition not in flow.paused

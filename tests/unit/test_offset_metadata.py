@@ -1,0 +1,151 @@
+"""The commit-metadata codec: round trip, encoding choice, size bound and forgiving decode."""
+
+from __future__ import annotations
+
+import base64
+import random
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyorder.offset_metadata import MAX_METADATA_BYTES, decode, encode
+
+
+def _kind(metadata: str) -> str:
+    prefix, _base, kind, _payload = metadata.split(":", 3)
+    assert prefix == "ko1"
+    return kind
+
+
+def _packed(payload: bytes) -> str:
+    return base64.urlsafe_b64encode(zlib.compress(payload)).decode()
+
+
+@st.composite
+def base_and_done(draw: st.DrawFn, max_span: int = 5000, max_size: int = 300) -> tuple[int, list[int]]:
+    base = draw(st.integers(0, 10**15))
+    above = draw(st.sets(st.integers(1, max_span), max_size=max_size))
+    return base, sorted(base + delta for delta in above)
+
+
+@settings(deadline=None, database=None, max_examples=300)
+@given(base_and_done())
+def test_round_trip(case: tuple[int, list[int]]) -> None:
+    base, done = case
+    metadata = encode(base, done)
+    # At most 300 offsets within 5000 of base always fit, so nothing may be dropped.
+    assert len(metadata) <= MAX_METADATA_BYTES
+    assert decode(metadata, base) == set(done)
+
+
+def test_round_trip_of_nothing_done() -> None:
+    assert decode(encode(7, []), 7) == set()
+
+
+def test_offsets_at_or_below_base_are_ignored() -> None:
+    assert decode(encode(100, [98, 99, 100, 102]), 100) == {102}
+
+
+@pytest.mark.parametrize(
+    ("name", "done_deltas", "kind"),
+    [
+        ("alternating, dense", range(2, 4001, 2), "b"),  # runs: 2 bytes/offset; bitset: 1 bit/offset
+        ("random half of 2000", sorted(random.Random(7).sample(range(1, 2001), 1000)), "b"),
+        ("far apart", range(1000, 200_001, 1000), "r"),  # bitset would be 25 kB, runs ~3 bytes each
+        ("one long block", range(1, 10_001), "r"),  # runs: (0, 10000)
+        ("single neighbour", [1], "b"),  # 1 byte of bits beats 2 bytes of runs
+    ],
+)
+def test_the_smaller_encoding_is_chosen(name: str, done_deltas: range | list[int], kind: str) -> None:
+    base = 5_000_000
+    done = [base + delta for delta in done_deltas]
+    metadata = encode(base, done)
+    assert _kind(metadata) == kind, name
+    assert decode(metadata, base) == set(done)
+
+
+def _assert_lowest_prefix(decoded: set[int], done: list[int]) -> None:
+    """Truncation keeps the lowest offsets: the decoded set is a prefix of the sorted done list."""
+    assert decoded == set(done[: len(decoded)])
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["all 10000 after a stuck offset", "random 50% of 10000", "10000 scattered over 1e6"],
+)
+def test_10000_inflight_behind_one_stuck_offset_fits_in_4096(pattern: str) -> None:
+    stuck = 123_456_789  # the committed (lowest unfinished) offset: everything above it is tracked
+    rng = random.Random(2024)
+    if pattern == "all 10000 after a stuck offset":
+        done = list(range(stuck + 1, stuck + 10_001))
+    elif pattern == "random 50% of 10000":
+        done = [offset for offset in range(stuck + 1, stuck + 10_001) if rng.random() < 0.5]
+    else:
+        done = sorted(stuck + delta for delta in rng.sample(range(1, 1_000_001), 10_000))
+    metadata = encode(stuck, done)
+    assert len(metadata) <= 4096
+    assert len(metadata.encode()) == len(metadata)  # ASCII: characters are bytes
+    decoded = decode(metadata, stuck)
+    assert decoded, "nothing survived the size bound"
+    _assert_lowest_prefix(decoded, done)
+    if pattern != "10000 scattered over 1e6":
+        assert decoded == set(done)  # these two fit whole
+    else:
+        assert len(decoded) < len(done)  # ~25 kB of runs: must have been truncated
+
+
+@settings(deadline=None, database=None, max_examples=150)
+@given(case=base_and_done(max_span=20_000, max_size=2000), limit=st.integers(64, 600))
+def test_truncation_respects_the_limit_and_keeps_the_lowest_offsets(case: tuple[int, list[int]], limit: int) -> None:
+    base, done = case
+    metadata = encode(base, done, limit=limit)
+    assert len(metadata) <= limit
+    _assert_lowest_prefix(decode(metadata, base), done)
+
+
+def test_hand_built_runs_payload_decodes() -> None:
+    """Format check independent of ``encode``: varint (gap, length) pairs from base + 1."""
+    # gap 2 -> 103..105 (length 3); gap 1 -> 107 (length 1); gap 300 (varint 0xAC 0x02) -> 408
+    payload = bytes([2, 3, 1, 1, 0xAC, 0x02, 1])
+    assert decode(f"ko1:100:r:{_packed(payload)}", 100) == {103, 104, 105, 107, 408}
+
+
+def test_hand_built_bitset_payload_decodes() -> None:
+    """Format check independent of ``encode``: bit i (LSB first) means base + 1 + i."""
+    payload = bytes([0b0000_0101, 0b0000_0001])
+    assert decode(f"ko1:100:b:{_packed(payload)}", 100) == {101, 103, 109}
+
+
+VALID = encode(100, [102, 103])
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        None,
+        "",
+        "garbage",
+        "ko1",
+        "ko1:",
+        "ko1:100",
+        "ko1:100:r",
+        "ko2" + VALID[3:],  # a future or foreign format
+        "ko1:abc:r:" + _packed(b"\x01\x01"),  # non-numeric base
+        "ko1:100:r:!!!not-base64!!!",
+        "ko1:100:r:abc",  # bad base64 padding
+        "ko1:100:r:" + base64.urlsafe_b64encode(b"not zlib").decode(),
+        "ko1:100:r:" + _packed(b"\x80"),  # truncated varint
+        "ko1:100:z:" + _packed(b"\x01\x01"),  # unknown kind
+        "some-other-client-metadata",
+    ],
+)
+def test_unusable_metadata_decodes_to_nothing(metadata: str | None) -> None:
+    assert decode(metadata, 100) == set()
+
+
+def test_metadata_for_a_different_base_is_ignored() -> None:
+    assert decode(VALID, 100) == {102, 103}
+    assert decode(VALID, 101) == set()
+    assert decode(VALID, 99) == set()

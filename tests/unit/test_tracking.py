@@ -1,0 +1,250 @@
+"""PartitionOffsets and ReceiveTimes: the commit position never passes an unfinished offset."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyorder.tracking import OffsetOrderError, PartitionOffsets, ReceiveTimes
+
+
+@st.composite
+def received_and_completion_order(draw: st.DrawFn) -> tuple[int, list[int], list[int]]:
+    """A start offset, increasing received offsets with random gaps, and a completion order."""
+    start = draw(st.integers(0, 10**12))
+    gaps = draw(st.lists(st.integers(0, 5), min_size=1, max_size=60))
+    offsets, cursor = [], start
+    for gap in gaps:
+        cursor += gap  # gap 0: consecutive; > 0: compaction / transaction markers
+        offsets.append(cursor)
+        cursor += 1
+    order = draw(st.permutations(offsets))
+    return start, offsets, order
+
+
+def _check(tracker: PartitionOffsets, received: list[int], done: set[int]) -> None:
+    unfinished = [offset for offset in received if offset not in done]
+    position = tracker.commit_position
+    assert position is not None
+    assert all(position <= offset for offset in unfinished), "commit position passed an unfinished offset"
+    if unfinished:
+        assert position == min(unfinished)
+        assert tracker.min_inflight == min(unfinished)
+    else:
+        assert position == received[-1] + 1
+        assert tracker.min_inflight is None
+    assert tracker.inflight == len(unfinished)
+    assert tracker.completed_above_position() == sorted(offset for offset in done if offset > position)
+
+
+@settings(deadline=None, database=None, max_examples=300)
+@given(received_and_completion_order())
+def test_commit_position_is_the_lowest_unfinished_offset_after_every_completion(
+    case: tuple[int, list[int], list[int]],
+) -> None:
+    start, offsets, order = case
+    tracker = PartitionOffsets(start)
+    assert tracker.commit_position == start
+    for offset in offsets:
+        assert tracker.received(offset) is True
+    _check(tracker, offsets, set())
+    done: set[int] = set()
+    for offset in order:
+        tracker.completed(offset)
+        done.add(offset)
+        _check(tracker, offsets, done)
+    assert tracker.commit_position == offsets[-1] + 1
+    assert tracker.inflight == 0
+    assert tracker.completed_above_position() == []
+
+
+@settings(deadline=None, database=None, max_examples=150)
+@given(data=st.data())
+def test_interleaved_receives_and_completions_keep_the_invariant(data: st.DataObject) -> None:
+    """Batches arrive while earlier messages are still finishing, as in the poll loop."""
+    tracker = PartitionOffsets(start=data.draw(st.integers(0, 1000)))
+    cursor = tracker.start
+    assert cursor is not None
+    received: list[int] = []
+    done: set[int] = set()
+    for _ in range(data.draw(st.integers(1, 40))):
+        if data.draw(st.booleans()):
+            for _ in range(data.draw(st.integers(1, 5))):
+                cursor += data.draw(st.integers(0, 3))
+                assert tracker.received(cursor) is True
+                received.append(cursor)
+                cursor += 1
+        unfinished = [offset for offset in received if offset not in done]
+        if unfinished and data.draw(st.booleans()):
+            offset = data.draw(st.sampled_from(unfinished))
+            tracker.completed(offset)
+            done.add(offset)
+        if received:
+            _check(tracker, received, done)
+            assert tracker.next_fetch == received[-1] + 1
+
+
+@pytest.mark.parametrize("again", [0, 3, 4, 2])
+def test_redelivery_of_an_already_received_offset_is_not_processed(again: int) -> None:
+    tracker = PartitionOffsets(start=0)
+    for offset in (0, 2, 4):
+        assert tracker.received(offset) is True
+    assert tracker.received(again) is False
+    assert tracker.inflight == 3
+    assert tracker.commit_position == 0
+
+
+def test_offsets_below_the_start_are_not_processed() -> None:
+    tracker = PartitionOffsets(start=10)
+    assert tracker.received(9) is False
+    assert tracker.commit_position == 10
+    assert tracker.last_received is None
+    assert tracker.received(10) is True
+
+
+def test_prior_done_offsets_are_skipped_and_count_as_completed() -> None:
+    tracker = PartitionOffsets(start=10, prior_done={11, 12, 14})
+    verdicts = {offset: tracker.received(offset) for offset in range(10, 16)}
+    assert verdicts == {10: True, 11: False, 12: False, 13: True, 14: False, 15: True}
+    assert tracker.inflight == 3  # 10, 13, 15
+    assert tracker.commit_position == 10
+    assert tracker.completed_above_position() == [11, 12, 14]
+
+    tracker.completed(10)
+    assert tracker.commit_position == 13
+    assert tracker.completed_above_position() == [14]
+    tracker.completed(15)
+    assert tracker.commit_position == 13
+    tracker.completed(13)
+    assert tracker.commit_position == 16
+    assert tracker.inflight == 0
+    assert tracker.completed_above_position() == []
+
+
+def test_prior_done_offsets_at_the_head_advance_the_position_directly() -> None:
+    tracker = PartitionOffsets(start=10, prior_done={10, 11})
+    assert tracker.received(10) is False
+    assert tracker.commit_position == 11
+    assert tracker.received(11) is False
+    assert tracker.commit_position == 12
+    assert tracker.inflight == 0
+    assert tracker.received(12) is True
+    assert tracker.commit_position == 12
+
+
+def test_prior_done_offset_cannot_be_completed_again() -> None:
+    tracker = PartitionOffsets(start=0, prior_done={1})
+    tracker.received(0)
+    tracker.received(1)
+    with pytest.raises(OffsetOrderError):
+        tracker.completed(1)
+
+
+def test_completing_twice_raises() -> None:
+    tracker = PartitionOffsets(start=0)
+    for offset in range(3):
+        tracker.received(offset)
+    tracker.completed(1)  # above the head: remembered as done
+    with pytest.raises(OffsetOrderError, match="offset 1"):
+        tracker.completed(1)
+    tracker.completed(0)  # the head: position moves past 0 and 1
+    with pytest.raises(OffsetOrderError, match="offset 0"):
+        tracker.completed(0)
+    tracker.completed(2)
+    with pytest.raises(OffsetOrderError):
+        tracker.completed(2)  # nothing pending any more
+    assert tracker.commit_position == 3
+
+
+@pytest.mark.parametrize("offset", [0, 4])
+def test_completing_below_the_lowest_unfinished_raises(offset: int) -> None:
+    tracker = PartitionOffsets(start=5)
+    tracker.received(5)
+    with pytest.raises(OffsetOrderError):
+        tracker.completed(offset)
+    assert issubclass(OffsetOrderError, ValueError)
+
+
+def test_completing_on_an_empty_tracker_raises() -> None:
+    with pytest.raises(OffsetOrderError):
+        PartitionOffsets(start=0).completed(0)
+
+
+@pytest.mark.parametrize("never_received", [8, 100])
+def test_completing_a_never_received_offset_raises(never_received: int) -> None:
+    tracker = PartitionOffsets(start=5)
+    tracker.received(5)
+    tracker.received(7)  # 8 and 100 are beyond the last received offset
+    with pytest.raises(OffsetOrderError):
+        tracker.completed(never_received)
+    assert tracker.inflight == 2
+    assert tracker.completed_above_position() == []
+
+
+@pytest.mark.parametrize(
+    ("start", "received", "commit_position", "next_fetch"),
+    [
+        (None, [], None, None),
+        (42, [], 42, 42),
+        (None, [7], 7, 8),  # start unknown: the first received offset is the floor
+        (42, [42, 45], 42, 46),
+    ],
+)
+def test_positions_before_completion(
+    start: int | None, received: list[int], commit_position: int | None, next_fetch: int | None
+) -> None:
+    tracker = PartitionOffsets(start)
+    for offset in received:
+        tracker.received(offset)
+    assert tracker.commit_position == commit_position
+    assert tracker.next_fetch == next_fetch
+
+
+# Batches arrived at offsets 0 (t=100), 10 (t=105) and 20 (t=110); now is t=120.
+@pytest.mark.parametrize(
+    ("min_inflight", "age"),
+    [(0, 20.0), (5, 20.0), (9, 20.0), (10, 15.0), (15, 15.0), (20, 10.0), (25, 10.0), (None, 0.0)],
+)
+def test_oldest_age_is_measured_from_the_batch_holding_the_min_offset(min_inflight: int | None, age: float) -> None:
+    times = ReceiveTimes()
+    for first_offset, at in ((0, 100.0), (10, 105.0), (20, 110.0)):
+        times.mark(first_offset, at)
+    assert times.oldest_age(min_inflight, now=120.0) == pytest.approx(age)
+
+
+def test_oldest_age_without_marks_is_zero() -> None:
+    assert ReceiveTimes().oldest_age(5, now=50.0) == 0.0
+
+
+def test_oldest_age_follows_the_min_offset_forward_and_idle_forgets_marks() -> None:
+    times = ReceiveTimes()
+    times.mark(0, 1.0)
+    times.mark(10, 2.0)
+    assert times.oldest_age(3, now=5.0) == pytest.approx(4.0)
+    assert times.oldest_age(12, now=6.0) == pytest.approx(4.0)
+    assert times.oldest_age(None, now=7.0) == 0.0  # idle: old batches no longer matter
+    assert times.oldest_age(12, now=8.0) == 0.0
+    times.mark(30, 9.0)
+    assert times.oldest_age(30, now=10.0) == pytest.approx(1.0)
+
+
+@settings(deadline=None, database=None, max_examples=200)
+@given(case=received_and_completion_order(), data=st.data())
+def test_prior_done_offsets_never_hold_back_the_position(
+    case: tuple[int, list[int], list[int]], data: st.DataObject
+) -> None:
+    start, offsets, order = case
+    prior = set(data.draw(st.sets(st.sampled_from(offsets))))
+    tracker = PartitionOffsets(start, prior_done=prior)
+    for offset in offsets:
+        assert tracker.received(offset) is (offset not in prior)
+    done = set(prior)
+    _check(tracker, offsets, done)
+    for offset in order:
+        if offset in prior:
+            continue
+        tracker.completed(offset)
+        done.add(offset)
+        _check(tracker, offsets, done)
+    assert tracker.commit_position == offsets[-1] + 1
