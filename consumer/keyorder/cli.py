@@ -19,6 +19,7 @@ from pydantic_core import PydanticUndefined
 
 from keyorder import __version__
 from keyorder.config import ConfigError, RunConfig, env_name, flag_name, load_run_config
+from keyorder.dead_letters import DeadLetterError
 from keyorder.handlers import HandlerLoadError
 from keyorder.logs import configure_logging
 from keyorder.source import SourceError
@@ -68,7 +69,7 @@ def run_command(flags: dict[str, Any]) -> int:
     configure_logging(config.log_level, config.log_format)
     try:
         pod = Pod(config)
-    except (ConfigError, HandlerLoadError, SourceError) as error:
+    except (ConfigError, HandlerLoadError, SourceError, DeadLetterError) as error:
         print(f"keyorder run: {error}", file=sys.stderr)
         return EXIT_CONFIG
     stop = threading.Event()

@@ -227,3 +227,19 @@ def read_admin_token(config: RunConfig) -> str | None:
     if len(token) < 16:
         raise ConfigError(f"--admin-token-file {config.admin_token_file}: token must be at least 16 characters")
     return token
+
+
+def reference_markdown() -> str:
+    """The configuration table of docs/configuration.md, generated from ``RunConfig``."""
+    rows = ["| flag | environment variable | default | meaning |", "|---|---|---|---|"]
+    for name, field in RunConfig.model_fields.items():
+        if field.is_required():
+            default = "**required**"
+        elif field.default_factory is not None:
+            default = "(none)"
+        else:
+            value = field.default
+            default = "(none)" if value is None else f"`{getattr(value, 'value', value)}`"
+        description = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `{flag_name(name)}` | `{env_name(name)}` | {default} | {description} |")
+    return "\n".join(rows) + "\n"

@@ -59,10 +59,14 @@ class KafkaDeadLetterSink:
     """Produces DLQ records with an idempotent producer and waits for each acknowledgement."""
 
     def __init__(self, producer_config: dict[str, Any], topic_template: str, timeout: float = 30.0) -> None:
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaException, Producer
 
         config = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, **producer_config}
-        self._producer = Producer(config, logger=logging.getLogger("keyorder.librdkafka"))
+        try:
+            self._producer = Producer(config, logger=logging.getLogger("keyorder.librdkafka"))
+        except KafkaException as error:
+            raise DeadLetterError(f"invalid Kafka client configuration (dead-letter producer): "
+                                  f"{error.args[0].str()}") from error
         self._topic_template = topic_template
         self._timeout = timeout
         self._lock = threading.Lock()  # serialises flush(): rare path, keeps error attribution exact

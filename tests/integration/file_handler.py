@@ -12,15 +12,21 @@ import time
 
 from keyorder import Message
 
-_FD = os.open(os.environ["KEYORDER_TEST_RECORD_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 _SLEEP = float(os.environ.get("KEYORDER_TEST_SLEEP", "0"))
+_FD: list[int] = []
+
+
+def _record_fd() -> int:
+    if not _FD:
+        _FD.append(os.open(os.environ["KEYORDER_TEST_RECORD_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+    return _FD[0]
 
 
 def handle(message: Message) -> None:
     event = json.loads(message.value)
     if _SLEEP:
         time.sleep(_SLEEP)
-    os.write(_FD, f"{event['key']} {event['seq']} {message.partition} {message.offset}\n".encode())
+    os.write(_record_fd(), f"{event['key']} {event['seq']} {message.partition} {message.offset}\n".encode())
 
 
 def read_records(path: str) -> list[tuple[str, int, int, int]]:

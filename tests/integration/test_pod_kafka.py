@@ -190,7 +190,8 @@ def test_live_resize_over_the_admin_endpoint(broker, make_topic, run_pod, tmp_pa
             with urllib.request.urlopen(request, timeout=5) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read())
+            with error:
+                return error.code, json.loads(error.read())
 
     assert put(b'{"workers": 32}', None)[0] == 401
     assert put(b'{"workers": 32}', "Bearer wrong-token-wrong-token")[0] == 401
@@ -225,18 +226,23 @@ def test_metrics_and_health_endpoints(broker, make_topic, run_pod):
             assert json.loads(response.read())["status"] == expected
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(base + "/nope", timeout=5)
+    missing.value.close()
     assert missing.value.code == 404
     with pytest.raises(urllib.error.HTTPError) as disabled:
         urllib.request.urlopen(urllib.request.Request(base + "/admin/workers", data=b'{"workers": 2}',
                                                       method="PUT"), timeout=5)
+    disabled.value.close()
     assert disabled.value.code == 403, "without a token file the admin endpoint must be disabled"
     wait_until(lambda: metric_value(metrics_text(pod), "keyorder_messages_processed_total") == produced.total,
                10, "the processed counter")
+    committed_series = f'keyorder_partition_committed_offset{{partition="0",topic="{topic}"}}'
+    wait_until(lambda: metric_value(metrics_text(pod), committed_series) == produced.end_offsets[0], 10,
+               "the committed-offset gauge to reach the end offset")
     text = metrics_text(pod)
     assert metric_value(text, "keyorder_workers") == 4
     assert metric_value(text, "keyorder_pod_inflight_messages") == 0
-    assert f'keyorder_partition_committed_offset{{partition="0",topic="{topic}"}}' in text
     assert metric_value(text, "keyorder_handler_duration_seconds_count") == produced.total
-    wait_until(lambda: sum(p.lag or 0 for p in pod.runtime.snapshot.partitions) == 0
-               and all(p.lag is not None for p in pod.runtime.snapshot.partitions), 15, "lag 0 at the end")
+    lag_series = f'keyorder_partition_lag_messages{{partition="1",topic="{topic}"}}'
+    wait_until(lambda: metric_value(metrics_text(pod), lag_series) == 0, 15, "lag 0 at the end")
+    assert len(pod.runtime.snapshot.partitions) == 2
     assert "key-" not in text, "metrics must never carry message keys"
