@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -32,8 +33,6 @@ def produce_one(bootstrap: str, topic: str, key: str, seq: int, partition: int) 
 
 def read_topic(bootstrap: str, topic: str, expect: int, linger: float = 2.0) -> list:
     """Everything in ``topic`` (waits for ``expect`` records, then ``linger`` more seconds for extras)."""
-    import time
-
     reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}",
                        "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
                        "heartbeat.interval.ms": 500})
@@ -141,7 +140,7 @@ def test_block_policy_parks_the_key_and_holds_the_commit(broker, make_topic, run
     later = produce_keyed(broker.bootstrap, topic, 300, 10, seed=4, start_sequences=None)
     recorder = Recorder(fail=lambda event: event["key"] == "stuck")
     pod = run_pod(topic, recorder, workers=4, max_attempts=2, on_exhausted="block",
-                  retry_initial_backoff=0.05, retry_max_backoff=0.5)
+                  retry_initial_backoff=0.05, retry_max_backoff=0.5, shutdown_grace=1)
     wait_until(lambda: recorder.count() >= 100 + later.total, 60, "keys other than the blocked one")
     wait_until(lambda: metric_value(metrics_text(pod), "keyorder_keys_blocked") == 1, 10, "the blocked-key gauge")
     wait_until(lambda: metric_value(metrics_text(pod), "keyorder_partition_min_inflight_offset") == 100, 10,
@@ -246,3 +245,24 @@ def test_metrics_and_health_endpoints(broker, make_topic, run_pod):
     wait_until(lambda: metric_value(metrics_text(pod), lag_series) == 0, 15, "lag 0 at the end")
     assert len(pod.runtime.snapshot.partitions) == 2
     assert "key-" not in text, "metrics must never carry message keys"
+
+
+def test_backpressure_bounds_what_a_blocked_key_holds_back(broker, make_topic, run_pod):
+    """A blocked key at the head of a partition: the pod pauses the partition instead of buffering it."""
+    topic = make_topic(1)
+    produce_one(broker.bootstrap, topic, "stuck", 0, partition=0)
+    produced = produce_keyed(broker.bootstrap, topic, 3_000, 50, seed=6)
+    recorder = Recorder(fail=lambda event: event["key"] == "stuck")
+    bound, batch = 300, 50
+    pod = run_pod(topic, recorder, workers=8, max_attempts=1, on_exhausted="block", retry_max_backoff=5,
+                  max_inflight_per_partition=bound, max_inflight=bound, poll_batch=batch, shutdown_grace=1)
+    series = f'keyorder_partition_paused{{partition="0",topic="{topic}"}}'
+    wait_until(lambda: metric_value(metrics_text(pod), series) == 1, 30, "the partition to be paused")
+    handled_when_paused = recorder.count()
+    wait_until(lambda: pod.runtime.snapshot.partitions[0].uncommitted >= bound, 5, "the snapshot to catch up")
+    part = pod.runtime.snapshot.partitions[0]
+    assert part.uncommitted <= bound + batch, f"{part.uncommitted} uncommitted > bound {bound} + one batch"
+    assert part.committed == 0 and part.min_inflight == 0
+    assert handled_when_paused < bound + batch < produced.total
+    time.sleep(1.0)  # observation window: a paused partition must deliver nothing during it
+    assert recorder.count() == handled_when_paused, "a paused partition kept delivering"

@@ -449,3 +449,15 @@ def test_short_admin_token_is_rejected(tmp_path: Path, content: str) -> None:
 def test_unreadable_admin_token_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         read_admin_token(load({"admin_token_file": str(tmp_path / "missing")}))
+
+
+def test_json_logs_are_one_object_per_line():
+    import json as json_module
+    import logging
+
+    from keyorder.logs import JsonFormatter
+
+    record = logging.LogRecord("keyorder.x", logging.WARNING, __file__, 1, "failed on %s[%d]", ("t", 3), None)
+    entry = json_module.loads(JsonFormatter().format(record))
+    assert entry["level"] == "WARNING" and entry["message"] == "failed on t[3]" and entry["logger"] == "keyorder.x"
+    assert "\n" not in JsonFormatter().format(record)

@@ -1,0 +1,143 @@
+"""The poll loop's offset logic with an in-memory FAKE source.
+
+A fake is used here only for what the real test broker cannot do: Tansu does not store offset
+commit metadata, so the restart-skips-completed-offsets path (and the exact commits it makes) can
+only be observed with a source that keeps metadata. Everything else runs against the real broker
+in tests/integration/.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from keyorder import offset_metadata
+from keyorder.message import Message
+from keyorder.retry import RetryPolicy
+from keyorder.routing import KeyRouter, Ordering
+from keyorder.runtime import ConsumerRuntime, RuntimeSettings
+from keyorder.workers import ThreadWorkerPool
+from tests.conftest import wait_until
+
+
+class FakeMetadataSource:
+    """FAKE in-memory Source: one topic, pre-loaded records, stores commits *with* metadata."""
+
+    def __init__(self, records: dict[int, list[Message]], committed: dict[int, tuple[int, str | None]]) -> None:
+        self.records = records
+        self.committed_offsets = dict(committed)
+        self.commits: list[dict] = []
+        self.position = {partition: committed.get(partition, (0, None))[0] for partition in records}
+        self.paused: set = set()
+        self._assigned = False
+
+    def subscribe(self, topics, on_assign, on_revoke, on_lost):
+        self._on_assign = on_assign
+
+    def consume(self, max_messages, timeout):
+        if not self._assigned:
+            self._assigned = True
+            self._on_assign([("t", partition) for partition in self.records])
+        out = []
+        for partition, records in self.records.items():
+            if ("t", partition) in self.paused:
+                continue
+            batch = [r for r in records if r.offset >= self.position[partition]][: max_messages - len(out)]
+            if batch:
+                self.position[partition] = batch[-1].offset + 1
+            out.extend(batch)
+        if not out:
+            threading.Event().wait(min(timeout, 0.01))
+        return out
+
+    def pause(self, partitions):
+        self.paused.update(partitions)
+
+    def resume(self, partitions):
+        self.paused.difference_update(partitions)
+
+    def committed(self, partitions, timeout):
+        return {pid: self.committed_offsets.get(pid[1], (None, None)) for pid in partitions}
+
+    def commit(self, offsets, asynchronous):
+        self.commits.append(dict(offsets))
+        for (_topic, partition), value in offsets.items():
+            self.committed_offsets[partition] = value
+
+    def high_watermark(self, partition):
+        return len(self.records[partition[1]])
+
+    def close(self):
+        pass
+
+
+def message(offset: int, key: str) -> Message:
+    return Message("t", 0, offset, key.encode(), b"{}")
+
+
+def run_until(source, handled, expected_count):
+    completions: deque = deque()
+    pool = ThreadWorkerPool(lambda m: handled.append(m.offset), 4, RetryPolicy(), None, completions)
+    runtime = ConsumerRuntime(RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool,
+                              KeyRouter(Ordering.KEY, 4), completions)
+    stop = threading.Event()
+    thread = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(handled) >= expected_count and source.committed_offsets[0][0] == 10, 10,
+                   "the backlog to be handled and committed")
+    finally:
+        stop.set()
+        thread.join(10)
+    return runtime
+
+
+def test_restart_skips_offsets_the_metadata_marks_done():
+    records = {0: [message(offset, f"k{offset % 3}") for offset in range(10)]}
+    metadata = offset_metadata.encode(5, [7, 8])
+    source = FakeMetadataSource(records, committed={0: (5, metadata)})
+    handled: list[int] = []
+    runtime = run_until(source, handled, expected_count=3)
+    assert sorted(handled) == [5, 6, 9], "offsets 7 and 8 were done before the restart and must be skipped"
+    assert runtime.snapshot.skipped == 2
+    assert source.committed_offsets[0][0] == 10
+
+
+def test_without_metadata_everything_from_the_committed_offset_runs_again():
+    records = {0: [message(offset, f"k{offset % 3}") for offset in range(10)]}
+    source = FakeMetadataSource(records, committed={0: (5, None)})
+    handled: list[int] = []
+    run_until(source, handled, expected_count=5)
+    assert sorted(handled) == [5, 6, 7, 8, 9]
+
+
+def test_commits_carry_completed_offsets_above_a_stuck_one():
+    records = {0: [message(offset, "slow" if offset == 0 else f"k{offset}") for offset in range(10)]}
+    release = threading.Event()
+    handled: list[int] = []
+
+    def handler(m):
+        if m.offset == 0:
+            release.wait(10)
+        handled.append(m.offset)
+
+    source = FakeMetadataSource(records, committed={})
+    completions: deque = deque()
+    pool = ThreadWorkerPool(handler, 8, RetryPolicy(), None, completions)
+    runtime = ConsumerRuntime(RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool,
+                              KeyRouter(Ordering.KEY, 8), completions)
+    stop = threading.Event()
+    thread = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(handled) == 9, 10, "every message but the stuck one")
+        wait_until(lambda: source.committed_offsets.get(0, (None, None))[1] is not None
+                   and offset_metadata.decode(source.committed_offsets[0][1], 0) == set(range(1, 10)), 10,
+                   "a commit at offset 0 whose metadata lists offsets 1-9 as done")
+        assert source.committed_offsets[0][0] == 0, "the commit passed an unfinished offset"
+        release.set()
+        wait_until(lambda: source.committed_offsets[0][0] == 10, 10, "the commit to move past the released offset")
+    finally:
+        release.set()
+        stop.set()
+        thread.join(10)
