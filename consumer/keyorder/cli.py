@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     from keyorder.dev import add_dev_flags
 
     add_dev_flags(dev)
+    bench = commands.add_parser("bench", help="benchmark key mode against the partition-ordered baseline",
+                                description="Throughput of key-ordered workers against the partition-ordered "
+                                "baseline and the ideal, on the embedded broker.")
+    from keyorder.bench import add_bench_flags
+
+    add_bench_flags(bench)
     return parser
 
 
@@ -97,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from keyorder.dev import dev_command
 
         return dev_command(args)
+    if args.command == "bench":
+        from keyorder.bench import bench_command
+
+        return bench_command(args)
     raise AssertionError(args.command)
 
 

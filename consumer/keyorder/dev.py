@@ -18,6 +18,7 @@ from keyorder.config import RunConfig
 from keyorder.embedded import EmbeddedBroker
 from keyorder.loadgen import create_topics, produce_keyed
 from keyorder.logs import configure_logging
+from keyorder.progress import Progress
 
 TOPIC = "payments"
 DEV_GROUP_TIMINGS = ["session.timeout.ms=6000", "heartbeat.interval.ms=500"]
@@ -32,27 +33,6 @@ def add_dev_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-ms", type=float, default=5.0,
                         help="simulated handler latency per message [default: 5]")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
-
-
-class Progress:
-    """One status line: rewritten in place on a terminal, printed every few seconds otherwise."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self._last = 0.0
-
-    def show(self, text: str, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.tty:
-            sys.stderr.write("\r\033[K" + text)
-            sys.stderr.flush()
-        elif force or now - self._last >= 2.0:
-            sys.stderr.write(text + "\n")
-            self._last = now
-
-    def done(self) -> None:
-        if self.tty:
-            sys.stderr.write("\n")
 
 
 def dev_command(args: argparse.Namespace) -> int:

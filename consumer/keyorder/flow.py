@@ -7,6 +7,10 @@ at or above its last committed offset), and every partition is paused while the 
 pause/resume does not flap on every message. Counting uncommitted rather than unfinished messages
 also bounds what a crash re-delivers, and the memory held behind a stuck (blocked) key.
 
+Fairness: a partition's bound is also capped at its fair share of the pod bound
+(``max_inflight / assigned partitions``). Without it, the first partitions to be fetched fill
+the whole pod budget and the others are never fetched until those drain.
+
 Pure: it is told the in-flight counts and answers with the partitions whose state must change.
 """
 
@@ -45,6 +49,11 @@ class FlowControl:
         """How many more messages the pod may take in now."""
         return max(self.limits.max_inflight - pod_uncommitted, 0)
 
+    def partition_bound(self, partitions: int) -> int:
+        """Per-partition bound with ``partitions`` assigned: the configured one, capped at a fair share."""
+        limits = self.limits
+        return max(1, min(limits.max_inflight_per_partition, limits.max_inflight // max(partitions, 1)))
+
     def commit_pressure(self, partition_uncommitted: Mapping[Hashable, int], pod_uncommitted: int) -> bool:
         """True when a commit now would let work resume: a bound is half-used by uncommitted messages.
 
@@ -54,7 +63,7 @@ class FlowControl:
         limits = self.limits
         if pod_uncommitted >= limits.max_inflight * limits.resume_ratio:
             return True
-        threshold = limits.max_inflight_per_partition * limits.resume_ratio
+        threshold = self.partition_bound(len(partition_uncommitted)) * limits.resume_ratio
         return any(count >= threshold for count in partition_uncommitted.values())
 
     def decide(self, partition_inflight: Mapping[Hashable, int], pod_inflight: int
@@ -65,7 +74,8 @@ class FlowControl:
             self.pod_saturated = True
         elif pod_inflight <= limits.max_inflight * limits.resume_ratio:
             self.pod_saturated = False
-        high, low = limits.max_inflight_per_partition, limits.max_inflight_per_partition * limits.resume_ratio
+        high = self.partition_bound(len(partition_inflight))
+        low = high * limits.resume_ratio
         full = self._full
         for partition, inflight in partition_inflight.items():
             if inflight >= high:

@@ -3,7 +3,9 @@
 A *lane* is the unit of ordering: messages of one lane are handled one at a time, in offset
 order. The router maps a message to its lane (by ordering mode) and a lane to a worker slot with
 a salted, process-independent hash (Python's ``hash()`` is randomised per process, so it would
-route the same key differently after every restart and across pods).
+route the same key differently after every restart and across pods). Partition lanes of one
+topic take consecutive slots (topic hash + partition number), so with at least as many workers
+as partitions every partition has a worker of its own, exactly like a classic ordered consumer.
 
 ``LaneAffinity`` makes live resizing safe: while a lane has messages in flight, new messages of
 that lane keep going to the slot that already holds them, whatever the current worker count. A
@@ -77,9 +79,9 @@ class KeyRouter:
         if isinstance(lane, bytes):
             return stable_hash(lane, self._salt) % self.workers
         cached = self._partition_hashes.get(lane)
-        if cached is None:
+        if cached is None:  # partition lanes spread round the slots: W >= partitions gives one each
             topic, partition = lane
-            cached = stable_hash(f"{topic}\x00{partition}".encode(), self._salt)
+            cached = stable_hash(topic.encode(), self._salt) + partition
             self._partition_hashes[lane] = cached
         return cached % self.workers
 

@@ -137,3 +137,13 @@ def test_decide_invariants(steps: list[dict[str, int]]) -> None:
                 assert partition in flow.paused
             elif inflight <= 10:
                 assert partition not in flow.paused
+
+
+def test_partition_bound_is_capped_at_a_fair_share_of_the_pod_bound() -> None:
+    control = FlowControl(FlowLimits(max_inflight=10_000, max_inflight_per_partition=5_000, resume_ratio=0.5))
+    assert control.partition_bound(1) == 5_000
+    assert control.partition_bound(4) == 2_500
+    assert control.partition_bound(20_000) == 1
+    # four partitions: the first two to fill up are paused at their share, before the pod saturates
+    to_pause, _ = control.decide({"p0": 2_500, "p1": 2_500, "p2": 0, "p3": 0}, pod_inflight=5_000)
+    assert sorted(to_pause) == ["p0", "p1"] and not control.pod_saturated

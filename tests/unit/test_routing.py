@@ -268,3 +268,10 @@ def test_affinity_never_splits_a_lane_over_two_slots(data: st.DataObject) -> Non
         assert all(len(slots) == 1 for slots in slots_per_lane.values()), slots_per_lane
         assert affinity.pinned_lanes() == len(slots_per_lane)
         assert affinity.slot_load == dict(Counter(slot for _, slot in inflight))
+
+
+@pytest.mark.parametrize("partitions", [1, 4, 12, 64])
+def test_partition_mode_gives_each_partition_its_own_worker_when_w_equals_p(partitions: int) -> None:
+    router = KeyRouter(Ordering.PARTITION, partitions)
+    slots = {router.slot(router.lane("orders", p, b"k")) for p in range(partitions)}
+    assert slots == set(range(partitions))
