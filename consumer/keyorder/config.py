@@ -59,9 +59,12 @@ class RunConfig(BaseModel):
     workers: int = Field(16, ge=1, description="Key workers per pod at start (live-resizable).")
     max_workers: int = Field(4096, ge=1, description="Upper bound for a live resize of the key workers.")
     max_inflight: int = Field(10_000, ge=1, description="Unfinished messages per pod before every "
-                              "partition is paused (bounds memory).")
+                              "partition is paused (bounds payload memory).")
     max_inflight_per_partition: int = Field(5_000, ge=1, description="Unfinished messages per partition "
                                             "before that partition is paused.")
+    max_uncommitted: int = Field(50_000, ge=1, description="Messages at or above the committed offsets per "
+                                 "pod, finished or not, before partitions are paused: the most a crash "
+                                 "re-delivers.")
     resume_ratio: float = Field(0.5, gt=0, lt=1, description="Paused partitions resume when in-flight "
                                 "falls to this fraction of the bound.")
     poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
@@ -118,6 +121,8 @@ class RunConfig(BaseModel):
     def _cross_field(self) -> RunConfig:
         if self.workers > self.max_workers:
             raise ValueError(f"workers ({self.workers}) must be <= max_workers ({self.max_workers})")
+        if self.max_uncommitted < self.max_inflight:
+            raise ValueError(f"max_uncommitted ({self.max_uncommitted}) must be >= max_inflight ({self.max_inflight})")
         if self.max_inflight_per_partition > self.max_inflight:
             raise ValueError(f"max_inflight_per_partition ({self.max_inflight_per_partition}) must be <= "
                              f"max_inflight ({self.max_inflight})")

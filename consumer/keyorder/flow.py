@@ -1,17 +1,23 @@
-"""Backpressure: which partitions to pause and resume so that memory stays bounded.
+"""Backpressure: which partitions to pause and resume so that memory and re-delivery stay bounded.
 
-A blocking queue in the poll loop would stall every partition when one fills up. Instead each
-partition is paused while it holds ``max_inflight_per_partition`` *uncommitted* messages (received
-at or above its last committed offset), and every partition is paused while the pod holds
-``max_inflight``; both resume below a low-water mark (``resume_ratio`` of the bound), so
-pause/resume does not flap on every message. Counting uncommitted rather than unfinished messages
-also bounds what a crash re-delivers, and the memory held behind a stuck (blocked) key.
+A blocking queue in the poll loop would stall every partition when one fills up. Instead the
+poll loop pauses individual partitions, bounding two different resources:
 
-Fairness: a partition's bound is also capped at its fair share of the pod bound
-(``max_inflight / assigned partitions``). Without it, the first partitions to be fetched fill
-the whole pod budget and the others are never fetched until those drain.
+* **in flight** (received, not finished): these hold their payloads in memory. Bounded by
+  ``max_inflight`` per pod and ``max_inflight_per_partition``.
+* **uncommitted** (received at or above the partition's committed offset, finished or not): what a
+  crash would re-deliver, and the offsets the tracker keeps. Finished messages stay uncommitted
+  while an older one is unfinished, so this window is larger; it is bounded by
+  ``max_uncommitted`` per pod. A blocked key therefore cannot make the pod read the rest of its
+  partition.
 
-Pure: it is told the in-flight counts and answers with the partitions whose state must change.
+A partition is paused when either of its counts reaches its bound and resumes when both are at
+or below the low-water mark (``resume_ratio`` of the bound), so pause/resume does not flap. A
+partition's bounds are capped at its fair share of the pod bounds (pod bound / assigned
+partitions): otherwise the first partitions fetched would take the whole pod budget and the
+others would starve. The pod-wide bounds pause everything as a last resort.
+
+Pure: it is told the counts and answers with the partitions whose state must change.
 """
 
 from __future__ import annotations
@@ -23,17 +29,35 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class FlowLimits:
     max_inflight: int = 10_000
-    """Uncommitted messages per pod before every partition is paused."""
+    """Unfinished messages per pod (payload memory) before every partition is paused."""
     max_inflight_per_partition: int = 5_000
-    """Uncommitted messages per partition before that partition is paused."""
+    """Unfinished messages per partition before that partition is paused."""
+    max_uncommitted: int = 50_000
+    """Messages at or above the committed offsets per pod (the crash re-delivery bound)."""
     resume_ratio: float = 0.5
-    """A paused partition (or pod) resumes when its count falls to this fraction of the bound."""
+    """A paused partition (or pod) resumes when its counts fall to this fraction of the bounds."""
 
     def __post_init__(self) -> None:
-        if self.max_inflight < 1 or self.max_inflight_per_partition < 1:
-            raise ValueError("in-flight bounds must be >= 1")
+        if min(self.max_inflight, self.max_inflight_per_partition, self.max_uncommitted) < 1:
+            raise ValueError("in-flight and uncommitted bounds must be >= 1")
+        if self.max_uncommitted < self.max_inflight:
+            raise ValueError(f"max_uncommitted ({self.max_uncommitted}) must be >= max_inflight ({self.max_inflight})")
         if not 0 < self.resume_ratio < 1:
             raise ValueError(f"resume_ratio must be in (0, 1), got {self.resume_ratio}")
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What a partition (or the pod) holds."""
+
+    inflight: int
+    uncommitted: int
+
+    def reaches(self, bound: Load) -> bool:
+        return self.inflight >= bound.inflight or self.uncommitted >= bound.uncommitted
+
+    def within(self, bound: Load, ratio: float) -> bool:
+        return self.inflight <= bound.inflight * ratio and self.uncommitted <= bound.uncommitted * ratio
 
 
 class FlowControl:
@@ -41,49 +65,50 @@ class FlowControl:
 
     def __init__(self, limits: FlowLimits) -> None:
         self.limits = limits
+        self.pod_bound = Load(limits.max_inflight, limits.max_uncommitted)
         self.pod_saturated = False
         self._full: set[Hashable] = set()
         self.paused: set[Hashable] = set()
 
-    def capacity(self, pod_uncommitted: int) -> int:
+    def partition_bound(self, partitions: int) -> Load:
+        """Per-partition bounds with ``partitions`` assigned: the configured ones, capped at a fair share."""
+        limits, share = self.limits, max(partitions, 1)
+        return Load(max(1, min(limits.max_inflight_per_partition, limits.max_inflight // share)),
+                    max(1, limits.max_uncommitted // share))
+
+    def capacity(self, pod: Load) -> int:
         """How many more messages the pod may take in now."""
-        return max(self.limits.max_inflight - pod_uncommitted, 0)
-
-    def partition_bound(self, partitions: int) -> int:
-        """Per-partition bound with ``partitions`` assigned: the configured one, capped at a fair share."""
         limits = self.limits
-        return max(1, min(limits.max_inflight_per_partition, limits.max_inflight // max(partitions, 1)))
+        return max(min(limits.max_inflight - pod.inflight, limits.max_uncommitted - pod.uncommitted), 0)
 
-    def commit_pressure(self, partition_uncommitted: Mapping[Hashable, int], pod_uncommitted: int) -> bool:
-        """True when a commit now would let work resume: a bound is half-used by uncommitted messages.
+    def commit_pressure(self, partitions: Mapping[Hashable, Load], pod: Load) -> bool:
+        """True when a commit now would let work resume: an uncommitted bound is half-used.
 
         With fast handlers the window fills faster than the periodic commit interval; committing
         early keeps throughput from being capped at ``bound / commit_interval``.
         """
-        limits = self.limits
-        if pod_uncommitted >= limits.max_inflight * limits.resume_ratio:
+        ratio = self.limits.resume_ratio
+        if pod.uncommitted >= self.limits.max_uncommitted * ratio:
             return True
-        threshold = self.partition_bound(len(partition_uncommitted)) * limits.resume_ratio
-        return any(count >= threshold for count in partition_uncommitted.values())
+        threshold = self.partition_bound(len(partitions)).uncommitted * ratio
+        return any(load.uncommitted >= threshold for load in partitions.values())
 
-    def decide(self, partition_inflight: Mapping[Hashable, int], pod_inflight: int
-               ) -> tuple[list[Hashable], list[Hashable]]:
-        """``(to_pause, to_resume)`` for the current uncommitted counts; updates ``paused``."""
-        limits = self.limits
-        if pod_inflight >= limits.max_inflight:
+    def decide(self, partitions: Mapping[Hashable, Load], pod: Load) -> tuple[list[Hashable], list[Hashable]]:
+        """``(to_pause, to_resume)`` for the current loads; updates ``paused``."""
+        ratio = self.limits.resume_ratio
+        if pod.reaches(self.pod_bound):
             self.pod_saturated = True
-        elif pod_inflight <= limits.max_inflight * limits.resume_ratio:
+        elif pod.within(self.pod_bound, ratio):
             self.pod_saturated = False
-        high = self.partition_bound(len(partition_inflight))
-        low = high * limits.resume_ratio
+        bound = self.partition_bound(len(partitions))
         full = self._full
-        for partition, inflight in partition_inflight.items():
-            if inflight >= high:
+        for partition, load in partitions.items():
+            if load.reaches(bound):
                 full.add(partition)
-            elif inflight <= low:
+            elif load.within(bound, ratio):
                 full.discard(partition)
-        full.intersection_update(partition_inflight)
-        wanted = set(partition_inflight) if self.pod_saturated else full
+        full.intersection_update(partitions)
+        wanted = set(partitions) if self.pod_saturated else full
         to_pause = [partition for partition in wanted if partition not in self.paused]
         to_resume = [partition for partition in self.paused if partition not in wanted]
         self.paused = set(wanted)

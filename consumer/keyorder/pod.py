@@ -57,7 +57,8 @@ class Pod:
         self.router = KeyRouter(config.ordering, config.workers)
         settings = RuntimeSettings(
             topics=tuple(config.topics),
-            flow=FlowLimits(config.max_inflight, config.max_inflight_per_partition, config.resume_ratio),
+            flow=FlowLimits(config.max_inflight, config.max_inflight_per_partition, config.max_uncommitted,
+                            config.resume_ratio),
             poll_batch=config.poll_batch, commit_interval=config.commit_interval,
             revoke_drain_timeout=config.revoke_drain_timeout, shutdown_grace=config.shutdown_grace,
             max_workers=config.max_workers)

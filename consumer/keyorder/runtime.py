@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from keyorder import offset_metadata
-from keyorder.flow import FlowControl, FlowLimits
+from keyorder.flow import FlowControl, FlowLimits, Load
 from keyorder.routing import KeyRouter, LaneAffinity
 from keyorder.scheduling import Delivery
 from keyorder.source import Source, TopicPartitionId
@@ -231,20 +231,23 @@ class ConsumerRuntime:
                 if slot not in self.affinity.slot_load:
                     self.pool.retire(slot)
 
+    def _loads(self) -> tuple[dict[TopicPartitionId, Load], Load]:
+        loads = {pid: Load(state.offsets.inflight, state.offsets.uncommitted)
+                 for pid, state in self.partitions.items()}
+        return loads, Load(self.inflight, sum(load.uncommitted for load in loads.values()))
+
     def _apply_flow(self) -> int:
-        """Pause/resume partitions by their uncommitted counts; returns how many messages may be taken."""
-        uncommitted = {pid: state.offsets.uncommitted for pid, state in self.partitions.items()}
-        pod_uncommitted = sum(uncommitted.values())
-        if self.flow.commit_pressure(uncommitted, pod_uncommitted):
+        """Pause/resume partitions by their loads; returns how many messages may be taken now."""
+        loads, pod = self._loads()
+        if self.flow.commit_pressure(loads, pod):
             self._commit(self.partitions.values(), asynchronous=True, only_if_moved=True)
-            uncommitted = {pid: state.offsets.uncommitted for pid, state in self.partitions.items()}
-            pod_uncommitted = sum(uncommitted.values())
-        to_pause, to_resume = self.flow.decide(uncommitted, pod_uncommitted)
+            loads, pod = self._loads()
+        to_pause, to_resume = self.flow.decide(loads, pod)
         if to_pause:
             self.source.pause(to_pause)
         if to_resume:
             self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in to_resume})
-        return self.flow.capacity(pod_uncommitted)
+        return self.flow.capacity(pod)
 
     # -- commits ----------------------------------------------------------------------------------
     def _commit(self, states: Iterable[PartitionState], asynchronous: bool, only_if_moved: bool = False) -> None:

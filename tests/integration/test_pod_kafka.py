@@ -255,7 +255,8 @@ def test_backpressure_bounds_what_a_blocked_key_holds_back(broker, make_topic, r
     recorder = Recorder(fail=lambda event: event["key"] == "stuck")
     bound, batch = 300, 50
     pod = run_pod(topic, recorder, workers=8, max_attempts=1, on_exhausted="block", retry_max_backoff=5,
-                  max_inflight_per_partition=bound, max_inflight=bound, poll_batch=batch, shutdown_grace=1)
+                  max_inflight_per_partition=bound, max_inflight=bound, max_uncommitted=bound, poll_batch=batch,
+                  shutdown_grace=1)
     series = f'keyorder_partition_paused{{partition="0",topic="{topic}"}}'
     wait_until(lambda: metric_value(metrics_text(pod), series) == 1, 30, "the partition to be paused")
     handled_when_paused = recorder.count()

@@ -29,7 +29,8 @@ def start_consumer(bootstrap: str, topic: str, group: str, record_file: Path, sl
                    "KEYORDER_TOPICS": topic, "KEYORDER_GROUP_ID": group}
     command = [sys.executable, "-m", "keyorder.cli", "run", "--handler", "tests.integration.file_handler:handle",
                "--workers", "16", "--http-port", "0", "--commit-interval", "0.2",
-               "--max-inflight", str(MAX_INFLIGHT), "--max-inflight-per-partition", "500", *extra]
+               "--max-inflight", str(MAX_INFLIGHT), "--max-inflight-per-partition", "500",
+               "--max-uncommitted", str(MAX_INFLIGHT), *extra]
     for setting in DEV_GROUP_TIMINGS:
         command += ["--kafka-property", setting]
     return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

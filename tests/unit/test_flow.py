@@ -6,10 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyorder.flow import FlowControl, FlowLimits
+from keyorder.flow import FlowControl, FlowLimits, Load
 
 # Per partition: pause at >= 10, resume at <= 5. Pod: pause all at >= 100, resume at <= 50.
-LIMITS = FlowLimits(max_inflight=100, max_inflight_per_partition=10, resume_ratio=0.5)
+# The uncommitted bound is set far away here, so these tests exercise the in-flight bounds.
+LIMITS = FlowLimits(max_inflight=100, max_inflight_per_partition=10, max_uncommitted=10_000, resume_ratio=0.5)
+
+
+def decide(flow: FlowControl, counts: dict[str, int], pod_inflight: int):
+    """In-flight counts only (uncommitted = in flight: nothing finished behind an unfinished offset)."""
+    return FlowControl.decide(flow, {p: Load(n, n) for p, n in counts.items()}, Load(pod_inflight, pod_inflight))
 
 
 # One partition's in-flight count over time -> paused afterwards, and the change reported.
@@ -32,7 +38,7 @@ HYSTERESIS_STEPS = [
 def test_partition_hysteresis_sequence() -> None:
     flow = FlowControl(LIMITS)
     for step, (inflight, paused, change) in enumerate(HYSTERESIS_STEPS):
-        to_pause, to_resume = flow.decide({"p0": inflight}, pod_inflight=inflight)
+        to_pause, to_resume = decide(flow, {"p0": inflight}, pod_inflight=inflight)
         where = f"step {step}: inflight {inflight}"
         assert flow.paused == ({"p0"} if paused else set()), where
         assert to_pause == (["p0"] if change == "pause" else []), where
@@ -41,10 +47,10 @@ def test_partition_hysteresis_sequence() -> None:
 
 def test_partitions_are_paused_independently() -> None:
     flow = FlowControl(LIMITS)
-    to_pause, to_resume = flow.decide({"p0": 12, "p1": 3, "p2": 10}, pod_inflight=25)
+    to_pause, to_resume = decide(flow, {"p0": 12, "p1": 3, "p2": 10}, pod_inflight=25)
     assert sorted(to_pause) == ["p0", "p2"]
     assert to_resume == []
-    to_pause, to_resume = flow.decide({"p0": 4, "p1": 9, "p2": 7}, pod_inflight=20)
+    to_pause, to_resume = decide(flow, {"p0": 4, "p1": 9, "p2": 7}, pod_inflight=20)
     assert (to_pause, to_resume) == ([], ["p0"])
     assert flow.paused == {"p2"}
 
@@ -52,17 +58,17 @@ def test_partitions_are_paused_independently() -> None:
 def test_pod_saturation_pauses_every_partition_and_resumes_them_at_pod_low_water() -> None:
     flow = FlowControl(LIMITS)
     counts = {"p0": 34, "p1": 33, "p2": 33}  # each far below its own bound
-    to_pause, _ = flow.decide(counts, pod_inflight=100)
+    to_pause, _ = decide(flow, counts, pod_inflight=100)
     assert flow.pod_saturated
     assert sorted(to_pause) == ["p0", "p1", "p2"]
 
     # Draining but above the pod low-water mark (50): everything stays paused.
-    to_pause, to_resume = flow.decide({"p0": 9, "p1": 9, "p2": 9}, pod_inflight=60)
+    to_pause, to_resume = decide(flow, {"p0": 9, "p1": 9, "p2": 9}, pod_inflight=60)
     assert (to_pause, to_resume) == ([], [])
     assert flow.paused == {"p0", "p1", "p2"}
 
     # Low-water reached: all resume, except a partition that is full on its own.
-    to_pause, to_resume = flow.decide({"p0": 4, "p1": 4, "p2": 10}, pod_inflight=50)
+    to_pause, to_resume = decide(flow, {"p0": 4, "p1": 4, "p2": 10}, pod_inflight=50)
     assert not flow.pod_saturated
     assert to_pause == []
     assert sorted(to_resume) == ["p0", "p1"]
@@ -71,26 +77,26 @@ def test_pod_saturation_pauses_every_partition_and_resumes_them_at_pod_low_water
 
 def test_pod_saturation_covers_partitions_that_arrive_while_saturated() -> None:
     flow = FlowControl(LIMITS)
-    flow.decide({"p0": 5}, pod_inflight=100)
-    to_pause, _ = flow.decide({"p0": 5, "p1": 0}, pod_inflight=80)
+    decide(flow, {"p0": 5}, pod_inflight=100)
+    to_pause, _ = decide(flow, {"p0": 5, "p1": 0}, pod_inflight=80)
     assert to_pause == ["p1"]
     assert flow.paused == {"p0", "p1"}
 
 
 def test_revoked_partition_is_forgotten() -> None:
     flow = FlowControl(LIMITS)
-    flow.decide({"p0": 10}, pod_inflight=10)
+    decide(flow, {"p0": 10}, pod_inflight=10)
     assert flow.paused == {"p0"}
-    flow.decide({}, pod_inflight=0)  # p0 revoked
+    decide(flow, {}, pod_inflight=0)  # p0 revoked
     assert flow.paused == set()
-    to_pause, _ = flow.decide({"p0": 7}, pod_inflight=7)  # re-assigned, between the marks
+    to_pause, _ = decide(flow, {"p0": 7}, pod_inflight=7)  # re-assigned, between the marks
     assert to_pause == []
     assert flow.paused == set()
 
 
 @pytest.mark.parametrize(("pod_inflight", "capacity"), [(0, 100), (40, 60), (99, 1), (100, 0), (150, 0)])
 def test_capacity(pod_inflight: int, capacity: int) -> None:
-    assert FlowControl(LIMITS).capacity(pod_inflight) == capacity
+    assert FlowControl(LIMITS).capacity(Load(pod_inflight, pod_inflight)) == capacity
 
 
 @pytest.mark.parametrize(
@@ -99,6 +105,8 @@ def test_capacity(pod_inflight: int, capacity: int) -> None:
         {"max_inflight": 0},
         {"max_inflight": -1},
         {"max_inflight_per_partition": 0},
+        {"max_uncommitted": 0},
+        {"max_inflight": 100, "max_uncommitted": 99},
         {"resume_ratio": 0.0},
         {"resume_ratio": 1.0},
         {"resume_ratio": -0.5},
@@ -112,7 +120,8 @@ def test_invalid_limits_raise(kwargs: dict[str, float]) -> None:
 
 def test_default_limits() -> None:
     limits = FlowLimits()
-    assert (limits.max_inflight, limits.max_inflight_per_partition, limits.resume_ratio) == (10_000, 5_000, 0.5)
+    assert (limits.max_inflight, limits.max_inflight_per_partition, limits.max_uncommitted, limits.resume_ratio) == (
+        10_000, 5_000, 50_000, 0.5)
 
 
 @settings(deadline=None, database=None, max_examples=200)
@@ -120,12 +129,13 @@ def test_default_limits() -> None:
 def test_decide_invariants(steps: list[dict[str, int]]) -> None:
     """Whatever the counts: at the bound -> paused; low-water and no saturation -> running;
     between the marks the previous state holds; the returned lists describe the state change."""
-    flow = FlowControl(FlowLimits(max_inflight=60, max_inflight_per_partition=20, resume_ratio=0.5))
+    flow = FlowControl(FlowLimits(max_inflight=60, max_inflight_per_partition=20, max_uncommitted=6_000,
+                                  resume_ratio=0.5))
     for counts in steps:
         pod = sum(counts.values())
         before = set(flow.paused)
         was_saturated = flow.pod_saturated
-        to_pause, to_resume = flow.decide(counts, pod)
+        to_pause, to_resume = decide(flow, counts, pod)
         assert len(set(to_pause)) == len(to_pause) and len(set(to_resume)) == len(to_resume)
         assert flow.paused == (before | set(to_pause)) - set(to_resume)
         assert not set(to_pause) & before and set(to_resume) <= before
@@ -141,9 +151,45 @@ def test_decide_invariants(steps: list[dict[str, int]]) -> None:
 
 def test_partition_bound_is_capped_at_a_fair_share_of_the_pod_bound() -> None:
     control = FlowControl(FlowLimits(max_inflight=10_000, max_inflight_per_partition=5_000, resume_ratio=0.5))
-    assert control.partition_bound(1) == 5_000
-    assert control.partition_bound(4) == 2_500
-    assert control.partition_bound(20_000) == 1
+    assert control.partition_bound(1) == Load(5_000, 50_000)
+    assert control.partition_bound(4) == Load(2_500, 12_500)
+    assert control.partition_bound(20_000) == Load(1, 2)
     # four partitions: the first two to fill up are paused at their share, before the pod saturates
-    to_pause, _ = control.decide({"p0": 2_500, "p1": 2_500, "p2": 0, "p3": 0}, pod_inflight=5_000)
+    to_pause, _ = decide(control, {"p0": 2_500, "p1": 2_500, "p2": 0, "p3": 0}, pod_inflight=5_000)
     assert sorted(to_pause) == ["p0", "p1"] and not control.pod_saturated
+
+
+UNCOMMITTED = FlowLimits(max_inflight=100, max_inflight_per_partition=100, max_uncommitted=400, resume_ratio=0.5)
+
+
+def test_uncommitted_bound_pauses_a_partition_with_few_messages_in_flight() -> None:
+    """A stuck head offset: 1 message in flight, 200 finished behind it but not committable."""
+    flow = FlowControl(UNCOMMITTED)  # 2 partitions: uncommitted share 200 each
+    to_pause, _ = flow.decide({"p0": Load(1, 200), "p1": Load(1, 10)}, Load(2, 210))
+    assert to_pause == ["p0"]
+    _, to_resume = flow.decide({"p0": Load(1, 150), "p1": Load(1, 10)}, Load(2, 160))
+    assert to_resume == [], "above the uncommitted low-water mark (100): stays paused"
+    _, to_resume = flow.decide({"p0": Load(1, 100), "p1": Load(1, 10)}, Load(2, 110))
+    assert to_resume == ["p0"]
+
+
+def test_resume_needs_both_counts_at_low_water() -> None:
+    flow = FlowControl(UNCOMMITTED)
+    flow.decide({"p0": Load(100, 100)}, Load(100, 100))
+    assert flow.paused == {"p0"} and flow.pod_saturated
+    _, to_resume = flow.decide({"p0": Load(10, 300)}, Load(10, 300))
+    assert to_resume == [] and flow.pod_saturated, "in flight is low but uncommitted is not"
+    _, to_resume = flow.decide({"p0": Load(10, 150)}, Load(10, 150))
+    assert to_resume == ["p0"] and not flow.pod_saturated
+
+
+@pytest.mark.parametrize(("pod", "capacity"), [(Load(0, 0), 100), (Load(10, 350), 50), (Load(90, 100), 10),
+                                               (Load(0, 400), 0)])
+def test_capacity_is_limited_by_both_bounds(pod: Load, capacity: int) -> None:
+    assert FlowControl(UNCOMMITTED).capacity(pod) == capacity
+
+
+def test_commit_pressure_at_half_the_uncommitted_bound() -> None:
+    flow = FlowControl(UNCOMMITTED)
+    assert not flow.commit_pressure({"p0": Load(1, 99), "p1": Load(0, 0)}, Load(1, 99))
+    assert flow.commit_pressure({"p0": Load(1, 100), "p1": Load(0, 0)}, Load(1, 100))
