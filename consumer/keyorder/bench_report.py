@@ -32,6 +32,7 @@ class RunResult:
     peak_rss_mb: float
     peak_inflight: int
     order_violations: int
+    """Per-key sequence gaps seen by the handler (expected, and not a failure, in unordered mode)."""
     ideal_rate: float | None = None
     ratio_to_baseline: float | None = None
     ratio_to_ideal: float | None = None

@@ -35,6 +35,9 @@ class DeadLetterSink(Protocol):
     def publish(self, message: Message, error: BaseException, attempts: int) -> None:
         """Write ``message`` to the DLQ and return only once it is durable; raise on failure."""
 
+    def close(self) -> None:
+        """Flush and release the sink (called once, at shutdown)."""
+
 
 def dead_letter_topic(template: str, source_topic: str) -> str:
     """DLQ topic for a source topic: ``{topic}`` in the template is replaced by the source topic."""

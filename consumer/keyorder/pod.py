@@ -62,11 +62,9 @@ class Pod:
             poll_batch=config.poll_batch, commit_interval=config.commit_interval,
             revoke_drain_timeout=config.revoke_drain_timeout, shutdown_grace=config.shutdown_grace,
             max_workers=config.max_workers)
-        runtime_box: list[ConsumerRuntime] = []
-        self.source = KafkaSource(consumer_properties(config, properties),
-                                  on_commit_error=lambda text: runtime_box[0].record_commit_error(text))
+        self.source = KafkaSource(consumer_properties(config, properties))
         self.runtime = ConsumerRuntime(settings, self.source, self.pool, self.router, self.completions)
-        runtime_box.append(self.runtime)
+        self.source.on_commit_error = self.runtime.record_commit_error
         self.registry = build_registry(self.runtime, self.pool)
         self.http = PodHttpServer(self.runtime, self.registry, config.http_host, config.http_port,
                                   admin_token) if serve_http else None
@@ -83,7 +81,7 @@ class Pod:
         try:
             self.runtime.run(stop)
         finally:
-            if self._dead_letters is not None and hasattr(self._dead_letters, "close"):
+            if self._dead_letters is not None:
                 self._dead_letters.close()
             if self.http:
                 self.http.stop()

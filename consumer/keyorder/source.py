@@ -43,9 +43,9 @@ class Source(Protocol):
 class KafkaSource:
     """A confluent-kafka consumer in a consumer group with manual commits."""
 
-    def __init__(self, config: Mapping[str, Any],
-                 on_commit_error: Callable[[str], None] | None = None) -> None:
-        self._on_commit_error = on_commit_error
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.on_commit_error: Callable[[str], None] | None = None
+        """Called (on the poll thread) with a description when an asynchronous commit fails."""
         full_config = dict(config)
         full_config.update({"enable.auto.commit": False, "enable.auto.offset.store": False,
                             "on_commit": self._committed_callback})
@@ -58,8 +58,8 @@ class KafkaSource:
         failures = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in partitions or () if tp.error]
         if error is not None and error.code() != KafkaError._NO_OFFSET:
             failures.insert(0, str(error))
-        if failures and self._on_commit_error is not None:
-            self._on_commit_error("; ".join(failures))
+        if failures and self.on_commit_error is not None:
+            self.on_commit_error("; ".join(failures))
 
     def subscribe(self, topics: Sequence[str], on_assign: RebalanceCallback,
                   on_revoke: RebalanceCallback, on_lost: RebalanceCallback) -> None:

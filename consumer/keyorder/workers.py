@@ -241,8 +241,8 @@ class _ThreadWorker(_WorkerCore):
         self._dead_lettered(delivery, publish_error)
 
 
-class ThreadWorkerPool:
-    """Key workers as OS threads, for plain (synchronous) handlers."""
+class _PoolBase:
+    """Bookkeeping shared by both pools: the slot -> worker map, the target size, retired totals."""
 
     def __init__(self, handler: Callable[[Any], Any], workers: int, retry: RetryPolicy,
                  dead_letters: DeadLetterSink | None, completions: Completions,
@@ -250,9 +250,20 @@ class ThreadWorkerPool:
         self._handler = handler
         self._core = {"retry": retry, "dead_letters": dead_letters, "completions": completions,
                       "clock": clock}
-        self._workers: dict[int, _ThreadWorker] = {}
+        self._workers: dict[int, Any] = {}
         self._retired = WorkerStats()
         self.size = workers
+
+    def retiring_slots(self) -> list[int]:
+        """Workers above the target size, still alive until their queues are empty."""
+        return [slot for slot in list(self._workers) if slot >= self.size]
+
+    def stats(self) -> list[WorkerStats]:
+        return [self._retired, *(worker.stats for worker in list(self._workers.values()))]
+
+
+class ThreadWorkerPool(_PoolBase):
+    """Key workers as OS threads, for plain (synchronous) handlers."""
 
     def _spawn(self, slot: int) -> None:
         worker = _ThreadWorker(self._handler, slot=slot, **self._core)
@@ -274,9 +285,6 @@ class ThreadWorkerPool:
             if slot not in self._workers:
                 self._spawn(slot)
 
-    def retiring_slots(self) -> list[int]:
-        return [slot for slot in self._workers if slot >= self.size]
-
     def retire(self, slot: int) -> None:
         worker = self._workers.pop(slot)
         worker.inbox.put(_STOP)
@@ -291,10 +299,6 @@ class ThreadWorkerPool:
             worker.thread.join(max(deadline - time.monotonic(), 0.0))
             if worker.thread.is_alive():
                 log.warning("worker %d still inside the handler after the shutdown grace period", worker.slot)
-
-    def stats(self) -> list[WorkerStats]:
-        return [self._retired, *(worker.stats for worker in list(self._workers.values()))]
-
 
 class _AsyncWorker(_WorkerCore):
     def __init__(self, handler: Callable[[Any], Any], **core: Any) -> None:
@@ -345,18 +349,17 @@ class _AsyncWorker(_WorkerCore):
         self._succeeded(delivery, started)
 
 
-class AsyncWorkerPool:
-    """Key workers as asyncio tasks on one event-loop thread, for ``async def`` handlers."""
+class AsyncWorkerPool(_PoolBase):
+    """Key workers as asyncio tasks on one event-loop thread, for ``async def`` handlers.
+
+    Threading: ``_workers`` is mutated only on the loop thread; the poll thread reaches it through
+    ``call_soon_threadsafe`` (and reads it with ``list()``, atomic under the GIL).
+    """
 
     def __init__(self, handler: Callable[[Any], Any], workers: int, retry: RetryPolicy,
                  dead_letters: DeadLetterSink | None, completions: Completions,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._handler = handler
-        self._core = {"retry": retry, "dead_letters": dead_letters, "completions": completions,
-                      "clock": clock}
-        self._workers: dict[int, _AsyncWorker] = {}
-        self._retired = WorkerStats()
-        self.size = workers
+        super().__init__(handler, workers, retry, dead_letters, completions, clock)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="keyorder-async-workers",
                                         daemon=True)
@@ -391,9 +394,6 @@ class AsyncWorkerPool:
         self.size = workers
         self._call(self._grow, workers)
 
-    def retiring_slots(self) -> list[int]:
-        return [slot for slot in list(self._workers) if slot >= self.size]
-
     def retire(self, slot: int) -> None:
         self._call(self._retire, slot)
 
@@ -422,6 +422,3 @@ class AsyncWorkerPool:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
         self._loop.close()
-
-    def stats(self) -> list[WorkerStats]:
-        return [self._retired, *(worker.stats for worker in list(self._workers.values()))]
