@@ -28,6 +28,10 @@ from keyorder.workers import Completions, WorkerPool
 
 log = logging.getLogger(__name__)
 
+EARLY_COMMIT_SPACING = 0.1
+"""Seconds between commits made early because the uncommitted window is half full (each commit
+encodes metadata and is a broker request: once per poll batch would be wasteful)."""
+
 
 @dataclass(frozen=True)
 class RuntimeSettings:
@@ -125,6 +129,7 @@ class ConsumerRuntime:
         self.last_iteration = clock()
         self._requested_workers = router.workers
         self._closing = False
+        self._next_early_commit = clock()
         self._commits = self._commit_failures = self._rebalances = self._skipped = 0
 
     # -- called from other threads ---------------------------------------------------------------
@@ -239,8 +244,10 @@ class ConsumerRuntime:
     def _apply_flow(self) -> int:
         """Pause/resume partitions by their loads; returns how many messages may be taken now."""
         loads, pod = self._loads()
-        if self.flow.commit_pressure(loads, pod):
+        now = self.clock()
+        if now >= self._next_early_commit and self.flow.commit_pressure(loads, pod):
             self._commit(self.partitions.values(), asynchronous=True, only_if_moved=True)
+            self._next_early_commit = now + min(self.settings.commit_interval, EARLY_COMMIT_SPACING)
             loads, pod = self._loads()
         to_pause, to_resume = self.flow.decide(loads, pod)
         if to_pause:
