@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint docs clean
+.PHONY: demo test test-fast lint docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check consumer operator tests examples
 	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/keyorder bench
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"

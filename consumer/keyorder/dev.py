@@ -64,18 +64,22 @@ def dev_command(args: argparse.Namespace) -> int:
         print(f"  pod running; metrics at http://127.0.0.1:{pod.http_port}/metrics")
         deadline = started + args.timeout
         drained = False
+        first_message_at = None
         while time.monotonic() < deadline:
             snapshot = pod.runtime.snapshot
             committed = {part.partition: part.committed for part in snapshot.partitions}
             done = ledger.LEDGER.applied + ledger.LEDGER.duplicates
-            elapsed = time.monotonic() - started
+            if done and first_message_at is None:
+                first_message_at = time.monotonic()
+                print(f"  joined the consumer group in {first_message_at - started:.1f}s")
+            elapsed = time.monotonic() - (first_message_at or started)
             progress.show(f"  consumed {done}/{produced.total}  {done / max(elapsed, 1e-9):,.0f} msg/s  "
                           f"in flight {snapshot.inflight}  workers {snapshot.workers}")
             if done >= produced.total and committed == produced.end_offsets:
                 drained = True
                 break
-            time.sleep(0.2)
-        elapsed = time.monotonic() - started
+            time.sleep(0.1)
+        elapsed = time.monotonic() - (first_message_at or started)
         stop.set()
         thread.join(60)
         progress.done()
