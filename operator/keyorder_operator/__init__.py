@@ -1,5 +1,6 @@
 """keyorder's Kubernetes operator (kopf): reconciles OrderedConsumer resources.
 
-Not implemented yet: see the operator issue. This package exists so the distribution layout
-(``consumer/keyorder`` and ``operator/keyorder_operator``) is fixed from the start.
+So far this package holds the pure scaling policy (``policy``), unit-tested without a cluster.
+The kopf handlers, CR models, resource builders and the ``keyorder operator`` command are the
+operator issue's remaining work.
 """
