@@ -23,6 +23,7 @@ from keyorder.dead_letters import DeadLetterError
 from keyorder.handlers import HandlerLoadError
 from keyorder.logs import configure_logging
 from keyorder.source import SourceError
+from keyorder.workers import WorkerCrashed
 
 EXIT_CONFIG = 2
 log = logging.getLogger("keyorder")
@@ -88,8 +89,8 @@ def run_command(flags: dict[str, Any]) -> int:
     signal.signal(signal.SIGINT, request_stop)
     try:
         pod.run(stop)
-    except SourceError as error:
-        log.error("%s", error)
+    except (SourceError, WorkerCrashed) as error:
+        log.error("stopped on a fatal error: %s", error)
         return 1
     return 0
 

@@ -72,7 +72,7 @@ class RunConfig(BaseModel):
     max_attempts: int = Field(5, ge=1, description="Handler attempts per message, the first included.")
     retry_initial_backoff: float = Field(0.2, ge=0, description="Seconds before the second attempt; "
                                          "doubles per attempt. Only the failing key waits.")
-    retry_max_backoff: float = Field(30.0, ge=0, description="Longest wait between attempts (and the "
+    retry_max_backoff: float = Field(30.0, gt=0, description="Longest wait between attempts (and the "
                                      "retry period of a blocked key).")
     on_exhausted: ExhaustedPolicy = Field(ExhaustedPolicy.DLQ, description="After max-attempts: dlq "
                                           "(publish to the dead-letter topic, go on) or block (park the "

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from keyorder.config import ConfigError
 from keyorder.runtime import ConsumerRuntime
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class PodHttpServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = 10  # seconds of socket inactivity: idle or slow clients cannot pin threads
+
             def do_GET(self) -> None:
                 server._get(self)
 
@@ -47,7 +50,10 @@ class PodHttpServer:
             def log_message(self, format: str, *args: Any) -> None:
                 log.debug("http %s - " + format, self.address_string(), *args)
 
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self._httpd = ThreadingHTTPServer((host, port), Handler)
+        except OSError as error:
+            raise ConfigError(f"--http-host/--http-port {host}:{port}: cannot listen: {error.strerror}") from None
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="keyorder-http", daemon=True)
@@ -66,8 +72,9 @@ class PodHttpServer:
         if path == "/metrics":
             _reply(request, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
-            stalled = runtime.started.is_set() and not runtime.stopping and \
-                runtime.clock() - runtime.last_iteration > STALL_SECONDS
+            stalled = runtime.pool.health.crashed is not None or (
+                runtime.started.is_set() and not runtime.stopping
+                and runtime.clock() - runtime.last_iteration > STALL_SECONDS)
             _reply_json(request, 503 if stalled else 200, {"status": "stalled" if stalled else "ok"})
         elif path == "/readyz":
             ready = runtime.started.is_set() and not runtime.stopping

@@ -64,7 +64,7 @@ class Pod:
             max_workers=config.max_workers)
         self.source = KafkaSource(consumer_properties(config, properties))
         self.runtime = ConsumerRuntime(settings, self.source, self.pool, self.router, self.completions)
-        self.source.on_commit_error = self.runtime.record_commit_error
+        self.source.on_commit_result = self.runtime.record_commit_outcomes
         self.registry = build_registry(self.runtime, self.pool)
         self.http = PodHttpServer(self.runtime, self.registry, config.http_host, config.http_port,
                                   admin_token) if serve_http else None

@@ -22,9 +22,9 @@ from keyorder import offset_metadata
 from keyorder.flow import FlowControl, FlowLimits, Load
 from keyorder.routing import KeyRouter, LaneAffinity
 from keyorder.scheduling import Delivery
-from keyorder.source import Source, TopicPartitionId
+from keyorder.source import CommitError, CommitOutcome, Source, SourceError, TopicPartitionId
 from keyorder.tracking import PartitionOffsets, ReceiveTimes
-from keyorder.workers import Completions, WorkerPool
+from keyorder.workers import Completions, WorkerCrashed, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,19 @@ class RuntimeSettings:
 class PartitionState:
     """What the pod knows about one assigned partition."""
 
-    __slots__ = ("completed", "id", "last_committed", "offsets", "receive_times", "revoked")
+    __slots__ = ("completed", "dropped", "id", "last_committed", "offsets", "outstanding", "receive_times",
+                 "revoked")
 
     def __init__(self, partition_id: TopicPartitionId, offsets: PartitionOffsets) -> None:
         self.id = partition_id
         self.offsets = offsets
         self.receive_times = ReceiveTimes()
         self.revoked = False
-        """Set once the partition is gone: workers then skip its queued messages (never run them)."""
+        """Set when the partition is being revoked: workers skip its messages that have not started."""
+        self.dropped = False
+        """Set once the pod has let the partition go: late completions no longer touch its offsets."""
+        self.outstanding = 0
+        """Deliveries handed to workers and not yet returned (finished or abandoned)."""
         self.last_committed: tuple[int, int] | None = None  # (position, completed-above count)
         self.completed = 0
 
@@ -130,6 +135,7 @@ class ConsumerRuntime:
         self._requested_workers = router.workers
         self._closing = False
         self._next_early_commit = clock()
+        self._retiring: set[int] = set()
         self._commits = self._commit_failures = self._rebalances = self._skipped = 0
 
     # -- called from other threads ---------------------------------------------------------------
@@ -144,10 +150,22 @@ class ConsumerRuntime:
     def workers(self) -> int:
         return self._requested_workers
 
-    def record_commit_error(self, description: str) -> None:
-        """Asynchronous commit failures (reported by the client on the poll thread)."""
-        self._commit_failures += 1
-        log.warning("offset commit failed (the next commit retries): %s", description)
+    def record_commit_outcomes(self, outcomes: list[CommitOutcome]) -> None:
+        """Commit results (on the poll thread): confirm positions, or force a retry on failure."""
+        failures = []
+        for partition_id, offset, error in outcomes:
+            state = self.partitions.get(partition_id)
+            if error is None:
+                if state is not None and offset >= 0:
+                    state.offsets.commit_confirmed(offset)
+                continue
+            failures.append(f"{partition_id[0]}[{partition_id[1]}]@{offset}: {error}")
+            if state is not None:
+                state.offsets.commit_failed(offset)
+                state.last_committed = None  # the next periodic commit sends it again
+        if failures:
+            self._commit_failures += 1
+            log.warning("offset commit failed (the next commit retries): %s", "; ".join(failures))
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -163,6 +181,8 @@ class ConsumerRuntime:
                 now = self.clock()
                 self.last_iteration = now
                 self._collect_completions()
+                if self.pool.health.crashed:
+                    raise WorkerCrashed(self.pool.health.crashed)
                 self._apply_resize()
                 capacity = self._apply_flow()
                 if capacity:
@@ -201,6 +221,7 @@ class ConsumerRuntime:
             lane = lane_of(message.topic, message.partition, message.key)
             slot = assign(lane)
             delivery = Delivery(message, lane, slot, state, now)
+            state.outstanding += 1
             batch = batches.get(slot)
             if batch is None:
                 batches[slot] = [delivery]
@@ -219,7 +240,8 @@ class ConsumerRuntime:
             release(delivery.lane, delivery.slot)
             finished += 1
             state = delivery.partition
-            if handled and not state.revoked:
+            state.outstanding -= 1
+            if handled and not state.dropped:
                 state.offsets.completed(delivery.message.offset)
                 state.completed += 1
         self.inflight -= finished
@@ -231,10 +253,11 @@ class ConsumerRuntime:
                      self.router.workers, target)
             self.router.workers = target
             self.pool.resize(target)
-        if len(self.pool.retiring_slots()):
-            for slot in self.pool.retiring_slots():
-                if slot not in self.affinity.slot_load:
-                    self.pool.retire(slot)
+            self._retiring = set(self.pool.retiring_slots())
+        if self._retiring:  # only while a shrink is in progress: retire workers once they hold nothing
+            for slot in [slot for slot in self._retiring if slot not in self.affinity.slot_load]:
+                self.pool.retire(slot)
+                self._retiring.discard(slot)
 
     def _loads(self) -> tuple[dict[TopicPartitionId, Load], Load]:
         loads = {pid: Load(state.offsets.inflight, state.offsets.uncommitted)
@@ -279,20 +302,22 @@ class ConsumerRuntime:
             marks.append((state, mark))
         if not offsets:
             return
+        for state, _mark in marks:
+            state.offsets.commit_sent()
         try:
-            self.source.commit(offsets, asynchronous=asynchronous)
-        except Exception as error:  # KafkaException: e.g. a rebalance is in progress; retried next time
-            self.record_commit_error(str(error))
+            outcomes = self.source.commit(offsets, asynchronous=asynchronous)
+        except CommitError as error:  # e.g. a rebalance is in progress: the next commit retries
+            self.record_commit_outcomes([(state.id, mark[0], str(error)) for state, mark in marks])
             return
         self._commits += 1
         for state, mark in marks:
             state.last_committed = mark
-            state.offsets.mark_committed()
+        self.record_commit_outcomes(outcomes)
 
     # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
     def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:
         self._rebalances += 1
-        committed = self.source.committed(partition_ids, self.settings.broker_timeout) if partition_ids else {}
+        committed = self._committed_with_retries(partition_ids) if partition_ids else {}
         for partition_id in partition_ids:
             offset, metadata = committed.get(partition_id, (None, None))
             prior_done = offset_metadata.decode(metadata, offset) if offset is not None else set()
@@ -300,21 +325,41 @@ class ConsumerRuntime:
             log.info("assigned %s[%d] from offset %s%s", *partition_id, offset if offset is not None else "reset",
                      f" ({len(prior_done)} offsets above it already done)" if prior_done else "")
 
+    def _committed_with_retries(self, partition_ids: list[TopicPartitionId], attempts: int = 3
+                                ) -> dict[TopicPartitionId, tuple[int | None, str | None]]:
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.source.committed(partition_ids, self.settings.broker_timeout)
+            except SourceError as error:
+                if attempt == attempts:
+                    raise SourceError(f"could not read the committed offsets of the assigned partitions "
+                                      f"after {attempts} attempts: {error}") from error
+                log.warning("reading committed offsets failed (attempt %d/%d), retrying: %s", attempt, attempts,
+                            error)
+                time.sleep(attempt)
+        raise AssertionError("unreachable")
+
     def _on_revoke(self, partition_ids: list[TopicPartitionId]) -> None:
+        """Stop starting their messages, let the running ones finish (bounded), commit, let go.
+
+        Queued messages that have not started are not run here: the new owner receives them from
+        the committed offset (the lowest unfinished one), so a rebalance takes as long as the
+        longest running handler, not as long as the queue.
+        """
         self._rebalances += 1
         states = [self.partitions[pid] for pid in partition_ids if pid in self.partitions]
-        if not self._closing:
-            deadline = self.clock() + self.settings.revoke_drain_timeout
-            while any(state.offsets.inflight for state in states) and self.clock() < deadline:
-                time.sleep(0.002)
-                self._collect_completions()
-            abandoned = sum(state.offsets.inflight for state in states)
-            if abandoned:
-                log.warning("revoke: %d in-flight messages did not finish within %.0fs; the new owner "
-                            "re-delivers them from the committed offset", abandoned,
-                            self.settings.revoke_drain_timeout)
         for state in states:
             state.revoked = True
+        if not self._closing:
+            deadline = self.clock() + self.settings.revoke_drain_timeout
+            while any(state.outstanding for state in states) and self.clock() < deadline:
+                time.sleep(0.002)
+                self._collect_completions()
+            still_running = sum(state.outstanding for state in states)
+            if still_running:
+                log.warning("revoke: %d messages still in a handler or waiting for a retry after %.0fs; the "
+                            "new owner re-delivers them from the committed offset", still_running,
+                            self.settings.revoke_drain_timeout)
         self._commit(states, asynchronous=False)
         self._drop(partition_ids)
 
@@ -322,15 +367,14 @@ class ConsumerRuntime:
         """Partitions lost without a clean revoke: another member may own them already; never commit."""
         self._rebalances += 1
         log.warning("lost partitions %s; their in-flight work is abandoned", partition_ids)
-        for pid in partition_ids:
-            if pid in self.partitions:
-                self.partitions[pid].revoked = True
         self._drop(partition_ids)
 
     def _drop(self, partition_ids: Iterable[TopicPartitionId]) -> None:
         partition_ids = list(partition_ids)
         for pid in partition_ids:
-            self.partitions.pop(pid, None)
+            state = self.partitions.pop(pid, None)
+            if state is not None:
+                state.revoked = state.dropped = True
         # librdkafka keeps a partition's pause flag across rebalances: clear it, or a later
         # re-assignment of the same partition to this pod would never fetch
         still_paused = [pid for pid in partition_ids if pid in self.flow.paused]

@@ -21,7 +21,7 @@ from typing import Any
 class Delivery:
     """A message on its way through a worker, with its routing and retry state."""
 
-    __slots__ = ("attempts", "lane", "message", "partition", "received_at", "slot")
+    __slots__ = ("attempts", "lane", "message", "partition", "pending_dead_letter", "received_at", "slot")
 
     def __init__(self, message: Any, lane: Hashable | None, slot: int, partition: Any,
                  received_at: float) -> None:
@@ -31,6 +31,8 @@ class Delivery:
         self.partition = partition  # the runtime's per-partition state (opaque here)
         self.received_at = received_at
         self.attempts = 0
+        self.pending_dead_letter: BaseException | None = None
+        """Set when the handler gave up but the DLQ write failed: only the write is retried."""
 
     @property
     def park_key(self) -> Hashable:

@@ -21,10 +21,16 @@ log = logging.getLogger(__name__)
 
 TopicPartitionId = tuple[str, int]
 RebalanceCallback = Callable[[list[TopicPartitionId]], None]
+CommitOutcome = tuple[TopicPartitionId, int, str | None]
+"""One partition's commit result: (partition, committed offset, error description or None)."""
 
 
 class SourceError(RuntimeError):
     """A fatal consumer error: the pod must exit (and be restarted)."""
+
+
+class CommitError(RuntimeError):
+    """A commit request failed as a whole (transient: the next commit retries)."""
 
 
 class Source(Protocol):
@@ -35,7 +41,8 @@ class Source(Protocol):
     def resume(self, partitions: Mapping[TopicPartitionId, int | None]) -> None: ...
     def committed(self, partitions: Sequence[TopicPartitionId], timeout: float
                   ) -> dict[TopicPartitionId, tuple[int | None, str | None]]: ...
-    def commit(self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool) -> None: ...
+    def commit(self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool
+               ) -> list[CommitOutcome]: ...
     def high_watermark(self, partition: TopicPartitionId) -> int | None: ...
     def close(self) -> None: ...
 
@@ -44,8 +51,8 @@ class KafkaSource:
     """A confluent-kafka consumer in a consumer group with manual commits."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        self.on_commit_error: Callable[[str], None] | None = None
-        """Called (on the poll thread) with a description when an asynchronous commit fails."""
+        self.on_commit_result: Callable[[list[CommitOutcome]], None] | None = None
+        """Called on the poll thread (inside ``consume``) with the outcome of asynchronous commits."""
         full_config = dict(config)
         full_config.update({"enable.auto.commit": False, "enable.auto.offset.store": False,
                             "on_commit": self._committed_callback})
@@ -54,12 +61,15 @@ class KafkaSource:
         except KafkaException as error:
             raise SourceError(f"invalid Kafka client configuration: {error.args[0].str()}") from error
 
+    @staticmethod
+    def _outcomes(error: Any, partitions: list[TopicPartition] | None) -> list[CommitOutcome]:
+        request_error = str(error) if error is not None and error.code() != KafkaError._NO_OFFSET else None
+        return [((tp.topic, tp.partition), tp.offset, str(tp.error) if tp.error else request_error)
+                for tp in partitions or ()]
+
     def _committed_callback(self, error: Any, partitions: list[TopicPartition]) -> None:
-        failures = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in partitions or () if tp.error]
-        if error is not None and error.code() != KafkaError._NO_OFFSET:
-            failures.insert(0, str(error))
-        if failures and self.on_commit_error is not None:
-            self.on_commit_error("; ".join(failures))
+        if self.on_commit_result is not None:
+            self.on_commit_result(self._outcomes(error, partitions))
 
     def subscribe(self, topics: Sequence[str], on_assign: RebalanceCallback,
                   on_revoke: RebalanceCallback, on_lost: RebalanceCallback) -> None:
@@ -116,17 +126,29 @@ class KafkaSource:
 
     def committed(self, partitions: Sequence[TopicPartitionId], timeout: float
                   ) -> dict[TopicPartitionId, tuple[int | None, str | None]]:
-        result = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
+        try:
+            result = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
+        except KafkaException as error:
+            raise SourceError(f"committed offsets: {error.args[0].str()}") from error
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None,
                                            getattr(tp, "metadata", None))
                 for tp in result}
 
-    def commit(self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool) -> None:
+    def commit(self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool
+               ) -> list[CommitOutcome]:
+        """Commit; a synchronous commit returns its outcomes (asynchronous ones arrive via the callback).
+
+        Raises ``CommitError`` when the request as a whole fails.
+        """
         if not offsets:
-            return
+            return []
         partitions = [TopicPartition(topic, partition, offset, metadata)
                       for (topic, partition), (offset, metadata) in offsets.items()]
-        self._consumer.commit(offsets=partitions, asynchronous=asynchronous)
+        try:
+            result = self._consumer.commit(offsets=partitions, asynchronous=asynchronous)
+        except KafkaException as error:
+            raise CommitError(error.args[0].str()) from error
+        return [] if asynchronous else self._outcomes(None, result)
 
     def high_watermark(self, partition: TopicPartitionId) -> int | None:
         try:

@@ -34,8 +34,8 @@ class PartitionOffsets:
     completed; ``done`` is exactly the completed offsets still in ``pending``.
     """
 
-    __slots__ = ("_committed_received", "_done", "_pending", "_prior_done", "last_received", "received_count",
-                 "start")
+    __slots__ = ("_committed_received", "_done", "_pending", "_prior_done", "_sent", "last_received",
+                 "received_count", "start")
 
     def __init__(self, start: int | None = None, prior_done: Iterable[int] = ()) -> None:
         """``start``: the committed offset consumption begins at (``None`` if unknown yet).
@@ -50,7 +50,8 @@ class PartitionOffsets:
         self._prior_done: set[int] = set(prior_done)
         self.received_count = 0
         """Offsets received so far (skipped ones included)."""
-        self._committed_received = 0  # received offsets below the last committed position
+        self._committed_received = 0  # received offsets below the last *confirmed* committed position
+        self._sent: dict[int, int] = {}  # commit position sent, not yet confirmed -> received offsets below it
 
     def received(self, offset: int) -> bool:
         """Record a fetched offset; ``True`` if it must be processed.
@@ -105,13 +106,28 @@ class PartitionOffsets:
         """Messages received and not yet completed."""
         return len(self._pending) - len(self._done)
 
-    def mark_committed(self) -> None:
-        """The current ``commit_position`` was just committed (or sent to the broker)."""
-        self._committed_received = self.received_count - len(self._pending)
+    def commit_sent(self) -> int | None:
+        """A commit of the current ``commit_position`` was sent; returns that position."""
+        position = self.commit_position
+        if position is not None:
+            self._sent[position] = self.received_count - len(self._pending)
+        return position
+
+    def commit_confirmed(self, position: int) -> None:
+        """The broker acknowledged the commit of ``position`` (older pending sends are superseded)."""
+        below = self._sent.pop(position, None)
+        if below is not None and below > self._committed_received:
+            self._committed_received = below
+        for older in [sent for sent in self._sent if sent < position]:
+            del self._sent[older]
+
+    def commit_failed(self, position: int) -> None:
+        """The commit of ``position`` failed: the uncommitted window keeps counting from the last success."""
+        self._sent.pop(position, None)
 
     @property
     def uncommitted(self) -> int:
-        """Received offsets at or above the last committed position: what a crash would re-deliver.
+        """Received offsets at or above the last confirmed committed position: what a crash would re-deliver.
 
         Backpressure bounds this number (not just ``inflight``), so a stuck head offset cannot let
         completed-but-uncommittable offsets, memory and crash re-deliveries grow without limit.

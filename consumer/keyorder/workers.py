@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import queue
 import threading
@@ -25,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from keyorder.dead_letters import DeadLetterError, DeadLetterSink
+from keyorder.dead_letters import DeadLetterSink
 from keyorder.retry import RetryPolicy, Verdict
 from keyorder.scheduling import Delivery, LaneScheduler
 
@@ -36,6 +37,29 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 """Histogram bucket bounds (seconds) for handler duration and end-to-end processing latency."""
 
 Completions = deque  # of (Delivery, handled: bool); handled=False means abandoned unprocessed
+
+
+class WorkerCrashed(RuntimeError):
+    """A worker loop died from an unexpected error: the pod must exit rather than stall its keys."""
+
+
+class PoolHealth:
+    """Shared between a pool's workers and the poll loop: set once, read every poll."""
+
+    __slots__ = ("crashed",)
+
+    def __init__(self) -> None:
+        self.crashed: str | None = None
+
+
+def call_sync_handler(handler: Callable[[Any], Any], message: Any) -> None:
+    """Call a plain handler; a handler that returns a coroutine was meant to be ``async def``."""
+    result = handler(message)
+    if result is not None and inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError("the handler returned an awaitable without awaiting it: declare it 'async def' "
+                        "so keyorder runs it on asyncio workers")
 
 
 class LatencyHistogram:
@@ -96,6 +120,7 @@ class WorkerPool(Protocol):
     """What the poll loop needs from a pool of key workers."""
 
     size: int
+    health: PoolHealth
 
     def start(self) -> None: ...
     def submit(self, batches: dict[int, list[Delivery]]) -> None: ...
@@ -110,8 +135,9 @@ class _WorkerCore:
     """Failure handling shared by thread and asyncio workers."""
 
     def __init__(self, slot: int, retry: RetryPolicy, dead_letters: DeadLetterSink | None,
-                 completions: Completions, clock: Callable[[], float]) -> None:
+                 completions: Completions, clock: Callable[[], float], health: PoolHealth) -> None:
         self.slot = slot
+        self.health = health
         self.retry = retry
         self.dead_letters = dead_letters
         self.completions = completions
@@ -135,7 +161,7 @@ class _WorkerCore:
         self.stats.parked_lanes = self.scheduler.parked_lanes
         self.stats.blocked_lanes = len(self.scheduler.blocked)
 
-    def _failed(self, delivery: Delivery, error: Exception) -> Verdict:
+    def _failed(self, delivery: Delivery, error: BaseException) -> Verdict:
         """Record a handler failure and decide; returns DEAD_LETTER when the caller must publish."""
         stats = self.stats
         stats.failed += 1
@@ -156,14 +182,16 @@ class _WorkerCore:
             self._park(delivery, delay)
         return verdict
 
-    def _dead_lettered(self, delivery: Delivery, publish_error: DeadLetterError | None) -> None:
+    def _dead_lettered(self, delivery: Delivery, error: BaseException, publish_error: Exception | None) -> None:
         if publish_error is not None:
             message = delivery.message
-            log.error("could not dead-letter %s[%d]@%d, keeping it in flight and retrying in %.0fs: %s",
-                      message.topic, message.partition, message.offset, self.retry.max_backoff,
+            log.error("could not dead-letter %s[%d]@%d, keeping it in flight and retrying the DLQ write in "
+                      "%.0fs: %s", message.topic, message.partition, message.offset, self.retry.max_backoff,
                       publish_error)
+            delivery.pending_dead_letter = error  # the handler is not run again, only the write
             self._park(delivery, self.retry.max_backoff)
             return
+        delivery.pending_dead_letter = None
         self.stats.dead_lettered += 1
         self._finish_parked(delivery)
         self.completions.append((delivery, True))
@@ -172,6 +200,11 @@ class _WorkerCore:
         self.scheduler.park(delivery, self.clock() + delay)
         self.stats.parked_lanes = self.scheduler.parked_lanes
         self.stats.blocked_lanes = len(self.scheduler.blocked)
+
+    def _crashed(self, error: BaseException) -> None:
+        log.critical("key worker %d crashed; the pod stops: %s: %s", self.slot, type(error).__name__, error,
+                     exc_info=error)
+        self.health.crashed = f"worker {self.slot}: {type(error).__name__}: {error}"
 
     def _abandon_all(self) -> None:
         for delivery in self.scheduler.drain():
@@ -190,6 +223,14 @@ class _ThreadWorker(_WorkerCore):
         self.thread = threading.Thread(target=self._run, name=f"keyorder-worker-{self.slot}", daemon=True)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as error:  # a bug, not a handler failure (those are caught per message)
+            self._crashed(error)
+        finally:
+            self._abandon_all()
+
+    def _loop(self) -> None:
         scheduler, inbox, clock = self.scheduler, self.inbox, self.clock
         while not self.stopping:
             item = scheduler.next(clock())
@@ -210,20 +251,22 @@ class _ThreadWorker(_WorkerCore):
                 break
             if batch is not _STOP:
                 scheduler.push_all(batch)
-        self._abandon_all()
 
     def _execute(self, delivery: Delivery) -> None:
         if delivery.partition.revoked:  # never run work of a partition this pod no longer owns
             self._finish_parked(delivery)
             self.completions.append((delivery, False))
             return
+        if delivery.pending_dead_letter is not None:
+            self._publish_dead_letter(delivery, delivery.pending_dead_letter)
+            return
         delivery.attempts += 1
         stats = self.stats
         stats.busy = True
         started = self.clock()
         try:
-            self.handler(delivery.message)
-        except Exception as error:
+            call_sync_handler(self.handler, delivery.message)
+        except BaseException as error:  # SystemExit from a handler is a failed message, not a dead worker
             stats.busy = False
             if self._failed(delivery, error) is Verdict.DEAD_LETTER:
                 self._publish_dead_letter(delivery, error)
@@ -231,14 +274,14 @@ class _ThreadWorker(_WorkerCore):
         stats.busy = False
         self._succeeded(delivery, started)
 
-    def _publish_dead_letter(self, delivery: Delivery, error: Exception) -> None:
+    def _publish_dead_letter(self, delivery: Delivery, error: BaseException) -> None:
         publish_error = None
         try:
             assert self.dead_letters is not None, "dlq policy without a dead-letter sink"
             self.dead_letters.publish(delivery.message, error, delivery.attempts)
-        except DeadLetterError as failure:
+        except Exception as failure:  # DeadLetterError, or anything a custom sink raises
             publish_error = failure
-        self._dead_lettered(delivery, publish_error)
+        self._dead_lettered(delivery, error, publish_error)
 
 
 class _PoolBase:
@@ -250,6 +293,8 @@ class _PoolBase:
         self._handler = handler
         self._core = {"retry": retry, "dead_letters": dead_letters, "completions": completions,
                       "clock": clock}
+        self.health = PoolHealth()
+        self._core["health"] = self.health
         self._workers: dict[int, Any] = {}
         self._retired = WorkerStats()
         self.size = workers
@@ -286,9 +331,10 @@ class ThreadWorkerPool(_PoolBase):
                 self._spawn(slot)
 
     def retire(self, slot: int) -> None:
-        worker = self._workers.pop(slot)
+        worker = self._workers[slot]
+        self._retired.absorb(worker.stats)  # before removal: a scrape never sees the counters drop
+        del self._workers[slot]
         worker.inbox.put(_STOP)
-        self._retired.absorb(worker.stats)
 
     def stop(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -308,6 +354,16 @@ class _AsyncWorker(_WorkerCore):
         self.task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            self._crashed(error)
+        finally:
+            self._abandon_all()
+
+    async def _loop(self) -> None:
         scheduler, clock = self.scheduler, self.clock
         while not self.stopping:
             item = scheduler.next(clock())
@@ -320,12 +376,14 @@ class _AsyncWorker(_WorkerCore):
             else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wakeup.wait(), item)
-        self._abandon_all()
 
     async def _execute(self, delivery: Delivery) -> None:
         if delivery.partition.revoked:  # never run work of a partition this pod no longer owns
             self._finish_parked(delivery)
             self.completions.append((delivery, False))
+            return
+        if delivery.pending_dead_letter is not None:
+            await self._publish_dead_letter(delivery, delivery.pending_dead_letter)
             return
         delivery.attempts += 1
         stats = self.stats
@@ -333,20 +391,25 @@ class _AsyncWorker(_WorkerCore):
         started = self.clock()
         try:
             await self.handler(delivery.message)
-        except Exception as error:
+        except BaseException as error:
             stats.busy = False
+            task = asyncio.current_task()
+            if isinstance(error, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise  # the pool is cancelling this worker (shutdown), not a failing message
             if self._failed(delivery, error) is Verdict.DEAD_LETTER:
-                publish_error = None
-                try:
-                    assert self.dead_letters is not None, "dlq policy without a dead-letter sink"
-                    await asyncio.to_thread(self.dead_letters.publish, delivery.message, error,
-                                            delivery.attempts)
-                except DeadLetterError as failure:
-                    publish_error = failure
-                self._dead_lettered(delivery, publish_error)
+                await self._publish_dead_letter(delivery, error)
             return
         stats.busy = False
         self._succeeded(delivery, started)
+
+    async def _publish_dead_letter(self, delivery: Delivery, error: BaseException) -> None:
+        publish_error = None
+        try:
+            assert self.dead_letters is not None, "dlq policy without a dead-letter sink"
+            await asyncio.to_thread(self.dead_letters.publish, delivery.message, error, delivery.attempts)
+        except Exception as failure:  # DeadLetterError, or anything a custom sink raises
+            publish_error = failure
+        self._dead_lettered(delivery, error, publish_error)
 
 
 class AsyncWorkerPool(_PoolBase):
@@ -398,11 +461,12 @@ class AsyncWorkerPool(_PoolBase):
         self._call(self._retire, slot)
 
     def _retire(self, slot: int) -> None:
-        worker = self._workers.pop(slot, None)
+        worker = self._workers.get(slot)
         if worker is not None:
+            self._retired.absorb(worker.stats)  # before removal: a scrape never sees the counters drop
+            del self._workers[slot]
             worker.stopping = True
             worker.wakeup.set()
-            self._retired.absorb(worker.stats)
 
     def stop(self, timeout: float) -> None:
         async def shutdown() -> None:
@@ -418,7 +482,12 @@ class AsyncWorkerPool(_PoolBase):
                             len(still_running))
 
         if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout + 5)
+            try:
+                asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout + 5)
+            except TimeoutError:  # a handler blocks the event loop (a sync call inside async def)
+                log.error("async workers did not stop within %.0fs: the event loop is blocked by a handler",
+                          timeout + 5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
-        self._loop.close()
+        if not self._thread.is_alive():
+            self._loop.close()

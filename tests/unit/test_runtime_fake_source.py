@@ -63,6 +63,7 @@ class FakeMetadataSource:
         self.commits.append(dict(offsets))
         for (_topic, partition), value in offsets.items():
             self.committed_offsets[partition] = value
+        return [(partition_id, offset, None) for partition_id, (offset, _metadata) in offsets.items()]
 
     def high_watermark(self, partition):
         return len(self.records[partition[1]])
@@ -141,3 +142,23 @@ def test_commits_carry_completed_offsets_above_a_stuck_one():
         release.set()
         stop.set()
         thread.join(10)
+
+
+def test_a_failed_commit_is_sent_again():
+    records = {0: [message(offset, f"k{offset}") for offset in range(10)]}
+
+    class FlakySource(FakeMetadataSource):
+        failures = 2
+
+        def commit(self, offsets, asynchronous):
+            if self.failures:
+                self.failures -= 1
+                return [(partition_id, offset, "REBALANCE_IN_PROGRESS") for partition_id, (offset, _m) in
+                        offsets.items()]
+            return super().commit(offsets, asynchronous)
+
+    source = FlakySource(records, committed={})
+    handled: list[int] = []
+    runtime = run_until(source, handled, expected_count=10)
+    assert source.committed_offsets[0][0] == 10
+    assert runtime.snapshot.commit_failures == 2, "both failed commits must be counted"

@@ -248,3 +248,27 @@ def test_prior_done_offsets_never_hold_back_the_position(
         done.add(offset)
         _check(tracker, offsets, done)
     assert tracker.commit_position == offsets[-1] + 1
+
+
+def test_uncommitted_window_shrinks_only_when_a_commit_is_confirmed() -> None:
+    tracker = PartitionOffsets(start=0)
+    for offset in range(10):
+        tracker.received(offset)
+    for offset in range(6):
+        tracker.completed(offset)
+    assert tracker.uncommitted == 10
+    sent = tracker.commit_sent()
+    assert sent == 6
+    assert tracker.uncommitted == 10, "an unacknowledged commit must not shrink the window"
+    tracker.commit_failed(sent)
+    assert tracker.uncommitted == 10
+    tracker.commit_confirmed(tracker.commit_sent())
+    assert tracker.uncommitted == 4
+    tracker.completed(6)
+    first = tracker.commit_sent()
+    tracker.completed(7)
+    second = tracker.commit_sent()
+    tracker.commit_confirmed(second)  # a newer confirmation supersedes the older pending send
+    assert (first, second, tracker.uncommitted) == (7, 8, 2)
+    tracker.commit_confirmed(first)  # a late, older confirmation never grows the window back
+    assert tracker.uncommitted == 2
