@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     from keyorder.bench import add_bench_flags
 
     add_bench_flags(bench)
+    operator = commands.add_parser("operator", help="run the Kubernetes operator (kopf)",
+                                   description="Reconcile OrderedConsumer resources and autoscale them by lag.")
+    from keyorder_operator.main import add_operator_flags
+
+    add_operator_flags(operator)
     return parser
 
 
@@ -104,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from keyorder.dev import dev_command
 
         return dev_command(args)
+    if args.command == "operator":
+        from keyorder_operator.main import operator_command
+
+        return operator_command(args)
     if args.command == "bench":
         from keyorder.bench import bench_command
 

@@ -165,11 +165,19 @@ def describe_validation_error(error: ValidationError) -> str:
 
 
 def read_properties_file(path: Path) -> dict[str, str]:
-    """Parse ``name=value`` / ``name: value`` lines; ``#`` and ``!`` start comments."""
+    """Parse a Java-style properties file (see ``parse_properties``)."""
     try:
         text = path.read_text()
     except OSError as error:
         raise ConfigError(f"--kafka-properties-file {path}: cannot read: {error.strerror}") from None
+    return parse_properties(text, f"--kafka-properties-file {path}")
+
+
+def parse_properties(text: str, source: str) -> dict[str, str]:
+    """Parse ``name=value`` / ``name: value`` lines; ``#`` and ``!`` start comments.
+
+    ``source`` names where the text came from in error messages (values are never shown).
+    """
     properties = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -177,7 +185,7 @@ def read_properties_file(path: Path) -> dict[str, str]:
             continue
         separator = min((index for index in (line.find("="), line.find(":")) if index > 0), default=-1)
         if separator < 0:
-            raise ConfigError(f"--kafka-properties-file {path}, line {number}: expected name=value")
+            raise ConfigError(f"{source}, line {number}: expected name=value")
         properties[line[:separator].strip()] = line[separator + 1:].strip()
     return properties
 

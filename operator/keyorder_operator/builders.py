@@ -1,0 +1,147 @@
+"""Pure builders of the Kubernetes objects an OrderedConsumer owns: dicts in, dicts out, no I/O.
+
+Each ``build_*`` returns the full desired object for a spec; the apply layer (``kube``) creates
+or patches it. The pod template depends only on the spec, never on the current scale, so a spec
+change rolls the pods while a scaling change (``replicas``, live worker count) does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keyorder_operator.spec import GROUP, KIND, VERSION, OrderedConsumerSpec
+
+ADMIN_TOKEN_KEY = "token"
+ADMIN_TOKEN_DIR = "/etc/keyorder/admin"
+KAFKA_PROPERTIES_DIR = "/etc/keyorder/kafka"
+CONTAINER_NAME = "consumer"
+
+
+def labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "keyorder-consumer", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/managed-by": "keyorder-operator"}
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "keyorder-consumer", "app.kubernetes.io/instance": name}
+
+
+def admin_secret_name(name: str) -> str:
+    return f"{name}-admin-token"
+
+
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    """The ownerReference that makes Kubernetes delete an object with its OrderedConsumer."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _metadata(name: str, owner: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "namespace": owner["metadata"]["namespace"], "labels": labels(owner["metadata"]["name"]),
+            "ownerReferences": [owner_reference(owner)]}
+
+
+def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, str]]:
+    """The pod's configuration, as the ``KEYORDER_*`` variables of ``keyorder run``."""
+    kafka, retry = spec.kafka, spec.retry
+    grace = max(spec.handler.termination_grace_period_seconds - 5, 1)
+    env = {
+        "KEYORDER_HANDLER": spec.handler.handler,
+        "KEYORDER_TOPICS": ",".join(kafka.topics),
+        "KEYORDER_GROUP_ID": kafka.group_id,
+        "KEYORDER_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "KEYORDER_ORDERING": spec.ordering.value,
+        "KEYORDER_WORKERS": str(spec.workers.initial),
+        "KEYORDER_MAX_WORKERS": str(spec.workers.max),
+        "KEYORDER_MAX_ATTEMPTS": str(retry.max_attempts),
+        "KEYORDER_RETRY_INITIAL_BACKOFF": str(retry.initial_backoff_seconds),
+        "KEYORDER_RETRY_MAX_BACKOFF": str(retry.max_backoff_seconds),
+        "KEYORDER_ON_EXHAUSTED": retry.on_exhausted.value,
+        "KEYORDER_DLQ_TOPIC": retry.dlq_topic,
+        "KEYORDER_SHUTDOWN_GRACE": str(grace),
+        "KEYORDER_HTTP_PORT": str(spec.http_port),
+        "KEYORDER_ADMIN_TOKEN_FILE": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
+        "KEYORDER_LOG_FORMAT": "json",
+    }
+    if kafka.properties_secret_ref is not None:
+        env["KEYORDER_KAFKA_PROPERTIES_FILE"] = f"{KAFKA_PROPERTIES_DIR}/{kafka.properties_secret_ref.key}"
+    user = [{"name": item.name, "value": item.value} for item in spec.handler.env]
+    return [{"name": key, "value": value} for key, value in env.items()] + user
+
+
+def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas: int) -> dict[str, Any]:
+    name = owner["metadata"]["name"]
+    volumes: list[dict[str, Any]] = [{"name": "admin-token", "secret": {"secretName": admin_secret_name(name)}},
+                                     {"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
+              {"name": "tmp", "mountPath": "/tmp"}]
+    if spec.kafka.properties_secret_ref is not None:
+        volumes.append({"name": "kafka-properties", "secret": {"secretName": spec.kafka.properties_secret_ref.name}})
+        mounts.append({"name": "kafka-properties", "mountPath": KAFKA_PROPERTIES_DIR, "readOnly": True})
+    container = {
+        "name": CONTAINER_NAME,
+        "image": spec.handler.image,
+        "args": ["run"],
+        "env": consumer_env(spec),
+        "ports": [{"name": "http", "containerPort": spec.http_port}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10,
+                          "failureThreshold": 6},
+        "resources": {key: value for key, value in (("requests", dict(spec.handler.resources.requests)),
+                                                    ("limits", dict(spec.handler.resources.limits))) if value},
+        "volumeMounts": mounts,
+        "securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True,
+                            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(name, owner),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name)},
+            "template": {
+                "metadata": {"labels": labels(name),
+                             "annotations": {"prometheus.io/scrape": "true",
+                                             "prometheus.io/port": str(spec.http_port)}},
+                "spec": {
+                    "serviceAccountName": name,
+                    "automountServiceAccountToken": False,
+                    "terminationGracePeriodSeconds": spec.handler.termination_grace_period_seconds,
+                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def build_service(spec: OrderedConsumerSpec, owner: dict[str, Any]) -> dict[str, Any]:
+    """Headless Service over the pods' HTTP port: scrape target for metrics, discovery for the operator."""
+    name = owner["metadata"]["name"]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(f"{name}-metrics", owner),
+            "spec": {"clusterIP": "None", "selector": selector_labels(name),
+                     "ports": [{"name": "http-metrics", "port": spec.http_port, "targetPort": "http"}]}}
+
+
+def build_pdb(owner: dict[str, Any]) -> dict[str, Any]:
+    """At most one pod down by voluntary disruption: a drain never stops a whole consumer group."""
+    name = owner["metadata"]["name"]
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _metadata(name, owner),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}}}
+
+
+def build_service_account(owner: dict[str, Any]) -> dict[str, Any]:
+    """The pods' identity. They call no Kubernetes API (worker counts are pushed to them), so no Role
+    is bound and no token is mounted: least privilege is none at all."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(owner["metadata"]["name"], owner),
+            "automountServiceAccountToken": False}
+
+
+def build_admin_secret(owner: dict[str, Any], token: str) -> dict[str, Any]:
+    """The bearer token of the pods' admin endpoint: only the operator and the pods can read it."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _metadata(admin_secret_name(owner["metadata"]["name"]), owner),
+            "stringData": {ADMIN_TOKEN_KEY: token}}

@@ -1,0 +1,116 @@
+"""The only module that talks to the Kubernetes API (besides kopf itself).
+
+Create-or-patch for the objects the builders return, the scale of a Deployment, the admin-token
+Secret, and the addresses of ready consumer pods. Synchronous (the ``kubernetes`` client); kopf
+runs sync handlers on its thread pool. Every call the operator makes is listed in
+``API_CALLS`` so the RBAC rules can be derived from, and checked against, this module.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger(__name__)
+
+API_CALLS = {
+    ("apps", "deployments"): {"get", "create", "patch"},
+    ("", "services"): {"get", "create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
+    ("", "serviceaccounts"): {"get", "create", "patch"},
+    ("", "secrets"): {"get", "create"},
+    ("", "pods"): {"list"},
+}
+"""(API group, resource) -> verbs this module uses; kopf itself also needs the CR, its status and events."""
+
+
+class Kube:
+    def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
+        self.client = api_client
+        self.apps = kubernetes.client.AppsV1Api(api_client)
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.policy = kubernetes.client.PolicyV1Api(api_client)
+
+    def _verbs(self, kind: str):
+        table = {
+            "Deployment": (self.apps.read_namespaced_deployment, self.apps.create_namespaced_deployment,
+                           self.apps.patch_namespaced_deployment),
+            "Service": (self.core.read_namespaced_service, self.core.create_namespaced_service,
+                        self.core.patch_namespaced_service),
+            "PodDisruptionBudget": (self.policy.read_namespaced_pod_disruption_budget,
+                                    self.policy.create_namespaced_pod_disruption_budget,
+                                    self.policy.patch_namespaced_pod_disruption_budget),
+            "ServiceAccount": (self.core.read_namespaced_service_account,
+                               self.core.create_namespaced_service_account,
+                               self.core.patch_namespaced_service_account),
+        }
+        return table[kind]
+
+    def apply(self, desired: dict[str, Any]) -> None:
+        """Create ``desired``, or merge-patch it over the existing object."""
+        read, create, patch = self._verbs(desired["kind"])
+        name, namespace = desired["metadata"]["name"], desired["metadata"]["namespace"]
+        try:
+            read(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            create(namespace, desired)
+            log.info("created %s %s/%s", desired["kind"], namespace, name)
+            return
+        patch(name, namespace, desired)
+
+    def deployment_replicas(self, namespace: str, name: str) -> int | None:
+        try:
+            deployment = self.apps.read_namespaced_deployment(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return deployment.spec.replicas
+
+    def scale(self, namespace: str, name: str, replicas: int) -> None:
+        self.apps.patch_namespaced_deployment(name, namespace, {"spec": {"replicas": replicas}})
+
+    def ensure_secret(self, desired: dict[str, Any], key: str) -> str:
+        """Create the Secret if missing (never rotate it here); return the value under ``key``."""
+        name, namespace = desired["metadata"]["name"], desired["metadata"]["namespace"]
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            self.core.create_namespaced_secret(namespace, desired)
+            return desired["stringData"][key]
+        if secret.data and key in secret.data:
+            return base64.b64decode(secret.data[key]).decode()
+        if secret.string_data and key in secret.string_data:
+            return secret.string_data[key]
+        raise ValueError(f"Secret {namespace}/{name} has no key {key!r}")
+
+    def read_secret_key(self, namespace: str, name: str, key: str) -> str:
+        secret = self.core.read_namespaced_secret(name, namespace)
+        if secret.data and key in secret.data:
+            return base64.b64decode(secret.data[key]).decode()
+        if secret.string_data and key in secret.string_data:
+            return secret.string_data[key]
+        raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
+
+    def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
+        """IPs of ready pods matching ``selector`` (filtered here too: not every API server filters)."""
+        label_selector = ",".join(f"{key}={value}" for key, value in selector.items())
+        pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
+        addresses = []
+        for pod in pods:
+            labels = pod.metadata.labels or {}
+            if any(labels.get(key) != value for key, value in selector.items()):
+                continue
+            conditions = (pod.status.conditions or []) if pod.status else []
+            ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+            if ready and pod.status.pod_ip and pod.metadata.deletion_timestamp is None:
+                addresses.append(pod.status.pod_ip)
+        return addresses

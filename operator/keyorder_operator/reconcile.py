@@ -1,0 +1,224 @@
+"""The kopf handlers: keep each OrderedConsumer's objects in place and its size matched to its lag.
+
+``register(registry, context)`` binds the handlers to a registry, so the operator binary and the
+tests (real kopf against an API emulator) run exactly the same code. Per resource:
+
+* on create/update/resume: validate the spec (invalid: ``InvalidSpec`` condition + Event, and
+  nothing is touched), then create or patch the admin Secret, ServiceAccount, Deployment,
+  metrics Service and PodDisruptionBudget, all owned by the resource;
+* every ``scaling.pollIntervalSeconds``: observe lag in Kafka, ``decide``, patch the
+  Deployment's replicas, push the worker count to ready pods, and explain the decision in status
+  and, when the size changes, in an Event.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from keyorder.config import ConfigError, parse_properties
+from keyorder_operator.builders import (
+    ADMIN_TOKEN_KEY,
+    build_admin_secret,
+    build_deployment,
+    build_pdb,
+    build_service,
+    build_service_account,
+    selector_labels,
+)
+from keyorder_operator.kube import Kube
+from keyorder_operator.observe import KafkaLagSource, LagSource, LagUnavailable, rates
+from keyorder_operator.policy import Observation, Size, decide
+from keyorder_operator.push import push_workers
+from keyorder_operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, OrderedConsumerSpec, parse_spec
+from keyorder_operator.status import (
+    condition_is,
+    limits_from_spec,
+    sample_from_status,
+    sample_to_status,
+    set_condition,
+    state_from_status,
+    state_to_status,
+    timestamp,
+)
+
+log = logging.getLogger(__name__)
+
+
+class OperatorMetrics:
+    """The operator's own metrics (decisions, observed lag, errors)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        labels = ["namespace", "name"]
+        self.decisions = Counter("keyorder_operator_decisions", "Scaling decisions that changed the size.",
+                                 [*labels, "direction"], registry=self.registry)
+        self.lag = Gauge("keyorder_operator_observed_lag_messages", "Lag observed in Kafka per resource.", labels,
+                         registry=self.registry)
+        self.replicas = Gauge("keyorder_operator_replicas", "Replicas decided per resource.", labels,
+                              registry=self.registry)
+        self.workers = Gauge("keyorder_operator_workers_per_pod", "Key workers per pod decided per resource.",
+                             labels, registry=self.registry)
+        self.lag_unknown = Counter("keyorder_operator_lag_unavailable", "Observations that could not measure lag.",
+                                   labels, registry=self.registry)
+        self.errors = Counter("keyorder_operator_reconcile_errors", "Reconciles that failed (retried).",
+                              labels, registry=self.registry)
+
+
+@dataclass
+class OperatorContext:
+    """What the handlers need from the outside world; tests replace parts of it."""
+
+    kube: Kube
+    lag_source_for: Callable[[dict[str, str]], LagSource] = KafkaLagSource
+    clock: Callable[[], float] = time.time
+    push: Callable[..., tuple[int, list[str]]] = push_workers
+    tick_seconds: float = 5.0
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    _lag_sources: dict[tuple, LagSource] = field(default_factory=dict)
+
+    def lag_source(self, properties: dict[str, str]) -> LagSource:
+        key = tuple(sorted(properties.items()))
+        if key not in self._lag_sources:
+            self._lag_sources[key] = self.lag_source_for(properties)
+        return self._lag_sources[key]
+
+
+def _kafka_properties(context: OperatorContext, spec: OrderedConsumerSpec, namespace: str) -> dict[str, str]:
+    properties = {}
+    reference = spec.kafka.properties_secret_ref
+    if reference is not None:
+        text = context.kube.read_secret_key(namespace, reference.name, reference.key)
+        properties = parse_properties(text, f"Secret {namespace}/{reference.name} key {reference.key}")
+    properties["bootstrap.servers"] = spec.kafka.bootstrap_servers
+    return {name: value for name, value in properties.items() if not name.startswith(("group.", "enable.auto"))}
+
+
+def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
+    resource = (GROUP, VERSION, PLURAL)
+
+    def validated(body: Any, patch: kopf.Patch, now: float) -> OrderedConsumerSpec | None:
+        conditions = list((body.get("status") or {}).get("conditions") or [])
+        try:
+            spec = parse_spec(dict(body.get("spec") or {}))
+        except InvalidSpec as error:
+            if not condition_is(conditions, "InvalidSpec") or \
+                    next(c for c in conditions if c["type"] == "InvalidSpec").get("message") != str(error):
+                kopf.warn(body, reason="InvalidSpec", message=str(error))
+            patch.status["conditions"] = set_condition(conditions, "InvalidSpec", True, "InvalidSpec", str(error),
+                                                       now)
+            return None
+        if condition_is(conditions, "InvalidSpec"):
+            patch.status["conditions"] = set_condition(conditions, "InvalidSpec", False, "Valid", "spec is valid",
+                                                       now)
+        return spec
+
+    @kopf.on.resume(*resource, registry=registry)
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, field="spec", registry=registry)
+    def reconcile_objects(body: Any, meta: Any, status: Any, patch: kopf.Patch, **_: Any) -> None:
+        now = context.clock()
+        spec = validated(body, patch, now)
+        if spec is None:
+            return
+        owner = {"metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]}}
+        kube = context.kube
+        try:
+            kube.ensure_secret(build_admin_secret(owner, secrets.token_urlsafe(32)), ADMIN_TOKEN_KEY)
+            kube.apply(build_service_account(owner))
+            replicas = kube.deployment_replicas(meta["namespace"], meta["name"])
+            if replicas is None:
+                replicas = max(spec.replicas.min, 1) if spec.scaling.enabled or spec.replicas.min else 1
+            kube.apply(build_deployment(spec, owner, replicas))
+            kube.apply(build_service(spec, owner))
+            kube.apply(build_pdb(owner))
+        except Exception as error:
+            context.metrics.errors.labels(meta["namespace"], meta["name"]).inc()
+            raise kopf.TemporaryError(f"applying objects failed: {error}", delay=10) from error
+        patch.status["observedGeneration"] = meta.get("generation")
+
+    @kopf.timer(*resource, interval=context.tick_seconds, registry=registry)
+    def autoscale(body: Any, meta: Any, status: Any, patch: kopf.Patch, **_: Any) -> None:
+        now = context.clock()
+        status = dict(status or {})
+        try:
+            spec = parse_spec(dict(body.get("spec") or {}))
+        except InvalidSpec:
+            return  # reported by reconcile_objects; nothing is scaled for an invalid spec
+        previous = sample_from_status(status)
+        if previous is not None and now - previous.at < spec.scaling.poll_interval_seconds - 0.5:
+            return
+        namespace, name = meta["namespace"], meta["name"]
+        labels = (namespace, name)
+        kube = context.kube
+        replicas = kube.deployment_replicas(namespace, name)
+        if replicas is None:
+            return  # reconcile_objects has not created it yet
+        state = state_from_status(status, spec, replicas)
+        conditions = list(status.get("conditions") or [])
+        try:
+            properties = _kafka_properties(context, spec, namespace)
+            sample = context.lag_source(properties).sample(spec.kafka.topics, spec.kafka.group_id, now)
+        except (LagUnavailable, ConfigError, KeyError) as error:
+            sample, reason = None, str(error)
+        if sample is None:
+            context.metrics.lag_unknown.labels(*labels).inc()
+            if not condition_is(conditions, "LagUnknown"):
+                kopf.warn(body, reason="LagUnknown", message=f"{reason}; keeping {state.current.replicas} replicas")
+            conditions = set_condition(conditions, "LagUnknown", True, "LagUnavailable", reason, now)
+            observation = Observation(lag=None, partitions=None)
+        else:
+            drain, arrival = rates(previous, sample)
+            observation = Observation(lag=sample.lag, partitions=sample.partitions, drain_rate=drain,
+                                      arrival_rate=arrival)
+            conditions = set_condition(conditions, "LagUnknown", False, "LagMeasured", "lag read from Kafka", now)
+            patch.status["lastSample"] = sample_to_status(sample)
+            patch.status["lag"] = sample.lag
+            patch.status["partitions"] = sample.partitions
+            patch.status["drainRate"] = round(drain, 3) if drain is not None else None
+            patch.status["arrivalRate"] = round(arrival, 3) if arrival is not None else None
+            eta = sample.lag / drain if drain else None
+            patch.status["drainEtaSeconds"] = round(eta) if eta is not None else None
+            context.metrics.lag.labels(*labels).set(sample.lag)
+
+        if spec.scaling.enabled:
+            decision = decide(observation, limits_from_spec(spec), state, now)
+            target, reason = decision.target, decision.reason
+            patch.status["autoscaler"] = state_to_status(decision.state)
+        else:
+            target = Size(spec.replicas.min, spec.workers.initial)
+            reason = f"scaling disabled: {target.replicas} replicas x {target.workers} workers"
+        if target.replicas != replicas:
+            kube.scale(namespace, name, target.replicas)
+        if target != Size(replicas, state.current.workers):
+            direction = "up" if target.capacity > replicas * state.current.workers else "down"
+            context.metrics.decisions.labels(*labels, direction).inc()
+            kopf.info(body, reason="Scaled", message=reason)
+        context.metrics.replicas.labels(*labels).set(target.replicas)
+        context.metrics.workers.labels(*labels).set(target.workers)
+        pushed, failures = 0, []
+        if target.replicas:
+            try:
+                token = kube.read_secret_key(namespace, f"{name}-admin-token", ADMIN_TOKEN_KEY)
+                addresses = kube.ready_pod_ips(namespace, selector_labels(name))
+                pushed, failures = context.push(addresses, spec.http_port, token, target.workers)
+            except Exception as error:  # a failed push is retried next poll; the decision stands
+                failures = [str(error)]
+        scaling = target != Size(replicas, state.current.workers)
+        conditions = set_condition(conditions, "Scaling", scaling, "Scaled" if scaling else "Stable", reason, now)
+        ready = not condition_is(conditions, "LagUnknown") and not failures
+        conditions = set_condition(conditions, "Ready", ready, "Reconciled" if ready else "Degraded",
+                                   "objects applied, lag measured" if ready else
+                                   "; ".join(failures) or "lag unknown", now)
+        patch.status["conditions"] = conditions
+        patch.status["replicas"] = target.replicas
+        patch.status["workersPerPod"] = target.workers
+        patch.status["podsUpdated"] = pushed
+        patch.status["lastDecision"] = {"reason": reason, "time": timestamp(now)}

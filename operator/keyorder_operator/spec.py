@@ -1,0 +1,151 @@
+"""The OrderedConsumer custom resource: pydantic models, the single source of its schema.
+
+The CRD's openAPIV3Schema is generated from these models (so the API server and the operator
+can never disagree), and the operator validates every resource with them: an invalid spec
+becomes an ``InvalidSpec`` condition naming the field path, and nothing else is touched.
+Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "keyorder.dev"
+VERSION = "v1alpha1"
+KIND = "OrderedConsumer"
+PLURAL = "orderedconsumers"
+SHORT_NAME = "okc"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class Ordering(StrEnum):
+    KEY = "key"
+    PARTITION = "partition"
+    UNORDERED = "unordered"
+
+
+class OnExhausted(StrEnum):
+    DLQ = "dlq"
+    BLOCK = "block"
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(min_length=1, description="Name of a Secret in the resource's namespace.")
+    key: str = Field("client.properties", min_length=1, description="Key of the Secret holding a Java-style "
+                     "properties file of librdkafka settings (SASL/TLS).")
+
+
+class KafkaSpec(_Model):
+    bootstrap_servers: str = Field(min_length=1, description="Kafka bootstrap servers, host:port[,host:port].")
+    topics: list[str] = Field(min_length=1, description="Topics to consume.")
+    group_id: str = Field(min_length=1, description="Consumer group id (the operator reads its lag).")
+    properties_secret_ref: SecretKeyRef | None = Field(None, description="Secret with client properties; "
+                                                       "mounted into the pods, read by the operator. Never logged.")
+
+
+class EnvVar(_Model):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$", description="Variable name.")
+    value: str = Field("", description="Variable value.")
+
+
+class Resources(_Model):
+    requests: dict[str, str] = Field(default_factory=dict, description="Resource requests, e.g. cpu: 500m.")
+    limits: dict[str, str] = Field(default_factory=dict, description="Resource limits, e.g. memory: 512Mi.")
+
+
+class HandlerSpec(_Model):
+    image: str = Field(min_length=1, description="Image with keyorder and the handler package (FROM the "
+                       "keyorder image).")
+    handler: str = Field(pattern=r"^[\w.]+:[\w.]+$", description="Handler as 'package.module:function'.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables for the handler.")
+    resources: Resources = Field(default_factory=Resources, description="Container resources.")
+    termination_grace_period_seconds: int = Field(30, ge=5, le=3600, description="Pod termination grace "
+                                                  "period; in-flight messages get this minus 5 s to finish.")
+
+
+class WorkersSpec(_Model):
+    min: int = Field(1, ge=1, le=4096, description="Fewest key workers per pod.")
+    max: int = Field(256, ge=1, le=4096, description="Most key workers per pod.")
+    initial: int = Field(16, ge=1, le=4096, description="Key workers per pod before the autoscaler decides.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WorkersSpec:
+        if not self.min <= self.initial <= self.max:
+            raise ValueError(f"need min <= initial <= max, got {self.min}, {self.initial}, {self.max}")
+        return self
+
+
+class ReplicasSpec(_Model):
+    min: int = Field(1, ge=0, description="Fewest pods (0 only with scaling.scaleToZero).")
+    max: int | None = Field(None, ge=1, description="Most pods; defaults to, and is capped at, the partition count.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicasSpec:
+        if self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class ScalingSpec(_Model):
+    enabled: bool = Field(True, description="false: manual size (replicas.min pods, workers.initial workers).")
+    target_drain_seconds: int = Field(300, ge=1, description="Drain the backlog within this many seconds.")
+    activation_lag: int = Field(100, ge=0, description="Below this lag, no more than the minimum size.")
+    poll_interval_seconds: int = Field(15, ge=1, description="Seconds between lag observations.")
+    scale_up_stabilization_seconds: int = Field(0, ge=0, description="Scale up to the smallest recommendation "
+                                                "of this window.")
+    scale_down_stabilization_seconds: int = Field(300, ge=0, description="Scale down to the largest "
+                                                  "recommendation of this window.")
+    scale_to_zero: bool = Field(False, description="Allow zero pods while the lag is zero.")
+
+
+class RetrySpec(_Model):
+    max_attempts: int = Field(5, ge=1, description="Handler attempts per message.")
+    initial_backoff_seconds: float = Field(0.2, ge=0, description="Wait before the second attempt (doubles).")
+    max_backoff_seconds: float = Field(30.0, gt=0, description="Longest wait between attempts.")
+    on_exhausted: OnExhausted = Field(OnExhausted.DLQ, description="dlq or block after maxAttempts.")
+    dlq_topic: str = Field("{topic}.dlq", min_length=1, description="Dead-letter topic ({topic} = source).")
+
+
+class OrderedConsumerSpec(_Model):
+    """spec of an OrderedConsumer."""
+
+    kafka: KafkaSpec
+    handler: HandlerSpec
+    ordering: Ordering = Field(Ordering.KEY, description="key, partition or unordered.")
+    workers: WorkersSpec = Field(default_factory=WorkersSpec)
+    replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+    http_port: int = Field(8080, ge=1024, le=65535, description="Pods' metrics/health/admin port.")
+
+    @model_validator(mode="after")
+    def _zero_needs_scale_to_zero(self) -> OrderedConsumerSpec:
+        if self.replicas.min == 0 and not self.scaling.scale_to_zero:
+            raise ValueError("replicas.min 0 needs scaling.scaleToZero: true")
+        return self
+
+
+class InvalidSpec(ValueError):
+    """The resource's spec is invalid; ``problems`` are ``(field path, message)`` pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{path}: {message}" for path, message in problems))
+
+
+def parse_spec(spec: dict) -> OrderedConsumerSpec:
+    """Validate a resource's ``spec``; raises ``InvalidSpec`` naming each bad field as ``spec.a.b``."""
+    try:
+        return OrderedConsumerSpec.model_validate(spec)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            path = ".".join(["spec", *(str(part) for part in item["loc"])])
+            problems.append((path, item["msg"]))
+        raise InvalidSpec(problems) from None

@@ -1,0 +1,84 @@
+"""OrderedConsumer spec validation (table-driven) and the pure object builders."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyorder_operator.builders import build_deployment, build_pdb, build_service, build_service_account
+from keyorder_operator.spec import InvalidSpec, parse_spec
+
+MINIMAL = {"kafka": {"bootstrapServers": "kafka:9092", "topics": ["payments"], "groupId": "ledger"},
+           "handler": {"image": "registry.example/ledger:1.0", "handler": "ledger.handler:handle"}}
+OWNER = {"metadata": {"name": "ledger", "namespace": "pay", "uid": "uid-1"}}
+
+
+def with_(path: str, value):
+    spec = {key: dict(value) if isinstance(value, dict) else value for key, value in MINIMAL.items()}
+    node = spec
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node[part] = dict(node.get(part, {}))
+        node = node[part]
+    node[leaf] = value
+    return spec
+
+
+def test_minimal_spec_gets_the_documented_defaults():
+    spec = parse_spec(MINIMAL)
+    assert (spec.workers.min, spec.workers.initial, spec.workers.max) == (1, 16, 256)
+    assert spec.replicas.max is None and spec.scaling.enabled and spec.ordering.value == "key"
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), [
+    ("kafka.topics", [], "spec.kafka.topics"),
+    ("handler.handler", "not a path", "spec.handler.handler"),
+    ("workers.max", 0, "spec.workers.max"),
+    ("workers", {"min": 8, "initial": 4, "max": 16}, "spec.workers: Value error, need min <= initial <= max"),
+    ("replicas", {"min": 5, "max": 2}, "spec.replicas: Value error, min (5) must be <= max (2)"),
+    ("replicas", {"min": 0}, "replicas.min 0 needs scaling.scaleToZero"),
+    ("ordering", "random", "spec.ordering"),
+    ("scaling.targetDrainSeconds", "soon", "spec.scaling.targetDrainSeconds"),
+    ("unknownField", 1, "spec.unknownField: Extra inputs are not permitted"),
+])
+def test_invalid_specs_name_the_field(path, value, expected):
+    with pytest.raises(InvalidSpec) as error:
+        parse_spec(with_(path, value))
+    assert expected in str(error.value)
+
+
+def test_deployment_is_owned_locked_down_and_configured_by_env():
+    spec = parse_spec(with_("kafka.propertiesSecretRef", {"name": "kafka-client"}))
+    deployment = build_deployment(spec, OWNER, replicas=3)
+    assert deployment["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "name": "ledger", "uid": "uid-1",
+        "controller": True, "blockOwnerDeletion": True}
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
+    assert security["capabilities"] == {"drop": ["ALL"]} and not security["allowPrivilegeEscalation"]
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["KEYORDER_TOPICS"] == "payments" and env["KEYORDER_GROUP_ID"] == "ledger"
+    assert env["KEYORDER_KAFKA_PROPERTIES_FILE"] == "/etc/keyorder/kafka/client.properties"
+    assert env["KEYORDER_ADMIN_TOKEN_FILE"] == "/etc/keyorder/admin/token"
+    assert env["KEYORDER_SHUTDOWN_GRACE"] == "25"
+    assert deployment["spec"]["replicas"] == 3
+    assert "sasl" not in str(deployment).lower(), "credentials stay in the Secret, never in the Deployment"
+
+
+def test_scaling_does_not_change_the_pod_template_but_a_spec_change_does():
+    spec = parse_spec(MINIMAL)
+    template = build_deployment(spec, OWNER, 1)["spec"]["template"]
+    assert template == build_deployment(spec, OWNER, 4)["spec"]["template"]
+    changed = parse_spec(with_("handler.image", "registry.example/ledger:1.1"))
+    assert build_deployment(changed, OWNER, 1)["spec"]["template"] != template
+
+
+def test_service_pdb_and_service_account():
+    spec = parse_spec(MINIMAL)
+    service = build_service(spec, OWNER)
+    assert service["metadata"]["name"] == "ledger-metrics" and service["spec"]["ports"][0]["port"] == 8080
+    assert build_pdb(OWNER)["spec"]["maxUnavailable"] == 1
+    assert build_service_account(OWNER)["automountServiceAccountToken"] is False
