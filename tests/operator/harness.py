@@ -1,0 +1,325 @@
+"""Run the real kopf operator against kmock's emulator, each on its own thread and event loop.
+
+Typical use (the ``kube`` fixture in conftest.py does the first step)::
+
+    with serve_emulator() as kube, run_kopf(kube.url, register):
+        kube.create("keyorder.dev/v1alpha1/orderedconsumers", {"metadata": {"name": "a"}, "spec": {}})
+        wait_for(lambda: kube.get("v1/configmaps", "a"), 10, "the ConfigMap")
+
+Both sides are plain threads, so the test thread can use urllib or the synchronous ``kubernetes``
+client freely (never call a synchronous client on the emulator's loop: it deadlocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import importlib
+import json
+import logging
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import kmock
+import kopf
+import kubernetes
+
+from tests.operator.emulator import Emulator, load_builtin_resources, register_crd
+
+T = TypeVar("T")
+Register = Callable[[kopf.OperatorRegistry], None] | str
+
+CR = "keyorder.dev/v1alpha1/orderedconsumers"
+"""The OrderedConsumer resource, in the ``group/version/plural`` notation the helpers below take."""
+
+
+def wait_for(probe: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll ``probe`` until it returns something truthy (returned); AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
+        time.sleep(interval)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status, self.body = status, body
+
+
+def resource_path(resource: str, namespace: str | None = None, name: str | None = None,
+                  subresource: str | None = None) -> str:
+    """``'v1/configmaps'`` or ``'group/version/plural'`` -> the API path (namespaced if ``namespace``)."""
+    parts = resource.strip("/").split("/")
+    if len(parts) == 2:
+        prefix, plural = f"/api/{parts[0]}", parts[1]
+    elif len(parts) == 3:
+        prefix, plural = f"/apis/{parts[0]}/{parts[1]}", parts[2]
+    else:
+        raise ValueError(f"expected 'version/plural' or 'group/version/plural', got {resource!r}")
+    path = prefix + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+    return path + (f"/{name}" if name else "") + (f"/{subresource}" if subresource else "")
+
+
+class KubeHTTP:
+    """A tiny synchronous JSON client (urllib) for the emulator; usable from any thread but the emulator's."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": content_type, "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as error:
+            with error:
+                raw = error.read()
+            try:
+                payload: Any = json.loads(raw)
+            except ValueError:
+                payload = raw.decode(errors="replace")
+            raise ApiError(error.code, payload) from None
+        return json.loads(raw) if raw else None
+
+    def create(self, resource: str, body: dict[str, Any], namespace: str | None = "default") -> dict[str, Any]:
+        return self.call("POST", resource_path(resource, namespace), body)
+
+    def get(self, resource: str, name: str, namespace: str | None = "default") -> dict[str, Any] | None:
+        """The object, or None if it does not exist."""
+        try:
+            return self.call("GET", resource_path(resource, namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return self.call("GET", resource_path(resource, namespace))["items"]
+
+    def patch(self, resource: str, name: str, patch: dict[str, Any] | list[dict[str, Any]],
+              namespace: str | None = "default", subresource: str | None = None) -> dict[str, Any]:
+        """A merge-patch (dict) or a JSON-patch (list of ops)."""
+        kind = "application/json-patch+json" if isinstance(patch, list) else "application/merge-patch+json"
+        return self.call("PATCH", resource_path(resource, namespace, name, subresource), patch, kind)
+
+    def delete(self, resource: str, name: str, namespace: str | None = "default") -> dict[str, Any]:
+        return self.call("DELETE", resource_path(resource, namespace, name))
+
+
+@contextlib.contextmanager
+def api_client(url: str) -> Iterator[kubernetes.client.ApiClient]:
+    """A synchronous ``kubernetes`` ApiClient for the emulator, closed (with its sockets) on exit."""
+    configuration = kubernetes.client.Configuration(host=url.rstrip("/"))
+    client = kubernetes.client.ApiClient(configuration)
+    try:
+        yield client
+    finally:
+        client.close()
+        client.rest_client.pool_manager.clear()
+
+
+class RunningEmulator(KubeHTTP):
+    """The emulator served over HTTP on 127.0.0.1:<free port> from a thread with its own event loop."""
+
+    def __init__(self, setup: Callable[[Emulator], None] | None = None, start_timeout: float = 10.0,
+                 stop_timeout: float = 10.0) -> None:
+        super().__init__("http://unstarted")
+        self.setup, self.start_timeout, self.stop_timeout = setup, start_timeout, stop_timeout
+        self.emulator: Emulator | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kmock-emulator", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as error:  # reported to the starting thread
+            self._error = error
+        finally:
+            self._started.set()
+
+    async def _serve(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        emulator = Emulator()
+        load_builtin_resources(emulator)
+        register_crd(emulator)
+        if self.setup is not None:
+            self.setup(emulator)
+        async with emulator, kmock.Server(emulator) as server:
+            self.emulator, self.url = emulator, str(server.url).rstrip("/")
+            self._started.set()
+            await self._stop.wait()
+            await emulator.close_watches()
+
+    def call_in_loop(self, fn: Callable[[], T], timeout: float = 10.0) -> T:
+        """Run ``fn`` on the emulator's loop (e.g. to read ``emulator.objects`` consistently)."""
+        assert self._loop is not None
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def __enter__(self) -> RunningEmulator:
+        self._thread.start()
+        if not self._started.wait(self.start_timeout):
+            raise RuntimeError(f"the emulator did not start within {self.start_timeout}s")
+        if self._error is not None:
+            raise RuntimeError("the emulator failed to start") from self._error
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(self.stop_timeout)
+        if self._thread.is_alive():
+            raise RuntimeError(f"the emulator did not stop within {self.stop_timeout}s")
+        if self._error is not None:
+            raise RuntimeError("the emulator failed") from self._error
+
+
+def serve_emulator(setup: Callable[[Emulator], None] | None = None) -> RunningEmulator:
+    """Context manager: the emulator (built-in resources + the OrderedConsumer CRD) on a free port."""
+    return RunningEmulator(setup)
+
+
+def fast_settings(settings: kopf.OperatorSettings) -> None:
+    """Settings that keep start-up, retries and shutdown short against a local emulator."""
+    settings.process.ultimate_exiting_timeout = None  # else kopf may SIGKILL "its thread" = the whole pytest
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 5
+    settings.networking.error_backoffs = [0.1, 0.2, 0.5, 1.0]
+    settings.watching.connect_timeout = 5
+    settings.watching.reconnect_backoff = 0.1
+    settings.queueing.exit_timeout = 0.5
+    settings.persistence.consistency_timeout = 1.0
+    settings.posting.level = logging.INFO
+    settings.execution.default_backoff = 0.5  # a failing handler is retried in 0.5 s, not 60 s
+    settings.execution.executor.shutdown(wait=False)  # never used: replaced by a pool with recognisable threads
+    settings.execution.executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="kopf-handler")
+
+
+def _apply_registration(registry: kopf.OperatorRegistry, register: Register) -> None:
+    """A callable gets the registry; ``'pkg.mod:fn'`` is imported and called with it; ``'pkg.mod'`` is
+    (re)imported while ``registry`` is kopf's default registry, so its bare ``@kopf.on...`` decorators land there."""
+    if callable(register):
+        register(registry)
+        return
+    module_name, _, attribute = register.partition(":")
+    if attribute:
+        getattr(importlib.import_module(module_name), attribute)(registry)
+        return
+    previous = kopf.get_default_registry()
+    kopf.set_default_registry(registry)
+    try:
+        if module_name in sys.modules:
+            importlib.reload(sys.modules[module_name])
+        else:
+            importlib.import_module(module_name)
+    finally:
+        kopf.set_default_registry(previous)
+
+
+class KopfRun:
+    """The handle of a running operator (yielded by :func:`run_kopf`)."""
+
+    def __init__(self, registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
+        self.registry, self.settings, self.memo = registry, settings, memo
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop_flag: asyncio.Event | None = None
+        self.loop_ready = threading.Event()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+
+@contextlib.contextmanager
+def run_kopf(server_url: str, register: Register, *, settings: Callable[[kopf.OperatorSettings], None] | None = None,
+             memo: kopf.Memo | None = None, start_timeout: float = 20.0, stop_timeout: float = 20.0,
+             ) -> Iterator[KopfRun]:
+    """Run ``kopf.operator(clusterwide=True, standalone=True)`` against ``server_url`` in its own thread.
+
+    A fresh registry gets a login handler for ``server_url`` plus whatever ``register`` adds (see
+    ``_apply_registration``). ``settings`` may tweak the (already fast) settings. Handlers get ``memo``;
+    by default a ``kopf.Memo(server_url=...)``. On exit, the stop flag is raised and the thread joined;
+    if the operator died with an error, it is re-raised here.
+    """
+    registry = kopf.OperatorRegistry()
+    operator_settings = kopf.OperatorSettings()
+    fast_settings(operator_settings)
+    if settings is not None:
+        settings(operator_settings)
+    memo = memo if memo is not None else kopf.Memo(server_url=server_url)
+
+    @kopf.on.login(registry=registry)
+    def _login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=server_url.rstrip("/"))
+
+    _apply_registration(registry, register)
+    run = KopfRun(registry, operator_settings, memo)
+
+    async def main() -> None:
+        run.loop, run.stop_flag = asyncio.get_running_loop(), asyncio.Event()
+        run.loop_ready.set()
+        await kopf.operator(clusterwide=True, standalone=True, registry=registry, settings=operator_settings,
+                            memo=memo, stop_flag=run.stop_flag, ready_flag=run.ready)
+
+    def target() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as error:  # re-raised in the test thread
+            run.error = error
+        finally:
+            run.loop_ready.set()
+
+    run.thread = threading.Thread(target=target, name="kopf-operator", daemon=True)
+    run.thread.start()
+    try:
+        deadline = time.monotonic() + start_timeout
+        while not run.ready.wait(0.02):
+            if not run.thread.is_alive():
+                raise RuntimeError("kopf exited before it was ready") from run.error
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kopf was not ready within {start_timeout}s")
+        try:
+            yield run
+        except BaseException as failure:  # e.g. a wait_for timeout: say if the operator had died meanwhile
+            if run.error is not None:
+                failure.add_note(f"the kopf operator had died meanwhile: {run.error!r}")
+            raise
+    finally:
+        run.loop_ready.wait(stop_timeout)
+        if run.loop is not None and run.stop_flag is not None and run.thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop closed in the meantime
+                run.loop.call_soon_threadsafe(run.stop_flag.set)
+        run.thread.join(stop_timeout)
+        if run.thread.is_alive():
+            raise RuntimeError(f"kopf did not stop within {stop_timeout}s")
+        # kopf never shuts down the thread pool of its sync handlers: do it here, bounded (a handler may hang).
+        closer = threading.Thread(target=operator_settings.execution.executor.shutdown,
+                                  kwargs={"wait": True, "cancel_futures": True}, name="kopf-executor-shutdown")
+        closer.start()
+        closer.join(stop_timeout)
+        if closer.is_alive():
+            raise RuntimeError(f"a sync kopf handler was still running {stop_timeout}s after the stop")
+    if run.error is not None:
+        raise RuntimeError("kopf failed") from run.error

@@ -1,0 +1,132 @@
+"""The real kopf operator, on kmock's API emulator, reading lag from the real broker.
+
+What the emulator cannot do (run pods, garbage-collect) is not asserted; everything the operator
+itself writes (objects, ownerReferences, replicas, status, Events) is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from keyorder.embedded import EmbeddedBroker
+from keyorder.loadgen import create_topics, produce_keyed
+from keyorder_operator.kube import Kube
+from keyorder_operator.reconcile import OperatorContext, register
+from tests.operator.harness import CR, api_client, run_kopf, wait_for
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
+EXACT_END_OFFSETS = {"batch.num.messages": 1}  # the test broker reports batch ends otherwise (TESTING.md)
+
+
+def commit_group(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """Commit offsets as the consumer group would (a stand-in for running consumer pods)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def consumer_resource(name: str, bootstrap: str, topic: str, **overrides) -> dict:
+    spec = {
+        "kafka": {"bootstrapServers": bootstrap, "topics": [topic], "groupId": f"g-{topic}"},
+        "handler": {"image": "registry.example/ledger:1.0", "handler": "keyorder_example.ledger:handle"},
+        "workers": {"min": 1, "initial": 4, "max": 64},
+        "scaling": {"pollIntervalSeconds": 1, "targetDrainSeconds": 10, "activationLag": 10,
+                    "scaleDownStabilizationSeconds": 2},
+    }
+    spec.update(overrides)
+    return {"apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer",
+            "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+@contextlib.contextmanager
+def operator(url: str):
+    """The real handlers registered in a real kopf operator, with a short tick, talking to ``url``."""
+    with api_client(url) as client:
+        context = OperatorContext(kube=Kube(client), tick_seconds=0.3)
+        with run_kopf(url, lambda registry: register(registry, context)):
+            yield context
+
+
+def replicas(kube, name: str) -> int | None:
+    deployment = kube.get("apps/v1/deployments", name)
+    return deployment["spec"]["replicas"] if deployment else None
+
+
+def condition(resource: dict | None, kind: str) -> str | None:
+    for item in ((resource or {}).get("status") or {}).get("conditions") or []:
+        if item["type"] == kind:
+            return item["status"]
+    return None
+
+
+def events(kube, reason: str) -> list[str]:
+    return [event.get("message", "") for event in kube.list("v1/events", "default") if event.get("reason") == reason]
+
+
+def test_owned_objects_then_scale_out_to_the_partition_cap_then_workers_then_back(kube, broker):
+    topic = "okc-scale"
+    create_topics(broker.bootstrap, [topic], 4)
+    produced = produce_keyed(broker.bootstrap, topic, 4_000, 100, extra_config=EXACT_END_OFFSETS)
+    commit_group(broker.bootstrap, f"g-{topic}", topic, dict.fromkeys(range(4), 0))
+    with operator(kube.url):
+        created = kube.create(CR, consumer_resource("ledger", broker.bootstrap, topic))
+        uid = created["metadata"]["uid"]
+        for resource, name in (("apps/v1/deployments", "ledger"), ("v1/services", "ledger-metrics"),
+                               ("policy/v1/poddisruptionbudgets", "ledger"), ("v1/serviceaccounts", "ledger"),
+                               ("v1/secrets", "ledger-admin-token")):
+            found = wait_for(lambda r=resource, n=name: kube.get(r, n), 20, f"{resource} {name}")
+            assert found["metadata"]["ownerReferences"][0]["uid"] == uid, f"{resource} is not owned by the CR"
+        wait_for(lambda: (kube.get(CR, "ledger").get("status") or {}).get("lag") == produced.total, 20,
+                 "status.lag to show the backlog")
+        wait_for(lambda: replicas(kube, "ledger") == 4, 30, "scale-out to the partition count")
+        wait_for(lambda: ((kube.get(CR, "ledger").get("status") or {}).get("workersPerPod") or 0) > 4, 30,
+                 "workers per pod to grow at the partition cap")
+        assert replicas(kube, "ledger") == 4, "replicas went beyond the partition count"
+        scaled = events(kube, "Scaled")
+        assert any("replicas 1\u21922" in message for message in scaled), scaled
+        assert any("workers/pod" in message for message in scaled), scaled
+        assert all("lag " in message for message in scaled)
+
+        commit_group(broker.bootstrap, f"g-{topic}", topic, produced.end_offsets)  # the backlog is drained
+        wait_for(lambda: (kube.get(CR, "ledger").get("status") or {}).get("lag") == 0, 20, "lag 0")
+        wait_for(lambda: replicas(kube, "ledger") == 1, 30, "scale-in after the stabilization window")
+        status = kube.get(CR, "ledger")["status"]
+        assert status["workersPerPod"] == 4 and condition(kube.get(CR, "ledger"), "Ready") == "True"
+        assert status["lastDecision"]["reason"].startswith("scaled")
+
+
+def test_invalid_spec_sets_invalid_spec_and_touches_nothing(kube, broker):
+    with operator(kube.url):
+        bad = consumer_resource("broken", broker.bootstrap, "whatever", workers={"min": 8, "initial": 4, "max": 2})
+        kube.create(CR, bad)
+        wait_for(lambda: condition(kube.get(CR, "broken"), "InvalidSpec") == "True", 20, "InvalidSpec")
+        message = next(c for c in kube.get(CR, "broken")["status"]["conditions"] if c["type"] == "InvalidSpec")
+        assert "spec.workers" in message["message"]
+        assert any("spec.workers" in text for text in events(kube, "InvalidSpec"))
+        time.sleep(1.0)  # observation window: several operator ticks must create nothing
+        assert kube.get("apps/v1/deployments", "broken") is None
+
+
+def test_unknown_lag_never_scales(kube):
+    with EmbeddedBroker() as private:
+        topic = "okc-down"
+        create_topics(private.bootstrap, [topic], 2)
+        produce_keyed(private.bootstrap, topic, 2_000, 50, extra_config=EXACT_END_OFFSETS)
+        commit_group(private.bootstrap, f"g-{topic}", topic, {0: 0, 1: 0})
+        with operator(kube.url):
+            kube.create(CR, consumer_resource("orphan", private.bootstrap, topic,
+                                              scaling={"pollIntervalSeconds": 1, "targetDrainSeconds": 3600,
+                                                       "activationLag": 10_000_000}))
+            wait_for(lambda: (kube.get(CR, "orphan").get("status") or {}).get("lag") == 2_000, 20, "lag measured")
+            before = replicas(kube, "orphan")
+            private.stop()
+            wait_for(lambda: condition(kube.get(CR, "orphan"), "LagUnknown") == "True", 40, "LagUnknown")
+            assert replicas(kube, "orphan") == before
+            assert condition(kube.get(CR, "orphan"), "Ready") == "False"
+            assert events(kube, "LagUnknown"), "no LagUnknown Event"
