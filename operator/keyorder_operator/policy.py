@@ -142,11 +142,20 @@ def _stabilized(recommended: Size, current: Size, history: tuple[tuple[float, in
     return recommended
 
 
+def duration(seconds: float) -> str:
+    """Human-sized duration for reasons and Events: 45 s, 12.5 min, 3.2 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def _describe(before: Size, after: Size, observation: Observation, limits: ScalingLimits) -> str:
     lag = observation.lag or 0
     drain = observation.drain_rate or 0.0
-    eta = f"{lag / drain / 60:.1f} min" if drain > 0 else "unknown"
-    facts = f"lag {lag}, drain ETA {eta}, target {limits.target_drain_seconds / 60:g} min"
+    eta = duration(lag / drain) if drain > 0 else "unknown (no drain measured yet)"
+    facts = f"lag {lag}, drain ETA {eta}, target {duration(limits.target_drain_seconds)}"
     changes = []
     if after.replicas != before.replicas:
         changes.append(f"replicas {before.replicas}\u2192{after.replicas}")

@@ -253,12 +253,12 @@ class KopfRun:
 
 
 @contextlib.contextmanager
-def run_kopf(server_url: str, register: Register, *, settings: Callable[[kopf.OperatorSettings], None] | None = None,
-             memo: kopf.Memo | None = None, start_timeout: float = 20.0, stop_timeout: float = 20.0,
-             ) -> Iterator[KopfRun]:
+def run_kopf(server_url: str, register_handlers: Register, *,
+             settings: Callable[[kopf.OperatorSettings], None] | None = None, memo: kopf.Memo | None = None,
+             start_timeout: float = 20.0, stop_timeout: float = 20.0) -> Iterator[KopfRun]:
     """Run ``kopf.operator(clusterwide=True, standalone=True)`` against ``server_url`` in its own thread.
 
-    A fresh registry gets a login handler for ``server_url`` plus whatever ``register`` adds (see
+    A fresh registry gets a login handler for ``server_url`` plus whatever ``register_handlers`` adds (see
     ``_apply_registration``). ``settings`` may tweak the (already fast) settings. Handlers get ``memo``;
     by default a ``kopf.Memo(server_url=...)``. On exit, the stop flag is raised and the thread joined;
     if the operator died with an error, it is re-raised here.
@@ -274,7 +274,7 @@ def run_kopf(server_url: str, register: Register, *, settings: Callable[[kopf.Op
     def _login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=server_url.rstrip("/"))
 
-    _apply_registration(registry, register)
+    _apply_registration(registry, register_handlers)
     run = KopfRun(registry, operator_settings, memo)
 
     async def main() -> None:

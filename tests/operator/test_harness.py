@@ -153,6 +153,7 @@ def test_create_fills_the_metadata_and_supports_generate_name(kube: RunningEmula
     meta = named["metadata"]
     assert meta["namespace"] == "default" and meta["generation"] == 1
     assert meta["uid"] and meta["resourceVersion"] and meta["creationTimestamp"].endswith("Z")
+    assert kube.call_in_loop(lambda: kube.emulator.objects[CR, "default", "named"]["metadata"]["uid"]) == meta["uid"]
     generated = kube.create("v1/configmaps", {"metadata": {"generateName": "cm-"}, "data": {}})
     assert generated["metadata"]["name"].startswith("cm-") and len(generated["metadata"]["name"]) == 8
     assert kube.get("v1/configmaps", generated["metadata"]["name"]) == generated

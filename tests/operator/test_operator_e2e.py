@@ -130,3 +130,37 @@ def test_unknown_lag_never_scales(kube):
             assert replicas(kube, "orphan") == before
             assert condition(kube.get(CR, "orphan"), "Ready") == "False"
             assert events(kube, "LagUnknown"), "no LagUnknown Event"
+
+
+def test_worker_count_reaches_a_running_pod_live(kube, broker, tmp_path, run_pod):
+    """The operator pushes its decision to a real keyorder pod through the token-protected endpoint."""
+    from keyorder.embedded import free_port
+    from tests.conftest import Recorder
+
+    topic = "okc-push"
+    create_topics(broker.bootstrap, [topic], 2)
+    produced = produce_keyed(broker.bootstrap, topic, 3_000, 100, extra_config=EXACT_END_OFFSETS)
+    commit_group(broker.bootstrap, f"g-{topic}", topic, {0: 0, 1: 0})
+    port = free_port()
+    with operator(kube.url):
+        kube.create(CR, consumer_resource("live", broker.bootstrap, topic, httpPort=port))
+        secret = wait_for(lambda: kube.get("v1/secrets", "live-admin-token"), 20, "the admin token Secret")
+        token = secret.get("stringData", {}).get("token") or __import__("base64").b64decode(
+            secret["data"]["token"]).decode()
+        token_file = tmp_path / "token"
+        token_file.write_text(token)
+        pod = run_pod(topic, Recorder(0.02, 0.04), group=f"g-{topic}", workers=4, http_port=port,
+                      admin_token_file=str(token_file))
+        kube.create("v1/pods", {"metadata": {"name": "live-0", "namespace": "default",
+                                             "labels": {"app.kubernetes.io/name": "keyorder-consumer",
+                                                        "app.kubernetes.io/instance": "live"}},
+                                "spec": {"containers": [{"name": "consumer", "image": "x"}]}})
+        # the emulator runs no kubelet: the test reports the (real, in-process) pod as ready on 127.0.0.1
+        kube.patch("v1/pods", "live-0", {"status": {"podIP": "127.0.0.1", "phase": "Running",
+                                                    "conditions": [{"type": "Ready", "status": "True"}]}},
+                   subresource="status")
+        wait_for(lambda: pod.runtime.workers > 4, 30, "the operator's worker count to reach the pod")
+        status = kube.get(CR, "live")["status"]
+        assert pod.runtime.workers == status["workersPerPod"]
+        assert status["podsUpdated"] == 1
+        assert produced.total > 0
