@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic_core import PydanticUndefined
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     from keyorder_operator.main import add_operator_flags
 
     add_operator_flags(operator)
+    crd = commands.add_parser("crd", help="print the OrderedConsumer CRD generated from the spec models")
+    crd.add_argument("--output", type=Path, help="write to this file instead of standard output")
     return parser
 
 
@@ -113,6 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from keyorder_operator.main import operator_command
 
         return operator_command(args)
+    if args.command == "crd":
+        from keyorder_operator.crd import crd_yaml
+
+        if args.output:
+            args.output.write_text(crd_yaml())
+        else:
+            sys.stdout.write(crd_yaml())
+        return 0
     if args.command == "bench":
         from keyorder.bench import bench_command
 
