@@ -164,3 +164,18 @@ def test_worker_count_reaches_a_running_pod_live(kube, broker, tmp_path, run_pod
         assert pod.runtime.workers == status["workersPerPod"]
         assert status["podsUpdated"] == 1
         assert produced.total > 0
+
+
+def test_an_update_to_an_invalid_spec_leaves_the_objects_untouched(kube, broker):
+    topic = "okc-update"
+    create_topics(broker.bootstrap, [topic], 2)
+    with operator(kube.url):
+        kube.create(CR, consumer_resource("steady", broker.bootstrap, topic))
+        before = wait_for(lambda: kube.get("apps/v1/deployments", "steady"), 20, "the Deployment")
+        kube.patch(CR, "steady", {"spec": {"handler": {"handler": "not a handler path"}}})
+        wait_for(lambda: condition(kube.get(CR, "steady"), "InvalidSpec") == "True", 20, "InvalidSpec")
+        time.sleep(1.0)  # observation window: several operator ticks must change nothing
+        after = kube.get("apps/v1/deployments", "steady")
+        assert after["spec"] == before["spec"], "an invalid spec changed the Deployment"
+        message = next(c for c in kube.get(CR, "steady")["status"]["conditions"] if c["type"] == "InvalidSpec")
+        assert "spec.handler.handler" in message["message"]
