@@ -196,6 +196,14 @@ class _WorkerCore:
         self._finish_parked(delivery)
         self.completions.append((delivery, True))
 
+    def _dropped_as_revoked(self, delivery: Delivery) -> bool:
+        """Never start work of a partition being revoked: hand it back unprocessed (the new owner runs it)."""
+        if not delivery.partition.revoked:
+            return False
+        self._finish_parked(delivery)
+        self.completions.append((delivery, False))
+        return True
+
     def _park(self, delivery: Delivery, delay: float) -> None:
         self.scheduler.park(delivery, self.clock() + delay)
         self.stats.parked_lanes = self.scheduler.parked_lanes
@@ -253,9 +261,7 @@ class _ThreadWorker(_WorkerCore):
                 scheduler.push_all(batch)
 
     def _execute(self, delivery: Delivery) -> None:
-        if delivery.partition.revoked:  # never run work of a partition this pod no longer owns
-            self._finish_parked(delivery)
-            self.completions.append((delivery, False))
+        if self._dropped_as_revoked(delivery):
             return
         if delivery.pending_dead_letter is not None:
             self._publish_dead_letter(delivery, delivery.pending_dead_letter)
@@ -378,9 +384,7 @@ class _AsyncWorker(_WorkerCore):
                     await asyncio.wait_for(self.wakeup.wait(), item)
 
     async def _execute(self, delivery: Delivery) -> None:
-        if delivery.partition.revoked:  # never run work of a partition this pod no longer owns
-            self._finish_parked(delivery)
-            self.completions.append((delivery, False))
+        if self._dropped_as_revoked(delivery):
             return
         if delivery.pending_dead_letter is not None:
             await self._publish_dead_letter(delivery, delivery.pending_dead_letter)
