@@ -96,3 +96,66 @@ def produce_keyed(bootstrap: str, topic: str, messages: int, keys: int, value_by
     if progress:
         progress(messages)
     return produced
+
+
+ORDER_STATUSES = ("created", "paid", "shipped", "completed")
+
+
+class OrderStream:
+    """Order-lifecycle events, keyed by order id: created -> paid -> shipped -> completed.
+
+    Orders are interleaved at random (many in progress at once) while each order's own events
+    stay in sequence. ``expected`` is the number of events written per order, for the audit.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, seed: int = 7, in_progress: int = 2_000) -> None:
+        # one record per batch: the embedded broker then reports exact end offsets (lag) to the admin API
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "enable.idempotence": True,
+                                  "batch.num.messages": 1}, logger=logging.getLogger("keyorder.librdkafka"))
+        self.topic = topic
+        self.rng = random.Random(seed)
+        self.in_progress = in_progress
+        self.active: list[str] = []
+        self.expected: dict[str, int] = {}
+        self.next_order = 0
+        self.errors: list[str] = []
+        self.written = 0
+
+    def _delivered(self, error, _record) -> None:
+        if error is not None:
+            self.errors.append(str(error))
+
+    def emit(self, events: int) -> None:
+        """Write ``events`` more events (new orders are opened as old ones complete)."""
+        for _ in range(events):
+            while len(self.active) < self.in_progress:
+                order = f"order-{self.next_order:08d}"
+                self.next_order += 1
+                self.active.append(order)
+                self.expected[order] = 0
+            index = self.rng.randrange(len(self.active))
+            order = self.active[index]
+            sequence = self.expected[order]
+            value = {"order": order, "seq": sequence, "status": ORDER_STATUSES[sequence]}
+            while True:
+                try:
+                    self.producer.produce(self.topic, key=order.encode(), value=json.dumps(value).encode(),
+                                          on_delivery=self._delivered)
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)
+            self.expected[order] = sequence + 1
+            if sequence + 1 == len(ORDER_STATUSES):
+                self.active[index] = self.active[-1]
+                self.active.pop()
+            self.written += 1
+            if self.written % 1000 == 0:
+                self.producer.poll(0)
+
+    def flush(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.producer.flush(1.0) and time.monotonic() < deadline:
+            pass
+        if len(self.producer) or self.errors:
+            raise RuntimeError(f"order events not acknowledged: {len(self.producer)} pending, "
+                               f"{len(self.errors)} failed {self.errors[:1]}")

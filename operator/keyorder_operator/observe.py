@@ -28,6 +28,8 @@ class LagSample:
     partitions: int
     end_total: int
     committed_total: int
+    partition_lags: tuple[int, ...] = ()
+    """Lag of each partition, in topic/partition order (for displays; totals drive the policy)."""
 
     @property
     def lag(self) -> int:
@@ -93,11 +95,15 @@ class KafkaLagSource:
         if all(offset < 0 for offset in committed.values()):
             raise LagUnavailable(f"consumer group {group!r} has no committed offsets yet")
         end_total = committed_total = 0
+        partition_lags = []
         for tp in partitions:
             key = (tp.topic, tp.partition)
             end_offset = next(value for k, value in end.items() if (k.topic, k.partition) == key)
             start_offset = next(value for k, value in start.items() if (k.topic, k.partition) == key)
             position = committed.get(key, -1)
             end_total += end_offset
-            committed_total += position if position >= 0 else start_offset  # never consumed: all of it is lag
-        return LagSample(at=now, partitions=len(partitions), end_total=end_total, committed_total=committed_total)
+            consumed = position if position >= 0 else start_offset  # never consumed: all of it is lag
+            committed_total += consumed
+            partition_lags.append(max(end_offset - consumed, 0))
+        return LagSample(at=now, partitions=len(partitions), end_total=end_total, committed_total=committed_total,
+                         partition_lags=tuple(partition_lags))
