@@ -301,7 +301,7 @@ def dev_command(args: argparse.Namespace) -> int:
                                         "replicas": target.replicas, "workers": target.workers,
                                         "drain_rate": drain})
                 view.update(elapsed, sample, target.replicas, target.workers, drain, history, timeline.decisions)
-                if drained_at is not None and target == Size(1, options.initial_workers) and peak.replicas > 1:
+                if drained_at is not None and peak.replicas > 1 and target.capacity <= peak.capacity / 4:
                     scaled_in_at = round(elapsed, 1)
                     break
         finally:

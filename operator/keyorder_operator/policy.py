@@ -10,13 +10,15 @@ The algorithm, in order:
 2. **Required capacity** = backlog / target drain time + the rate at which new messages arrive.
    One worker's throughput is learned from the observed drain rate divided by the workers that
    produced it, but only from a *settled* interval (the size did not just change, so the new
-   pods are not still joining) with a backlog (idle workers would look slow). Without a
-   measurement yet, capacity doubles per step (bounded by the limits).
+   pods are not still joining) whose remaining backlog was worth at least 1 s at that drain rate
+   (with a trickle, workers idle and would look slow). Without a measurement yet, capacity doubles per
+   step (bounded by the limits).
 3. **Shape**: pods first, each with the initial worker count, up to min(max replicas,
    partitions) (a pod beyond the partition count would sit idle); only at that cap do workers per
    pod grow, up to their maximum. Shrinking walks back the same path: workers first, then pods.
-4. **Activation**: a backlog below ``activation_lag`` needs no more than the minimum; with
-   ``scale_to_zero`` an empty backlog (and no arrivals) scales to zero pods.
+4. **Activation**: a backlog below ``activation_lag`` needs only what keeps up with the arrivals
+   (at the learned per-worker rate; the minimum when that is unknown); with ``scale_to_zero`` an
+   empty backlog with no arrivals scales to zero pods.
 5. **Stabilization** (like the Kubernetes HPA): a scale-up takes the *smallest* recommendation of
    the scale-up window, a scale-down the *largest* of the scale-down window, so a noisy lag does
    not flap the Deployment.
@@ -109,10 +111,18 @@ def shape(capacity: int, limits: ScalingLimits, partitions: int) -> Size:
     return Size(cap, workers)
 
 
+SATURATION_SECONDS = 1.0
+"""A backlog worth at least this many seconds at the measured drain rate means the workers were
+busy the whole interval: only such an interval measures what a worker can do. (With a trickle
+they idle and would look slow; the lag also counts messages already inside the pods.)"""
+
+
 def learn_per_worker_rate(observation: Observation, state: ScalingState, limits: ScalingLimits) -> float | None:
-    """Update the per-worker throughput from a settled, loaded interval; otherwise keep the old one."""
-    loaded = (observation.lag or 0) >= limits.activation_lag
-    if state.settled and loaded and observation.drain_rate and state.current.capacity > 0:
+    """Update the per-worker throughput from a settled, saturated interval; otherwise keep the old one."""
+    capacity = state.current.capacity
+    lag, drain = observation.lag or 0, observation.drain_rate or 0.0
+    loaded = lag >= limits.activation_lag and lag >= drain * SATURATION_SECONDS
+    if state.settled and loaded and drain > 0 and capacity > 0:
         return observation.drain_rate / state.current.capacity
     return state.per_worker_rate
 
@@ -174,19 +184,22 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
                         f"replicas x {current.workers} workers", state=state, lag_unknown=True)
     partitions = observation.partitions
     arrivals = observation.arrival_rate or 0.0
-    if observation.lag < limits.activation_lag and arrivals <= 0:
-        idle_zero = limits.scale_to_zero and observation.lag == 0
-        recommended = Size(0, limits.initial_workers) if idle_zero else shape(0, limits, partitions)
+    per_worker = learn_per_worker_rate(observation, state, limits)
+    if observation.lag < limits.activation_lag:
+        if limits.scale_to_zero and observation.lag == 0 and arrivals <= 0:
+            recommended = Size(0, limits.initial_workers)
+        elif per_worker:  # keep up with what arrives
+            recommended = shape(math.ceil(arrivals / per_worker), limits, partitions)
+        else:
+            recommended = shape(0, limits, partitions)
     else:
-        per_worker = learn_per_worker_rate(observation, state, limits)
         recommended = shape(required_capacity(observation, current, per_worker, limits), limits, partitions)
-        if observation.lag >= limits.activation_lag and recommended.capacity == 0:
+        if recommended.capacity == 0:
             recommended = shape(1, limits, partitions)
     keep_since = now - max(limits.scale_up_window_seconds, limits.scale_down_window_seconds)
     history = tuple(item for item in state.recommendations if item[0] >= keep_since)
     target = _stabilized(recommended, current, history, now, limits)
-    new_state = replace(state, current=target, settled=target == current,
-                        per_worker_rate=learn_per_worker_rate(observation, state, limits),
+    new_state = replace(state, current=target, settled=target == current, per_worker_rate=per_worker,
                         recommendations=(*history, (now, recommended.replicas, recommended.workers)))
     return Decision(before=current, target=target, reason=_describe(current, target, observation, limits),
                     state=new_state)

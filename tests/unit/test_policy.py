@@ -113,3 +113,18 @@ def test_scale_to_zero_and_back():
 def test_below_activation_lag_stays_at_the_minimum():
     targets = run([(0, 99)], start=Size(1, 16))
     assert targets == [Size(1, 16)]
+
+
+def test_a_trickle_after_the_spike_does_not_keep_the_group_scaled_out():
+    """After a spike, a steady 100 msg/s with a small lag: the workers idle, so their low drain rate
+    must not be taken as their speed (which would keep the group at its peak forever)."""
+    limits = ScalingLimits(initial_workers=4, max_workers=64, target_drain_seconds=60, activation_lag=50,
+                           scale_down_window_seconds=10)
+    state = ScalingState(Size(1, 4))
+    steps = [(0, 200_000, 400.0), (5, 150_000, 3_200.0), (10, 60_000, 4_000.0)]  # saturated: 100/worker
+    steps += [(15 + 5 * i, 60, 100.0) for i in range(8)]  # the trickle: 100 msg/s arrive and are drained
+    for now, lag, drain in steps:
+        observation = Observation(lag=lag, partitions=8, drain_rate=drain, arrival_rate=100.0 if now >= 15 else 0)
+        state = decide(observation, limits, state, now).state
+    assert state.current.capacity <= 8, f"still scaled out: {state.current}"
+    assert state.per_worker_rate == pytest.approx(100.0)
