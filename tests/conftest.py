@@ -14,8 +14,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from keyorder.config import RunConfig
-from keyorder.dev import DEV_GROUP_TIMINGS
-from keyorder.embedded import EmbeddedBroker
+from keyorder.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.loadgen import create_topics
 from keyorder.pod import Pod
 from tests.guarantees import SerialPerKey
@@ -101,7 +100,7 @@ def run_pod(broker: EmbeddedBroker) -> Iterator[Callable[..., Pod]]:
     def start(topic: str, handler: Callable[[Any], Any], group: str | None = None, **settings: Any) -> Pod:
         values: dict[str, Any] = {"handler": "tests.conftest:Recorder", "topics": [topic],
                                   "group_id": group or f"g-{topic}", "bootstrap_servers": broker.bootstrap,
-                                  "http_port": 0, "http_host": "127.0.0.1", "kafka_property": DEV_GROUP_TIMINGS,
+                                  "http_port": 0, "http_host": "127.0.0.1", "kafka_property": FAST_GROUP_JOIN,
                                   "commit_interval": 0.2, **settings}
         pod = Pod(RunConfig(**values), handler=handler)
         stop = threading.Event()

@@ -27,13 +27,11 @@ from pathlib import Path
 from keyorder import offset_metadata
 from keyorder.bench_report import BenchReport, RunResult, fill_ratios, histogram_percentile, markdown_table, plot
 from keyorder.config import RunConfig
-from keyorder.embedded import EmbeddedBroker
+from keyorder.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.loadgen import create_topics, produce_keyed
 from keyorder.logs import configure_logging
 from keyorder.progress import Progress
 
-BENCH_GROUP_TIMINGS = ["session.timeout.ms=6000", "heartbeat.interval.ms=500"]
-"""Fast group joins on the embedded broker, so runs measure consumption, not the join."""
 CPU_LOOP = 2_000
 STEADY_STATE_FRACTION = 0.9
 """A run's window ends at 90% of the backlog (or ``run_seconds``): the last keys to drain sit on the
@@ -140,7 +138,7 @@ class Runner:
                            group_id=f"bench-{uuid.uuid4().hex}",
                            bootstrap_servers=self.bootstrap, ordering=spec.mode, workers=spec.workers,
                            max_workers=max(spec.workers, 4096), on_exhausted="block", shutdown_grace=0.5,
-                           kafka_property=BENCH_GROUP_TIMINGS)
+                           kafka_property=FAST_GROUP_JOIN)
         return Pod(config, handler=handler, serve_http=False)
 
     def run(self, spec: RunSpec, label: str) -> RunResult:

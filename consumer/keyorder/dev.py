@@ -18,14 +18,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from keyorder.embedded import EmbeddedBroker
+from keyorder.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.loadgen import OrderStream, create_topics
 from keyorder.local_pods import LocalPods
 from keyorder.logs import configure_logging
 
 TOPIC = "orders"
-DEV_GROUP_TIMINGS = ["session.timeout.ms=6000", "heartbeat.interval.ms=500"]
-"""Faster group joins on the embedded broker (about 3 s instead of 23 s); not product defaults."""
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -180,7 +178,7 @@ def pod_settings(bootstrap: str, group: str, options: DevOptions, **extra: str) 
     return {"KEYORDER_HANDLER": "keyorder_example.orders:handle", "KEYORDER_TOPICS": TOPIC,
             "KEYORDER_GROUP_ID": group, "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
             "KEYORDER_WORKERS": str(options.initial_workers), "KEYORDER_MAX_WORKERS": str(max(options.max_workers, 1)),
-            "KEYORDER_SHUTDOWN_GRACE": "10", "KEYORDER_KAFKA_PROPERTY": ",".join(DEV_GROUP_TIMINGS),
+            "KEYORDER_SHUTDOWN_GRACE": "10", "KEYORDER_KAFKA_PROPERTY": ",".join(FAST_GROUP_JOIN),
             "KEYORDER_EXAMPLE_LATENCY_MIN_MS": str(options.latency_min_ms),
             "KEYORDER_EXAMPLE_LATENCY_MAX_MS": str(options.latency_max_ms), "KEYORDER_LOG_LEVEL": "WARNING",
             **extra}

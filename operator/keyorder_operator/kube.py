@@ -28,6 +28,14 @@ API_CALLS = {
 """(API group, resource) -> verbs this module uses; kopf itself also needs the CR, its status and events."""
 
 
+def _secret_value(secret: Any, namespace: str, name: str, key: str) -> str:
+    if secret.data and key in secret.data:
+        return base64.b64decode(secret.data[key]).decode()
+    if secret.string_data and key in secret.string_data:
+        return secret.string_data[key]
+    raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
+
+
 class Kube:
     def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
         self.client = api_client
@@ -86,19 +94,10 @@ class Kube:
                 raise
             self.core.create_namespaced_secret(namespace, desired)
             return desired["stringData"][key]
-        if secret.data and key in secret.data:
-            return base64.b64decode(secret.data[key]).decode()
-        if secret.string_data and key in secret.string_data:
-            return secret.string_data[key]
-        raise ValueError(f"Secret {namespace}/{name} has no key {key!r}")
+        return _secret_value(secret, namespace, name, key)
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str:
-        secret = self.core.read_namespaced_secret(name, namespace)
-        if secret.data and key in secret.data:
-            return base64.b64decode(secret.data[key]).decode()
-        if secret.string_data and key in secret.string_data:
-            return secret.string_data[key]
-        raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
+        return _secret_value(self.core.read_namespaced_secret(name, namespace), namespace, name, key)
 
     def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
         """IPs of ready pods matching ``selector`` (filtered here too: not every API server filters)."""

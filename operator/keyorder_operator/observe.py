@@ -83,8 +83,8 @@ class KafkaLagSource:
                 partitions += [TopicPartition(topic, partition) for partition in sorted(found.partitions)]
             ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=timeout)
             starts = admin.list_offsets({tp: OffsetSpec.earliest() for tp in partitions}, request_timeout=timeout)
-            end = {key: future.result(timeout=timeout).offset for key, future in ends.items()}
-            start = {key: future.result(timeout=timeout).offset for key, future in starts.items()}
+            end = {(tp.topic, tp.partition): future.result(timeout=timeout).offset for tp, future in ends.items()}
+            start = {(tp.topic, tp.partition): future.result(timeout=timeout).offset for tp, future in starts.items()}
             request = [ConsumerGroupTopicPartitions(group, partitions)]
             result = admin.list_consumer_group_offsets(request, request_timeout=timeout)[group].result(timeout=timeout)
         except KafkaException as error:
@@ -98,8 +98,7 @@ class KafkaLagSource:
         partition_lags = []
         for tp in partitions:
             key = (tp.topic, tp.partition)
-            end_offset = next(value for k, value in end.items() if (k.topic, k.partition) == key)
-            start_offset = next(value for k, value in start.items() if (k.topic, k.partition) == key)
+            end_offset, start_offset = end[key], start[key]
             position = committed.get(key, -1)
             end_total += end_offset
             consumed = position if position >= 0 else start_offset  # never consumed: all of it is lag

@@ -197,7 +197,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             reason = f"scaling disabled: {target.replicas} replicas x {target.workers} workers"
         if target.replicas != replicas:
             kube.scale(namespace, name, target.replicas)
-        if target != Size(replicas, state.current.workers):
+        changed = target != Size(replicas, state.current.workers)
+        if changed:
             direction = "up" if target.capacity > replicas * state.current.workers else "down"
             context.metrics.decisions.labels(*labels, direction).inc()
             kopf.info(body, reason="Scaled", message=reason)
@@ -211,8 +212,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                 pushed, failures = context.push(addresses, spec.http_port, token, target.workers)
             except Exception as error:  # a failed push is retried next poll; the decision stands
                 failures = [str(error)]
-        scaling = target != Size(replicas, state.current.workers)
-        conditions = set_condition(conditions, "Scaling", scaling, "Scaled" if scaling else "Stable", reason, now)
+        conditions = set_condition(conditions, "Scaling", changed, "Scaled" if changed else "Stable", reason, now)
         ready = not condition_is(conditions, "LagUnknown") and not failures
         conditions = set_condition(conditions, "Ready", ready, "Reconciled" if ready else "Degraded",
                                    "objects applied, lag measured" if ready else

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from keyorder.dev import DEV_GROUP_TIMINGS
+from keyorder.embedded import FAST_GROUP_JOIN
 from keyorder.loadgen import produce_keyed
 from tests.conftest import group_committed, wait_until
 from tests.guarantees import assert_at_least_once, assert_first_processing_in_order
@@ -31,7 +31,7 @@ def start_consumer(bootstrap: str, topic: str, group: str, record_file: Path, sl
                "--workers", "16", "--http-port", "0", "--commit-interval", "0.2",
                "--max-inflight", str(MAX_INFLIGHT), "--max-inflight-per-partition", "500",
                "--max-uncommitted", str(MAX_INFLIGHT), *extra]
-    for setting in DEV_GROUP_TIMINGS:
+    for setting in FAST_GROUP_JOIN:
         command += ["--kafka-property", setting]
     return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
