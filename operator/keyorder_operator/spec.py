@@ -112,6 +112,24 @@ class RetrySpec(_Model):
     dlq_topic: str = Field("{topic}.dlq", min_length=1, description="Dead-letter topic ({topic} = source).")
 
 
+class CatchupSpec(_Model):
+    enabled: bool = Field(False, description="Hand an enormous backlog to a Spark catch-up Job "
+                          "(`keyorder catchup`) instead of waiting for the pods.")
+    trigger_drain_seconds: int = Field(3600, ge=60, description="Start catch-up when the projected drain time "
+                                       "at maximum scale exceeds this many seconds.")
+    image: str | None = Field(None, min_length=1, description="Image of the catch-up Job (keyorder, PySpark, Java "
+                              "and the handler); defaults to handler.image.")
+    master: str = Field("local[*]", min_length=1, description="Spark master URL, e.g. local[*] or "
+                        "k8s://https://kubernetes.default.svc.")
+    executors: int = Field(2, ge=1, le=1000, description="Spark executors (spark.executor.instances) on a "
+                           "cluster master.")
+    key_partitions: int = Field(0, ge=0, le=100000, description="Spark partitions keys are hashed into; "
+                                "0 means 4 per available core.")
+    resources: Resources = Field(default_factory=Resources, description="Resources of the Job's driver pod.")
+    backoff_limit: int = Field(0, ge=0, le=10, description="Job retries; a failed run commits nothing, so a "
+                               "retry is safe.")
+
+
 class OrderedConsumerSpec(_Model):
     """spec of an OrderedConsumer."""
 
@@ -122,6 +140,7 @@ class OrderedConsumerSpec(_Model):
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     retry: RetrySpec = Field(default_factory=RetrySpec)
+    catchup: CatchupSpec = Field(default_factory=CatchupSpec)
     http_port: int = Field(8080, ge=1024, le=65535, description="Pods' metrics/health/admin port.")
 
     @model_validator(mode="after")
