@@ -24,6 +24,7 @@ API_CALLS = {
     ("", "serviceaccounts"): {"get", "create", "patch"},
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list"},
+    ("batch", "jobs"): {"get", "create", "delete"},
 }
 """(API group, resource) -> verbs this module uses; kopf itself also needs the CR, its status and events."""
 
