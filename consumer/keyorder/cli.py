@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from keyorder import __version__
@@ -30,8 +31,9 @@ EXIT_CONFIG = 2
 log = logging.getLogger("keyorder")
 
 
-def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    for name, field in RunConfig.model_fields.items():
+def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One flag per field of a settings model, its help text naming the default and the variable."""
+    for name, field in model.model_fields.items():
         default = field.default if field.default is not PydanticUndefined else None
         if field.default_factory is not None:
             default = None
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run a consumer pod", description="Consume topics and call the "
                               "handler per message, in key order, with W key workers.")
-    _add_run_flags(run)
+    add_settings_flags(run, RunConfig)
     dev = commands.add_parser("dev", help="local demo: embedded broker, producer, pod, order check")
     from keyorder.dev import add_dev_flags
 

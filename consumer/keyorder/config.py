@@ -16,11 +16,11 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from keyorder.retry import ExhaustedPolicy
+from keyorder.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.routing import Ordering
 
 ENV_PREFIX = "KEYORDER_"
@@ -39,60 +39,26 @@ CONSUMER_ONLY_PREFIXES = ("group.", "enable.auto.", "auto.offset.reset", "auto.c
                           "consume.callback")
 
 
+Settings = TypeVar("Settings", bound=BaseModel)
+
+
 class ConfigError(ValueError):
     """Invalid configuration; the message names the offending flag, variable or file."""
 
 
-class RunConfig(BaseModel):
-    """Everything ``keyorder run`` needs. Field docs become the ``--help`` text and the docs table."""
+class KafkaConnectionSettings(BaseModel):
+    """How to reach Kafka: shared by ``keyorder run`` and ``keyorder catchup``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    handler: str = Field(description="Handler to call per message, as 'package.module:function' "
-                                     "(plain or async def).", pattern=r"^[\w.]+:[\w.]+$")
     topics: list[str] = Field(description="Topics to consume, comma-separated.", min_length=1)
     group_id: str = Field(description="Kafka consumer group id.", min_length=1)
     bootstrap_servers: str | None = Field(None, description="Kafka bootstrap servers (or set "
                                           "bootstrap.servers in the Kafka properties).")
-    ordering: Ordering = Field(Ordering.KEY, description="key: same key in order (keyless messages per "
-                               "partition); partition: same partition in order; unordered: no order.")
-    workers: int = Field(16, ge=1, description="Key workers per pod at start (live-resizable).")
-    max_workers: int = Field(4096, ge=1, description="Upper bound for a live resize of the key workers.")
-    max_inflight: int = Field(10_000, ge=1, description="Unfinished messages per pod before every "
-                              "partition is paused (bounds payload memory).")
-    max_inflight_per_partition: int = Field(5_000, ge=1, description="Unfinished messages per partition "
-                                            "before that partition is paused.")
-    max_uncommitted: int = Field(50_000, ge=1, description="Messages at or above the committed offsets per "
-                                 "pod, finished or not, before partitions are paused: the most a crash "
-                                 "re-delivers.")
-    resume_ratio: float = Field(0.5, gt=0, lt=1, description="Paused partitions resume when in-flight "
-                                "falls to this fraction of the bound.")
-    poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
-    commit_interval: float = Field(1.0, gt=0, description="Seconds between periodic commits.")
-    max_attempts: int = Field(5, ge=1, description="Handler attempts per message, the first included.")
-    retry_initial_backoff: float = Field(0.2, ge=0, description="Seconds before the second attempt; "
-                                         "doubles per attempt. Only the failing key waits.")
-    retry_max_backoff: float = Field(30.0, gt=0, description="Longest wait between attempts (and the "
-                                     "retry period of a blocked key).")
-    on_exhausted: ExhaustedPolicy = Field(ExhaustedPolicy.DLQ, description="After max-attempts: dlq "
-                                          "(publish to the dead-letter topic, go on) or block (park the "
-                                          "key, keep retrying, hold the partition's commit).")
-    dlq_topic: str = Field("{topic}.dlq", min_length=1, description="Dead-letter topic; {topic} is "
-                           "replaced by the source topic.")
-    revoke_drain_timeout: float = Field(10.0, ge=0, description="Seconds revoked partitions' in-flight "
-                                        "messages may take to finish before they are abandoned.")
-    shutdown_grace: float = Field(25.0, ge=0, description="Seconds in-flight messages may take to finish "
-                                  "on SIGTERM (keep below the pod's terminationGracePeriodSeconds).")
-    http_host: str = Field("0.0.0.0", description="Address of the metrics/health/admin HTTP server.")
-    http_port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: any free port).")
-    admin_token_file: Path | None = Field(None, description="File holding the bearer token required by "
-                                          "PUT /admin/workers; without it the endpoint is disabled.")
     kafka_properties_file: Path | None = Field(None, description="Java-style properties file of "
                                                "librdkafka settings (e.g. a mounted Secret with SASL/TLS).")
     kafka_property: list[str] = Field(default_factory=list, description="librdkafka setting "
                                       "'name=value' (repeatable; overrides the file and environment).")
-    log_format: Literal["text", "json"] = Field("text", description="Log format.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
     @field_validator("topics", mode="before")
     @classmethod
@@ -117,6 +83,65 @@ class RunConfig(BaseModel):
                 raise ValueError(f"{item!r} must look like name=value")
         return value
 
+
+class HandlerSettings(BaseModel):
+    """The handler and what happens when it fails: the same contract for pods and catch-up jobs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    handler: str = Field(description="Handler to call per message, as 'package.module:function' "
+                                     "(plain or async def).", pattern=r"^[\w.]+:[\w.]+$")
+    ordering: Ordering = Field(Ordering.KEY, description="key: same key in order (keyless messages per "
+                               "partition); partition: same partition in order; unordered: no order.")
+    max_attempts: int = Field(5, ge=1, description="Handler attempts per message, the first included.")
+    retry_initial_backoff: float = Field(0.2, ge=0, description="Seconds before the second attempt; "
+                                         "doubles per attempt. Only the failing key waits.")
+    retry_max_backoff: float = Field(30.0, gt=0, description="Longest wait between attempts (and the "
+                                     "retry period of a blocked key).")
+    on_exhausted: ExhaustedPolicy = Field(ExhaustedPolicy.DLQ, description="After max-attempts: dlq "
+                                          "(publish to the dead-letter topic, go on) or block (park the "
+                                          "key, keep retrying, hold the partition's commit).")
+    dlq_topic: str = Field("{topic}.dlq", min_length=1, description="Dead-letter topic; {topic} is "
+                           "replaced by the source topic.")
+    log_format: Literal["text", "json"] = Field("text", description="Log format.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> HandlerSettings:
+        if self.retry_initial_backoff > self.retry_max_backoff:
+            raise ValueError("retry_initial_backoff must be <= retry_max_backoff")
+        return self
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(max_attempts=self.max_attempts, initial_backoff=self.retry_initial_backoff,
+                           max_backoff=self.retry_max_backoff, exhausted=self.on_exhausted)
+
+
+class RunConfig(HandlerSettings, KafkaConnectionSettings):
+    """Everything ``keyorder run`` needs. Field docs become the ``--help`` text and the docs table."""
+
+    workers: int = Field(16, ge=1, description="Key workers per pod at start (live-resizable).")
+    max_workers: int = Field(4096, ge=1, description="Upper bound for a live resize of the key workers.")
+    max_inflight: int = Field(10_000, ge=1, description="Unfinished messages per pod before every "
+                              "partition is paused (bounds payload memory).")
+    max_inflight_per_partition: int = Field(5_000, ge=1, description="Unfinished messages per partition "
+                                            "before that partition is paused.")
+    max_uncommitted: int = Field(50_000, ge=1, description="Messages at or above the committed offsets per "
+                                 "pod, finished or not, before partitions are paused: the most a crash "
+                                 "re-delivers.")
+    resume_ratio: float = Field(0.5, gt=0, lt=1, description="Paused partitions resume when in-flight "
+                                "falls to this fraction of the bound.")
+    poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
+    commit_interval: float = Field(1.0, gt=0, description="Seconds between periodic commits.")
+    revoke_drain_timeout: float = Field(10.0, ge=0, description="Seconds revoked partitions' in-flight "
+                                        "messages may take to finish before they are abandoned.")
+    shutdown_grace: float = Field(25.0, ge=0, description="Seconds in-flight messages may take to finish "
+                                  "on SIGTERM (keep below the pod's terminationGracePeriodSeconds).")
+    http_host: str = Field("0.0.0.0", description="Address of the metrics/health/admin HTTP server.")
+    http_port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: any free port).")
+    admin_token_file: Path | None = Field(None, description="File holding the bearer token required by "
+                                          "PUT /admin/workers; without it the endpoint is disabled.")
+
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
         if self.workers > self.max_workers:
@@ -126,8 +151,6 @@ class RunConfig(BaseModel):
         if self.max_inflight_per_partition > self.max_inflight:
             raise ValueError(f"max_inflight_per_partition ({self.max_inflight_per_partition}) must be <= "
                              f"max_inflight ({self.max_inflight})")
-        if self.retry_initial_backoff > self.retry_max_backoff:
-            raise ValueError("retry_initial_backoff must be <= retry_max_backoff")
         return self
 
 
@@ -140,17 +163,22 @@ def flag_name(field: str) -> str:
 
 
 def load_run_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> RunConfig:
-    """Build the config from parsed flags (``None`` = not given), then the environment."""
+    """Build the config of ``keyorder run`` from parsed flags (``None`` = not given), then the environment."""
+    return load_config(RunConfig, flags, environ)
+
+
+def load_config(model: type[Settings], flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
+    """Build any settings model from parsed flags (``None`` = not given), then ``KEYORDER_*`` variables."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    for field in RunConfig.model_fields:
+    for field in model.model_fields:
         flag_value = flags.get(field)
         if flag_value is not None and flag_value != []:
             values[field] = flag_value
         elif env_name(field) in environ:
             values[field] = environ[env_name(field)]
     try:
-        return RunConfig.model_validate(values)
+        return model.model_validate(values)
     except ValidationError as error:
         raise ConfigError(describe_validation_error(error)) from None
 
@@ -190,7 +218,7 @@ def parse_properties(text: str, source: str) -> dict[str, str]:
     return properties
 
 
-def kafka_properties(config: RunConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def kafka_properties(config: KafkaConnectionSettings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The librdkafka properties the user supplied, merged by precedence (file < env < flags)."""
     environ = os.environ if environ is None else environ
     properties: dict[str, str] = {}
@@ -213,7 +241,7 @@ def kafka_properties(config: RunConfig, environ: Mapping[str, str] | None = None
     return properties
 
 
-def consumer_properties(config: RunConfig, properties: Mapping[str, str]) -> dict[str, str]:
+def consumer_properties(config: KafkaConnectionSettings, properties: Mapping[str, str]) -> dict[str, str]:
     """Consumer settings: keyorder's defaults, overridden by the user's properties."""
     return {"auto.offset.reset": "earliest", **properties, "group.id": config.group_id}
 

@@ -26,7 +26,7 @@ from keyorder.flow import FlowLimits
 from keyorder.handlers import is_async_callable, load_handler
 from keyorder.http_server import PodHttpServer
 from keyorder.metrics import build_registry
-from keyorder.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.retry import ExhaustedPolicy
 from keyorder.routing import KeyRouter
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
 from keyorder.source import KafkaSource
@@ -46,8 +46,7 @@ class Pod:
         properties = kafka_properties(config, environ)
         admin_token = read_admin_token(config)
         log.info("Kafka properties: %s", redact(properties))
-        retry = RetryPolicy(max_attempts=config.max_attempts, initial_backoff=config.retry_initial_backoff,
-                            max_backoff=config.retry_max_backoff, exhausted=config.on_exhausted)
+        retry = config.retry_policy()
         if dead_letters is None and config.on_exhausted is ExhaustedPolicy.DLQ:
             dead_letters = KafkaDeadLetterSink(producer_properties(properties), config.dlq_topic)
         self._dead_letters = dead_letters
