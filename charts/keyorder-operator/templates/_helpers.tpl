@@ -1,0 +1,116 @@
+{{/* The chart name, overridable. */}}
+{{- define "keyorder-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of the release's objects, truncated to 63 characters (the DNS label limit).
+If the release name already contains the chart name, it is used as is.
+*/}}
+{{- define "keyorder-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* name-version, for the helm.sh/chart label. */}}
+{{- define "keyorder-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object of the release. */}}
+{{- define "keyorder-operator.labels" -}}
+helm.sh/chart: {{ include "keyorder-operator.chart" . }}
+{{ include "keyorder-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: keyorder
+{{- end }}
+
+{{/* Labels that select the operator's pods (never change them: Deployment selectors are immutable). */}}
+{{- define "keyorder-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "keyorder-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "keyorder-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "keyorder-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The image reference: repository@digest, else repository:tag (tag defaults to appVersion). */}}
+{{- define "keyorder-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* True (non-empty) when the operator watches the whole cluster. */}}
+{{- define "keyorder-operator.clusterwide" -}}
+{{- if not .Values.operator.watchNamespaces }}true{{ end }}
+{{- end }}
+
+{{/*
+RBAC rules for the resources in each watched namespace: the OrderedConsumers (for kopf) and what
+the operator creates for them. Used by the ClusterRole (whole cluster) or a Role per namespace.
+tests/packaging/test_rbac.py checks them against keyorder_operator.rbac (the operator's calls
+and kopf's needs): every call allowed, nothing more.
+*/}}
+{{- define "keyorder-operator.namespacedRules" -}}
+# kopf watches the OrderedConsumers and patches their finalizers and progress annotations.
+- apiGroups: ["keyorder.dev"]
+  resources: ["orderedconsumers"]
+  verbs: ["list", "watch", "patch"]
+# kopf writes status (conditions, lag, the last decision) through the status subresource.
+- apiGroups: ["keyorder.dev"]
+  resources: ["orderedconsumers/status"]
+  verbs: ["patch"]
+# Events explaining each decision: Scaled, InvalidSpec, LagUnknown.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+# The consumers' Deployment: created, patched on spec changes, its replicas set by the autoscaler.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "create", "patch"]
+# The consumers' headless metrics Service and their ServiceAccount (which gets no Role and no token).
+- apiGroups: [""]
+  resources: ["services", "serviceaccounts"]
+  verbs: ["get", "create", "patch"]
+# A PodDisruptionBudget per consumer group: at most one pod down by voluntary disruption.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
+# Secrets: create each group's admin-token Secret once, then read it (to push worker counts) and
+# the Kafka client-properties Secret a resource names (to read its lag). No list, no watch.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+# Pods: list a group's ready pods to push the decided worker count to each of them.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+# The Spark catch-up Job: created once per backlog, read for its outcome, deleted when done.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "create", "delete"]
+{{- if and .Values.peering.enabled .Values.operator.watchNamespaces }}
+# kopf peering in this namespace: replicas record their liveness; only one handles resources.
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["list", "watch", "patch"]
+{{- end }}
+{{- end }}
