@@ -40,7 +40,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) 
         shown = f" [default: {default.value if hasattr(default, 'value') else default}]" \
             if default is not None else " [required]" if field.is_required() else ""
         help_text = f"{field.description}{shown} (env {env_name(name)})".replace("%", "%%")
-        if name == "kafka_property":
+        if (field.json_schema_extra or {}).get("repeatable"):
             parser.add_argument(flag_name(name), dest=name, action="append", metavar="NAME=VALUE",
                                 help=help_text)
         else:
@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     from keyorder_operator.main import add_operator_flags
 
     add_operator_flags(operator)
+    catchup = commands.add_parser("catchup", help="drain or replay a backlog in key order on Spark",
+                                  description="Read a fenced offset range per partition with Spark, call the "
+                                  "handler for every message in key order, then commit the fence for the group.")
+    from keyorder.catchup.command import add_catchup_flags
+
+    add_catchup_flags(catchup)
     crd = commands.add_parser("crd", help="print the OrderedConsumer CRD generated from the spec models")
     crd.add_argument("--output", type=Path, help="write to this file instead of standard output")
     return parser
@@ -126,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             sys.stdout.write(crd_yaml())
         return 0
+    if args.command == "catchup":
+        from keyorder.catchup.command import catchup_command
+
+        return catchup_command(args)
     if args.command == "bench":
         from keyorder.bench import bench_command
 

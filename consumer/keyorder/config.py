@@ -58,7 +58,8 @@ class KafkaConnectionSettings(BaseModel):
     kafka_properties_file: Path | None = Field(None, description="Java-style properties file of "
                                                "librdkafka settings (e.g. a mounted Secret with SASL/TLS).")
     kafka_property: list[str] = Field(default_factory=list, description="librdkafka setting "
-                                      "'name=value' (repeatable; overrides the file and environment).")
+                                      "'name=value' (repeatable; overrides the file and environment).",
+                                      json_schema_extra={"repeatable": True})
 
     @field_validator("topics", mode="before")
     @classmethod

@@ -1,0 +1,134 @@
+"""``keyorder catchup``: parse the settings, print the plan, run the job, print and write the report.
+
+Exit status: 0 when every message in range was handled in order (and the fence committed when
+that was asked), 1 when the job or its audit failed (nothing was committed: run it again), 2 on
+invalid settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from keyorder.config import ConfigError, load_config
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+log = logging.getLogger("keyorder.catchup")
+
+
+def add_catchup_flags(parser: argparse.ArgumentParser) -> None:
+    from keyorder.catchup.settings import CatchupConfig
+    from keyorder.cli import add_settings_flags
+
+    parser.add_argument("--plan", action="store_true", help="print the plan (ranges, splits, key counts, hottest "
+                        "keys, skew, achievable parallelism) and exit without handling anything")
+    add_settings_flags(parser, CatchupConfig)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def print_plan(plan: Any, statistics: Any, key_partitions: int, cores: int) -> None:
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title="catch-up plan", title_justify="left")
+    for column in ("partition", "start", "fence", "offsets", "splits"):
+        table.add_column(column, justify="left" if column == "partition" else "right")
+    splits: dict[tuple[str, int], int] = {}
+    for split in plan.splits:
+        splits[(split.topic, split.partition)] = splits.get((split.topic, split.partition), 0) + 1
+    for r in plan.ranges:
+        table.add_row(r.name(), f"{r.start:,}", f"{r.end:,}", f"{r.offsets:,}",
+                      str(splits.get((r.topic, r.partition), 0)))
+    console.print(table)
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    console.print(f"commit the fence after success: {'yes' if plan.commit else 'no'}")
+    if statistics is not None:
+        hottest = statistics.hottest[0][1] if statistics.hottest else 0
+        console.print(f"messages {statistics.messages:,} over {statistics.distinct_keys:,} keys; hottest key has "
+                      f"{hottest:,} (skew {statistics.skew:.1f}x the mean)")
+        console.print("hottest keys: " + ", ".join(f"{key} ({count:,})" for key, count in statistics.hottest))
+        achievable = min(statistics.max_parallelism, key_partitions, cores) if statistics.hottest else 0
+        console.print(f"achievable parallelism ~{achievable:.1f} (keys allow {statistics.max_parallelism:.1f}, "
+                      f"{key_partitions} key partitions, {cores} cores)")
+
+
+def print_outcome(outcome: Any) -> None:
+    from rich.table import Table
+
+    console = _console()
+    report = outcome.report()
+    table = Table(title="catch-up: planned vs done", title_justify="left")
+    for column in ("partition", "planned offsets", "read", "processed", "dead-lettered", "violations"):
+        table.add_column(column, justify="left" if column == "partition" else "right")
+    for row in report["partitions"]:
+        table.add_row(f"{row['topic']}[{row['partition']}]", f"{row['planned_offsets']:,}", f"{row['read']:,}",
+                      f"{row['processed']:,}", f"{row['dead_lettered']:,}", str(row["violations"]))
+    console.print(table)
+    rate = report["messages_per_second"]
+    console.print(f"{report['processed']:,} processed, {report['dead_lettered']:,} dead-lettered in "
+                  f"{report['seconds']:.1f}s ({rate:,.0f} msg/s)" if rate else "nothing to do")
+    for problem in report["problems"]:
+        console.print(f"[red]problem:[/red] {problem}")
+    if outcome.error:
+        console.print(f"[red]failed:[/red] {outcome.error}")
+    if outcome.ok:
+        console.print(f"fence {'committed' if outcome.committed else 'not committed (as asked)'}: "
+                      + ", ".join(f"{tp}={offset}" for tp, offset in report["fence"].items()))
+    else:
+        console.print("nothing was committed: fix the cause and run the job again (it is safe to rerun)")
+
+
+def catchup_command(args: argparse.Namespace) -> int:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print("keyorder catchup: PySpark is not installed: pip install 'keyorder[catchup]' (and a Java 17+ runtime)",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    from keyorder.catchup.job import CatchupJob
+    from keyorder.catchup.offsets import CatchupKafkaError
+    from keyorder.catchup.plan import PlanError
+    from keyorder.catchup.settings import CatchupConfig
+    from keyorder.logs import configure_logging
+
+    try:
+        config = load_config(CatchupConfig, vars(args))
+    except ConfigError as error:
+        print(f"keyorder catchup: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(config.log_level, config.log_format)
+    try:
+        job = CatchupJob(config)
+    except ConfigError as error:
+        print(f"keyorder catchup: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        try:
+            plan = job.plan()
+        except (PlanError, CatchupKafkaError) as error:
+            print(f"keyorder catchup: {error}", file=sys.stderr)
+            return EXIT_CONFIG if isinstance(error, PlanError) else EXIT_FAILED
+        if args.plan:
+            statistics = job.key_statistics(plan)
+            print_plan(plan, statistics, job.key_partitions(), job.spark.sparkContext.defaultParallelism)
+            return 0
+        print_plan(plan, None, job.key_partitions(), job.spark.sparkContext.defaultParallelism)
+        _console().print(f"Spark UI: {job.spark.sparkContext.uiWebUrl or 'disabled'}")
+        outcome = job.run(plan)
+        print_outcome(outcome)
+        if config.report is not None:
+            config.report.write_text(json.dumps(outcome.report(), indent=2) + "\n")
+            _console().print(f"report written to {config.report}")
+        return 0 if outcome.ok else EXIT_FAILED
+    finally:
+        job.close()

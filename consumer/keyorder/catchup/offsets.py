@@ -1,0 +1,123 @@
+"""The driver's Kafka calls: snapshot the partitions' offsets for the plan, and commit the fence.
+
+Kept apart from the plan (pure) and from Spark: this is the only place the driver talks to Kafka.
+The commit re-reads the group's offsets first and refuses to commit when they moved since the
+plan (a live consumer is still running), because committing over it could skip messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from keyorder.catchup.plan import OffsetRange, PartitionSnapshot, TopicPartition
+from keyorder.catchup.positions import Position, PositionKind
+
+log = logging.getLogger(__name__)
+
+
+class CatchupKafkaError(RuntimeError):
+    """Kafka could not answer or refused; the message says what was asked."""
+
+
+class KafkaOffsets:
+    """Offset queries and the final commit for one group, with a bounded wait on every call."""
+
+    def __init__(self, properties: Mapping[str, str], group: str, timeout: float = 30.0) -> None:
+        from confluent_kafka import Consumer
+        from confluent_kafka.admin import AdminClient
+
+        self.group = group
+        self.timeout = timeout
+        logger = logging.getLogger("keyorder.librdkafka")
+        # Kept referenced for the whole job: an unreferenced AdminClient can hang a pending call.
+        self._admin = AdminClient({**properties, "logger": logger})
+        self._consumer = Consumer({**properties, "group.id": group, "enable.auto.commit": False,
+                                   "enable.auto.offset.store": False, "logger": logger})
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def partitions(self, topics: Sequence[str]) -> list[TopicPartition]:
+        metadata = self._call("list topics", lambda: self._admin.list_topics(timeout=self.timeout))
+        found = []
+        for topic in topics:
+            described = metadata.topics.get(topic)
+            if described is None or described.error is not None:
+                raise CatchupKafkaError(f"topic {topic!r} not found")
+            found += [(topic, partition) for partition in sorted(described.partitions)]
+        return found
+
+    def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+        request = [KafkaTopicPartition(topic, partition) for topic, partition in partitions]
+        result = self._call(f"committed offsets of group {self.group!r}",
+                            lambda: self._consumer.committed(request, timeout=self.timeout))
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in result}
+
+    def _list_offsets(self, partitions: Sequence[TopicPartition], spec, what: str) -> dict[TopicPartition, int]:
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+        def ask() -> dict[TopicPartition, int]:
+            futures = self._admin.list_offsets({KafkaTopicPartition(t, p): spec for t, p in partitions},
+                                               request_timeout=self.timeout)
+            return {(tp.topic, tp.partition): future.result(timeout=self.timeout).offset
+                    for tp, future in futures.items()}
+
+        return self._call(what, ask)
+
+    def snapshot(self, topics: Sequence[str], start: Position,
+                 until: Position) -> dict[TopicPartition, PartitionSnapshot]:
+        """Everything ``plan.resolve_ranges`` needs, read once."""
+        from confluent_kafka.admin import OffsetSpec
+
+        partitions = self.partitions(topics)
+        earliest = self._list_offsets(partitions, OffsetSpec.earliest(), "earliest offsets")
+        end = self._list_offsets(partitions, OffsetSpec.latest(), "end offsets")
+        committed = self.committed(partitions)  # also the baseline the final commit checks against
+        from_time = self._times(partitions, start)
+        until_time = self._times(partitions, until)
+        return {tp: PartitionSnapshot(earliest=earliest[tp], end=end[tp], committed=committed.get(tp),
+                                      from_time=from_time.get(tp), until_time=until_time.get(tp))
+                for tp in partitions}
+
+    def _times(self, partitions: Sequence[TopicPartition], position: Position) -> dict[TopicPartition, int | None]:
+        from confluent_kafka.admin import OffsetSpec
+
+        if position.kind is not PositionKind.TIMESTAMP:
+            return {}
+        found = self._list_offsets(partitions, OffsetSpec.for_timestamp(position.timestamp_ms),
+                                   f"offsets for timestamp {position.timestamp_ms}")
+        return {tp: offset if offset >= 0 else None for tp, offset in found.items()}
+
+    def commit_fence(self, ranges: Sequence[OffsetRange],
+                     expected_committed: Mapping[TopicPartition, int | None]) -> None:
+        """Commit each range's end for the group, unless the group's offsets moved since the plan."""
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+        now = self.committed([(r.topic, r.partition) for r in ranges])
+        moved = [f"{t}[{p}]: {expected_committed.get((t, p))} -> {offset}" for (t, p), offset in now.items()
+                 if offset != expected_committed.get((t, p))]
+        if moved:
+            raise CatchupKafkaError(f"group {self.group!r} committed offsets moved while the job ran "
+                                    f"({'; '.join(moved)}): is a live consumer still running? Nothing committed.")
+        request = [KafkaTopicPartition(r.topic, r.partition, r.end) for r in ranges]
+        result = self._call(f"commit for group {self.group!r}",
+                            lambda: self._consumer.commit(offsets=request, asynchronous=False))
+        failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result or [] if tp.error is not None]
+        if failed:
+            raise CatchupKafkaError(f"commit for group {self.group!r} failed: {'; '.join(failed)}")
+        log.info("committed the fence for group %s: %s", self.group,
+                 ", ".join(f"{r.name()}={r.end}" for r in ranges))
+
+    def _call(self, what: str, action):
+        from confluent_kafka import KafkaException
+
+        try:
+            return action()
+        except KafkaException as error:
+            detail = error.args[0].str() if error.args and hasattr(error.args[0], "str") else str(error)
+            raise CatchupKafkaError(f"Kafka: {what}: {detail}") from error
+        except TimeoutError as error:
+            raise CatchupKafkaError(f"Kafka did not answer within {self.timeout}s: {what}") from error

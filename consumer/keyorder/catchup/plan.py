@@ -1,0 +1,233 @@
+"""The catch-up plan and its audit: pure decisions, no Spark and no Kafka.
+
+* ``resolve_ranges`` turns what Kafka reported (earliest, end, committed, offsets for times) and
+  the user's ``--from``/``--until`` into one ``OffsetRange`` per partition;
+* ``split_ranges`` cuts large ranges into sub-ranges, the Spark input splits;
+* ``key_statistics`` says how parallel a backlog can be (one key is always serial);
+* ``audit`` checks what the job reports against the plan, so the fence is committed only when
+  every message in range was read and handled, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from keyorder.catchup.positions import Position, PositionKind
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Offsets ``start`` (included) to ``end`` (excluded, the fence) of one partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def offsets(self) -> int:
+        """Offsets in range (records can be fewer: compaction and transaction markers leave gaps)."""
+        return max(self.end - self.start, 0)
+
+    def name(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+@dataclass(frozen=True)
+class PartitionSnapshot:
+    """What Kafka reported for one partition when the job was planned."""
+
+    earliest: int
+    end: int
+    committed: int | None = None
+    """The group's committed offset, ``None`` when it has none."""
+    from_time: int | None = None
+    """Offset of the first record at/after ``--from``'s timestamp (``None``: no such record)."""
+    until_time: int | None = None
+    """Offset of the first record at/after ``--until``'s timestamp (``None``: no such record)."""
+
+
+class PlanError(ValueError):
+    """The requested range cannot be planned; the message names the partition and the reason."""
+
+
+def _offset_for(position: Position, tp: TopicPartition, snapshot: PartitionSnapshot, at_time: int | None,
+                flag: str) -> int:
+    if position.kind is PositionKind.EARLIEST:
+        return snapshot.earliest
+    if position.kind is PositionKind.END:
+        return snapshot.end
+    if position.kind is PositionKind.COMMITTED:
+        return snapshot.committed if snapshot.committed is not None else snapshot.earliest
+    if position.kind is PositionKind.TIMESTAMP:
+        return at_time if at_time is not None else snapshot.end
+    if tp not in position.offsets:
+        raise PlanError(f"{flag}: no offset given for {tp[0]}:{tp[1]} (give one for every partition of the topics)")
+    return position.offsets[tp]
+
+
+def resolve_ranges(snapshots: Mapping[TopicPartition, PartitionSnapshot], start: Position,
+                   until: Position) -> tuple[list[OffsetRange], list[str]]:
+    """One range per partition, clamped to what Kafka still has, plus notes on every adjustment."""
+    if until.kind is PositionKind.COMMITTED:
+        raise PlanError("--until committed makes an empty range: fence at end, a time or offsets")
+    unknown = sorted((set(start.offsets) | set(until.offsets)) - set(snapshots))
+    if unknown:
+        raise PlanError(f"offsets given for partitions that do not exist: {', '.join(f'{t}:{p}' for t, p in unknown)}")
+    ranges, notes = [], []
+    for tp in sorted(snapshots):
+        snapshot = snapshots[tp]
+        first = _offset_for(start, tp, snapshot, snapshot.from_time, "--from")
+        fence = _offset_for(until, tp, snapshot, snapshot.until_time, "--until")
+        name = f"{tp[0]}[{tp[1]}]"
+        if first < snapshot.earliest:
+            notes.append(f"{name}: offsets {first}..{snapshot.earliest - 1} are gone (retention); starting at "
+                         f"{snapshot.earliest}")
+            first = snapshot.earliest
+        if fence > snapshot.end:
+            notes.append(f"{name}: fence {fence} is past the end offset; fenced at {snapshot.end}")
+            fence = snapshot.end
+        if fence < first:
+            notes.append(f"{name}: nothing to do (start {first} is at or past the fence {fence})")
+            fence = first
+        ranges.append(OffsetRange(tp[0], tp[1], first, fence))
+    return ranges, notes
+
+
+def split_ranges(ranges: Iterable[OffsetRange], max_offsets_per_split: int) -> list[OffsetRange]:
+    """Cut each non-empty range into consecutive sub-ranges of at most ``max_offsets_per_split`` offsets."""
+    if max_offsets_per_split < 1:
+        raise ValueError(f"max_offsets_per_split must be >= 1, got {max_offsets_per_split}")
+    splits = []
+    for offset_range in ranges:
+        for first in range(offset_range.start, offset_range.end, max_offsets_per_split):
+            splits.append(OffsetRange(offset_range.topic, offset_range.partition, first,
+                                      min(first + max_offsets_per_split, offset_range.end)))
+    return splits
+
+
+class CommitMode(StrEnum):
+    AUTO = "auto"
+    """Commit the fence only when the range started at the group's committed offsets (a drain)."""
+    ALWAYS = "always"
+    """Commit the fence even after a replay from another start."""
+    NEVER = "never"
+    """Never commit (a dry replay)."""
+
+
+def commits_fence(mode: CommitMode, start: Position) -> bool:
+    """A replay of an old range must not move the live group unless the user asks for it."""
+    if mode is CommitMode.AUTO:
+        return start.kind is PositionKind.COMMITTED
+    return mode is CommitMode.ALWAYS
+
+
+@dataclass(frozen=True)
+class KeyStatistics:
+    messages: int
+    distinct_keys: int
+    hottest: list[tuple[str, int]]
+    """The most frequent keys with their message counts, hottest first."""
+
+    @property
+    def skew(self) -> float:
+        """Hottest key's messages over the mean per key (1.0 = perfectly even)."""
+        if not self.distinct_keys or not self.hottest:
+            return 0.0
+        return self.hottest[0][1] / (self.messages / self.distinct_keys)
+
+    @property
+    def max_parallelism(self) -> float:
+        """The best speed-up over one serial consumer: a key's messages always run one after another."""
+        if not self.hottest:
+            return 0.0
+        return self.messages / self.hottest[0][1]
+
+
+def key_statistics(counts: Iterable[tuple[str, int]], top: int = 10) -> KeyStatistics:
+    items = list(counts)
+    items.sort(key=lambda item: (-item[1], item[0]))
+    return KeyStatistics(messages=sum(count for _, count in items), distinct_keys=len(items), hottest=items[:top])
+
+
+@dataclass(frozen=True)
+class TaskSummary:
+    """What one Spark task reports for one source partition."""
+
+    topic: str
+    partition: int
+    read: int = 0
+    """Records the data source read (reported by the splits' end markers)."""
+    splits: int = 0
+    """Splits of this partition whose reader reached the fence."""
+    processed: int = 0
+    """Records the handler finished."""
+    dead_lettered: int = 0
+    """Records published to the dead-letter topic after their last attempt."""
+    violations: int = 0
+    """Records seen out of (key, offset) order by the built-in check."""
+
+
+@dataclass
+class PartitionAudit:
+    planned: OffsetRange
+    expected_splits: int
+    read: int = 0
+    splits: int = 0
+    processed: int = 0
+    dead_lettered: int = 0
+    violations: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return (self.splits == self.expected_splits and self.processed + self.dead_lettered == self.read
+                and self.violations == 0 and self.read <= self.planned.offsets)
+
+
+@dataclass
+class Audit:
+    partitions: list[PartitionAudit] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def total(self, attribute: str) -> int:
+        return sum(getattr(partition, attribute) for partition in self.partitions)
+
+
+def audit(ranges: Iterable[OffsetRange], splits: Iterable[OffsetRange], summaries: Iterable[TaskSummary]) -> Audit:
+    """Compare the tasks' reports with the plan; any problem means the fence must not be committed."""
+    expected_splits: dict[TopicPartition, int] = {}
+    for split in splits:
+        expected_splits[(split.topic, split.partition)] = expected_splits.get((split.topic, split.partition), 0) + 1
+    by_partition = {(r.topic, r.partition): PartitionAudit(r, expected_splits.get((r.topic, r.partition), 0))
+                    for r in ranges}
+    result = Audit(partitions=[by_partition[tp] for tp in sorted(by_partition)])
+    for summary in summaries:
+        entry = by_partition.get((summary.topic, summary.partition))
+        if entry is None:
+            result.problems.append(f"{summary.topic}[{summary.partition}]: reported but never planned")
+            continue
+        entry.read += summary.read
+        entry.splits += summary.splits
+        entry.processed += summary.processed
+        entry.dead_lettered += summary.dead_lettered
+        entry.violations += summary.violations
+    for entry in result.partitions:
+        name = entry.planned.name()
+        if entry.splits != entry.expected_splits:
+            result.problems.append(f"{name}: {entry.splits} of {entry.expected_splits} splits reached the fence")
+        if entry.read > entry.planned.offsets:
+            result.problems.append(f"{name}: read {entry.read} records from {entry.planned.offsets} offsets")
+        handled = entry.processed + entry.dead_lettered
+        if handled != entry.read:
+            result.problems.append(f"{name}: read {entry.read} records but handled {handled}")
+        if entry.violations:
+            result.problems.append(f"{name}: {entry.violations} records out of key order")
+    return result

@@ -1,0 +1,72 @@
+"""Settings of ``keyorder catchup``: the pod's Kafka and handler settings plus the job's own.
+
+Sharing ``KafkaConnectionSettings`` and ``HandlerSettings`` with ``keyorder run`` means the same
+``KEYORDER_*`` variables (and the same Secret of Kafka properties) configure a pod and the
+catch-up Job that replaces it, and the handler meets the same retry/DLQ policy in both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from keyorder.catchup.plan import CommitMode
+from keyorder.catchup.positions import Position, PositionError, parse_position
+from keyorder.config import HandlerSettings, KafkaConnectionSettings
+
+
+class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
+    """Everything ``keyorder catchup`` needs; field docs become ``--help`` and the docs table."""
+
+    start: str = Field("committed", description="Where each partition's range starts: committed (the group's "
+                       "offsets, else earliest), earliest, ms:<epoch ms>, an ISO 8601 time with zone, or "
+                       "topic:partition=offset,...")
+    until: str = Field("end", description="The fence (excluded): end (the end offsets at planning), "
+                       "ms:<epoch ms>, an ISO 8601 time with zone, or topic:partition=offset,...")
+    commit: CommitMode = Field(CommitMode.AUTO, description="Commit the fence for the group after success: "
+                               "auto (only when --start is committed), always, or never.")
+    master: str = Field("", description="Spark master; empty: the one spark-submit gives, else local[*].")
+    key_partitions: int = Field(0, ge=0, le=100_000, description="Spark partitions the keys are hashed into "
+                                "(tasks of the handler stage); 0: 4 per core Spark reports.")
+    split_offsets: int = Field(100_000, ge=1, description="Most offsets per input split: larger partition "
+                               "ranges are read as several splits in parallel.")
+    read_timeout: float = Field(120.0, gt=0, description="Seconds a split may go without records before "
+                                "its read fails.")
+    spark_conf: list[str] = Field(default_factory=list, description="Spark setting 'name=value' "
+                                  "(repeatable).", json_schema_extra={"repeatable": True})
+    report: Path | None = Field(None, description="Write the JSON report to this file.")
+
+    @field_validator("start", "until")
+    @classmethod
+    def _position(cls, value: str, info: Any) -> str:
+        try:
+            parse_position(value, f"--{info.field_name}")
+        except PositionError as error:
+            raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _split_conf(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("spark_conf")
+    @classmethod
+    def _conf_pairs(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if "=" not in item or not item.split("=", 1)[0].strip():
+                raise ValueError(f"{item!r} must look like name=value")
+        return value
+
+    def start_position(self) -> Position:
+        return parse_position(self.start, "--start")
+
+    def until_position(self) -> Position:
+        return parse_position(self.until, "--until")
+
+    def spark_settings(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.spark_conf)
