@@ -1,0 +1,70 @@
+# syntax=docker/dockerfile:1
+# keyorder: one image runs `keyorder operator` and `keyorder run`; a handler image is FROM it
+# (examples/handler/Dockerfile). Targets:
+#
+#   docker build -t keyorder:0.1.0 .                              # runtime (the default, last stage)
+#   docker build --target catchup -t keyorder-catchup:0.1.0 .     # + Java and PySpark for `keyorder catchup`
+#
+# Dependencies are pinned in requirements/*.txt (generated from the tested environment by
+# `python -m tests.packaging.locks`). Pin the base image by digest in production:
+#   --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest>
+# tests/packaging/test_dockerfile.py checks this file: pinned base, multi-stage, numeric non-root
+# user in every final stage, no build tools there.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# --- builder: wheels for keyorder and its pinned dependencies, installed into /opt/keyorder ----
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+WORKDIR /src
+COPY requirements/ requirements/
+RUN python -m pip install --no-deps -r requirements/build.txt
+# Binary wheels only: a dependency that would need a compiler fails the build instead of pulling one in.
+RUN python -m pip wheel --no-deps --only-binary=:all: -r requirements/image.txt -w /wheels/runtime
+COPY pyproject.toml README.md ./
+COPY consumer/ consumer/
+COPY operator/ operator/
+COPY examples/keyorder_example/ examples/keyorder_example/
+RUN python -m pip wheel --no-deps --no-build-isolation . -w /wheels/runtime
+RUN python -m venv /opt/keyorder \
+    && /opt/keyorder/bin/pip install --no-deps --no-index /wheels/runtime/*.whl \
+    && /opt/keyorder/bin/pip check \
+    && /opt/keyorder/bin/keyorder --version
+
+# --- catchup-builder: the same venv plus PySpark (an sdist: built here, where setuptools is) ---
+FROM builder AS catchup-builder
+RUN python -m pip wheel --no-deps --no-build-isolation -r requirements/catchup.txt -w /wheels/catchup \
+    && /opt/keyorder/bin/pip install --no-deps --no-index /wheels/catchup/*.whl \
+    && /opt/keyorder/bin/pip check
+
+# --- base: what both final images share ------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS base
+# A named user with a fixed numeric UID: Kubernetes' runAsNonRoot needs a numeric USER, and
+# Python's getpass (used by kopf outside a pod) needs a passwd entry.
+RUN groupadd --gid 65532 keyorder \
+    && useradd --uid 65532 --gid 65532 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin keyorder
+ENV PATH=/opt/keyorder/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+LABEL org.opencontainers.image.title="keyorder" \
+      org.opencontainers.image.description="Key-ordered Kafka consumers on Kubernetes: keyorder run | operator" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# --- catchup: + a Java runtime and PySpark for `keyorder catchup` ---------------------------
+FROM base AS catchup
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=catchup-builder /opt/keyorder /opt/keyorder
+USER 65532:65532
+ENTRYPOINT ["keyorder"]
+CMD ["--help"]
+
+# --- runtime (default): keyorder operator | keyorder run -------------------------------------
+FROM base AS runtime
+COPY --from=builder /opt/keyorder /opt/keyorder
+USER 65532:65532
+ENTRYPOINT ["keyorder"]
+CMD ["--help"]
