@@ -51,6 +51,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The image reference: repository@digest, else repository:tag (tag defaults to appVersion). */}}
 {{- define "keyorder-operator.image" -}}
+{{- if eq .Values.image.tag "latest" }}
+{{- fail "image.tag: 'latest' is refused; pin a version (or set image.digest)" }}
+{{- end }}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
 {{- else }}

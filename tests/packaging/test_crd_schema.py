@@ -1,0 +1,277 @@
+"""The OrderedConsumer CRD as the API server would use it: valid CRD, structural, and in agreement
+with the operator's own models on every example and every broken resource.
+
+Each resource goes through ``apiserver.admit`` (unknown fields rejected, nulls pruned, defaults,
+OpenAPI schema, CEL rules) and through the operator's ``parse_spec``: both must accept the
+examples and both must refuse the broken ones.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from openapi_schema_validator import OAS30Validator
+
+from keyorder_operator import crd, spec
+from keyorder_operator.spec import InvalidSpec, parse_spec
+from tests.packaging.apiserver import admit, apply_defaults, cel_violations, check_cel_syntax, evaluate_cel
+from tests.packaging.conftest import CHART, ROOT
+
+CRD_FILE = ROOT / "crds" / "orderedconsumers.keyorder.dev.yaml"
+EXAMPLES = sorted((ROOT / "examples").glob("orderedconsumer-*.yaml"))
+KUBERNETES_VERSIONS = ["1.29", kubernetes_validate.utils.latest_version()]
+
+
+@pytest.fixture(scope="module")
+def manifest() -> dict[str, Any]:
+    return yaml.safe_load(CRD_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def schema(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def operator_accepts(resource: dict[str, Any]) -> tuple[bool, str]:
+    try:
+        parse_spec(resource.get("spec") or {})
+    except InvalidSpec as error:
+        return False, str(error)
+    return True, ""
+
+
+# ---------------------------------------------------------------- the manifest itself
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_crd_validates_as_a_crd(manifest, version):
+    kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_chart_ships_the_same_crd_file():
+    assert (CHART / "crds" / CRD_FILE.name).read_bytes() == CRD_FILE.read_bytes(), (
+        "charts/keyorder-operator/crds/ differs from crds/: `make crds`")
+
+
+def test_subresources_and_columns(manifest):
+    version = manifest["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas.min", "statusReplicasPath": ".status.replicas"}}
+    columns = {column["name"]: column["jsonPath"] for column in version["additionalPrinterColumns"]}
+    assert columns["Replicas"] == ".status.replicas" and columns["Lag"] == ".status.lag"
+    assert manifest["spec"]["names"]["shortNames"] == ["okc"]
+
+
+def test_scale_paths_exist_after_defaulting(schema):
+    """GET /scale fails when specReplicasPath is absent: the defaults must always provide it."""
+    stored, problems = admit(minimal(), schema)
+    assert not problems
+    assert stored["spec"]["replicas"]["min"] == 1
+
+
+# ---------------------------------------------------------------- structural schema
+
+
+def walk(node: dict[str, Any], path: str = "spec"):
+    yield path, node
+    for name, child in (node.get("properties") or {}).items():
+        yield from walk(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural(schema):
+    assert schema["type"] == "object" and set(schema["properties"]) == {"apiVersion", "kind", "metadata", "spec",
+                                                                           "status"}
+    assert schema["properties"]["metadata"] == {"type": "object"}, "metadata may only be typed, never constrained"
+    for path, node in walk(schema["properties"]["spec"]):
+        assert "type" in node, f"{path}: every node needs a type"
+        assert not {"$ref", "anyOf", "oneOf", "allOf", "not", "title", "definitions", "$defs"} & set(node), path
+        assert "nullable" not in node, f"{path}: Optional fields are plain optional (nulls are pruned)"
+        assert not ("properties" in node and "additionalProperties" in node), f"{path}: properties or a map, not both"
+        assert node.get("description") or path.endswith("{}"), f"{path}: every field needs a description"
+        if "enum" in node:
+            assert all(isinstance(value, str) for value in node["enum"]) and node["type"] == "string", path
+        if "default" in node:
+            assert not list(OAS30Validator(node).iter_errors(node["default"])), f"{path}: invalid default"
+            assert not cel_violations(apply_defaults(node["default"], node), node), f"{path}: default breaks a rule"
+        for rule in node.get("x-kubernetes-validations", []):
+            assert node["type"] == "object" and rule.get("message"), path
+            check_cel_syntax(rule["rule"])
+        if node.get("type") == "integer" or node.get("type") == "number":
+            assert "minimum" in node or "enum" in node, f"{path}: numbers need a lower bound"
+
+
+def test_every_fallback_description_is_used():
+    used: set[str] = set()
+    crd.spec_schema(used)
+    assert used == set(crd.FALLBACK_DESCRIPTIONS), (
+        f"unused entries in crd.FALLBACK_DESCRIPTIONS (the model has a description now): "
+        f"{set(crd.FALLBACK_DESCRIPTIONS) - used}")
+
+
+def test_every_cross_field_validator_has_a_cel_rule():
+    """A model_validator the CRD does not restate would let the API server store what the operator refuses."""
+    models = [value for value in vars(spec).values()
+              if isinstance(value, type) and issubclass(value, spec._Model) and value is not spec._Model]
+    for model in models:
+        if model.__pydantic_decorators__.model_validators:
+            assert model in crd.VALIDATIONS, (
+                f"{model.__name__} has a model_validator: add its CEL rule to crd.VALIDATIONS")
+
+
+# ---------------------------------------------------------------- the tiny CEL checker itself
+
+
+@pytest.mark.parametrize(("rule", "value", "expected"), [
+    ("self.min <= self.max", {"min": 1, "max": 2}, True),
+    ("self.min <= self.max", {"min": 3, "max": 2}, False),
+    ("!has(self.max) || self.min <= self.max", {"min": 3}, True),
+    ("!has(self.max) || self.min <= self.max", {"min": 3, "max": 2}, False),
+    ("self.a == 0 && self.b", {"a": 0, "b": True}, True),
+    ("(self.a != 0) || self.b", {"a": 0, "b": False}, False),
+    ("self.x.y > 2 || true", {}, True),  # an error on one side of || is forgiven when the other is true
+])
+def test_cel_checker(rule, value, expected):
+    assert evaluate_cel(rule, value) is expected
+
+
+def test_cel_checker_reports_errors_and_refuses_other_syntax():
+    from tests.packaging.apiserver import CelError, CelUnsupported
+
+    with pytest.raises(CelError):
+        evaluate_cel("self.min <= self.max", {"min": 1})
+    for rule in ["self.items.all(i, i > 0)", "size(self.name) > 0", "self.a + 1 > 2", "oldSelf == self"]:
+        with pytest.raises(CelUnsupported):
+            check_cel_syntax(rule)
+
+
+# ---------------------------------------------------------------- examples and broken resources
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_examples_are_accepted_by_the_crd_and_the_operator(path: Path, schema):
+    resource = yaml.safe_load(path.read_text())
+    assert resource["apiVersion"] == f"{spec.GROUP}/{spec.VERSION}" and resource["kind"] == spec.KIND
+    stored, problems = admit(resource, schema)
+    assert not problems, problems
+    accepted, why = operator_accepts(resource)
+    assert accepted, why
+    # The CRD's defaults are the models' defaults: the stored object means the same spec.
+    assert parse_spec(stored["spec"]) == parse_spec(resource["spec"])
+
+
+def test_full_example_sets_every_field(schema):
+    resource = yaml.safe_load((ROOT / "examples" / "orderedconsumer-full.yaml").read_text())
+
+    def missing(node, value, path):
+        for name, child in (node.get("properties") or {}).items():
+            if name not in value:
+                yield f"{path}.{name}"
+            elif child.get("type") == "object" and "properties" in child:
+                yield from missing(child, value[name], f"{path}.{name}")
+            elif child.get("type") == "array" and "properties" in child["items"]:
+                for item in value[name]:
+                    yield from missing(child["items"], item, f"{path}.{name}[]")
+
+    assert list(missing(schema["properties"]["spec"], resource["spec"], "spec")) == []
+
+
+def minimal() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "examples" / "orderedconsumer-minimal.yaml").read_text())
+
+
+def changed(path: str, value: Any, **more: Any) -> dict[str, Any]:
+    """The minimal example with ``spec.<path>`` set to ``value`` (``...`` deletes it), and more such pairs."""
+    resource = copy.deepcopy(minimal())
+    for dotted, new in {path: value, **more}.items():
+        *parents, leaf = dotted.split(".")
+        node = resource["spec"]
+        for name in parents:
+            node = node.setdefault(name, {})
+        if new is ...:
+            del node[leaf]
+        else:
+            node[leaf] = new
+    return resource
+
+
+BROKEN = {
+    "missing kafka": changed("kafka", ...),
+    "missing handler image": changed("handler.image", ...),
+    "topics not a list": changed("kafka.topics", "payments"),
+    "empty topics": changed("kafka.topics", []),
+    "empty bootstrap servers": changed("kafka.bootstrapServers", ""),
+    "workers.max a string": changed("workers.max", "many"),
+    "workers above 4096": changed("workers.max", 5000),
+    "zero workers": changed("workers.min", 0),
+    "negative replicas": changed("replicas.min", -1),
+    "port below 1024": changed("httpPort", 80),
+    "grace period too short": changed("handler.terminationGracePeriodSeconds", 1),
+    "float attempts": changed("retry.maxAttempts", 2.5),
+    "zero max backoff": changed("retry.maxBackoffSeconds", 0),
+    "unknown ordering": changed("ordering", "random"),
+    "unknown onExhausted": changed("retry.onExhausted", "drop"),
+    "handler without a function": changed("handler.handler", "ledger.handler"),
+    "bad env name": changed("handler.env", [{"name": "1BAD", "value": "x"}]),
+    "unknown top-level field": changed("replicaCount", 3),
+    "unknown nested field": changed("scaling.targetLag", 10),
+    "unknown field in a list item": changed("handler.env", [{"name": "A", "value": "1", "from": "x"}]),
+    "catch-up trigger below a minute": changed("catchup.triggerDrainSeconds", 30),
+    "too many catch-up executors": changed("catchup.executors", 1001),
+    "resources not strings": changed("handler.resources", {"requests": {"cpu": {"milli": 500}}}),
+}
+"""Resources both the API server (schema only) and the operator must refuse."""
+
+BROKEN_BY_RULES = {
+    "workers min above initial": changed("workers", {"min": 32, "initial": 16, "max": 64}),
+    "workers initial above max": changed("workers", {"initial": 128, "max": 64}),
+    "default initial above max": changed("workers", {"max": 8}),
+    "replicas min above max": changed("replicas", {"min": 5, "max": 2}),
+    "zero replicas without scaleToZero": changed("replicas", {"min": 0}),
+    "zero replicas, scaleToZero false": changed("scaling", {"scaleToZero": False}, replicas={"min": 0}),
+}
+"""Resources that pass the OpenAPI schema and only the CEL rules (and the models' validators) refuse."""
+
+ACCEPTED_BY_RULES = {
+    "zero replicas with scaleToZero": changed("scaling", {"scaleToZero": True}, replicas={"min": 0}),
+    "replicas max equal to min": changed("replicas", {"min": 3, "max": 3}),
+    "explicit null max is unset": changed("replicas", {"min": 3, "max": None}),
+    "workers all equal": changed("workers", {"min": 8, "initial": 8, "max": 8}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_resources_are_refused_by_the_schema_and_the_operator(case, schema):
+    stored, problems = admit(BROKEN[case], schema)
+    assert stored is None and problems, f"the API server would store {case}"
+    accepted, _ = operator_accepts(BROKEN[case])
+    assert not accepted, f"the operator would run {case}"
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_BY_RULES))
+def test_cross_field_rules_refuse_what_the_models_refuse(case, schema):
+    resource = BROKEN_BY_RULES[case]
+    defaulted = apply_defaults(resource, schema)
+    assert not list(OAS30Validator(schema).iter_errors(defaulted)), "should pass the plain schema"
+    stored, problems = admit(resource, schema)
+    assert stored is None and problems, f"the CEL rules let {case} through"
+    accepted, why = operator_accepts(resource)
+    assert not accepted
+    # the rule's message says the same thing as the model's
+    assert any(word in why for word in ("min", "max", "initial", "scaleToZero")), why
+
+
+@pytest.mark.parametrize("case", sorted(ACCEPTED_BY_RULES))
+def test_cross_field_rules_accept_what_the_models_accept(case, schema):
+    stored, problems = admit(ACCEPTED_BY_RULES[case], schema)
+    assert not problems, problems
+    assert operator_accepts(ACCEPTED_BY_RULES[case])[0]
+    assert parse_spec(stored["spec"]) == parse_spec(ACCEPTED_BY_RULES[case]["spec"])
