@@ -2,8 +2,8 @@
 
 ``requirements/image.txt`` pins every distribution ``keyorder`` needs at run time (its
 dependencies without extras, transitively, for Linux and this Python); ``requirements/catchup.txt``
-adds what the Spark catch-up image needs (``pyspark`` with pandas and pyarrow). The Dockerfile
-installs exactly these. Regenerate after changing dependencies:
+adds what its ``catchup`` extra needs (PySpark with pandas and pyarrow) for the image's catchup
+target. The Dockerfile installs exactly these. Regenerate after changing dependencies:
 
     .venv/bin/python -m tests.packaging.locks
 
@@ -23,8 +23,6 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_LOCK = ROOT / "requirements" / "image.txt"
 CATCHUP_LOCK = ROOT / "requirements" / "catchup.txt"
-CATCHUP_ROOTS = ["pyspark", "pandas", "pyarrow"]
-"""The catch-up image's additions: PySpark and what its pandas UDFs (mapInPandas) need."""
 
 
 def _requires(name: str, extras: frozenset[str]) -> list[Requirement]:
@@ -38,14 +36,17 @@ def _requires(name: str, extras: frozenset[str]) -> list[Requirement]:
 
 
 def closure(roots: list[str]) -> dict[str, str]:
-    """Canonical name -> installed version of ``roots`` and everything they need (no optional extras)."""
+    """Canonical name -> installed version of ``roots`` (requirement strings, extras allowed) and
+    everything they need."""
     found: dict[str, str] = {}
-    pending = [(root, frozenset()) for root in roots]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    pending = [(Requirement(root).name, frozenset(Requirement(root).extras)) for root in roots]
     while pending:
         name, extras = pending.pop()
         key = canonicalize_name(name)
-        if key in found and not extras:
+        if (key, extras) in seen:
             continue
+        seen.add((key, extras))
         found[key] = metadata.version(name)
         for requirement in _requires(name, extras):
             pending.append((requirement.name, frozenset(requirement.extras)))
@@ -60,7 +61,8 @@ def image_pins() -> dict[str, str]:
 
 def catchup_pins() -> dict[str, str]:
     base = image_pins()
-    return {name: version for name, version in closure(CATCHUP_ROOTS).items() if name not in base}
+    return {name: version for name, version in closure(["keyorder[catchup]"]).items()
+            if name not in base and name != "keyorder"}
 
 
 def render(pins: dict[str, str], purpose: str) -> str:
