@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint docs bench clean
+.PHONY: demo test test-fast lint docs crds locks bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,3 +34,13 @@ clean:
 
 docs: $(STAMP)
 	$(PY) -m keyorder.docs
+	$(PY) -m tests.packaging.values_table
+
+# The CRD from the spec models, in crds/ and (the same file) in the chart.
+crds: $(STAMP)
+	$(VENV)/bin/keyorder crd --output crds/orderedconsumers.keyorder.dev.yaml
+	cp crds/orderedconsumers.keyorder.dev.yaml charts/keyorder-operator/crds/
+
+# The image's pinned dependency lists, from the installed (tested) versions.
+locks: $(STAMP)
+	$(PY) -m tests.packaging.locks

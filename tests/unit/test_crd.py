@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_committed_crd_matches_the_models():
     committed = (ROOT / "crds" / "orderedconsumers.keyorder.dev.yaml").read_text()
-    assert committed == crd_yaml(), "crds/ is stale: run `keyorder crd --output crds/<file>`"
+    assert committed == crd_yaml(), "crds/ is stale: run `make crds`"
 
 
 def test_names_and_printer_columns():
