@@ -54,7 +54,9 @@ LABEL org.opencontainers.image.title="keyorder" \
 
 # --- catchup: + a Java runtime and PySpark for `keyorder catchup` ---------------------------
 FROM base AS catchup
-RUN apt-get update \
+# (slim images drop /usr/share/man, where the JRE's post-install step links its man pages)
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=catchup-builder /opt/keyorder /opt/keyorder

@@ -8,10 +8,14 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes_validate.utils import latest_version, major_minor
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "keyorder-operator"
 RELEASE, NAMESPACE = "keyorder", "keyorder-system"
+KUBERNETES_VERSIONS = ["1.29", major_minor(latest_version())]
+"""The oldest Kubernetes the chart supports (Chart.yaml kubeVersion; CEL rules with fieldPath) and
+the newest kubernetes-validate knows."""
 
 VALUES_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},

@@ -23,10 +23,9 @@ from openapi_schema_validator import OAS30Validator
 
 from keyorder_operator import builders
 from keyorder_operator.main import add_operator_flags
-from tests.packaging.conftest import CHART, NAMESPACE, RELEASE, VALUES_SETS, documents, find
+from tests.packaging.conftest import CHART, KUBERNETES_VERSIONS, NAMESPACE, RELEASE, VALUES_SETS, documents, find
 from tests.packaging.monitoring_schemas import MINIMAL_MONITORING_SCHEMAS
 
-KUBERNETES_VERSIONS = ["1.29", kubernetes_validate.utils.latest_version()]
 PEERING_CRDS = {doc["spec"]["names"]["kind"]: doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
                 for doc in yaml.safe_load_all((CHART / "crds" / "kopf-peerings.yaml").read_text())}
 
@@ -48,6 +47,11 @@ def test_strict_lint_has_no_errors_or_warnings(values_set, version):
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
     assert report["total_charts_linted"] == 1
+
+
+def test_chart_declares_the_supported_kubernetes_versions():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={KUBERNETES_VERSIONS[0]}.0-0"
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

@@ -20,11 +20,10 @@ from openapi_schema_validator import OAS30Validator
 from keyorder_operator import crd, spec
 from keyorder_operator.spec import InvalidSpec, parse_spec
 from tests.packaging.apiserver import admit, apply_defaults, cel_violations, check_cel_syntax, evaluate_cel
-from tests.packaging.conftest import CHART, ROOT
+from tests.packaging.conftest import CHART, KUBERNETES_VERSIONS, ROOT
 
 CRD_FILE = ROOT / "crds" / "orderedconsumers.keyorder.dev.yaml"
 EXAMPLES = sorted((ROOT / "examples").glob("orderedconsumer-*.yaml"))
-KUBERNETES_VERSIONS = ["1.29", kubernetes_validate.utils.latest_version()]
 
 
 @pytest.fixture(scope="module")
