@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -151,12 +152,15 @@ class CatchupJob:
         log.info("Kafka properties: %s", redact(self.properties))
         self.offsets = KafkaOffsets(consumer_properties(config, self.properties), config.group_id)
         self._spark = spark
-        self._owns_spark = spark is None
+        self._owns_spark = False
         self.progress = progress or Progress()
 
     @property
     def spark(self):
         if self._spark is None:
+            from pyspark.sql import SparkSession
+
+            self._owns_spark = SparkSession.getActiveSession() is None  # never stop a notebook's session
             self._spark = spark_session(self.config)
         return self._spark
 
@@ -269,10 +273,17 @@ def _route_name(route: bytes) -> str:
     return bytes(route).decode("utf-8", "backslashreplace").replace("\x00", "")
 
 
+_PYTHON_ERROR = re.compile(r"^\s*([\w.]+(?:Error|Exception|Blocked|Crashed)): (.+)$")
+
+
 def _first_line(error: BaseException) -> str:
-    """The useful line of a Spark task failure (the Python error, not the JVM stack)."""
-    text = str(error)
-    for line in text.splitlines():
-        if any(marker in line for marker in ("KeyBlocked", "SplitReadError", "DeadLetterError", "Error:")):
-            return line.strip()
-    return text.splitlines()[0].strip() if text else type(error).__name__
+    """The Python exception a Spark task died of (``KeyBlocked: ...``), not the JVM's stack."""
+    found = None
+    for line in str(error).splitlines():
+        match = _PYTHON_ERROR.match(line)
+        if match and not match.group(1).startswith(("org.", "java.", "scala.", "py4j.")):
+            found = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2).strip()}"
+    if found:
+        return found
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,41 @@
+"""Handlers for the Spark catch-up tests; they run in Spark's Python workers, not in pytest.
+
+Each handled message appends ``key seq partition offset attempt`` to ``<dir>/<topic>.txt`` (one
+``os.write`` on an O_APPEND descriptor per line, so lines from several workers never interleave).
+``<dir>`` comes from ``KEYORDER_TEST_RECORD_DIR``, set before the Spark session starts. A value
+with ``"fail_first": n`` fails its first n attempts; ``"poison": true`` fails every attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from keyorder import Message
+
+_ATTEMPTS: dict[tuple[str, int, int], int] = {}
+
+
+def record(message: Message) -> None:
+    event = json.loads(message.value)
+    where = (message.topic, message.partition, message.offset)
+    attempt = _ATTEMPTS[where] = _ATTEMPTS.get(where, 0) + 1
+    if event.get("poison") or attempt <= event.get("fail_first", 0):
+        raise RuntimeError(f"test failure of {event['key']}#{event['seq']} on attempt {attempt}")
+    line = f"{event['key']} {event['seq']} {message.partition} {message.offset} {attempt}\n"
+    path = os.path.join(os.environ["KEYORDER_TEST_RECORD_DIR"], f"{message.topic}.txt")
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(descriptor, line.encode())
+    finally:
+        os.close(descriptor)
+
+
+def read_records(directory: str, topic: str) -> list[tuple[str, int, int, int, int]]:
+    try:
+        with open(os.path.join(directory, f"{topic}.txt")) as file:
+            lines = file.read().splitlines()
+    except FileNotFoundError:
+        return []
+    return [(key, int(seq), int(partition), int(offset), int(attempt))
+            for key, seq, partition, offset, attempt in (line.split() for line in lines)]

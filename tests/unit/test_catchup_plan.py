@@ -1,0 +1,198 @@
+"""The catch-up job's pure parts: positions, ranges, splits, key statistics, audit, retry loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyorder.catchup.apply import KeyBlocked, OrderCheck, handle_with_retry
+from keyorder.catchup.plan import (
+    CommitMode,
+    OffsetRange,
+    PartitionSnapshot,
+    PlanError,
+    TaskSummary,
+    audit,
+    commits_fence,
+    key_statistics,
+    resolve_ranges,
+    split_ranges,
+)
+from keyorder.catchup.positions import Position, PositionError, PositionKind, parse_position
+from keyorder.message import Message
+from keyorder.retry import ExhaustedPolicy, RetryPolicy
+
+COMMITTED, EARLIEST, END = (Position(PositionKind(kind)) for kind in ("committed", "earliest", "end"))
+
+
+def test_positions_parse_every_form() -> None:
+    assert parse_position("committed", "--start").kind is PositionKind.COMMITTED
+    assert parse_position(" end ", "--until").kind is PositionKind.END
+    assert parse_position("ms:1700000000000", "--until").timestamp_ms == 1_700_000_000_000
+    assert parse_position("2023-11-14T22:13:20Z", "--until").timestamp_ms == 1_700_000_000_000
+    explicit = parse_position("orders:0=10,orders:1=20", "--until")
+    assert explicit.offsets == {("orders", 0): 10, ("orders", 1): 20}
+
+
+@pytest.mark.parametrize(("text", "complaint"), [
+    ("2023-11-14T22:13:20", "time zone"),
+    ("ms:soon", "ms:<epoch milliseconds>"),
+    ("orders:x=1", "'orders:x=1' must look like topic:partition=offset"),
+    ("yesterday", "expected committed, earliest, end"),
+])
+def test_bad_positions_are_named(text: str, complaint: str) -> None:
+    with pytest.raises(PositionError, match="--until") as error:
+        parse_position(text, "--until")
+    assert complaint in str(error.value)
+
+
+SNAPSHOTS = {
+    ("t", 0): PartitionSnapshot(earliest=0, end=100, committed=40, from_time=10, until_time=90),
+    ("t", 1): PartitionSnapshot(earliest=50, end=80, committed=None, from_time=None, until_time=None),
+}
+
+
+def test_committed_start_falls_back_to_earliest_and_fences_at_end() -> None:
+    ranges, notes = resolve_ranges(SNAPSHOTS, COMMITTED, END)
+    assert ranges == [OffsetRange("t", 0, 40, 100), OffsetRange("t", 1, 50, 80)]
+    assert notes == []
+
+
+def test_timestamps_pick_offsets_and_missing_times_mean_the_end() -> None:
+    ranges, _ = resolve_ranges(SNAPSHOTS, Position(PositionKind.TIMESTAMP, 1), Position(PositionKind.TIMESTAMP, 2))
+    assert ranges == [OffsetRange("t", 0, 10, 90), OffsetRange("t", 1, 80, 80)]
+
+
+def test_explicit_offsets_are_clamped_with_notes() -> None:
+    start = Position(PositionKind.OFFSETS, offsets={("t", 0): 5, ("t", 1): 10})
+    until = Position(PositionKind.OFFSETS, offsets={("t", 0): 500, ("t", 1): 60})
+    ranges, notes = resolve_ranges(SNAPSHOTS, start, until)
+    assert ranges == [OffsetRange("t", 0, 5, 100), OffsetRange("t", 1, 50, 60)]
+    assert any("t[0]: fence 500 is past the end offset" in note for note in notes)
+    assert any("t[1]: offsets 10..49 are gone (retention)" in note for note in notes)
+
+
+def test_plan_errors_name_the_partition() -> None:
+    with pytest.raises(PlanError, match="no offset given for t:1"):
+        resolve_ranges(SNAPSHOTS, COMMITTED, Position(PositionKind.OFFSETS, offsets={("t", 0): 5}))
+    with pytest.raises(PlanError, match="do not exist: t:7"):
+        resolve_ranges(SNAPSHOTS, COMMITTED, Position(PositionKind.OFFSETS, offsets={("t", 7): 5}))
+    with pytest.raises(PlanError, match="--until committed"):
+        resolve_ranges(SNAPSHOTS, EARLIEST, COMMITTED)
+
+
+def test_start_past_the_fence_is_an_empty_range() -> None:
+    ranges, notes = resolve_ranges({("t", 0): PartitionSnapshot(0, 100, committed=100, until_time=30)},
+                                   COMMITTED, Position(PositionKind.TIMESTAMP, 1))
+    assert ranges == [OffsetRange("t", 0, 100, 100)]
+    assert "nothing to do" in notes[0]
+
+
+def test_splits_cover_each_range_exactly_once() -> None:
+    ranges = [OffsetRange("t", 0, 3, 25), OffsetRange("t", 1, 7, 7), OffsetRange("u", 0, 0, 10)]
+    splits = split_ranges(ranges, 10)
+    assert splits == [OffsetRange("t", 0, 3, 13), OffsetRange("t", 0, 13, 23), OffsetRange("t", 0, 23, 25),
+                      OffsetRange("u", 0, 0, 10)]
+    with pytest.raises(ValueError, match="max_offsets_per_split"):
+        split_ranges(ranges, 0)
+
+
+def test_replays_commit_only_when_asked() -> None:
+    assert commits_fence(CommitMode.AUTO, COMMITTED)
+    assert not commits_fence(CommitMode.AUTO, EARLIEST)
+    assert commits_fence(CommitMode.ALWAYS, EARLIEST)
+    assert not commits_fence(CommitMode.NEVER, COMMITTED)
+
+
+def test_key_statistics_bound_the_parallelism_by_the_hottest_key() -> None:
+    stats = key_statistics([("a", 50), ("b", 25), ("c", 25)], top=2)
+    assert stats.hottest == [("a", 50), ("b", 25)]
+    assert stats.max_parallelism == 2.0
+    assert stats.skew == pytest.approx(1.5)
+    assert key_statistics([]).max_parallelism == 0.0
+
+
+RANGES = [OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 0, 10)]
+SPLITS = split_ranges(RANGES, 50)
+
+
+def test_a_clean_run_passes_the_audit() -> None:
+    result = audit(RANGES, SPLITS, [TaskSummary("t", 0, read=60, splits=1, processed=60),
+                                    TaskSummary("t", 0, read=40, splits=1, processed=39, dead_lettered=1),
+                                    TaskSummary("t", 1, read=9, splits=1, processed=9)])  # a gap (compaction)
+    assert result.ok, result.problems
+    assert (result.total("processed"), result.total("dead_lettered")) == (108, 1)
+
+
+@pytest.mark.parametrize(("summaries", "problem"), [
+    ([TaskSummary("t", 0, read=100, splits=1, processed=100), TaskSummary("t", 1, read=10, splits=1, processed=10)],
+     "t[0]: 1 of 2 splits reached the fence"),
+    ([TaskSummary("t", 0, read=100, splits=2, processed=99), TaskSummary("t", 1, read=10, splits=1, processed=10)],
+     "t[0]: read 100 records but handled 99"),
+    ([TaskSummary("t", 0, read=100, splits=2, processed=100, violations=3),
+      TaskSummary("t", 1, read=10, splits=1, processed=10)], "t[0]: 3 records out of key order"),
+    ([TaskSummary("t", 0, read=100, splits=2, processed=100), TaskSummary("t", 1, read=11, splits=1, processed=11)],
+     "t[1]: read 11 records from 10 offsets"),
+    ([TaskSummary("x", 0, read=1, splits=1, processed=1)], "x[0]: reported but never planned"),
+])
+def test_the_audit_names_what_went_wrong(summaries: list[TaskSummary], problem: str) -> None:
+    result = audit(RANGES, SPLITS, summaries)
+    assert not result.ok
+    assert problem in result.problems
+
+
+def test_order_check_counts_rows_that_go_back() -> None:
+    check = OrderCheck()
+    rows = [(b"a", "t", 0, 1), (b"a", "t", 0, 5), (b"a", "t", 1, 0), (b"b", "t", 0, 2), (b"a", "t", 0, 9),
+            (b"a", "t", 0, 9)]
+    assert [check.check(row) for row in rows] == [True, True, True, True, False, False]
+    assert check.violations == 2
+
+
+class FakeDeadLetters:
+    """A fake DLQ sink (records what would be published)."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[int, int, str]] = []
+
+    def publish(self, message: Message, error: BaseException, attempts: int) -> None:
+        self.published.append((message.offset, attempts, str(error)))
+
+    def close(self) -> None:
+        pass
+
+
+def failing(times: int):
+    calls = []
+
+    def handler(message: Message) -> None:
+        calls.append(message.offset)
+        if len(calls) <= times:
+            raise RuntimeError(f"boom {len(calls)}")
+
+    return handler, calls
+
+
+MESSAGE = Message("t", 0, 7, b"k", b"v")
+POLICY = RetryPolicy(max_attempts=3, initial_backoff=0.1, max_backoff=0.15)
+
+
+def test_retries_wait_with_the_pods_backoff_then_succeed() -> None:
+    handler, calls = failing(2)
+    waits: list[float] = []
+    assert handle_with_retry(handler, MESSAGE, POLICY, FakeDeadLetters(), sleep=waits.append) is False
+    assert calls == [7, 7, 7]
+    assert waits == [0.1, 0.15]
+
+
+def test_exhausted_messages_are_dead_lettered_with_the_last_error() -> None:
+    handler, _ = failing(10)
+    sink = FakeDeadLetters()
+    assert handle_with_retry(handler, MESSAGE, POLICY, sink, sleep=lambda _: None) is True
+    assert sink.published == [(7, 3, "boom 3")]
+
+
+def test_block_stops_the_job_instead_of_parking_the_key() -> None:
+    handler, _ = failing(10)
+    policy = RetryPolicy(max_attempts=2, initial_backoff=0, max_backoff=1, exhausted=ExhaustedPolicy.BLOCK)
+    with pytest.raises(KeyBlocked, match=r"t\[0\]@7 failed 2 times and on-exhausted is block"):
+        handle_with_retry(handler, MESSAGE, policy, None, sleep=lambda _: None)
