@@ -6,12 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast lint docs crds locks bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/image.txt requirements/catchup.txt
 	@# `keyorder catchup` (PySpark) needs a Java 17+ runtime; install Debian's when there is none.
 	command -v java >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c requirements/image.txt -c requirements/catchup.txt -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -41,43 +41,70 @@ def _metadata(name: str, owner: dict[str, Any]) -> dict[str, Any]:
             "ownerReferences": [owner_reference(owner)]}
 
 
-def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, str]]:
-    """The pod's configuration, as the ``KEYORDER_*`` variables of ``keyorder run``."""
+def _handler_env(spec: OrderedConsumerSpec) -> dict[str, str]:
+    """Kafka, handler and retry settings: the same for the pods and the catch-up Job that replaces them."""
     kafka, retry = spec.kafka, spec.retry
-    grace = max(spec.handler.termination_grace_period_seconds - 5, 1)
     env = {
         "KEYORDER_HANDLER": spec.handler.handler,
         "KEYORDER_TOPICS": ",".join(kafka.topics),
         "KEYORDER_GROUP_ID": kafka.group_id,
         "KEYORDER_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "KEYORDER_ORDERING": spec.ordering.value,
-        "KEYORDER_WORKERS": str(spec.workers.initial),
-        "KEYORDER_MAX_WORKERS": str(spec.workers.max),
         "KEYORDER_MAX_ATTEMPTS": str(retry.max_attempts),
         "KEYORDER_RETRY_INITIAL_BACKOFF": str(retry.initial_backoff_seconds),
         "KEYORDER_RETRY_MAX_BACKOFF": str(retry.max_backoff_seconds),
         "KEYORDER_ON_EXHAUSTED": retry.on_exhausted.value,
         "KEYORDER_DLQ_TOPIC": retry.dlq_topic,
-        "KEYORDER_SHUTDOWN_GRACE": str(grace),
-        "KEYORDER_HTTP_PORT": str(spec.http_port),
-        "KEYORDER_ADMIN_TOKEN_FILE": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
         "KEYORDER_LOG_FORMAT": "json",
     }
     if kafka.properties_secret_ref is not None:
         env["KEYORDER_KAFKA_PROPERTIES_FILE"] = f"{KAFKA_PROPERTIES_DIR}/{kafka.properties_secret_ref.key}"
+    return env
+
+
+def _env_list(env: dict[str, str], spec: OrderedConsumerSpec) -> list[dict[str, str]]:
     user = [{"name": item.name, "value": item.value} for item in spec.handler.env]
     return [{"name": key, "value": value} for key, value in env.items()] + user
 
 
+def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, str]]:
+    """The pod's configuration, as the ``KEYORDER_*`` variables of ``keyorder run``."""
+    grace = max(spec.handler.termination_grace_period_seconds - 5, 1)
+    env = {
+        **_handler_env(spec),
+        "KEYORDER_WORKERS": str(spec.workers.initial),
+        "KEYORDER_MAX_WORKERS": str(spec.workers.max),
+        "KEYORDER_SHUTDOWN_GRACE": str(grace),
+        "KEYORDER_HTTP_PORT": str(spec.http_port),
+        "KEYORDER_ADMIN_TOKEN_FILE": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
+    }
+    return _env_list(env, spec)
+
+
+CONTAINER_SECURITY = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                      "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _kafka_properties_volume(spec: OrderedConsumerSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if spec.kafka.properties_secret_ref is None:
+        return [], []
+    return ([{"name": "kafka-properties", "secret": {"secretName": spec.kafka.properties_secret_ref.name}}],
+            [{"name": "kafka-properties", "mountPath": KAFKA_PROPERTIES_DIR, "readOnly": True}])
+
+
+def _resources(resources: Any) -> dict[str, dict[str, str]]:
+    return {key: value for key, value in (("requests", dict(resources.requests)),
+                                          ("limits", dict(resources.limits))) if value}
+
+
 def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas: int) -> dict[str, Any]:
     name = owner["metadata"]["name"]
+    kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
     volumes: list[dict[str, Any]] = [{"name": "admin-token", "secret": {"secretName": admin_secret_name(name)}},
-                                     {"name": "tmp", "emptyDir": {}}]
+                                     {"name": "tmp", "emptyDir": {}}, *kafka_volumes]
     mounts = [{"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
-              {"name": "tmp", "mountPath": "/tmp"}]
-    if spec.kafka.properties_secret_ref is not None:
-        volumes.append({"name": "kafka-properties", "secret": {"secretName": spec.kafka.properties_secret_ref.name}})
-        mounts.append({"name": "kafka-properties", "mountPath": KAFKA_PROPERTIES_DIR, "readOnly": True})
+              {"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts]
     container = {
         "name": CONTAINER_NAME,
         "image": spec.handler.image,
@@ -87,12 +114,9 @@ def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas:
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10,
                           "failureThreshold": 6},
-        "resources": {key: value for key, value in (("requests", dict(spec.handler.resources.requests)),
-                                                    ("limits", dict(spec.handler.resources.limits))) if value},
+        "resources": _resources(spec.handler.resources),
         "volumeMounts": mounts,
-        "securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True,
-                            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": CONTAINER_SECURITY,
     }
     return {
         "apiVersion": "apps/v1",
@@ -109,7 +133,7 @@ def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas:
                     "serviceAccountName": name,
                     "automountServiceAccountToken": False,
                     "terminationGracePeriodSeconds": spec.handler.termination_grace_period_seconds,
-                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": POD_SECURITY,
                     "containers": [container],
                     "volumes": volumes,
                 },
@@ -145,3 +169,59 @@ def build_admin_secret(owner: dict[str, Any], token: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": _metadata(admin_secret_name(owner["metadata"]["name"]), owner),
             "stringData": {ADMIN_TOKEN_KEY: token}}
+
+
+CATCHUP_JOB_TTL_SECONDS = 7 * 24 * 3600
+"""Finished catch-up Jobs (and their logs) are kept for a week, then garbage-collected."""
+
+
+def catchup_job_name(name: str, started_at: float) -> str:
+    return f"{name}-catchup-{int(started_at)}"[:63]
+
+
+def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name: str, until: str) -> dict[str, Any]:
+    """The Job running ``keyorder catchup`` from the group's committed offsets up to the fence ``until``.
+
+    It commits the fence only after every message was handled (``--commit auto``), so the pods,
+    resumed afterwards, start exactly there; a failed run commits nothing.
+    """
+    name = owner["metadata"]["name"]
+    catchup = spec.catchup
+    args = ["catchup", "--start", "committed", "--until", until, "--commit", "auto"]
+    if catchup.master:
+        args += ["--master", catchup.master]
+    if catchup.key_partitions:
+        args += ["--key-partitions", str(catchup.key_partitions)]
+    if not catchup.master.startswith("local"):
+        args += ["--spark-conf", f"spark.executor.instances={catchup.executors}"]
+    kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
+    container = {
+        "name": "catchup",
+        "image": catchup.image or spec.handler.image,
+        "args": args,
+        "env": _env_list(_handler_env(spec), spec),
+        "resources": _resources(catchup.resources),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts],  # Spark's scratch space
+        "securityContext": CONTAINER_SECURITY,
+    }
+    job_labels = {**labels(name), "app.kubernetes.io/component": "catchup"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {**_metadata(job_name, owner), "labels": job_labels},
+        "spec": {
+            "backoffLimit": catchup.backoff_limit,
+            "ttlSecondsAfterFinished": CATCHUP_JOB_TTL_SECONDS,
+            "template": {
+                "metadata": {"labels": job_labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": name,
+                    "automountServiceAccountToken": False,
+                    "securityContext": POD_SECURITY,
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}, *kafka_volumes],
+                },
+            },
+        },
+    }

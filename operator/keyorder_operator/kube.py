@@ -24,7 +24,7 @@ API_CALLS = {
     ("", "serviceaccounts"): {"get", "create", "patch"},
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list"},
-    ("batch", "jobs"): {"get", "create", "delete"},
+    ("batch", "jobs"): {"get", "create"},
 }
 """(API group, resource) -> verbs this module uses; kopf itself also needs the CR, its status and events."""
 
@@ -43,6 +43,7 @@ class Kube:
         self.apps = kubernetes.client.AppsV1Api(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.policy = kubernetes.client.PolicyV1Api(api_client)
+        self.batch = kubernetes.client.BatchV1Api(api_client)
 
     def _verbs(self, kind: str):
         table = {
@@ -99,6 +100,33 @@ class Kube:
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str:
         return _secret_value(self.core.read_namespaced_secret(name, namespace), namespace, name, key)
+
+    def create_job(self, desired: dict[str, Any]) -> None:
+        """Create a Job; one that already exists (a retried reconcile) is left as it is."""
+        try:
+            self.batch.create_namespaced_job(desired["metadata"]["namespace"], desired)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        log.info("created Job %s/%s", desired["metadata"]["namespace"], desired["metadata"]["name"])
+
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Job as a plain dict (``None`` when it does not exist)."""
+        try:
+            job = self.batch.read_namespaced_job(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return self.client.sanitize_for_serialization(job)
+
+    def pod_count(self, namespace: str, selector: dict[str, str]) -> int:
+        """Pods matching ``selector`` that still exist in any phase (terminating ones included)."""
+        label_selector = ",".join(f"{key}={value}" for key, value in selector.items())
+        pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
+        return sum(1 for pod in pods
+                   if all((pod.metadata.labels or {}).get(key) == value for key, value in selector.items())
+                   and (pod.status is None or pod.status.phase not in ("Succeeded", "Failed")))
 
     def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
         """IPs of ready pods matching ``selector`` (filtered here too: not every API server filters)."""

@@ -30,6 +30,8 @@ class LagSample:
     committed_total: int
     partition_lags: tuple[int, ...] = ()
     """Lag of each partition, in topic/partition order (for displays; totals drive the policy)."""
+    end_offsets: tuple[tuple[str, int, int], ...] = ()
+    """``(topic, partition, end offset)`` per partition: the fence of a catch-up started now."""
 
     @property
     def lag(self) -> int:
@@ -95,7 +97,7 @@ class KafkaLagSource:
         if all(offset < 0 for offset in committed.values()):
             raise LagUnavailable(f"consumer group {group!r} has no committed offsets yet")
         end_total = committed_total = 0
-        partition_lags = []
+        partition_lags, end_offsets = [], []
         for tp in partitions:
             key = (tp.topic, tp.partition)
             end_offset, start_offset = end[key], start[key]
@@ -104,5 +106,6 @@ class KafkaLagSource:
             consumed = position if position >= 0 else start_offset  # never consumed: all of it is lag
             committed_total += consumed
             partition_lags.append(max(end_offset - consumed, 0))
+            end_offsets.append((tp.topic, tp.partition, end_offset))
         return LagSample(at=now, partitions=len(partitions), end_total=end_total, committed_total=committed_total,
-                         partition_lags=tuple(partition_lags))
+                         partition_lags=tuple(partition_lags), end_offsets=tuple(end_offsets))

@@ -8,7 +8,9 @@ tests (real kopf against an API emulator) run exactly the same code. Per resourc
   metrics Service and PodDisruptionBudget, all owned by the resource;
 * every ``scaling.pollIntervalSeconds``: observe lag in Kafka, ``decide``, patch the
   Deployment's replicas, push the worker count to ready pods, and explain the decision in status
-  and, when the size changes, in an Event.
+  and, when the size changes, in an Event;
+* when ``spec.catchup`` is enabled and even the largest size would drain too slowly: stop the
+  pods, run a Spark catch-up Job up to the fence, then resume the pods (see ``catchup``).
 """
 
 from __future__ import annotations
@@ -27,11 +29,22 @@ from keyorder.config import ConfigError, parse_properties
 from keyorder_operator.builders import (
     ADMIN_TOKEN_KEY,
     build_admin_secret,
+    build_catchup_job,
     build_deployment,
     build_pdb,
     build_service,
     build_service_account,
+    catchup_job_name,
     selector_labels,
+)
+from keyorder_operator.catchup import (
+    CatchupRun,
+    JobState,
+    Phase,
+    catchup_trigger,
+    fence_argument,
+    fence_from_end_offsets,
+    job_state,
 )
 from keyorder_operator.kube import Kube
 from keyorder_operator.observe import KafkaLagSource, LagSource, LagUnavailable, rates
@@ -70,6 +83,10 @@ class OperatorMetrics:
                                    labels, registry=self.registry)
         self.errors = Counter("keyorder_operator_reconcile_errors", "Reconciles that failed (retried).",
                               labels, registry=self.registry)
+        self.catchups = Counter("keyorder_operator_catchups", "Catch-up Jobs by outcome: started, succeeded, "
+                                "failed.", [*labels, "outcome"], registry=self.registry)
+        self.catching_up = Gauge("keyorder_operator_catching_up", "1 while a catch-up hand-over is in progress.",
+                                 labels, registry=self.registry)
 
 
 @dataclass
@@ -144,6 +161,68 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             raise kopf.TemporaryError(f"applying objects failed: {error}", delay=10) from error
         patch.status["observedGeneration"] = meta.get("generation")
 
+    def start_catchup(body: Any, meta: Any, spec: OrderedConsumerSpec, trigger: str,
+                      end_offsets: tuple[tuple[str, int, int], ...], replicas: int, conditions: list,
+                      patch: kopf.Patch, now: float) -> None:
+        """Record the fence, scale the pods to 0; the Job starts once they are gone."""
+        namespace, name = meta["namespace"], meta["name"]
+        run = CatchupRun(Phase.STOPPING_PODS, catchup_job_name(name, now), fence_from_end_offsets(end_offsets), now,
+                         resume_replicas=max(replicas, spec.replicas.min, 1))
+        context.kube.scale(namespace, name, 0)
+        context.metrics.catchups.labels(namespace, name, "started").inc()
+        context.metrics.catching_up.labels(namespace, name).set(1)
+        kopf.info(body, reason="CatchupStarted", message=f"{trigger}; stopping the pods for Job {run.job_name} "
+                  "(fence in status.catchup)")
+        patch.status["catchup"] = run.to_status()
+        patch.status["replicas"] = 0
+        patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "StoppingPods", trigger, now)
+        patch.status["lastDecision"] = {"reason": f"catch-up: {trigger}", "time": timestamp(now)}
+
+    def follow_catchup(body: Any, meta: Any, spec: OrderedConsumerSpec, run: CatchupRun, replicas: int,
+                       conditions: list, patch: kopf.Patch, now: float) -> None:
+        """Advance a hand-over: pods gone -> create the Job; Job finished -> resume the pods."""
+        namespace, name = meta["namespace"], meta["name"]
+        kube = context.kube
+        if replicas != 0:
+            kube.scale(namespace, name, 0)  # nothing may consume the group while the Job owns it
+        if run.phase is Phase.STOPPING_PODS:
+            left = kube.pod_count(namespace, selector_labels(name))
+            if left:
+                patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "StoppingPods",
+                                                           f"waiting for {left} consumer pods to stop", now)
+                return
+            owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
+            kube.create_job(build_catchup_job(spec, owner, run.job_name, fence_argument(run.fence)))
+            kopf.info(body, reason="CatchupRunning", message=f"pods stopped; Job {run.job_name} started")
+            patch.status["catchup"] = run.running().to_status()
+            patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "Running",
+                                                       f"Job {run.job_name} handles the backlog up to the fence", now)
+            return
+        outcome = job_state(kube.job(namespace, run.job_name))
+        if outcome is JobState.ACTIVE:
+            return
+        kube.scale(namespace, name, run.resume_replicas)
+        took = f"after {now - run.started_at:.0f} s"
+        if outcome is JobState.SUCCEEDED:
+            message = f"Job {run.job_name} committed the fence {took}; {run.resume_replicas} pods resume from it"
+            kopf.info(body, reason="CatchupSucceeded", message=message)
+            conditions = set_condition(conditions, "CatchupFailed", False, "Succeeded", message, now)
+        else:
+            what = "failed" if outcome is JobState.FAILED else "disappeared"
+            message = (f"Job {run.job_name} {what} {took}: nothing was committed; {run.resume_replicas} pods resume "
+                       f"from the group's offsets. Automatic catch-up is off until the spec changes.")
+            kopf.warn(body, reason="CatchupFailed", message=message)
+            conditions = set_condition(conditions, "CatchupFailed", True, "JobFailed", message, now)
+            patch.status["catchupFailedGeneration"] = meta.get("generation")
+        context.metrics.catchups.labels(namespace, name, outcome.value).inc()
+        context.metrics.catching_up.labels(namespace, name).set(0)
+        patch.status["conditions"] = set_condition(conditions, "CatchingUp", False, outcome.value.capitalize(),
+                                                   message, now)
+        patch.status["catchup"] = None
+        patch.status["lastSample"] = None  # rates must not span the hand-over
+        patch.status["replicas"] = run.resume_replicas
+        patch.status["lastDecision"] = {"reason": message, "time": timestamp(now)}
+
     @kopf.timer(*resource, interval=context.tick_seconds, registry=registry)
     def autoscale(body: Any, meta: Any, status: Any, patch: kopf.Patch, **_: Any) -> None:
         now = context.clock()
@@ -161,8 +240,13 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         replicas = kube.deployment_replicas(namespace, name)
         if replicas is None:
             return  # reconcile_objects has not created it yet
-        state = state_from_status(status, spec, replicas)
         conditions = list(status.get("conditions") or [])
+        run = CatchupRun.from_status(status)
+        context.metrics.catching_up.labels(*labels).set(1 if run is not None else 0)
+        if run is not None:
+            follow_catchup(body, meta, spec, run, replicas, conditions, patch, now)
+            return
+        state = state_from_status(status, spec, replicas)
         try:
             properties = _kafka_properties(context, spec, namespace)
             sample = context.lag_source(properties).sample(spec.kafka.topics, spec.kafka.group_id, now)
@@ -189,9 +273,16 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             context.metrics.lag.labels(*labels).set(sample.lag)
 
         if spec.scaling.enabled:
-            decision = decide(observation, limits_from_spec(spec), state, now)
+            limits = limits_from_spec(spec)
+            decision = decide(observation, limits, state, now)
             target, reason = decision.target, decision.reason
             patch.status["autoscaler"] = state_to_status(decision.state)
+            armed = spec.catchup.enabled and status.get("catchupFailedGeneration") != meta.get("generation")
+            trigger = catchup_trigger(armed, spec.catchup.trigger_drain_seconds, observation,
+                                      decision.state.per_worker_rate, limits)
+            if trigger and sample is not None:
+                start_catchup(body, meta, spec, trigger, sample.end_offsets, replicas, conditions, patch, now)
+                return
         else:
             target = Size(spec.replicas.min, spec.workers.initial)
             reason = f"scaling disabled: {target.replicas} replicas x {target.workers} workers"

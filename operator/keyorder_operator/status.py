@@ -14,7 +14,7 @@ from keyorder_operator.observe import LagSample
 from keyorder_operator.policy import ScalingLimits, ScalingState, Size
 from keyorder_operator.spec import OrderedConsumerSpec
 
-CONDITION_TYPES = ("Ready", "Scaling", "LagUnknown", "InvalidSpec")
+CONDITION_TYPES = ("Ready", "Scaling", "LagUnknown", "InvalidSpec", "CatchingUp", "CatchupFailed")
 
 
 def timestamp(now: float) -> str:

@@ -102,14 +102,16 @@ and kopf's needs): every call allowed, nothing more.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
-# Pods: list a group's ready pods to push the decided worker count to each of them.
+# Pods: list a group's ready pods to push the decided worker count to each of them, and wait
+# until none is left before a catch-up Job starts.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
-# The Spark catch-up Job: created once per backlog, read for its outcome, deleted when done.
+# The Spark catch-up Job: created once per backlog, read for its outcome (finished Jobs expire
+# through ttlSecondsAfterFinished, so no delete).
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["get", "create"]
 {{- if and .Values.peering.enabled .Values.operator.watchNamespaces }}
 # kopf peering in this namespace: replicas record their liveness; only one handles resources.
 - apiGroups: ["kopf.dev"]

@@ -1,0 +1,129 @@
+"""Catch-up hand-over by the real kopf operator on the emulator, with lag from the real broker.
+
+The emulator runs no Job controller and no kubelet: the test plays the Job's part (it commits
+the fence as ``keyorder catchup`` would, then sets the Job's Complete or Failed condition); the
+operator's part (trigger, fence, scale to 0, Job spec, resume, conditions, Events) is asserted.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from keyorder.loadgen import create_topics, produce_keyed
+from tests.operator.harness import CR, wait_for
+from tests.operator.test_operator_e2e import (
+    EXACT_END_OFFSETS,
+    commit_group,
+    condition,
+    consumer_resource,
+    events,
+    operator,
+    replicas,
+)
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
+CATCHUP = {"enabled": True, "triggerDrainSeconds": 60, "image": "registry.example/ledger-spark:1.0",
+           "master": "local[4]", "resources": {"requests": {"cpu": "4"}}}
+
+
+def backlog(broker, topic: str) -> dict[int, int]:
+    create_topics(broker.bootstrap, [topic], 4)
+    produced = produce_keyed(broker.bootstrap, topic, 8_000, 500, extra_config=EXACT_END_OFFSETS)
+    commit_group(broker.bootstrap, f"g-{topic}", topic, dict.fromkeys(range(4), 0))
+    return produced.end_offsets
+
+
+def resource(broker, name: str, topic: str) -> dict:
+    return consumer_resource(name, broker.bootstrap, topic, catchup=CATCHUP,
+                             workers={"min": 1, "initial": 1, "max": 2}, replicas={"min": 1, "max": 2})
+
+
+def catchup_status(kube, name: str) -> dict:
+    return (kube.get(CR, name).get("status") or {}).get("catchup") or {}
+
+
+def slow_workers_until_triggered(kube, name: str) -> dict:
+    """Report a learned 1 msg/s per worker (as slow pods would have taught the policy) until catch-up starts.
+
+    Repeated because the operator's own status patches may overwrite the first one.
+    """
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        if catchup_status(kube, name):
+            return catchup_status(kube, name)
+        if (kube.get(CR, name).get("status") or {}).get("autoscaler") is not None:
+            kube.patch(CR, name, {"status": {"autoscaler": {"perWorkerRate": 1.0}}}, subresource="status")
+        time.sleep(0.2)
+    raise AssertionError("catch-up never started")
+
+
+def finish_job(kube, job_name: str, condition_type: str) -> None:
+    kube.patch("batch/v1/jobs", job_name, {"status": {"conditions": [
+        {"type": condition_type, "status": "True", "reason": "Test", "message": "set by the test"}]}},
+        subresource="status")
+
+
+def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
+    topic = "okc-catchup"
+    ends = backlog(broker, topic)
+    with operator(kube.url):
+        kube.create(CR, resource(broker, "payments", topic))
+        started = slow_workers_until_triggered(kube, "payments")
+
+        assert started["fence"] == {f"{topic}:{p}": offset for p, offset in ends.items()}
+        wait_for(lambda: replicas(kube, "payments") == 0, 20, "the Deployment scaled to 0")
+        assert any("would take 33.3 min, over the catch-up trigger 60 s" in message
+                   for message in events(kube, "CatchupStarted")), events(kube, "CatchupStarted")
+
+        job_name = started["jobName"]
+        job = wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        fence = ",".join(f"{topic}:{p}={ends[p]}" for p in sorted(ends))
+        assert container["args"] == ["catchup", "--start", "committed", "--until", fence, "--commit", "auto",
+                                     "--master", "local[4]"]
+        assert container["image"] == "registry.example/ledger-spark:1.0"
+        assert {"name": "KEYORDER_GROUP_ID", "value": f"g-{topic}"} in container["env"]
+        assert container["resources"] == {"requests": {"cpu": "4"}}
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+        assert job["metadata"]["ownerReferences"][0]["name"] == "payments"
+        wait_for(lambda: catchup_status(kube, "payments").get("phase") == "Running", 20, "phase Running")
+        assert condition(kube.get(CR, "payments"), "CatchingUp") == "True"
+        time.sleep(1.0)  # observation window: while the Job runs, the pods stay at 0
+        assert replicas(kube, "payments") == 0
+
+        commit_group(broker.bootstrap, f"g-{topic}", topic, ends)  # what keyorder catchup commits on success
+        finish_job(kube, job_name, "Complete")
+        wait_for(lambda: replicas(kube, "payments") == started["resumeReplicas"], 20, "the pods resumed")
+        wait_for(lambda: condition(kube.get(CR, "payments"), "CatchingUp") == "False", 20, "CatchingUp False")
+        assert catchup_status(kube, "payments") == {}
+        assert any(job_name in message for message in events(kube, "CatchupSucceeded"))
+        wait_for(lambda: (kube.get(CR, "payments").get("status") or {}).get("lag") == 0, 20, "lag 0 after the fence")
+        assert condition(kube.get(CR, "payments"), "CatchupFailed") == "False"
+
+
+def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(kube, broker):
+    topic = "okc-catchup-fail"
+    backlog(broker, topic)
+    with operator(kube.url):
+        kube.create(CR, resource(broker, "refunds", topic))
+        started = slow_workers_until_triggered(kube, "refunds")
+        job_name = started["jobName"]
+        wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
+        finish_job(kube, job_name, "Failed")
+
+        wait_for(lambda: replicas(kube, "refunds") == started["resumeReplicas"], 20, "the pods resumed")
+        wait_for(lambda: condition(kube.get(CR, "refunds"), "CatchupFailed") == "True", 20, "CatchupFailed")
+        failed = next(c for c in kube.get(CR, "refunds")["status"]["conditions"] if c["type"] == "CatchupFailed")
+        assert "nothing was committed" in failed["message"]
+        assert any(job_name in message for message in events(kube, "CatchupFailed"))
+        assert (kube.get(CR, "refunds").get("status") or {}).get("lag") == 8_000  # still all there for the pods
+
+        for _ in range(10):  # the backlog still looks hopeless, but the same spec is not retried
+            kube.patch(CR, "refunds", {"status": {"autoscaler": {"perWorkerRate": 1.0}}}, subresource="status")
+            time.sleep(0.2)
+        assert catchup_status(kube, "refunds") == {}
+        assert [job["metadata"]["name"] for job in kube.list("batch/v1/jobs", "default")
+                if job["metadata"]["name"].startswith("refunds-")] == [job_name]

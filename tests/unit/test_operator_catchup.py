@@ -1,0 +1,104 @@
+"""Pure catch-up decisions of the operator: the trigger, the fence, the Job's outcome and spec."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from keyorder_operator.builders import build_catchup_job, catchup_job_name
+from keyorder_operator.catchup import (
+    CatchupRun,
+    JobState,
+    Phase,
+    catchup_trigger,
+    fence_argument,
+    fence_from_end_offsets,
+    job_state,
+    largest_size,
+    projected_drain_seconds_at_max,
+)
+from keyorder_operator.policy import Observation, ScalingLimits, Size
+from keyorder_operator.spec import parse_spec
+
+LIMITS = ScalingLimits(max_replicas=None, max_workers=64, initial_workers=16)
+
+
+def test_largest_size_is_the_partition_cap_times_max_workers() -> None:
+    assert largest_size(LIMITS, 8) == Size(8, 64)
+    assert largest_size(ScalingLimits(max_replicas=3, max_workers=10, initial_workers=4), 8) == Size(3, 10)
+    assert largest_size(LIMITS, 0) == Size(0, 0)
+
+
+@pytest.mark.parametrize(("lag", "arrivals", "rate", "expected"), [
+    (51_200, 0.0, 1.0, 100.0),        # 8 x 64 workers at 1 msg/s: 512 msg/s
+    (51_200, 256.0, 1.0, 200.0),      # arrivals eat half of it
+    (51_200, 600.0, 1.0, math.inf),   # arrivals outpace the largest size
+    (51_200, 0.0, None, None),        # per-worker rate not learned yet
+    (None, 0.0, 1.0, None),           # lag unknown
+])
+def test_projected_drain_time_at_the_largest_size(lag, arrivals, rate, expected) -> None:
+    observation = Observation(lag=lag, partitions=8, arrival_rate=arrivals)
+    assert projected_drain_seconds_at_max(observation, rate, Size(8, 64)) == expected
+
+
+def test_trigger_fires_only_past_the_threshold_and_explains_the_numbers() -> None:
+    observation = Observation(lag=51_200, partitions=8, arrival_rate=0.0)
+    assert catchup_trigger(True, 99, observation, 1.0, LIMITS) == (
+        "lag 51200: draining at the largest size (8 pods x 64 workers at 1.0 msg/s each) would take 1.7 min, "
+        "over the catch-up trigger 1.6 min")
+    assert catchup_trigger(True, 100, observation, 1.0, LIMITS) is None
+    assert catchup_trigger(False, 99, observation, 1.0, LIMITS) is None
+    assert catchup_trigger(True, 99, observation, None, LIMITS) is None
+    hopeless = Observation(lag=10, partitions=8, arrival_rate=10_000.0)
+    assert "never (arrivals outpace it)" in catchup_trigger(True, 3600, hopeless, 1.0, LIMITS)
+
+
+def test_fence_round_trips_to_the_until_argument() -> None:
+    fence = fence_from_end_offsets((("orders", 1, 20), ("orders", 0, 10), ("audit", 0, 5)))
+    assert fence_argument(fence) == "audit:0=5,orders:0=10,orders:1=20"
+
+
+def test_run_state_survives_the_status_round_trip() -> None:
+    run = CatchupRun(Phase.STOPPING_PODS, "x-catchup-1", {"t:0": 5}, 1.5, 3)
+    assert CatchupRun.from_status({"catchup": run.to_status()}) == run
+    assert CatchupRun.from_status({"catchup": run.to_status()}).running().phase is Phase.RUNNING
+    assert CatchupRun.from_status({}) is None
+
+
+@pytest.mark.parametrize(("job", "state"), [
+    (None, JobState.MISSING),
+    ({"status": {"active": 1}}, JobState.ACTIVE),
+    ({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}, JobState.SUCCEEDED),
+    ({"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}, JobState.SUCCEEDED),
+    ({"status": {"conditions": [{"type": "Failed", "status": "True"}]}}, JobState.FAILED),
+    ({"status": {"conditions": [{"type": "Failed", "status": "False"}]}}, JobState.ACTIVE),
+])
+def test_job_state_reads_the_job_controllers_conditions(job, state) -> None:
+    assert job_state(job) is state
+
+
+def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
+    spec = parse_spec({
+        "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g",
+                  "propertiesSecretRef": {"name": "kafka-client"}},
+        "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+        "retry": {"maxAttempts": 7, "onExhausted": "dlq"},
+        "catchup": {"enabled": True, "master": "k8s://https://kubernetes.default.svc", "executors": 6,
+                    "keyPartitions": 96, "backoffLimit": 1},
+    })
+    owner = {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
+    job = build_catchup_job(spec, owner, catchup_job_name("orders", 1700000000.7), "orders:0=10")
+    assert job["metadata"]["name"] == "orders-catchup-1700000000"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "reg/orders:1"  # no catch-up image: the handler's
+    assert container["args"] == ["catchup", "--start", "committed", "--until", "orders:0=10", "--commit", "auto",
+                                 "--master", "k8s://https://kubernetes.default.svc", "--key-partitions", "96",
+                                 "--spark-conf", "spark.executor.instances=6"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["KEYORDER_MAX_ATTEMPTS"] == "7" and env["KEYORDER_GROUP_ID"] == "g"
+    assert env["KEYORDER_KAFKA_PROPERTIES_FILE"] == "/etc/keyorder/kafka/client.properties"
+    assert "KEYORDER_ADMIN_TOKEN_FILE" not in env and "KEYORDER_WORKERS" not in env  # pod-only settings
+    assert job["spec"]["backoffLimit"] == 1 and job["spec"]["ttlSecondsAfterFinished"] > 0
+    assert job["metadata"]["labels"]["app.kubernetes.io/component"] == "catchup"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "u-1"
