@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     from keyorder.catchup.command import add_catchup_flags
 
     add_catchup_flags(catchup)
+    catchup_bench = commands.add_parser("catchup-bench", help="benchmark catch-up on Spark against a live pod",
+                                        description="Drain one backlog with a keyorder pod and with keyorder "
+                                        "catchup on local Spark, same handler; report throughput and the crossover.")
+    from keyorder.catchup.bench import add_catchup_bench_flags
+
+    add_catchup_bench_flags(catchup_bench)
     crd = commands.add_parser("crd", help="print the OrderedConsumer CRD generated from the spec models")
     crd.add_argument("--output", type=Path, help="write to this file instead of standard output")
     return parser
@@ -136,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from keyorder.catchup.command import catchup_command
 
         return catchup_command(args)
+    if args.command == "catchup-bench":
+        from keyorder.catchup.bench import catchup_bench_command
+
+        return catchup_bench_command(args)
     if args.command == "bench":
         from keyorder.bench import bench_command
 

@@ -271,10 +271,10 @@ def read_admin_token(config: RunConfig) -> str | None:
     return token
 
 
-def reference_markdown() -> str:
-    """The configuration table of docs/configuration.md, generated from ``RunConfig``."""
+def reference_markdown(model: type[BaseModel] = RunConfig) -> str:
+    """A settings table for the docs (flag, variable, default, meaning), generated from ``model``."""
     rows = ["| flag | environment variable | default | meaning |", "|---|---|---|---|"]
-    for name, field in RunConfig.model_fields.items():
+    for name, field in model.model_fields.items():
         if field.is_required():
             default = "**required**"
         elif field.default_factory is not None:

@@ -1,6 +1,7 @@
 """Regenerates the parts of the docs that are derived from code (``make docs``).
 
-The configuration table comes from ``RunConfig``; a test fails when the committed docs differ
+The settings tables of ``keyorder run`` (docs/configuration.md) and ``keyorder catchup``
+(docs/catchup.md) come from their pydantic models; a test fails when the committed docs differ
 from what this module would write, so the docs cannot silently drift from the code.
 """
 
@@ -10,23 +11,44 @@ import re
 import sys
 from pathlib import Path
 
-from keyorder.config import reference_markdown
+from pydantic import BaseModel
 
-START = "<!-- generated from keyorder.config.RunConfig: `make docs` rewrites this table; a test fails on drift -->\n"
+from keyorder.config import RunConfig, reference_markdown
+
 END = "<!-- end of generated table -->"
 
 
-def render_configuration(text: str) -> str:
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.DOTALL)
+def start_marker(model: type[BaseModel]) -> str:
+    return (f"<!-- generated from {model.__module__}.{model.__name__}: `make docs` rewrites this table; "
+            "a test fails on drift -->\n")
+
+
+START = start_marker(RunConfig)
+
+
+def render_table(text: str, model: type[BaseModel]) -> str:
+    start = start_marker(model)
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(END), re.DOTALL)
     if not pattern.search(text):
-        raise ValueError("docs/configuration.md lost its generated-table markers")
-    return pattern.sub(lambda _match: START + reference_markdown() + END, text)
+        raise ValueError(f"lost the generated-table markers of {model.__name__}")
+    return pattern.sub(lambda _match: start + reference_markdown(model) + END, text)
+
+
+def render_configuration(text: str) -> str:
+    return render_table(text, RunConfig)
+
+
+def generated_tables() -> dict[str, type[BaseModel]]:
+    from keyorder.catchup.settings import CatchupConfig
+
+    return {"docs/configuration.md": RunConfig, "docs/catchup.md": CatchupConfig}
 
 
 def main(root: Path = Path()) -> int:
-    path = root / "docs" / "configuration.md"
-    path.write_text(render_configuration(path.read_text()))
-    print(f"updated {path}")
+    for relative, model in generated_tables().items():
+        path = root / relative
+        path.write_text(render_table(path.read_text(), model))
+        print(f"updated {path}")
     return 0
 
 

@@ -154,6 +154,8 @@ PRINTER_COLUMNS = [
     {"name": "Workers", "type": "integer", "jsonPath": ".status.workersPerPod"},
     {"name": "Drain ETA", "type": "integer", "jsonPath": ".status.drainEtaSeconds",
      "description": "Projected seconds to drain the backlog at the current pace"},
+    {"name": "Catch-up", "type": "string", "jsonPath": ".status.catchup.phase", "priority": 1,
+     "description": "Phase of a Spark catch-up hand-over in progress (StoppingPods, Running)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

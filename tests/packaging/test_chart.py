@@ -259,16 +259,17 @@ def test_pod_monitor_selects_the_pods_the_operator_builds(manifests):
                                                         {"matchNames": namespaces})
 
 
-def test_prometheus_rule_has_the_four_alerts(manifests):
+def test_prometheus_rule_has_the_issues_alerts_and_more(manifests):
     (rule,) = find(manifests["monitoring"], "PrometheusRule")
     alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
     assert set(alerts) == {"KeyorderLagGrowing", "KeyorderKeyStuck", "KeyorderDeadLettering", "KeyorderLagUnknown",
-                           "KeyorderReconcileErrors"}
+                           "KeyorderReconcileErrors", "KeyorderCatchupFailed"}
     assert "deriv(keyorder_operator_observed_lag_messages" in alerts["KeyorderLagGrowing"]["expr"]
     assert alerts["KeyorderLagGrowing"]["for"] == "15m"
     assert alerts["KeyorderKeyStuck"]["expr"].endswith("(keyorder_partition_oldest_inflight_age_seconds) > 300")
     assert "rate(keyorder_messages_dead_lettered_total[5m])) > 0" in alerts["KeyorderDeadLettering"]["expr"]
     assert "keyorder_operator_lag_unavailable_total" in alerts["KeyorderLagUnknown"]["expr"]
+    assert 'keyorder_operator_catchups_total{outcome=~"failed|missing"}' in alerts["KeyorderCatchupFailed"]["expr"]
     for alert in alerts.values():
         assert alert["labels"]["team"] == "payments" and alert["labels"]["severity"] in ("warning", "critical")
         assert "{{ $labels." in alert["annotations"]["summary"]  # Prometheus templating survived Helm's

@@ -7,6 +7,7 @@ handler in Spark's Python workers; committed offsets are read back from the brok
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import uuid
@@ -47,8 +48,14 @@ def spark(record_dir: Path) -> Iterator[object]:
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None:  # stop the JVM now, not in a __del__ at interpreter exit
+        SparkContext._gateway.shutdown()
+        SparkContext._gateway = SparkContext._jvm = None
 
 
 def topic(broker: EmbeddedBroker, partitions: int = 4) -> str:

@@ -24,7 +24,7 @@ def test_names_and_printer_columns():
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"]["status"] == {}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Ready", "Lag", "Replicas", "Workers", "Drain ETA", "Age"]
+        "Ready", "Lag", "Replicas", "Workers", "Drain ETA", "Catch-up", "Age"]
 
 
 def walk(node, path="spec"):

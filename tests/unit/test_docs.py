@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from keyorder.docs import render_configuration
+from keyorder.docs import generated_tables, render_table
 from keyorder.metrics import KeyorderCollector
 from keyorder.runtime import PartitionSnapshot, RuntimeSnapshot
 from keyorder.workers import WorkerStats
@@ -13,9 +13,10 @@ from keyorder.workers import WorkerStats
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_configuration_table_matches_the_model():
-    text = (ROOT / "docs" / "configuration.md").read_text()
-    assert render_configuration(text) == text, "docs/configuration.md is stale: run `make docs`"
+def test_settings_tables_match_the_models():
+    for relative, model in generated_tables().items():
+        text = (ROOT / relative).read_text()
+        assert render_table(text, model) == text, f"{relative} is stale: run `make docs`"
 
 
 class _Runtime:

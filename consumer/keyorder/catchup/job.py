@@ -117,6 +117,7 @@ def spark_session(config: CatchupConfig):
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run the driver's interpreter locally
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per closed gateway connection otherwise
     builder = SparkSession.builder.appName(f"keyorder-catchup-{config.group_id}")
     launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if config.master or not launched_by_submit:

@@ -1,0 +1,234 @@
+"""``keyorder catchup-bench``: catch-up on Spark against a live pod running the same handler.
+
+On the embedded broker it preloads one backlog, then drains it with a keyorder pod (the pod's
+best setting per handler: threads for the CPU handler, 64 workers for the I/O one) and with
+``keyorder catchup`` on ``local[n]`` for several n, each with a fresh group. Every figure comes
+from this one invocation. The report gives throughput, Spark's fixed start-up cost, and the
+*crossover*: the backlog above which catch-up finishes sooner than the pod,
+``N* = startup x R_pod x R_spark / (R_spark - R_pod)`` (none when Spark is not faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from keyorder.embedded import FAST_GROUP_JOIN, EmbeddedBroker
+from keyorder.loadgen import create_topics, produce_keyed
+from keyorder.logs import configure_logging
+from keyorder.progress import Progress
+
+EXACT_END_OFFSETS = {"batch.num.messages": 1}  # the embedded broker reports exact end offsets only for these
+
+
+@dataclass(frozen=True)
+class Profile:
+    handler: str
+    pod_workers: int
+    spark_masters: tuple[str, ...]
+
+
+PROFILES = (
+    Profile("keyorder.catchup.bench_handlers:cpu", pod_workers=4, spark_masters=("local[1]", "local[2]")),
+    Profile("keyorder.catchup.bench_handlers:io", pod_workers=64, spark_masters=("local[2]", "local[8]")),
+)
+
+
+@dataclass
+class Measurement:
+    profile: str
+    runner: str
+    messages: int
+    seconds: float
+    violations: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class CatchupBenchReport:
+    parameters: dict
+    spark_startup_seconds: float = 0.0
+    measurements: list[Measurement] = field(default_factory=list)
+
+    def crossover(self, profile: str) -> dict:
+        """The backlog above which the fastest Spark setting beats the pod, start-up included."""
+        pod = next(m for m in self.measurements if m.profile == profile and m.runner == "pod")
+        best = max((m for m in self.measurements if m.profile == profile and m.runner != "pod"), key=lambda m: m.rate)
+        result = {"pod_rate": round(pod.rate, 1), "spark_runner": best.runner, "spark_rate": round(best.rate, 1),
+                  "speedup": round(best.rate / pod.rate, 2) if pod.rate else None}
+        if best.rate > pod.rate > 0:
+            result["crossover_messages"] = round(crossover_messages(self.spark_startup_seconds, pod.rate, best.rate))
+        else:
+            result["crossover_messages"] = None
+        return result
+
+    def to_json(self) -> str:
+        profiles = sorted({m.profile for m in self.measurements})
+        return json.dumps({"parameters": self.parameters, "spark_startup_seconds": round(self.spark_startup_seconds, 2),
+                           "measurements": [{**asdict(m), "rate": round(m.rate, 1)} for m in self.measurements],
+                           "crossover": {profile: self.crossover(profile) for profile in profiles}}, indent=2)
+
+
+def crossover_messages(startup_seconds: float, pod_rate: float, spark_rate: float) -> float:
+    """Backlog N where ``startup + N / spark_rate == N / pod_rate`` (catch-up wins above it)."""
+    if spark_rate <= pod_rate:
+        return float("inf")
+    return startup_seconds * pod_rate * spark_rate / (spark_rate - pod_rate)
+
+
+def short(handler: str) -> str:
+    return handler.rsplit(":", 1)[-1]
+
+
+def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, progress: Progress) -> Measurement:
+    from keyorder.config import RunConfig
+    from keyorder.pod import Pod
+
+    config = RunConfig(handler=profile.handler, topics=[topic], group_id=f"bench-pod-{uuid.uuid4().hex[:8]}",
+                       bootstrap_servers=bootstrap, workers=profile.pod_workers, on_exhausted="block",
+                       shutdown_grace=0.5, kafka_property=FAST_GROUP_JOIN)
+    pod = Pod(config, serve_http=False)
+    stop = threading.Event()
+    thread = pod.start_in_thread(stop)
+
+    def handled() -> int:
+        return sum(stats.processed for stats in pod.pool.stats())
+
+    deadline = time.monotonic() + 60
+    while handled() == 0 and time.monotonic() < deadline:  # the group join is not the pod's throughput
+        time.sleep(0.01)
+    started, first = time.monotonic(), handled()
+    while handled() < messages and time.monotonic() - started < 600:
+        time.sleep(0.05)
+        done = handled()
+        progress.show(f"pod W={profile.pod_workers} {short(profile.handler)}: {done:,}/{messages:,}, "
+                      f"{(done - first) / max(time.monotonic() - started, 1e-9):,.0f} msg/s")
+    seconds = time.monotonic() - started
+    done = handled()  # the few handled before the first sample are counted, a bias of at most 10 ms
+    stop.set()
+    thread.join(30)
+    progress.done()
+    return Measurement(short(profile.handler), f"pod W={profile.pod_workers}", done, round(seconds, 3))
+
+
+def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master: str) -> Measurement:
+    from keyorder.catchup.job import CatchupJob
+    from keyorder.catchup.settings import CatchupConfig
+
+    config = CatchupConfig(bootstrap_servers=bootstrap, topics=[topic], group_id=f"bench-spark-{uuid.uuid4().hex[:8]}",
+                           handler=profile.handler, master=master, commit="never", split_offsets=10_000)
+    job = CatchupJob(config, spark=spark)
+    try:
+        plan = job.plan()
+        started = time.monotonic()
+        outcome = job.run(plan)
+        seconds = time.monotonic() - started
+    finally:
+        job.close()
+    if not outcome.ok:
+        raise RuntimeError(f"catch-up run failed: {outcome.error or outcome.audit.problems}")
+    report = outcome.report()
+    return Measurement(short(profile.handler), f"spark {master}", report["processed"], round(seconds, 3),
+                       violations=report["violations"])
+
+
+def spark_session(master: str):
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    started = time.monotonic()
+    session = (SparkSession.builder.master(master).appName("keyorder-catchup-bench")
+               .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    return session, time.monotonic() - started
+
+
+def plot(report: CatchupBenchReport, path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    profiles = sorted({m.profile for m in report.measurements})
+    figure, axes = plt.subplots(1, len(profiles), figsize=(5 * len(profiles), 3.6))
+    for axis, profile in zip(axes if len(profiles) > 1 else [axes], profiles, strict=True):
+        rows = [m for m in report.measurements if m.profile == profile]
+        axis.barh([m.runner for m in rows], [m.rate for m in rows],
+                  color=["#888888" if m.runner.startswith("pod") else "#e25a1c" for m in rows])
+        axis.set_title(f"{profile} handler: msg/s (higher is better)")
+        axis.invert_yaxis()
+        for index, m in enumerate(rows):
+            axis.text(m.rate, index, f" {m.rate:,.0f}", va="center")
+        axis.set_xlim(0, max(m.rate for m in rows) * 1.3)
+    figure.suptitle(f"catch-up on Spark vs one keyorder pod, same handler; Spark start-up "
+                    f"{report.spark_startup_seconds:.0f} s", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def add_catchup_bench_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small backlog, local[2] only: a CI smoke run")
+    parser.add_argument("--messages", type=int, help="backlog size [default: 40000; --quick 6000]")
+    parser.add_argument("--keys", type=int, default=10_000, help="distinct keys [default: 10000]")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions [default: 4]")
+    parser.add_argument("--output-dir", type=Path, default=Path("bench-results/catchup"),
+                        help="where report.json and catchup.png go [default: bench-results/catchup]")
+
+
+def catchup_bench_command(args: argparse.Namespace) -> int:
+    configure_logging("WARNING")
+    messages = args.messages or (6_000 if args.quick else 40_000)
+    progress = Progress()
+    command = "keyorder catchup-bench" + (" --quick" if args.quick else "")
+    report = CatchupBenchReport(parameters={"messages": messages, "keys": args.keys, "partitions": args.partitions,
+                                            "cpus": os.cpu_count(), "command": command})
+    print(f"keyorder catchup-bench: {messages:,} messages, {args.keys:,} keys, {args.partitions} partitions")
+    startups = []
+    with EmbeddedBroker() as broker:
+        topic = "catchup-bench"
+        create_topics(broker.bootstrap, [topic, f"{topic}.dlq"], args.partitions)
+        produce_keyed(broker.bootstrap, topic, messages, args.keys, extra_config=EXACT_END_OFFSETS,
+                      progress=lambda n: progress.show(f"preloading {n:,}/{messages:,}"))
+        progress.done()
+        for profile in PROFILES:
+            report.measurements.append(drain_with_pod(broker.bootstrap, topic, profile, messages, progress))
+            masters = ("local[2]",) if args.quick else profile.spark_masters
+            for master in masters:  # local[n]: n tasks at once, so one session per setting
+                spark, startup = spark_session(master)
+                startups.append(startup)
+                try:
+                    report.measurements.append(drain_with_spark(spark, broker.bootstrap, topic, profile, master))
+                finally:
+                    spark.stop()
+            for m in report.measurements[-1 - len(masters):]:
+                print(f"  {m.profile:<4} {m.runner:<16} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s, "
+                      f"violations {m.violations})")
+    report.spark_startup_seconds = startups[0]  # the first start pays the JVM's cold start, as a Job does
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "report.json").write_text(report.to_json() + "\n")
+    image = plot(report, args.output_dir / "catchup.png")
+    print(f"Spark session start-up: {report.spark_startup_seconds:.1f} s")
+    for profile in sorted({m.profile for m in report.measurements}):
+        found = report.crossover(profile)
+        where = (f"catch-up pays off above ~{found['crossover_messages']:,} messages" if found["crossover_messages"]
+                 else "Spark on this machine is not faster than the pod: no crossover here")
+        print(f"  {profile}: pod {found['pod_rate']:,.0f} msg/s, best Spark ({found['spark_runner']}) "
+              f"{found['spark_rate']:,.0f} msg/s = {found['speedup']}x; {where}")
+    print(f"report: {args.output_dir / 'report.json'}" + (f", plot: {image}" if image else ""))
+    violations = sum(m.violations for m in report.measurements)
+    return 1 if violations else 0

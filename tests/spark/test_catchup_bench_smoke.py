@@ -1,0 +1,30 @@
+"""``keyorder catchup-bench --quick`` end to end: both runners drain the backlog, in order, and the
+report and plot are written. Figures are not asserted (they live in docs/performance.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(300)]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quick_catchup_bench_compares_spark_with_a_pod(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "keyorder.cli", "catchup-bench", "--quick", "--messages", "3000",
+                             "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=280,
+                            cwd=REPO, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    runners = {(m["profile"], m["runner"]) for m in report["measurements"]}
+    assert runners == {("cpu", "pod W=4"), ("cpu", "spark local[2]"), ("io", "pod W=64"), ("io", "spark local[2]")}
+    assert all(m["messages"] == 3000 and m["violations"] == 0 for m in report["measurements"])
+    assert report["spark_startup_seconds"] > 0
+    assert set(report["crossover"]) == {"cpu", "io"}
+    assert (tmp_path / "catchup.png").stat().st_size > 10_000
+    assert "catch-up" in result.stdout or "no crossover" in result.stdout
