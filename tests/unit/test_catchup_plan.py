@@ -196,3 +196,19 @@ def test_block_stops_the_job_instead_of_parking_the_key() -> None:
     policy = RetryPolicy(max_attempts=2, initial_backoff=0, max_backoff=1, exhausted=ExhaustedPolicy.BLOCK)
     with pytest.raises(KeyBlocked, match=r"t\[0\]@7 failed 2 times and on-exhausted is block"):
         handle_with_retry(handler, MESSAGE, policy, None, sleep=lambda _: None)
+
+
+def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:
+    from keyorder.catchup.bench import CatchupBenchReport, Measurement, crossover_messages
+
+    n = crossover_messages(startup_seconds=10, pod_rate=1_000, spark_rate=3_000)
+    assert n == pytest.approx(15_000)
+    assert 10 + n / 3_000 == pytest.approx(n / 1_000)
+    assert crossover_messages(10, 1_000, 900) == float("inf")
+    report = CatchupBenchReport(parameters={}, spark_startup_seconds=10, measurements=[
+        Measurement("cpu", "pod W=4", 10_000, 10.0), Measurement("cpu", "spark local[1]", 10_000, 5.0),
+        Measurement("cpu", "spark local[2]", 10_000, 10 / 3), Measurement("io", "pod W=64", 10_000, 1.0),
+        Measurement("io", "spark local[8]", 10_000, 4.0)])
+    assert report.crossover("cpu") == {"pod_rate": 1000.0, "spark_runner": "spark local[2]", "spark_rate": 3000.0,
+                                       "speedup": 3.0, "crossover_messages": 15_000}
+    assert report.crossover("io")["crossover_messages"] is None

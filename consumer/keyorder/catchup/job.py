@@ -258,16 +258,16 @@ class CatchupJob:
         while not stop.wait(0.5):
             done_by_partition = dict(accumulator.value)
             done = sum(done_by_partition.values())
-            finished = sum(1 for tp, offsets in planned.items() if done_by_partition.get(tp, 0) >= offsets)
+            slowest = min(done_by_partition.get(tp, 0) / offsets for tp, offsets in planned.items())
             stages = []
             for stage_id in tracker.getActiveStageIds():
                 info = tracker.getStageInfo(stage_id)
                 if info is not None:
                     stages.append(f"stage {stage_id} {info.numCompletedTasks}/{info.numTasks} tasks")
             elapsed = time.monotonic() - started
-            self.progress.show(f"catch-up {done:,}/{total:,} handled ({done / total:.0%}) · {finished}/{len(planned)} "
-                               f"partitions done · {' · '.join(stages) or 'starting'} · {done / elapsed:,.0f} msg/s "
-                               f"· {elapsed:.0f}s")
+            self.progress.show(f"catch-up {done:,}/{total:,} handled ({done / total:.0%}) · slowest of "
+                               f"{len(planned)} partitions {slowest:.0%} · {' · '.join(stages) or 'starting'} · "
+                               f"{done / elapsed:,.0f} msg/s · {elapsed:.0f}s")
 
 
 def _route_name(route: bytes) -> str:
