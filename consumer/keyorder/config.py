@@ -281,7 +281,8 @@ def reference_markdown(model: type[BaseModel] = RunConfig) -> str:
             default = "(none)"
         else:
             value = field.default
-            default = "(none)" if value is None else f"`{getattr(value, 'value', value)}`"
+            shown = getattr(value, "value", value)
+            default = "(none)" if value is None else '`""`' if shown == "" else f"`{shown}`"
         description = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{flag_name(name)}` | `{env_name(name)}` | {default} | {description} |")
     return "\n".join(rows) + "\n"

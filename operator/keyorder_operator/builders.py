@@ -194,6 +194,8 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         args += ["--key-partitions", str(catchup.key_partitions)]
     if not catchup.master.startswith("local"):
         args += ["--spark-conf", f"spark.executor.instances={catchup.executors}"]
+    for setting, value in sorted(catchup.spark_conf.items()):
+        args += ["--spark-conf", f"{setting}={value}"]
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
     container = {
         "name": "catchup",

@@ -85,7 +85,8 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
         "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
         "retry": {"maxAttempts": 7, "onExhausted": "dlq"},
         "catchup": {"enabled": True, "master": "k8s://https://kubernetes.default.svc", "executors": 6,
-                    "keyPartitions": 96, "backoffLimit": 1},
+                    "keyPartitions": 96, "backoffLimit": 1,
+                    "sparkConf": {"spark.kubernetes.namespace": "shop"}},
     })
     owner = {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
     job = build_catchup_job(spec, owner, catchup_job_name("orders", 1700000000.7), "orders:0=10")
@@ -94,7 +95,8 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
     assert container["image"] == "reg/orders:1"  # no catch-up image: the handler's
     assert container["args"] == ["catchup", "--start", "committed", "--until", "orders:0=10", "--commit", "auto",
                                  "--master", "k8s://https://kubernetes.default.svc", "--key-partitions", "96",
-                                 "--spark-conf", "spark.executor.instances=6"]
+                                 "--spark-conf", "spark.executor.instances=6",
+                                 "--spark-conf", "spark.kubernetes.namespace=shop"]
     env = {item["name"]: item["value"] for item in container["env"]}
     assert env["KEYORDER_MAX_ATTEMPTS"] == "7" and env["KEYORDER_GROUP_ID"] == "g"
     assert env["KEYORDER_KAFKA_PROPERTIES_FILE"] == "/etc/keyorder/kafka/client.properties"
