@@ -175,8 +175,19 @@ CATCHUP_JOB_TTL_SECONDS = 7 * 24 * 3600
 """Finished catch-up Jobs (and their logs) are kept for a week, then garbage-collected."""
 
 
+FENCE_ANNOTATION = "keyorder.dev/fence"
+"""On a catch-up Job: its ``--until``, so an existing Job can be told apart from another hand-over's."""
+
+
 def catchup_job_name(name: str, started_at: float) -> str:
-    return f"{name}-catchup-{int(started_at)}"[:63]
+    """``<name>-catchup-<epoch seconds>``, the name shortened (never the time) to fit 63 characters."""
+    suffix = f"-catchup-{int(started_at)}"
+    return name[:63 - len(suffix)].rstrip("-.") + suffix
+
+
+def catchup_selector(job_name: str) -> dict[str, str]:
+    """The pods of a catch-up Job (the Job controller labels them with their Job's name)."""
+    return {"job-name": job_name}
 
 
 def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name: str, until: str) -> dict[str, Any]:
@@ -185,41 +196,59 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     It commits the fence only after every message was handled (``--commit auto``), so the pods,
     resumed afterwards, start exactly there; a failed run commits nothing.
     """
-    name = owner["metadata"]["name"]
+    name, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
     catchup = spec.catchup
+    image = catchup.image or spec.handler.image
     args = ["catchup", "--start", "committed", "--until", until, "--commit", "auto"]
     if catchup.master:
         args += ["--master", catchup.master]
     if catchup.key_partitions:
         args += ["--key-partitions", str(catchup.key_partitions)]
+    settings: dict[str, str] = {}
     if not catchup.master.startswith("local"):
-        args += ["--spark-conf", f"spark.executor.instances={catchup.executors}"]
-    for setting, value in sorted(catchup.spark_conf.items()):
+        settings["spark.executor.instances"] = str(catchup.executors)
+    if catchup.master.startswith("k8s://"):  # client mode: the driver is this pod, executors call back to it
+        settings.update({"spark.kubernetes.container.image": image, "spark.kubernetes.namespace": namespace,
+                         "spark.driver.host": "$(POD_IP)", "spark.driver.bindAddress": "0.0.0.0"})
+        if catchup.service_account_name:
+            settings["spark.kubernetes.authenticate.driver.serviceAccountName"] = catchup.service_account_name
+    settings.update(catchup.spark_conf)
+    for setting, value in sorted(settings.items()):
         args += ["--spark-conf", f"{setting}={value}"]
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
+    env = _env_list(_handler_env(spec), spec)
+    if catchup.master.startswith("k8s://"):  # $(POD_IP) in the args above
+        env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     container = {
         "name": "catchup",
-        "image": catchup.image or spec.handler.image,
+        "image": image,
         "args": args,
-        "env": _env_list(_handler_env(spec), spec),
+        "env": env,
         "resources": _resources(catchup.resources),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts],  # Spark's scratch space
         "securityContext": CONTAINER_SECURITY,
     }
-    job_labels = {**labels(name), "app.kubernetes.io/component": "catchup"}
+    # Its own app name: the consumers' Deployment, Service, PDB and pod counts must never select it.
+    job_labels = {"app.kubernetes.io/name": "keyorder-catchup", "app.kubernetes.io/instance": name,
+                  "app.kubernetes.io/managed-by": "keyorder-operator", "app.kubernetes.io/component": "catchup"}
+    metadata = _metadata(job_name, owner)
+    metadata["labels"] = job_labels
+    metadata["annotations"] = {FENCE_ANNOTATION: until}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {**_metadata(job_name, owner), "labels": job_labels},
+        "metadata": metadata,
         "spec": {
             "backoffLimit": catchup.backoff_limit,
+            "activeDeadlineSeconds": catchup.max_seconds,
+            "podReplacementPolicy": "Failed",  # a retry starts only after the failed driver is gone
             "ttlSecondsAfterFinished": CATCHUP_JOB_TTL_SECONDS,
             "template": {
                 "metadata": {"labels": job_labels},
                 "spec": {
                     "restartPolicy": "Never",
-                    "serviceAccountName": name,
-                    "automountServiceAccountToken": False,
+                    "serviceAccountName": catchup.service_account_name or name,
+                    "automountServiceAccountToken": catchup.service_account_name is not None,
                     "securityContext": POD_SECURITY,
                     "containers": [container],
                     "volumes": [{"name": "tmp", "emptyDir": {}}, *kafka_volumes],

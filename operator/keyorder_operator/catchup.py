@@ -109,13 +109,23 @@ def fence_from_end_offsets(end_offsets: tuple[tuple[str, int, int], ...]) -> dic
 
 
 def job_state(job: dict[str, Any] | None) -> JobState:
-    """A Job's outcome from its status (conditions Complete/Failed, as the Job controller sets them)."""
+    """A Job's final outcome from its status: only ``Complete`` and ``Failed`` are final (the interim
+    ``SuccessCriteriaMet``/``FailureTarget`` are set while its pods may still be terminating)."""
     if job is None:
         return JobState.MISSING
     status = job.get("status") or {}
     for condition in status.get("conditions") or []:
-        if condition.get("status") == "True" and condition.get("type") in ("Complete", "SuccessCriteriaMet"):
+        if condition.get("status") == "True" and condition.get("type") == "Complete":
             return JobState.SUCCEEDED
-        if condition.get("status") == "True" and condition.get("type") in ("Failed", "FailureTarget"):
+        if condition.get("status") == "True" and condition.get("type") == "Failed":
             return JobState.FAILED
     return JobState.ACTIVE
+
+
+STOPPING_PODS_GRACE_SECONDS = 120
+"""How long past the pods' termination grace period the operator waits for them to disappear
+before it gives up on the hand-over (a pod stuck terminating must not share the group)."""
+
+
+def stopping_pods_deadline(run: CatchupRun, termination_grace_seconds: int) -> float:
+    return run.started_at + termination_grace_seconds + STOPPING_PODS_GRACE_SECONDS

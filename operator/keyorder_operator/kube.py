@@ -29,6 +29,10 @@ API_CALLS = {
 """(API group, resource) -> verbs this module uses; kopf itself also needs the CR, its status and events."""
 
 
+class JobConflict(RuntimeError):
+    """A Job with the wanted name exists but was not created for this purpose."""
+
+
 def _secret_value(secret: Any, namespace: str, name: str, key: str) -> str:
     if secret.data and key in secret.data:
         return base64.b64decode(secret.data[key]).decode()
@@ -101,14 +105,22 @@ class Kube:
     def read_secret_key(self, namespace: str, name: str, key: str) -> str:
         return _secret_value(self.core.read_namespaced_secret(name, namespace), namespace, name, key)
 
-    def create_job(self, desired: dict[str, Any]) -> None:
-        """Create a Job; one that already exists (a retried reconcile) is left as it is."""
+    def create_job(self, desired: dict[str, Any], identity_annotation: str) -> None:
+        """Create a Job. One that already exists is accepted only if ``identity_annotation`` matches (a
+        retried reconcile); otherwise ``JobConflict``: another Job has the name, its outcome is not ours."""
+        namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
         try:
-            self.batch.create_namespaced_job(desired["metadata"]["namespace"], desired)
+            self.batch.create_namespaced_job(namespace, desired)
         except ApiException as error:
             if error.status != 409:
                 raise
-        log.info("created Job %s/%s", desired["metadata"]["namespace"], desired["metadata"]["name"])
+            existing = self.job(namespace, name) or {}
+            theirs = ((existing.get("metadata") or {}).get("annotations") or {}).get(identity_annotation)
+            if theirs != desired["metadata"]["annotations"][identity_annotation]:
+                raise JobConflict(f"Job {namespace}/{name} already exists and belongs to another hand-over") \
+                    from None
+            return
+        log.info("created Job %s/%s", namespace, name)
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Job as a plain dict (``None`` when it does not exist)."""
@@ -119,6 +131,16 @@ class Kube:
                 return None
             raise
         return self.client.sanitize_for_serialization(job)
+
+    def deployment_pods_reported(self, namespace: str, name: str) -> int:
+        """``status.replicas`` of a Deployment: pods its ReplicaSets still have (0 when absent)."""
+        try:
+            deployment = self.apps.read_namespaced_deployment(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return 0
+            raise
+        return (deployment.status.replicas or 0) if deployment.status else 0
 
     def pod_count(self, namespace: str, selector: dict[str, str]) -> int:
         """Pods matching ``selector`` that still exist in any phase (terminating ones included)."""

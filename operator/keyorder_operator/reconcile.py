@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from keyorder.config import ConfigError, parse_properties
 from keyorder_operator.builders import (
     ADMIN_TOKEN_KEY,
+    FENCE_ANNOTATION,
     build_admin_secret,
     build_catchup_job,
     build_deployment,
@@ -35,6 +37,7 @@ from keyorder_operator.builders import (
     build_service,
     build_service_account,
     catchup_job_name,
+    catchup_selector,
     selector_labels,
 )
 from keyorder_operator.catchup import (
@@ -45,8 +48,9 @@ from keyorder_operator.catchup import (
     fence_argument,
     fence_from_end_offsets,
     job_state,
+    stopping_pods_deadline,
 )
-from keyorder_operator.kube import Kube
+from keyorder_operator.kube import JobConflict, Kube
 from keyorder_operator.observe import KafkaLagSource, LagSource, LagUnavailable, rates
 from keyorder_operator.policy import Observation, Size, decide
 from keyorder_operator.push import push_workers
@@ -180,37 +184,70 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
 
     def follow_catchup(body: Any, meta: Any, spec: OrderedConsumerSpec, run: CatchupRun, replicas: int,
                        conditions: list, patch: kopf.Patch, now: float) -> None:
-        """Advance a hand-over: pods gone -> create the Job; Job finished -> resume the pods."""
+        """Advance a hand-over: pods gone -> create the Job; Job finished and its pods gone -> resume the pods."""
         namespace, name = meta["namespace"], meta["name"]
         kube = context.kube
         if replicas != 0:
             kube.scale(namespace, name, 0)  # nothing may consume the group while the Job owns it
         if run.phase is Phase.STOPPING_PODS:
-            left = kube.pod_count(namespace, selector_labels(name))
-            if left:
+            left = max(kube.pod_count(namespace, selector_labels(name)),
+                       kube.deployment_pods_reported(namespace, name))
+            if left and now > stopping_pods_deadline(run, spec.handler.termination_grace_period_seconds):
+                finish_catchup(body, meta, run, conditions, patch, now, JobState.FAILED,
+                               f"{left} consumer pods did not stop within "
+                               f"{now - run.started_at:.0f} s; no Job was started")
+            elif left:
                 patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "StoppingPods",
                                                            f"waiting for {left} consumer pods to stop", now)
-                return
-            owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
-            kube.create_job(build_catchup_job(spec, owner, run.job_name, fence_argument(run.fence)))
-            kopf.info(body, reason="CatchupRunning", message=f"pods stopped; Job {run.job_name} started")
-            patch.status["catchup"] = run.running().to_status()
-            patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "Running",
-                                                       f"Job {run.job_name} handles the backlog up to the fence", now)
+            else:
+                start_job(body, meta, spec, run, conditions, patch, now)
             return
         outcome = job_state(kube.job(namespace, run.job_name))
         if outcome is JobState.ACTIVE:
             return
-        kube.scale(namespace, name, run.resume_replicas)
-        took = f"after {now - run.started_at:.0f} s"
+        still_running = kube.pod_count(namespace, catchup_selector(run.job_name))
+        if still_running:  # a deleted or failed Job's driver may still be handling messages
+            patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "Finishing",
+                                                       f"Job {run.job_name} {outcome.value}; waiting for its "
+                                                       f"{still_running} pods to stop", now)
+            return
         if outcome is JobState.SUCCEEDED:
-            message = f"Job {run.job_name} committed the fence {took}; {run.resume_replicas} pods resume from it"
+            detail = f"Job {run.job_name} committed the fence after {now - run.started_at:.0f} s"
+        else:
+            what = "failed" if outcome is JobState.FAILED else "disappeared"
+            detail = (f"Job {run.job_name} {what} after {now - run.started_at:.0f} s (a failed catch-up "
+                      "commits nothing unless it failed after its final commit)")
+        finish_catchup(body, meta, run, conditions, patch, now, outcome, detail)
+
+    def start_job(body: Any, meta: Any, spec: OrderedConsumerSpec, run: CatchupRun, conditions: list,
+                  patch: kopf.Patch, now: float) -> None:
+        namespace, name = meta["namespace"], meta["name"]
+        owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
+        try:
+            context.kube.create_job(build_catchup_job(spec, owner, run.job_name, fence_argument(run.fence)),
+                                    FENCE_ANNOTATION)
+        except (ApiException, JobConflict) as error:
+            reason = error.reason if isinstance(error, ApiException) else str(error)
+            finish_catchup(body, meta, run, conditions, patch, now, JobState.FAILED,
+                           f"Job {run.job_name} could not be created: {reason}")
+            return
+        kopf.info(body, reason="CatchupRunning", message=f"pods stopped; Job {run.job_name} started")
+        patch.status["catchup"] = run.running().to_status()
+        patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "Running",
+                                                   f"Job {run.job_name} handles the backlog up to the fence", now)
+
+    def finish_catchup(body: Any, meta: Any, run: CatchupRun, conditions: list, patch: kopf.Patch, now: float,
+                       outcome: JobState, detail: str) -> None:
+        """Give the group back to the pods, and say how the hand-over ended."""
+        namespace, name = meta["namespace"], meta["name"]
+        context.kube.scale(namespace, name, run.resume_replicas)
+        if outcome is JobState.SUCCEEDED:
+            message = f"{detail}; {run.resume_replicas} pods resume from it"
             kopf.info(body, reason="CatchupSucceeded", message=message)
             conditions = set_condition(conditions, "CatchupFailed", False, "Succeeded", message, now)
         else:
-            what = "failed" if outcome is JobState.FAILED else "disappeared"
-            message = (f"Job {run.job_name} {what} {took}: nothing was committed; {run.resume_replicas} pods resume "
-                       f"from the group's offsets. Automatic catch-up is off until the spec changes.")
+            message = (f"{detail}; {run.resume_replicas} pods resume from the group's committed offsets. "
+                       "Automatic catch-up is off until the spec changes.")
             kopf.warn(body, reason="CatchupFailed", message=message)
             conditions = set_condition(conditions, "CatchupFailed", True, "JobFailed", message, now)
             patch.status["catchupFailedGeneration"] = meta.get("generation")

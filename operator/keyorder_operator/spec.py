@@ -130,6 +130,11 @@ class CatchupSpec(_Model):
     resources: Resources = Field(default_factory=Resources, description="Resources of the Job's driver pod.")
     backoff_limit: int = Field(0, ge=0, le=10, description="Job retries; a failed run commits nothing, so a "
                                "retry is safe.")
+    max_seconds: int = Field(6 * 3600, ge=60, le=7 * 24 * 3600, description="The Job's activeDeadlineSeconds: "
+                             "a catch-up still running (or never scheduled) after this fails, and the pods resume.")
+    service_account_name: str | None = Field(None, min_length=1, description="ServiceAccount of the Job; needed "
+                                             "with a k8s:// master (the driver creates executor pods). Default: "
+                                             "the consumers' account, which has no API access and no token.")
 
 
 class OrderedConsumerSpec(_Model):

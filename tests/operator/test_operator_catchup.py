@@ -112,14 +112,26 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
         started = slow_workers_until_triggered(kube, "refunds")
         job_name = started["jobName"]
         wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
+        # the Job's driver pod is still terminating when the Job is marked Failed: the pods must wait for it
+        kube.create("v1/pods", {"metadata": {"name": f"{job_name}-driver", "namespace": "default",
+                                             "labels": {"job-name": job_name}},
+                                "spec": {"containers": [{"name": "catchup", "image": "x"}]}})
         finish_job(kube, job_name, "Failed")
+        wait_for(lambda: next((c["reason"] for c in (kube.get(CR, "refunds").get("status") or {}).get("conditions", [])
+                               if c["type"] == "CatchingUp"), None) == "Finishing", 20, "CatchingUp Finishing")
+        time.sleep(1.0)  # observation window: several ticks while the driver pod exists
+        assert replicas(kube, "refunds") == 0, "the pods resumed while the Job's driver still ran"
+        kube.delete("v1/pods", f"{job_name}-driver")
 
         wait_for(lambda: replicas(kube, "refunds") == started["resumeReplicas"], 20, "the pods resumed")
         wait_for(lambda: condition(kube.get(CR, "refunds"), "CatchupFailed") == "True", 20, "CatchupFailed")
         failed = next(c for c in kube.get(CR, "refunds")["status"]["conditions"] if c["type"] == "CatchupFailed")
-        assert "nothing was committed" in failed["message"]
+        assert "commits nothing" in failed["message"] and "resume from the group's committed offsets" in \
+            failed["message"]
         assert any(job_name in message for message in events(kube, "CatchupFailed"))
-        assert (kube.get(CR, "refunds").get("status") or {}).get("lag") == 8_000  # still all there for the pods
+        # a fresh observation after the hand-over: the backlog is all still there for the pods
+        wait_for(lambda: (kube.get(CR, "refunds").get("status") or {}).get("lastSample"), 20, "a new observation")
+        assert kube.get(CR, "refunds")["status"]["lag"] == 8_000
 
         for _ in range(10):  # the backlog still looks hopeless, but the same spec is not retried
             kube.patch(CR, "refunds", {"status": {"autoscaler": {"perWorkerRate": 1.0}}}, subresource="status")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from keyorder.catchup.job import CatchupJob
+from keyorder.catchup.job import CatchupJob, stop_spark
 from keyorder.catchup.settings import CatchupConfig
 from keyorder.cli import main
 from keyorder.embedded import EmbeddedBroker
@@ -50,12 +50,7 @@ def spark(record_dir: Path) -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
-    session.stop()
-    from pyspark import SparkContext
-
-    if SparkContext._gateway is not None:  # stop the JVM now, not in a __del__ at interpreter exit
-        SparkContext._gateway.shutdown()
-        SparkContext._gateway = SparkContext._jvm = None
+    stop_spark(session)
 
 
 def topic(broker: EmbeddedBroker, partitions: int = 4) -> str:
@@ -222,3 +217,17 @@ def test_the_command_plans_and_rejects_bad_input(broker, spark, capsys) -> None:
     assert "--until 'tomorrow'" in capsys.readouterr().err
     assert main([*common, "--until", f"{name}:0=5"]) == 2
     assert f"no offset given for {name}:1" in capsys.readouterr().err
+
+
+def test_a_missing_java_runtime_is_named(broker, tmp_path) -> None:
+    """Without a JVM Spark cannot start: the command says so instead of printing a py4j traceback."""
+    import subprocess
+
+    name = topic(broker, partitions=1)
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "PYSPARK_PYTHON": sys.executable}
+    result = subprocess.run([sys.executable, "-m", "keyorder.catchup", "--bootstrap-servers", broker.bootstrap,
+                             "--topics", name, "--group-id", f"g-{name}", "--handler",
+                             "tests.spark.handlers:record", "--plan"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "could not start Spark" in result.stderr and "Java 17+" in result.stderr

@@ -14,6 +14,8 @@ from keyorder.catchup.plan import (
     audit,
     commits_fence,
     key_statistics,
+    offsets_a_commit_would_skip,
+    refuse_live_group,
     resolve_ranges,
     split_ranges,
 )
@@ -74,7 +76,7 @@ def test_explicit_offsets_are_clamped_with_notes() -> None:
 def test_plan_errors_name_the_partition() -> None:
     with pytest.raises(PlanError, match="no offset given for t:1"):
         resolve_ranges(SNAPSHOTS, COMMITTED, Position(PositionKind.OFFSETS, offsets={("t", 0): 5}))
-    with pytest.raises(PlanError, match="do not exist: t:7"):
+    with pytest.raises(PlanError, match="not partitions of --topics: t:7"):
         resolve_ranges(SNAPSHOTS, COMMITTED, Position(PositionKind.OFFSETS, offsets={("t", 7): 5}))
     with pytest.raises(PlanError, match="--until committed"):
         resolve_ranges(SNAPSHOTS, EARLIEST, COMMITTED)
@@ -85,6 +87,25 @@ def test_start_past_the_fence_is_an_empty_range() -> None:
                                    COMMITTED, Position(PositionKind.TIMESTAMP, 1))
     assert ranges == [OffsetRange("t", 0, 100, 100)]
     assert "nothing to do" in notes[0]
+
+
+def test_a_commit_must_not_jump_over_unhandled_offsets() -> None:
+    snapshots = {("t", 0): PartitionSnapshot(earliest=0, end=100, committed=40),
+                 ("t", 1): PartitionSnapshot(earliest=50, end=80, committed=10),  # 10..49 lost to retention
+                 ("t", 2): PartitionSnapshot(earliest=0, end=80, committed=None)}
+    later = Position(PositionKind.OFFSETS, offsets={("t", 0): 60, ("t", 1): 50, ("t", 2): 5})
+    ranges, _ = resolve_ranges(snapshots, later, END)
+    assert offsets_a_commit_would_skip(ranges, snapshots) == ["t[0]: offsets 40..59", "t[2]: offsets 0..4"]
+    ranges, _ = resolve_ranges(snapshots, EARLIEST, END)  # a replay from before the group's position is fine
+    assert offsets_a_commit_would_skip(ranges, snapshots) == []
+
+
+def test_a_committing_job_refuses_a_group_with_live_members() -> None:
+    with pytest.raises(PlanError, match="group 'g' has 2 active members: stop its consumers first"):
+        refuse_live_group(2, True, "g")
+    refuse_live_group(2, False, "g")  # --commit never: a dry replay may run next to them
+    refuse_live_group(None, True, "g")  # the broker could not say: the commit-time check still guards
+    refuse_live_group(0, True, "g")
 
 
 def test_splits_cover_each_range_exactly_once() -> None:

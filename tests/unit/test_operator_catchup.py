@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from keyorder_operator.builders import build_catchup_job, catchup_job_name
+from keyorder_operator.builders import build_catchup_job, build_deployment, catchup_job_name
 from keyorder_operator.catchup import (
     CatchupRun,
     JobState,
@@ -70,7 +70,8 @@ def test_run_state_survives_the_status_round_trip() -> None:
     (None, JobState.MISSING),
     ({"status": {"active": 1}}, JobState.ACTIVE),
     ({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}, JobState.SUCCEEDED),
-    ({"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}, JobState.SUCCEEDED),
+    ({"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}, JobState.ACTIVE),  # interim
+    ({"status": {"conditions": [{"type": "FailureTarget", "status": "True"}]}}, JobState.ACTIVE),  # interim
     ({"status": {"conditions": [{"type": "Failed", "status": "True"}]}}, JobState.FAILED),
     ({"status": {"conditions": [{"type": "Failed", "status": "False"}]}}, JobState.ACTIVE),
 ])
@@ -84,7 +85,7 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
                   "propertiesSecretRef": {"name": "kafka-client"}},
         "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
         "retry": {"maxAttempts": 7, "onExhausted": "dlq"},
-        "catchup": {"enabled": True, "master": "k8s://https://kubernetes.default.svc", "executors": 6,
+        "catchup": {"enabled": True, "master": "spark://spark-master:7077", "executors": 6,
                     "keyPartitions": 96, "backoffLimit": 1,
                     "sparkConf": {"spark.kubernetes.namespace": "shop"}},
     })
@@ -94,7 +95,7 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "reg/orders:1"  # no catch-up image: the handler's
     assert container["args"] == ["catchup", "--start", "committed", "--until", "orders:0=10", "--commit", "auto",
-                                 "--master", "k8s://https://kubernetes.default.svc", "--key-partitions", "96",
+                                 "--master", "spark://spark-master:7077", "--key-partitions", "96",
                                  "--spark-conf", "spark.executor.instances=6",
                                  "--spark-conf", "spark.kubernetes.namespace=shop"]
     env = {item["name"]: item["value"] for item in container["env"]}
@@ -104,3 +105,31 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
     assert job["spec"]["backoffLimit"] == 1 and job["spec"]["ttlSecondsAfterFinished"] > 0
     assert job["metadata"]["labels"]["app.kubernetes.io/component"] == "catchup"
     assert job["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert job["spec"]["activeDeadlineSeconds"] == 6 * 3600 and job["spec"]["podReplacementPolicy"] == "Failed"
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    consumers = build_deployment(spec, owner, 1)["spec"]["selector"]["matchLabels"]
+    assert not all(pod_labels.get(key) == value for key, value in consumers.items()), \
+        "the consumers' Deployment, Service and PDB would select the Job's pod"
+
+
+def test_a_k8s_master_gets_a_client_mode_driver_and_its_service_account() -> None:
+    spec = parse_spec({
+        "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
+        "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+        "catchup": {"enabled": True, "master": "k8s://https://kubernetes.default.svc", "image": "reg/spark:1",
+                    "serviceAccountName": "spark-driver"},
+    })
+    job = build_catchup_job(spec, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1", "o:0=1")
+    pod = job["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    for setting in ("spark.kubernetes.container.image=reg/spark:1", "spark.kubernetes.namespace=shop",
+                    "spark.driver.host=$(POD_IP)",
+                    "spark.kubernetes.authenticate.driver.serviceAccountName=spark-driver"):
+        assert setting in args
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in pod["containers"][0]["env"]
+    assert pod["serviceAccountName"] == "spark-driver" and pod["automountServiceAccountToken"] is True
+
+
+def test_job_names_fit_63_characters_and_keep_the_time() -> None:
+    assert catchup_job_name("a" * 80, 1700000000) == "a" * 44 + "-catchup-1700000000"
+    assert catchup_job_name("ab-" + "c" * 40 + "-" * 5, 1700000000).endswith("c-catchup-1700000000")

@@ -7,8 +7,9 @@ the same ``RetryPolicy`` as in a pod; the difference is that a retry waits in pl
 has no other lanes to run meanwhile), and ``block`` after the last attempt fails the job, because
 a batch cannot park a key: nothing is committed and the live pods take the key over.
 
-A built-in check counts rows that arrive out of (route, topic, partition, offset) order, and the
-per-partition counts come back to the driver, which audits them before committing anything.
+A built-in check stops the job (before calling the handler) if a row arrives out of (route, topic,
+partition, offset) order; the per-partition counts come back to the driver, which audits them
+before committing anything.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ from keyorder.workers import call_sync_handler
 SUMMARY_SCHEMA = ("topic string, partition int, read long, splits long, processed long, dead_lettered long, "
                   "violations long")
 log = logging.getLogger(__name__)
+
+
+class OrderViolation(RuntimeError):
+    """A row arrived out of (route, topic, partition, offset) order: stop before handling it."""
 
 
 class KeyBlocked(RuntimeError):
@@ -96,11 +101,16 @@ class OrderCheck:
     previous: tuple | None = None
     violations: int = 0
 
+    @property
+    def previous_ok(self) -> str:
+        return "the start" if self.previous is None else f"{self.previous[1]}[{self.previous[2]}]@{self.previous[3]}"
+
     def check(self, position: tuple) -> bool:
         ok = self.previous is None or position > self.previous
         if not ok:
             self.violations += 1
-        self.previous = position
+        else:
+            self.previous = position
         return ok
 
 
@@ -156,7 +166,8 @@ class ApplyHandler:
                         entry.splits += 1
                         continue
                     if not order.check((bytes(row.route), row.topic, int(row.partition), int(row.offset))):
-                        entry.violations += 1
+                        raise OrderViolation(f"{row.topic}[{row.partition}]@{row.offset} arrived after "
+                                             f"{order.previous_ok}: the job stops before handling it out of order")
                     message = Message(topic=row.topic, partition=int(row.partition), offset=int(row.offset),
                                       key=None if _missing(row.key) else bytes(row.key),
                                       value=None if _missing(row.value) else bytes(row.value),

@@ -94,13 +94,21 @@ def short(handler: str) -> str:
 
 
 def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, progress: Progress) -> Measurement:
+    from keyorder.bench import OrderCheck
     from keyorder.config import RunConfig
+    from keyorder.handlers import load_handler
     from keyorder.pod import Pod
 
     config = RunConfig(handler=profile.handler, topics=[topic], group_id=f"bench-pod-{uuid.uuid4().hex[:8]}",
                        bootstrap_servers=bootstrap, workers=profile.pod_workers, on_exhausted="block",
                        shutdown_grace=0.5, kafka_property=FAST_GROUP_JOIN)
-    pod = Pod(config, serve_http=False)
+    handler, check = load_handler(profile.handler).function, OrderCheck()
+
+    def checked(message) -> None:  # the same handler, plus the per-key sequence check of `keyorder bench`
+        check.see(message.key, message.value)
+        handler(message)
+
+    pod = Pod(config, handler=checked, serve_http=False)
     stop = threading.Event()
     thread = pod.start_in_thread(stop)
 
@@ -121,7 +129,8 @@ def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, 
     stop.set()
     thread.join(30)
     progress.done()
-    return Measurement(short(profile.handler), f"pod W={profile.pod_workers}", done, round(seconds, 3))
+    return Measurement(short(profile.handler), f"pod W={profile.pod_workers}", done, round(seconds, 3),
+                       violations=len(check.violations))
 
 
 def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master: str) -> Measurement:
@@ -202,6 +211,8 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
     report = CatchupBenchReport(parameters={"messages": messages, "keys": args.keys, "partitions": args.partitions,
                                             "cpus": os.cpu_count(), "command": command})
     print(f"keyorder catchup-bench: {messages:,} messages, {args.keys:,} keys, {args.partitions} partitions")
+    from keyorder.catchup.job import stop_spark
+
     startups = []
     with EmbeddedBroker() as broker:
         topic = "catchup-bench"
@@ -222,7 +233,7 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
                     startups.append(startup + warm_up.seconds)  # JVM, JIT and Python workers: paid once per job
                     report.measurements.append(drain_with_spark(spark, broker.bootstrap, topic, profile, master))
                 finally:
-                    spark.stop()
+                    stop_spark(spark)
             for m in report.measurements[-1 - len(masters):]:
                 print(f"  {m.profile:<4} {m.runner:<16} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s, "
                       f"violations {m.violations})")

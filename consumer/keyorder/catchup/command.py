@@ -89,13 +89,14 @@ def print_outcome(outcome: Any) -> None:
 
 
 def catchup_command(args: argparse.Namespace) -> int:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        print("keyorder catchup: PySpark is not installed: pip install 'keyorder[catchup]' (and a Java 17+ runtime)",
-              file=sys.stderr)
-        return EXIT_CONFIG
-    from keyorder.catchup.job import CatchupJob
+    for module in ("pyspark", "pandas", "pyarrow"):
+        try:
+            __import__(module)
+        except ImportError:
+            print(f"keyorder catchup: {module} is not installed: pip install 'keyorder[catchup]' (and a Java 17+ "
+                  "runtime)", file=sys.stderr)
+            return EXIT_CONFIG
+    from keyorder.catchup.job import CatchupJob, SparkStartError
     from keyorder.catchup.offsets import CatchupKafkaError
     from keyorder.catchup.plan import PlanError
     from keyorder.catchup.settings import CatchupConfig
@@ -109,21 +110,22 @@ def catchup_command(args: argparse.Namespace) -> int:
     configure_logging(config.log_level, config.log_format)
     try:
         job = CatchupJob(config)
-    except ConfigError as error:
+    except (ConfigError, CatchupKafkaError) as error:
         print(f"keyorder catchup: {error}", file=sys.stderr)
         return EXIT_CONFIG
     try:
         try:
             plan = job.plan()
-        except (PlanError, CatchupKafkaError) as error:
+            spark = job.spark
+        except (PlanError, CatchupKafkaError, SparkStartError) as error:
             print(f"keyorder catchup: {error}", file=sys.stderr)
-            return EXIT_CONFIG if isinstance(error, PlanError) else EXIT_FAILED
+            return EXIT_FAILED if isinstance(error, CatchupKafkaError) else EXIT_CONFIG
         if args.plan:
             statistics = job.key_statistics(plan)
-            print_plan(plan, statistics, job.key_partitions(), job.spark.sparkContext.defaultParallelism)
+            print_plan(plan, statistics, job.key_partitions(), spark.sparkContext.defaultParallelism)
             return 0
-        print_plan(plan, None, job.key_partitions(), job.spark.sparkContext.defaultParallelism)
-        _console().print(f"Spark UI: {job.spark.sparkContext.uiWebUrl or 'disabled'}")
+        print_plan(plan, None, job.key_partitions(), spark.sparkContext.defaultParallelism)
+        _console().print(f"Spark UI: {spark.sparkContext.uiWebUrl or 'disabled'}")
         outcome = job.run(plan)
         print_outcome(outcome)
         if config.report is not None:

@@ -29,11 +29,14 @@ from keyorder.catchup.plan import (
     Audit,
     KeyStatistics,
     OffsetRange,
+    PlanError,
     TaskSummary,
     TopicPartition,
     audit,
     commits_fence,
     key_statistics,
+    offsets_a_commit_would_skip,
+    refuse_live_group,
     resolve_ranges,
     split_ranges,
 )
@@ -51,6 +54,10 @@ from keyorder.progress import Progress
 
 log = logging.getLogger(__name__)
 TASKS_PER_CORE = 4
+
+
+class SparkStartError(RuntimeError):
+    """The Spark session could not start; the message says what to check."""
 
 
 @dataclass
@@ -124,11 +131,33 @@ def spark_session(config: CatchupConfig):
         builder = builder.master(config.master or "local[*]")
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     for name, value in config.spark_settings().items():
-        builder = builder.config(name.strip(), value.strip())
+        builder = builder.config(name, value)
     session = builder.getOrCreate()
     if config.log_level != "DEBUG":
         session.sparkContext.setLogLevel("ERROR")  # task failures are reported once, by the job
     return session
+
+
+def stop_spark(session: Any) -> None:
+    """Stop the session and its JVM now (not in a garbage collector's ``__del__`` at exit): the JVM
+    exits when the gateway's stdin closes."""
+    from pyspark import SparkContext
+
+    session.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    process = getattr(gateway, "proc", None)
+    SparkContext._gateway = SparkContext._jvm = None
+    if process is not None:
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            process.wait(timeout=30)
+        except Exception:  # subprocess.TimeoutExpired: do not leave it behind
+            process.kill()
+            process.wait(timeout=10)
 
 
 class _DictSum(AccumulatorParam):
@@ -162,21 +191,31 @@ class CatchupJob:
             from pyspark.sql import SparkSession
 
             self._owns_spark = SparkSession.getActiveSession() is None  # never stop a notebook's session
-            self._spark = spark_session(self.config)
+            try:
+                self._spark = spark_session(self.config)
+            except Exception as error:  # PySparkRuntimeError JAVA_GATEWAY_EXITED, a bad master URL, ...
+                raise SparkStartError(f"could not start Spark (master {self.config.master or 'local[*]'!r}): "
+                                      f"{_first_line(error)}. Is a Java 17+ runtime installed (java -version, "
+                                      "JAVA_HOME)?") from error
         return self._spark
 
     def close(self) -> None:
         self.offsets.close()
         if self._owns_spark and self._spark is not None:
-            self._spark.stop()
+            stop_spark(self._spark)
 
     def plan(self) -> Plan:
         start, until = self.config.start_position(), self.config.until_position()
         snapshots = self.offsets.snapshot(self.config.topics, start, until)
         ranges, notes = resolve_ranges(snapshots, start, until)
+        commit = commits_fence(self.config.commit, start)
+        skipped = offsets_a_commit_would_skip(ranges, snapshots) if commit else []
+        if skipped:
+            raise PlanError("committing the fence would skip offsets that were never handled ("
+                            + "; ".join(skipped) + "): start at or before the group's offsets, or --commit never")
+        refuse_live_group(self.offsets.members() if commit else None, commit, self.config.group_id)
         return Plan(ranges=ranges, splits=split_ranges(ranges, self.config.split_offsets), notes=notes,
-                    committed={tp: snapshot.committed for tp, snapshot in snapshots.items()},
-                    commit=commits_fence(self.config.commit, start))
+                    committed={tp: snapshot.committed for tp, snapshot in snapshots.items()}, commit=commit)
 
     def _records(self, plan: Plan):
         self.spark.dataSource.register(KafkaRangeDataSource)

@@ -24,16 +24,19 @@ class KafkaOffsets:
     """Offset queries and the final commit for one group, with a bounded wait on every call."""
 
     def __init__(self, properties: Mapping[str, str], group: str, timeout: float = 30.0) -> None:
-        from confluent_kafka import Consumer
+        from confluent_kafka import Consumer, KafkaException
         from confluent_kafka.admin import AdminClient
 
         self.group = group
         self.timeout = timeout
         logger = logging.getLogger("keyorder.librdkafka")
-        # Kept referenced for the whole job: an unreferenced AdminClient can hang a pending call.
-        self._admin = AdminClient({**properties, "logger": logger})
-        self._consumer = Consumer({**properties, "group.id": group, "enable.auto.commit": False,
-                                   "enable.auto.offset.store": False, "logger": logger})
+        try:
+            # Kept referenced for the whole job: an unreferenced AdminClient can hang a pending call.
+            self._admin = AdminClient({**properties, "logger": logger})
+            self._consumer = Consumer({**properties, "group.id": group, "enable.auto.commit": False,
+                                       "enable.auto.offset.store": False, "logger": logger})
+        except KafkaException as error:
+            raise CatchupKafkaError(f"invalid Kafka client configuration: {error.args[0].str()}") from None
 
     def close(self) -> None:
         self._consumer.close()
@@ -57,10 +60,14 @@ class KafkaOffsets:
         return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in result}
 
     def _list_offsets(self, partitions: Sequence[TopicPartition], spec, what: str) -> dict[TopicPartition, int]:
+        from confluent_kafka import IsolationLevel
         from confluent_kafka import TopicPartition as KafkaTopicPartition
 
         def ask() -> dict[TopicPartition, int]:
+            # read_committed, as the reader and the pods: the end is the last stable offset, so an open
+            # transaction's records are left for the pods instead of stalling a split before its fence
             futures = self._admin.list_offsets({KafkaTopicPartition(t, p): spec for t, p in partitions},
+                                               isolation_level=IsolationLevel.READ_COMMITTED,
                                                request_timeout=self.timeout)
             return {(tp.topic, tp.partition): future.result(timeout=self.timeout).offset
                     for tp, future in futures.items()}
@@ -81,6 +88,16 @@ class KafkaOffsets:
         return {tp: PartitionSnapshot(earliest=earliest[tp], end=end[tp], committed=committed.get(tp),
                                       from_time=from_time.get(tp), until_time=until_time.get(tp))
                 for tp in partitions}
+
+    def members(self) -> int | None:
+        """Members of the group right now (``None``: the broker could not say)."""
+        try:
+            futures = self._admin.describe_consumer_groups([self.group], request_timeout=self.timeout)
+            description = futures[self.group].result(timeout=self.timeout)
+        except Exception as error:  # KafkaException, TimeoutError, an old broker without the API
+            log.warning("could not check the members of group %s: %s", self.group, error)
+            return None
+        return len(description.members or [])
 
     def _times(self, partitions: Sequence[TopicPartition], position: Position) -> dict[TopicPartition, int | None]:
         from confluent_kafka.admin import OffsetSpec

@@ -77,11 +77,12 @@ def resolve_ranges(snapshots: Mapping[TopicPartition, PartitionSnapshot], start:
         raise PlanError("--until committed makes an empty range: fence at end, a time or offsets")
     unknown = sorted((set(start.offsets) | set(until.offsets)) - set(snapshots))
     if unknown:
-        raise PlanError(f"offsets given for partitions that do not exist: {', '.join(f'{t}:{p}' for t, p in unknown)}")
+        raise PlanError(f"offsets given for partitions that are not partitions of --topics: "
+                        f"{', '.join(f'{t}:{p}' for t, p in unknown)}")
     ranges, notes = [], []
     for tp in sorted(snapshots):
         snapshot = snapshots[tp]
-        first = _offset_for(start, tp, snapshot, snapshot.from_time, "--from")
+        first = _offset_for(start, tp, snapshot, snapshot.from_time, "--start")
         fence = _offset_for(until, tp, snapshot, snapshot.until_time, "--until")
         name = f"{tp[0]}[{tp[1]}]"
         if first < snapshot.earliest:
@@ -124,6 +125,26 @@ def commits_fence(mode: CommitMode, start: Position) -> bool:
     if mode is CommitMode.AUTO:
         return start.kind is PositionKind.COMMITTED
     return mode is CommitMode.ALWAYS
+
+
+def offsets_a_commit_would_skip(ranges: Iterable[OffsetRange],
+                                snapshots: Mapping[TopicPartition, PartitionSnapshot]) -> list[str]:
+    """Partitions whose range starts after the group's position (its committed offset, or the earliest
+    one still in the log): committing the fence would mark the offsets in between as done unhandled."""
+    problems = []
+    for offset_range in ranges:
+        snapshot = snapshots[(offset_range.topic, offset_range.partition)]
+        position = max(snapshot.committed if snapshot.committed is not None else 0, snapshot.earliest)
+        if offset_range.start > position and offset_range.end > offset_range.start:
+            problems.append(f"{offset_range.name()}: offsets {position}..{offset_range.start - 1}")
+    return problems
+
+
+def refuse_live_group(members: int | None, commit: bool, group: str) -> None:
+    """A job that will commit must own the group: live members would handle the same keys concurrently."""
+    if commit and members:
+        raise PlanError(f"group {group!r} has {members} active members: stop its consumers first (scale the "
+                        "OrderedConsumer to 0), or run with --commit never")
 
 
 @dataclass(frozen=True)

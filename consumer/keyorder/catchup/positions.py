@@ -1,6 +1,6 @@
 """Where a catch-up range starts and where it is fenced, as the user writes it on the command line.
 
-Pure parsing: ``--from`` and ``--until`` accept ``committed``, ``earliest``, ``end``, a timestamp
+Pure parsing: ``--start`` and ``--until`` accept ``committed``, ``earliest``, ``end``, a timestamp
 (ISO 8601 with a zone, or epoch milliseconds as ``ms:<n>``) or explicit offsets
 (``topic:partition=offset,...``). Errors name the flag and the part that is wrong.
 """
@@ -42,7 +42,7 @@ class Position:
 
 
 class PositionError(ValueError):
-    """A --from/--until value could not be understood; the message says which and why."""
+    """A --start/--until value could not be understood; the message says which and why."""
 
 
 _OFFSET_ITEM = re.compile(r"^(?P<topic>[\w.-]+):(?P<partition>\d+)=(?P<offset>\d+)$")

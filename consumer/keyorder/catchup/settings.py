@@ -16,6 +16,12 @@ from keyorder.catchup.plan import CommitMode
 from keyorder.catchup.positions import Position, PositionError, parse_position
 from keyorder.config import HandlerSettings, KafkaConnectionSettings
 
+ENFORCED_SPARK_SETTINGS = {
+    "spark.speculation": "false",  # a speculative copy of a task would handle the same keys at the same time
+    "spark.task.maxFailures": "1",  # a retried task re-handles its keys; rerun the whole job instead
+}
+"""Spark settings the job always uses; ``--spark-conf`` cannot override them."""
+
 
 class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     """Everything ``keyorder catchup`` needs; field docs become ``--help`` and the docs table."""
@@ -60,6 +66,9 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         for item in value:
             if "=" not in item or not item.split("=", 1)[0].strip():
                 raise ValueError(f"{item!r} must look like name=value")
+            if item.split("=", 1)[0].strip() in ENFORCED_SPARK_SETTINGS:
+                raise ValueError(f"{item.split('=', 1)[0].strip()} is fixed by keyorder catchup (speculative or "
+                                 "retried tasks would handle keys twice or concurrently)")
         return value
 
     def start_position(self) -> Position:
@@ -69,4 +78,6 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         return parse_position(self.until, "--until")
 
     def spark_settings(self) -> dict[str, str]:
-        return dict(item.split("=", 1) for item in self.spark_conf)
+        """The user's ``--spark-conf`` plus the enforced settings."""
+        given = {name.strip(): value.strip() for name, value in (item.split("=", 1) for item in self.spark_conf)}
+        return {**given, **ENFORCED_SPARK_SETTINGS}
