@@ -46,6 +46,21 @@ class ConfigError(ValueError):
     """Invalid configuration; the message names the offending flag, variable or file."""
 
 
+def split_name_values(value: Any) -> Any:
+    """``a=1,b=x,y`` -> ``a=1``, ``b=x,y``: split a variable's value only at commas that start a ``name=``."""
+    if isinstance(value, str):
+        return [part.strip() for part in re.split(r",\s*(?=[\w.-]+=)", value) if part.strip()]
+    return value
+
+
+def name_values(items: list[str]) -> list[str]:
+    """Check that every item of a repeatable setting looks like ``name=value``."""
+    for item in items:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ValueError(f"{item!r} must look like name=value")
+    return items
+
+
 class KafkaConnectionSettings(BaseModel):
     """How to reach Kafka: shared by ``keyorder run`` and ``keyorder catchup``."""
 
@@ -71,18 +86,12 @@ class KafkaConnectionSettings(BaseModel):
     @field_validator("kafka_property", mode="before")
     @classmethod
     def _split_properties(cls, value: Any) -> Any:
-        """``a=1,b=x,y`` -> ``a=1``, ``b=x,y``: split only at commas that start a new ``name=``."""
-        if isinstance(value, str):
-            return [part.strip() for part in re.split(r",\s*(?=[\w.-]+=)", value) if part.strip()]
-        return value
+        return split_name_values(value)
 
     @field_validator("kafka_property")
     @classmethod
     def _name_equals_value(cls, value: list[str]) -> list[str]:
-        for item in value:
-            if "=" not in item or not item.split("=", 1)[0].strip():
-                raise ValueError(f"{item!r} must look like name=value")
-        return value
+        return name_values(value)
 
 
 class HandlerSettings(BaseModel):

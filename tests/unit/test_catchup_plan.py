@@ -8,6 +8,7 @@ from keyorder.catchup.apply import KeyBlocked, OrderCheck, handle_with_retry
 from keyorder.catchup.plan import (
     CommitMode,
     OffsetRange,
+    PartitionCounts,
     PartitionSnapshot,
     PlanError,
     TaskSummary,
@@ -133,27 +134,31 @@ def test_key_statistics_bound_the_parallelism_by_the_hottest_key() -> None:
 
 
 RANGES = [OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 0, 10)]
+
+
+def summary(topic: str, partition: int, **counts: int) -> TaskSummary:
+    return TaskSummary(topic, partition, PartitionCounts(**counts))
 SPLITS = split_ranges(RANGES, 50)
 
 
 def test_a_clean_run_passes_the_audit() -> None:
-    result = audit(RANGES, SPLITS, [TaskSummary("t", 0, read=60, splits=1, processed=60),
-                                    TaskSummary("t", 0, read=40, splits=1, processed=39, dead_lettered=1),
-                                    TaskSummary("t", 1, read=9, splits=1, processed=9)])  # a gap (compaction)
+    result = audit(RANGES, SPLITS, [summary("t", 0, read=60, splits=1, processed=60),
+                                    summary("t", 0, read=40, splits=1, processed=39, dead_lettered=1),
+                                    summary("t", 1, read=9, splits=1, processed=9)])  # a gap (compaction)
     assert result.ok, result.problems
     assert (result.total("processed"), result.total("dead_lettered")) == (108, 1)
 
 
 @pytest.mark.parametrize(("summaries", "problem"), [
-    ([TaskSummary("t", 0, read=100, splits=1, processed=100), TaskSummary("t", 1, read=10, splits=1, processed=10)],
+    ([summary("t", 0, read=100, splits=1, processed=100), summary("t", 1, read=10, splits=1, processed=10)],
      "t[0]: 1 of 2 splits reached the fence"),
-    ([TaskSummary("t", 0, read=100, splits=2, processed=99), TaskSummary("t", 1, read=10, splits=1, processed=10)],
+    ([summary("t", 0, read=100, splits=2, processed=99), summary("t", 1, read=10, splits=1, processed=10)],
      "t[0]: read 100 records but handled 99"),
-    ([TaskSummary("t", 0, read=100, splits=2, processed=100, violations=3),
-      TaskSummary("t", 1, read=10, splits=1, processed=10)], "t[0]: 3 records out of key order"),
-    ([TaskSummary("t", 0, read=100, splits=2, processed=100), TaskSummary("t", 1, read=11, splits=1, processed=11)],
+    ([summary("t", 0, read=100, splits=2, processed=100, violations=3),
+      summary("t", 1, read=10, splits=1, processed=10)], "t[0]: 3 records out of key order"),
+    ([summary("t", 0, read=100, splits=2, processed=100), summary("t", 1, read=11, splits=1, processed=11)],
      "t[1]: read 11 records from 10 offsets"),
-    ([TaskSummary("x", 0, read=1, splits=1, processed=1)], "x[0]: reported but never planned"),
+    ([summary("x", 0, read=1, splits=1, processed=1)], "x[0]: reported but never planned"),
 ])
 def test_the_audit_names_what_went_wrong(summaries: list[TaskSummary], problem: str) -> None:
     result = audit(RANGES, SPLITS, summaries)

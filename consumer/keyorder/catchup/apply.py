@@ -19,19 +19,19 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas
 
+from keyorder.catchup.plan import COUNTS, PartitionCounts
 from keyorder.dead_letters import DeadLetterSink, KafkaDeadLetterSink
 from keyorder.handlers import load_handler
 from keyorder.message import Message
 from keyorder.retry import ExhaustedPolicy, RetryPolicy, Verdict
 from keyorder.workers import call_sync_handler
 
-SUMMARY_SCHEMA = ("topic string, partition int, read long, splits long, processed long, dead_lettered long, "
-                  "violations long")
+SUMMARY_SCHEMA = "topic string, partition int, " + ", ".join(f"{name} long" for name in COUNTS)
 log = logging.getLogger(__name__)
 
 
@@ -83,15 +83,6 @@ class LazyDeadLetters:
     def close(self) -> None:
         if self._sink is not None:
             self._sink.close()
-
-
-@dataclass
-class PartitionCounts:
-    read: int = 0
-    splits: int = 0
-    processed: int = 0
-    dead_lettered: int = 0
-    violations: int = 0
 
 
 @dataclass
@@ -185,9 +176,7 @@ class ApplyHandler:
                 sink.close()
             if loop is not None:
                 loop.close()
-        rows = [{"topic": topic, "partition": partition, "read": c.read, "splits": c.splits,
-                 "processed": c.processed, "dead_lettered": c.dead_lettered, "violations": c.violations}
-                for (topic, partition), c in sorted(counts.items())]
-        columns = {"topic": "object", "partition": "int32", "read": "int64", "splits": "int64", "processed": "int64",
-                   "dead_lettered": "int64", "violations": "int64"}
+        rows = [{"topic": topic, "partition": partition, **asdict(partition_counts)}
+                for (topic, partition), partition_counts in sorted(counts.items())]
+        columns = {"topic": "object", "partition": "int32", **dict.fromkeys(COUNTS, "int64")}
         yield pandas.DataFrame(rows, columns=list(columns)).astype(columns)

@@ -26,9 +26,11 @@ from pyspark.accumulators import AccumulatorParam
 from keyorder.catchup.apply import SUMMARY_SCHEMA, ApplyHandler
 from keyorder.catchup.offsets import CatchupKafkaError, KafkaOffsets
 from keyorder.catchup.plan import (
+    COUNTS,
     Audit,
     KeyStatistics,
     OffsetRange,
+    PartitionCounts,
     PlanError,
     TaskSummary,
     TopicPartition,
@@ -111,8 +113,7 @@ class Outcome:
             "partitions": [
                 {"topic": p.planned.topic, "partition": p.planned.partition, "start": p.planned.start,
                  "fence": p.planned.end, "planned_offsets": p.planned.offsets, "splits": p.expected_splits,
-                 "read": p.read, "processed": p.processed, "dead_lettered": p.dead_lettered,
-                 "violations": p.violations}
+                 **{name: getattr(p.counts, name) for name in ("read", "processed", "dead_lettered", "violations")}}
                 for p in (self.audit.partitions if self.audit else [])
             ],
             **self.extra,
@@ -273,8 +274,8 @@ class CatchupJob:
             stop.set()
             watcher.join()
             self.progress.done()
-        summaries = [TaskSummary(row["topic"], row["partition"], row["read"], row["splits"], row["processed"],
-                                 row["dead_lettered"], row["violations"]) for row in rows]
+        summaries = [TaskSummary(row["topic"], row["partition"],
+                                 PartitionCounts(**{name: row[name] for name in COUNTS})) for row in rows]
         outcome = Outcome(plan, audit(plan.ranges, plan.splits, summaries), time.monotonic() - started,
                           spark_ui=self.spark.sparkContext.uiWebUrl)
         return self._commit(outcome)

@@ -175,12 +175,10 @@ def key_statistics(counts: Iterable[tuple[str, int]], top: int = 10) -> KeyStati
     return KeyStatistics(messages=sum(count for _, count in items), distinct_keys=len(items), hottest=items[:top])
 
 
-@dataclass(frozen=True)
-class TaskSummary:
-    """What one Spark task reports for one source partition."""
+@dataclass
+class PartitionCounts:
+    """Counts for one source partition: reported per Spark task, summed per partition by the audit."""
 
-    topic: str
-    partition: int
     read: int = 0
     """Records the data source read (reported by the splits' end markers)."""
     splits: int = 0
@@ -192,21 +190,28 @@ class TaskSummary:
     violations: int = 0
     """Records seen out of (key, offset) order by the built-in check."""
 
+    def add(self, other: PartitionCounts) -> None:
+        for name in COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+COUNTS = tuple(PartitionCounts.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class TaskSummary:
+    """What one Spark task reports for one source partition."""
+
+    topic: str
+    partition: int
+    counts: PartitionCounts
+
 
 @dataclass
 class PartitionAudit:
     planned: OffsetRange
     expected_splits: int
-    read: int = 0
-    splits: int = 0
-    processed: int = 0
-    dead_lettered: int = 0
-    violations: int = 0
-
-    @property
-    def complete(self) -> bool:
-        return (self.splits == self.expected_splits and self.processed + self.dead_lettered == self.read
-                and self.violations == 0 and self.read <= self.planned.offsets)
+    counts: PartitionCounts = field(default_factory=PartitionCounts)
 
 
 @dataclass
@@ -218,8 +223,8 @@ class Audit:
     def ok(self) -> bool:
         return not self.problems
 
-    def total(self, attribute: str) -> int:
-        return sum(getattr(partition, attribute) for partition in self.partitions)
+    def total(self, count: str) -> int:
+        return sum(getattr(partition.counts, count) for partition in self.partitions)
 
 
 def audit(ranges: Iterable[OffsetRange], splits: Iterable[OffsetRange], summaries: Iterable[TaskSummary]) -> Audit:
@@ -235,20 +240,16 @@ def audit(ranges: Iterable[OffsetRange], splits: Iterable[OffsetRange], summarie
         if entry is None:
             result.problems.append(f"{summary.topic}[{summary.partition}]: reported but never planned")
             continue
-        entry.read += summary.read
-        entry.splits += summary.splits
-        entry.processed += summary.processed
-        entry.dead_lettered += summary.dead_lettered
-        entry.violations += summary.violations
+        entry.counts.add(summary.counts)
     for entry in result.partitions:
-        name = entry.planned.name()
-        if entry.splits != entry.expected_splits:
-            result.problems.append(f"{name}: {entry.splits} of {entry.expected_splits} splits reached the fence")
-        if entry.read > entry.planned.offsets:
-            result.problems.append(f"{name}: read {entry.read} records from {entry.planned.offsets} offsets")
-        handled = entry.processed + entry.dead_lettered
-        if handled != entry.read:
-            result.problems.append(f"{name}: read {entry.read} records but handled {handled}")
-        if entry.violations:
-            result.problems.append(f"{name}: {entry.violations} records out of key order")
+        name, counts = entry.planned.name(), entry.counts
+        if counts.splits != entry.expected_splits:
+            result.problems.append(f"{name}: {counts.splits} of {entry.expected_splits} splits reached the fence")
+        if counts.read > entry.planned.offsets:
+            result.problems.append(f"{name}: read {counts.read} records from {entry.planned.offsets} offsets")
+        handled = counts.processed + counts.dead_lettered
+        if handled != counts.read:
+            result.problems.append(f"{name}: read {counts.read} records but handled {handled}")
+        if counts.violations:
+            result.problems.append(f"{name}: {counts.violations} records out of key order")
     return result

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 
 from keyorder.catchup.plan import CommitMode
 from keyorder.catchup.positions import Position, PositionError, parse_position
-from keyorder.config import HandlerSettings, KafkaConnectionSettings
+from keyorder.config import HandlerSettings, KafkaConnectionSettings, name_values, split_name_values
 
 ENFORCED_SPARK_SETTINGS = {
     "spark.speculation": "false",  # a speculative copy of a task would handle the same keys at the same time
@@ -56,16 +56,12 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     @field_validator("spark_conf", mode="before")
     @classmethod
     def _split_conf(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return split_name_values(value)
 
     @field_validator("spark_conf")
     @classmethod
     def _conf_pairs(cls, value: list[str]) -> list[str]:
-        for item in value:
-            if "=" not in item or not item.split("=", 1)[0].strip():
-                raise ValueError(f"{item!r} must look like name=value")
+        for item in name_values(value):
             if item.split("=", 1)[0].strip() in ENFORCED_SPARK_SETTINGS:
                 raise ValueError(f"{item.split('=', 1)[0].strip()} is fixed by keyorder catchup (speculative or "
                                  "retried tasks would handle keys twice or concurrently)")
