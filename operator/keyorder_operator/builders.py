@@ -204,6 +204,7 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         args += ["--master", catchup.master]
     if catchup.key_partitions:
         args += ["--key-partitions", str(catchup.key_partitions)]
+    args += ["--task-workers", str(catchup.task_workers)]
     settings: dict[str, str] = {}
     if not catchup.master.startswith("local"):
         settings["spark.executor.instances"] = str(catchup.executors)

@@ -125,6 +125,8 @@ class CatchupSpec(_Model):
                            "cluster master.")
     key_partitions: int = Field(0, ge=0, le=100000, description="Spark partitions keys are hashed into; "
                                 "0 means 4 per available core.")
+    task_workers: int = Field(16, ge=1, le=1024, description="Handler threads per Spark task: different keys "
+                              "in parallel, each key in order.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (name: value), "
                                        "e.g. spark.kubernetes.container.image for a k8s:// master.")
     resources: Resources = Field(default_factory=Resources, description="Resources of the Job's driver pod.")

@@ -82,7 +82,7 @@ def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
         container = job["spec"]["template"]["spec"]["containers"][0]
         fence = ",".join(f"{topic}:{p}={ends[p]}" for p in sorted(ends))
         assert container["args"] == ["catchup", "--start", "committed", "--until", fence, "--commit", "auto",
-                                     "--master", "local[4]"]
+                                     "--master", "local[4]", "--task-workers", "16"]
         assert container["image"] == "registry.example/ledger-spark:1.0"
         assert {"name": "KEYORDER_GROUP_ID", "value": f"g-{topic}"} in container["env"]
         assert container["resources"] == {"requests": {"cpu": "4"}}

@@ -96,6 +96,7 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
     assert container["image"] == "reg/orders:1"  # no catch-up image: the handler's
     assert container["args"] == ["catchup", "--start", "committed", "--until", "orders:0=10", "--commit", "auto",
                                  "--master", "spark://spark-master:7077", "--key-partitions", "96",
+                                 "--task-workers", "16",
                                  "--spark-conf", "spark.executor.instances=6",
                                  "--spark-conf", "spark.kubernetes.namespace=shop"]
     env = {item["name"]: item["value"] for item in container["env"]}

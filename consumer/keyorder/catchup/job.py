@@ -257,7 +257,8 @@ class CatchupJob:
         accumulator = self.spark.sparkContext.accumulator({}, _DictSum())
         handler = ApplyHandler(handler=self.config.handler, policy=self.config.retry_policy(),
                                dlq_topic=self.config.dlq_topic,
-                               producer_properties=producer_properties(self.properties), progress=accumulator)
+                               producer_properties=producer_properties(self.properties), progress=accumulator,
+                               task_workers=self.config.task_workers)
         ordered = (self._records(plan)
                    .repartition(self.key_partitions(), "route")
                    .sortWithinPartitions("route", "topic", "partition", "offset"))

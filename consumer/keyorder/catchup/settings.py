@@ -36,6 +36,9 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     master: str = Field("", description="Spark master; empty: the one spark-submit gives, else local[*].")
     key_partitions: int = Field(0, ge=0, le=100_000, description="Spark partitions the keys are hashed into "
                                 "(tasks of the handler stage); 0: 4 per core Spark reports.")
+    task_workers: int = Field(16, ge=1, le=1024, description="Handler threads per Spark task: different keys "
+                              "run in parallel, each key's messages one after another (like a pod's key "
+                              "workers); raise it for I/O-bound handlers.")
     split_offsets: int = Field(100_000, ge=1, description="Most offsets per input split: larger partition "
                                "ranges are read as several splits in parallel.")
     read_timeout: float = Field(120.0, gt=0, description="Seconds a split may go without records before "

@@ -1,0 +1,43 @@
+"""Handlers for ApplyHandler's tests (loaded by path, as Spark's workers load the user's)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from keyorder import Message
+from tests.guarantees import SerialPerKey
+
+RECORDS: list[tuple[str, int]] = []
+SERIAL = SerialPerKey()
+_LOCK = threading.Lock()
+
+
+def reset() -> None:
+    RECORDS.clear()
+    global SERIAL
+    SERIAL = SerialPerKey()
+
+
+def slow(message: Message) -> None:
+    key, sequence = message.key.decode(), int(message.value)
+    SERIAL.enter(key)
+    try:
+        time.sleep(0.002)
+        with _LOCK:
+            RECORDS.append((key, sequence))
+    finally:
+        SERIAL.leave(key)
+
+
+async def slow_async(message: Message) -> None:
+    import asyncio
+
+    key, sequence = message.key.decode(), int(message.value)
+    SERIAL.enter(key)
+    try:
+        await asyncio.sleep(0.002)
+        with _LOCK:
+            RECORDS.append((key, sequence))
+    finally:
+        SERIAL.leave(key)
