@@ -70,10 +70,21 @@ def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
     ends = backlog(broker, topic)
     with operator(kube.url):
         kube.create(CR, resource(broker, "payments", topic))
+        # a consumer pod (the emulator runs no kubelet: the test creates it) that is slow to stop
+        kube.create("v1/pods", {"metadata": {"name": "payments-0", "namespace": "default",
+                                             "labels": {"app.kubernetes.io/name": "keyorder-consumer",
+                                                        "app.kubernetes.io/instance": "payments"}},
+                                "spec": {"containers": [{"name": "consumer", "image": "x"}]}})
         started = slow_workers_until_triggered(kube, "payments")
 
         assert started["fence"] == {f"{topic}:{p}": offset for p, offset in ends.items()}
         wait_for(lambda: replicas(kube, "payments") == 0, 20, "the Deployment scaled to 0")
+        wait_for(lambda: "waiting for 1 consumer pods to stop" in next(
+            (c["message"] for c in kube.get(CR, "payments")["status"].get("conditions", [])
+             if c["type"] == "CatchingUp"), ""), 20, "CatchingUp to wait for the consumer pod")
+        time.sleep(1.0)  # observation window: no Job while a consumer pod may still consume
+        assert kube.get("batch/v1/jobs", started["jobName"]) is None
+        kube.delete("v1/pods", "payments-0")
         assert any("would take 33.3 min, over the catch-up trigger 60 s" in message
                    for message in events(kube, "CatchupStarted")), events(kube, "CatchupStarted")
 
