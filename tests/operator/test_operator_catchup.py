@@ -150,3 +150,20 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
         assert catchup_status(kube, "refunds") == {}
         assert [job["metadata"]["name"] for job in kube.list("batch/v1/jobs", "default")
                 if job["metadata"]["name"].startswith("refunds-")] == [job_name]
+
+
+def test_a_deleted_job_ends_the_hand_over_and_the_pods_resume(kube, broker):
+    topic = "okc-catchup-gone"
+    backlog(broker, topic)
+    with operator(kube.url):
+        kube.create(CR, resource(broker, "ledger", topic))
+        started = slow_workers_until_triggered(kube, "ledger")
+        job_name = started["jobName"]
+        wait_for(lambda: catchup_status(kube, "ledger").get("phase") == "Running", 20, "phase Running")
+        kube.delete("batch/v1/jobs", job_name)  # someone deleted it (its pods are gone too here)
+
+        wait_for(lambda: replicas(kube, "ledger") == started["resumeReplicas"], 20, "the pods resumed")
+        wait_for(lambda: condition(kube.get(CR, "ledger"), "CatchupFailed") == "True", 20, "CatchupFailed")
+        catching_up = next(c for c in kube.get(CR, "ledger")["status"]["conditions"] if c["type"] == "CatchingUp")
+        assert catching_up["status"] == "False" and catching_up["reason"] == "Missing"
+        assert f"Job {job_name} disappeared" in catching_up["message"]
