@@ -206,13 +206,16 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         args += ["--key-partitions", str(catchup.key_partitions)]
     args += ["--task-workers", str(catchup.task_workers)]
     settings: dict[str, str] = {}
+    # Only a k8s:// driver calls the API (to create executor pods); any other Job keeps the consumers'
+    # account, with no token.
+    driver_account = catchup.service_account_name if catchup.master.startswith("k8s://") else None
     if not catchup.master.startswith("local"):
         settings["spark.executor.instances"] = str(catchup.executors)
     if catchup.master.startswith("k8s://"):  # client mode: the driver is this pod, executors call back to it
         settings.update({"spark.kubernetes.container.image": image, "spark.kubernetes.namespace": namespace,
                          "spark.driver.host": "$(POD_IP)", "spark.driver.bindAddress": "0.0.0.0"})
-        if catchup.service_account_name:
-            settings["spark.kubernetes.authenticate.driver.serviceAccountName"] = catchup.service_account_name
+        if driver_account:
+            settings["spark.kubernetes.authenticate.driver.serviceAccountName"] = driver_account
     settings.update(catchup.spark_conf)
     for setting, value in sorted(settings.items()):
         args += ["--spark-conf", f"{setting}={value}"]
@@ -248,8 +251,8 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
                 "metadata": {"labels": job_labels},
                 "spec": {
                     "restartPolicy": "Never",
-                    "serviceAccountName": catchup.service_account_name or name,
-                    "automountServiceAccountToken": catchup.service_account_name is not None,
+                    "serviceAccountName": driver_account or name,
+                    "automountServiceAccountToken": driver_account is not None,
                     "securityContext": POD_SECURITY,
                     "containers": [container],
                     "volumes": [{"name": "tmp", "emptyDir": {}}, *kafka_volumes],

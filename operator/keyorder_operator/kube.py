@@ -25,6 +25,9 @@ API_CALLS = {
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list"},
     ("batch", "jobs"): {"get", "create"},
+    # Not a call: the owned objects' ownerReferences set blockOwnerDeletion, which clusters enforcing
+    # OwnerReferencesPermissionEnforcement (OpenShift) allow only with update on the owner's finalizers.
+    ("keyorder.dev", "orderedconsumers/finalizers"): {"update"},
 }
 """(API group, resource) -> verbs this module uses; kopf itself also needs the CR, its status and events."""
 

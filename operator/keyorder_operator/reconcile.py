@@ -15,6 +15,7 @@ tests (real kopf against an API emulator) run exactly the same code. Per resourc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import time
@@ -69,6 +70,9 @@ from keyorder_operator.status import (
 log = logging.getLogger(__name__)
 
 
+CATCHUP_OUTCOMES = ("started", "succeeded", "failed", "missing")
+
+
 class OperatorMetrics:
     """The operator's own metrics (decisions, observed lag, errors)."""
 
@@ -91,6 +95,22 @@ class OperatorMetrics:
                                 "failed.", [*labels, "outcome"], registry=self.registry)
         self.catching_up = Gauge("keyorder_operator_catching_up", "1 while a catch-up hand-over is in progress.",
                                  labels, registry=self.registry)
+
+    def _series(self) -> list[tuple[Any, tuple[str, ...]]]:
+        """Every labelled series of a resource: (metric, extra label values)."""
+        return [(self.decisions, ("up",)), (self.decisions, ("down",)), (self.lag_unknown, ()), (self.errors, ()),
+                (self.catching_up, ()), *((self.catchups, (outcome,)) for outcome in CATCHUP_OUTCOMES)]
+
+    def track(self, namespace: str, name: str) -> None:
+        """Create a resource's counters at 0, so the first increment is an ``increase()`` alerts can see."""
+        for metric, extra in self._series():
+            metric.labels(namespace, name, *extra)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted resource's series (dashboards and alerts stop showing it)."""
+        for metric, extra in [*self._series(), (self.lag, ()), (self.replicas, ()), (self.workers, ())]:
+            with contextlib.suppress(KeyError):
+                metric.remove(namespace, name, *extra)
 
 
 @dataclass
@@ -164,6 +184,10 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             context.metrics.errors.labels(meta["namespace"], meta["name"]).inc()
             raise kopf.TemporaryError(f"applying objects failed: {error}", delay=10) from error
         patch.status["observedGeneration"] = meta.get("generation")
+
+    @kopf.on.delete(*resource, registry=registry, optional=True)  # optional: no finalizer is added for this
+    def forget_metrics(meta: Any, **_: Any) -> None:
+        context.metrics.forget(meta["namespace"], meta["name"])
 
     def start_catchup(body: Any, meta: Any, spec: OrderedConsumerSpec, trigger: str,
                       end_offsets: tuple[tuple[str, int, int], ...], replicas: int, conditions: list,
@@ -273,6 +297,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             return
         namespace, name = meta["namespace"], meta["name"]
         labels = (namespace, name)
+        context.metrics.track(namespace, name)
         kube = context.kube
         replicas = kube.deployment_replicas(namespace, name)
         if replicas is None:

@@ -134,9 +134,9 @@ class CatchupSpec(_Model):
                                "retry is safe.")
     max_seconds: int = Field(6 * 3600, ge=60, le=7 * 24 * 3600, description="The Job's activeDeadlineSeconds: "
                              "a catch-up still running (or never scheduled) after this fails, and the pods resume.")
-    service_account_name: str | None = Field(None, min_length=1, description="ServiceAccount of the Job; needed "
-                                             "with a k8s:// master (the driver creates executor pods). Default: "
-                                             "the consumers' account, which has no API access and no token.")
+    service_account_name: str | None = Field(None, min_length=1, description="ServiceAccount of the Spark driver "
+                                             "with a k8s:// master (it creates executor pods); ignored otherwise. "
+                                             "Default: the consumers' account, with no API access and no token.")
 
 
 class OrderedConsumerSpec(_Model):

@@ -73,11 +73,11 @@ def running_operator(cluster):
     import kopf
 
     from keyorder_operator.kube import Kube
-    from keyorder_operator.reconcile import OperatorContext, register
+    from keyorder_operator.main import operator_registry
+    from keyorder_operator.reconcile import OperatorContext
 
     client, namespace = cluster
-    registry = kopf.OperatorRegistry()
-    register(registry, OperatorContext(kube=Kube(client), tick_seconds=2))
+    registry = operator_registry(OperatorContext(kube=Kube(client), tick_seconds=2))
     stop, ready = threading.Event(), threading.Event()
 
     def run():

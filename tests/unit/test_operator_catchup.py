@@ -129,6 +129,10 @@ def test_a_k8s_master_gets_a_client_mode_driver_and_its_service_account() -> Non
         assert setting in args
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in pod["containers"][0]["env"]
     assert pod["serviceAccountName"] == "spark-driver" and pod["automountServiceAccountToken"] is True
+    local = spec.model_copy(update={"catchup": spec.catchup.model_copy(update={"master": "local[*]"})})
+    local_pod = build_catchup_job(local, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1",
+                                  "o:0=1")["spec"]["template"]["spec"]
+    assert local_pod["serviceAccountName"] == "o" and local_pod["automountServiceAccountToken"] is False
 
 
 def test_job_names_fit_63_characters_and_keep_the_time() -> None:

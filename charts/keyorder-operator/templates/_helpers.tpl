@@ -77,6 +77,11 @@ and kopf's needs): every call allowed, nothing more.
 - apiGroups: ["keyorder.dev"]
   resources: ["orderedconsumers"]
   verbs: ["list", "watch", "patch"]
+# The owned objects' ownerReferences set blockOwnerDeletion: clusters enforcing
+# OwnerReferencesPermissionEnforcement (e.g. OpenShift) require update on the owner's finalizers.
+- apiGroups: ["keyorder.dev"]
+  resources: ["orderedconsumers/finalizers"]
+  verbs: ["update"]
 # kopf writes status (conditions, lag, the last decision) through the status subresource.
 - apiGroups: ["keyorder.dev"]
   resources: ["orderedconsumers/status"]
