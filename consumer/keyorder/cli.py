@@ -8,6 +8,7 @@ with status 2 and one message that names what is wrong.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
@@ -117,19 +118,20 @@ def run_command(flags: dict[str, Any]) -> int:
     return 0
 
 
+COMMANDS = {
+    "dev": "keyorder.dev:dev_command",
+    "operator": "keyorder_operator.main:operator_command",
+    "catchup": "keyorder.catchup.command:catchup_command",
+    "catchup-bench": "keyorder.catchup.bench:catchup_bench_command",
+    "bench": "keyorder.bench:bench_command",
+}
+"""Subcommand -> ``module:function(args)``, imported only when run (pods never load Spark or kopf)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    flags = vars(args)
     if args.command == "run":
-        return run_command(flags)
-    if args.command == "dev":
-        from keyorder.dev import dev_command
-
-        return dev_command(args)
-    if args.command == "operator":
-        from keyorder_operator.main import operator_command
-
-        return operator_command(args)
+        return run_command(vars(args))
     if args.command == "crd":
         from keyorder_operator.crd import crd_yaml
 
@@ -138,19 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             sys.stdout.write(crd_yaml())
         return 0
-    if args.command == "catchup":
-        from keyorder.catchup.command import catchup_command
-
-        return catchup_command(args)
-    if args.command == "catchup-bench":
-        from keyorder.catchup.bench import catchup_bench_command
-
-        return catchup_bench_command(args)
-    if args.command == "bench":
-        from keyorder.bench import bench_command
-
-        return bench_command(args)
-    raise AssertionError(args.command)
+    module, _, function = COMMANDS[args.command].partition(":")
+    return getattr(importlib.import_module(module), function)(args)
 
 
 if __name__ == "__main__":

@@ -133,13 +133,18 @@ def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, 
                        violations=len(check.violations))
 
 
-def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master: str) -> Measurement:
-    from keyorder.catchup.job import CatchupJob
+def bench_config(bootstrap: str, topic: str, profile: Profile, master: str):
+    """The settings of one measured catch-up run (a fresh group, nothing committed)."""
     from keyorder.catchup.settings import CatchupConfig
 
-    config = CatchupConfig(bootstrap_servers=bootstrap, topics=[topic], group_id=f"bench-spark-{uuid.uuid4().hex[:8]}",
-                           handler=profile.handler, master=master, commit="never", split_offsets=10_000)
-    job = CatchupJob(config, spark=spark)
+    return CatchupConfig(bootstrap_servers=bootstrap, topics=[topic], group_id=f"bench-spark-{uuid.uuid4().hex[:8]}",
+                         handler=profile.handler, master=master, commit="never", split_offsets=10_000)
+
+
+def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master: str) -> Measurement:
+    from keyorder.catchup.job import CatchupJob
+
+    job = CatchupJob(bench_config(bootstrap, topic, profile, master), spark=spark)
     try:
         plan = job.plan()
         started = time.monotonic()
@@ -154,16 +159,12 @@ def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master
                        violations=report["violations"])
 
 
-def spark_session(master: str):
-    import sys
+def spark_session(config) -> tuple[object, float]:
+    """The job's own session (same enforced settings), and how long it took to start."""
+    from keyorder.catchup.job import spark_session as job_session
 
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     started = time.monotonic()
-    session = (SparkSession.builder.master(master).appName("keyorder-catchup-bench")
-               .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    session = job_session(config)
     return session, time.monotonic() - started
 
 
@@ -227,7 +228,7 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
             report.measurements.append(drain_with_pod(broker.bootstrap, topic, profile, messages, progress))
             masters = ("local[2]",) if args.quick else profile.spark_masters
             for master in masters:  # local[n]: n tasks at once, so one session per setting
-                spark, startup = spark_session(master)
+                spark, startup = spark_session(bench_config(broker.bootstrap, topic, profile, master))
                 try:
                     warm_up = drain_with_spark(spark, broker.bootstrap, warm_up_topic, profile, master)
                     startups.append(startup + warm_up.seconds)  # JVM, JIT and Python workers: paid once per job
