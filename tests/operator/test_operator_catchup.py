@@ -17,6 +17,7 @@ from tests.operator.test_operator_e2e import (
     EXACT_END_OFFSETS,
     commit_group,
     condition,
+    condition_entry,
     consumer_resource,
     events,
     operator,
@@ -79,9 +80,8 @@ def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
 
         assert started["fence"] == {f"{topic}:{p}": offset for p, offset in ends.items()}
         wait_for(lambda: replicas(kube, "payments") == 0, 20, "the Deployment scaled to 0")
-        wait_for(lambda: "waiting for 1 consumer pods to stop" in next(
-            (c["message"] for c in kube.get(CR, "payments")["status"].get("conditions", [])
-             if c["type"] == "CatchingUp"), ""), 20, "CatchingUp to wait for the consumer pod")
+        wait_for(lambda: "waiting for 1 consumer pods to stop" in condition_entry(
+            kube.get(CR, "payments"), "CatchingUp").get("message", ""), 20, "CatchingUp to wait for the consumer pod")
         time.sleep(1.0)  # observation window: no Job while a consumer pod may still consume
         assert kube.get("batch/v1/jobs", started["jobName"]) is None
         kube.delete("v1/pods", "payments-0")
@@ -128,15 +128,15 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
                                              "labels": {"job-name": job_name}},
                                 "spec": {"containers": [{"name": "catchup", "image": "x"}]}})
         finish_job(kube, job_name, "Failed")
-        wait_for(lambda: next((c["reason"] for c in (kube.get(CR, "refunds").get("status") or {}).get("conditions", [])
-                               if c["type"] == "CatchingUp"), None) == "Finishing", 20, "CatchingUp Finishing")
+        wait_for(lambda: condition_entry(kube.get(CR, "refunds"), "CatchingUp").get("reason") == "Finishing", 20,
+                 "CatchingUp Finishing")
         time.sleep(1.0)  # observation window: several ticks while the driver pod exists
         assert replicas(kube, "refunds") == 0, "the pods resumed while the Job's driver still ran"
         kube.delete("v1/pods", f"{job_name}-driver")
 
         wait_for(lambda: replicas(kube, "refunds") == started["resumeReplicas"], 20, "the pods resumed")
         wait_for(lambda: condition(kube.get(CR, "refunds"), "CatchupFailed") == "True", 20, "CatchupFailed")
-        failed = next(c for c in kube.get(CR, "refunds")["status"]["conditions"] if c["type"] == "CatchupFailed")
+        failed = condition_entry(kube.get(CR, "refunds"), "CatchupFailed")
         assert "commits nothing" in failed["message"] and "resume from the group's committed offsets" in \
             failed["message"]
         assert any(job_name in message for message in events(kube, "CatchupFailed"))
@@ -164,6 +164,6 @@ def test_a_deleted_job_ends_the_hand_over_and_the_pods_resume(kube, broker):
 
         wait_for(lambda: replicas(kube, "ledger") == started["resumeReplicas"], 20, "the pods resumed")
         wait_for(lambda: condition(kube.get(CR, "ledger"), "CatchupFailed") == "True", 20, "CatchupFailed")
-        catching_up = next(c for c in kube.get(CR, "ledger")["status"]["conditions"] if c["type"] == "CatchingUp")
+        catching_up = condition_entry(kube.get(CR, "ledger"), "CatchingUp")
         assert catching_up["status"] == "False" and catching_up["reason"] == "Missing"
         assert f"Job {job_name} disappeared" in catching_up["message"]

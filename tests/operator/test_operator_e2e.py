@@ -58,11 +58,16 @@ def replicas(kube, name: str) -> int | None:
     return deployment["spec"]["replicas"] if deployment else None
 
 
-def condition(resource: dict | None, kind: str) -> str | None:
+def condition_entry(resource: dict | None, kind: str) -> dict:
+    """The resource's condition of type ``kind`` (``{}`` when it has none)."""
     for item in ((resource or {}).get("status") or {}).get("conditions") or []:
         if item["type"] == kind:
-            return item["status"]
-    return None
+            return item
+    return {}
+
+
+def condition(resource: dict | None, kind: str) -> str | None:
+    return condition_entry(resource, kind).get("status")
 
 
 def events(kube, reason: str) -> list[str]:
@@ -111,7 +116,7 @@ def test_invalid_spec_sets_invalid_spec_and_touches_nothing(kube, broker):
         bad = consumer_resource("broken", broker.bootstrap, "whatever", workers={"min": 8, "initial": 4, "max": 2})
         kube.create(CR, bad)
         wait_for(lambda: condition(kube.get(CR, "broken"), "InvalidSpec") == "True", 20, "InvalidSpec")
-        message = next(c for c in kube.get(CR, "broken")["status"]["conditions"] if c["type"] == "InvalidSpec")
+        message = condition_entry(kube.get(CR, "broken"), "InvalidSpec")
         assert "spec.workers" in message["message"]
         assert any("spec.workers" in text for text in events(kube, "InvalidSpec"))
         time.sleep(1.0)  # observation window: several operator ticks must create nothing
@@ -182,5 +187,5 @@ def test_an_update_to_an_invalid_spec_leaves_the_objects_untouched(kube, broker)
         time.sleep(1.0)  # observation window: several operator ticks must change nothing
         after = kube.get("apps/v1/deployments", "steady")
         assert after["spec"] == before["spec"], "an invalid spec changed the Deployment"
-        message = next(c for c in kube.get(CR, "steady")["status"]["conditions"] if c["type"] == "InvalidSpec")
+        message = condition_entry(kube.get(CR, "steady"), "InvalidSpec")
         assert "spec.handler.handler" in message["message"]
