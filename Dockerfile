@@ -6,7 +6,7 @@
 #   docker build --target catchup -t keyorder-catchup:0.1.0 .     # + Java and PySpark for `keyorder catchup`
 #
 # Dependencies are pinned in requirements/*.txt (generated from the tested environment by
-# `python -m tests.packaging.locks`). Pin the base image by digest in production:
+# `python -m tools.locks`). Pin the base image by digest in production:
 #   --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest>
 # tests/packaging/test_dockerfile.py checks this file: pinned base, multi-stage, numeric non-root
 # user in every final stage, no build tools there.

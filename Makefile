@@ -35,8 +35,8 @@ clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
 
 docs: $(STAMP)
-	$(PY) -m keyorder.docs
-	$(PY) -m tests.packaging.values_table
+	$(PY) -m tools.docs_tables
+	$(PY) -m tools.values_table
 
 # The CRD from the spec models, in crds/ and (the same file) in the chart.
 crds: $(STAMP)
@@ -45,4 +45,4 @@ crds: $(STAMP)
 
 # The image's pinned dependency lists, from the installed (tested) versions.
 locks: $(STAMP)
-	$(PY) -m tests.packaging.locks
+	$(PY) -m tools.locks

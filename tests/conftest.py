@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from keyorder.config import RunConfig
-from keyorder.embedded import FAST_GROUP_JOIN, EmbeddedBroker
-from keyorder.loadgen import create_topics
+from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
+from keyorder.devtools.loadgen import create_topics
 from keyorder.pod import Pod
 from tests.guarantees import SerialPerKey
 

@@ -1,4 +1,8 @@
-"""The ``keyorder`` command line: ``run`` (a pod) and ``dev`` (the local demo).
+"""The ``keyorder`` command line: one table of subcommands, each imported only when it runs.
+
+``keyorder run`` (a pod) must start fast and load nothing it does not use, so no subcommand's
+module is imported to build the parser: only the chosen subcommand gets its flags (and its
+module). The pod's image therefore never loads the demo, the benchmarks, Spark or kopf.
 
 Flags of ``run`` are generated from ``RunConfig`` so every option is also settable through its
 ``KEYORDER_*`` variable. Start-up errors (bad flag, bad handler path, bad Kafka property) exit
@@ -13,86 +17,94 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
-
 from keyorder import __version__
-from keyorder.config import ConfigError, RunConfig, env_name, flag_name, load_run_config
-from keyorder.dead_letters import DeadLetterError
-from keyorder.handlers import HandlerLoadError
-from keyorder.logs import configure_logging
-from keyorder.source import SourceError
-from keyorder.workers import WorkerCrashed
 
 EXIT_CONFIG = 2
 log = logging.getLogger("keyorder")
 
 
-def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    """One flag per field of a settings model, its help text naming the default and the variable."""
-    for name, field in model.model_fields.items():
-        default = field.default if field.default is not PydanticUndefined else None
-        if field.default_factory is not None:
-            default = None
-        shown = f" [default: {default.value if hasattr(default, 'value') else default}]" \
-            if default is not None else " [required]" if field.is_required() else ""
-        help_text = f"{field.description}{shown} (env {env_name(name)})".replace("%", "%%")
-        if (field.json_schema_extra or {}).get("repeatable"):
-            parser.add_argument(flag_name(name), dest=name, action="append", metavar="NAME=VALUE",
-                                help=help_text)
-        else:
-            parser.add_argument(flag_name(name), dest=name, metavar=name.upper(), help=help_text)
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``keyorder`` subcommand; both functions are ``module:function`` paths, imported lazily."""
+
+    help: str
+    """One line in ``keyorder --help``."""
+    description: str
+    """The paragraph at the top of ``keyorder <command> --help``."""
+    add_flags: str
+    """``function(parser)`` that adds the subcommand's flags."""
+    run: str
+    """``function(args) -> exit status``."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS: dict[str, Subcommand] = {
+    "run": Subcommand("run a consumer pod", "Consume topics and call the handler per message, in key order, "
+                      "with W key workers.", "keyorder.cli:add_run_flags", "keyorder.cli:run_command"),
+    "operator": Subcommand("run the Kubernetes operator (kopf)", "Reconcile OrderedConsumer resources and "
+                           "autoscale them by lag.", "keyorder_operator.main:add_operator_flags",
+                           "keyorder_operator.main:operator_command"),
+    "catchup": Subcommand("drain or replay a backlog in key order on Spark", "Read a fenced offset range per "
+                          "partition with Spark, call the handler for every message in key order, then commit "
+                          "the fence for the group.", "keyorder.catchup.command:add_catchup_flags",
+                          "keyorder.catchup.command:catchup_command"),
+    "dev": Subcommand("local demo: embedded broker, producer, pods, order check", "A backlog spike absorbed by "
+                      "autoscaling keyorder pods on one machine, audited.", "keyorder.devtools.demo:add_dev_flags",
+                      "keyorder.devtools.demo:dev_command"),
+    "bench": Subcommand("benchmark key mode against the partition-ordered baseline", "Throughput of key-ordered "
+                        "workers against the partition-ordered baseline and the ideal, on the embedded broker.",
+                        "keyorder.devtools.bench:add_bench_flags", "keyorder.devtools.bench:bench_command"),
+    "catchup-bench": Subcommand("benchmark catch-up on Spark against a live pod", "Drain one backlog with a "
+                                "keyorder pod and with keyorder catchup on local Spark, same handler; report "
+                                "throughput and the crossover.",
+                                "keyorder.devtools.catchup_bench:add_catchup_bench_flags",
+                                "keyorder.devtools.catchup_bench:catchup_bench_command"),
+    "crd": Subcommand("print the OrderedConsumer CRD generated from the spec models", "Print (or write) the "
+                      "OrderedConsumer CustomResourceDefinition.", "keyorder.cli:add_crd_flags",
+                      "keyorder.cli:crd_command"),
+}
+"""Subcommand name -> what it is and where its code lives (pods never load Spark, kopf or devtools)."""
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """Import ``module:function`` and return the function."""
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand listed; only ``command`` gets its flags (and imports its module)."""
     parser = argparse.ArgumentParser(prog="keyorder", description="Key-ordered Kafka consumers that scale "
                                      "past the partition count.")
     parser.add_argument("--version", action="version", version=f"keyorder {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run a consumer pod", description="Consume topics and call the "
-                              "handler per message, in key order, with W key workers.")
-    add_settings_flags(run, RunConfig)
-    dev = commands.add_parser("dev", help="local demo: embedded broker, producer, pod, order check")
-    from keyorder.dev import add_dev_flags
-
-    add_dev_flags(dev)
-    bench = commands.add_parser("bench", help="benchmark key mode against the partition-ordered baseline",
-                                description="Throughput of key-ordered workers against the partition-ordered "
-                                "baseline and the ideal, on the embedded broker.")
-    from keyorder.bench import add_bench_flags
-
-    add_bench_flags(bench)
-    operator = commands.add_parser("operator", help="run the Kubernetes operator (kopf)",
-                                   description="Reconcile OrderedConsumer resources and autoscale them by lag.")
-    from keyorder_operator.main import add_operator_flags
-
-    add_operator_flags(operator)
-    catchup = commands.add_parser("catchup", help="drain or replay a backlog in key order on Spark",
-                                  description="Read a fenced offset range per partition with Spark, call the "
-                                  "handler for every message in key order, then commit the fence for the group.")
-    from keyorder.catchup.command import add_catchup_flags
-
-    add_catchup_flags(catchup)
-    catchup_bench = commands.add_parser("catchup-bench", help="benchmark catch-up on Spark against a live pod",
-                                        description="Drain one backlog with a keyorder pod and with keyorder "
-                                        "catchup on local Spark, same handler; report throughput and the crossover.")
-    from keyorder.catchup.bench import add_catchup_bench_flags
-
-    add_catchup_bench_flags(catchup_bench)
-    crd = commands.add_parser("crd", help="print the OrderedConsumer CRD generated from the spec models")
-    crd.add_argument("--output", type=Path, help="write to this file instead of standard output")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, subcommand in COMMANDS.items():
+        subparser = subparsers.add_parser(name, help=subcommand.help, description=subcommand.description)
+        if name == command:
+            resolve(subcommand.add_flags)(subparser)
     return parser
 
 
-def run_command(flags: dict[str, Any]) -> int:
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    from keyorder.config import RunConfig, add_settings_flags
+
+    add_settings_flags(parser, RunConfig)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from keyorder.adapters.handlers import HandlerLoadError
+    from keyorder.config import ConfigError, load_run_config
+    from keyorder.contracts import DeadLetterError, SourceError
+    from keyorder.logs import configure_logging
     from keyorder.pod import Pod
+    from keyorder.workers import WorkerCrashed
 
     try:
-        config = load_run_config(flags)
+        config = load_run_config(vars(args))
     except ConfigError as error:
         print(f"keyorder run: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -118,30 +130,25 @@ def run_command(flags: dict[str, Any]) -> int:
     return 0
 
 
-COMMANDS = {
-    "dev": "keyorder.dev:dev_command",
-    "operator": "keyorder_operator.main:operator_command",
-    "catchup": "keyorder.catchup.command:catchup_command",
-    "catchup-bench": "keyorder.catchup.bench:catchup_bench_command",
-    "bench": "keyorder.bench:bench_command",
-}
-"""Subcommand -> ``module:function(args)``, imported only when run (pods never load Spark or kopf)."""
+def add_crd_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", type=Path, help="write to this file instead of standard output")
+
+
+def crd_command(args: argparse.Namespace) -> int:
+    from keyorder_operator.crd import crd_yaml
+
+    if args.output:
+        args.output.write_text(crd_yaml())
+    else:
+        sys.stdout.write(crd_yaml())
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "run":
-        return run_command(vars(args))
-    if args.command == "crd":
-        from keyorder_operator.crd import crd_yaml
-
-        if args.output:
-            args.output.write_text(crd_yaml())
-        else:
-            sys.stdout.write(crd_yaml())
-        return 0
-    module, _, function = COMMANDS[args.command].partition(":")
-    return getattr(importlib.import_module(module), function)(args)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    command = next((argument for argument in arguments if argument in COMMANDS), None)
+    args = build_parser(command).parse_args(arguments)
+    return int(resolve(COMMANDS[args.command].run)(args))
 
 
 if __name__ == "__main__":

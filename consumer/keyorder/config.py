@@ -12,6 +12,7 @@ and ``--kafka-property name=value`` flags. Their values are never logged unredac
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Mapping
@@ -19,9 +20,10 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticUndefined
 
-from keyorder.retry import ExhaustedPolicy, RetryPolicy
-from keyorder.routing import Ordering
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.core.routing import Ordering
 
 ENV_PREFIX = "KEYORDER_"
 RDKAFKA_ENV_PREFIX = "KEYORDER_RDKAFKA_"
@@ -170,6 +172,22 @@ def env_name(field: str) -> str:
 
 def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One flag per field of a settings model, its help text naming the default and the variable."""
+    for name, field in model.model_fields.items():
+        default = field.default if field.default is not PydanticUndefined else None
+        if field.default_factory is not None:
+            default = None
+        shown = f" [default: {default.value if hasattr(default, 'value') else default}]" \
+            if default is not None else " [required]" if field.is_required() else ""
+        help_text = f"{field.description}{shown} (env {env_name(name)})".replace("%", "%%")
+        if (field.json_schema_extra or {}).get("repeatable"):
+            parser.add_argument(flag_name(name), dest=name, action="append", metavar="NAME=VALUE",
+                                help=help_text)
+        else:
+            parser.add_argument(flag_name(name), dest=name, metavar=name.upper(), help=help_text)
 
 
 def load_run_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> RunConfig:

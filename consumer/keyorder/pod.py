@@ -13,6 +13,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from keyorder.adapters.dead_letters import KafkaDeadLetterSink
+from keyorder.adapters.handlers import is_async_callable, load_handler
+from keyorder.adapters.http_server import PodHttpServer
+from keyorder.adapters.kafka_source import KafkaSource
+from keyorder.adapters.metrics import build_registry
 from keyorder.config import (
     RunConfig,
     consumer_properties,
@@ -21,15 +26,11 @@ from keyorder.config import (
     read_admin_token,
     redact,
 )
-from keyorder.dead_letters import DeadLetterSink, KafkaDeadLetterSink
-from keyorder.flow import FlowLimits
-from keyorder.handlers import is_async_callable, load_handler
-from keyorder.http_server import PodHttpServer
-from keyorder.metrics import build_registry
-from keyorder.retry import ExhaustedPolicy
-from keyorder.routing import KeyRouter
+from keyorder.contracts import DeadLetterSink
+from keyorder.core.flow import FlowLimits
+from keyorder.core.retry import ExhaustedPolicy
+from keyorder.core.routing import KeyRouter
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.source import KafkaSource
 from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool
 
 log = logging.getLogger(__name__)

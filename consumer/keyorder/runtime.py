@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from keyorder import offset_metadata
-from keyorder.flow import FlowControl, FlowLimits, Load
-from keyorder.routing import KeyRouter, LaneAffinity
-from keyorder.scheduling import Delivery
-from keyorder.source import CommitError, CommitOutcome, Source, SourceError, TopicPartitionId
-from keyorder.tracking import PartitionOffsets, ReceiveTimes
+from keyorder.contracts import CommitError, CommitOutcome, Source, SourceError, TopicPartitionId
+from keyorder.core import offset_metadata
+from keyorder.core.flow import FlowControl, FlowLimits, Load
+from keyorder.core.routing import KeyRouter, LaneAffinity
+from keyorder.core.scheduling import Delivery
+from keyorder.core.tracking import PartitionOffsets, ReceiveTimes
 from keyorder.workers import Completions, WorkerCrashed, WorkerPool
 
 log = logging.getLogger(__name__)

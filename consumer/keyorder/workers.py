@@ -26,9 +26,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from keyorder.dead_letters import DeadLetterSink
-from keyorder.retry import RetryPolicy, Verdict
-from keyorder.scheduling import Delivery, LaneScheduler
+from keyorder.contracts import DeadLetterSink
+from keyorder.core.retry import RetryPolicy, Verdict
+from keyorder.core.scheduling import Delivery, LaneScheduler
 
 log = logging.getLogger(__name__)
 

@@ -96,7 +96,7 @@ def test_backlog_scales_out_drains_and_scales_back(cluster, running_operator):
     import kubernetes
     from confluent_kafka import Consumer, TopicPartition
 
-    from keyorder.loadgen import create_topics, produce_keyed
+    from keyorder.devtools.loadgen import create_topics, produce_keyed
 
     client, namespace = cluster
     pod_bootstrap, _, local_bootstrap = os.environ["KEYORDER_E2E_BOOTSTRAP"].partition(",")

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from keyorder.catchup.source import (
+from keyorder.catchup.datasource import (
     MARKER_PREFIX,
     SplitReadError,
     arrow_batches,
@@ -15,7 +15,7 @@ from keyorder.catchup.source import (
     partition_route,
     read_split,
 )
-from keyorder.loadgen import create_topics
+from keyorder.devtools.loadgen import create_topics
 
 pytestmark = pytest.mark.broker
 

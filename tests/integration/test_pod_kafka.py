@@ -11,8 +11,8 @@ import urllib.request
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from keyorder.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
-from keyorder.loadgen import produce_keyed
+from keyorder.adapters.dead_letters import HEADER_ATTEMPTS, HEADER_ERROR, HEADER_OFFSET, HEADER_PARTITION, HEADER_TOPIC
+from keyorder.devtools.loadgen import produce_keyed
 from tests.conftest import Recorder, group_committed, stop_pod, wait_until
 from tests.guarantees import (
     SerialPerKey,

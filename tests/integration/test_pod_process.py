@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from keyorder.embedded import FAST_GROUP_JOIN
-from keyorder.loadgen import produce_keyed
+from keyorder.devtools.embedded import FAST_GROUP_JOIN
+from keyorder.devtools.loadgen import produce_keyed
 from tests.conftest import group_committed, wait_until
 from tests.guarantees import assert_at_least_once, assert_first_processing_in_order
 from tests.integration.file_handler import read_records

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from keyorder.loadgen import create_topics, produce_keyed
+from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tests.operator.harness import CR, wait_for
 from tests.operator.test_operator_e2e import (
     EXACT_END_OFFSETS,

@@ -12,8 +12,8 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from keyorder.embedded import EmbeddedBroker
-from keyorder.loadgen import create_topics, produce_keyed
+from keyorder.devtools.embedded import EmbeddedBroker
+from keyorder.devtools.loadgen import create_topics, produce_keyed
 from keyorder_operator.kube import Kube
 from keyorder_operator.reconcile import OperatorContext, register
 from tests.operator.harness import CR, api_client, run_kopf, wait_for
@@ -144,7 +144,7 @@ def test_unknown_lag_never_scales(kube):
 
 def test_worker_count_reaches_a_running_pod_live(kube, broker, tmp_path, run_pod):
     """The operator pushes its decision to a real keyorder pod through the token-protected endpoint."""
-    from keyorder.embedded import free_port
+    from keyorder.devtools.embedded import free_port
     from tests.conftest import Recorder
 
     topic = "okc-push"

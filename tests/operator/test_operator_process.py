@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from keyorder.embedded import free_port
+from keyorder.devtools.embedded import free_port
 from tests.operator.harness import CR, wait_for
 from tests.operator.test_operator_e2e import consumer_resource
 

@@ -23,10 +23,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import keyorder
-from keyorder.handlers import load_handler
+from keyorder.adapters.handlers import load_handler
 from keyorder.message import Message
-from tests.packaging import locks
 from tests.packaging.conftest import CHART, ROOT
+from tools import locks
 
 BUILD_TOOLS = re.compile(r"^(gcc|g\+\+|cpp|clang|make|cmake|build-essential|git|curl|wget|.*-dev)$")
 
@@ -152,7 +152,7 @@ def test_every_requirement_is_pinned(name):
 def test_image_lock_covers_every_runtime_dependency_within_pyproject_ranges():
     pins = lock_lines(locks.IMAGE_LOCK)
     needed = set(locks.image_pins())
-    assert needed - set(pins) == set(), "requirements/image.txt misses dependencies: python -m tests.packaging.locks"
+    assert needed - set(pins) == set(), "requirements/image.txt misses dependencies: python -m tools.locks"
     assert set(pins) - needed == set(), "requirements/image.txt pins what keyorder does not need"
     for text in metadata.requires("keyorder"):
         requirement = Requirement(text)
@@ -163,7 +163,7 @@ def test_image_lock_covers_every_runtime_dependency_within_pyproject_ranges():
 
 def test_catchup_lock_adds_the_catchup_extra_on_top_of_the_image():
     pins = lock_lines(locks.CATCHUP_LOCK)
-    assert set(pins) == set(locks.catchup_pins()), "stale requirements/catchup.txt: python -m tests.packaging.locks"
+    assert set(pins) == set(locks.catchup_pins()), "stale requirements/catchup.txt: python -m tools.locks"
     assert {"pyspark", "pandas", "pyarrow", "py4j"} <= set(pins)
     assert not set(pins) & set(lock_lines(locks.IMAGE_LOCK))
     for text in metadata.requires("keyorder"):

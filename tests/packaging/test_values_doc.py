@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from tests.packaging.conftest import CHART
-from tests.packaging.values_table import documented_values, entries, render_readme, undocumented
+from tools.values_table import documented_values, entries, render_readme, undocumented
 
 VALUES_TEXT = (CHART / "values.yaml").read_text()
 
@@ -32,7 +32,7 @@ def test_undocumented_keys_are_reported():
 
 def test_readme_table_is_up_to_date():
     readme = (CHART / "README.md").read_text()
-    assert render_readme(readme, VALUES_TEXT) == readme, "stale values table: python -m tests.packaging.values_table"
+    assert render_readme(readme, VALUES_TEXT) == readme, "stale values table: python -m tools.values_table"
 
 
 def test_every_value_is_in_the_schema():

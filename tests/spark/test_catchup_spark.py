@@ -20,9 +20,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from keyorder.catchup.job import CatchupJob, stop_spark
 from keyorder.catchup.settings import CatchupConfig
 from keyorder.cli import main
-from keyorder.embedded import EmbeddedBroker
-from keyorder.loadgen import create_topics, produce_keyed
-from keyorder.retry import ExhaustedPolicy
+from keyorder.core.retry import ExhaustedPolicy
+from keyorder.devtools.embedded import EmbeddedBroker
+from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tests.conftest import group_committed
 from tests.guarantees import assert_at_least_once, assert_first_processing_in_order, assert_key_order
 from tests.spark.handlers import read_records

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder.bench_report import (
+from keyorder.devtools.bench_report import (
     BenchReport,
     RunResult,
     fill_ratios,

@@ -6,8 +6,8 @@ import pandas
 import pytest
 
 from keyorder.catchup.apply import ApplyHandler, OrderViolation
-from keyorder.catchup.source import MARKER_PREFIX
-from keyorder.retry import RetryPolicy
+from keyorder.catchup.datasource import MARKER_PREFIX
+from keyorder.core.retry import RetryPolicy
 from tests.guarantees import assert_key_order
 from tests.unit import catchup_handlers
 

@@ -21,8 +21,8 @@ from keyorder.catchup.plan import (
     split_ranges,
 )
 from keyorder.catchup.positions import Position, PositionError, PositionKind, parse_position
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
-from keyorder.retry import ExhaustedPolicy, RetryPolicy
 
 COMMITTED, EARLIEST, END = (Position(PositionKind(kind)) for kind in ("committed", "earliest", "end"))
 
@@ -225,7 +225,7 @@ def test_block_stops_the_job_instead_of_parking_the_key() -> None:
 
 
 def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:
-    from keyorder.catchup.bench import CatchupBenchReport, Measurement, crossover_messages
+    from keyorder.devtools.catchup_bench import CatchupBenchReport, Measurement, crossover_messages
 
     n = crossover_messages(startup_seconds=10, pod_rate=1_000, spark_rate=3_000)
     assert n == pytest.approx(15_000)

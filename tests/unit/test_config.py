@@ -20,8 +20,8 @@ from keyorder.config import (
     read_properties_file,
     redact,
 )
-from keyorder.retry import ExhaustedPolicy
-from keyorder.routing import Ordering
+from keyorder.core.retry import ExhaustedPolicy
+from keyorder.core.routing import Ordering
 
 REQUIRED_FLAGS = {"handler": "app.handlers:handle", "topics": "orders", "group_id": "g1"}
 

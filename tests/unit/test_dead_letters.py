@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder.dead_letters import (
+from keyorder.adapters.dead_letters import (
     HEADER_ATTEMPTS,
     HEADER_ERROR,
     HEADER_OFFSET,

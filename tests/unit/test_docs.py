@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from keyorder.docs import generated_tables, render_table
-from keyorder.metrics import KeyorderCollector
+from keyorder.adapters.metrics import KeyorderCollector
 from keyorder.runtime import PartitionSnapshot, RuntimeSnapshot
 from keyorder.workers import WorkerStats
+from tools.docs_tables import generated_tables, render_table
 
 ROOT = Path(__file__).resolve().parents[2]
 

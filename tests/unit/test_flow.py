@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyorder.flow import FlowControl, FlowLimits, Load
+from keyorder.core.flow import FlowControl, FlowLimits, Load
 
 # Per partition: pause at >= 10, resume at <= 5. Pod: pause all at >= 100, resume at <= 50.
 # The uncommitted bound is set far away here, so these tests exercise the in-flight bounds.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from keyorder.handlers import HandlerLoadError, is_async_callable, load_handler
+from keyorder.adapters.handlers import HandlerLoadError, is_async_callable, load_handler
 
 SAMPLES = "tests.unit.sample_handlers"
 

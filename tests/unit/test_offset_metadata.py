@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyorder.offset_metadata import MAX_METADATA_BYTES, decode, encode
+from keyorder.core.offset_metadata import MAX_METADATA_BYTES, decode, encode
 
 
 def _kind(metadata: str) -> str:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from keyorder.retry import ExhaustedPolicy, RetryPolicy, Verdict
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
 
 DEFAULT = RetryPolicy(initial_backoff=0.2, multiplier=2.0, max_backoff=30.0)
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyorder.routing import DEFAULT_SALT, KeyRouter, LaneAffinity, Ordering, stable_hash
+from keyorder.core.routing import DEFAULT_SALT, KeyRouter, LaneAffinity, Ordering, stable_hash
 
 STABILITY_KEYS = [b"", b"a", b"user-1", b"user-2", b"\x00\xff", "ключ".encode(), b"x" * 1000]
 STABILITY_PARTITIONS = [("orders", 0), ("orders", 7), ("payments", 3)]
@@ -22,7 +22,7 @@ STABILITY_PARTITIONS = [("orders", 0), ("orders", 7), ("payments", 3)]
 # (per-process randomised) hash of the same keys, so the test can show the seed really changed.
 _CHILD = """
 import json, sys
-from keyorder.routing import KeyRouter, Ordering
+from keyorder.core.routing import KeyRouter, Ordering
 keys = [bytes.fromhex(k) for k in json.loads(sys.argv[1])]
 partitions = [tuple(p) for p in json.loads(sys.argv[2])]
 router = KeyRouter(Ordering.KEY, 64)

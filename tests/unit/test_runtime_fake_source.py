@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from keyorder import offset_metadata
+from keyorder.core import offset_metadata
+from keyorder.core.retry import RetryPolicy
+from keyorder.core.routing import KeyRouter, Ordering
 from keyorder.message import Message
-from keyorder.retry import RetryPolicy
-from keyorder.routing import KeyRouter, Ordering
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
 from keyorder.workers import ThreadWorkerPool
 from tests.conftest import wait_until

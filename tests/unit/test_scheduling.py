@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyorder.scheduling import Delivery, LaneScheduler
+from keyorder.core.scheduling import Delivery, LaneScheduler
 
 
 def delivery(name: str, lane: Hashable | None) -> Delivery:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyorder.tracking import OffsetOrderError, PartitionOffsets, ReceiveTimes
+from keyorder.core.tracking import OffsetOrderError, PartitionOffsets, ReceiveTimes
 
 
 @st.composite

@@ -12,9 +12,9 @@ from collections import deque
 
 import pytest
 
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.core.scheduling import Delivery
 from keyorder.message import Message
-from keyorder.retry import ExhaustedPolicy, RetryPolicy
-from keyorder.scheduling import Delivery
 from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool
 from tests.conftest import wait_until
 

@@ -27,11 +27,12 @@ from typing import Any
 
 import pandas
 
+from keyorder.adapters.dead_letters import KafkaDeadLetterSink
+from keyorder.adapters.handlers import LoadedHandler, load_handler
 from keyorder.catchup.plan import COUNTS, PartitionCounts
-from keyorder.dead_letters import DeadLetterSink, KafkaDeadLetterSink
-from keyorder.handlers import LoadedHandler, load_handler
+from keyorder.contracts import DeadLetterSink
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
 from keyorder.message import Message
-from keyorder.retry import ExhaustedPolicy, RetryPolicy, Verdict
 from keyorder.workers import call_sync_handler
 
 SUMMARY_SCHEMA = "topic string, partition int, " + ", ".join(f"{name} long" for name in COUNTS)

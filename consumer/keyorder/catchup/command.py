@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Any
 
-from keyorder.config import ConfigError, load_config
+from keyorder.config import ConfigError, add_settings_flags, load_config
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -22,7 +22,6 @@ log = logging.getLogger("keyorder.catchup")
 
 def add_catchup_flags(parser: argparse.ArgumentParser) -> None:
     from keyorder.catchup.settings import CatchupConfig
-    from keyorder.cli import add_settings_flags
 
     parser.add_argument("--plan", action="store_true", help="print the plan (ranges, splits, key counts, hottest "
                         "keys, skew, achievable parallelism) and exit without handling anything")

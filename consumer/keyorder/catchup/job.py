@@ -24,6 +24,14 @@ from typing import Any
 from pyspark.accumulators import AccumulatorParam
 
 from keyorder.catchup.apply import SUMMARY_SCHEMA, ApplyHandler
+from keyorder.catchup.datasource import (
+    OPTION_ORDERING,
+    OPTION_PROPERTIES,
+    OPTION_SPLITS,
+    OPTION_TIMEOUT,
+    SOURCE_NAME,
+    KafkaRangeDataSource,
+)
 from keyorder.catchup.offsets import CatchupKafkaError, KafkaOffsets
 from keyorder.catchup.plan import (
     COUNTS,
@@ -43,14 +51,6 @@ from keyorder.catchup.plan import (
     split_ranges,
 )
 from keyorder.catchup.settings import CatchupConfig
-from keyorder.catchup.source import (
-    OPTION_ORDERING,
-    OPTION_PROPERTIES,
-    OPTION_SPLITS,
-    OPTION_TIMEOUT,
-    SOURCE_NAME,
-    KafkaRangeDataSource,
-)
 from keyorder.config import consumer_properties, kafka_properties, producer_properties, redact
 from keyorder.progress import Progress
 

@@ -4,7 +4,7 @@ Every key in values.yaml carries a `# -- description` comment (continued by plai
 A key whose children have no comments of their own is one value (its default is shown whole, as
 ``podSecurityContext`` is). ``README.md`` of the chart holds the table between markers; rewrite it:
 
-    .venv/bin/python -m tests.packaging.values_table
+    .venv/bin/python -m tools.values_table
 
 and a test fails when the table is stale or a key has no comment.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "keyorder-operator"
-START = ("<!-- generated from values.yaml comments by `python -m tests.packaging.values_table`; "
+CHART = Path(__file__).resolve().parents[1] / "charts" / "keyorder-operator"
+START = ("<!-- generated from values.yaml comments by `python -m tools.values_table`; "
          "a test fails on drift -->\n")
 END = "<!-- end of generated values table -->"
 KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):")

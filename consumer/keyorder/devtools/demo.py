@@ -18,9 +18,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from keyorder.embedded import FAST_GROUP_JOIN, EmbeddedBroker
-from keyorder.loadgen import OrderStream, create_topics
-from keyorder.local_pods import LocalPods
+from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
+from keyorder.devtools.loadgen import OrderStream, create_topics
+from keyorder.devtools.local_pods import LocalPods
 from keyorder.logs import configure_logging
 
 TOPIC = "orders"

@@ -24,11 +24,18 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from keyorder import offset_metadata
-from keyorder.bench_report import BenchReport, RunResult, fill_ratios, histogram_percentile, markdown_table, plot
 from keyorder.config import RunConfig
-from keyorder.embedded import FAST_GROUP_JOIN, EmbeddedBroker
-from keyorder.loadgen import create_topics, produce_keyed
+from keyorder.core import offset_metadata
+from keyorder.devtools.bench_report import (
+    BenchReport,
+    RunResult,
+    fill_ratios,
+    histogram_percentile,
+    markdown_table,
+    plot,
+)
+from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
+from keyorder.devtools.loadgen import create_topics, produce_keyed
 from keyorder.logs import configure_logging
 from keyorder.progress import Progress
 
@@ -134,7 +141,7 @@ class Runner:
     def _pod(self, spec: RunSpec, handler, topic: str | None = None):
         from keyorder.pod import Pod
 
-        config = RunConfig(handler="keyorder.bench:unused", topics=[topic or self.topic],
+        config = RunConfig(handler="keyorder.devtools.bench:unused", topics=[topic or self.topic],
                            group_id=f"bench-{uuid.uuid4().hex}",
                            bootstrap_servers=self.bootstrap, ordering=spec.mode, workers=spec.workers,
                            max_workers=max(spec.workers, 4096), on_exhausted="block", shutdown_grace=0.5,

@@ -1,6 +1,6 @@
 """The Kafka side of a pod: consume, pause/resume, commit, rebalance callbacks.
 
-Everything confluent-kafka specific is here, behind the small ``Source`` protocol, so the runtime
+Everything confluent-kafka specific is here, behind the small ``contracts.Source`` protocol, so the runtime
 can be reasoned about (and another broker plugged in) without librdkafka details. Threading:
 every method is called from the poll-loop thread, and the rebalance callbacks run inside
 ``consume`` on that same thread; only ``high_watermark`` may be called from elsewhere (it reads
@@ -11,41 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
+from keyorder.contracts import CommitError, CommitOutcome, RebalanceCallback, SourceError, TopicPartitionId
 from keyorder.message import Message
 
 log = logging.getLogger(__name__)
-
-TopicPartitionId = tuple[str, int]
-RebalanceCallback = Callable[[list[TopicPartitionId]], None]
-CommitOutcome = tuple[TopicPartitionId, int, str | None]
-"""One partition's commit result: (partition, committed offset, error description or None)."""
-
-
-class SourceError(RuntimeError):
-    """A fatal consumer error: the pod must exit (and be restarted)."""
-
-
-class CommitError(RuntimeError):
-    """A commit request failed as a whole (transient: the next commit retries)."""
-
-
-class Source(Protocol):
-    def subscribe(self, topics: Sequence[str], on_assign: RebalanceCallback,
-                  on_revoke: RebalanceCallback, on_lost: RebalanceCallback) -> None: ...
-    def consume(self, max_messages: int, timeout: float) -> list[Message]: ...
-    def pause(self, partitions: Sequence[TopicPartitionId]) -> None: ...
-    def resume(self, partitions: Mapping[TopicPartitionId, int | None]) -> None: ...
-    def committed(self, partitions: Sequence[TopicPartitionId], timeout: float
-                  ) -> dict[TopicPartitionId, tuple[int | None, str | None]]: ...
-    def commit(self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool
-               ) -> list[CommitOutcome]: ...
-    def high_watermark(self, partition: TopicPartitionId) -> int | None: ...
-    def close(self) -> None: ...
-
 
 class KafkaSource:
     """A confluent-kafka consumer in a consumer group with manual commits."""

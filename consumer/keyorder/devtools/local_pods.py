@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from keyorder.embedded import free_port
+from keyorder.devtools.embedded import free_port
 
 
 @dataclass

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Protocol
+from typing import Any
 
+from keyorder.contracts import DeadLetterError
 from keyorder.message import Message
 
 log = logging.getLogger(__name__)
@@ -25,18 +26,6 @@ HEADER_OFFSET = "keyorder.original.offset"
 HEADER_ERROR = "keyorder.error"
 HEADER_ATTEMPTS = "keyorder.attempts"
 MAX_ERROR_HEADER_BYTES = 1024
-
-
-class DeadLetterError(RuntimeError):
-    """The dead-letter record could not be written (it will be retried)."""
-
-
-class DeadLetterSink(Protocol):
-    def publish(self, message: Message, error: BaseException, attempts: int) -> None:
-        """Write ``message`` to the DLQ and return only once it is durable; raise on failure."""
-
-    def close(self) -> None:
-        """Flush and release the sink (called once, at shutdown)."""
 
 
 def dead_letter_topic(template: str, source_topic: str) -> str:

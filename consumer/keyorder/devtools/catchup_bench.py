@@ -20,8 +20,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from keyorder.embedded import FAST_GROUP_JOIN, EmbeddedBroker
-from keyorder.loadgen import create_topics, produce_keyed
+from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
+from keyorder.devtools.loadgen import create_topics, produce_keyed
 from keyorder.logs import configure_logging
 from keyorder.progress import Progress
 
@@ -38,8 +38,8 @@ class Profile:
 
 
 PROFILES = (
-    Profile("keyorder.catchup.bench_handlers:cpu", pod_workers=4, spark_masters=("local[1]", "local[2]")),
-    Profile("keyorder.catchup.bench_handlers:io", pod_workers=64, spark_masters=("local[2]", "local[8]")),
+    Profile("keyorder.devtools.catchup_bench_handlers:cpu", pod_workers=4, spark_masters=("local[1]", "local[2]")),
+    Profile("keyorder.devtools.catchup_bench_handlers:io", pod_workers=64, spark_masters=("local[2]", "local[8]")),
 )
 
 
@@ -94,9 +94,9 @@ def short(handler: str) -> str:
 
 
 def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, progress: Progress) -> Measurement:
-    from keyorder.bench import OrderCheck
+    from keyorder.adapters.handlers import load_handler
     from keyorder.config import RunConfig
-    from keyorder.handlers import load_handler
+    from keyorder.devtools.bench import OrderCheck
     from keyorder.pod import Pod
 
     config = RunConfig(handler=profile.handler, topics=[topic], group_id=f"bench-pod-{uuid.uuid4().hex[:8]}",
