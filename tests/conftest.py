@@ -58,8 +58,9 @@ def group_committed(bootstrap: str, group: str, topic: str, partitions: int) -> 
 class Recorder:
     """A handler that records ``(key, seq)`` as it finishes, checks per-key seriality, may sleep/fail."""
 
-    def __init__(self, min_sleep: float = 0.0, max_sleep: float = 0.0, fail: Callable[[dict], bool] | None = None,
-                 seed: int = 1) -> None:
+    def __init__(
+        self, min_sleep: float = 0.0, max_sleep: float = 0.0, fail: Callable[[dict], bool] | None = None, seed: int = 1
+    ) -> None:
         self.records: list[tuple[str, int]] = []
         self.details: list[tuple[str, int, int, int, float]] = []  # key, seq, partition, offset, finished at
         self.attempts: list[tuple[str, int, float]] = []  # failed attempts: key, seq, time
@@ -98,10 +99,17 @@ def run_pod(broker: EmbeddedBroker) -> Iterator[Callable[..., Pod]]:
     running: list[tuple[Pod, threading.Event, threading.Thread]] = []
 
     def start(topic: str, handler: Callable[[Any], Any], group: str | None = None, **settings: Any) -> Pod:
-        values: dict[str, Any] = {"handler": "tests.conftest:Recorder", "topics": [topic],
-                                  "group_id": group or f"g-{topic}", "bootstrap_servers": broker.bootstrap,
-                                  "http_port": 0, "http_host": "127.0.0.1", "kafka_property": FAST_GROUP_JOIN,
-                                  "commit_interval": 0.2, **settings}
+        values: dict[str, Any] = {
+            "handler": "tests.conftest:Recorder",
+            "topics": [topic],
+            "group_id": group or f"g-{topic}",
+            "bootstrap_servers": broker.bootstrap,
+            "http_port": 0,
+            "http_host": "127.0.0.1",
+            "kafka_property": FAST_GROUP_JOIN,
+            "commit_interval": 0.2,
+            **settings,
+        }
         pod = Pod(RunConfig(**values), handler=handler)
         stop = threading.Event()
         thread = pod.start_in_thread(stop)

@@ -19,8 +19,10 @@ END = "<!-- end of generated table -->"
 
 
 def start_marker(model: type[BaseModel]) -> str:
-    return (f"<!-- generated from {model.__module__}.{model.__name__}: `make docs` rewrites this table; "
-            "a test fails on drift -->\n")
+    return (
+        f"<!-- generated from {model.__module__}.{model.__name__}: `make docs` rewrites this table; "
+        "a test fails on drift -->\n"
+    )
 
 
 START = start_marker(RunConfig)

@@ -20,8 +20,7 @@ from pathlib import Path
 import yaml
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "keyorder-operator"
-START = ("<!-- generated from values.yaml comments by `python -m tools.values_table`; "
-         "a test fails on drift -->\n")
+START = "<!-- generated from values.yaml comments by `python -m tools.values_table`; a test fails on drift -->\n"
 END = "<!-- end of generated values table -->"
 KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):")
 
@@ -72,8 +71,7 @@ def documented_values(text: str) -> list[Entry]:
     """The rows of the table: commented keys with no commented children (leaves or whole blocks)."""
     all_entries = entries(text)
     commented = [entry for entry in all_entries if entry.description]
-    return [entry for entry in commented
-            if not any(other.path.startswith(entry.path + ".") for other in commented)]
+    return [entry for entry in commented if not any(other.path.startswith(entry.path + ".") for other in commented)]
 
 
 def undocumented(text: str) -> list[str]:

@@ -43,29 +43,53 @@ class Subcommand:
 
 
 COMMANDS: dict[str, Subcommand] = {
-    "run": Subcommand("run a consumer pod", "Consume topics and call the handler per message, in key order, "
-                      "with W key workers.", "keyorder.cli:add_run_flags", "keyorder.cli:run_command"),
-    "operator": Subcommand("run the Kubernetes operator (kopf)", "Reconcile OrderedConsumer resources and "
-                           "autoscale them by lag.", "keyorder_operator.main:add_operator_flags",
-                           "keyorder_operator.main:operator_command"),
-    "catchup": Subcommand("drain or replay a backlog in key order on Spark", "Read a fenced offset range per "
-                          "partition with Spark, call the handler for every message in key order, then commit "
-                          "the fence for the group.", "keyorder.catchup.command:add_catchup_flags",
-                          "keyorder.catchup.command:catchup_command"),
-    "dev": Subcommand("local demo: embedded broker, producer, pods, order check", "A backlog spike absorbed by "
-                      "autoscaling keyorder pods on one machine, audited.", "keyorder.devtools.demo:add_dev_flags",
-                      "keyorder.devtools.demo:dev_command"),
-    "bench": Subcommand("benchmark key mode against the partition-ordered baseline", "Throughput of key-ordered "
-                        "workers against the partition-ordered baseline and the ideal, on the embedded broker.",
-                        "keyorder.devtools.bench:add_bench_flags", "keyorder.devtools.bench:bench_command"),
-    "catchup-bench": Subcommand("benchmark catch-up on Spark against a live pod", "Drain one backlog with a "
-                                "keyorder pod and with keyorder catchup on local Spark, same handler; report "
-                                "throughput and the crossover.",
-                                "keyorder.devtools.catchup_bench:add_catchup_bench_flags",
-                                "keyorder.devtools.catchup_bench:catchup_bench_command"),
-    "crd": Subcommand("print the OrderedConsumer CRD generated from the spec models", "Print (or write) the "
-                      "OrderedConsumer CustomResourceDefinition.", "keyorder.cli:add_crd_flags",
-                      "keyorder.cli:crd_command"),
+    "run": Subcommand(
+        "run a consumer pod",
+        "Consume topics and call the handler per message, in key order, with W key workers.",
+        "keyorder.cli:add_run_flags",
+        "keyorder.cli:run_command",
+    ),
+    "operator": Subcommand(
+        "run the Kubernetes operator (kopf)",
+        "Reconcile OrderedConsumer resources and autoscale them by lag.",
+        "keyorder_operator.main:add_operator_flags",
+        "keyorder_operator.main:operator_command",
+    ),
+    "catchup": Subcommand(
+        "drain or replay a backlog in key order on Spark",
+        "Read a fenced offset range per "
+        "partition with Spark, call the handler for every message in key order, then commit "
+        "the fence for the group.",
+        "keyorder.catchup.command:add_catchup_flags",
+        "keyorder.catchup.command:catchup_command",
+    ),
+    "dev": Subcommand(
+        "local demo: embedded broker, producer, pods, order check",
+        "A backlog spike absorbed by autoscaling keyorder pods on one machine, audited.",
+        "keyorder.devtools.demo:add_dev_flags",
+        "keyorder.devtools.demo:dev_command",
+    ),
+    "bench": Subcommand(
+        "benchmark key mode against the partition-ordered baseline",
+        "Throughput of key-ordered "
+        "workers against the partition-ordered baseline and the ideal, on the embedded broker.",
+        "keyorder.devtools.bench:add_bench_flags",
+        "keyorder.devtools.bench:bench_command",
+    ),
+    "catchup-bench": Subcommand(
+        "benchmark catch-up on Spark against a live pod",
+        "Drain one backlog with a "
+        "keyorder pod and with keyorder catchup on local Spark, same handler; report "
+        "throughput and the crossover.",
+        "keyorder.devtools.catchup_bench:add_catchup_bench_flags",
+        "keyorder.devtools.catchup_bench:catchup_bench_command",
+    ),
+    "crd": Subcommand(
+        "print the OrderedConsumer CRD generated from the spec models",
+        "Print (or write) the OrderedConsumer CustomResourceDefinition.",
+        "keyorder.cli:add_crd_flags",
+        "keyorder.cli:crd_command",
+    ),
 }
 """Subcommand name -> what it is and where its code lives (pods never load Spark, kopf or devtools)."""
 
@@ -78,8 +102,9 @@ def resolve(path: str) -> Callable[..., Any]:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every subcommand listed; only ``command`` gets its flags (and imports its module)."""
-    parser = argparse.ArgumentParser(prog="keyorder", description="Key-ordered Kafka consumers that scale "
-                                     "past the partition count.")
+    parser = argparse.ArgumentParser(
+        prog="keyorder", description="Key-ordered Kafka consumers that scale past the partition count."
+    )
     parser.add_argument("--version", action="version", version=f"keyorder {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, subcommand in COMMANDS.items():

@@ -27,18 +27,41 @@ from keyorder.core.routing import Ordering
 
 ENV_PREFIX = "KEYORDER_"
 RDKAFKA_ENV_PREFIX = "KEYORDER_RDKAFKA_"
-SENSITIVE_MARKERS = ("password", "secret", "pem", "token", "credential", "jaas", "sasl.username",
-                     "oauthbearer.config", "ssl.key", "keystore")
+SENSITIVE_MARKERS = (
+    "password",
+    "secret",
+    "pem",
+    "token",
+    "credential",
+    "jaas",
+    "sasl.username",
+    "oauthbearer.config",
+    "ssl.key",
+    "keystore",
+)
 """Kafka property names containing one of these are redacted wherever properties are shown."""
 MANAGED_PROPERTIES = {
     "enable.auto.commit": "keyorder commits the lowest unfinished offset itself",
     "enable.auto.offset.store": "keyorder stores offsets itself",
     "group.id": "use --group-id",
 }
-CONSUMER_ONLY_PREFIXES = ("group.", "enable.auto.", "auto.offset.reset", "auto.commit.", "session.timeout",
-                          "heartbeat.", "max.poll.", "partition.assignment", "fetch.", "queued.",
-                          "isolation.level", "check.crcs", "enable.partition.eof", "allow.auto.create",
-                          "consume.callback")
+CONSUMER_ONLY_PREFIXES = (
+    "group.",
+    "enable.auto.",
+    "auto.offset.reset",
+    "auto.commit.",
+    "session.timeout",
+    "heartbeat.",
+    "max.poll.",
+    "partition.assignment",
+    "fetch.",
+    "queued.",
+    "isolation.level",
+    "check.crcs",
+    "enable.partition.eof",
+    "allow.auto.create",
+    "consume.callback",
+)
 
 
 Settings = TypeVar("Settings", bound=BaseModel)
@@ -70,13 +93,17 @@ class KafkaConnectionSettings(BaseModel):
 
     topics: list[str] = Field(description="Topics to consume, comma-separated.", min_length=1)
     group_id: str = Field(description="Kafka consumer group id.", min_length=1)
-    bootstrap_servers: str | None = Field(None, description="Kafka bootstrap servers (or set "
-                                          "bootstrap.servers in the Kafka properties).")
-    kafka_properties_file: Path | None = Field(None, description="Java-style properties file of "
-                                               "librdkafka settings (e.g. a mounted Secret with SASL/TLS).")
-    kafka_property: list[str] = Field(default_factory=list, description="librdkafka setting "
-                                      "'name=value' (repeatable; overrides the file and environment).",
-                                      json_schema_extra={"repeatable": True})
+    bootstrap_servers: str | None = Field(
+        None, description="Kafka bootstrap servers (or set bootstrap.servers in the Kafka properties)."
+    )
+    kafka_properties_file: Path | None = Field(
+        None, description="Java-style properties file of librdkafka settings (e.g. a mounted Secret with SASL/TLS)."
+    )
+    kafka_property: list[str] = Field(
+        default_factory=list,
+        description="librdkafka setting 'name=value' (repeatable; overrides the file and environment).",
+        json_schema_extra={"repeatable": True},
+    )
 
     @field_validator("topics", mode="before")
     @classmethod
@@ -101,20 +128,31 @@ class HandlerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    handler: str = Field(description="Handler to call per message, as 'package.module:function' "
-                                     "(plain or async def).", pattern=r"^[\w.]+:[\w.]+$")
-    ordering: Ordering = Field(Ordering.KEY, description="key: same key in order (keyless messages per "
-                               "partition); partition: same partition in order; unordered: no order.")
+    handler: str = Field(
+        description="Handler to call per message, as 'package.module:function' (plain or async def).",
+        pattern=r"^[\w.]+:[\w.]+$",
+    )
+    ordering: Ordering = Field(
+        Ordering.KEY,
+        description="key: same key in order (keyless messages per "
+        "partition); partition: same partition in order; unordered: no order.",
+    )
     max_attempts: int = Field(5, ge=1, description="Handler attempts per message, the first included.")
-    retry_initial_backoff: float = Field(0.2, ge=0, description="Seconds before the second attempt; "
-                                         "doubles per attempt. Only the failing key waits.")
-    retry_max_backoff: float = Field(30.0, gt=0, description="Longest wait between attempts (and the "
-                                     "retry period of a blocked key).")
-    on_exhausted: ExhaustedPolicy = Field(ExhaustedPolicy.DLQ, description="After max-attempts: dlq "
-                                          "(publish to the dead-letter topic, go on) or block (park the "
-                                          "key, keep retrying, hold the partition's commit).")
-    dlq_topic: str = Field("{topic}.dlq", min_length=1, description="Dead-letter topic; {topic} is "
-                           "replaced by the source topic.")
+    retry_initial_backoff: float = Field(
+        0.2, ge=0, description="Seconds before the second attempt; doubles per attempt. Only the failing key waits."
+    )
+    retry_max_backoff: float = Field(
+        30.0, gt=0, description="Longest wait between attempts (and the retry period of a blocked key)."
+    )
+    on_exhausted: ExhaustedPolicy = Field(
+        ExhaustedPolicy.DLQ,
+        description="After max-attempts: dlq "
+        "(publish to the dead-letter topic, go on) or block (park the "
+        "key, keep retrying, hold the partition's commit).",
+    )
+    dlq_topic: str = Field(
+        "{topic}.dlq", min_length=1, description="Dead-letter topic; {topic} is replaced by the source topic."
+    )
     log_format: Literal["text", "json"] = Field("text", description="Log format.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
@@ -125,8 +163,12 @@ class HandlerSettings(BaseModel):
         return self
 
     def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(max_attempts=self.max_attempts, initial_backoff=self.retry_initial_backoff,
-                           max_backoff=self.retry_max_backoff, exhausted=self.on_exhausted)
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            initial_backoff=self.retry_initial_backoff,
+            max_backoff=self.retry_max_backoff,
+            exhausted=self.on_exhausted,
+        )
 
 
 class RunConfig(HandlerSettings, KafkaConnectionSettings):
@@ -134,25 +176,44 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
 
     workers: int = Field(16, ge=1, description="Key workers per pod at start (live-resizable).")
     max_workers: int = Field(4096, ge=1, description="Upper bound for a live resize of the key workers.")
-    max_inflight: int = Field(10_000, ge=1, description="Unfinished messages per pod before every "
-                              "partition is paused (bounds payload memory).")
-    max_inflight_per_partition: int = Field(5_000, ge=1, description="Unfinished messages per partition "
-                                            "before that partition is paused.")
-    max_uncommitted: int = Field(50_000, ge=1, description="Messages at or above the committed offsets per "
-                                 "pod, finished or not, before partitions are paused: the most a crash "
-                                 "re-delivers.")
-    resume_ratio: float = Field(0.5, gt=0, lt=1, description="Paused partitions resume when in-flight "
-                                "falls to this fraction of the bound.")
+    max_inflight: int = Field(
+        10_000,
+        ge=1,
+        description="Unfinished messages per pod before every partition is paused (bounds payload memory).",
+    )
+    max_inflight_per_partition: int = Field(
+        5_000, ge=1, description="Unfinished messages per partition before that partition is paused."
+    )
+    max_uncommitted: int = Field(
+        50_000,
+        ge=1,
+        description="Messages at or above the committed offsets per "
+        "pod, finished or not, before partitions are paused: the most a crash "
+        "re-delivers.",
+    )
+    resume_ratio: float = Field(
+        0.5, gt=0, lt=1, description="Paused partitions resume when in-flight falls to this fraction of the bound."
+    )
     poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
     commit_interval: float = Field(1.0, gt=0, description="Seconds between periodic commits.")
-    revoke_drain_timeout: float = Field(10.0, ge=0, description="Seconds revoked partitions' in-flight "
-                                        "messages may take to finish before they are abandoned.")
-    shutdown_grace: float = Field(25.0, ge=0, description="Seconds in-flight messages may take to finish "
-                                  "on SIGTERM (keep below the pod's terminationGracePeriodSeconds).")
+    revoke_drain_timeout: float = Field(
+        10.0,
+        ge=0,
+        description="Seconds revoked partitions' in-flight messages may take to finish before they are abandoned.",
+    )
+    shutdown_grace: float = Field(
+        25.0,
+        ge=0,
+        description="Seconds in-flight messages may take to finish "
+        "on SIGTERM (keep below the pod's terminationGracePeriodSeconds).",
+    )
     http_host: str = Field("0.0.0.0", description="Address of the metrics/health/admin HTTP server.")
     http_port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: any free port).")
-    admin_token_file: Path | None = Field(None, description="File holding the bearer token required by "
-                                          "PUT /admin/workers; without it the endpoint is disabled.")
+    admin_token_file: Path | None = Field(
+        None,
+        description="File holding the bearer token required by "
+        "PUT /admin/workers; without it the endpoint is disabled.",
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
@@ -161,8 +222,10 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         if self.max_uncommitted < self.max_inflight:
             raise ValueError(f"max_uncommitted ({self.max_uncommitted}) must be >= max_inflight ({self.max_inflight})")
         if self.max_inflight_per_partition > self.max_inflight:
-            raise ValueError(f"max_inflight_per_partition ({self.max_inflight_per_partition}) must be <= "
-                             f"max_inflight ({self.max_inflight})")
+            raise ValueError(
+                f"max_inflight_per_partition ({self.max_inflight_per_partition}) must be <= "
+                f"max_inflight ({self.max_inflight})"
+            )
         return self
 
 
@@ -180,12 +243,16 @@ def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) 
         default = field.default if field.default is not PydanticUndefined else None
         if field.default_factory is not None:
             default = None
-        shown = f" [default: {default.value if hasattr(default, 'value') else default}]" \
-            if default is not None else " [required]" if field.is_required() else ""
+        shown = (
+            f" [default: {default.value if hasattr(default, 'value') else default}]"
+            if default is not None
+            else " [required]"
+            if field.is_required()
+            else ""
+        )
         help_text = f"{field.description}{shown} (env {env_name(name)})".replace("%", "%%")
         if (field.json_schema_extra or {}).get("repeatable"):
-            parser.add_argument(flag_name(name), dest=name, action="append", metavar="NAME=VALUE",
-                                help=help_text)
+            parser.add_argument(flag_name(name), dest=name, action="append", metavar="NAME=VALUE", help=help_text)
         else:
             parser.add_argument(flag_name(name), dest=name, metavar=name.upper(), help=help_text)
 
@@ -242,7 +309,7 @@ def parse_properties(text: str, source: str) -> dict[str, str]:
         separator = min((index for index in (line.find("="), line.find(":")) if index > 0), default=-1)
         if separator < 0:
             raise ConfigError(f"{source}, line {number}: expected name=value")
-        properties[line[:separator].strip()] = line[separator + 1:].strip()
+        properties[line[:separator].strip()] = line[separator + 1 :].strip()
     return properties
 
 
@@ -254,7 +321,7 @@ def kafka_properties(config: KafkaConnectionSettings, environ: Mapping[str, str]
         properties.update(read_properties_file(config.kafka_properties_file))
     for name, value in environ.items():
         if name.startswith(RDKAFKA_ENV_PREFIX) and len(name) > len(RDKAFKA_ENV_PREFIX):
-            properties[name[len(RDKAFKA_ENV_PREFIX):].lower().replace("_", ".")] = value
+            properties[name[len(RDKAFKA_ENV_PREFIX) :].lower().replace("_", ".")] = value
     for item in config.kafka_property:
         name, value = item.split("=", 1)
         properties[name.strip()] = value.strip()
@@ -264,8 +331,10 @@ def kafka_properties(config: KafkaConnectionSettings, environ: Mapping[str, str]
         if name in properties:
             raise ConfigError(f"Kafka property {name!r} cannot be set: {reason}")
     if not properties.get("bootstrap.servers"):
-        raise ConfigError("no Kafka bootstrap servers: set --bootstrap-servers / KEYORDER_BOOTSTRAP_SERVERS "
-                          "or bootstrap.servers in the Kafka properties")
+        raise ConfigError(
+            "no Kafka bootstrap servers: set --bootstrap-servers / KEYORDER_BOOTSTRAP_SERVERS "
+            "or bootstrap.servers in the Kafka properties"
+        )
     return properties
 
 
@@ -281,8 +350,10 @@ def producer_properties(properties: Mapping[str, str]) -> dict[str, str]:
 
 def redact(properties: Mapping[str, Any]) -> dict[str, Any]:
     """A copy safe to log: values of sensitive properties replaced by ``<redacted>``."""
-    return {name: "<redacted>" if any(marker in name.lower() for marker in SENSITIVE_MARKERS) else value
-            for name, value in properties.items()}
+    return {
+        name: "<redacted>" if any(marker in name.lower() for marker in SENSITIVE_MARKERS) else value
+        for name, value in properties.items()
+    }
 
 
 def read_admin_token(config: RunConfig) -> str | None:
@@ -291,8 +362,7 @@ def read_admin_token(config: RunConfig) -> str | None:
     try:
         token = config.admin_token_file.read_text().strip()
     except OSError as error:
-        raise ConfigError(f"--admin-token-file {config.admin_token_file}: cannot read: {error.strerror}") \
-            from None
+        raise ConfigError(f"--admin-token-file {config.admin_token_file}: cannot read: {error.strerror}") from None
     if len(token) < 16:
         raise ConfigError(f"--admin-token-file {config.admin_token_file}: token must be at least 16 characters")
     return token

@@ -39,9 +39,14 @@ log = logging.getLogger(__name__)
 class Pod:
     """One keyorder consumer process: runtime, workers, DLQ producer and HTTP server."""
 
-    def __init__(self, config: RunConfig, handler: Callable[[Any], Any] | None = None,
-                 environ: Mapping[str, str] | None = None, serve_http: bool = True,
-                 dead_letters: DeadLetterSink | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        handler: Callable[[Any], Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+        serve_http: bool = True,
+        dead_letters: DeadLetterSink | None = None,
+    ) -> None:
         self.config = config
         function = handler if handler is not None else load_handler(config.handler).function
         properties = kafka_properties(config, environ)
@@ -57,17 +62,24 @@ class Pod:
         self.router = KeyRouter(config.ordering, config.workers)
         settings = RuntimeSettings(
             topics=tuple(config.topics),
-            flow=FlowLimits(config.max_inflight, config.max_inflight_per_partition, config.max_uncommitted,
-                            config.resume_ratio),
-            poll_batch=config.poll_batch, commit_interval=config.commit_interval,
-            revoke_drain_timeout=config.revoke_drain_timeout, shutdown_grace=config.shutdown_grace,
-            max_workers=config.max_workers)
+            flow=FlowLimits(
+                config.max_inflight, config.max_inflight_per_partition, config.max_uncommitted, config.resume_ratio
+            ),
+            poll_batch=config.poll_batch,
+            commit_interval=config.commit_interval,
+            revoke_drain_timeout=config.revoke_drain_timeout,
+            shutdown_grace=config.shutdown_grace,
+            max_workers=config.max_workers,
+        )
         self.source = KafkaSource(consumer_properties(config, properties))
         self.runtime = ConsumerRuntime(settings, self.source, self.pool, self.router, self.completions)
         self.source.on_commit_result = self.runtime.record_commit_outcomes
         self.registry = build_registry(self.runtime, self.pool)
-        self.http = PodHttpServer(self.runtime, self.registry, config.http_host, config.http_port,
-                                  admin_token) if serve_http else None
+        self.http = (
+            PodHttpServer(self.runtime, self.registry, config.http_host, config.http_port, admin_token)
+            if serve_http
+            else None
+        )
 
     @property
     def http_port(self) -> int | None:

@@ -62,8 +62,7 @@ class RuntimeSettings:
 class PartitionState:
     """What the pod knows about one assigned partition."""
 
-    __slots__ = ("completed", "dropped", "id", "last_committed", "offsets", "outstanding", "receive_times",
-                 "revoked")
+    __slots__ = ("completed", "dropped", "id", "last_committed", "offsets", "outstanding", "receive_times", "revoked")
 
     def __init__(self, partition_id: TopicPartitionId, offsets: PartitionOffsets) -> None:
         self.id = partition_id
@@ -116,8 +115,15 @@ class RuntimeSnapshot:
 class ConsumerRuntime:
     """Runs the poll loop until ``stop`` is set, then shuts down gracefully."""
 
-    def __init__(self, settings: RuntimeSettings, source: Source, pool: WorkerPool, router: KeyRouter,
-                 completions: Completions, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: RuntimeSettings,
+        source: Source,
+        pool: WorkerPool,
+        router: KeyRouter,
+        completions: Completions,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings
         self.source = source
         self.pool = pool
@@ -173,8 +179,12 @@ class ConsumerRuntime:
         self.source.subscribe(settings.topics, self._on_assign, self._on_revoke, self._on_lost)
         self.pool.start()
         self.started.set()
-        log.info("consuming %s with %d %s-ordered workers", ",".join(settings.topics), self.router.workers,
-                 self.router.ordering.value)
+        log.info(
+            "consuming %s with %d %s-ordered workers",
+            ",".join(settings.topics),
+            self.router.workers,
+            self.router.ordering.value,
+        )
         next_commit = next_snapshot = self.clock()
         try:
             while not stop.is_set():
@@ -249,8 +259,11 @@ class ConsumerRuntime:
     def _apply_resize(self) -> None:
         target = self._requested_workers
         if target != self.router.workers:
-            log.info("resizing key workers %d -> %d (in-flight keys finish on their current worker)",
-                     self.router.workers, target)
+            log.info(
+                "resizing key workers %d -> %d (in-flight keys finish on their current worker)",
+                self.router.workers,
+                target,
+            )
             self.router.workers = target
             self.pool.resize(target)
             self._retiring = set(self.pool.retiring_slots())
@@ -260,8 +273,7 @@ class ConsumerRuntime:
                 self._retiring.discard(slot)
 
     def _loads(self) -> tuple[dict[TopicPartitionId, Load], Load]:
-        loads = {pid: Load(state.offsets.inflight, state.offsets.uncommitted)
-                 for pid, state in self.partitions.items()}
+        loads = {pid: Load(state.offsets.inflight, state.offsets.uncommitted) for pid, state in self.partitions.items()}
         return loads, Load(self.inflight, sum(load.uncommitted for load in loads.values()))
 
     def _apply_flow(self) -> int:
@@ -322,20 +334,26 @@ class ConsumerRuntime:
             offset, metadata = committed.get(partition_id, (None, None))
             prior_done = offset_metadata.decode(metadata, offset) if offset is not None else set()
             self.partitions[partition_id] = PartitionState(partition_id, PartitionOffsets(offset, prior_done))
-            log.info("assigned %s[%d] from offset %s%s", *partition_id, offset if offset is not None else "reset",
-                     f" ({len(prior_done)} offsets above it already done)" if prior_done else "")
+            log.info(
+                "assigned %s[%d] from offset %s%s",
+                *partition_id,
+                offset if offset is not None else "reset",
+                f" ({len(prior_done)} offsets above it already done)" if prior_done else "",
+            )
 
-    def _committed_with_retries(self, partition_ids: list[TopicPartitionId], attempts: int = 3
-                                ) -> dict[TopicPartitionId, tuple[int | None, str | None]]:
+    def _committed_with_retries(
+        self, partition_ids: list[TopicPartitionId], attempts: int = 3
+    ) -> dict[TopicPartitionId, tuple[int | None, str | None]]:
         for attempt in range(1, attempts + 1):
             try:
                 return self.source.committed(partition_ids, self.settings.broker_timeout)
             except SourceError as error:
                 if attempt == attempts:
-                    raise SourceError(f"could not read the committed offsets of the assigned partitions "
-                                      f"after {attempts} attempts: {error}") from error
-                log.warning("reading committed offsets failed (attempt %d/%d), retrying: %s", attempt, attempts,
-                            error)
+                    raise SourceError(
+                        f"could not read the committed offsets of the assigned partitions "
+                        f"after {attempts} attempts: {error}"
+                    ) from error
+                log.warning("reading committed offsets failed (attempt %d/%d), retrying: %s", attempt, attempts, error)
                 time.sleep(attempt)
         raise AssertionError("unreachable")
 
@@ -357,9 +375,12 @@ class ConsumerRuntime:
                 self._collect_completions()
             still_running = sum(state.outstanding for state in states)
             if still_running:
-                log.warning("revoke: %d messages still in a handler or waiting for a retry after %.0fs; the "
-                            "new owner re-delivers them from the committed offset", still_running,
-                            self.settings.revoke_drain_timeout)
+                log.warning(
+                    "revoke: %d messages still in a handler or waiting for a retry after %.0fs; the "
+                    "new owner re-delivers them from the committed offset",
+                    still_running,
+                    self.settings.revoke_drain_timeout,
+                )
         self._commit(states, asynchronous=False)
         self._drop(partition_ids)
 
@@ -388,8 +409,7 @@ class ConsumerRuntime:
         self.stopping = True
         settings = self.settings
         deadline = self.clock() + settings.shutdown_grace
-        log.info("shutting down: waiting up to %.0fs for %d in-flight messages", settings.shutdown_grace,
-                 self.inflight)
+        log.info("shutting down: waiting up to %.0fs for %d in-flight messages", settings.shutdown_grace, self.inflight)
         next_commit = self.clock()
         while self.inflight and self.clock() < deadline:
             time.sleep(0.005)
@@ -400,8 +420,7 @@ class ConsumerRuntime:
         self.pool.stop(max(deadline - self.clock(), 0.5))
         self._collect_completions()
         if self.inflight:
-            log.warning("shutdown: %d in-flight messages abandoned; they are re-delivered after restart",
-                        self.inflight)
+            log.warning("shutdown: %d in-flight messages abandoned; they are re-delivered after restart", self.inflight)
         self._commit(self.partitions.values(), asynchronous=False)
         self._closing = True
         self.source.close()
@@ -415,14 +434,27 @@ class ConsumerRuntime:
         for state in list(self.partitions.values()):
             offsets = state.offsets
             committed = state.last_committed[0] if state.last_committed else offsets.start
-            partitions.append(PartitionSnapshot(
-                topic=state.id[0], partition=state.id[1], committed=committed,
-                high_watermark=self.source.high_watermark(state.id), min_inflight=offsets.min_inflight,
-                oldest_inflight_age=state.receive_times.oldest_age(offsets.min_inflight, now),
-                inflight=offsets.inflight, uncommitted=offsets.uncommitted, paused=state.id in paused,
-                completed=state.completed))
+            partitions.append(
+                PartitionSnapshot(
+                    topic=state.id[0],
+                    partition=state.id[1],
+                    committed=committed,
+                    high_watermark=self.source.high_watermark(state.id),
+                    min_inflight=offsets.min_inflight,
+                    oldest_inflight_age=state.receive_times.oldest_age(offsets.min_inflight, now),
+                    inflight=offsets.inflight,
+                    uncommitted=offsets.uncommitted,
+                    paused=state.id in paused,
+                    completed=state.completed,
+                )
+            )
         self.snapshot = RuntimeSnapshot(
-            partitions=tuple(partitions), inflight=self.inflight, workers=self.router.workers,
-            pinned_lanes=self.affinity.pinned_lanes(), commits=self._commits,
-            commit_failures=self._commit_failures, rebalances=self._rebalances, skipped=self._skipped)
-
+            partitions=tuple(partitions),
+            inflight=self.inflight,
+            workers=self.router.workers,
+            pinned_lanes=self.affinity.pinned_lanes(),
+            commits=self._commits,
+            commit_failures=self._commit_failures,
+            rebalances=self._rebalances,
+            skipped=self._skipped,
+        )

@@ -32,8 +32,25 @@ from keyorder.core.scheduling import Delivery, LaneScheduler
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                   10.0, 30.0, 60.0, 300.0)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 """Histogram bucket bounds (seconds) for handler duration and end-to-end processing latency."""
 
 Completions = deque  # of (Delivery, handled: bool); handled=False means abandoned unprocessed
@@ -58,8 +75,10 @@ def call_sync_handler(handler: Callable[[Any], Any], message: Any) -> None:
     if result is not None and inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()
-        raise TypeError("the handler returned an awaitable without awaiting it: declare it 'async def' "
-                        "so keyorder runs it on asyncio workers")
+        raise TypeError(
+            "the handler returned an awaitable without awaiting it: declare it 'async def' "
+            "so keyorder runs it on asyncio workers"
+        )
 
 
 class LatencyHistogram:
@@ -85,8 +104,17 @@ class LatencyHistogram:
 class WorkerStats:
     """Counters of one worker, written only by that worker."""
 
-    __slots__ = ("blocked_lanes", "busy", "dead_lettered", "failed", "handler_seconds", "latency",
-                 "parked_lanes", "processed", "retried")
+    __slots__ = (
+        "blocked_lanes",
+        "busy",
+        "dead_lettered",
+        "failed",
+        "handler_seconds",
+        "latency",
+        "parked_lanes",
+        "processed",
+        "retried",
+    )
 
     def __init__(self) -> None:
         self.processed = 0
@@ -134,8 +162,15 @@ class WorkerPool(Protocol):
 class _WorkerCore:
     """Failure handling shared by thread and asyncio workers."""
 
-    def __init__(self, slot: int, retry: RetryPolicy, dead_letters: DeadLetterSink | None,
-                 completions: Completions, clock: Callable[[], float], health: PoolHealth) -> None:
+    def __init__(
+        self,
+        slot: int,
+        retry: RetryPolicy,
+        dead_letters: DeadLetterSink | None,
+        completions: Completions,
+        clock: Callable[[], float],
+        health: PoolHealth,
+    ) -> None:
         self.slot = slot
         self.health = health
         self.retry = retry
@@ -169,25 +204,46 @@ class _WorkerCore:
         verdict, delay = self.retry.after_failure(delivery.attempts)
         if verdict is Verdict.RETRY:
             stats.retried += 1
-            log.warning("handler failed on %s[%d]@%d (attempt %d/%d), retrying its key in %.2fs: %s: %s",
-                        message.topic, message.partition, message.offset, delivery.attempts,
-                        self.retry.max_attempts, delay, type(error).__name__, error)
+            log.warning(
+                "handler failed on %s[%d]@%d (attempt %d/%d), retrying its key in %.2fs: %s: %s",
+                message.topic,
+                message.partition,
+                message.offset,
+                delivery.attempts,
+                self.retry.max_attempts,
+                delay,
+                type(error).__name__,
+                error,
+            )
             self._park(delivery, delay)
         elif verdict is Verdict.BLOCK:
             if delivery.park_key not in self.scheduler.blocked:
                 self.scheduler.blocked.add(delivery.park_key)
-                log.error("handler failed on %s[%d]@%d %d times; its key is BLOCKED (retrying every %.0fs, "
-                          "the partition's commit waits): %s: %s", message.topic, message.partition,
-                          message.offset, delivery.attempts, delay, type(error).__name__, error)
+                log.error(
+                    "handler failed on %s[%d]@%d %d times; its key is BLOCKED (retrying every %.0fs, "
+                    "the partition's commit waits): %s: %s",
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    delivery.attempts,
+                    delay,
+                    type(error).__name__,
+                    error,
+                )
             self._park(delivery, delay)
         return verdict
 
     def _dead_lettered(self, delivery: Delivery, error: BaseException, publish_error: Exception | None) -> None:
         if publish_error is not None:
             message = delivery.message
-            log.error("could not dead-letter %s[%d]@%d, keeping it in flight and retrying the DLQ write in "
-                      "%.0fs: %s", message.topic, message.partition, message.offset, self.retry.max_backoff,
-                      publish_error)
+            log.error(
+                "could not dead-letter %s[%d]@%d, keeping it in flight and retrying the DLQ write in %.0fs: %s",
+                message.topic,
+                message.partition,
+                message.offset,
+                self.retry.max_backoff,
+                publish_error,
+            )
             delivery.pending_dead_letter = error  # the handler is not run again, only the write
             self._park(delivery, self.retry.max_backoff)
             return
@@ -210,8 +266,9 @@ class _WorkerCore:
         self.stats.blocked_lanes = len(self.scheduler.blocked)
 
     def _crashed(self, error: BaseException) -> None:
-        log.critical("key worker %d crashed; the pod stops: %s: %s", self.slot, type(error).__name__, error,
-                     exc_info=error)
+        log.critical(
+            "key worker %d crashed; the pod stops: %s: %s", self.slot, type(error).__name__, error, exc_info=error
+        )
         self.health.crashed = f"worker {self.slot}: {type(error).__name__}: {error}"
 
     def _abandon_all(self) -> None:
@@ -293,12 +350,17 @@ class _ThreadWorker(_WorkerCore):
 class _PoolBase:
     """Bookkeeping shared by both pools: the slot -> worker map, the target size, retired totals."""
 
-    def __init__(self, handler: Callable[[Any], Any], workers: int, retry: RetryPolicy,
-                 dead_letters: DeadLetterSink | None, completions: Completions,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        handler: Callable[[Any], Any],
+        workers: int,
+        retry: RetryPolicy,
+        dead_letters: DeadLetterSink | None,
+        completions: Completions,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._handler = handler
-        self._core = {"retry": retry, "dead_letters": dead_letters, "completions": completions,
-                      "clock": clock}
+        self._core = {"retry": retry, "dead_letters": dead_letters, "completions": completions, "clock": clock}
         self.health = PoolHealth()
         self._core["health"] = self.health
         self._workers: dict[int, Any] = {}
@@ -351,6 +413,7 @@ class ThreadWorkerPool(_PoolBase):
             worker.thread.join(max(deadline - time.monotonic(), 0.0))
             if worker.thread.is_alive():
                 log.warning("worker %d still inside the handler after the shutdown grace period", worker.slot)
+
 
 class _AsyncWorker(_WorkerCore):
     def __init__(self, handler: Callable[[Any], Any], **core: Any) -> None:
@@ -423,13 +486,18 @@ class AsyncWorkerPool(_PoolBase):
     ``call_soon_threadsafe`` (and reads it with ``list()``, atomic under the GIL).
     """
 
-    def __init__(self, handler: Callable[[Any], Any], workers: int, retry: RetryPolicy,
-                 dead_letters: DeadLetterSink | None, completions: Completions,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        handler: Callable[[Any], Any],
+        workers: int,
+        retry: RetryPolicy,
+        dead_letters: DeadLetterSink | None,
+        completions: Completions,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(handler, workers, retry, dead_letters, completions, clock)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="keyorder-async-workers",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="keyorder-async-workers", daemon=True)
 
     def _spawn(self, slot: int) -> None:  # on the loop thread
         worker = _AsyncWorker(self._handler, slot=slot, **self._core)
@@ -482,15 +550,17 @@ class AsyncWorkerPool(_PoolBase):
             for task in still_running:
                 task.cancel()
             if still_running:
-                log.warning("%d async workers still inside the handler after the shutdown grace period",
-                            len(still_running))
+                log.warning(
+                    "%d async workers still inside the handler after the shutdown grace period", len(still_running)
+                )
 
         if self._thread.is_alive():
             try:
                 asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout + 5)
             except TimeoutError:  # a handler blocks the event loop (a sync call inside async def)
-                log.error("async workers did not stop within %.0fs: the event loop is blocked by a handler",
-                          timeout + 5)
+                log.error(
+                    "async workers did not stop within %.0fs: the event loop is blocked by a handler", timeout + 5
+                )
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
         if not self._thread.is_alive():

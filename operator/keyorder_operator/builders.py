@@ -18,8 +18,11 @@ CONTAINER_NAME = "consumer"
 
 
 def labels(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "keyorder-consumer", "app.kubernetes.io/instance": name,
-            "app.kubernetes.io/managed-by": "keyorder-operator"}
+    return {
+        "app.kubernetes.io/name": "keyorder-consumer",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "keyorder-operator",
+    }
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -32,13 +35,23 @@ def admin_secret_name(name: str) -> str:
 
 def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
     """The ownerReference that makes Kubernetes delete an object with its OrderedConsumer."""
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": owner["metadata"]["name"],
-            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _metadata(name: str, owner: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "namespace": owner["metadata"]["namespace"], "labels": labels(owner["metadata"]["name"]),
-            "ownerReferences": [owner_reference(owner)]}
+    return {
+        "name": name,
+        "namespace": owner["metadata"]["namespace"],
+        "labels": labels(owner["metadata"]["name"]),
+        "ownerReferences": [owner_reference(owner)],
+    }
 
 
 def _handler_env(spec: OrderedConsumerSpec) -> dict[str, str]:
@@ -81,30 +94,46 @@ def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, str]]:
     return _env_list(env, spec)
 
 
-CONTAINER_SECURITY = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-                      "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {
+    "runAsNonRoot": True,
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def _kafka_properties_volume(spec: OrderedConsumerSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if spec.kafka.properties_secret_ref is None:
         return [], []
-    return ([{"name": "kafka-properties", "secret": {"secretName": spec.kafka.properties_secret_ref.name}}],
-            [{"name": "kafka-properties", "mountPath": KAFKA_PROPERTIES_DIR, "readOnly": True}])
+    return (
+        [{"name": "kafka-properties", "secret": {"secretName": spec.kafka.properties_secret_ref.name}}],
+        [{"name": "kafka-properties", "mountPath": KAFKA_PROPERTIES_DIR, "readOnly": True}],
+    )
 
 
 def _resources(resources: Any) -> dict[str, dict[str, str]]:
-    return {key: value for key, value in (("requests", dict(resources.requests)),
-                                          ("limits", dict(resources.limits))) if value}
+    return {
+        key: value
+        for key, value in (("requests", dict(resources.requests)), ("limits", dict(resources.limits)))
+        if value
+    }
 
 
 def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas: int) -> dict[str, Any]:
     name = owner["metadata"]["name"]
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
-    volumes: list[dict[str, Any]] = [{"name": "admin-token", "secret": {"secretName": admin_secret_name(name)}},
-                                     {"name": "tmp", "emptyDir": {}}, *kafka_volumes]
-    mounts = [{"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
-              {"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts]
+    volumes: list[dict[str, Any]] = [
+        {"name": "admin-token", "secret": {"secretName": admin_secret_name(name)}},
+        {"name": "tmp", "emptyDir": {}},
+        *kafka_volumes,
+    ]
+    mounts = [
+        {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+        *kafka_mounts,
+    ]
     container = {
         "name": CONTAINER_NAME,
         "image": spec.handler.image,
@@ -112,8 +141,7 @@ def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas:
         "env": consumer_env(spec),
         "ports": [{"name": "http", "containerPort": spec.http_port}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10,
-                          "failureThreshold": 6},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
         "resources": _resources(spec.handler.resources),
         "volumeMounts": mounts,
         "securityContext": CONTAINER_SECURITY,
@@ -126,9 +154,10 @@ def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas:
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(name)},
             "template": {
-                "metadata": {"labels": labels(name),
-                             "annotations": {"prometheus.io/scrape": "true",
-                                             "prometheus.io/port": str(spec.http_port)}},
+                "metadata": {
+                    "labels": labels(name),
+                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.http_port)},
+                },
                 "spec": {
                     "serviceAccountName": name,
                     "automountServiceAccountToken": False,
@@ -145,30 +174,49 @@ def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas:
 def build_service(spec: OrderedConsumerSpec, owner: dict[str, Any]) -> dict[str, Any]:
     """Headless Service over the pods' HTTP port: scrape target for metrics, discovery for the operator."""
     name = owner["metadata"]["name"]
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(f"{name}-metrics", owner),
-            "spec": {"clusterIP": "None", "selector": selector_labels(name),
-                     "ports": [{"name": "http-metrics", "port": spec.http_port, "targetPort": "http"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(f"{name}-metrics", owner),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(name),
+            "ports": [{"name": "http-metrics", "port": spec.http_port, "targetPort": "http"}],
+        },
+    }
 
 
 def build_pdb(owner: dict[str, Any]) -> dict[str, Any]:
     """At most one pod down by voluntary disruption: a drain never stops a whole consumer group."""
     name = owner["metadata"]["name"]
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _metadata(name, owner),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}}}
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(name, owner),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}},
+    }
 
 
 def build_service_account(owner: dict[str, Any]) -> dict[str, Any]:
     """The pods' identity. They call no Kubernetes API (worker counts are pushed to them), so no Role
     is bound and no token is mounted: least privilege is none at all."""
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(owner["metadata"]["name"], owner),
-            "automountServiceAccountToken": False}
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(owner["metadata"]["name"], owner),
+        "automountServiceAccountToken": False,
+    }
 
 
 def build_admin_secret(owner: dict[str, Any], token: str) -> dict[str, Any]:
     """The bearer token of the pods' admin endpoint: only the operator and the pods can read it."""
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": _metadata(admin_secret_name(owner["metadata"]["name"]), owner),
-            "stringData": {ADMIN_TOKEN_KEY: token}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _metadata(admin_secret_name(owner["metadata"]["name"]), owner),
+        "stringData": {ADMIN_TOKEN_KEY: token},
+    }
 
 
 CATCHUP_JOB_TTL_SECONDS = 7 * 24 * 3600
@@ -182,7 +230,7 @@ FENCE_ANNOTATION = "keyorder.dev/fence"
 def catchup_job_name(name: str, started_at: float) -> str:
     """``<name>-catchup-<epoch seconds>``, the name shortened (never the time) to fit 63 characters."""
     suffix = f"-catchup-{int(started_at)}"
-    return name[:63 - len(suffix)].rstrip("-.") + suffix
+    return name[: 63 - len(suffix)].rstrip("-.") + suffix
 
 
 def catchup_selector(job_name: str) -> dict[str, str]:
@@ -212,8 +260,14 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     if not catchup.master.startswith("local"):
         settings["spark.executor.instances"] = str(catchup.executors)
     if catchup.master.startswith("k8s://"):  # client mode: the driver is this pod, executors call back to it
-        settings.update({"spark.kubernetes.container.image": image, "spark.kubernetes.namespace": namespace,
-                         "spark.driver.host": "$(POD_IP)", "spark.driver.bindAddress": "0.0.0.0"})
+        settings.update(
+            {
+                "spark.kubernetes.container.image": image,
+                "spark.kubernetes.namespace": namespace,
+                "spark.driver.host": "$(POD_IP)",
+                "spark.driver.bindAddress": "0.0.0.0",
+            }
+        )
         if driver_account:
             settings["spark.kubernetes.authenticate.driver.serviceAccountName"] = driver_account
     settings.update(catchup.spark_conf)
@@ -233,8 +287,12 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         "securityContext": CONTAINER_SECURITY,
     }
     # Its own app name: the consumers' Deployment, Service, PDB and pod counts must never select it.
-    job_labels = {"app.kubernetes.io/name": "keyorder-catchup", "app.kubernetes.io/instance": name,
-                  "app.kubernetes.io/managed-by": "keyorder-operator", "app.kubernetes.io/component": "catchup"}
+    job_labels = {
+        "app.kubernetes.io/name": "keyorder-catchup",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "keyorder-operator",
+        "app.kubernetes.io/component": "catchup",
+    }
     metadata = _metadata(job_name, owner)
     metadata["labels"] = job_labels
     metadata["annotations"] = {FENCE_ANNOTATION: until}

@@ -50,16 +50,26 @@ class CatchupRun:
     """Replicas to give back to the Deployment afterwards."""
 
     def to_status(self) -> dict[str, Any]:
-        return {"phase": self.phase.value, "jobName": self.job_name, "fence": dict(self.fence),
-                "startedAt": self.started_at, "resumeReplicas": self.resume_replicas}
+        return {
+            "phase": self.phase.value,
+            "jobName": self.job_name,
+            "fence": dict(self.fence),
+            "startedAt": self.started_at,
+            "resumeReplicas": self.resume_replicas,
+        }
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> CatchupRun | None:
         data = status.get("catchup") or {}
         if not data.get("phase"):
             return None
-        return cls(phase=Phase(data["phase"]), job_name=data["jobName"], fence=dict(data.get("fence") or {}),
-                   started_at=float(data.get("startedAt") or 0), resume_replicas=int(data.get("resumeReplicas", 1)))
+        return cls(
+            phase=Phase(data["phase"]),
+            job_name=data["jobName"],
+            fence=dict(data.get("fence") or {}),
+            started_at=float(data.get("startedAt") or 0),
+            resume_replicas=int(data.get("resumeReplicas", 1)),
+        )
 
     def running(self) -> CatchupRun:
         return CatchupRun(Phase.RUNNING, self.job_name, self.fence, self.started_at, self.resume_replicas)
@@ -73,8 +83,9 @@ def largest_size(limits: ScalingLimits, partitions: int) -> Size:
     return shape(cap * limits.max_workers, limits, partitions)
 
 
-def projected_drain_seconds_at_max(observation: Observation, per_worker_rate: float | None,
-                                   largest: Size) -> float | None:
+def projected_drain_seconds_at_max(
+    observation: Observation, per_worker_rate: float | None, largest: Size
+) -> float | None:
     """Seconds to drain the lag at the largest size (``inf``: it would never catch up; ``None``: unknown)."""
     if observation.lag is None or not per_worker_rate or largest.capacity == 0:
         return None
@@ -84,8 +95,13 @@ def projected_drain_seconds_at_max(observation: Observation, per_worker_rate: fl
     return observation.lag / net_rate
 
 
-def catchup_trigger(enabled: bool, trigger_seconds: float, observation: Observation, per_worker_rate: float | None,
-                    limits: ScalingLimits) -> str | None:
+def catchup_trigger(
+    enabled: bool,
+    trigger_seconds: float,
+    observation: Observation,
+    per_worker_rate: float | None,
+    limits: ScalingLimits,
+) -> str | None:
     """Why catch-up should start now, or ``None`` when it should not."""
     if not enabled or observation.lag is None or not observation.partitions:
         return None
@@ -94,9 +110,11 @@ def catchup_trigger(enabled: bool, trigger_seconds: float, observation: Observat
     if projected is None or projected <= trigger_seconds:
         return None
     shown = "never (arrivals outpace it)" if math.isinf(projected) else duration(projected)
-    return (f"lag {observation.lag}: draining at the largest size ({largest.replicas} pods x {largest.workers} "
-            f"workers at {per_worker_rate:.1f} msg/s each) would take {shown}, over the catch-up trigger "
-            f"{duration(trigger_seconds)}")
+    return (
+        f"lag {observation.lag}: draining at the largest size ({largest.replicas} pods x {largest.workers} "
+        f"workers at {per_worker_rate:.1f} msg/s each) would take {shown}, over the catch-up trigger "
+        f"{duration(trigger_seconds)}"
+    )
 
 
 def fence_argument(fence: dict[str, int]) -> str:

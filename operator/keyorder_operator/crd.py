@@ -36,17 +36,37 @@ from keyorder_operator.spec import (
     WorkersSpec,
 )
 
-KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern",
-        "minItems", "maxItems", "items", "properties", "required", "additionalProperties"}
+KEEP = {
+    "type",
+    "description",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "items",
+    "properties",
+    "required",
+    "additionalProperties",
+}
 
 VALIDATIONS: dict[type[BaseModel], list[dict[str, str]]] = {
-    WorkersSpec: [{"rule": "self.min <= self.initial && self.initial <= self.max",
-                   "message": "need min <= initial <= max"}],
+    WorkersSpec: [
+        {"rule": "self.min <= self.initial && self.initial <= self.max", "message": "need min <= initial <= max"}
+    ],
     ReplicasSpec: [{"rule": "!has(self.max) || self.min <= self.max", "message": "min must be <= max"}],
-    OrderedConsumerSpec: [{
-        "rule": "!(has(self.replicas) && has(self.replicas.min) && self.replicas.min == 0) || "
-                "(has(self.scaling) && has(self.scaling.scaleToZero) && self.scaling.scaleToZero)",
-        "message": "replicas.min 0 needs scaling.scaleToZero: true", "fieldPath": ".replicas.min"}],
+    OrderedConsumerSpec: [
+        {
+            "rule": "!(has(self.replicas) && has(self.replicas.min) && self.replicas.min == 0) || "
+            "(has(self.scaling) && has(self.scaling.scaleToZero) && self.scaling.scaleToZero)",
+            "message": "replicas.min 0 needs scaling.scaleToZero: true",
+            "fieldPath": ".replicas.min",
+        }
+    ],
 }
 """CEL restatements of the models' ``model_validator`` rules (a test checks every validator has one)."""
 
@@ -90,8 +110,9 @@ def _structural(node: Any, definitions: dict[str, Any]) -> Any:
         del node["default"]  # absent means unset
     if node.get("additionalProperties") is False:
         del node["additionalProperties"]  # structural schemas prune unknown fields instead
-    result = {key: _structural(value, definitions) for key, value in node.items()
-              if key in KEEP or key == "exclusiveMinimum"}
+    result = {
+        key: _structural(value, definitions) for key, value in node.items() if key in KEEP or key == "exclusiveMinimum"
+    }
     if "properties" in result:
         result["properties"] = {name: _structural(value, definitions) for name, value in node["properties"].items()}
         result.setdefault("type", "object")
@@ -135,8 +156,9 @@ def _annotate(model: type[BaseModel], node: dict[str, Any], path: str, used: set
             continue
         if field.default_factory is not None and not is_list:
             child["default"] = {}
-        _annotate(sub_model, child["items"] if is_list else child, child_path if not is_list else f"{child_path}[]",
-                  used)
+        _annotate(
+            sub_model, child["items"] if is_list else child, child_path if not is_list else f"{child_path}[]", used
+        )
 
 
 def spec_schema(used_fallbacks: set[str] | None = None) -> dict[str, Any]:
@@ -152,10 +174,19 @@ PRINTER_COLUMNS = [
     {"name": "Lag", "type": "integer", "jsonPath": ".status.lag"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {"name": "Workers", "type": "integer", "jsonPath": ".status.workersPerPod"},
-    {"name": "Drain ETA", "type": "integer", "jsonPath": ".status.drainEtaSeconds",
-     "description": "Projected seconds to drain the backlog at the current pace"},
-    {"name": "Catch-up", "type": "string", "jsonPath": ".status.catchup.phase", "priority": 1,
-     "description": "Phase of a Spark catch-up hand-over in progress (StoppingPods, Running)"},
+    {
+        "name": "Drain ETA",
+        "type": "integer",
+        "jsonPath": ".status.drainEtaSeconds",
+        "description": "Projected seconds to drain the backlog at the current pace",
+    },
+    {
+        "name": "Catch-up",
+        "type": "string",
+        "jsonPath": ".status.catchup.phase",
+        "priority": 1,
+        "description": "Phase of a Spark catch-up hand-over in progress (StoppingPods, Running)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -168,27 +199,36 @@ def crd_manifest() -> dict[str, Any]:
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
-            "names": {"kind": KIND, "plural": PLURAL, "singular": KIND.lower(), "shortNames": [SHORT_NAME],
-                      "categories": ["keyorder"]},
-            "versions": [{
-                "name": VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}, "scale": dict(SCALE)},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "description": "Key-ordered Kafka consumers that autoscale past the partition count.",
-                    "required": ["spec"],
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "spec": spec_schema(),
-                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "names": {
+                "kind": KIND,
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": [SHORT_NAME],
+                "categories": ["keyorder"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}, "scale": dict(SCALE)},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "Key-ordered Kafka consumers that autoscale past the partition count.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                            },
+                        }
                     },
-                }},
-            }],
+                }
+            ],
         },
     }
 

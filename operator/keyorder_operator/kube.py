@@ -54,16 +54,26 @@ class Kube:
 
     def _verbs(self, kind: str):
         table = {
-            "Deployment": (self.apps.read_namespaced_deployment, self.apps.create_namespaced_deployment,
-                           self.apps.patch_namespaced_deployment),
-            "Service": (self.core.read_namespaced_service, self.core.create_namespaced_service,
-                        self.core.patch_namespaced_service),
-            "PodDisruptionBudget": (self.policy.read_namespaced_pod_disruption_budget,
-                                    self.policy.create_namespaced_pod_disruption_budget,
-                                    self.policy.patch_namespaced_pod_disruption_budget),
-            "ServiceAccount": (self.core.read_namespaced_service_account,
-                               self.core.create_namespaced_service_account,
-                               self.core.patch_namespaced_service_account),
+            "Deployment": (
+                self.apps.read_namespaced_deployment,
+                self.apps.create_namespaced_deployment,
+                self.apps.patch_namespaced_deployment,
+            ),
+            "Service": (
+                self.core.read_namespaced_service,
+                self.core.create_namespaced_service,
+                self.core.patch_namespaced_service,
+            ),
+            "PodDisruptionBudget": (
+                self.policy.read_namespaced_pod_disruption_budget,
+                self.policy.create_namespaced_pod_disruption_budget,
+                self.policy.patch_namespaced_pod_disruption_budget,
+            ),
+            "ServiceAccount": (
+                self.core.read_namespaced_service_account,
+                self.core.create_namespaced_service_account,
+                self.core.patch_namespaced_service_account,
+            ),
         }
         return table[kind]
 
@@ -120,8 +130,7 @@ class Kube:
             existing = self.job(namespace, name) or {}
             theirs = ((existing.get("metadata") or {}).get("annotations") or {}).get(identity_annotation)
             if theirs != desired["metadata"]["annotations"][identity_annotation]:
-                raise JobConflict(f"Job {namespace}/{name} already exists and belongs to another hand-over") \
-                    from None
+                raise JobConflict(f"Job {namespace}/{name} already exists and belongs to another hand-over") from None
             return
         log.info("created Job %s/%s", namespace, name)
 
@@ -149,9 +158,12 @@ class Kube:
         """Pods matching ``selector`` that still exist in any phase (terminating ones included)."""
         label_selector = ",".join(f"{key}={value}" for key, value in selector.items())
         pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
-        return sum(1 for pod in pods
-                   if all((pod.metadata.labels or {}).get(key) == value for key, value in selector.items())
-                   and (pod.status is None or pod.status.phase not in ("Succeeded", "Failed")))
+        return sum(
+            1
+            for pod in pods
+            if all((pod.metadata.labels or {}).get(key) == value for key, value in selector.items())
+            and (pod.status is None or pod.status.phase not in ("Succeeded", "Failed"))
+        )
 
     def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
         """IPs of ready pods matching ``selector`` (filtered here too: not every API server filters)."""

@@ -12,18 +12,34 @@ import logging
 
 
 def add_operator_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--namespace", action="append", default=[],
-                        help="watch only this namespace (repeatable); default: the whole cluster")
-    parser.add_argument("--peering", default=None,
-                        help="kopf peering object name for high availability (default: standalone)")
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable); default: the whole cluster",
+    )
+    parser.add_argument(
+        "--peering", default=None, help="kopf peering object name for high availability (default: standalone)"
+    )
     parser.add_argument("--metrics-port", type=int, default=8081, help="operator metrics port [default: 8081]")
-    parser.add_argument("--liveness", default="http://0.0.0.0:8082/healthz",
-                        help="kopf liveness endpoint [default: http://0.0.0.0:8082/healthz]")
-    parser.add_argument("--tick", type=float, default=5.0,
-                        help="seconds between autoscaler checks (each resource polls at its own interval)")
-    parser.add_argument("--priority", type=int, default=None,
-                        help="kopf peering priority: the highest-priority operator works, the others stand by "
-                             "[default with --peering: random, so replicas never tie (a tie pauses them all)]")
+    parser.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8082/healthz",
+        help="kopf liveness endpoint [default: http://0.0.0.0:8082/healthz]",
+    )
+    parser.add_argument(
+        "--tick",
+        type=float,
+        default=5.0,
+        help="seconds between autoscaler checks (each resource polls at its own interval)",
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="kopf peering priority: the highest-priority operator works, the others stand by "
+        "[default with --peering: random, so replicas never tie (a tie pauses them all)]",
+    )
 
 
 def operator_registry(context):
@@ -69,7 +85,13 @@ def operator_command(args: argparse.Namespace) -> int:
     context = OperatorContext(kube=Kube(kubernetes.client.ApiClient()), tick_seconds=args.tick)
     registry = operator_registry(context)
     start_http_server(args.metrics_port, registry=context.metrics.registry)
-    kopf.run(registry=registry, clusterwide=not args.namespace, namespaces=args.namespace or (),
-             standalone=args.peering is None, peering_name=args.peering, liveness_endpoint=args.liveness,
-             priority=peering_priority(args.priority, args.peering))
+    kopf.run(
+        registry=registry,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        liveness_endpoint=args.liveness,
+        priority=peering_priority(args.priority, args.peering),
+    )
     return 0

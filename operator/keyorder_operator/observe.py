@@ -107,5 +107,11 @@ class KafkaLagSource:
             committed_total += consumed
             partition_lags.append(max(end_offset - consumed, 0))
             end_offsets.append((tp.topic, tp.partition, end_offset))
-        return LagSample(at=now, partitions=len(partitions), end_total=end_total, committed_total=committed_total,
-                         partition_lags=tuple(partition_lags), end_offsets=tuple(end_offsets))
+        return LagSample(
+            at=now,
+            partitions=len(partitions),
+            end_total=end_total,
+            committed_total=committed_total,
+            partition_lags=tuple(partition_lags),
+            end_offsets=tuple(end_offsets),
+        )

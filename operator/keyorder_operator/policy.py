@@ -127,8 +127,9 @@ def learn_per_worker_rate(observation: Observation, state: ScalingState, limits:
     return state.per_worker_rate
 
 
-def required_capacity(observation: Observation, current: Size, per_worker_rate: float | None,
-                      limits: ScalingLimits) -> int:
+def required_capacity(
+    observation: Observation, current: Size, per_worker_rate: float | None, limits: ScalingLimits
+) -> int:
     """Workers needed to drain the backlog within the target, keeping up with arrivals."""
     lag = observation.lag or 0
     needed_rate = lag / limits.target_drain_seconds + (observation.arrival_rate or 0.0)
@@ -139,8 +140,9 @@ def required_capacity(observation: Observation, current: Size, per_worker_rate: 
     return max(current.capacity * 2, 1)  # no throughput measured yet: grow stepwise
 
 
-def _stabilized(recommended: Size, current: Size, history: tuple[tuple[float, int, int], ...], now: float,
-                limits: ScalingLimits) -> Size:
+def _stabilized(
+    recommended: Size, current: Size, history: tuple[tuple[float, int, int], ...], now: float, limits: ScalingLimits
+) -> Size:
     if recommended.capacity > current.capacity:
         window = [Size(r, w) for at, r, w in history if now - at <= limits.scale_up_window_seconds]
         smallest = min([recommended, *window], key=lambda size: size.capacity)
@@ -180,8 +182,13 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
     """The size the consumer group should have now, and why."""
     current = state.current
     if observation.lag is None or not observation.partitions:
-        return Decision(before=current, target=current, reason=f"lag unknown: keeping {current.replicas} "
-                        f"replicas x {current.workers} workers", state=state, lag_unknown=True)
+        return Decision(
+            before=current,
+            target=current,
+            reason=f"lag unknown: keeping {current.replicas} replicas x {current.workers} workers",
+            state=state,
+            lag_unknown=True,
+        )
     partitions = observation.partitions
     arrivals = observation.arrival_rate or 0.0
     per_worker = learn_per_worker_rate(observation, state, limits)
@@ -199,7 +206,13 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
     keep_since = now - max(limits.scale_up_window_seconds, limits.scale_down_window_seconds)
     history = tuple(item for item in state.recommendations if item[0] >= keep_since)
     target = _stabilized(recommended, current, history, now, limits)
-    new_state = replace(state, current=target, settled=target == current, per_worker_rate=per_worker,
-                        recommendations=(*history, (now, recommended.replicas, recommended.workers)))
-    return Decision(before=current, target=target, reason=_describe(current, target, observation, limits),
-                    state=new_state)
+    new_state = replace(
+        state,
+        current=target,
+        settled=target == current,
+        per_worker_rate=per_worker,
+        recommendations=(*history, (now, recommended.replicas, recommended.workers)),
+    )
+    return Decision(
+        before=current, target=target, reason=_describe(current, target, observation, limits), state=new_state
+    )

@@ -16,16 +16,20 @@ from collections.abc import Sequence
 log = logging.getLogger(__name__)
 
 
-def push_workers(addresses: Sequence[str], port: int, token: str, workers: int, timeout: float = 2.0
-                 ) -> tuple[int, list[str]]:
+def push_workers(
+    addresses: Sequence[str], port: int, token: str, workers: int, timeout: float = 2.0
+) -> tuple[int, list[str]]:
     """PUT ``{"workers": n}`` to every pod; returns (pods updated, failures as 'ip: reason')."""
     body = json.dumps({"workers": workers}).encode()
     updated, failures = 0, []
     for address in addresses:
         host = f"[{address}]" if ":" in address else address
-        request = urllib.request.Request(f"http://{host}:{port}/admin/workers", data=body, method="PUT",
-                                         headers={"Authorization": f"Bearer {token}",
-                                                  "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://{host}:{port}/admin/workers",
+            data=body,
+            method="PUT",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 response.read()

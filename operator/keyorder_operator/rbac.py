@@ -35,37 +35,72 @@ class Need:
 
 
 KOPF_NEEDS = [
-    Need(GROUP, PLURAL, frozenset({"list", "watch", "patch"}), "namespaced",
-         "kopf watches OrderedConsumers and patches their finalizers and progress annotations"),
-    Need(GROUP, f"{PLURAL}/status", frozenset({"patch"}), "namespaced",
-         "kopf writes the handlers' status (conditions, decisions) through the status subresource"),
-    Need("", "events", frozenset({"create"}), "namespaced",
-         "kopf posts the Scaled, InvalidSpec and LagUnknown Events"),
-    Need("kopf.dev", "kopfpeerings", frozenset({"list", "watch", "patch"}), "namespaced",
-         "kopf's peering: operator replicas see each other and only one handles resources",
-         when="peering+namespaced-mode"),
-    Need("kopf.dev", "clusterkopfpeerings", frozenset({"list", "watch", "patch"}), "cluster",
-         "kopf's peering, cluster-wide mode", when="peering+clusterwide-mode"),
-    Need("apiextensions.k8s.io", "customresourcedefinitions", frozenset({"list", "watch"}), "cluster",
-         "kopf notices the OrderedConsumer CRD being installed, upgraded or removed", when="discovery"),
-    Need("", "namespaces", frozenset({"list", "watch"}), "cluster",
-         "kopf resolves the watched namespaces (only when not watching the whole cluster)",
-         when="discovery+namespaced-mode"),
+    Need(
+        GROUP,
+        PLURAL,
+        frozenset({"list", "watch", "patch"}),
+        "namespaced",
+        "kopf watches OrderedConsumers and patches their finalizers and progress annotations",
+    ),
+    Need(
+        GROUP,
+        f"{PLURAL}/status",
+        frozenset({"patch"}),
+        "namespaced",
+        "kopf writes the handlers' status (conditions, decisions) through the status subresource",
+    ),
+    Need("", "events", frozenset({"create"}), "namespaced", "kopf posts the Scaled, InvalidSpec and LagUnknown Events"),
+    Need(
+        "kopf.dev",
+        "kopfpeerings",
+        frozenset({"list", "watch", "patch"}),
+        "namespaced",
+        "kopf's peering: operator replicas see each other and only one handles resources",
+        when="peering+namespaced-mode",
+    ),
+    Need(
+        "kopf.dev",
+        "clusterkopfpeerings",
+        frozenset({"list", "watch", "patch"}),
+        "cluster",
+        "kopf's peering, cluster-wide mode",
+        when="peering+clusterwide-mode",
+    ),
+    Need(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        frozenset({"list", "watch"}),
+        "cluster",
+        "kopf notices the OrderedConsumer CRD being installed, upgraded or removed",
+        when="discovery",
+    ),
+    Need(
+        "",
+        "namespaces",
+        frozenset({"list", "watch"}),
+        "cluster",
+        "kopf resolves the watched namespaces (only when not watching the whole cluster)",
+        when="discovery+namespaced-mode",
+    ),
 ]
 
 Permission = tuple[str, str, str, str]
 
 
 def _applies(when: str, *, clusterwide: bool, peering: bool, discovery: bool) -> bool:
-    conditions = {"always": True, "peering": peering, "discovery": discovery,
-                  "namespaced-mode": not clusterwide, "clusterwide-mode": clusterwide}
+    conditions = {
+        "always": True,
+        "peering": peering,
+        "discovery": discovery,
+        "namespaced-mode": not clusterwide,
+        "clusterwide-mode": clusterwide,
+    }
     return all(conditions[part] for part in when.split("+"))
 
 
 def required_rules(*, clusterwide: bool, peering: bool, discovery: bool) -> set[Permission]:
     """Every ``(scope, group, resource, verb)`` the operator needs in this install mode."""
-    needed = {("namespaced", group, resource, verb) for (group, resource), verbs in API_CALLS.items()
-              for verb in verbs}
+    needed = {("namespaced", group, resource, verb) for (group, resource), verbs in API_CALLS.items() for verb in verbs}
     for need in KOPF_NEEDS:
         if _applies(need.when, clusterwide=clusterwide, peering=peering, discovery=discovery):
             needed |= {(need.scope, need.group, need.resource, verb) for verb in need.verbs}

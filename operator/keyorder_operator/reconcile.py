@@ -79,27 +79,59 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         labels = ["namespace", "name"]
-        self.decisions = Counter("keyorder_operator_decisions", "Scaling decisions that changed the size.",
-                                 [*labels, "direction"], registry=self.registry)
-        self.lag = Gauge("keyorder_operator_observed_lag_messages", "Lag observed in Kafka per resource.", labels,
-                         registry=self.registry)
-        self.replicas = Gauge("keyorder_operator_replicas", "Replicas decided per resource.", labels,
-                              registry=self.registry)
-        self.workers = Gauge("keyorder_operator_workers_per_pod", "Key workers per pod decided per resource.",
-                             labels, registry=self.registry)
-        self.lag_unknown = Counter("keyorder_operator_lag_unavailable", "Observations that could not measure lag.",
-                                   labels, registry=self.registry)
-        self.errors = Counter("keyorder_operator_reconcile_errors", "Reconciles that failed (retried).",
-                              labels, registry=self.registry)
-        self.catchups = Counter("keyorder_operator_catchups", "Catch-up Jobs by outcome: started, succeeded, "
-                                "failed.", [*labels, "outcome"], registry=self.registry)
-        self.catching_up = Gauge("keyorder_operator_catching_up", "1 while a catch-up hand-over is in progress.",
-                                 labels, registry=self.registry)
+        self.decisions = Counter(
+            "keyorder_operator_decisions",
+            "Scaling decisions that changed the size.",
+            [*labels, "direction"],
+            registry=self.registry,
+        )
+        self.lag = Gauge(
+            "keyorder_operator_observed_lag_messages",
+            "Lag observed in Kafka per resource.",
+            labels,
+            registry=self.registry,
+        )
+        self.replicas = Gauge(
+            "keyorder_operator_replicas", "Replicas decided per resource.", labels, registry=self.registry
+        )
+        self.workers = Gauge(
+            "keyorder_operator_workers_per_pod",
+            "Key workers per pod decided per resource.",
+            labels,
+            registry=self.registry,
+        )
+        self.lag_unknown = Counter(
+            "keyorder_operator_lag_unavailable",
+            "Observations that could not measure lag.",
+            labels,
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "keyorder_operator_reconcile_errors", "Reconciles that failed (retried).", labels, registry=self.registry
+        )
+        self.catchups = Counter(
+            "keyorder_operator_catchups",
+            "Catch-up Jobs by outcome: started, succeeded, failed.",
+            [*labels, "outcome"],
+            registry=self.registry,
+        )
+        self.catching_up = Gauge(
+            "keyorder_operator_catching_up",
+            "1 while a catch-up hand-over is in progress.",
+            labels,
+            registry=self.registry,
+        )
 
     def _series(self) -> list[tuple[Any, tuple[str, ...]]]:
         """Every labelled series of a resource: (metric, extra label values)."""
-        return [(self.decisions, ("up",)), (self.decisions, ("down",)), (self.lag_unknown, ()), (self.errors, ()),
-                (self.catching_up, ()), *((self.catchups, (outcome,)) for outcome in CATCHUP_OUTCOMES)]
+        return [
+            (self.decisions, ("up",)),
+            (self.decisions, ("down",)),
+            (self.lag_unknown, ()),
+            (self.errors, ()),
+            (self.catching_up, ()),
+            *((self.catchups, (outcome,)) for outcome in CATCHUP_OUTCOMES),
+        ]
 
     def track(self, namespace: str, name: str) -> None:
         """Create a resource's counters at 0, so the first increment is an ``increase()`` alerts can see."""
@@ -150,15 +182,14 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
         except InvalidSpec as error:
-            if not condition_is(conditions, "InvalidSpec") or \
-                    next(c for c in conditions if c["type"] == "InvalidSpec").get("message") != str(error):
+            if not condition_is(conditions, "InvalidSpec") or next(
+                c for c in conditions if c["type"] == "InvalidSpec"
+            ).get("message") != str(error):
                 kopf.warn(body, reason="InvalidSpec", message=str(error))
-            patch.status["conditions"] = set_condition(conditions, "InvalidSpec", True, "InvalidSpec", str(error),
-                                                       now)
+            patch.status["conditions"] = set_condition(conditions, "InvalidSpec", True, "InvalidSpec", str(error), now)
             return None
         if condition_is(conditions, "InvalidSpec"):
-            patch.status["conditions"] = set_condition(conditions, "InvalidSpec", False, "Valid", "spec is valid",
-                                                       now)
+            patch.status["conditions"] = set_condition(conditions, "InvalidSpec", False, "Valid", "spec is valid", now)
         return spec
 
     @kopf.on.resume(*resource, registry=registry)
@@ -189,40 +220,71 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     def forget_metrics(meta: Any, **_: Any) -> None:
         context.metrics.forget(meta["namespace"], meta["name"])
 
-    def start_catchup(body: Any, meta: Any, spec: OrderedConsumerSpec, trigger: str,
-                      end_offsets: tuple[tuple[str, int, int], ...], replicas: int, conditions: list,
-                      patch: kopf.Patch, now: float) -> None:
+    def start_catchup(
+        body: Any,
+        meta: Any,
+        spec: OrderedConsumerSpec,
+        trigger: str,
+        end_offsets: tuple[tuple[str, int, int], ...],
+        replicas: int,
+        conditions: list,
+        patch: kopf.Patch,
+        now: float,
+    ) -> None:
         """Record the fence, scale the pods to 0; the Job starts once they are gone."""
         namespace, name = meta["namespace"], meta["name"]
-        run = CatchupRun(Phase.STOPPING_PODS, catchup_job_name(name, now), fence_from_end_offsets(end_offsets), now,
-                         resume_replicas=max(replicas, spec.replicas.min, 1))
+        run = CatchupRun(
+            Phase.STOPPING_PODS,
+            catchup_job_name(name, now),
+            fence_from_end_offsets(end_offsets),
+            now,
+            resume_replicas=max(replicas, spec.replicas.min, 1),
+        )
         context.kube.scale(namespace, name, 0)
         context.metrics.catchups.labels(namespace, name, "started").inc()
         context.metrics.catching_up.labels(namespace, name).set(1)
-        kopf.info(body, reason="CatchupStarted", message=f"{trigger}; stopping the pods for Job {run.job_name} "
-                  "(fence in status.catchup)")
+        kopf.info(
+            body,
+            reason="CatchupStarted",
+            message=f"{trigger}; stopping the pods for Job {run.job_name} (fence in status.catchup)",
+        )
         patch.status["catchup"] = run.to_status()
         patch.status["replicas"] = 0
         patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "StoppingPods", trigger, now)
         patch.status["lastDecision"] = {"reason": f"catch-up: {trigger}", "time": timestamp(now)}
 
-    def follow_catchup(body: Any, meta: Any, spec: OrderedConsumerSpec, run: CatchupRun, replicas: int,
-                       conditions: list, patch: kopf.Patch, now: float) -> None:
+    def follow_catchup(
+        body: Any,
+        meta: Any,
+        spec: OrderedConsumerSpec,
+        run: CatchupRun,
+        replicas: int,
+        conditions: list,
+        patch: kopf.Patch,
+        now: float,
+    ) -> None:
         """Advance a hand-over: pods gone -> create the Job; Job finished and its pods gone -> resume the pods."""
         namespace, name = meta["namespace"], meta["name"]
         kube = context.kube
         if replicas != 0:
             kube.scale(namespace, name, 0)  # nothing may consume the group while the Job owns it
         if run.phase is Phase.STOPPING_PODS:
-            left = max(kube.pod_count(namespace, selector_labels(name)),
-                       kube.deployment_pods_reported(namespace, name))
+            left = max(kube.pod_count(namespace, selector_labels(name)), kube.deployment_pods_reported(namespace, name))
             if left and now > stopping_pods_deadline(run, spec.handler.termination_grace_period_seconds):
-                finish_catchup(body, meta, run, conditions, patch, now, JobState.FAILED,
-                               f"{left} consumer pods did not stop within "
-                               f"{now - run.started_at:.0f} s; no Job was started")
+                finish_catchup(
+                    body,
+                    meta,
+                    run,
+                    conditions,
+                    patch,
+                    now,
+                    JobState.FAILED,
+                    f"{left} consumer pods did not stop within {now - run.started_at:.0f} s; no Job was started",
+                )
             elif left:
-                patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "StoppingPods",
-                                                           f"waiting for {left} consumer pods to stop", now)
+                patch.status["conditions"] = set_condition(
+                    conditions, "CatchingUp", True, "StoppingPods", f"waiting for {left} consumer pods to stop", now
+                )
             else:
                 start_job(body, meta, spec, run, conditions, patch, now)
             return
@@ -231,37 +293,69 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             return
         still_running = kube.pod_count(namespace, catchup_selector(run.job_name))
         if still_running:  # a deleted or failed Job's driver may still be handling messages
-            patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "Finishing",
-                                                       f"Job {run.job_name} {outcome.value}; waiting for its "
-                                                       f"{still_running} pods to stop", now)
+            patch.status["conditions"] = set_condition(
+                conditions,
+                "CatchingUp",
+                True,
+                "Finishing",
+                f"Job {run.job_name} {outcome.value}; waiting for its {still_running} pods to stop",
+                now,
+            )
             return
         if outcome is JobState.SUCCEEDED:
             detail = f"Job {run.job_name} committed the fence after {now - run.started_at:.0f} s"
         else:
             what = "failed" if outcome is JobState.FAILED else "disappeared"
-            detail = (f"Job {run.job_name} {what} after {now - run.started_at:.0f} s (a failed catch-up "
-                      "commits nothing unless it failed after its final commit)")
+            detail = (
+                f"Job {run.job_name} {what} after {now - run.started_at:.0f} s (a failed catch-up "
+                "commits nothing unless it failed after its final commit)"
+            )
         finish_catchup(body, meta, run, conditions, patch, now, outcome, detail)
 
-    def start_job(body: Any, meta: Any, spec: OrderedConsumerSpec, run: CatchupRun, conditions: list,
-                  patch: kopf.Patch, now: float) -> None:
+    def start_job(
+        body: Any,
+        meta: Any,
+        spec: OrderedConsumerSpec,
+        run: CatchupRun,
+        conditions: list,
+        patch: kopf.Patch,
+        now: float,
+    ) -> None:
         namespace, name = meta["namespace"], meta["name"]
         owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
         try:
-            context.kube.create_job(build_catchup_job(spec, owner, run.job_name, fence_argument(run.fence)),
-                                    FENCE_ANNOTATION)
+            context.kube.create_job(
+                build_catchup_job(spec, owner, run.job_name, fence_argument(run.fence)), FENCE_ANNOTATION
+            )
         except (ApiException, JobConflict) as error:
             reason = error.reason if isinstance(error, ApiException) else str(error)
-            finish_catchup(body, meta, run, conditions, patch, now, JobState.FAILED,
-                           f"Job {run.job_name} could not be created: {reason}")
+            finish_catchup(
+                body,
+                meta,
+                run,
+                conditions,
+                patch,
+                now,
+                JobState.FAILED,
+                f"Job {run.job_name} could not be created: {reason}",
+            )
             return
         kopf.info(body, reason="CatchupRunning", message=f"pods stopped; Job {run.job_name} started")
         patch.status["catchup"] = run.running().to_status()
-        patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "Running",
-                                                   f"Job {run.job_name} handles the backlog up to the fence", now)
+        patch.status["conditions"] = set_condition(
+            conditions, "CatchingUp", True, "Running", f"Job {run.job_name} handles the backlog up to the fence", now
+        )
 
-    def finish_catchup(body: Any, meta: Any, run: CatchupRun, conditions: list, patch: kopf.Patch, now: float,
-                       outcome: JobState, detail: str) -> None:
+    def finish_catchup(
+        body: Any,
+        meta: Any,
+        run: CatchupRun,
+        conditions: list,
+        patch: kopf.Patch,
+        now: float,
+        outcome: JobState,
+        detail: str,
+    ) -> None:
         """Give the group back to the pods, and say how the hand-over ended."""
         namespace, name = meta["namespace"], meta["name"]
         context.kube.scale(namespace, name, run.resume_replicas)
@@ -270,15 +364,18 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             kopf.info(body, reason="CatchupSucceeded", message=message)
             conditions = set_condition(conditions, "CatchupFailed", False, "Succeeded", message, now)
         else:
-            message = (f"{detail}; {run.resume_replicas} pods resume from the group's committed offsets. "
-                       "Automatic catch-up is off until the spec changes.")
+            message = (
+                f"{detail}; {run.resume_replicas} pods resume from the group's committed offsets. "
+                "Automatic catch-up is off until the spec changes."
+            )
             kopf.warn(body, reason="CatchupFailed", message=message)
             conditions = set_condition(conditions, "CatchupFailed", True, "JobFailed", message, now)
             patch.status["catchupFailedGeneration"] = meta.get("generation")
         context.metrics.catchups.labels(namespace, name, outcome.value).inc()
         context.metrics.catching_up.labels(namespace, name).set(0)
-        patch.status["conditions"] = set_condition(conditions, "CatchingUp", False, outcome.value.capitalize(),
-                                                   message, now)
+        patch.status["conditions"] = set_condition(
+            conditions, "CatchingUp", False, outcome.value.capitalize(), message, now
+        )
         patch.status["catchup"] = None
         patch.status["lastSample"] = None  # rates must not span the hand-over
         patch.status["replicas"] = run.resume_replicas
@@ -322,8 +419,9 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             observation = Observation(lag=None, partitions=None)
         else:
             drain, arrival = rates(previous, sample)
-            observation = Observation(lag=sample.lag, partitions=sample.partitions, drain_rate=drain,
-                                      arrival_rate=arrival)
+            observation = Observation(
+                lag=sample.lag, partitions=sample.partitions, drain_rate=drain, arrival_rate=arrival
+            )
             conditions = set_condition(conditions, "LagUnknown", False, "LagMeasured", "lag read from Kafka", now)
             patch.status["lastSample"] = sample_to_status(sample)
             patch.status["lag"] = sample.lag
@@ -340,8 +438,9 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             target, reason = decision.target, decision.reason
             patch.status["autoscaler"] = state_to_status(decision.state)
             armed = spec.catchup.enabled and status.get("catchupFailedGeneration") != meta.get("generation")
-            trigger = catchup_trigger(armed, spec.catchup.trigger_drain_seconds, observation,
-                                      decision.state.per_worker_rate, limits)
+            trigger = catchup_trigger(
+                armed, spec.catchup.trigger_drain_seconds, observation, decision.state.per_worker_rate, limits
+            )
             if trigger and sample is not None:
                 start_catchup(body, meta, spec, trigger, sample.end_offsets, replicas, conditions, patch, now)
                 return
@@ -367,9 +466,14 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                 failures = [str(error)]
         conditions = set_condition(conditions, "Scaling", changed, "Scaled" if changed else "Stable", reason, now)
         ready = not condition_is(conditions, "LagUnknown") and not failures
-        conditions = set_condition(conditions, "Ready", ready, "Reconciled" if ready else "Degraded",
-                                   "objects applied, lag measured" if ready else
-                                   "; ".join(failures) or "lag unknown", now)
+        conditions = set_condition(
+            conditions,
+            "Ready",
+            ready,
+            "Reconciled" if ready else "Degraded",
+            "objects applied, lag measured" if ready else "; ".join(failures) or "lag unknown",
+            now,
+        )
         patch.status["conditions"] = conditions
         patch.status["replicas"] = target.replicas
         patch.status["workersPerPod"] = target.workers

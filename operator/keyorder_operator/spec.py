@@ -37,16 +37,20 @@ class OnExhausted(StrEnum):
 
 class SecretKeyRef(_Model):
     name: str = Field(min_length=1, description="Name of a Secret in the resource's namespace.")
-    key: str = Field("client.properties", min_length=1, description="Key of the Secret holding a Java-style "
-                     "properties file of librdkafka settings (SASL/TLS).")
+    key: str = Field(
+        "client.properties",
+        min_length=1,
+        description="Key of the Secret holding a Java-style properties file of librdkafka settings (SASL/TLS).",
+    )
 
 
 class KafkaSpec(_Model):
     bootstrap_servers: str = Field(min_length=1, description="Kafka bootstrap servers, host:port[,host:port].")
     topics: list[str] = Field(min_length=1, description="Topics to consume.")
     group_id: str = Field(min_length=1, description="Consumer group id (the operator reads its lag).")
-    properties_secret_ref: SecretKeyRef | None = Field(None, description="Secret with client properties; "
-                                                       "mounted into the pods, read by the operator. Never logged.")
+    properties_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret with client properties; mounted into the pods, read by the operator. Never logged."
+    )
 
 
 class EnvVar(_Model):
@@ -60,13 +64,15 @@ class Resources(_Model):
 
 
 class HandlerSpec(_Model):
-    image: str = Field(min_length=1, description="Image with keyorder and the handler package (FROM the "
-                       "keyorder image).")
+    image: str = Field(
+        min_length=1, description="Image with keyorder and the handler package (FROM the keyorder image)."
+    )
     handler: str = Field(pattern=r"^[\w.]+:[\w.]+$", description="Handler as 'package.module:function'.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables for the handler.")
     resources: Resources = Field(default_factory=Resources, description="Container resources.")
-    termination_grace_period_seconds: int = Field(30, ge=5, le=3600, description="Pod termination grace "
-                                                  "period; in-flight messages get this minus 5 s to finish.")
+    termination_grace_period_seconds: int = Field(
+        30, ge=5, le=3600, description="Pod termination grace period; in-flight messages get this minus 5 s to finish."
+    )
 
 
 class WorkersSpec(_Model):
@@ -97,10 +103,12 @@ class ScalingSpec(_Model):
     target_drain_seconds: int = Field(300, ge=1, description="Drain the backlog within this many seconds.")
     activation_lag: int = Field(100, ge=0, description="Below this lag, no more than the minimum size.")
     poll_interval_seconds: int = Field(15, ge=1, description="Seconds between lag observations.")
-    scale_up_stabilization_seconds: int = Field(0, ge=0, description="Scale up to the smallest recommendation "
-                                                "of this window.")
-    scale_down_stabilization_seconds: int = Field(300, ge=0, description="Scale down to the largest "
-                                                  "recommendation of this window.")
+    scale_up_stabilization_seconds: int = Field(
+        0, ge=0, description="Scale up to the smallest recommendation of this window."
+    )
+    scale_down_stabilization_seconds: int = Field(
+        300, ge=0, description="Scale down to the largest recommendation of this window."
+    )
     scale_to_zero: bool = Field(False, description="Allow zero pods while the lag is zero.")
 
 
@@ -113,30 +121,55 @@ class RetrySpec(_Model):
 
 
 class CatchupSpec(_Model):
-    enabled: bool = Field(False, description="Hand an enormous backlog to a Spark catch-up Job "
-                          "(`keyorder catchup`) instead of waiting for the pods.")
-    trigger_drain_seconds: int = Field(3600, ge=60, description="Start catch-up when the projected drain time "
-                                       "at maximum scale exceeds this many seconds.")
-    image: str | None = Field(None, min_length=1, description="Image of the catch-up Job (keyorder, PySpark, Java "
-                              "and the handler); defaults to handler.image.")
-    master: str = Field("local[*]", min_length=1, description="Spark master URL, e.g. local[*] or "
-                        "k8s://https://kubernetes.default.svc.")
-    executors: int = Field(2, ge=1, le=1000, description="Spark executors (spark.executor.instances) on a "
-                           "cluster master.")
-    key_partitions: int = Field(0, ge=0, le=100000, description="Spark partitions keys are hashed into; "
-                                "0 means 4 per available core.")
-    task_workers: int = Field(16, ge=1, le=1024, description="Handler threads per Spark task: different keys "
-                              "in parallel, each key in order.")
-    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings (name: value), "
-                                       "e.g. spark.kubernetes.container.image for a k8s:// master.")
+    enabled: bool = Field(
+        False,
+        description="Hand an enormous backlog to a Spark catch-up Job "
+        "(`keyorder catchup`) instead of waiting for the pods.",
+    )
+    trigger_drain_seconds: int = Field(
+        3600,
+        ge=60,
+        description="Start catch-up when the projected drain time at maximum scale exceeds this many seconds.",
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="Image of the catch-up Job (keyorder, PySpark, Java and the handler); defaults to handler.image.",
+    )
+    master: str = Field(
+        "local[*]", min_length=1, description="Spark master URL, e.g. local[*] or k8s://https://kubernetes.default.svc."
+    )
+    executors: int = Field(
+        2, ge=1, le=1000, description="Spark executors (spark.executor.instances) on a cluster master."
+    )
+    key_partitions: int = Field(
+        0, ge=0, le=100000, description="Spark partitions keys are hashed into; 0 means 4 per available core."
+    )
+    task_workers: int = Field(
+        16, ge=1, le=1024, description="Handler threads per Spark task: different keys in parallel, each key in order."
+    )
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Spark settings (name: value), e.g. spark.kubernetes.container.image for a k8s:// master.",
+    )
     resources: Resources = Field(default_factory=Resources, description="Resources of the Job's driver pod.")
-    backoff_limit: int = Field(0, ge=0, le=10, description="Job retries; a failed run commits nothing, so a "
-                               "retry is safe.")
-    max_seconds: int = Field(6 * 3600, ge=60, le=7 * 24 * 3600, description="The Job's activeDeadlineSeconds: "
-                             "a catch-up still running (or never scheduled) after this fails, and the pods resume.")
-    service_account_name: str | None = Field(None, min_length=1, description="ServiceAccount of the Spark driver "
-                                             "with a k8s:// master (it creates executor pods); ignored otherwise. "
-                                             "Default: the consumers' account, with no API access and no token.")
+    backoff_limit: int = Field(
+        0, ge=0, le=10, description="Job retries; a failed run commits nothing, so a retry is safe."
+    )
+    max_seconds: int = Field(
+        6 * 3600,
+        ge=60,
+        le=7 * 24 * 3600,
+        description="The Job's activeDeadlineSeconds: "
+        "a catch-up still running (or never scheduled) after this fails, and the pods resume.",
+    )
+    service_account_name: str | None = Field(
+        None,
+        min_length=1,
+        description="ServiceAccount of the Spark driver "
+        "with a k8s:// master (it creates executor pods); ignored otherwise. "
+        "Default: the consumers' account, with no API access and no token.",
+    )
 
 
 class OrderedConsumerSpec(_Model):

@@ -21,8 +21,9 @@ def timestamp(now: float) -> str:
     return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def set_condition(conditions: list[dict[str, Any]], kind: str, active: bool, reason: str, message: str,
-                  now: float) -> list[dict[str, Any]]:
+def set_condition(
+    conditions: list[dict[str, Any]], kind: str, active: bool, reason: str, message: str, now: float
+) -> list[dict[str, Any]]:
     """Conditions with ``kind`` updated; ``lastTransitionTime`` changes only when the status flips."""
     status = "True" if active else "False"
     updated, found = [], False
@@ -30,12 +31,18 @@ def set_condition(conditions: list[dict[str, Any]], kind: str, active: bool, rea
         if condition.get("type") == kind:
             found = True
             since = condition.get("lastTransitionTime") if condition.get("status") == status else timestamp(now)
-            condition = {"type": kind, "status": status, "reason": reason, "message": message,
-                         "lastTransitionTime": since or timestamp(now)}
+            condition = {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": since or timestamp(now),
+            }
         updated.append(condition)
     if not found:
-        updated.append({"type": kind, "status": status, "reason": reason, "message": message,
-                        "lastTransitionTime": timestamp(now)})
+        updated.append(
+            {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": timestamp(now)}
+        )
     return updated
 
 
@@ -45,13 +52,18 @@ def condition_is(conditions: list[dict[str, Any]], kind: str) -> bool:
 
 def limits_from_spec(spec: OrderedConsumerSpec) -> ScalingLimits:
     scaling = spec.scaling
-    return ScalingLimits(min_replicas=spec.replicas.min, max_replicas=spec.replicas.max,
-                         min_workers=spec.workers.min, max_workers=spec.workers.max,
-                         initial_workers=spec.workers.initial, target_drain_seconds=scaling.target_drain_seconds,
-                         activation_lag=scaling.activation_lag,
-                         scale_up_window_seconds=scaling.scale_up_stabilization_seconds,
-                         scale_down_window_seconds=scaling.scale_down_stabilization_seconds,
-                         scale_to_zero=scaling.scale_to_zero)
+    return ScalingLimits(
+        min_replicas=spec.replicas.min,
+        max_replicas=spec.replicas.max,
+        min_workers=spec.workers.min,
+        max_workers=spec.workers.max,
+        initial_workers=spec.workers.initial,
+        target_drain_seconds=scaling.target_drain_seconds,
+        activation_lag=scaling.activation_lag,
+        scale_up_window_seconds=scaling.scale_up_stabilization_seconds,
+        scale_down_window_seconds=scaling.scale_down_stabilization_seconds,
+        scale_to_zero=scaling.scale_to_zero,
+    )
 
 
 def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replicas: int | None) -> ScalingState:
@@ -59,24 +71,35 @@ def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replica
     memory = status.get("autoscaler") or {}
     workers = status.get("workersPerPod") or spec.workers.initial
     current = Size(replicas if replicas is not None else max(spec.replicas.min, 1), workers)
-    return ScalingState(current=current,
-                        recommendations=tuple(tuple(item) for item in memory.get("recommendations", [])),
-                        per_worker_rate=memory.get("perWorkerRate"), settled=memory.get("settled", True))
+    return ScalingState(
+        current=current,
+        recommendations=tuple(tuple(item) for item in memory.get("recommendations", [])),
+        per_worker_rate=memory.get("perWorkerRate"),
+        settled=memory.get("settled", True),
+    )
 
 
 def state_to_status(state: ScalingState) -> dict[str, Any]:
-    return {"recommendations": [list(item) for item in state.recommendations],
-            "perWorkerRate": state.per_worker_rate, "settled": state.settled}
+    return {
+        "recommendations": [list(item) for item in state.recommendations],
+        "perWorkerRate": state.per_worker_rate,
+        "settled": state.settled,
+    }
 
 
 def sample_from_status(status: dict[str, Any]) -> LagSample | None:
     last = status.get("lastSample")
     if not last:
         return None
-    return LagSample(at=last["at"], partitions=last["partitions"], end_total=last["endTotal"],
-                     committed_total=last["committedTotal"])
+    return LagSample(
+        at=last["at"], partitions=last["partitions"], end_total=last["endTotal"], committed_total=last["committedTotal"]
+    )
 
 
 def sample_to_status(sample: LagSample) -> dict[str, Any]:
-    return {"at": sample.at, "partitions": sample.partitions, "endTotal": sample.end_total,
-            "committedTotal": sample.committed_total}
+    return {
+        "at": sample.at,
+        "partitions": sample.partitions,
+        "endTotal": sample.end_total,
+        "committedTotal": sample.committed_total,
+    }

@@ -23,11 +23,17 @@ import uuid
 
 import pytest
 
-CONFIGURED = all(os.environ.get(name) for name in ("KEYORDER_E2E_KUBECONFIG", "KEYORDER_E2E_BOOTSTRAP",
-                                                   "KEYORDER_E2E_IMAGE"))
-pytestmark = [pytest.mark.skipif(not CONFIGURED, reason="set KEYORDER_E2E_KUBECONFIG, KEYORDER_E2E_BOOTSTRAP "
-                                 "and KEYORDER_E2E_IMAGE to run against a real cluster"),
-              pytest.mark.timeout(900)]
+CONFIGURED = all(
+    os.environ.get(name) for name in ("KEYORDER_E2E_KUBECONFIG", "KEYORDER_E2E_BOOTSTRAP", "KEYORDER_E2E_IMAGE")
+)
+pytestmark = [
+    pytest.mark.skipif(
+        not CONFIGURED,
+        reason="set KEYORDER_E2E_KUBECONFIG, KEYORDER_E2E_BOOTSTRAP "
+        "and KEYORDER_E2E_IMAGE to run against a real cluster",
+    ),
+    pytest.mark.timeout(900),
+]
 
 
 def wait(probe, timeout: float, what: str):
@@ -81,8 +87,9 @@ def running_operator(cluster):
     stop, ready = threading.Event(), threading.Event()
 
     def run():
-        asyncio.run(kopf.operator(registry=registry, namespaces=[namespace], standalone=True,
-                                  stop_flag=stop, ready_flag=ready))
+        asyncio.run(
+            kopf.operator(registry=registry, namespaces=[namespace], standalone=True, stop_flag=stop, ready_flag=ready)
+        )
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -110,20 +117,42 @@ def test_backlog_scales_out_drains_and_scales_back(cluster, running_operator):
     committer.close()
     custom = kubernetes.client.CustomObjectsApi(client)
     apps = kubernetes.client.AppsV1Api(client)
-    custom.create_namespaced_custom_object("keyorder.dev", "v1alpha1", namespace, "orderedconsumers", {
-        "apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "metadata": {"name": name},
-        "spec": {"kafka": {"bootstrapServers": pod_bootstrap, "topics": [topic], "groupId": group},
-                 "handler": {"image": os.environ["KEYORDER_E2E_IMAGE"], "handler": "keyorder_example.ledger:handle",
-                             "env": [{"name": "KEYORDER_EXAMPLE_LATENCY_MS", "value": "20"}]},
-                 "workers": {"initial": 4, "max": 64},
-                 "scaling": {"pollIntervalSeconds": 5, "targetDrainSeconds": 60, "scaleDownStabilizationSeconds": 30}}})
+    custom.create_namespaced_custom_object(
+        "keyorder.dev",
+        "v1alpha1",
+        namespace,
+        "orderedconsumers",
+        {
+            "apiVersion": "keyorder.dev/v1alpha1",
+            "kind": "OrderedConsumer",
+            "metadata": {"name": name},
+            "spec": {
+                "kafka": {"bootstrapServers": pod_bootstrap, "topics": [topic], "groupId": group},
+                "handler": {
+                    "image": os.environ["KEYORDER_E2E_IMAGE"],
+                    "handler": "keyorder_example.ledger:handle",
+                    "env": [{"name": "KEYORDER_EXAMPLE_LATENCY_MS", "value": "20"}],
+                },
+                "workers": {"initial": 4, "max": 64},
+                "scaling": {"pollIntervalSeconds": 5, "targetDrainSeconds": 60, "scaleDownStabilizationSeconds": 30},
+            },
+        },
+    )
     try:
-        def status():
-            return custom.get_namespaced_custom_object("keyorder.dev", "v1alpha1", namespace, "orderedconsumers",
-                                                       name).get("status") or {}
 
-        wait(lambda: (apps.read_namespaced_deployment(name, namespace).status.ready_replicas or 0) >= 1, 300,
-             "the first consumer pod to be ready")
+        def status():
+            return (
+                custom.get_namespaced_custom_object(
+                    "keyorder.dev", "v1alpha1", namespace, "orderedconsumers", name
+                ).get("status")
+                or {}
+            )
+
+        wait(
+            lambda: (apps.read_namespaced_deployment(name, namespace).status.ready_replicas or 0) >= 1,
+            300,
+            "the first consumer pod to be ready",
+        )
         wait(lambda: status().get("replicas") == 4, 300, "scale-out to the 4 partitions")
         wait(lambda: status().get("lag") == 0, 600, f"the {produced.total} message backlog to drain")
         wait(lambda: status().get("replicas") == 1, 300, "scale-in after the stabilization window")

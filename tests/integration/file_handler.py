@@ -35,5 +35,6 @@ def read_records(path: str) -> list[tuple[str, int, int, int]]:
             lines = file.read().splitlines()
     except FileNotFoundError:
         return []
-    return [(key, int(seq), int(partition), int(offset))
-            for key, seq, partition, offset in (line.split() for line in lines)]
+    return [
+        (key, int(seq), int(partition), int(offset)) for key, seq, partition, offset in (line.split() for line in lines)
+    ]

@@ -12,8 +12,12 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_quick_bench_smoke(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "keyorder.cli", "bench", "--quick", "--output-dir", str(tmp_path)],
-                            capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        [sys.executable, "-m", "keyorder.cli", "bench", "--quick", "--output-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     runs = {run["name"]: run for run in report["runs"]}

@@ -27,8 +27,13 @@ def topic(broker) -> str:
     producer = Producer({"bootstrap.servers": broker.bootstrap, "batch.num.messages": 1})
     for index in range(30):
         key = None if index % 10 == 9 else f"k{index % 3}".encode()
-        producer.produce(name, key=key, value=f"v{index}".encode(), partition=0,
-                         headers=[("trace", f"t{index}".encode()), ("trace", None)])
+        producer.produce(
+            name,
+            key=key,
+            value=f"v{index}".encode(),
+            partition=0,
+            headers=[("trace", f"t{index}".encode()), ("trace", None)],
+        )
     assert producer.flush(30) == 0
     return name
 

@@ -26,16 +26,21 @@ pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
 def produce_one(bootstrap: str, topic: str, key: str, seq: int, partition: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
-    producer.produce(topic, key=key.encode(), value=json.dumps({"key": key, "seq": seq}).encode(),
-                     partition=partition)
+    producer.produce(topic, key=key.encode(), value=json.dumps({"key": key, "seq": seq}).encode(), partition=partition)
     assert producer.flush(10) == 0
 
 
 def read_topic(bootstrap: str, topic: str, expect: int, linger: float = 2.0) -> list:
     """Everything in ``topic`` (waits for ``expect`` records, then ``linger`` more seconds for extras)."""
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}",
-                       "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
-                       "heartbeat.interval.ms": 500})
+    reader = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{topic}",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+        }
+    )
     reader.subscribe([topic])
     records, deadline, linger_until = [], time.monotonic() + 60, None
     try:
@@ -72,8 +77,11 @@ def test_key_order_concurrency_and_commit_to_end(broker, make_topic, run_pod):
     recorder = Recorder(0.0, 0.005)
     pod = run_pod(topic, recorder, workers=32)
     wait_until(lambda: recorder.count() >= produced.total, 120, "every message handled")
-    wait_until(lambda: {p.partition: p.committed for p in pod.runtime.snapshot.partitions} == produced.end_offsets,
-               30, "commits to reach the end offsets")
+    wait_until(
+        lambda: {p.partition: p.committed for p in pod.runtime.snapshot.partitions} == produced.end_offsets,
+        30,
+        "commits to reach the end offsets",
+    )
     stop_pod(pod)
     assert_key_order(recorder.records)
     recorder.serial.assert_serial()
@@ -126,8 +134,9 @@ def test_poison_key_goes_to_dlq_while_other_keys_flow(broker, make_topic, run_po
     assert len(finished_meanwhile) >= 100, "other keys of the poison message's partition waited for its retries"
     assert ("poison", 0) not in recorder.records
     assert_key_order(recorder.records)
-    wait_until(lambda: metric_value(metrics_text(pod), "keyorder_messages_dead_lettered_total") == 1, 10,
-               "the DLQ counter")
+    wait_until(
+        lambda: metric_value(metrics_text(pod), "keyorder_messages_dead_lettered_total") == 1, 10, "the DLQ counter"
+    )
     end = {p.partition: p.committed for p in pod.runtime.snapshot.partitions}
     assert end[0] == produced.end_offsets[0], "a dead-lettered message must let the commit pass it"
 
@@ -139,12 +148,23 @@ def test_block_policy_parks_the_key_and_holds_the_commit(broker, make_topic, run
     produce_one(broker.bootstrap, topic, "stuck", 1, partition=0)
     later = produce_keyed(broker.bootstrap, topic, 300, 10, seed=4, start_sequences=None)
     recorder = Recorder(fail=lambda event: event["key"] == "stuck")
-    pod = run_pod(topic, recorder, workers=4, max_attempts=2, on_exhausted="block",
-                  retry_initial_backoff=0.05, retry_max_backoff=0.5, shutdown_grace=1)
+    pod = run_pod(
+        topic,
+        recorder,
+        workers=4,
+        max_attempts=2,
+        on_exhausted="block",
+        retry_initial_backoff=0.05,
+        retry_max_backoff=0.5,
+        shutdown_grace=1,
+    )
     wait_until(lambda: recorder.count() >= 100 + later.total, 60, "keys other than the blocked one")
     wait_until(lambda: metric_value(metrics_text(pod), "keyorder_keys_blocked") == 1, 10, "the blocked-key gauge")
-    wait_until(lambda: metric_value(metrics_text(pod), "keyorder_partition_min_inflight_offset") == 100, 10,
-               "the min-offset gauge to show the stuck offset")
+    wait_until(
+        lambda: metric_value(metrics_text(pod), "keyorder_partition_min_inflight_offset") == 100,
+        10,
+        "the min-offset gauge to show the stuck offset",
+    )
     wait_until(lambda: pod.runtime.snapshot.partitions[0].committed == 100, 10, "commit held at the stuck offset")
     assert not any(key == "stuck" for key, _ in recorder.records)
     wait_until(lambda: len(recorder.attempts) >= 4, 10, "a blocked key to keep being retried (every 0.5 s)")
@@ -161,8 +181,12 @@ def test_rebalance_when_a_second_pod_joins(broker, make_topic, run_pod):
     wait_until(lambda: recorder.count() >= 2_000, 60, "the first pod to make progress")
     second = run_pod(topic, recorder, group=group, workers=8)
     wait_until(lambda: len(set(recorder.records)) >= produced.total, 120, "every message handled once")
-    wait_until(lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets, 30,
-               "the group's commits to reach the end", interval=0.5)
+    wait_until(
+        lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
+        30,
+        "the group's commits to reach the end",
+        interval=0.5,
+    )
     assert first.runtime.snapshot.rebalances >= 2 and second.runtime.snapshot.rebalances >= 1
     assert second.runtime.snapshot.partitions, "the second pod got no partitions"
     duplicates = assert_at_least_once(recorder.records, produced.sequences)
@@ -183,8 +207,7 @@ def test_live_resize_over_the_admin_endpoint(broker, make_topic, run_pod, tmp_pa
     url = f"http://127.0.0.1:{pod.http_port}/admin/workers"
 
     def put(body: bytes, auth: str | None) -> tuple[int, dict]:
-        request = urllib.request.Request(url, data=body, method="PUT",
-                                         headers={"Authorization": auth} if auth else {})
+        request = urllib.request.Request(url, data=body, method="PUT", headers={"Authorization": auth} if auth else {})
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
                 return response.status, json.loads(response.read())
@@ -228,15 +251,22 @@ def test_metrics_and_health_endpoints(broker, make_topic, run_pod):
     missing.value.close()
     assert missing.value.code == 404
     with pytest.raises(urllib.error.HTTPError) as disabled:
-        urllib.request.urlopen(urllib.request.Request(base + "/admin/workers", data=b'{"workers": 2}',
-                                                      method="PUT"), timeout=5)
+        urllib.request.urlopen(
+            urllib.request.Request(base + "/admin/workers", data=b'{"workers": 2}', method="PUT"), timeout=5
+        )
     disabled.value.close()
     assert disabled.value.code == 403, "without a token file the admin endpoint must be disabled"
-    wait_until(lambda: metric_value(metrics_text(pod), "keyorder_messages_processed_total") == produced.total,
-               10, "the processed counter")
+    wait_until(
+        lambda: metric_value(metrics_text(pod), "keyorder_messages_processed_total") == produced.total,
+        10,
+        "the processed counter",
+    )
     committed_series = f'keyorder_partition_committed_offset{{partition="0",topic="{topic}"}}'
-    wait_until(lambda: metric_value(metrics_text(pod), committed_series) == produced.end_offsets[0], 10,
-               "the committed-offset gauge to reach the end offset")
+    wait_until(
+        lambda: metric_value(metrics_text(pod), committed_series) == produced.end_offsets[0],
+        10,
+        "the committed-offset gauge to reach the end offset",
+    )
     text = metrics_text(pod)
     assert metric_value(text, "keyorder_workers") == 4
     assert metric_value(text, "keyorder_pod_inflight_messages") == 0
@@ -254,9 +284,19 @@ def test_backpressure_bounds_what_a_blocked_key_holds_back(broker, make_topic, r
     produced = produce_keyed(broker.bootstrap, topic, 3_000, 50, seed=6)
     recorder = Recorder(fail=lambda event: event["key"] == "stuck")
     bound, batch = 300, 50
-    pod = run_pod(topic, recorder, workers=8, max_attempts=1, on_exhausted="block", retry_max_backoff=5,
-                  max_inflight_per_partition=bound, max_inflight=bound, max_uncommitted=bound, poll_batch=batch,
-                  shutdown_grace=1)
+    pod = run_pod(
+        topic,
+        recorder,
+        workers=8,
+        max_attempts=1,
+        on_exhausted="block",
+        retry_max_backoff=5,
+        max_inflight_per_partition=bound,
+        max_inflight=bound,
+        max_uncommitted=bound,
+        poll_batch=batch,
+        shutdown_grace=1,
+    )
     series = f'keyorder_partition_paused{{partition="0",topic="{topic}"}}'
     wait_until(lambda: metric_value(metrics_text(pod), series) == 1, 30, "the partition to be paused")
     handled_when_paused = recorder.count()

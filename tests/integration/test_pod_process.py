@@ -22,15 +22,39 @@ REPO = Path(__file__).resolve().parents[2]
 MAX_INFLIGHT = 1_000
 
 
-def start_consumer(bootstrap: str, topic: str, group: str, record_file: Path, sleep: float,
-                   *extra: str) -> subprocess.Popen:
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "KEYORDER_TEST_RECORD_FILE": str(record_file),
-                   "KEYORDER_TEST_SLEEP": str(sleep), "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
-                   "KEYORDER_TOPICS": topic, "KEYORDER_GROUP_ID": group}
-    command = [sys.executable, "-m", "keyorder.cli", "run", "--handler", "tests.integration.file_handler:handle",
-               "--workers", "16", "--http-port", "0", "--commit-interval", "0.2",
-               "--max-inflight", str(MAX_INFLIGHT), "--max-inflight-per-partition", "500",
-               "--max-uncommitted", str(MAX_INFLIGHT), *extra]
+def start_consumer(
+    bootstrap: str, topic: str, group: str, record_file: Path, sleep: float, *extra: str
+) -> subprocess.Popen:
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "KEYORDER_TEST_RECORD_FILE": str(record_file),
+        "KEYORDER_TEST_SLEEP": str(sleep),
+        "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
+        "KEYORDER_TOPICS": topic,
+        "KEYORDER_GROUP_ID": group,
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "keyorder.cli",
+        "run",
+        "--handler",
+        "tests.integration.file_handler:handle",
+        "--workers",
+        "16",
+        "--http-port",
+        "0",
+        "--commit-interval",
+        "0.2",
+        "--max-inflight",
+        str(MAX_INFLIGHT),
+        "--max-inflight-per-partition",
+        "500",
+        "--max-uncommitted",
+        str(MAX_INFLIGHT),
+        *extra,
+    ]
     for setting in FAST_GROUP_JOIN:
         command += ["--kafka-property", setting]
     return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -51,8 +75,9 @@ def test_kill_9_then_restart_loses_nothing_and_keeps_key_order(broker, make_topi
     group = f"g-{topic}"
     first = start_consumer(broker.bootstrap, topic, group, records_file, 0.001)
     try:
-        wait_until(lambda: len(read_records(str(records_file))) >= 4_000, 90, "progress before the crash",
-                   interval=0.02)
+        wait_until(
+            lambda: len(read_records(str(records_file))) >= 4_000, 90, "progress before the crash", interval=0.02
+        )
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:
@@ -61,10 +86,17 @@ def test_kill_9_then_restart_loses_nothing_and_keeps_key_order(broker, make_topi
     assert before_crash < produced.total, "the crash came too late to test anything"
     second = start_consumer(broker.bootstrap, topic, group, records_file, 0.0)
     try:
-        wait_until(lambda: len({(k, s) for k, s, _, _ in read_records(str(records_file))}) >= produced.total, 120,
-                   "every message processed after the restart")
-        wait_until(lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets, 30,
-                   "commits to reach the end offsets", interval=0.5)
+        wait_until(
+            lambda: len({(k, s) for k, s, _, _ in read_records(str(records_file))}) >= produced.total,
+            120,
+            "every message processed after the restart",
+        )
+        wait_until(
+            lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
+            30,
+            "commits to reach the end offsets",
+            interval=0.5,
+        )
     finally:
         output = stop(second)
     records = [(key, seq) for key, seq, _, _ in read_records(str(records_file))]
@@ -103,38 +135,76 @@ def test_sigterm_finishes_in_flight_commits_and_exits_within_grace(broker, make_
     assert 0 <= in_flight_at_exit <= MAX_INFLIGHT, "the final commit did not cover the finished work"
 
 
-@pytest.mark.parametrize(("arguments", "expected"), [
-    (["--handler", "no_such_module:handle"], "module 'no_such_module' not found"),
-    (["--handler", "keyorder_example.ledger:nope"], "has no attribute 'nope'"),
-    (["--handler", "not-a-path"], "--handler / KEYORDER_HANDLER"),
-    (["--handler", "keyorder_example.ledger:handle", "--workers", "0"], "--workers / KEYORDER_WORKERS"),
-    (["--handler", "keyorder_example.ledger:handle", "--ordering", "random"], "--ordering / KEYORDER_ORDERING"),
-    (["--handler", "keyorder_example.ledger:handle", "--kafka-property", "no.such.property=1"],
-     "No such configuration property"),
-    (["--handler", "keyorder_example.ledger:handle", "--kafka-property", "enable.auto.commit=true"],
-     "'enable.auto.commit' cannot be set"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        (["--handler", "no_such_module:handle"], "module 'no_such_module' not found"),
+        (["--handler", "keyorder_example.ledger:nope"], "has no attribute 'nope'"),
+        (["--handler", "not-a-path"], "--handler / KEYORDER_HANDLER"),
+        (["--handler", "keyorder_example.ledger:handle", "--workers", "0"], "--workers / KEYORDER_WORKERS"),
+        (["--handler", "keyorder_example.ledger:handle", "--ordering", "random"], "--ordering / KEYORDER_ORDERING"),
+        (
+            ["--handler", "keyorder_example.ledger:handle", "--kafka-property", "no.such.property=1"],
+            "No such configuration property",
+        ),
+        (
+            ["--handler", "keyorder_example.ledger:handle", "--kafka-property", "enable.auto.commit=true"],
+            "'enable.auto.commit' cannot be set",
+        ),
+    ],
+)
 def test_bad_start_up_input_exits_2_naming_the_problem(arguments, expected):
-    environment = {**os.environ, "KEYORDER_TOPICS": "t", "KEYORDER_GROUP_ID": "g",
-                   "KEYORDER_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
-    result = subprocess.run([sys.executable, "-m", "keyorder.cli", "run", "--http-port", "0", *arguments],
-                            env=environment, capture_output=True, text=True, timeout=60)
+    environment = {
+        **os.environ,
+        "KEYORDER_TOPICS": "t",
+        "KEYORDER_GROUP_ID": "g",
+        "KEYORDER_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "keyorder.cli", "run", "--http-port", "0", *arguments],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
 
 
 def test_secrets_never_reach_the_logs(tmp_path):
     properties = tmp_path / "client.properties"
-    properties.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=svc\n"
-                          "sasl.password=hunter2-very-secret\n")
-    environment = {**os.environ, "KEYORDER_TOPICS": "t", "KEYORDER_GROUP_ID": "g",
-                   "KEYORDER_BOOTSTRAP_SERVERS": "127.0.0.1:1", "KEYORDER_RDKAFKA_SSL_KEY_PASSWORD": "pw-secret-2"}
+    properties.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=svc\nsasl.password=hunter2-very-secret\n"
+    )
+    environment = {
+        **os.environ,
+        "KEYORDER_TOPICS": "t",
+        "KEYORDER_GROUP_ID": "g",
+        "KEYORDER_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+        "KEYORDER_RDKAFKA_SSL_KEY_PASSWORD": "pw-secret-2",
+    }
     log_file = tmp_path / "pod.log"
     with log_file.open("w") as log_output:
-        process = subprocess.Popen([sys.executable, "-m", "keyorder.cli", "run", "--handler",
-                                    "keyorder_example.ledger:handle", "--http-port", "0", "--kafka-properties-file",
-                                    str(properties), "--log-level", "DEBUG"], env=environment,
-                                   stdout=log_output, stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "keyorder.cli",
+                "run",
+                "--handler",
+                "keyorder_example.ledger:handle",
+                "--http-port",
+                "0",
+                "--kafka-properties-file",
+                str(properties),
+                "--log-level",
+                "DEBUG",
+            ],
+            env=environment,
+            stdout=log_output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             wait_until(lambda: "librdkafka" in log_file.read_text(), 30, "client debug logs (connection attempts)")
             process.send_signal(signal.SIGTERM)

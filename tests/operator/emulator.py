@@ -81,8 +81,9 @@ class Emulator(kmock.KubernetesEmulator):
                 raise kmock.KubernetesError(422, "Invalid", "metadata.name or metadata.generateName is required")
             if self._has_status_subresource(request):
                 data.pop("status", None)  # as the real API: the status is written only via .../status
-            meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_revision(), generation=1,
-                        creationTimestamp=_now())
+            meta.update(
+                uid=str(uuid.uuid4()), resourceVersion=self._next_revision(), generation=1, creationTimestamp=_now()
+            )
             return
         obj = self._live(request.resource, request.namespace, request.name)
         if obj is None:
@@ -92,16 +93,26 @@ class Emulator(kmock.KubernetesEmulator):
         if request.action == kmock.action.DELETE:
             async with self._lock:
                 if meta.get("finalizers") and not meta.get("deletionTimestamp"):  # soft deletion: a visible change
-                    obj.patch({"metadata": {"deletionTimestamp": _now(), "deletionGracePeriodSeconds": 0,
-                                            "resourceVersion": self._next_revision()}})
+                    obj.patch(
+                        {
+                            "metadata": {
+                                "deletionTimestamp": _now(),
+                                "deletionGracePeriodSeconds": 0,
+                                "resourceVersion": self._next_revision(),
+                            }
+                        }
+                    )
                     await self._buses[request.resource].put({"type": "MODIFIED", "object": obj.raw})
                 elif not meta.get("finalizers"):  # the parent deletes it now: its DELETED event gets a new version
                     obj.patch({"metadata": {"resourceVersion": self._next_revision()}})
             return
         precondition = (data.get("metadata") or {}).get("resourceVersion") if isinstance(data, dict) else None
         if precondition is not None and str(precondition) != str(meta.get("resourceVersion")):  # merge patches
-            raise kmock.KubernetesError(409, "Conflict", f"the object has been modified: resourceVersion "
-                                        f"{precondition} != {meta.get('resourceVersion')}")
+            raise kmock.KubernetesError(
+                409,
+                "Conflict",
+                f"the object has been modified: resourceVersion {precondition} != {meta.get('resourceVersion')}",
+            )
         if not isinstance(data, dict | list):
             raise kmock.KubernetesError(400, "BadRequest", "the body must be a JSON object or a JSON-patch list")
         if self._has_status_subresource(request):  # the main resource ignores status; .../status ignores the rest
@@ -112,8 +123,12 @@ class Emulator(kmock.KubernetesEmulator):
                 if to_status:
                     data["metadata"] = {"resourceVersion": precondition} if precondition is not None else {}
             else:
-                data[:] = [op for op in data if op.get("op") == "test" or to_status == (
-                    op.get("path") == "/status" or str(op.get("path")).startswith("/status/"))]
+                data[:] = [
+                    op
+                    for op in data
+                    if op.get("op") == "test"
+                    or to_status == (op.get("path") == "/status" or str(op.get("path")).startswith("/status/"))
+                ]
         preview = dicts.patch_dict(current, data)  # raises JsonPatchTestFailed etc. -> 422, nothing stored
         changes: dict[str, Any] = {"resourceVersion": self._next_revision()}
         if request.subresource is None and preview.get("spec") != current.get("spec"):
@@ -154,9 +169,11 @@ class Emulator(kmock.KubernetesEmulator):
         marker = await bus.mark()
         try:
             async with self._lock:
-                snapshot = [(_creation_revision(obj), copy.deepcopy(obj.raw))
-                            for (resource, namespace, name), obj in self.objects.items()
-                            if resource == request.resource and not obj.deleted and wanted(namespace, name)]
+                snapshot = [
+                    (_creation_revision(obj), copy.deepcopy(obj.raw))
+                    for (resource, namespace, name), obj in self.objects.items()
+                    if resource == request.resource and not obj.deleted and wanted(namespace, name)
+                ]
             sent = {(raw["metadata"].get("namespace"), raw["metadata"]["name"]): _revision(raw) for _, raw in snapshot}
             for created, raw in snapshot:
                 if _revision(raw) > since_revision:  # NB: objects deleted after N but before now are not reported
@@ -168,8 +185,9 @@ class Emulator(kmock.KubernetesEmulator):
                 key = (meta.get("namespace"), meta.get("name"))
                 if not wanted(*key):
                     continue
-                if event.get("type") != "DELETED" and _revision(event["object"]) <= max(sent.get(key, -1),
-                                                                                         since_revision):
+                if event.get("type") != "DELETED" and _revision(event["object"]) <= max(
+                    sent.get(key, -1), since_revision
+                ):
                     continue  # already sent in the snapshot, or older than asked for
                 yield event
         finally:
@@ -196,12 +214,19 @@ def load_builtin_resources(emulator: kmock.KubernetesEmulator) -> None:
     emulator.resources.load_data(gzip.decompress(bundled.read_bytes()))
 
 
-def register_crd(emulator: kmock.KubernetesEmulator, group: str = "keyorder.dev", version: str = "v1alpha1",
-                 plural: str = "orderedconsumers", kind: str = "OrderedConsumer", namespaced: bool = True) -> str:
+def register_crd(
+    emulator: kmock.KubernetesEmulator,
+    group: str = "keyorder.dev",
+    version: str = "v1alpha1",
+    plural: str = "orderedconsumers",
+    kind: str = "OrderedConsumer",
+    namespaced: bool = True,
+) -> str:
     """Declare a custom resource with a status subresource; returns its ``group/version/plural`` key."""
     key = f"{group}/{version}/{plural}"
-    emulator.resources[key] = kmock.ResourceInfo(kind=kind, singular=kind.lower(), namespaced=namespaced,
-                                                 verbs=set(CRD_VERBS), subresources={"status"})
+    emulator.resources[key] = kmock.ResourceInfo(
+        kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=set(CRD_VERBS), subresources={"status"}
+    )
     return key
 
 

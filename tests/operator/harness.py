@@ -59,8 +59,9 @@ class ApiError(Exception):
         self.status, self.body = status, body
 
 
-def resource_path(resource: str, namespace: str | None = None, name: str | None = None,
-                  subresource: str | None = None) -> str:
+def resource_path(
+    resource: str, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+) -> str:
     """``'v1/configmaps'`` or ``'group/version/plural'`` -> the API path (namespaced if ``namespace``)."""
     parts = resource.strip("/").split("/")
     if len(parts) == 2:
@@ -81,8 +82,12 @@ class KubeHTTP:
 
     def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": content_type, "Accept": "application/json"})
+        request = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": content_type, "Accept": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 raw = response.read()
@@ -111,8 +116,14 @@ class KubeHTTP:
     def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         return self.call("GET", resource_path(resource, namespace))["items"]
 
-    def patch(self, resource: str, name: str, patch: dict[str, Any] | list[dict[str, Any]],
-              namespace: str | None = "default", subresource: str | None = None) -> dict[str, Any]:
+    def patch(
+        self,
+        resource: str,
+        name: str,
+        patch: dict[str, Any] | list[dict[str, Any]],
+        namespace: str | None = "default",
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         """A merge-patch (dict) or a JSON-patch (list of ops)."""
         kind = "application/json-patch+json" if isinstance(patch, list) else "application/merge-patch+json"
         return self.call("PATCH", resource_path(resource, namespace, name, subresource), patch, kind)
@@ -136,8 +147,9 @@ def api_client(url: str) -> Iterator[kubernetes.client.ApiClient]:
 class RunningEmulator(KubeHTTP):
     """The emulator served over HTTP on 127.0.0.1:<free port> from a thread with its own event loop."""
 
-    def __init__(self, setup: Callable[[Emulator], None] | None = None, start_timeout: float = 10.0,
-                 stop_timeout: float = 10.0) -> None:
+    def __init__(
+        self, setup: Callable[[Emulator], None] | None = None, start_timeout: float = 10.0, stop_timeout: float = 10.0
+    ) -> None:
         super().__init__("http://unstarted")
         self.setup, self.start_timeout, self.stop_timeout = setup, start_timeout, stop_timeout
         self.emulator: Emulator | None = None
@@ -255,9 +267,15 @@ class KopfRun:
 
 
 @contextlib.contextmanager
-def run_kopf(server_url: str, register_handlers: Register, *,
-             settings: Callable[[kopf.OperatorSettings], None] | None = None, memo: kopf.Memo | None = None,
-             start_timeout: float = 20.0, stop_timeout: float = 20.0) -> Iterator[KopfRun]:
+def run_kopf(
+    server_url: str,
+    register_handlers: Register,
+    *,
+    settings: Callable[[kopf.OperatorSettings], None] | None = None,
+    memo: kopf.Memo | None = None,
+    start_timeout: float = 20.0,
+    stop_timeout: float = 20.0,
+) -> Iterator[KopfRun]:
     """Run ``kopf.operator(clusterwide=True, standalone=True)`` against ``server_url`` in its own thread.
 
     A fresh registry gets a login handler for ``server_url`` plus whatever ``register_handlers`` adds (see
@@ -282,8 +300,15 @@ def run_kopf(server_url: str, register_handlers: Register, *,
     async def main() -> None:
         run.loop, run.stop_flag = asyncio.get_running_loop(), asyncio.Event()
         run.loop_ready.set()
-        await kopf.operator(clusterwide=True, standalone=True, registry=registry, settings=operator_settings,
-                            memo=memo, stop_flag=run.stop_flag, ready_flag=run.ready)
+        await kopf.operator(
+            clusterwide=True,
+            standalone=True,
+            registry=registry,
+            settings=operator_settings,
+            memo=memo,
+            stop_flag=run.stop_flag,
+            ready_flag=run.ready,
+        )
 
     def target() -> None:
         try:
@@ -322,8 +347,11 @@ def run_kopf(server_url: str, register_handlers: Register, *,
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
         # kopf never shuts down the thread pool of its sync handlers: do it here, bounded (a handler may hang).
-        closer = threading.Thread(target=operator_settings.execution.executor.shutdown,
-                                  kwargs={"wait": True, "cancel_futures": True}, name="kopf-executor-shutdown")
+        closer = threading.Thread(
+            target=operator_settings.execution.executor.shutdown,
+            kwargs={"wait": True, "cancel_futures": True},
+            name="kopf-executor-shutdown",
+        )
         closer.start()
         closer.join(stop_timeout)
         if closer.is_alive():

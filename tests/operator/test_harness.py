@@ -19,16 +19,16 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def orderedconsumer(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "metadata": {"name": name},
-            "spec": spec}
+    return {"apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "metadata": {"name": name}, "spec": spec}
 
 
 def register_toy(registry: kopf.OperatorRegistry) -> None:
     """On creation of an OrderedConsumer: an owned ConfigMap (sync ``kubernetes`` client), a status, an Event."""
 
     @kopf.on.create("keyorder.dev", "v1alpha1", "orderedconsumers", registry=registry)
-    def make_configmap(body: kopf.Body, name: str, namespace: str, patch: kopf.Patch, memo: kopf.Memo,
-                       **_: Any) -> None:
+    def make_configmap(
+        body: kopf.Body, name: str, namespace: str, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    ) -> None:
         configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"cr": name}}
         kopf.adopt(configmap, owner=body)
         with api_client(memo.server_url) as client:
@@ -37,21 +37,33 @@ def register_toy(registry: kopf.OperatorRegistry) -> None:
         kopf.info(body, reason="ConfigMapCreated", message=f"created ConfigMap {name}")
 
 
-def test_the_real_operator_creates_an_owned_configmap_patches_status_and_posts_an_event(
-        kube: RunningEmulator) -> None:
+def test_the_real_operator_creates_an_owned_configmap_patches_status_and_posts_an_event(kube: RunningEmulator) -> None:
     with run_kopf(kube.url, register_toy) as operator:
         created = kube.create(CR, orderedconsumer("alpha", partitions=3))
         configmap = wait_for(lambda: kube.get("v1/configmaps", "alpha"), 20, "the ConfigMap")
-        cr = wait_for(lambda: (found := kube.get(CR, "alpha")) and found.get("status", {}).get("seen") and found,
-                      20, "status.seen on the OrderedConsumer")
-        events = wait_for(lambda: [event for event in kube.list("v1/events", "default")
-                                   if event["reason"] == "ConfigMapCreated"], 20, "the Event")
+        cr = wait_for(
+            lambda: (found := kube.get(CR, "alpha")) and found.get("status", {}).get("seen") and found,
+            20,
+            "status.seen on the OrderedConsumer",
+        )
+        events = wait_for(
+            lambda: [event for event in kube.list("v1/events", "default") if event["reason"] == "ConfigMapCreated"],
+            20,
+            "the Event",
+        )
         assert operator.alive
 
     assert configmap["data"] == {"cr": "alpha"}
-    assert configmap["metadata"]["ownerReferences"] == [{
-        "apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "name": "alpha",
-        "uid": created["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+    assert configmap["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "keyorder.dev/v1alpha1",
+            "kind": "OrderedConsumer",
+            "name": "alpha",
+            "uid": created["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     assert cr["status"] == {"seen": True}
     assert cr["spec"] == {"partitions": 3}
     assert int(cr["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
@@ -62,7 +74,8 @@ def test_the_real_operator_creates_an_owned_configmap_patches_status_and_posts_a
 
 
 def test_kopfs_finalizer_is_added_before_the_handlers_and_released_after_the_delete_handler(
-        kube: RunningEmulator) -> None:
+    kube: RunningEmulator,
+) -> None:
     deleted: list[str] = []
 
     def register(registry: kopf.OperatorRegistry) -> None:
@@ -78,8 +91,11 @@ def test_kopfs_finalizer_is_added_before_the_handlers_and_released_after_the_del
     with run_kopf(kube.url, register):
         kube.create(CR, orderedconsumer("after"))  # seen on the watch stream
         for name in ("before", "after"):
-            found = wait_for(lambda n=name: (cr := kube.get(CR, n)) and cr.get("status", {}).get("created") and cr,
-                             20, f"status.created on {name}")
+            found = wait_for(
+                lambda n=name: (cr := kube.get(CR, n)) and cr.get("status", {}).get("created") and cr,
+                20,
+                f"status.created on {name}",
+            )
             assert found["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
         kube.delete(CR, "before")
         wait_for(lambda: kube.get(CR, "before") is None, 20, "the finalizer to be released")
@@ -122,19 +138,23 @@ def test_an_operator_that_dies_is_reported_when_the_run_ends() -> None:
     with socket.socket() as probe:  # a port that nothing listens on
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
-    with pytest.raises(RuntimeError, match="kopf failed"), \
-            run_kopf(f"http://127.0.0.1:{closed_port}", register_toy, settings=one_retry) as operator:
+    with (
+        pytest.raises(RuntimeError, match="kopf failed"),
+        run_kopf(f"http://127.0.0.1:{closed_port}", register_toy, settings=one_retry) as operator,
+    ):
         wait_for(lambda: not operator.alive, 30, "kopf to give up on the unreachable API")
     assert operator.error is not None
 
 
 def test_handlers_of_a_plain_module_are_registered_on_the_runs_own_registry(
-        kube: RunningEmulator, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    kube: RunningEmulator, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "toy_handlers_module.py").write_text(
         "import kopf\n"
         "@kopf.on.create('keyorder.dev', 'v1alpha1', 'orderedconsumers')\n"
         "def mark(patch, **_):\n"
-        "    patch.status['marked'] = True\n")
+        "    patch.status['marked'] = True\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     default_registry = kopf.get_default_registry()
     with run_kopf(kube.url, "toy_handlers_module") as operator:
@@ -146,6 +166,7 @@ def test_handlers_of_a_plain_module_are_registered_on_the_runs_own_registry(
 
 
 # The emulator's contract, over plain HTTP and without kopf (fast).
+
 
 def test_create_fills_the_metadata_and_supports_generate_name(kube: RunningEmulator) -> None:
     named = kube.create(CR, {**orderedconsumer("named"), "status": {"ignored": True}})
@@ -193,8 +214,14 @@ def test_stale_resource_versions_get_409_and_failed_json_patch_tests_get_422(kub
         kube.patch(CR, "c", {"metadata": {"resourceVersion": stale, "labels": {"x": "2"}}})
     assert conflict.value.status == 409
     with pytest.raises(ApiError) as invalid:  # what kopf's finalizer JSON-patch does on a race
-        kube.patch(CR, "c", [{"op": "test", "path": "/metadata/resourceVersion", "value": stale},
-                             {"op": "add", "path": "/metadata/finalizers", "value": ["x"]}])
+        kube.patch(
+            CR,
+            "c",
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": stale},
+                {"op": "add", "path": "/metadata/finalizers", "value": ["x"]},
+            ],
+        )
     assert invalid.value.status == 422
     assert kube.get(CR, "c") == current  # neither failed write changed anything
     with pytest.raises(ApiError) as missing:
@@ -218,6 +245,7 @@ def test_watch_streams_the_snapshot_then_every_change(kube: RunningEmulator) -> 
     kube.create(CR, orderedconsumer("w1"))
     url = kube.url + "/apis/keyorder.dev/v1alpha1/orderedconsumers?watch=true"
     with urllib.request.urlopen(url, timeout=10) as stream:
+
         def next_event() -> tuple[str, str, int]:
             line = b""
             while not line.strip():

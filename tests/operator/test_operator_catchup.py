@@ -25,8 +25,13 @@ from tests.operator.test_operator_e2e import (
 )
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
-CATCHUP = {"enabled": True, "triggerDrainSeconds": 60, "image": "registry.example/ledger-spark:1.0",
-           "master": "local[4]", "resources": {"requests": {"cpu": "4"}}}
+CATCHUP = {
+    "enabled": True,
+    "triggerDrainSeconds": 60,
+    "image": "registry.example/ledger-spark:1.0",
+    "master": "local[4]",
+    "resources": {"requests": {"cpu": "4"}},
+}
 
 
 def backlog(broker, topic: str) -> dict[int, int]:
@@ -37,8 +42,14 @@ def backlog(broker, topic: str) -> dict[int, int]:
 
 
 def resource(broker, name: str, topic: str) -> dict:
-    return consumer_resource(name, broker.bootstrap, topic, catchup=CATCHUP,
-                             workers={"min": 1, "initial": 1, "max": 2}, replicas={"min": 1, "max": 2})
+    return consumer_resource(
+        name,
+        broker.bootstrap,
+        topic,
+        catchup=CATCHUP,
+        workers={"min": 1, "initial": 1, "max": 2},
+        replicas={"min": 1, "max": 2},
+    )
 
 
 def catchup_status(kube, name: str) -> dict:
@@ -61,9 +72,18 @@ def slow_workers_until_triggered(kube, name: str) -> dict:
 
 
 def finish_job(kube, job_name: str, condition_type: str) -> None:
-    kube.patch("batch/v1/jobs", job_name, {"status": {"conditions": [
-        {"type": condition_type, "status": "True", "reason": "Test", "message": "set by the test"}]}},
-        subresource="status")
+    kube.patch(
+        "batch/v1/jobs",
+        job_name,
+        {
+            "status": {
+                "conditions": [
+                    {"type": condition_type, "status": "True", "reason": "Test", "message": "set by the test"}
+                ]
+            }
+        },
+        subresource="status",
+    )
 
 
 def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
@@ -72,28 +92,54 @@ def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
     with operator(kube.url):
         kube.create(CR, resource(broker, "payments", topic))
         # a consumer pod (the emulator runs no kubelet: the test creates it) that is slow to stop
-        kube.create("v1/pods", {"metadata": {"name": "payments-0", "namespace": "default",
-                                             "labels": {"app.kubernetes.io/name": "keyorder-consumer",
-                                                        "app.kubernetes.io/instance": "payments"}},
-                                "spec": {"containers": [{"name": "consumer", "image": "x"}]}})
+        kube.create(
+            "v1/pods",
+            {
+                "metadata": {
+                    "name": "payments-0",
+                    "namespace": "default",
+                    "labels": {"app.kubernetes.io/name": "keyorder-consumer", "app.kubernetes.io/instance": "payments"},
+                },
+                "spec": {"containers": [{"name": "consumer", "image": "x"}]},
+            },
+        )
         started = slow_workers_until_triggered(kube, "payments")
 
         assert started["fence"] == {f"{topic}:{p}": offset for p, offset in ends.items()}
         wait_for(lambda: replicas(kube, "payments") == 0, 20, "the Deployment scaled to 0")
-        wait_for(lambda: "waiting for 1 consumer pods to stop" in condition_entry(
-            kube.get(CR, "payments"), "CatchingUp").get("message", ""), 20, "CatchingUp to wait for the consumer pod")
+        wait_for(
+            lambda: (
+                "waiting for 1 consumer pods to stop"
+                in condition_entry(kube.get(CR, "payments"), "CatchingUp").get("message", "")
+            ),
+            20,
+            "CatchingUp to wait for the consumer pod",
+        )
         time.sleep(1.0)  # observation window: no Job while a consumer pod may still consume
         assert kube.get("batch/v1/jobs", started["jobName"]) is None
         kube.delete("v1/pods", "payments-0")
-        assert any("would take 33.3 min, over the catch-up trigger 60 s" in message
-                   for message in events(kube, "CatchupStarted")), events(kube, "CatchupStarted")
+        assert any(
+            "would take 33.3 min, over the catch-up trigger 60 s" in message
+            for message in events(kube, "CatchupStarted")
+        ), events(kube, "CatchupStarted")
 
         job_name = started["jobName"]
         job = wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
         container = job["spec"]["template"]["spec"]["containers"][0]
         fence = ",".join(f"{topic}:{p}={ends[p]}" for p in sorted(ends))
-        assert container["args"] == ["catchup", "--start", "committed", "--until", fence, "--commit", "auto",
-                                     "--master", "local[4]", "--task-workers", "16"]
+        assert container["args"] == [
+            "catchup",
+            "--start",
+            "committed",
+            "--until",
+            fence,
+            "--commit",
+            "auto",
+            "--master",
+            "local[4]",
+            "--task-workers",
+            "16",
+        ]
         assert container["image"] == "registry.example/ledger-spark:1.0"
         assert {"name": "KEYORDER_GROUP_ID", "value": f"g-{topic}"} in container["env"]
         assert container["resources"] == {"requests": {"cpu": "4"}}
@@ -124,12 +170,19 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
         job_name = started["jobName"]
         wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
         # the Job's driver pod is still terminating when the Job is marked Failed: the pods must wait for it
-        kube.create("v1/pods", {"metadata": {"name": f"{job_name}-driver", "namespace": "default",
-                                             "labels": {"job-name": job_name}},
-                                "spec": {"containers": [{"name": "catchup", "image": "x"}]}})
+        kube.create(
+            "v1/pods",
+            {
+                "metadata": {"name": f"{job_name}-driver", "namespace": "default", "labels": {"job-name": job_name}},
+                "spec": {"containers": [{"name": "catchup", "image": "x"}]},
+            },
+        )
         finish_job(kube, job_name, "Failed")
-        wait_for(lambda: condition_entry(kube.get(CR, "refunds"), "CatchingUp").get("reason") == "Finishing", 20,
-                 "CatchingUp Finishing")
+        wait_for(
+            lambda: condition_entry(kube.get(CR, "refunds"), "CatchingUp").get("reason") == "Finishing",
+            20,
+            "CatchingUp Finishing",
+        )
         time.sleep(1.0)  # observation window: several ticks while the driver pod exists
         assert replicas(kube, "refunds") == 0, "the pods resumed while the Job's driver still ran"
         kube.delete("v1/pods", f"{job_name}-driver")
@@ -137,8 +190,9 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
         wait_for(lambda: replicas(kube, "refunds") == started["resumeReplicas"], 20, "the pods resumed")
         wait_for(lambda: condition(kube.get(CR, "refunds"), "CatchupFailed") == "True", 20, "CatchupFailed")
         failed = condition_entry(kube.get(CR, "refunds"), "CatchupFailed")
-        assert "commits nothing" in failed["message"] and "resume from the group's committed offsets" in \
-            failed["message"]
+        assert (
+            "commits nothing" in failed["message"] and "resume from the group's committed offsets" in failed["message"]
+        )
         assert any(job_name in message for message in events(kube, "CatchupFailed"))
         # a fresh observation after the hand-over: the backlog is all still there for the pods
         wait_for(lambda: (kube.get(CR, "refunds").get("status") or {}).get("lastSample"), 20, "a new observation")
@@ -148,8 +202,11 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
             kube.patch(CR, "refunds", {"status": {"autoscaler": {"perWorkerRate": 1.0}}}, subresource="status")
             time.sleep(0.2)
         assert catchup_status(kube, "refunds") == {}
-        assert [job["metadata"]["name"] for job in kube.list("batch/v1/jobs", "default")
-                if job["metadata"]["name"].startswith("refunds-")] == [job_name]
+        assert [
+            job["metadata"]["name"]
+            for job in kube.list("batch/v1/jobs", "default")
+            if job["metadata"]["name"].startswith("refunds-")
+        ] == [job_name]
 
 
 def test_a_deleted_job_ends_the_hand_over_and_the_pods_resume(kube, broker):

@@ -36,12 +36,20 @@ def consumer_resource(name: str, bootstrap: str, topic: str, **overrides) -> dic
         "kafka": {"bootstrapServers": bootstrap, "topics": [topic], "groupId": f"g-{topic}"},
         "handler": {"image": "registry.example/ledger:1.0", "handler": "keyorder_example.ledger:handle"},
         "workers": {"min": 1, "initial": 4, "max": 64},
-        "scaling": {"pollIntervalSeconds": 1, "targetDrainSeconds": 10, "activationLag": 10,
-                    "scaleDownStabilizationSeconds": 2},
+        "scaling": {
+            "pollIntervalSeconds": 1,
+            "targetDrainSeconds": 10,
+            "activationLag": 10,
+            "scaleDownStabilizationSeconds": 2,
+        },
     }
     spec.update(overrides)
-    return {"apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer",
-            "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+    return {
+        "apiVersion": "keyorder.dev/v1alpha1",
+        "kind": "OrderedConsumer",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
 
 
 @contextlib.contextmanager
@@ -82,16 +90,26 @@ def test_owned_objects_then_scale_out_to_the_partition_cap_then_workers_then_bac
     with operator(kube.url):
         created = kube.create(CR, consumer_resource("ledger", broker.bootstrap, topic))
         uid = created["metadata"]["uid"]
-        for resource, name in (("apps/v1/deployments", "ledger"), ("v1/services", "ledger-metrics"),
-                               ("policy/v1/poddisruptionbudgets", "ledger"), ("v1/serviceaccounts", "ledger"),
-                               ("v1/secrets", "ledger-admin-token")):
+        for resource, name in (
+            ("apps/v1/deployments", "ledger"),
+            ("v1/services", "ledger-metrics"),
+            ("policy/v1/poddisruptionbudgets", "ledger"),
+            ("v1/serviceaccounts", "ledger"),
+            ("v1/secrets", "ledger-admin-token"),
+        ):
             found = wait_for(lambda r=resource, n=name: kube.get(r, n), 20, f"{resource} {name}")
             assert found["metadata"]["ownerReferences"][0]["uid"] == uid, f"{resource} is not owned by the CR"
-        wait_for(lambda: (kube.get(CR, "ledger").get("status") or {}).get("lag") == produced.total, 20,
-                 "status.lag to show the backlog")
+        wait_for(
+            lambda: (kube.get(CR, "ledger").get("status") or {}).get("lag") == produced.total,
+            20,
+            "status.lag to show the backlog",
+        )
         wait_for(lambda: replicas(kube, "ledger") == 4, 30, "scale-out to the partition count")
-        wait_for(lambda: ((kube.get(CR, "ledger").get("status") or {}).get("workersPerPod") or 0) > 4, 30,
-                 "workers per pod to grow at the partition cap")
+        wait_for(
+            lambda: ((kube.get(CR, "ledger").get("status") or {}).get("workersPerPod") or 0) > 4,
+            30,
+            "workers per pod to grow at the partition cap",
+        )
         assert replicas(kube, "ledger") == 4, "replicas went beyond the partition count"
         scaled = events(kube, "Scaled")
         assert any("replicas 1\u21922" in message for message in scaled), scaled
@@ -101,6 +119,7 @@ def test_owned_objects_then_scale_out_to_the_partition_cap_then_workers_then_bac
         commit_group(broker.bootstrap, f"g-{topic}", topic, produced.end_offsets)  # the backlog is drained
         wait_for(lambda: (kube.get(CR, "ledger").get("status") or {}).get("lag") == 0, 20, "lag 0")
         wait_for(lambda: replicas(kube, "ledger") == 1, 30, "scale-in after the stabilization window")
+
         # status is patched after the Deployment is scaled: wait for it rather than read it at once
         def scaled_in_status() -> bool:
             status = kube.get(CR, "ledger").get("status") or {}
@@ -130,9 +149,15 @@ def test_unknown_lag_never_scales(kube):
         produce_keyed(private.bootstrap, topic, 2_000, 50, extra_config=EXACT_END_OFFSETS)
         commit_group(private.bootstrap, f"g-{topic}", topic, {0: 0, 1: 0})
         with operator(kube.url):
-            kube.create(CR, consumer_resource("orphan", private.bootstrap, topic,
-                                              scaling={"pollIntervalSeconds": 1, "targetDrainSeconds": 3600,
-                                                       "activationLag": 10_000_000}))
+            kube.create(
+                CR,
+                consumer_resource(
+                    "orphan",
+                    private.bootstrap,
+                    topic,
+                    scaling={"pollIntervalSeconds": 1, "targetDrainSeconds": 3600, "activationLag": 10_000_000},
+                ),
+            )
             wait_for(lambda: (kube.get(CR, "orphan").get("status") or {}).get("lag") == 2_000, 20, "lag measured")
             before = replicas(kube, "orphan")
             private.stop()
@@ -155,20 +180,33 @@ def test_worker_count_reaches_a_running_pod_live(kube, broker, tmp_path, run_pod
     with operator(kube.url):
         kube.create(CR, consumer_resource("live", broker.bootstrap, topic, httpPort=port))
         secret = wait_for(lambda: kube.get("v1/secrets", "live-admin-token"), 20, "the admin token Secret")
-        token = secret.get("stringData", {}).get("token") or __import__("base64").b64decode(
-            secret["data"]["token"]).decode()
+        token = (
+            secret.get("stringData", {}).get("token")
+            or __import__("base64").b64decode(secret["data"]["token"]).decode()
+        )
         token_file = tmp_path / "token"
         token_file.write_text(token)
-        pod = run_pod(topic, Recorder(0.02, 0.04), group=f"g-{topic}", workers=4, http_port=port,
-                      admin_token_file=str(token_file))
-        kube.create("v1/pods", {"metadata": {"name": "live-0", "namespace": "default",
-                                             "labels": {"app.kubernetes.io/name": "keyorder-consumer",
-                                                        "app.kubernetes.io/instance": "live"}},
-                                "spec": {"containers": [{"name": "consumer", "image": "x"}]}})
+        pod = run_pod(
+            topic, Recorder(0.02, 0.04), group=f"g-{topic}", workers=4, http_port=port, admin_token_file=str(token_file)
+        )
+        kube.create(
+            "v1/pods",
+            {
+                "metadata": {
+                    "name": "live-0",
+                    "namespace": "default",
+                    "labels": {"app.kubernetes.io/name": "keyorder-consumer", "app.kubernetes.io/instance": "live"},
+                },
+                "spec": {"containers": [{"name": "consumer", "image": "x"}]},
+            },
+        )
         # the emulator runs no kubelet: the test reports the (real, in-process) pod as ready on 127.0.0.1
-        kube.patch("v1/pods", "live-0", {"status": {"podIP": "127.0.0.1", "phase": "Running",
-                                                    "conditions": [{"type": "Ready", "status": "True"}]}},
-                   subresource="status")
+        kube.patch(
+            "v1/pods",
+            "live-0",
+            {"status": {"podIP": "127.0.0.1", "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+            subresource="status",
+        )
         wait_for(lambda: pod.runtime.workers > 4, 30, "the operator's worker count to reach the pod")
         status = kube.get(CR, "live")["status"]
         assert pod.runtime.workers == status["workersPerPod"]

@@ -23,16 +23,31 @@ def test_the_operator_command_logs_in_reconciles_and_serves_metrics(kube, tmp_pa
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(f"""apiVersion: v1
 kind: Config
-clusters: [{{name: emulator, cluster: {{server: "{kube.url.rstrip('/')}"}}}}]
+clusters: [{{name: emulator, cluster: {{server: "{kube.url.rstrip("/")}"}}}}]
 users: [{{name: tester, user: {{token: not-checked}}}}]
 contexts: [{{name: emulator, context: {{cluster: emulator, user: tester, namespace: default}}}}]
 current-context: emulator
 """)
     metrics_port, liveness_port = free_port(), free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}
-    operator = subprocess.Popen([sys.executable, "-m", "keyorder.cli", "operator", "--metrics-port", str(metrics_port),
-                                 "--liveness", f"http://127.0.0.1:{liveness_port}/healthz", "--tick", "0.5"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    operator = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "keyorder.cli",
+            "operator",
+            "--metrics-port",
+            str(metrics_port),
+            "--liveness",
+            f"http://127.0.0.1:{liveness_port}/healthz",
+            "--tick",
+            "0.5",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         kube.create(CR, consumer_resource("ledger", "127.0.0.1:1", "payments"))
         deployment = wait_for(lambda: kube.get("apps/v1/deployments", "ledger"), 60, "the operator's Deployment")
@@ -42,8 +57,9 @@ current-context: emulator
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
                 return response.read().decode()
 
-        text = wait_for(lambda: "keyorder_operator_lag_unavailable_total{" in metrics() and metrics(), 30,
-                        "the operator's metrics")
+        text = wait_for(
+            lambda: "keyorder_operator_lag_unavailable_total{" in metrics() and metrics(), 30, "the operator's metrics"
+        )
         assert 'keyorder_operator_catchups_total{name="ledger",namespace="default",outcome="failed"} 0.0' in text
         with urllib.request.urlopen(f"http://127.0.0.1:{liveness_port}/healthz", timeout=5) as response:
             assert response.status == 200

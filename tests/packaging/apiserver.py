@@ -86,6 +86,7 @@ class _Parser:
                 return True
             _raise_first(results)
             return False
+
         return either
 
     def conjunction(self):
@@ -102,6 +103,7 @@ class _Parser:
                 return False
             _raise_first(results)
             return True
+
         return both
 
     def negation(self):
@@ -117,14 +119,21 @@ class _Parser:
         if token and token[1] in ("<=", ">=", "<", ">", "==", "!="):
             self.take()
             right = self.primary()
-            operator = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b,
-                        ">": lambda a, b: a > b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}[token[1]]
+            operator = {
+                "<=": lambda a, b: a <= b,
+                ">=": lambda a, b: a >= b,
+                "<": lambda a, b: a < b,
+                ">": lambda a, b: a > b,
+                "==": lambda a, b: a == b,
+                "!=": lambda a, b: a != b,
+            }[token[1]]
 
             def compare(value):
                 a, b = left(value), right(value)
                 if type(a) is not type(b):
                     raise CelError(f"no such overload: {type(a).__name__} {token[1]} {type(b).__name__}")
                 return operator(a, b)
+
             return compare
         return left
 
@@ -150,6 +159,7 @@ class _Parser:
                 if not isinstance(parent, dict):
                     raise CelError(f"has() on a non-object at {'.'.join(path[:-1])}")
                 return path[-1] in parent
+
             return has
         if kind == "ident":
             self.index -= 1
@@ -218,8 +228,11 @@ def strict_copy(schema: dict[str, Any], skip: tuple[str, ...] = ("metadata", "st
     def visit(node: dict[str, Any], name: str | None) -> None:
         if name in skip:
             return
-        if node.get("type") == "object" and "additionalProperties" not in node \
-                and not node.get("x-kubernetes-preserve-unknown-fields"):
+        if (
+            node.get("type") == "object"
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+        ):
             node["additionalProperties"] = False
         for child_name, child in (node.get("properties") or {}).items():
             visit(child, child_name)
@@ -287,8 +300,10 @@ def cel_violations(value: Any, schema: dict[str, Any], path: str = "") -> list[s
 def admit(resource: dict[str, Any], schema: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
     """The stored object (or None) and the reasons it was refused, as the API server would decide."""
     resource = apply_defaults(drop_nulls(resource, schema), schema)
-    problems = [f"{'.'.join(str(p) for p in error.absolute_path) or '.'}: {error.message}"
-                for error in OAS30Validator(strict_copy(schema)).iter_errors(resource)]
+    problems = [
+        f"{'.'.join(str(p) for p in error.absolute_path) or '.'}: {error.message}"
+        for error in OAS30Validator(strict_copy(schema)).iter_errors(resource)
+    ]
     if not problems:
         problems = cel_violations(resource, schema)
     return (None if problems else resource), problems

@@ -26,8 +26,10 @@ from keyorder_operator.main import add_operator_flags
 from tests.packaging.conftest import CHART, KUBERNETES_VERSIONS, NAMESPACE, RELEASE, VALUES_SETS, documents, find
 from tests.packaging.monitoring_schemas import MINIMAL_MONITORING_SCHEMAS
 
-PEERING_CRDS = {doc["spec"]["names"]["kind"]: doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-                for doc in yaml.safe_load_all((CHART / "crds" / "kopf-peerings.yaml").read_text())}
+PEERING_CRDS = {
+    doc["spec"]["names"]["kind"]: doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for doc in yaml.safe_load_all((CHART / "crds" / "kopf-peerings.yaml").read_text())
+}
 
 
 def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -42,8 +44,9 @@ def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("values_set", sorted(VALUES_SETS))
 def test_strict_lint_has_no_errors_or_warnings(values_set, version):
-    report = helm_python.lint(CHART, VALUES_SETS[values_set], strict=True, namespace=NAMESPACE,
-                              kube_version=f"v{version}.0")
+    report = helm_python.lint(
+        CHART, VALUES_SETS[values_set], strict=True, namespace=NAMESPACE, kube_version=f"v{version}.0"
+    )
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
     assert report["total_charts_linted"] == 1
@@ -72,8 +75,10 @@ def test_every_manifest_validates_strictly(manifests, values_set, version):
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_chart_crds_validate(chart, version):
     files = {crd["filename"] for crd in chart.crds}
-    assert files == {"keyorder-operator/crds/orderedconsumers.keyorder.dev.yaml",
-                     "keyorder-operator/crds/kopf-peerings.yaml"}
+    assert files == {
+        "keyorder-operator/crds/orderedconsumers.keyorder.dev.yaml",
+        "keyorder-operator/crds/kopf-peerings.yaml",
+    }
     for crd in chart.crds:
         for doc in yaml.safe_load_all(crd["data"]):
             kubernetes_validate.validate(doc, version, strict=True)
@@ -88,27 +93,35 @@ def test_values_sets_render_what_they_enable(manifests):
     assert set(kinds["monitoring"]) >= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
     assert kinds["peering"] == sorted([*base, "ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding"])
     assert [doc["metadata"]["namespace"] for doc in find(manifests["peering-namespaced"], "KopfPeering")] == [
-        "team-a", "team-b"]
+        "team-a",
+        "team-b",
+    ]
     assert kinds["minimal"] == ["ConfigMap", "Deployment", "Service"]
 
 
 # ---------------------------------------------------------------- bad values
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"replicaCount": "two"}, "at '/replicaCount': got string, want integer"),
-    ({"operator": {"watchNamespaces": ["Team_A"]}}, "at '/operator/watchNamespaces/0'"),
-    ({"operator": {"metricsPort": 80}}, "at '/operator/metricsPort': minimum"),
-    ({"securityContext": {"readOnlyRootFilesystem": False}}, "at '/securityContext/readOnlyRootFilesystem'"),
-    ({"securityContext": {"capabilities": {"drop": ["NET_RAW"]}}}, "at '/securityContext/capabilities/drop'"),
-    ({"podSecurityContext": {"runAsNonRoot": False}}, "at '/podSecurityContext/runAsNonRoot'"),
-    ({"monitoring": {"prometheusRule": {"stuckKey": {"severity": "urgent"}}}}, "'critical', 'warning', 'info'"),
-    ({"monitoring": {"serviceMonitor": {"interval": "thirty seconds"}}}, "at '/monitoring/serviceMonitor/interval'"),
-    ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
-    ({"image": {"digest": "sha256:short"}}, "at '/image/digest'"),
-    ({"replicaCoutn": 2}, "additional properties 'replicaCoutn' not allowed"),
-    ({"peering": {"enabled": True, "nmae": "x"}}, "additional properties 'nmae' not allowed"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCount": "two"}, "at '/replicaCount': got string, want integer"),
+        ({"operator": {"watchNamespaces": ["Team_A"]}}, "at '/operator/watchNamespaces/0'"),
+        ({"operator": {"metricsPort": 80}}, "at '/operator/metricsPort': minimum"),
+        ({"securityContext": {"readOnlyRootFilesystem": False}}, "at '/securityContext/readOnlyRootFilesystem'"),
+        ({"securityContext": {"capabilities": {"drop": ["NET_RAW"]}}}, "at '/securityContext/capabilities/drop'"),
+        ({"podSecurityContext": {"runAsNonRoot": False}}, "at '/podSecurityContext/runAsNonRoot'"),
+        ({"monitoring": {"prometheusRule": {"stuckKey": {"severity": "urgent"}}}}, "'critical', 'warning', 'info'"),
+        (
+            {"monitoring": {"serviceMonitor": {"interval": "thirty seconds"}}},
+            "at '/monitoring/serviceMonitor/interval'",
+        ),
+        ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
+        ({"image": {"digest": "sha256:short"}}, "at '/image/digest'"),
+        ({"replicaCoutn": 2}, "additional properties 'replicaCoutn' not allowed"),
+        ({"peering": {"enabled": True, "nmae": "x"}}, "additional properties 'nmae' not allowed"),
+    ],
+)
 def test_bad_values_are_refused_by_the_schema(chart, values, message):
     with pytest.raises(helm_python.HelmValuesError) as error:
         chart.render(values, name=RELEASE, namespace=NAMESPACE)
@@ -116,10 +129,13 @@ def test_bad_values_are_refused_by_the_schema(chart, values, message):
     assert "keyorder-operator" in str(error.value)
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"replicaCount": 2}, "replicaCount > 1 needs peering.enabled: true"),
-    ({"image": {"tag": "latest"}}, "image.tag: 'latest' is refused"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCount": 2}, "replicaCount > 1 needs peering.enabled: true"),
+        ({"image": {"tag": "latest"}}, "image.tag: 'latest' is refused"),
+    ],
+)
 def test_inconsistent_values_fail_the_render_with_a_reason(chart, values, message):
     with pytest.raises(helm_python.HelmRenderError, match=message.replace(".", r"\.").replace("'", ".")):
         chart.render(values, name=RELEASE, namespace=NAMESPACE)
@@ -132,15 +148,21 @@ def test_default_values_pass_the_schema(chart):
 # ---------------------------------------------------------------- the operator Deployment
 
 
-STRICT_CONTAINER = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-                    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+STRICT_CONTAINER = {
+    "runAsNonRoot": True,
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 @pytest.mark.parametrize("values_set", sorted(VALUES_SETS))
 def test_every_pod_runs_strict(manifests, values_set):
     docs = manifests[values_set]
-    pods = [doc["spec"]["template"]["spec"] for doc in find(docs, "Deployment")] + [doc["spec"] for doc in
-                                                                                     find(docs, "Pod")]
+    pods = [doc["spec"]["template"]["spec"] for doc in find(docs, "Deployment")] + [
+        doc["spec"] for doc in find(docs, "Pod")
+    ]
     assert pods
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -217,8 +239,10 @@ def test_labels_and_names_follow_helm_conventions(manifests):
             if doc["kind"] == "Deployment":
                 selector = doc["spec"]["selector"]["matchLabels"]
                 assert selector.items() <= doc["spec"]["template"]["metadata"]["labels"].items()
-                assert selector == {"app.kubernetes.io/name": "keyorder-operator",
-                                    "app.kubernetes.io/instance": RELEASE}
+                assert selector == {
+                    "app.kubernetes.io/name": "keyorder-operator",
+                    "app.kubernetes.io/instance": RELEASE,
+                }
 
 
 # ---------------------------------------------------------------- monitoring
@@ -242,8 +266,12 @@ def test_pod_monitor_selects_the_pods_the_operator_builds(manifests):
     """The selector and port must match what builders.build_deployment really produces."""
     from keyorder_operator.spec import parse_spec
 
-    spec = parse_spec({"kafka": {"bootstrapServers": "k:9092", "topics": ["t"], "groupId": "g"},
-                       "handler": {"image": "i:1", "handler": "m:f"}})
+    spec = parse_spec(
+        {
+            "kafka": {"bootstrapServers": "k:9092", "topics": ["t"], "groupId": "g"},
+            "handler": {"image": "i:1", "handler": "m:f"},
+        }
+    )
     owner = {"metadata": {"name": "ledger", "namespace": "team-a", "uid": "u"}}
     pod = builders.build_deployment(spec, owner, 1)["spec"]["template"]
     port_names = {port["name"] for port in pod["spec"]["containers"][0]["ports"]}
@@ -252,18 +280,26 @@ def test_pod_monitor_selects_the_pods_the_operator_builds(manifests):
         assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
         assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
-        assert endpoint["relabelings"] == [{"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
-                                            "targetLabel": "name"}]
+        assert endpoint["relabelings"] == [
+            {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"], "targetLabel": "name"}
+        ]
         assert "app.kubernetes.io/instance" in pod["metadata"]["labels"]
-        assert monitor["spec"]["namespaceSelector"] == ({"any": True} if namespaces is None else
-                                                        {"matchNames": namespaces})
+        assert monitor["spec"]["namespaceSelector"] == (
+            {"any": True} if namespaces is None else {"matchNames": namespaces}
+        )
 
 
 def test_prometheus_rule_has_the_issues_alerts_and_more(manifests):
     (rule,) = find(manifests["monitoring"], "PrometheusRule")
     alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
-    assert set(alerts) == {"KeyorderLagGrowing", "KeyorderKeyStuck", "KeyorderDeadLettering", "KeyorderLagUnknown",
-                           "KeyorderReconcileErrors", "KeyorderCatchupFailed"}
+    assert set(alerts) == {
+        "KeyorderLagGrowing",
+        "KeyorderKeyStuck",
+        "KeyorderDeadLettering",
+        "KeyorderLagUnknown",
+        "KeyorderReconcileErrors",
+        "KeyorderCatchupFailed",
+    }
     assert "deriv(keyorder_operator_observed_lag_messages" in alerts["KeyorderLagGrowing"]["expr"]
     assert alerts["KeyorderLagGrowing"]["for"] == "15m"
     assert alerts["KeyorderKeyStuck"]["expr"].endswith("(keyorder_partition_oldest_inflight_age_seconds) > 300")
@@ -277,8 +313,15 @@ def test_prometheus_rule_has_the_issues_alerts_and_more(manifests):
 
 
 def test_alerts_can_be_tuned_and_disabled(chart):
-    values = {"monitoring": {"prometheusRule": {"enabled": True, "stuckKey": {"seconds": 60, "for": "2m"},
-                                                "deadLetters": {"enabled": False}}}}
+    values = {
+        "monitoring": {
+            "prometheusRule": {
+                "enabled": True,
+                "stuckKey": {"seconds": 60, "for": "2m"},
+                "deadLetters": {"enabled": False},
+            }
+        }
+    }
     (rule,) = find(documents(chart.render(values, name=RELEASE, namespace=NAMESPACE)), "PrometheusRule")
     alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
     assert "KeyorderDeadLettering" not in alerts
@@ -290,7 +333,8 @@ def test_dashboard_configmap(manifests):
     assert config_map["metadata"]["namespace"] == "grafana"
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["keyorder.json"]) == json.loads(
-        (CHART / "dashboards" / "keyorder.json").read_text())
+        (CHART / "dashboards" / "keyorder.json").read_text()
+    )
 
 
 # ---------------------------------------------------------------- helm test and NOTES

@@ -54,13 +54,16 @@ def test_crd_validates_as_a_crd(manifest, version):
 
 def test_chart_ships_the_same_crd_file():
     assert (CHART / "crds" / CRD_FILE.name).read_bytes() == CRD_FILE.read_bytes(), (
-        "charts/keyorder-operator/crds/ differs from crds/: `make crds`")
+        "charts/keyorder-operator/crds/ differs from crds/: `make crds`"
+    )
 
 
 def test_subresources_and_columns(manifest):
     version = manifest["spec"]["versions"][0]
-    assert version["subresources"] == {"status": {}, "scale": {
-        "specReplicasPath": ".spec.replicas.min", "statusReplicasPath": ".status.replicas"}}
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {"specReplicasPath": ".spec.replicas.min", "statusReplicasPath": ".status.replicas"},
+    }
     columns = {column["name"]: column["jsonPath"] for column in version["additionalPrinterColumns"]}
     assert columns["Replicas"] == ".status.replicas" and columns["Lag"] == ".status.lag"
     assert manifest["spec"]["names"]["shortNames"] == ["okc"]
@@ -87,8 +90,13 @@ def walk(node: dict[str, Any], path: str = "spec"):
 
 
 def test_schema_is_structural(schema):
-    assert schema["type"] == "object" and set(schema["properties"]) == {"apiVersion", "kind", "metadata", "spec",
-                                                                           "status"}
+    assert schema["type"] == "object" and set(schema["properties"]) == {
+        "apiVersion",
+        "kind",
+        "metadata",
+        "spec",
+        "status",
+    }
     assert schema["properties"]["metadata"] == {"type": "object"}, "metadata may only be typed, never constrained"
     for path, node in walk(schema["properties"]["spec"]):
         assert "type" in node, f"{path}: every node needs a type"
@@ -113,31 +121,39 @@ def test_every_fallback_description_is_used():
     crd.spec_schema(used)
     assert used == set(crd.FALLBACK_DESCRIPTIONS), (
         f"unused entries in crd.FALLBACK_DESCRIPTIONS (the model has a description now): "
-        f"{set(crd.FALLBACK_DESCRIPTIONS) - used}")
+        f"{set(crd.FALLBACK_DESCRIPTIONS) - used}"
+    )
 
 
 def test_every_cross_field_validator_has_a_cel_rule():
     """A model_validator the CRD does not restate would let the API server store what the operator refuses."""
-    models = [value for value in vars(spec).values()
-              if isinstance(value, type) and issubclass(value, spec._Model) and value is not spec._Model]
+    models = [
+        value
+        for value in vars(spec).values()
+        if isinstance(value, type) and issubclass(value, spec._Model) and value is not spec._Model
+    ]
     for model in models:
         if model.__pydantic_decorators__.model_validators:
             assert model in crd.VALIDATIONS, (
-                f"{model.__name__} has a model_validator: add its CEL rule to crd.VALIDATIONS")
+                f"{model.__name__} has a model_validator: add its CEL rule to crd.VALIDATIONS"
+            )
 
 
 # ---------------------------------------------------------------- the tiny CEL checker itself
 
 
-@pytest.mark.parametrize(("rule", "value", "expected"), [
-    ("self.min <= self.max", {"min": 1, "max": 2}, True),
-    ("self.min <= self.max", {"min": 3, "max": 2}, False),
-    ("!has(self.max) || self.min <= self.max", {"min": 3}, True),
-    ("!has(self.max) || self.min <= self.max", {"min": 3, "max": 2}, False),
-    ("self.a == 0 && self.b", {"a": 0, "b": True}, True),
-    ("(self.a != 0) || self.b", {"a": 0, "b": False}, False),
-    ("self.x.y > 2 || true", {}, True),  # an error on one side of || is forgiven when the other is true
-])
+@pytest.mark.parametrize(
+    ("rule", "value", "expected"),
+    [
+        ("self.min <= self.max", {"min": 1, "max": 2}, True),
+        ("self.min <= self.max", {"min": 3, "max": 2}, False),
+        ("!has(self.max) || self.min <= self.max", {"min": 3}, True),
+        ("!has(self.max) || self.min <= self.max", {"min": 3, "max": 2}, False),
+        ("self.a == 0 && self.b", {"a": 0, "b": True}, True),
+        ("(self.a != 0) || self.b", {"a": 0, "b": False}, False),
+        ("self.x.y > 2 || true", {}, True),  # an error on one side of || is forgiven when the other is true
+    ],
+)
 def test_cel_checker(rule, value, expected):
     assert evaluate_cel(rule, value) is expected
 

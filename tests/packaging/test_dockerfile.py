@@ -82,7 +82,7 @@ def installed_apt_packages(stage: Stage) -> list[str]:
         for part in re.split(r"&&|;", command):
             words = shlex.split(part)
             if "apt-get" in words and "install" in words:
-                packages += [word for word in words[words.index("install") + 1:] if not word.startswith("-")]
+                packages += [word for word in words[words.index("install") + 1 :] if not word.startswith("-")]
     return packages
 
 
@@ -168,15 +168,21 @@ def test_catchup_lock_adds_the_catchup_extra_on_top_of_the_image():
     assert not set(pins) & set(lock_lines(locks.IMAGE_LOCK))
     for text in metadata.requires("keyorder"):
         requirement = Requirement(text)
-        if requirement.marker is not None and requirement.marker.evaluate({"extra": "catchup"}) \
-                and canonicalize_name(requirement.name) in pins:
+        if (
+            requirement.marker is not None
+            and requirement.marker.evaluate({"extra": "catchup"})
+            and canonicalize_name(requirement.name) in pins
+        ):
             version = pins[canonicalize_name(requirement.name)]
             assert requirement.specifier.contains(version, prereleases=True), (requirement, version)
 
 
 def test_build_context_holds_what_the_dockerfile_copies():
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert patterns[0] == "*", ".dockerignore should be an allowlist"
     allowed = [pattern[1:].rstrip("/") for pattern in patterns if pattern.startswith("!")]
     for stage in MAIN:
@@ -186,8 +192,10 @@ def test_build_context_holds_what_the_dockerfile_copies():
             *sources, _ = shlex.split(value)
             for source in sources:
                 assert (ROOT / source).exists(), source
-                assert any(fnmatch.fnmatch(source.rstrip("/"), pattern) or source.startswith(pattern + "/")
-                           for pattern in allowed), f"{source} excluded by .dockerignore"
+                assert any(
+                    fnmatch.fnmatch(source.rstrip("/"), pattern) or source.startswith(pattern + "/")
+                    for pattern in allowed
+                ), f"{source} excluded by .dockerignore"
     assert not any(pattern.startswith("!") and (".venv" in pattern or ".git" in pattern) for pattern in patterns)
 
 

@@ -39,8 +39,12 @@ def dashboard_exprs() -> list[str]:
 
 def test_metric_sources_are_read():
     names = existing_metrics()
-    assert {"keyorder_partition_lag_messages", "keyorder_processing_latency_seconds_bucket",
-            "keyorder_operator_decisions_total", "keyorder_operator_replicas"} <= names
+    assert {
+        "keyorder_partition_lag_messages",
+        "keyorder_processing_latency_seconds_bucket",
+        "keyorder_operator_decisions_total",
+        "keyorder_operator_replicas",
+    } <= names
 
 
 def test_alerts_name_only_existing_metrics(manifests):
@@ -59,14 +63,17 @@ def test_dashboard_names_only_existing_metrics():
     assert any(not name.startswith("keyorder_operator_") for name in used)
 
 
-@pytest.mark.parametrize(("topic", "metric"), [
-    ("lag", "keyorder_operator_observed_lag_messages"),
-    ("throughput", "keyorder_messages_processed_total"),
-    ("replicas", "keyorder_operator_replicas"),
-    ("workers", "keyorder_operator_workers_per_pod"),
-    ("min-offset age", "keyorder_partition_oldest_inflight_age_seconds"),
-    ("decisions", "keyorder_operator_decisions_total"),
-])
+@pytest.mark.parametrize(
+    ("topic", "metric"),
+    [
+        ("lag", "keyorder_operator_observed_lag_messages"),
+        ("throughput", "keyorder_messages_processed_total"),
+        ("replicas", "keyorder_operator_replicas"),
+        ("workers", "keyorder_operator_workers_per_pod"),
+        ("min-offset age", "keyorder_partition_oldest_inflight_age_seconds"),
+        ("decisions", "keyorder_operator_decisions_total"),
+    ],
+)
 def test_dashboard_shows(topic, metric):
     panels = [panel for panel in DASHBOARD["panels"] if topic in panel["title"].lower()]
     assert panels, f"no panel titled with {topic!r}"
@@ -93,10 +100,20 @@ def test_dashboard_is_well_formed():
 def test_dashboard_label_is_configurable(chart):
     from tests.packaging.conftest import NAMESPACE, RELEASE, documents
 
-    values: dict[str, Any] = {"monitoring": {"dashboard": {"enabled": True, "labels": {"grafana_dashboard": "keyorder"},
-                                                           "annotations": {"grafana_folder": "Streaming"}}}}
-    (config_map,) = find(documents(chart.render(values, name=RELEASE, namespace=NAMESPACE)), "ConfigMap",
-                         f"{RELEASE}-keyorder-operator-dashboard")
+    values: dict[str, Any] = {
+        "monitoring": {
+            "dashboard": {
+                "enabled": True,
+                "labels": {"grafana_dashboard": "keyorder"},
+                "annotations": {"grafana_folder": "Streaming"},
+            }
+        }
+    }
+    (config_map,) = find(
+        documents(chart.render(values, name=RELEASE, namespace=NAMESPACE)),
+        "ConfigMap",
+        f"{RELEASE}-keyorder-operator-dashboard",
+    )
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "keyorder"
     assert config_map["metadata"]["annotations"] == {"grafana_folder": "Streaming"}
     assert config_map["metadata"]["namespace"] == NAMESPACE

@@ -19,14 +19,24 @@ from keyorder_operator.rbac import KOPF_NEEDS, required_rules
 from tests.packaging.conftest import NAMESPACE, VALUES_SETS, find
 
 OPERATOR_SOURCE = Path(kube.__file__).parent
-CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces"),
-                  ("kopf.dev", "clusterkopfpeerings")}
+CLUSTER_SCOPED = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"),
+    ("", "namespaces"),
+    ("kopf.dev", "clusterkopfpeerings"),
+}
 API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "PolicyV1Api": "policy", "BatchV1Api": "batch"}
-VERBS = {"read": "get", "create": "create", "patch": "patch", "list": "list", "delete": "delete",
-         "replace": "update"}
-RESOURCES = {"deployment": "deployments", "service": "services", "pod_disruption_budget": "poddisruptionbudgets",
-             "service_account": "serviceaccounts", "secret": "secrets", "pod": "pods", "job": "jobs",
-             "config_map": "configmaps", "event": "events"}
+VERBS = {"read": "get", "create": "create", "patch": "patch", "list": "list", "delete": "delete", "replace": "update"}
+RESOURCES = {
+    "deployment": "deployments",
+    "service": "services",
+    "pod_disruption_budget": "poddisruptionbudgets",
+    "service_account": "serviceaccounts",
+    "secret": "secrets",
+    "pod": "pods",
+    "job": "jobs",
+    "config_map": "configmaps",
+    "event": "events",
+}
 
 
 def calls_in_source() -> set[tuple[str, str, str]]:
@@ -35,8 +45,9 @@ def calls_in_source() -> set[tuple[str, str, str]]:
     for path in OPERATOR_SOURCE.glob("*.py"):
         text = path.read_text()
         apis = dict(re.findall(r"self\.(\w+) = kubernetes\.client\.(\w+)\(", text))
-        for api, verb, resource in re.findall(r"\.(\w+)\.(read|create|patch|list|delete|replace)_namespaced_(\w+?)\b",
-                                              text):
+        for api, verb, resource in re.findall(
+            r"\.(\w+)\.(read|create|patch|list|delete|replace)_namespaced_(\w+?)\b", text
+        ):
             if api in apis:
                 found.add((API_GROUPS[apis[api]], RESOURCES[resource], VERBS[verb]))
     return found
@@ -51,10 +62,11 @@ def test_api_calls_table_covers_every_client_call_in_the_code():
 
 def granted(docs: list[dict[str, Any]], service_account: str) -> tuple[dict[str, set], set]:
     """Per namespace ("*" = cluster-wide), the (group, resource, verb) bound to the operator's account."""
-    bound_roles = {(binding["metadata"].get("namespace", "*"), binding["roleRef"]["kind"], binding["roleRef"]["name"])
-                   for binding in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding")
-                   if {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
-                   in binding["subjects"]}
+    bound_roles = {
+        (binding["metadata"].get("namespace", "*"), binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        for binding in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding")
+        if {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE} in binding["subjects"]
+    }
     grants: dict[str, set] = {}
     for role in find(docs, "Role") + find(docs, "ClusterRole"):
         where = role["metadata"].get("namespace", "*")
@@ -114,6 +126,7 @@ def test_kopf_needs_are_documented():
     for need in KOPF_NEEDS:
         assert need.why and need.verbs <= {"get", "list", "watch", "patch", "create"}
     # kopf lists namespaces only when it is not cluster-wide (kopf/_core/reactor/observation.py)
-    assert not any(resource == "namespaces" for _, _, resource, _ in
-                   required_rules(clusterwide=True, peering=True, discovery=True))
+    assert not any(
+        resource == "namespaces" for _, _, resource, _ in required_rules(clusterwide=True, peering=True, discovery=True)
+    )
     assert ("cluster", "", "namespaces", "watch") in required_rules(clusterwide=False, peering=False, discovery=True)

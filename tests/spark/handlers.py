@@ -37,5 +37,7 @@ def read_records(directory: str, topic: str) -> list[tuple[str, int, int, int, i
             lines = file.read().splitlines()
     except FileNotFoundError:
         return []
-    return [(key, int(seq), int(partition), int(offset), int(attempt))
-            for key, seq, partition, offset, attempt in (line.split() for line in lines)]
+    return [
+        (key, int(seq), int(partition), int(offset), int(attempt))
+        for key, seq, partition, offset, attempt in (line.split() for line in lines)
+    ]

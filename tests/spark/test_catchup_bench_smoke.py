@@ -16,9 +16,24 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_quick_catchup_bench_compares_spark_with_a_pod(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "keyorder.cli", "catchup-bench", "--quick", "--messages", "3000",
-                             "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=280,
-                            cwd=REPO, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keyorder.cli",
+            "catchup-bench",
+            "--quick",
+            "--messages",
+            "3000",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=REPO,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     runners = {(m["profile"], m["runner"]) for m in report["measurements"]}

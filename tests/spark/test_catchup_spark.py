@@ -44,9 +44,13 @@ def spark(record_dir: Path) -> Iterator[object]:
     os.environ["KEYORDER_TEST_RECORD_DIR"] = str(record_dir)
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers import keyorder from this venv
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    session = (pyspark_sql.SparkSession.builder.master("local[2]").appName("keyorder-catchup-tests")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .getOrCreate())
+    session = (
+        pyspark_sql.SparkSession.builder.master("local[2]")
+        .appName("keyorder-catchup-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
@@ -60,8 +64,13 @@ def topic(broker: EmbeddedBroker, partitions: int = 4) -> str:
 
 
 def config(broker: EmbeddedBroker, name: str, group: str, **settings: object) -> CatchupConfig:
-    return CatchupConfig(bootstrap_servers=broker.bootstrap, topics=[name], group_id=group,
-                         handler="tests.spark.handlers:record", **settings)
+    return CatchupConfig(
+        bootstrap_servers=broker.bootstrap,
+        topics=[name],
+        group_id=group,
+        handler="tests.spark.handlers:record",
+        **settings,
+    )
 
 
 def run(spark: object, settings: CatchupConfig):
@@ -97,8 +106,15 @@ def test_drains_100k_messages_in_key_order_and_commits_the_fence(broker, spark, 
     assert group_committed(broker.bootstrap, group, name, 4) == produced.end_offsets
 
     # An incremental run starts from the committed fence and handles only what arrived since.
-    more = produce_keyed(broker.bootstrap, name, 3_000, 10_000, seed=8, start_sequences=produced.sequences,
-                         extra_config=EXACT_END_OFFSETS)
+    more = produce_keyed(
+        broker.bootstrap,
+        name,
+        3_000,
+        10_000,
+        seed=8,
+        start_sequences=produced.sequences,
+        extra_config=EXACT_END_OFFSETS,
+    )
     _, second = run(spark, config(broker, name, group))
     assert second.ok and second.committed
     assert second.report()["processed"] == 3_000
@@ -121,8 +137,9 @@ def test_failures_follow_the_pods_retry_and_dead_letter_policy(broker, spark, re
         events.append(event)
     produce_events(broker, name, events)
     group = f"g-{name}"
-    _, outcome = run(spark, config(broker, name, group, max_attempts=3, retry_initial_backoff=0.01,
-                                   retry_max_backoff=0.02))
+    _, outcome = run(
+        spark, config(broker, name, group, max_attempts=3, retry_initial_backoff=0.01, retry_max_backoff=0.02)
+    )
 
     assert outcome.ok, outcome.error
     assert outcome.report()["dead_lettered"] == 1 and outcome.report()["processed"] == 299
@@ -155,8 +172,9 @@ def test_a_failed_job_commits_nothing_and_a_rerun_is_safe(broker, spark, record_
     events[150]["poison"] = True
     produce_events(broker, name, events)
     group = f"g-{name}"
-    blocking = config(broker, name, group, max_attempts=2, retry_initial_backoff=0.0, retry_max_backoff=0.01,
-                      on_exhausted="block")
+    blocking = config(
+        broker, name, group, max_attempts=2, retry_initial_backoff=0.0, retry_max_backoff=0.01, on_exhausted="block"
+    )
     _, failed = run(spark, blocking)
 
     assert not failed.ok and not failed.committed
@@ -206,8 +224,17 @@ def test_a_replay_leaves_the_live_group_alone_unless_asked(broker, spark, record
 def test_the_command_plans_and_rejects_bad_input(broker, spark, capsys) -> None:
     name = topic(broker, partitions=2)
     produce_keyed(broker.bootstrap, name, 500, 20, extra_config=EXACT_END_OFFSETS)
-    common = ["catchup", "--bootstrap-servers", broker.bootstrap, "--topics", name, "--group-id", f"g-{name}",
-              "--handler", "tests.spark.handlers:record"]
+    common = [
+        "catchup",
+        "--bootstrap-servers",
+        broker.bootstrap,
+        "--topics",
+        name,
+        "--group-id",
+        f"g-{name}",
+        "--handler",
+        "tests.spark.handlers:record",
+    ]
     assert main([*common, "--plan"]) == 0
     shown = capsys.readouterr().err
     assert "messages 500 over 20 keys" in shown and "hottest keys" in shown
@@ -225,9 +252,26 @@ def test_a_missing_java_runtime_is_named(broker, tmp_path) -> None:
 
     name = topic(broker, partitions=1)
     env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "PYSPARK_PYTHON": sys.executable}
-    result = subprocess.run([sys.executable, "-m", "keyorder.catchup", "--bootstrap-servers", broker.bootstrap,
-                             "--topics", name, "--group-id", f"g-{name}", "--handler",
-                             "tests.spark.handlers:record", "--plan"],
-                            capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keyorder.catchup",
+            "--bootstrap-servers",
+            broker.bootstrap,
+            "--topics",
+            name,
+            "--group-id",
+            f"g-{name}",
+            "--handler",
+            "tests.spark.handlers:record",
+            "--plan",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "could not start Spark" in result.stderr and "Java 17+" in result.stderr

@@ -36,12 +36,15 @@ def test_positions_parse_every_form() -> None:
     assert explicit.offsets == {("orders", 0): 10, ("orders", 1): 20}
 
 
-@pytest.mark.parametrize(("text", "complaint"), [
-    ("2023-11-14T22:13:20", "time zone"),
-    ("ms:soon", "ms:<epoch milliseconds>"),
-    ("orders:x=1", "'orders:x=1' must look like topic:partition=offset"),
-    ("yesterday", "expected committed, earliest, end"),
-])
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("2023-11-14T22:13:20", "time zone"),
+        ("ms:soon", "ms:<epoch milliseconds>"),
+        ("orders:x=1", "'orders:x=1' must look like topic:partition=offset"),
+        ("yesterday", "expected committed, earliest, end"),
+    ],
+)
 def test_bad_positions_are_named(text: str, complaint: str) -> None:
     with pytest.raises(PositionError, match="--until") as error:
         parse_position(text, "--until")
@@ -84,16 +87,21 @@ def test_plan_errors_name_the_partition() -> None:
 
 
 def test_start_past_the_fence_is_an_empty_range() -> None:
-    ranges, notes = resolve_ranges({("t", 0): PartitionSnapshot(0, 100, committed=100, until_time=30)},
-                                   COMMITTED, Position(PositionKind.TIMESTAMP, 1))
+    ranges, notes = resolve_ranges(
+        {("t", 0): PartitionSnapshot(0, 100, committed=100, until_time=30)},
+        COMMITTED,
+        Position(PositionKind.TIMESTAMP, 1),
+    )
     assert ranges == [OffsetRange("t", 0, 100, 100)]
     assert "nothing to do" in notes[0]
 
 
 def test_a_commit_must_not_jump_over_unhandled_offsets() -> None:
-    snapshots = {("t", 0): PartitionSnapshot(earliest=0, end=100, committed=40),
-                 ("t", 1): PartitionSnapshot(earliest=50, end=80, committed=10),  # 10..49 lost to retention
-                 ("t", 2): PartitionSnapshot(earliest=0, end=80, committed=None)}
+    snapshots = {
+        ("t", 0): PartitionSnapshot(earliest=0, end=100, committed=40),
+        ("t", 1): PartitionSnapshot(earliest=50, end=80, committed=10),  # 10..49 lost to retention
+        ("t", 2): PartitionSnapshot(earliest=0, end=80, committed=None),
+    }
     later = Position(PositionKind.OFFSETS, offsets={("t", 0): 60, ("t", 1): 50, ("t", 2): 5})
     ranges, _ = resolve_ranges(snapshots, later, END)
     assert offsets_a_commit_would_skip(ranges, snapshots) == ["t[0]: offsets 40..59", "t[2]: offsets 0..4"]
@@ -112,8 +120,12 @@ def test_a_committing_job_refuses_a_group_with_live_members() -> None:
 def test_splits_cover_each_range_exactly_once() -> None:
     ranges = [OffsetRange("t", 0, 3, 25), OffsetRange("t", 1, 7, 7), OffsetRange("u", 0, 0, 10)]
     splits = split_ranges(ranges, 10)
-    assert splits == [OffsetRange("t", 0, 3, 13), OffsetRange("t", 0, 13, 23), OffsetRange("t", 0, 23, 25),
-                      OffsetRange("u", 0, 0, 10)]
+    assert splits == [
+        OffsetRange("t", 0, 3, 13),
+        OffsetRange("t", 0, 13, 23),
+        OffsetRange("t", 0, 23, 25),
+        OffsetRange("u", 0, 0, 10),
+    ]
     with pytest.raises(ValueError, match="max_offsets_per_split"):
         split_ranges(ranges, 0)
 
@@ -138,28 +150,50 @@ RANGES = [OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 0, 10)]
 
 def summary(topic: str, partition: int, **counts: int) -> TaskSummary:
     return TaskSummary(topic, partition, PartitionCounts(**counts))
+
+
 SPLITS = split_ranges(RANGES, 50)
 
 
 def test_a_clean_run_passes_the_audit() -> None:
-    result = audit(RANGES, SPLITS, [summary("t", 0, read=60, splits=1, processed=60),
-                                    summary("t", 0, read=40, splits=1, processed=39, dead_lettered=1),
-                                    summary("t", 1, read=9, splits=1, processed=9)])  # a gap (compaction)
+    result = audit(
+        RANGES,
+        SPLITS,
+        [
+            summary("t", 0, read=60, splits=1, processed=60),
+            summary("t", 0, read=40, splits=1, processed=39, dead_lettered=1),
+            summary("t", 1, read=9, splits=1, processed=9),
+        ],
+    )  # a gap (compaction)
     assert result.ok, result.problems
     assert (result.total("processed"), result.total("dead_lettered")) == (108, 1)
 
 
-@pytest.mark.parametrize(("summaries", "problem"), [
-    ([summary("t", 0, read=100, splits=1, processed=100), summary("t", 1, read=10, splits=1, processed=10)],
-     "t[0]: 1 of 2 splits reached the fence"),
-    ([summary("t", 0, read=100, splits=2, processed=99), summary("t", 1, read=10, splits=1, processed=10)],
-     "t[0]: read 100 records but handled 99"),
-    ([summary("t", 0, read=100, splits=2, processed=100, violations=3),
-      summary("t", 1, read=10, splits=1, processed=10)], "t[0]: 3 records out of key order"),
-    ([summary("t", 0, read=100, splits=2, processed=100), summary("t", 1, read=11, splits=1, processed=11)],
-     "t[1]: read 11 records from 10 offsets"),
-    ([summary("x", 0, read=1, splits=1, processed=1)], "x[0]: reported but never planned"),
-])
+@pytest.mark.parametrize(
+    ("summaries", "problem"),
+    [
+        (
+            [summary("t", 0, read=100, splits=1, processed=100), summary("t", 1, read=10, splits=1, processed=10)],
+            "t[0]: 1 of 2 splits reached the fence",
+        ),
+        (
+            [summary("t", 0, read=100, splits=2, processed=99), summary("t", 1, read=10, splits=1, processed=10)],
+            "t[0]: read 100 records but handled 99",
+        ),
+        (
+            [
+                summary("t", 0, read=100, splits=2, processed=100, violations=3),
+                summary("t", 1, read=10, splits=1, processed=10),
+            ],
+            "t[0]: 3 records out of key order",
+        ),
+        (
+            [summary("t", 0, read=100, splits=2, processed=100), summary("t", 1, read=11, splits=1, processed=11)],
+            "t[1]: read 11 records from 10 offsets",
+        ),
+        ([summary("x", 0, read=1, splits=1, processed=1)], "x[0]: reported but never planned"),
+    ],
+)
 def test_the_audit_names_what_went_wrong(summaries: list[TaskSummary], problem: str) -> None:
     result = audit(RANGES, SPLITS, summaries)
     assert not result.ok
@@ -168,8 +202,14 @@ def test_the_audit_names_what_went_wrong(summaries: list[TaskSummary], problem: 
 
 def test_order_check_counts_rows_that_go_back() -> None:
     check = OrderCheck()
-    rows = [(b"a", "t", 0, 1), (b"a", "t", 0, 5), (b"a", "t", 1, 0), (b"b", "t", 0, 2), (b"a", "t", 0, 9),
-            (b"a", "t", 0, 9)]
+    rows = [
+        (b"a", "t", 0, 1),
+        (b"a", "t", 0, 5),
+        (b"a", "t", 1, 0),
+        (b"b", "t", 0, 2),
+        (b"a", "t", 0, 9),
+        (b"a", "t", 0, 9),
+    ]
     assert [check.check(row) for row in rows] == [True, True, True, True, False, False]
     assert check.violations == 2
 
@@ -231,10 +271,22 @@ def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:
     assert n == pytest.approx(15_000)
     assert 10 + n / 3_000 == pytest.approx(n / 1_000)
     assert crossover_messages(10, 1_000, 900) == float("inf")
-    report = CatchupBenchReport(parameters={}, spark_startup_seconds=10, measurements=[
-        Measurement("cpu", "pod W=4", 10_000, 10.0), Measurement("cpu", "spark local[1]", 10_000, 5.0),
-        Measurement("cpu", "spark local[2]", 10_000, 10 / 3), Measurement("io", "pod W=64", 10_000, 1.0),
-        Measurement("io", "spark local[8]", 10_000, 4.0)])
-    assert report.crossover("cpu") == {"pod_rate": 1000.0, "spark_runner": "spark local[2]", "spark_rate": 3000.0,
-                                       "speedup": 3.0, "crossover_messages": 15_000}
+    report = CatchupBenchReport(
+        parameters={},
+        spark_startup_seconds=10,
+        measurements=[
+            Measurement("cpu", "pod W=4", 10_000, 10.0),
+            Measurement("cpu", "spark local[1]", 10_000, 5.0),
+            Measurement("cpu", "spark local[2]", 10_000, 10 / 3),
+            Measurement("io", "pod W=64", 10_000, 1.0),
+            Measurement("io", "spark local[8]", 10_000, 4.0),
+        ],
+    )
+    assert report.crossover("cpu") == {
+        "pod_rate": 1000.0,
+        "spark_runner": "spark local[2]",
+        "spark_rate": 3000.0,
+        "speedup": 3.0,
+        "crossover_messages": 15_000,
+    }
     assert report.crossover("io")["crossover_messages"] is None

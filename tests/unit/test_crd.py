@@ -19,12 +19,22 @@ def test_committed_crd_matches_the_models():
 def test_names_and_printer_columns():
     spec = crd_manifest()["spec"]
     assert (spec["group"], spec["names"]["kind"], spec["names"]["plural"]) == (
-        "keyorder.dev", "OrderedConsumer", "orderedconsumers")
+        "keyorder.dev",
+        "OrderedConsumer",
+        "orderedconsumers",
+    )
     assert spec["names"]["shortNames"] == ["okc"]
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"]["status"] == {}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Ready", "Lag", "Replicas", "Workers", "Drain ETA", "Catch-up", "Age"]
+        "Ready",
+        "Lag",
+        "Replicas",
+        "Workers",
+        "Drain ETA",
+        "Catch-up",
+        "Age",
+    ]
 
 
 def walk(node, path="spec"):

@@ -23,9 +23,24 @@ class _Runtime:
     """Stand-in for ConsumerRuntime (only the two attributes the collector reads)."""
 
     workers = 4
-    snapshot = RuntimeSnapshot(partitions=(PartitionSnapshot(
-        topic="t", partition=0, committed=10, high_watermark=15, min_inflight=10, oldest_inflight_age=1.5,
-        inflight=3, uncommitted=5, paused=False, completed=10),), inflight=3, workers=4)
+    snapshot = RuntimeSnapshot(
+        partitions=(
+            PartitionSnapshot(
+                topic="t",
+                partition=0,
+                committed=10,
+                high_watermark=15,
+                min_inflight=10,
+                oldest_inflight_age=1.5,
+                inflight=3,
+                uncommitted=5,
+                paused=False,
+                completed=10,
+            ),
+        ),
+        inflight=3,
+        workers=4,
+    )
 
 
 class _Pool:

@@ -121,7 +121,11 @@ def test_invalid_limits_raise(kwargs: dict[str, float]) -> None:
 def test_default_limits() -> None:
     limits = FlowLimits()
     assert (limits.max_inflight, limits.max_inflight_per_partition, limits.max_uncommitted, limits.resume_ratio) == (
-        10_000, 5_000, 50_000, 0.5)
+        10_000,
+        5_000,
+        50_000,
+        0.5,
+    )
 
 
 @settings(deadline=None, database=None, max_examples=200)
@@ -129,8 +133,9 @@ def test_default_limits() -> None:
 def test_decide_invariants(steps: list[dict[str, int]]) -> None:
     """Whatever the counts: at the bound -> paused; low-water and no saturation -> running;
     between the marks the previous state holds; the returned lists describe the state change."""
-    flow = FlowControl(FlowLimits(max_inflight=60, max_inflight_per_partition=20, max_uncommitted=6_000,
-                                  resume_ratio=0.5))
+    flow = FlowControl(
+        FlowLimits(max_inflight=60, max_inflight_per_partition=20, max_uncommitted=6_000, resume_ratio=0.5)
+    )
     for counts in steps:
         pod = sum(counts.values())
         before = set(flow.paused)
@@ -183,8 +188,9 @@ def test_resume_needs_both_counts_at_low_water() -> None:
     assert to_resume == ["p0"] and not flow.pod_saturated
 
 
-@pytest.mark.parametrize(("pod", "capacity"), [(Load(0, 0), 100), (Load(10, 350), 50), (Load(90, 100), 10),
-                                               (Load(0, 400), 0)])
+@pytest.mark.parametrize(
+    ("pod", "capacity"), [(Load(0, 0), 100), (Load(10, 350), 50), (Load(90, 100), 10), (Load(0, 400), 0)]
+)
 def test_capacity_is_limited_by_both_bounds(pod: Load, capacity: int) -> None:
     assert FlowControl(UNCOMMITTED).capacity(pod) == capacity
 

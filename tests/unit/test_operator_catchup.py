@@ -30,13 +30,16 @@ def test_largest_size_is_the_partition_cap_times_max_workers() -> None:
     assert largest_size(LIMITS, 0) == Size(0, 0)
 
 
-@pytest.mark.parametrize(("lag", "arrivals", "rate", "expected"), [
-    (51_200, 0.0, 1.0, 100.0),        # 8 x 64 workers at 1 msg/s: 512 msg/s
-    (51_200, 256.0, 1.0, 200.0),      # arrivals eat half of it
-    (51_200, 600.0, 1.0, math.inf),   # arrivals outpace the largest size
-    (51_200, 0.0, None, None),        # per-worker rate not learned yet
-    (None, 0.0, 1.0, None),           # lag unknown
-])
+@pytest.mark.parametrize(
+    ("lag", "arrivals", "rate", "expected"),
+    [
+        (51_200, 0.0, 1.0, 100.0),  # 8 x 64 workers at 1 msg/s: 512 msg/s
+        (51_200, 256.0, 1.0, 200.0),  # arrivals eat half of it
+        (51_200, 600.0, 1.0, math.inf),  # arrivals outpace the largest size
+        (51_200, 0.0, None, None),  # per-worker rate not learned yet
+        (None, 0.0, 1.0, None),  # lag unknown
+    ],
+)
 def test_projected_drain_time_at_the_largest_size(lag, arrivals, rate, expected) -> None:
     observation = Observation(lag=lag, partitions=8, arrival_rate=arrivals)
     assert projected_drain_seconds_at_max(observation, rate, Size(8, 64)) == expected
@@ -46,7 +49,8 @@ def test_trigger_fires_only_past_the_threshold_and_explains_the_numbers() -> Non
     observation = Observation(lag=51_200, partitions=8, arrival_rate=0.0)
     assert catchup_trigger(True, 99, observation, 1.0, LIMITS) == (
         "lag 51200: draining at the largest size (8 pods x 64 workers at 1.0 msg/s each) would take 1.7 min, "
-        "over the catch-up trigger 1.6 min")
+        "over the catch-up trigger 1.6 min"
+    )
     assert catchup_trigger(True, 100, observation, 1.0, LIMITS) is None
     assert catchup_trigger(False, 99, observation, 1.0, LIMITS) is None
     assert catchup_trigger(True, 99, observation, None, LIMITS) is None
@@ -66,39 +70,67 @@ def test_run_state_survives_the_status_round_trip() -> None:
     assert CatchupRun.from_status({}) is None
 
 
-@pytest.mark.parametrize(("job", "state"), [
-    (None, JobState.MISSING),
-    ({"status": {"active": 1}}, JobState.ACTIVE),
-    ({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}, JobState.SUCCEEDED),
-    ({"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}, JobState.ACTIVE),  # interim
-    ({"status": {"conditions": [{"type": "FailureTarget", "status": "True"}]}}, JobState.ACTIVE),  # interim
-    ({"status": {"conditions": [{"type": "Failed", "status": "True"}]}}, JobState.FAILED),
-    ({"status": {"conditions": [{"type": "Failed", "status": "False"}]}}, JobState.ACTIVE),
-])
+@pytest.mark.parametrize(
+    ("job", "state"),
+    [
+        (None, JobState.MISSING),
+        ({"status": {"active": 1}}, JobState.ACTIVE),
+        ({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}, JobState.SUCCEEDED),
+        ({"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}, JobState.ACTIVE),  # interim
+        ({"status": {"conditions": [{"type": "FailureTarget", "status": "True"}]}}, JobState.ACTIVE),  # interim
+        ({"status": {"conditions": [{"type": "Failed", "status": "True"}]}}, JobState.FAILED),
+        ({"status": {"conditions": [{"type": "Failed", "status": "False"}]}}, JobState.ACTIVE),
+    ],
+)
 def test_job_state_reads_the_job_controllers_conditions(job, state) -> None:
     assert job_state(job) is state
 
 
 def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
-    spec = parse_spec({
-        "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g",
-                  "propertiesSecretRef": {"name": "kafka-client"}},
-        "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
-        "retry": {"maxAttempts": 7, "onExhausted": "dlq"},
-        "catchup": {"enabled": True, "master": "spark://spark-master:7077", "executors": 6,
-                    "keyPartitions": 96, "backoffLimit": 1,
-                    "sparkConf": {"spark.kubernetes.namespace": "shop"}},
-    })
+    spec = parse_spec(
+        {
+            "kafka": {
+                "bootstrapServers": "kafka:9092",
+                "topics": ["orders"],
+                "groupId": "g",
+                "propertiesSecretRef": {"name": "kafka-client"},
+            },
+            "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+            "retry": {"maxAttempts": 7, "onExhausted": "dlq"},
+            "catchup": {
+                "enabled": True,
+                "master": "spark://spark-master:7077",
+                "executors": 6,
+                "keyPartitions": 96,
+                "backoffLimit": 1,
+                "sparkConf": {"spark.kubernetes.namespace": "shop"},
+            },
+        }
+    )
     owner = {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
     job = build_catchup_job(spec, owner, catchup_job_name("orders", 1700000000.7), "orders:0=10")
     assert job["metadata"]["name"] == "orders-catchup-1700000000"
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "reg/orders:1"  # no catch-up image: the handler's
-    assert container["args"] == ["catchup", "--start", "committed", "--until", "orders:0=10", "--commit", "auto",
-                                 "--master", "spark://spark-master:7077", "--key-partitions", "96",
-                                 "--task-workers", "16",
-                                 "--spark-conf", "spark.executor.instances=6",
-                                 "--spark-conf", "spark.kubernetes.namespace=shop"]
+    assert container["args"] == [
+        "catchup",
+        "--start",
+        "committed",
+        "--until",
+        "orders:0=10",
+        "--commit",
+        "auto",
+        "--master",
+        "spark://spark-master:7077",
+        "--key-partitions",
+        "96",
+        "--task-workers",
+        "16",
+        "--spark-conf",
+        "spark.executor.instances=6",
+        "--spark-conf",
+        "spark.kubernetes.namespace=shop",
+    ]
     env = {item["name"]: item["value"] for item in container["env"]}
     assert env["KEYORDER_MAX_ATTEMPTS"] == "7" and env["KEYORDER_GROUP_ID"] == "g"
     assert env["KEYORDER_KAFKA_PROPERTIES_FILE"] == "/etc/keyorder/kafka/client.properties"
@@ -109,29 +141,40 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
     assert job["spec"]["activeDeadlineSeconds"] == 6 * 3600 and job["spec"]["podReplacementPolicy"] == "Failed"
     pod_labels = job["spec"]["template"]["metadata"]["labels"]
     consumers = build_deployment(spec, owner, 1)["spec"]["selector"]["matchLabels"]
-    assert not all(pod_labels.get(key) == value for key, value in consumers.items()), \
+    assert not all(pod_labels.get(key) == value for key, value in consumers.items()), (
         "the consumers' Deployment, Service and PDB would select the Job's pod"
+    )
 
 
 def test_a_k8s_master_gets_a_client_mode_driver_and_its_service_account() -> None:
-    spec = parse_spec({
-        "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
-        "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
-        "catchup": {"enabled": True, "master": "k8s://https://kubernetes.default.svc", "image": "reg/spark:1",
-                    "serviceAccountName": "spark-driver"},
-    })
+    spec = parse_spec(
+        {
+            "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
+            "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+            "catchup": {
+                "enabled": True,
+                "master": "k8s://https://kubernetes.default.svc",
+                "image": "reg/spark:1",
+                "serviceAccountName": "spark-driver",
+            },
+        }
+    )
     job = build_catchup_job(spec, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1", "o:0=1")
     pod = job["spec"]["template"]["spec"]
     args = pod["containers"][0]["args"]
-    for setting in ("spark.kubernetes.container.image=reg/spark:1", "spark.kubernetes.namespace=shop",
-                    "spark.driver.host=$(POD_IP)",
-                    "spark.kubernetes.authenticate.driver.serviceAccountName=spark-driver"):
+    for setting in (
+        "spark.kubernetes.container.image=reg/spark:1",
+        "spark.kubernetes.namespace=shop",
+        "spark.driver.host=$(POD_IP)",
+        "spark.kubernetes.authenticate.driver.serviceAccountName=spark-driver",
+    ):
         assert setting in args
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in pod["containers"][0]["env"]
     assert pod["serviceAccountName"] == "spark-driver" and pod["automountServiceAccountToken"] is True
     local = spec.model_copy(update={"catchup": spec.catchup.model_copy(update={"master": "local[*]"})})
-    local_pod = build_catchup_job(local, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1",
-                                  "o:0=1")["spec"]["template"]["spec"]
+    local_pod = build_catchup_job(
+        local, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1", "o:0=1"
+    )["spec"]["template"]["spec"]
     assert local_pod["serviceAccountName"] == "o" and local_pod["automountServiceAccountToken"] is False
 
 

@@ -7,8 +7,10 @@ import pytest
 from keyorder_operator.builders import build_deployment, build_pdb, build_service, build_service_account
 from keyorder_operator.spec import InvalidSpec, parse_spec
 
-MINIMAL = {"kafka": {"bootstrapServers": "kafka:9092", "topics": ["payments"], "groupId": "ledger"},
-           "handler": {"image": "registry.example/ledger:1.0", "handler": "ledger.handler:handle"}}
+MINIMAL = {
+    "kafka": {"bootstrapServers": "kafka:9092", "topics": ["payments"], "groupId": "ledger"},
+    "handler": {"image": "registry.example/ledger:1.0", "handler": "ledger.handler:handle"},
+}
 OWNER = {"metadata": {"name": "ledger", "namespace": "pay", "uid": "uid-1"}}
 
 
@@ -29,17 +31,20 @@ def test_minimal_spec_gets_the_documented_defaults():
     assert spec.replicas.max is None and spec.scaling.enabled and spec.ordering.value == "key"
 
 
-@pytest.mark.parametrize(("path", "value", "expected"), [
-    ("kafka.topics", [], "spec.kafka.topics"),
-    ("handler.handler", "not a path", "spec.handler.handler"),
-    ("workers.max", 0, "spec.workers.max"),
-    ("workers", {"min": 8, "initial": 4, "max": 16}, "spec.workers: Value error, need min <= initial <= max"),
-    ("replicas", {"min": 5, "max": 2}, "spec.replicas: Value error, min (5) must be <= max (2)"),
-    ("replicas", {"min": 0}, "replicas.min 0 needs scaling.scaleToZero"),
-    ("ordering", "random", "spec.ordering"),
-    ("scaling.targetDrainSeconds", "soon", "spec.scaling.targetDrainSeconds"),
-    ("unknownField", 1, "spec.unknownField: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        ("kafka.topics", [], "spec.kafka.topics"),
+        ("handler.handler", "not a path", "spec.handler.handler"),
+        ("workers.max", 0, "spec.workers.max"),
+        ("workers", {"min": 8, "initial": 4, "max": 16}, "spec.workers: Value error, need min <= initial <= max"),
+        ("replicas", {"min": 5, "max": 2}, "spec.replicas: Value error, min (5) must be <= max (2)"),
+        ("replicas", {"min": 0}, "replicas.min 0 needs scaling.scaleToZero"),
+        ("ordering", "random", "spec.ordering"),
+        ("scaling.targetDrainSeconds", "soon", "spec.scaling.targetDrainSeconds"),
+        ("unknownField", 1, "spec.unknownField: Extra inputs are not permitted"),
+    ],
+)
 def test_invalid_specs_name_the_field(path, value, expected):
     with pytest.raises(InvalidSpec) as error:
         parse_spec(with_(path, value))
@@ -50,8 +55,13 @@ def test_deployment_is_owned_locked_down_and_configured_by_env():
     spec = parse_spec(with_("kafka.propertiesSecretRef", {"name": "kafka-client"}))
     deployment = build_deployment(spec, OWNER, replicas=3)
     assert deployment["metadata"]["ownerReferences"][0] == {
-        "apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "name": "ledger", "uid": "uid-1",
-        "controller": True, "blockOwnerDeletion": True}
+        "apiVersion": "keyorder.dev/v1alpha1",
+        "kind": "OrderedConsumer",
+        "name": "ledger",
+        "uid": "uid-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     security = container["securityContext"]

@@ -6,8 +6,15 @@ import pytest
 
 from keyorder_operator.policy import Observation, ScalingLimits, ScalingState, Size, decide, shape
 
-LIMITS = ScalingLimits(min_replicas=1, initial_workers=16, max_workers=256, target_drain_seconds=300,
-                       activation_lag=100, scale_up_window_seconds=0, scale_down_window_seconds=300)
+LIMITS = ScalingLimits(
+    min_replicas=1,
+    initial_workers=16,
+    max_workers=256,
+    target_drain_seconds=300,
+    activation_lag=100,
+    scale_up_window_seconds=0,
+    scale_down_window_seconds=300,
+)
 
 
 PER_WORKER = 100.0  # messages/s one key worker handles in these scenarios
@@ -28,14 +35,17 @@ def run(steps, limits=LIMITS, start=ONE_POD):
     return targets
 
 
-@pytest.mark.parametrize(("capacity", "partitions", "expected"), [
-    (0, 4, Size(1, 16)),  # the minimum
-    (40, 4, Size(3, 16)),  # pods first
-    (64, 4, Size(4, 16)),  # exactly at the partition cap
-    (200, 4, Size(4, 50)),  # at the cap: workers grow
-    (10_000, 4, Size(4, 256)),  # workers capped
-    (40, 2, Size(2, 20)),  # fewer partitions than pods wanted
-])
+@pytest.mark.parametrize(
+    ("capacity", "partitions", "expected"),
+    [
+        (0, 4, Size(1, 16)),  # the minimum
+        (40, 4, Size(3, 16)),  # pods first
+        (64, 4, Size(4, 16)),  # exactly at the partition cap
+        (200, 4, Size(4, 50)),  # at the cap: workers grow
+        (10_000, 4, Size(4, 256)),  # workers capped
+        (40, 2, Size(2, 20)),  # fewer partitions than pods wanted
+    ],
+)
 def test_shape_scales_pods_first_then_workers(capacity, partitions, expected):
     assert shape(capacity, LIMITS, partitions) == expected
 
@@ -59,10 +69,10 @@ def test_drain_then_scale_down_only_after_the_window():
 
 
 def test_scale_down_is_stepwise_workers_before_pods():
-    limits = ScalingLimits(initial_workers=16, max_workers=256, target_drain_seconds=300, activation_lag=100,
-                           scale_down_window_seconds=0)
-    shapes = run([(0, 9_000_000), (15, 3_000_000), (30, 1_200_000), (45, 300_000)], limits=limits,
-                 start=Size(4, 100))
+    limits = ScalingLimits(
+        initial_workers=16, max_workers=256, target_drain_seconds=300, activation_lag=100, scale_down_window_seconds=0
+    )
+    shapes = run([(0, 9_000_000), (15, 3_000_000), (30, 1_200_000), (45, 300_000)], limits=limits, start=Size(4, 100))
     assert shapes == [Size(4, 75), Size(4, 25), Size(3, 16), Size(1, 16)]
 
 
@@ -73,8 +83,9 @@ def test_noisy_lag_does_not_flap():
 
 
 def test_noisy_spike_does_not_scale_up_within_an_up_window():
-    limits = ScalingLimits(initial_workers=16, max_workers=256, target_drain_seconds=300, activation_lag=100,
-                           scale_up_window_seconds=60)
+    limits = ScalingLimits(
+        initial_workers=16, max_workers=256, target_drain_seconds=300, activation_lag=100, scale_up_window_seconds=60
+    )
     quiet, spike = 150_000, 1_200_000  # 500/s needed (1 pod), then 4,000/s (3 pods)
     targets = run([(0, quiet), (15, spike), (30, quiet), (45, spike)], limits=limits)
     assert set(targets) == {Size(1, 16)}
@@ -91,20 +102,34 @@ def test_unknown_lag_never_scales():
         assert decision.reason.startswith("lag unknown")
 
 
-@pytest.mark.parametrize(("limits", "observation", "expected"), [
-    (ScalingLimits(min_replicas=2, initial_workers=16), Observation(lag=0, partitions=8, drain_rate=100), Size(2, 16)),
-    (ScalingLimits(max_replicas=3, initial_workers=8, max_workers=20, target_drain_seconds=60),
-     Observation(lag=10_000_000, partitions=8, drain_rate=10), Size(3, 20)),
-    (ScalingLimits(max_replicas=10, initial_workers=4, max_workers=64, target_drain_seconds=60),
-     Observation(lag=10_000_000, partitions=3, drain_rate=40), Size(3, 64)),  # partitions below max replicas
-])
+@pytest.mark.parametrize(
+    ("limits", "observation", "expected"),
+    [
+        (
+            ScalingLimits(min_replicas=2, initial_workers=16),
+            Observation(lag=0, partitions=8, drain_rate=100),
+            Size(2, 16),
+        ),
+        (
+            ScalingLimits(max_replicas=3, initial_workers=8, max_workers=20, target_drain_seconds=60),
+            Observation(lag=10_000_000, partitions=8, drain_rate=10),
+            Size(3, 20),
+        ),
+        (
+            ScalingLimits(max_replicas=10, initial_workers=4, max_workers=64, target_drain_seconds=60),
+            Observation(lag=10_000_000, partitions=3, drain_rate=40),
+            Size(3, 64),
+        ),  # partitions below max replicas
+    ],
+)
 def test_bounds(limits, observation, expected):
     assert decide(observation, limits, ScalingState(Size(1, limits.initial_workers)), 0).target == expected
 
 
 def test_scale_to_zero_and_back():
-    limits = ScalingLimits(min_replicas=0, initial_workers=16, scale_to_zero=True, activation_lag=100,
-                           scale_down_window_seconds=0)
+    limits = ScalingLimits(
+        min_replicas=0, initial_workers=16, scale_to_zero=True, activation_lag=100, scale_down_window_seconds=0
+    )
     targets = run([(0, 0), (10, 0), (20, 5_000)], limits=limits, start=Size(1, 16))
     assert targets[:2] == [Size(0, 16), Size(0, 16)]
     assert targets[2].replicas >= 1, "a backlog above the activation lag must wake the group up"
@@ -118,8 +143,9 @@ def test_below_activation_lag_stays_at_the_minimum():
 def test_a_trickle_after_the_spike_does_not_keep_the_group_scaled_out():
     """After a spike, a steady 100 msg/s with a small lag: the workers idle, so their low drain rate
     must not be taken as their speed (which would keep the group at its peak forever)."""
-    limits = ScalingLimits(initial_workers=4, max_workers=64, target_drain_seconds=60, activation_lag=50,
-                           scale_down_window_seconds=10)
+    limits = ScalingLimits(
+        initial_workers=4, max_workers=64, target_drain_seconds=60, activation_lag=50, scale_down_window_seconds=10
+    )
     state = ScalingState(Size(1, 4))
     steps = [(0, 200_000, 400.0), (5, 150_000, 3_200.0), (10, 60_000, 4_000.0)]  # saturated: 100/worker
     steps += [(15 + 5 * i, 60, 100.0) for i in range(8)]  # the trickle: 100 msg/s arrive and are drained

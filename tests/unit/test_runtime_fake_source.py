@@ -79,14 +79,18 @@ def message(offset: int, key: str) -> Message:
 def run_until(source, handled, expected_count):
     completions: deque = deque()
     pool = ThreadWorkerPool(lambda m: handled.append(m.offset), 4, RetryPolicy(), None, completions)
-    runtime = ConsumerRuntime(RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool,
-                              KeyRouter(Ordering.KEY, 4), completions)
+    runtime = ConsumerRuntime(
+        RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool, KeyRouter(Ordering.KEY, 4), completions
+    )
     stop = threading.Event()
     thread = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        wait_until(lambda: len(handled) >= expected_count and source.committed_offsets[0][0] == 10, 10,
-                   "the backlog to be handled and committed")
+        wait_until(
+            lambda: len(handled) >= expected_count and source.committed_offsets[0][0] == 10,
+            10,
+            "the backlog to be handled and committed",
+        )
     finally:
         stop.set()
         thread.join(10)
@@ -125,16 +129,22 @@ def test_commits_carry_completed_offsets_above_a_stuck_one():
     source = FakeMetadataSource(records, committed={})
     completions: deque = deque()
     pool = ThreadWorkerPool(handler, 8, RetryPolicy(), None, completions)
-    runtime = ConsumerRuntime(RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool,
-                              KeyRouter(Ordering.KEY, 8), completions)
+    runtime = ConsumerRuntime(
+        RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool, KeyRouter(Ordering.KEY, 8), completions
+    )
     stop = threading.Event()
     thread = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
     thread.start()
     try:
         wait_until(lambda: len(handled) == 9, 10, "every message but the stuck one")
-        wait_until(lambda: source.committed_offsets.get(0, (None, None))[1] is not None
-                   and offset_metadata.decode(source.committed_offsets[0][1], 0) == set(range(1, 10)), 10,
-                   "a commit at offset 0 whose metadata lists offsets 1-9 as done")
+        wait_until(
+            lambda: (
+                source.committed_offsets.get(0, (None, None))[1] is not None
+                and offset_metadata.decode(source.committed_offsets[0][1], 0) == set(range(1, 10))
+            ),
+            10,
+            "a commit at offset 0 whose metadata lists offsets 1-9 as done",
+        )
         assert source.committed_offsets[0][0] == 0, "the commit passed an unfinished offset"
         release.set()
         wait_until(lambda: source.committed_offsets[0][0] == 10, 10, "the commit to move past the released offset")
@@ -153,8 +163,9 @@ def test_a_failed_commit_is_sent_again():
         def commit(self, offsets, asynchronous):
             if self.failures:
                 self.failures -= 1
-                return [(partition_id, offset, "REBALANCE_IN_PROGRESS") for partition_id, (offset, _m) in
-                        offsets.items()]
+                return [
+                    (partition_id, offset, "REBALANCE_IN_PROGRESS") for partition_id, (offset, _m) in offsets.items()
+                ]
             return super().commit(offsets, asynchronous)
 
     source = FlakySource(records, committed={})

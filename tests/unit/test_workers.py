@@ -38,14 +38,18 @@ class Partition:
 
 def deliveries(offsets, lane=b"k"):
     partition = Partition()
-    return [Delivery(Message("t", 0, offset, lane, b"{}"), lane, 0, partition, time.monotonic())
-            for offset in offsets]
+    return [Delivery(Message("t", 0, offset, lane, b"{}"), lane, 0, partition, time.monotonic()) for offset in offsets]
 
 
 def run_pool(pool_type, handler, offsets, sink):
     completions: deque = deque()
-    pool = pool_type(handler, 1, RetryPolicy(max_attempts=2, initial_backoff=0.0, max_backoff=0.01,
-                                             exhausted=ExhaustedPolicy.DLQ), sink, completions)
+    pool = pool_type(
+        handler,
+        1,
+        RetryPolicy(max_attempts=2, initial_backoff=0.0, max_backoff=0.01, exhausted=ExhaustedPolicy.DLQ),
+        sink,
+        completions,
+    )
     pool.start()
     try:
         pool.submit({0: deliveries(offsets)})
@@ -79,6 +83,7 @@ def test_system_exit_in_a_handler_fails_that_message_and_the_worker_goes_on(pool
             raise SystemExit("handler called sys.exit")
 
     if pool_type is AsyncWorkerPool:
+
         async def handler(message):
             await asyncio.sleep(0)
             decide(message)
@@ -109,8 +114,9 @@ def test_a_failing_dead_letter_sink_keeps_the_message_in_flight_and_retries_only
 
     completions: deque = deque()
     sink = FlakySink()
-    pool = ThreadWorkerPool(handler, 1, RetryPolicy(max_attempts=1, initial_backoff=0.0, max_backoff=0.3),
-                            sink, completions)
+    pool = ThreadWorkerPool(
+        handler, 1, RetryPolicy(max_attempts=1, initial_backoff=0.0, max_backoff=0.3), sink, completions
+    )
     pool.start()
     try:
         pool.submit({0: deliveries([0])})

@@ -57,8 +57,9 @@ class KafkaDeadLetterSink:
         try:
             self._producer = Producer(config, logger=logging.getLogger("keyorder.librdkafka"))
         except KafkaException as error:
-            raise DeadLetterError(f"invalid Kafka client configuration (dead-letter producer): "
-                                  f"{error.args[0].str()}") from error
+            raise DeadLetterError(
+                f"invalid Kafka client configuration (dead-letter producer): {error.args[0].str()}"
+            ) from error
         self._topic_template = topic_template
         self._timeout = timeout
         self._lock = threading.Lock()  # serialises flush(): rare path, keeps error attribution exact
@@ -72,9 +73,13 @@ class KafkaDeadLetterSink:
         topic = dead_letter_topic(self._topic_template, message.topic)
         with self._lock:
             try:
-                self._producer.produce(topic, key=message.key, value=message.value,
-                                       headers=dead_letter_headers(message, error, attempts),
-                                       on_delivery=delivered)
+                self._producer.produce(
+                    topic,
+                    key=message.key,
+                    value=message.value,
+                    headers=dead_letter_headers(message, error, attempts),
+                    on_delivery=delivered,
+                )
             except Exception as produce_error:  # BufferError, KafkaException
                 raise DeadLetterError(f"producing to {topic!r} failed: {produce_error}") from produce_error
             self._producer.flush(self._timeout)
@@ -82,8 +87,14 @@ class KafkaDeadLetterSink:
             raise DeadLetterError(f"no acknowledgement from {topic!r} within {self._timeout}s")
         if outcome["error"] is not None:
             raise DeadLetterError(f"producing to {topic!r} failed: {outcome['error']}")
-        log.warning("dead-lettered %s[%d]@%d to %s after %d attempts", message.topic, message.partition,
-                    message.offset, topic, attempts)
+        log.warning(
+            "dead-lettered %s[%d]@%d to %s after %d attempts",
+            message.topic,
+            message.partition,
+            message.offset,
+            topic,
+            attempts,
+        )
 
     def close(self) -> None:
         self._producer.flush(self._timeout)

@@ -51,8 +51,7 @@ def load_handler(path: str) -> LoadedHandler:
         try:
             target = getattr(target, part)
         except AttributeError as error:
-            raise HandlerLoadError(f"handler {path!r}: {module_name!r} has no attribute {attribute!r}") \
-                from error
+            raise HandlerLoadError(f"handler {path!r}: {module_name!r} has no attribute {attribute!r}") from error
     if not callable(target):
         raise HandlerLoadError(f"handler {path!r} is a {type(target).__name__}, not a callable")
     return LoadedHandler(function=target, is_async=is_async_callable(target), path=path)

@@ -31,8 +31,9 @@ MAX_BODY_BYTES = 4096
 class PodHttpServer:
     """Serves the pod endpoints on a daemon thread."""
 
-    def __init__(self, runtime: ConsumerRuntime, registry: CollectorRegistry, host: str, port: int,
-                 admin_token: str | None) -> None:
+    def __init__(
+        self, runtime: ConsumerRuntime, registry: CollectorRegistry, host: str, port: int, admin_token: str | None
+    ) -> None:
         self.runtime = runtime
         self.registry = registry
         self.admin_token = admin_token
@@ -73,8 +74,10 @@ class PodHttpServer:
             _reply(request, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
             stalled = runtime.pool.health.crashed is not None or (
-                runtime.started.is_set() and not runtime.stopping
-                and runtime.clock() - runtime.last_iteration > STALL_SECONDS)
+                runtime.started.is_set()
+                and not runtime.stopping
+                and runtime.clock() - runtime.last_iteration > STALL_SECONDS
+            )
             _reply_json(request, 503 if stalled else 200, {"status": "stalled" if stalled else "ok"})
         elif path == "/readyz":
             ready = runtime.started.is_set() and not runtime.stopping
@@ -90,8 +93,14 @@ class PodHttpServer:
             _reply_json(request, 404, {"error": f"no such endpoint: {path}"})
             return
         if not self.admin_token:
-            _reply_json(request, 403, {"error": "admin endpoint disabled: no admin token configured "
-                                                "(--admin-token-file / KEYORDER_ADMIN_TOKEN_FILE)"})
+            _reply_json(
+                request,
+                403,
+                {
+                    "error": "admin endpoint disabled: no admin token configured "
+                    "(--admin-token-file / KEYORDER_ADMIN_TOKEN_FILE)"
+                },
+            )
             return
         supplied = request.headers.get("Authorization", "")
         expected = f"Bearer {self.admin_token}"
@@ -108,8 +117,11 @@ class PodHttpServer:
                 raise ValueError('body must be {"workers": <integer>}')
             previous = self.runtime.request_resize(workers)
         except (ValueError, KeyError) as error:
-            _reply_json(request, 400, {"error": str(error) if not isinstance(error, KeyError)
-                                       else 'body must be {"workers": <integer>}'})
+            _reply_json(
+                request,
+                400,
+                {"error": str(error) if not isinstance(error, KeyError) else 'body must be {"workers": <integer>}'},
+            )
             return
         log.info("admin: key workers %d -> %d requested", previous, workers)
         _reply_json(request, 200, {"workers": workers, "previous": previous})

@@ -20,6 +20,7 @@ from keyorder.message import Message
 
 log = logging.getLogger(__name__)
 
+
 class KafkaSource:
     """A confluent-kafka consumer in a consumer group with manual commits."""
 
@@ -27,8 +28,9 @@ class KafkaSource:
         self.on_commit_result: Callable[[list[CommitOutcome]], None] | None = None
         """Called on the poll thread (inside ``consume``) with the outcome of asynchronous commits."""
         full_config = dict(config)
-        full_config.update({"enable.auto.commit": False, "enable.auto.offset.store": False,
-                            "on_commit": self._committed_callback})
+        full_config.update(
+            {"enable.auto.commit": False, "enable.auto.offset.store": False, "on_commit": self._committed_callback}
+        )
         try:
             self._consumer = Consumer(full_config, logger=logging.getLogger("keyorder.librdkafka"))
         except KafkaException as error:
@@ -37,15 +39,22 @@ class KafkaSource:
     @staticmethod
     def _outcomes(error: Any, partitions: list[TopicPartition] | None) -> list[CommitOutcome]:
         request_error = str(error) if error is not None and error.code() != KafkaError._NO_OFFSET else None
-        return [((tp.topic, tp.partition), tp.offset, str(tp.error) if tp.error else request_error)
-                for tp in partitions or ()]
+        return [
+            ((tp.topic, tp.partition), tp.offset, str(tp.error) if tp.error else request_error)
+            for tp in partitions or ()
+        ]
 
     def _committed_callback(self, error: Any, partitions: list[TopicPartition]) -> None:
         if self.on_commit_result is not None:
             self.on_commit_result(self._outcomes(error, partitions))
 
-    def subscribe(self, topics: Sequence[str], on_assign: RebalanceCallback,
-                  on_revoke: RebalanceCallback, on_lost: RebalanceCallback) -> None:
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        on_assign: RebalanceCallback,
+        on_revoke: RebalanceCallback,
+        on_lost: RebalanceCallback,
+    ) -> None:
         def ids(partitions: list[TopicPartition]) -> list[TopicPartitionId]:
             return [(tp.topic, tp.partition) for tp in partitions]
 
@@ -67,9 +76,17 @@ class KafkaSource:
                 continue
             _timestamp_type, timestamp_ms = record.timestamp()
             headers = record.headers()
-            append(Message(record.topic(), record.partition(), record.offset(), record.key(), record.value(),
-                           tuple(headers) if headers else (),
-                           timestamp_ms / 1000.0 if timestamp_ms > 0 else None))
+            append(
+                Message(
+                    record.topic(),
+                    record.partition(),
+                    record.offset(),
+                    record.key(),
+                    record.value(),
+                    tuple(headers) if headers else (),
+                    timestamp_ms / 1000.0 if timestamp_ms > 0 else None,
+                )
+            )
         return messages
 
     @staticmethod
@@ -97,26 +114,29 @@ class KafkaSource:
             except KafkaException as error:  # e.g. the partition is not fetching yet: resume alone works
                 log.debug("seek after resume of %s[%d] skipped: %s", topic, partition, error)
 
-    def committed(self, partitions: Sequence[TopicPartitionId], timeout: float
-                  ) -> dict[TopicPartitionId, tuple[int | None, str | None]]:
+    def committed(
+        self, partitions: Sequence[TopicPartitionId], timeout: float
+    ) -> dict[TopicPartitionId, tuple[int | None, str | None]]:
         try:
             result = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
         except KafkaException as error:
             raise SourceError(f"committed offsets: {error.args[0].str()}") from error
-        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None,
-                                           getattr(tp, "metadata", None))
-                for tp in result}
+        return {
+            (tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None, getattr(tp, "metadata", None))
+            for tp in result
+        }
 
-    def commit(self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool
-               ) -> list[CommitOutcome]:
+    def commit(self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool) -> list[CommitOutcome]:
         """Commit; a synchronous commit returns its outcomes (asynchronous ones arrive via the callback).
 
         Raises ``CommitError`` when the request as a whole fails.
         """
         if not offsets:
             return []
-        partitions = [TopicPartition(topic, partition, offset, metadata)
-                      for (topic, partition), (offset, metadata) in offsets.items()]
+        partitions = [
+            TopicPartition(topic, partition, offset, metadata)
+            for (topic, partition), (offset, metadata) in offsets.items()
+        ]
         try:
             result = self._consumer.commit(offsets=partitions, asynchronous=asynchronous)
         except KafkaException as error:

@@ -26,10 +26,10 @@ PARTITION_GAUGES = {
     "keyorder_partition_committed_offset": "Last offset committed by this pod (the lowest unfinished offset).",
     "keyorder_partition_min_inflight_offset": "Lowest offset received and not yet finished (the min-offset).",
     "keyorder_partition_oldest_inflight_age_seconds": "Age of the min-offset message (0 when idle); "
-                                                      "grows while a key is blocked.",
+    "grows while a key is blocked.",
     "keyorder_partition_inflight_messages": "Messages of the partition received and not yet finished.",
     "keyorder_partition_uncommitted_messages": "Messages received at or above the committed offset "
-                                               "(what a crash would re-deliver; bounded by backpressure).",
+    "(what a crash would re-deliver; bounded by backpressure).",
     "keyorder_partition_paused": "1 while fetching from the partition is paused by backpressure.",
 }
 
@@ -46,9 +46,11 @@ class KeyorderCollector(Collector):
         snapshot = self.runtime.snapshot
         labels = ["topic", "partition"]
         families = {name: GaugeMetricFamily(name, text, labels=labels) for name, text in PARTITION_GAUGES.items()}
-        completed = CounterMetricFamily("keyorder_partition_completed_messages",
-                                        "Messages of the partition finished (handled or dead-lettered).",
-                                        labels=labels)
+        completed = CounterMetricFamily(
+            "keyorder_partition_completed_messages",
+            "Messages of the partition finished (handled or dead-lettered).",
+            labels=labels,
+        )
         for part in snapshot.partitions:
             value = [part.topic, str(part.partition)]
             if part.lag is not None:
@@ -67,21 +69,31 @@ class KeyorderCollector(Collector):
 
         stats = self.pool.stats()
         busy = sum(1 for worker in stats if worker.busy)
-        yield GaugeMetricFamily("keyorder_pod_inflight_messages", "Messages received and not yet finished.",
-                                value=snapshot.inflight)
-        yield GaugeMetricFamily("keyorder_pod_queued_messages",
-                                "Messages waiting for a worker (in flight and not being handled).",
-                                value=max(snapshot.inflight - busy, 0))
-        yield GaugeMetricFamily("keyorder_workers", "Key workers (target; retiring ones excluded).",
-                                value=self.runtime.workers)
+        yield GaugeMetricFamily(
+            "keyorder_pod_inflight_messages", "Messages received and not yet finished.", value=snapshot.inflight
+        )
+        yield GaugeMetricFamily(
+            "keyorder_pod_queued_messages",
+            "Messages waiting for a worker (in flight and not being handled).",
+            value=max(snapshot.inflight - busy, 0),
+        )
+        yield GaugeMetricFamily(
+            "keyorder_workers", "Key workers (target; retiring ones excluded).", value=self.runtime.workers
+        )
         yield GaugeMetricFamily("keyorder_workers_busy", "Workers inside the handler right now.", value=busy)
-        yield GaugeMetricFamily("keyorder_keys_inflight", "Distinct keys (lanes) with messages in flight.",
-                                value=snapshot.pinned_lanes)
-        yield GaugeMetricFamily("keyorder_keys_retrying", "Keys parked waiting for a retry.",
-                                value=sum(worker.parked_lanes for worker in stats))
-        yield GaugeMetricFamily("keyorder_keys_blocked",
-                                "Keys that exhausted their attempts under the block policy.",
-                                value=sum(worker.blocked_lanes for worker in stats))
+        yield GaugeMetricFamily(
+            "keyorder_keys_inflight", "Distinct keys (lanes) with messages in flight.", value=snapshot.pinned_lanes
+        )
+        yield GaugeMetricFamily(
+            "keyorder_keys_retrying",
+            "Keys parked waiting for a retry.",
+            value=sum(worker.parked_lanes for worker in stats),
+        )
+        yield GaugeMetricFamily(
+            "keyorder_keys_blocked",
+            "Keys that exhausted their attempts under the block policy.",
+            value=sum(worker.blocked_lanes for worker in stats),
+        )
         for name, text, attribute in (
             ("keyorder_messages_processed", "Messages handled successfully.", "processed"),
             ("keyorder_messages_failed", "Handler calls that raised.", "failed"),
@@ -89,19 +101,28 @@ class KeyorderCollector(Collector):
             ("keyorder_messages_dead_lettered", "Messages published to the dead-letter topic.", "dead_lettered"),
         ):
             yield CounterMetricFamily(name, text, value=sum(getattr(worker, attribute) for worker in stats))
-        yield CounterMetricFamily("keyorder_messages_skipped",
-                                  "Messages not run because commit metadata marked them done.",
-                                  value=snapshot.skipped)
+        yield CounterMetricFamily(
+            "keyorder_messages_skipped",
+            "Messages not run because commit metadata marked them done.",
+            value=snapshot.skipped,
+        )
         yield CounterMetricFamily("keyorder_commits", "Offset commits sent.", value=snapshot.commits)
-        yield CounterMetricFamily("keyorder_commit_failures", "Offset commits that failed.",
-                                  value=snapshot.commit_failures)
-        yield CounterMetricFamily("keyorder_rebalances", "Partition assignments, revocations and losses.",
-                                  value=snapshot.rebalances)
-        yield _histogram("keyorder_handler_duration_seconds", "Time inside the handler per attempt.",
-                         [worker.handler_seconds for worker in stats])
-        yield _histogram("keyorder_processing_latency_seconds",
-                         "Time from receipt by the pod to successful handling (queueing and retries included).",
-                         [worker.latency for worker in stats])
+        yield CounterMetricFamily(
+            "keyorder_commit_failures", "Offset commits that failed.", value=snapshot.commit_failures
+        )
+        yield CounterMetricFamily(
+            "keyorder_rebalances", "Partition assignments, revocations and losses.", value=snapshot.rebalances
+        )
+        yield _histogram(
+            "keyorder_handler_duration_seconds",
+            "Time inside the handler per attempt.",
+            [worker.handler_seconds for worker in stats],
+        )
+        yield _histogram(
+            "keyorder_processing_latency_seconds",
+            "Time from receipt by the pod to successful handling (queueing and retries included).",
+            [worker.latency for worker in stats],
+        )
 
 
 def _histogram(name: str, text: str, parts: list[LatencyHistogram]) -> HistogramMetricFamily:

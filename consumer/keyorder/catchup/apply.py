@@ -47,8 +47,13 @@ class KeyBlocked(RuntimeError):
     """A message failed every attempt under ``on-exhausted=block``: the job stops without committing."""
 
 
-def handle_with_retry(call: Callable[[Message], Any], message: Message, policy: RetryPolicy,
-                      dead_letters: DeadLetterSink | None, sleep: Callable[[float], None] = time.sleep) -> bool:
+def handle_with_retry(
+    call: Callable[[Message], Any],
+    message: Message,
+    policy: RetryPolicy,
+    dead_letters: DeadLetterSink | None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
     """Run ``call`` until it succeeds (returns False) or the message is dead-lettered (returns True)."""
     failures = 0
     while True:
@@ -59,16 +64,26 @@ def handle_with_retry(call: Callable[[Message], Any], message: Message, policy: 
             failures += 1
             verdict, delay = policy.after_failure(failures)
             if verdict is Verdict.RETRY:
-                log.warning("%s[%d]@%d failed (attempt %d of %d), retrying in %.2fs: %s", message.topic,
-                            message.partition, message.offset, failures, policy.max_attempts, delay, error)
+                log.warning(
+                    "%s[%d]@%d failed (attempt %d of %d), retrying in %.2fs: %s",
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    failures,
+                    policy.max_attempts,
+                    delay,
+                    error,
+                )
                 sleep(delay)
                 continue
             if verdict is Verdict.DEAD_LETTER and dead_letters is not None:
                 dead_letters.publish(message, error, failures)
                 return True
-            raise KeyBlocked(f"{message.topic}[{message.partition}]@{message.offset} failed {failures} times and "
-                             f"on-exhausted is block: stopping without committing; last error: "
-                             f"{type(error).__name__}: {error}") from error
+            raise KeyBlocked(
+                f"{message.topic}[{message.partition}]@{message.offset} failed {failures} times and "
+                f"on-exhausted is block: stopping without committing; last error: "
+                f"{type(error).__name__}: {error}"
+            ) from error
 
 
 class LazyDeadLetters:
@@ -137,13 +152,19 @@ def split_into_runs(frame: Any, counts: dict[Source, PartitionCounts], order: Or
             continue
         route = bytes(row.route)
         if not order.check((route, row.topic, int(row.partition), int(row.offset))):
-            raise OrderViolation(f"{row.topic}[{row.partition}]@{row.offset} arrived after {order.previous_ok}: "
-                                 "the job stops before handling it out of order")
-        message = Message(topic=row.topic, partition=int(row.partition), offset=int(row.offset),
-                          key=None if _missing(row.key) else bytes(row.key),
-                          value=None if _missing(row.value) else bytes(row.value),
-                          headers=_headers(row.headers),
-                          timestamp=None if _missing(row.timestamp) else float(row.timestamp))
+            raise OrderViolation(
+                f"{row.topic}[{row.partition}]@{row.offset} arrived after {order.previous_ok}: "
+                "the job stops before handling it out of order"
+            )
+        message = Message(
+            topic=row.topic,
+            partition=int(row.partition),
+            offset=int(row.offset),
+            key=None if _missing(row.key) else bytes(row.key),
+            value=None if _missing(row.value) else bytes(row.value),
+            headers=_headers(row.headers),
+            timestamp=None if _missing(row.timestamp) else float(row.timestamp),
+        )
         if route != current_route:
             runs.append([])
             current_route = route
@@ -202,12 +223,18 @@ class ApplyHandler:
 
     def __call__(self, frames: Iterator[Any]) -> Iterator[Any]:
         call, close_loops = thread_safe_caller(load_handler(self.handler))
-        sink = LazyDeadLetters(self.producer_properties, self.dlq_topic) \
-            if self.policy.exhausted is ExhaustedPolicy.DLQ else None
+        sink = (
+            LazyDeadLetters(self.producer_properties, self.dlq_topic)
+            if self.policy.exhausted is ExhaustedPolicy.DLQ
+            else None
+        )
         counts: dict[Source, PartitionCounts] = {}
         order = OrderCheck()
-        pool = ThreadPoolExecutor(self.task_workers, thread_name_prefix="keyorder-catchup") \
-            if self.task_workers > 1 else None
+        pool = (
+            ThreadPoolExecutor(self.task_workers, thread_name_prefix="keyorder-catchup")
+            if self.task_workers > 1
+            else None
+        )
 
         def handle_run(run: Run) -> list[tuple[Source, bool]]:
             return [(source, handle_with_retry(call, message, self.policy, sink)) for source, message in run]
@@ -216,7 +243,7 @@ class ApplyHandler:
             for frame in frames:
                 runs = split_into_runs(frame, counts, order)
                 finished: dict[Source, int] = {}
-                for outcomes in (pool.map(handle_run, runs) if pool is not None else map(handle_run, runs)):
+                for outcomes in pool.map(handle_run, runs) if pool is not None else map(handle_run, runs):
                     for source, dead_lettered in outcomes:
                         entry = counts.setdefault(source, PartitionCounts())
                         if dead_lettered:
@@ -232,7 +259,9 @@ class ApplyHandler:
             if sink is not None:
                 sink.close()
             close_loops()
-        rows = [{"topic": topic, "partition": partition, **asdict(partition_counts)}
-                for (topic, partition), partition_counts in sorted(counts.items())]
+        rows = [
+            {"topic": topic, "partition": partition, **asdict(partition_counts)}
+            for (topic, partition), partition_counts in sorted(counts.items())
+        ]
         columns = {"topic": "object", "partition": "int32", **dict.fromkeys(COUNTS, "int64")}
         yield pandas.DataFrame(rows, columns=list(columns)).astype(columns)

@@ -23,8 +23,12 @@ log = logging.getLogger("keyorder.catchup")
 def add_catchup_flags(parser: argparse.ArgumentParser) -> None:
     from keyorder.catchup.settings import CatchupConfig
 
-    parser.add_argument("--plan", action="store_true", help="print the plan (ranges, splits, key counts, hottest "
-                        "keys, skew, achievable parallelism) and exit without handling anything")
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the plan (ranges, splits, key counts, hottest "
+        "keys, skew, achievable parallelism) and exit without handling anything",
+    )
     add_settings_flags(parser, CatchupConfig)
 
 
@@ -45,20 +49,25 @@ def print_plan(plan: Any, statistics: Any, key_partitions: int, cores: int) -> N
     for split in plan.splits:
         splits[(split.topic, split.partition)] = splits.get((split.topic, split.partition), 0) + 1
     for r in plan.ranges:
-        table.add_row(r.name(), f"{r.start:,}", f"{r.end:,}", f"{r.offsets:,}",
-                      str(splits.get((r.topic, r.partition), 0)))
+        table.add_row(
+            r.name(), f"{r.start:,}", f"{r.end:,}", f"{r.offsets:,}", str(splits.get((r.topic, r.partition), 0))
+        )
     console.print(table)
     for note in plan.notes:
         console.print(f"note: {note}")
     console.print(f"commit the fence after success: {'yes' if plan.commit else 'no'}")
     if statistics is not None:
         hottest = statistics.hottest[0][1] if statistics.hottest else 0
-        console.print(f"messages {statistics.messages:,} over {statistics.distinct_keys:,} keys; hottest key has "
-                      f"{hottest:,} (skew {statistics.skew:.1f}x the mean)")
+        console.print(
+            f"messages {statistics.messages:,} over {statistics.distinct_keys:,} keys; hottest key has "
+            f"{hottest:,} (skew {statistics.skew:.1f}x the mean)"
+        )
         console.print("hottest keys: " + ", ".join(f"{key} ({count:,})" for key, count in statistics.hottest))
         achievable = min(statistics.max_parallelism, key_partitions, cores) if statistics.hottest else 0
-        console.print(f"achievable parallelism ~{achievable:.1f} (keys allow {statistics.max_parallelism:.1f}, "
-                      f"{key_partitions} key partitions, {cores} cores)")
+        console.print(
+            f"achievable parallelism ~{achievable:.1f} (keys allow {statistics.max_parallelism:.1f}, "
+            f"{key_partitions} key partitions, {cores} cores)"
+        )
 
 
 def print_outcome(outcome: Any) -> None:
@@ -70,19 +79,31 @@ def print_outcome(outcome: Any) -> None:
     for column in ("partition", "planned offsets", "read", "processed", "dead-lettered", "violations"):
         table.add_column(column, justify="left" if column == "partition" else "right")
     for row in report["partitions"]:
-        table.add_row(f"{row['topic']}[{row['partition']}]", f"{row['planned_offsets']:,}", f"{row['read']:,}",
-                      f"{row['processed']:,}", f"{row['dead_lettered']:,}", str(row["violations"]))
+        table.add_row(
+            f"{row['topic']}[{row['partition']}]",
+            f"{row['planned_offsets']:,}",
+            f"{row['read']:,}",
+            f"{row['processed']:,}",
+            f"{row['dead_lettered']:,}",
+            str(row["violations"]),
+        )
     console.print(table)
     rate = report["messages_per_second"]
-    console.print(f"{report['processed']:,} processed, {report['dead_lettered']:,} dead-lettered in "
-                  f"{report['seconds']:.1f}s ({rate:,.0f} msg/s)" if rate else "nothing to do")
+    console.print(
+        f"{report['processed']:,} processed, {report['dead_lettered']:,} dead-lettered in "
+        f"{report['seconds']:.1f}s ({rate:,.0f} msg/s)"
+        if rate
+        else "nothing to do"
+    )
     for problem in report["problems"]:
         console.print(f"[red]problem:[/red] {problem}")
     if outcome.error:
         console.print(f"[red]failed:[/red] {outcome.error}")
     if outcome.ok:
-        console.print(f"fence {'committed' if outcome.committed else 'not committed (as asked)'}: "
-                      + ", ".join(f"{tp}={offset}" for tp, offset in report["fence"].items()))
+        console.print(
+            f"fence {'committed' if outcome.committed else 'not committed (as asked)'}: "
+            + ", ".join(f"{tp}={offset}" for tp, offset in report["fence"].items())
+        )
     else:
         console.print("nothing was committed: fix the cause and run the job again (it is safe to rerun)")
 
@@ -92,8 +113,11 @@ def catchup_command(args: argparse.Namespace) -> int:
         try:
             __import__(module)
         except ImportError:
-            print(f"keyorder catchup: {module} is not installed: pip install 'keyorder[catchup]' (and a Java 17+ "
-                  "runtime)", file=sys.stderr)
+            print(
+                f"keyorder catchup: {module} is not installed: pip install 'keyorder[catchup]' (and a Java 17+ "
+                "runtime)",
+                file=sys.stderr,
+            )
             return EXIT_CONFIG
     from keyorder.catchup.job import CatchupJob, SparkStartError
     from keyorder.catchup.offsets import CatchupKafkaError

@@ -21,8 +21,10 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 SOURCE_NAME = "keyorder_kafka_ranges"
-ROW_SCHEMA = ("route binary, topic string, partition int, offset long, key binary, value binary, "
-              "headers array<struct<name: string, value: binary>>, timestamp double, marker_read long")
+ROW_SCHEMA = (
+    "route binary, topic string, partition int, offset long, key binary, value binary, "
+    "headers array<struct<name: string, value: binary>>, timestamp double, marker_read long"
+)
 """``marker_read`` is null on records and set on a split's end marker (then key/value are null)."""
 OPTION_SPLITS = "splits"
 OPTION_PROPERTIES = "kafka.properties.secret"  # "secret" in the name: Spark redacts it in plans and the UI
@@ -82,12 +84,19 @@ ARROW_BATCH_ROWS = 2_000
 def arrow_schema():
     import pyarrow
 
-    return pyarrow.schema([
-        ("route", pyarrow.binary()), ("topic", pyarrow.string()), ("partition", pyarrow.int32()),
-        ("offset", pyarrow.int64()), ("key", pyarrow.binary()), ("value", pyarrow.binary()),
-        ("headers", pyarrow.list_(pyarrow.struct([("name", pyarrow.string()), ("value", pyarrow.binary())]))),
-        ("timestamp", pyarrow.float64()), ("marker_read", pyarrow.int64()),
-    ])
+    return pyarrow.schema(
+        [
+            ("route", pyarrow.binary()),
+            ("topic", pyarrow.string()),
+            ("partition", pyarrow.int32()),
+            ("offset", pyarrow.int64()),
+            ("key", pyarrow.binary()),
+            ("value", pyarrow.binary()),
+            ("headers", pyarrow.list_(pyarrow.struct([("name", pyarrow.string()), ("value", pyarrow.binary())]))),
+            ("timestamp", pyarrow.float64()),
+            ("marker_read", pyarrow.int64()),
+        ]
+    )
 
 
 def arrow_batches(rows: Iterator[tuple], size: int = ARROW_BATCH_ROWS) -> Iterator[Any]:
@@ -111,16 +120,25 @@ def arrow_batches(rows: Iterator[tuple], size: int = ARROW_BATCH_ROWS) -> Iterat
         yield batch(columns)
 
 
-def read_split(properties: dict[str, str], ordering: str, topic: str, partition: int, start: int, end: int,
-               timeout: float) -> Iterator[tuple]:
+def read_split(
+    properties: dict[str, str], ordering: str, topic: str, partition: int, start: int, end: int, timeout: float
+) -> Iterator[tuple]:
     """Rows of records at offsets ``start <= offset < end``, then the split's end marker."""
     import logging
 
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer({**properties, "group.id": "keyorder-catchup-reader", "enable.auto.commit": False,
-                         "enable.auto.offset.store": False, "enable.partition.eof": True,
-                         "auto.offset.reset": "error", "logger": logging.getLogger("keyorder.librdkafka")})
+    consumer = Consumer(
+        {
+            **properties,
+            "group.id": "keyorder-catchup-reader",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+            "logger": logging.getLogger("keyorder.librdkafka"),
+        }
+    )
     read = 0
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
@@ -130,8 +148,9 @@ def read_split(properties: dict[str, str], ordering: str, topic: str, partition:
             batch = consumer.consume(num_messages=1000, timeout=1.0)
             if not batch:
                 if time.monotonic() - quiet_since > timeout:
-                    raise SplitReadError(f"{topic}[{partition}]: no records for {timeout}s at offset {position}, "
-                                         f"before the fence {end}")
+                    raise SplitReadError(
+                        f"{topic}[{partition}]: no records for {timeout}s at offset {position}, before the fence {end}"
+                    )
                 continue
             quiet_since = time.monotonic()
             for record in batch:
@@ -140,8 +159,9 @@ def read_split(properties: dict[str, str], ordering: str, topic: str, partition:
                     if error.code() == KafkaError._PARTITION_EOF:
                         position = max(position, record.offset())
                         if position < end:  # the end offset moved back (topic recreated?) or log truncated
-                            raise SplitReadError(f"{topic}[{partition}]: the log ends at {position}, before the "
-                                                 f"fence {end}")
+                            raise SplitReadError(
+                                f"{topic}[{partition}]: the log ends at {position}, before the fence {end}"
+                            )
                         continue
                     raise SplitReadError(f"{topic}[{partition}]: {error.str()}")
                 offset = record.offset()
@@ -152,8 +172,17 @@ def read_split(properties: dict[str, str], ordering: str, topic: str, partition:
                 timestamp_type, timestamp_ms = record.timestamp()
                 headers = [(name, value) for name, value in (record.headers() or [])]
                 read += 1
-                yield (route_of(ordering, topic, partition, key), topic, partition, offset, key, record.value(),
-                       headers, timestamp_ms / 1000 if timestamp_type and timestamp_ms >= 0 else None, None)
+                yield (
+                    route_of(ordering, topic, partition, key),
+                    topic,
+                    partition,
+                    offset,
+                    key,
+                    record.value(),
+                    headers,
+                    timestamp_ms / 1000 if timestamp_type and timestamp_ms >= 0 else None,
+                    None,
+                )
     finally:
         consumer.close()
     marker = MARKER_PREFIX + f"{topic}:{partition}:{start}".encode()

@@ -111,9 +111,15 @@ class Outcome:
             "notes": self.plan.notes,
             "spark_ui": self.spark_ui,
             "partitions": [
-                {"topic": p.planned.topic, "partition": p.planned.partition, "start": p.planned.start,
-                 "fence": p.planned.end, "planned_offsets": p.planned.offsets, "splits": p.expected_splits,
-                 **{name: getattr(p.counts, name) for name in ("read", "processed", "dead_lettered", "violations")}}
+                {
+                    "topic": p.planned.topic,
+                    "partition": p.planned.partition,
+                    "start": p.planned.start,
+                    "fence": p.planned.end,
+                    "planned_offsets": p.planned.offsets,
+                    "splits": p.expected_splits,
+                    **{name: getattr(p.counts, name) for name in ("read", "processed", "dead_lettered", "violations")},
+                }
                 for p in (self.audit.partitions if self.audit else [])
             ],
             **self.extra,
@@ -176,8 +182,13 @@ class _DictSum(AccumulatorParam):
 class CatchupJob:
     """One catch-up run for one group; ``spark`` may be shared (tests, notebooks) and is then not stopped."""
 
-    def __init__(self, config: CatchupConfig, spark: Any = None, environ: Mapping[str, str] | None = None,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        config: CatchupConfig,
+        spark: Any = None,
+        environ: Mapping[str, str] | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         self.config = config
         self.properties = kafka_properties(config, environ)
         log.info("Kafka properties: %s", redact(self.properties))
@@ -195,9 +206,11 @@ class CatchupJob:
             try:
                 self._spark = spark_session(self.config)
             except Exception as error:  # PySparkRuntimeError JAVA_GATEWAY_EXITED, a bad master URL, ...
-                raise SparkStartError(f"could not start Spark (master {self.config.master or 'local[*]'!r}): "
-                                      f"{_first_line(error)}. Is a Java 17+ runtime installed (java -version, "
-                                      "JAVA_HOME)?") from error
+                raise SparkStartError(
+                    f"could not start Spark (master {self.config.master or 'local[*]'!r}): "
+                    f"{_first_line(error)}. Is a Java 17+ runtime installed (java -version, "
+                    "JAVA_HOME)?"
+                ) from error
         return self._spark
 
     def close(self) -> None:
@@ -212,23 +225,34 @@ class CatchupJob:
         commit = commits_fence(self.config.commit, start)
         skipped = offsets_a_commit_would_skip(ranges, snapshots) if commit else []
         if skipped:
-            raise PlanError("committing the fence would skip offsets that were never handled ("
-                            + "; ".join(skipped) + "): start at or before the group's offsets, or --commit never")
+            raise PlanError(
+                "committing the fence would skip offsets that were never handled ("
+                + "; ".join(skipped)
+                + "): start at or before the group's offsets, or --commit never"
+            )
         refuse_live_group(self.offsets.members() if commit else None, commit, self.config.group_id)
-        return Plan(ranges=ranges, splits=split_ranges(ranges, self.config.split_offsets), notes=notes,
-                    committed={tp: snapshot.committed for tp, snapshot in snapshots.items()}, commit=commit)
+        return Plan(
+            ranges=ranges,
+            splits=split_ranges(ranges, self.config.split_offsets),
+            notes=notes,
+            committed={tp: snapshot.committed for tp, snapshot in snapshots.items()},
+            commit=commit,
+        )
 
     def _records(self, plan: Plan):
         self.spark.dataSource.register(KafkaRangeDataSource)
         splits = [[s.topic, s.partition, s.start, s.end] for s in plan.splits]
-        reader_properties = {name: value for name, value in self.properties.items()
-                             if not name.startswith(("group.", "enable.auto."))}
-        return (self.spark.read.format(SOURCE_NAME)
-                .option(OPTION_SPLITS, json.dumps(splits))
-                .option(OPTION_PROPERTIES, json.dumps(reader_properties))
-                .option(OPTION_ORDERING, self.config.ordering.value)
-                .option(OPTION_TIMEOUT, str(self.config.read_timeout))
-                .load())
+        reader_properties = {
+            name: value for name, value in self.properties.items() if not name.startswith(("group.", "enable.auto."))
+        }
+        return (
+            self.spark.read.format(SOURCE_NAME)
+            .option(OPTION_SPLITS, json.dumps(splits))
+            .option(OPTION_PROPERTIES, json.dumps(reader_properties))
+            .option(OPTION_ORDERING, self.config.ordering.value)
+            .option(OPTION_TIMEOUT, str(self.config.read_timeout))
+            .load()
+        )
 
     def key_partitions(self) -> int:
         return self.config.key_partitions or TASKS_PER_CORE * self.spark.sparkContext.defaultParallelism
@@ -244,8 +268,11 @@ class CatchupJob:
         if rows is None:  # too many keys to ship to the driver: aggregate on Spark
             totals = counts.agg(functions.sum("count").alias("messages"), functions.count("*").alias("keys")).first()
             hottest = counts.orderBy(functions.desc("count")).limit(top).collect()
-            return KeyStatistics(messages=totals["messages"] or 0, distinct_keys=totals["keys"],
-                                 hottest=[(_route_name(row["route"]), row["count"]) for row in hottest])
+            return KeyStatistics(
+                messages=totals["messages"] or 0,
+                distinct_keys=totals["keys"],
+                hottest=[(_route_name(row["route"]), row["count"]) for row in hottest],
+            )
         return key_statistics(((_route_name(row["route"]), row["count"]) for row in rows), top=top)
 
     def run(self, plan: Plan) -> Outcome:
@@ -255,30 +282,48 @@ class CatchupJob:
             outcome = Outcome(plan, audit(plan.ranges, plan.splits, []), 0.0)
             return self._commit(outcome)
         accumulator = self.spark.sparkContext.accumulator({}, _DictSum())
-        handler = ApplyHandler(handler=self.config.handler, policy=self.config.retry_policy(),
-                               dlq_topic=self.config.dlq_topic,
-                               producer_properties=producer_properties(self.properties), progress=accumulator,
-                               task_workers=self.config.task_workers)
-        ordered = (self._records(plan)
-                   .repartition(self.key_partitions(), "route")
-                   .sortWithinPartitions("route", "topic", "partition", "offset"))
+        handler = ApplyHandler(
+            handler=self.config.handler,
+            policy=self.config.retry_policy(),
+            dlq_topic=self.config.dlq_topic,
+            producer_properties=producer_properties(self.properties),
+            progress=accumulator,
+            task_workers=self.config.task_workers,
+        )
+        ordered = (
+            self._records(plan)
+            .repartition(self.key_partitions(), "route")
+            .sortWithinPartitions("route", "topic", "partition", "offset")
+        )
         stop = threading.Event()
-        watcher = threading.Thread(target=self._show_progress, args=(plan, accumulator, stop, started),
-                                   name="catchup-progress", daemon=True)
+        watcher = threading.Thread(
+            target=self._show_progress, args=(plan, accumulator, stop, started), name="catchup-progress", daemon=True
+        )
         watcher.start()
         try:
             rows = ordered.mapInPandas(handler, SUMMARY_SCHEMA).collect()
         except Exception as error:  # a task failed: the handler, Kafka, or a blocked key
-            return Outcome(plan, None, time.monotonic() - started, error=_first_line(error),
-                           spark_ui=self.spark.sparkContext.uiWebUrl)
+            return Outcome(
+                plan,
+                None,
+                time.monotonic() - started,
+                error=_first_line(error),
+                spark_ui=self.spark.sparkContext.uiWebUrl,
+            )
         finally:
             stop.set()
             watcher.join()
             self.progress.done()
-        summaries = [TaskSummary(row["topic"], row["partition"],
-                                 PartitionCounts(**{name: row[name] for name in COUNTS})) for row in rows]
-        outcome = Outcome(plan, audit(plan.ranges, plan.splits, summaries), time.monotonic() - started,
-                          spark_ui=self.spark.sparkContext.uiWebUrl)
+        summaries = [
+            TaskSummary(row["topic"], row["partition"], PartitionCounts(**{name: row[name] for name in COUNTS}))
+            for row in rows
+        ]
+        outcome = Outcome(
+            plan,
+            audit(plan.ranges, plan.splits, summaries),
+            time.monotonic() - started,
+            spark_ui=self.spark.sparkContext.uiWebUrl,
+        )
         return self._commit(outcome)
 
     def _commit(self, outcome: Outcome) -> Outcome:
@@ -306,9 +351,11 @@ class CatchupJob:
                 if info is not None:
                     stages.append(f"stage {stage_id} {info.numCompletedTasks}/{info.numTasks} tasks")
             elapsed = time.monotonic() - started
-            self.progress.show(f"catch-up {done:,}/{total:,} handled ({done / total:.0%}) · slowest of "
-                               f"{len(planned)} partitions {slowest:.0%} · {' · '.join(stages) or 'starting'} · "
-                               f"{done / elapsed:,.0f} msg/s · {elapsed:.0f}s")
+            self.progress.show(
+                f"catch-up {done:,}/{total:,} handled ({done / total:.0%}) · slowest of "
+                f"{len(planned)} partitions {slowest:.0%} · {' · '.join(stages) or 'starting'} · "
+                f"{done / elapsed:,.0f} msg/s · {elapsed:.0f}s"
+            )
 
 
 def _route_name(route: bytes) -> str:

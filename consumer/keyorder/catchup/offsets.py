@@ -33,8 +33,15 @@ class KafkaOffsets:
         try:
             # Kept referenced for the whole job: an unreferenced AdminClient can hang a pending call.
             self._admin = AdminClient({**properties, "logger": logger})
-            self._consumer = Consumer({**properties, "group.id": group, "enable.auto.commit": False,
-                                       "enable.auto.offset.store": False, "logger": logger})
+            self._consumer = Consumer(
+                {
+                    **properties,
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "logger": logger,
+                }
+            )
         except KafkaException as error:
             raise CatchupKafkaError(f"invalid Kafka client configuration: {error.args[0].str()}") from None
 
@@ -55,8 +62,10 @@ class KafkaOffsets:
         from confluent_kafka import TopicPartition as KafkaTopicPartition
 
         request = [KafkaTopicPartition(topic, partition) for topic, partition in partitions]
-        result = self._call(f"committed offsets of group {self.group!r}",
-                            lambda: self._consumer.committed(request, timeout=self.timeout))
+        result = self._call(
+            f"committed offsets of group {self.group!r}",
+            lambda: self._consumer.committed(request, timeout=self.timeout),
+        )
         return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in result}
 
     def _list_offsets(self, partitions: Sequence[TopicPartition], spec, what: str) -> dict[TopicPartition, int]:
@@ -66,16 +75,20 @@ class KafkaOffsets:
         def ask() -> dict[TopicPartition, int]:
             # read_committed, as the reader and the pods: the end is the last stable offset, so an open
             # transaction's records are left for the pods instead of stalling a split before its fence
-            futures = self._admin.list_offsets({KafkaTopicPartition(t, p): spec for t, p in partitions},
-                                               isolation_level=IsolationLevel.READ_COMMITTED,
-                                               request_timeout=self.timeout)
-            return {(tp.topic, tp.partition): future.result(timeout=self.timeout).offset
-                    for tp, future in futures.items()}
+            futures = self._admin.list_offsets(
+                {KafkaTopicPartition(t, p): spec for t, p in partitions},
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=self.timeout,
+            )
+            return {
+                (tp.topic, tp.partition): future.result(timeout=self.timeout).offset for tp, future in futures.items()
+            }
 
         return self._call(what, ask)
 
-    def snapshot(self, topics: Sequence[str], start: Position,
-                 until: Position) -> dict[TopicPartition, PartitionSnapshot]:
+    def snapshot(
+        self, topics: Sequence[str], start: Position, until: Position
+    ) -> dict[TopicPartition, PartitionSnapshot]:
         """Everything ``plan.resolve_ranges`` needs, read once."""
         from confluent_kafka.admin import OffsetSpec
 
@@ -85,9 +98,16 @@ class KafkaOffsets:
         committed = self.committed(partitions)  # also the baseline the final commit checks against
         from_time = self._times(partitions, start)
         until_time = self._times(partitions, until)
-        return {tp: PartitionSnapshot(earliest=earliest[tp], end=end[tp], committed=committed.get(tp),
-                                      from_time=from_time.get(tp), until_time=until_time.get(tp))
-                for tp in partitions}
+        return {
+            tp: PartitionSnapshot(
+                earliest=earliest[tp],
+                end=end[tp],
+                committed=committed.get(tp),
+                from_time=from_time.get(tp),
+                until_time=until_time.get(tp),
+            )
+            for tp in partitions
+        }
 
     def members(self) -> int | None:
         """Members of the group right now (``None``: the broker could not say)."""
@@ -104,29 +124,38 @@ class KafkaOffsets:
 
         if position.kind is not PositionKind.TIMESTAMP:
             return {}
-        found = self._list_offsets(partitions, OffsetSpec.for_timestamp(position.timestamp_ms),
-                                   f"offsets for timestamp {position.timestamp_ms}")
+        found = self._list_offsets(
+            partitions,
+            OffsetSpec.for_timestamp(position.timestamp_ms),
+            f"offsets for timestamp {position.timestamp_ms}",
+        )
         return {tp: offset if offset >= 0 else None for tp, offset in found.items()}
 
-    def commit_fence(self, ranges: Sequence[OffsetRange],
-                     expected_committed: Mapping[TopicPartition, int | None]) -> None:
+    def commit_fence(
+        self, ranges: Sequence[OffsetRange], expected_committed: Mapping[TopicPartition, int | None]
+    ) -> None:
         """Commit each range's end for the group, unless the group's offsets moved since the plan."""
         from confluent_kafka import TopicPartition as KafkaTopicPartition
 
         now = self.committed([(r.topic, r.partition) for r in ranges])
-        moved = [f"{t}[{p}]: {expected_committed.get((t, p))} -> {offset}" for (t, p), offset in now.items()
-                 if offset != expected_committed.get((t, p))]
+        moved = [
+            f"{t}[{p}]: {expected_committed.get((t, p))} -> {offset}"
+            for (t, p), offset in now.items()
+            if offset != expected_committed.get((t, p))
+        ]
         if moved:
-            raise CatchupKafkaError(f"group {self.group!r} committed offsets moved while the job ran "
-                                    f"({'; '.join(moved)}): is a live consumer still running? Nothing committed.")
+            raise CatchupKafkaError(
+                f"group {self.group!r} committed offsets moved while the job ran "
+                f"({'; '.join(moved)}): is a live consumer still running? Nothing committed."
+            )
         request = [KafkaTopicPartition(r.topic, r.partition, r.end) for r in ranges]
-        result = self._call(f"commit for group {self.group!r}",
-                            lambda: self._consumer.commit(offsets=request, asynchronous=False))
+        result = self._call(
+            f"commit for group {self.group!r}", lambda: self._consumer.commit(offsets=request, asynchronous=False)
+        )
         failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result or [] if tp.error is not None]
         if failed:
             raise CatchupKafkaError(f"commit for group {self.group!r} failed: {'; '.join(failed)}")
-        log.info("committed the fence for group %s: %s", self.group,
-                 ", ".join(f"{r.name()}={r.end}" for r in ranges))
+        log.info("committed the fence for group %s: %s", self.group, ", ".join(f"{r.name()}={r.end}" for r in ranges))
 
     def _call(self, what: str, action):
         from confluent_kafka import KafkaException

@@ -55,8 +55,9 @@ class PlanError(ValueError):
     """The requested range cannot be planned; the message names the partition and the reason."""
 
 
-def _offset_for(position: Position, tp: TopicPartition, snapshot: PartitionSnapshot, at_time: int | None,
-                flag: str) -> int:
+def _offset_for(
+    position: Position, tp: TopicPartition, snapshot: PartitionSnapshot, at_time: int | None, flag: str
+) -> int:
     if position.kind is PositionKind.EARLIEST:
         return snapshot.earliest
     if position.kind is PositionKind.END:
@@ -70,15 +71,18 @@ def _offset_for(position: Position, tp: TopicPartition, snapshot: PartitionSnaps
     return position.offsets[tp]
 
 
-def resolve_ranges(snapshots: Mapping[TopicPartition, PartitionSnapshot], start: Position,
-                   until: Position) -> tuple[list[OffsetRange], list[str]]:
+def resolve_ranges(
+    snapshots: Mapping[TopicPartition, PartitionSnapshot], start: Position, until: Position
+) -> tuple[list[OffsetRange], list[str]]:
     """One range per partition, clamped to what Kafka still has, plus notes on every adjustment."""
     if until.kind is PositionKind.COMMITTED:
         raise PlanError("--until committed makes an empty range: fence at end, a time or offsets")
     unknown = sorted((set(start.offsets) | set(until.offsets)) - set(snapshots))
     if unknown:
-        raise PlanError(f"offsets given for partitions that are not partitions of --topics: "
-                        f"{', '.join(f'{t}:{p}' for t, p in unknown)}")
+        raise PlanError(
+            f"offsets given for partitions that are not partitions of --topics: "
+            f"{', '.join(f'{t}:{p}' for t, p in unknown)}"
+        )
     ranges, notes = [], []
     for tp in sorted(snapshots):
         snapshot = snapshots[tp]
@@ -86,8 +90,10 @@ def resolve_ranges(snapshots: Mapping[TopicPartition, PartitionSnapshot], start:
         fence = _offset_for(until, tp, snapshot, snapshot.until_time, "--until")
         name = f"{tp[0]}[{tp[1]}]"
         if first < snapshot.earliest:
-            notes.append(f"{name}: offsets {first}..{snapshot.earliest - 1} are gone (retention); starting at "
-                         f"{snapshot.earliest}")
+            notes.append(
+                f"{name}: offsets {first}..{snapshot.earliest - 1} are gone (retention); starting at "
+                f"{snapshot.earliest}"
+            )
             first = snapshot.earliest
         if fence > snapshot.end:
             notes.append(f"{name}: fence {fence} is past the end offset; fenced at {snapshot.end}")
@@ -106,8 +112,14 @@ def split_ranges(ranges: Iterable[OffsetRange], max_offsets_per_split: int) -> l
     splits = []
     for offset_range in ranges:
         for first in range(offset_range.start, offset_range.end, max_offsets_per_split):
-            splits.append(OffsetRange(offset_range.topic, offset_range.partition, first,
-                                      min(first + max_offsets_per_split, offset_range.end)))
+            splits.append(
+                OffsetRange(
+                    offset_range.topic,
+                    offset_range.partition,
+                    first,
+                    min(first + max_offsets_per_split, offset_range.end),
+                )
+            )
     return splits
 
 
@@ -127,8 +139,9 @@ def commits_fence(mode: CommitMode, start: Position) -> bool:
     return mode is CommitMode.ALWAYS
 
 
-def offsets_a_commit_would_skip(ranges: Iterable[OffsetRange],
-                                snapshots: Mapping[TopicPartition, PartitionSnapshot]) -> list[str]:
+def offsets_a_commit_would_skip(
+    ranges: Iterable[OffsetRange], snapshots: Mapping[TopicPartition, PartitionSnapshot]
+) -> list[str]:
     """Partitions whose range starts after the group's position (its committed offset, or the earliest
     one still in the log): committing the fence would mark the offsets in between as done unhandled."""
     problems = []
@@ -143,8 +156,10 @@ def offsets_a_commit_would_skip(ranges: Iterable[OffsetRange],
 def refuse_live_group(members: int | None, commit: bool, group: str) -> None:
     """A job that will commit must own the group: live members would handle the same keys concurrently."""
     if commit and members:
-        raise PlanError(f"group {group!r} has {members} active members: stop its consumers first (scale the "
-                        "OrderedConsumer to 0), or run with --commit never")
+        raise PlanError(
+            f"group {group!r} has {members} active members: stop its consumers first (scale the "
+            "OrderedConsumer to 0), or run with --commit never"
+        )
 
 
 @dataclass(frozen=True)
@@ -232,8 +247,9 @@ def audit(ranges: Iterable[OffsetRange], splits: Iterable[OffsetRange], summarie
     expected_splits: dict[TopicPartition, int] = {}
     for split in splits:
         expected_splits[(split.topic, split.partition)] = expected_splits.get((split.topic, split.partition), 0) + 1
-    by_partition = {(r.topic, r.partition): PartitionAudit(r, expected_splits.get((r.topic, r.partition), 0))
-                    for r in ranges}
+    by_partition = {
+        (r.topic, r.partition): PartitionAudit(r, expected_splits.get((r.topic, r.partition), 0)) for r in ranges
+    }
     result = Audit(partitions=[by_partition[tp] for tp in sorted(by_partition)])
     for summary in summaries:
         entry = by_partition.get((summary.topic, summary.partition))

@@ -36,8 +36,9 @@ class Position:
         if self.kind is PositionKind.TIMESTAMP:
             return f"timestamp {self.timestamp_ms} ms"
         if self.kind is PositionKind.OFFSETS:
-            return ", ".join(f"{topic}:{partition}={offset}"
-                             for (topic, partition), offset in sorted(self.offsets.items()))
+            return ", ".join(
+                f"{topic}:{partition}={offset}" for (topic, partition), offset in sorted(self.offsets.items())
+            )
         return self.kind.value
 
 
@@ -69,9 +70,10 @@ def parse_position(text: str, flag: str) -> Position:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise PositionError(f"{flag} {text!r}: expected committed, earliest, end, ms:<epoch ms>, an ISO 8601 "
-                            "time with a zone (2026-11-22T08:00:00Z) or topic:partition=offset,...") from None
+        raise PositionError(
+            f"{flag} {text!r}: expected committed, earliest, end, ms:<epoch ms>, an ISO 8601 "
+            "time with a zone (2026-11-22T08:00:00Z) or topic:partition=offset,..."
+        ) from None
     if moment.tzinfo is None:
-        raise PositionError(f"{flag} {text!r}: give a time zone (e.g. 2026-11-22T08:00:00Z) so the time is "
-                            "not guessed")
+        raise PositionError(f"{flag} {text!r}: give a time zone (e.g. 2026-11-22T08:00:00Z) so the time is not guessed")
     return Position(PositionKind.TIMESTAMP, timestamp_ms=int(moment.timestamp() * 1000))

@@ -26,25 +26,51 @@ ENFORCED_SPARK_SETTINGS = {
 class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     """Everything ``keyorder catchup`` needs; field docs become ``--help`` and the docs table."""
 
-    start: str = Field("committed", description="Where each partition's range starts: committed (the group's "
-                       "offsets, else earliest), earliest, ms:<epoch ms>, an ISO 8601 time with zone, or "
-                       "topic:partition=offset,...")
-    until: str = Field("end", description="The fence (excluded): end (the end offsets at planning), "
-                       "ms:<epoch ms>, an ISO 8601 time with zone, or topic:partition=offset,...")
-    commit: CommitMode = Field(CommitMode.AUTO, description="Commit the fence for the group after success: "
-                               "auto (only when --start is committed), always, or never.")
+    start: str = Field(
+        "committed",
+        description="Where each partition's range starts: committed (the group's "
+        "offsets, else earliest), earliest, ms:<epoch ms>, an ISO 8601 time with zone, or "
+        "topic:partition=offset,...",
+    )
+    until: str = Field(
+        "end",
+        description="The fence (excluded): end (the end offsets at planning), "
+        "ms:<epoch ms>, an ISO 8601 time with zone, or topic:partition=offset,...",
+    )
+    commit: CommitMode = Field(
+        CommitMode.AUTO,
+        description="Commit the fence for the group after success: "
+        "auto (only when --start is committed), always, or never.",
+    )
     master: str = Field("", description="Spark master; empty: the one spark-submit gives, else local[*].")
-    key_partitions: int = Field(0, ge=0, le=100_000, description="Spark partitions the keys are hashed into "
-                                "(tasks of the handler stage); 0: 4 per core Spark reports.")
-    task_workers: int = Field(16, ge=1, le=1024, description="Handler threads per Spark task: different keys "
-                              "run in parallel, each key's messages one after another (like a pod's key "
-                              "workers); raise it for I/O-bound handlers.")
-    split_offsets: int = Field(100_000, ge=1, description="Most offsets per input split: larger partition "
-                               "ranges are read as several splits in parallel.")
-    read_timeout: float = Field(120.0, gt=0, description="Seconds a split may go without records before "
-                                "its read fails.")
-    spark_conf: list[str] = Field(default_factory=list, description="Spark setting 'name=value' "
-                                  "(repeatable).", json_schema_extra={"repeatable": True})
+    key_partitions: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Spark partitions the keys are hashed into "
+        "(tasks of the handler stage); 0: 4 per core Spark reports.",
+    )
+    task_workers: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="Handler threads per Spark task: different keys "
+        "run in parallel, each key's messages one after another (like a pod's key "
+        "workers); raise it for I/O-bound handlers.",
+    )
+    split_offsets: int = Field(
+        100_000,
+        ge=1,
+        description="Most offsets per input split: larger partition ranges are read as several splits in parallel.",
+    )
+    read_timeout: float = Field(
+        120.0, gt=0, description="Seconds a split may go without records before its read fails."
+    )
+    spark_conf: list[str] = Field(
+        default_factory=list,
+        description="Spark setting 'name=value' (repeatable).",
+        json_schema_extra={"repeatable": True},
+    )
     report: Path | None = Field(None, description="Write the JSON report to this file.")
 
     @field_validator("start", "until")
@@ -66,8 +92,10 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     def _conf_pairs(cls, value: list[str]) -> list[str]:
         for item in name_values(value):
             if item.split("=", 1)[0].strip() in ENFORCED_SPARK_SETTINGS:
-                raise ValueError(f"{item.split('=', 1)[0].strip()} is fixed by keyorder catchup (speculative or "
-                                 "retried tasks would handle keys twice or concurrently)")
+                raise ValueError(
+                    f"{item.split('=', 1)[0].strip()} is fixed by keyorder catchup (speculative or "
+                    "retried tasks would handle keys twice or concurrently)"
+                )
         return value
 
     def start_position(self) -> Position:

@@ -73,8 +73,10 @@ class FlowControl:
     def partition_bound(self, partitions: int) -> Load:
         """Per-partition bounds with ``partitions`` assigned: the configured ones, capped at a fair share."""
         limits, share = self.limits, max(partitions, 1)
-        return Load(max(1, min(limits.max_inflight_per_partition, limits.max_inflight // share)),
-                    max(1, limits.max_uncommitted // share))
+        return Load(
+            max(1, min(limits.max_inflight_per_partition, limits.max_inflight // share)),
+            max(1, limits.max_uncommitted // share),
+        )
 
     def capacity(self, pod: Load) -> int:
         """How many more messages the pod may take in now."""

@@ -109,8 +109,7 @@ def decode(metadata: str | None, committed: int) -> set[int]:
                 cursor += length
             return done
         if kind == "b":
-            return {base + 1 + index for index in range(len(payload) * 8)
-                    if payload[index >> 3] >> (index & 7) & 1}
+            return {base + 1 + index for index in range(len(payload) * 8) if payload[index >> 3] >> (index & 7) & 1}
     except (ValueError, zlib.error):
         return set()
     return set()

@@ -53,7 +53,7 @@ class RetryPolicy:
         """Seconds to wait after the ``failed_attempts``-th consecutive failure (1-based)."""
         exponent = max(failed_attempts - 1, 0)
         try:
-            return min(self.max_backoff, self.initial_backoff * self.multiplier ** exponent)
+            return min(self.max_backoff, self.initial_backoff * self.multiplier**exponent)
         except OverflowError:
             return self.max_backoff
 

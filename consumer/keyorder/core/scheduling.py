@@ -23,8 +23,7 @@ class Delivery:
 
     __slots__ = ("attempts", "lane", "message", "partition", "pending_dead_letter", "received_at", "slot")
 
-    def __init__(self, message: Any, lane: Hashable | None, slot: int, partition: Any,
-                 received_at: float) -> None:
+    def __init__(self, message: Any, lane: Hashable | None, slot: int, partition: Any, received_at: float) -> None:
         self.message = message
         self.lane = lane
         self.slot = slot

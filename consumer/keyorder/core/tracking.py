@@ -34,8 +34,16 @@ class PartitionOffsets:
     completed; ``done`` is exactly the completed offsets still in ``pending``.
     """
 
-    __slots__ = ("_committed_received", "_done", "_pending", "_prior_done", "_sent", "last_received",
-                 "received_count", "start")
+    __slots__ = (
+        "_committed_received",
+        "_done",
+        "_pending",
+        "_prior_done",
+        "_sent",
+        "last_received",
+        "received_count",
+        "start",
+    )
 
     def __init__(self, start: int | None = None, prior_done: Iterable[int] = ()) -> None:
         """``start``: the committed offset consumption begins at (``None`` if unknown yet).

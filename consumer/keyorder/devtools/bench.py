@@ -74,14 +74,30 @@ def _sleep_runs(sync_widths, async_widths, unordered_width, partitions) -> list[
 
 
 PRESETS = {
-    "quick": Preset(messages=20_000, keys=10_000, partitions=4, latency_ms=10, run_seconds=4, memory_check=False,
-                    runs=(*_sleep_runs([64], [256], 0, 4), RunSpec("key W=16 no-op", "key", "noop", 16))),
-    "full": Preset(messages=200_000, keys=10_000, partitions=4, latency_ms=10, run_seconds=10, memory_check=True,
-                   runs=(*_sleep_runs([1, 4, 16, 64, 256], [64, 256, 1024], 256, 4),
-                         RunSpec("partition baseline no-op", "partition", "noop", 4),
-                         RunSpec("key W=16 no-op", "key", "noop", 16),
-                         RunSpec("partition baseline cpu", "partition", "cpu", 4),
-                         RunSpec("key W=4 cpu", "key", "cpu", 4))),
+    "quick": Preset(
+        messages=20_000,
+        keys=10_000,
+        partitions=4,
+        latency_ms=10,
+        run_seconds=4,
+        memory_check=False,
+        runs=(*_sleep_runs([64], [256], 0, 4), RunSpec("key W=16 no-op", "key", "noop", 16)),
+    ),
+    "full": Preset(
+        messages=200_000,
+        keys=10_000,
+        partitions=4,
+        latency_ms=10,
+        run_seconds=10,
+        memory_check=True,
+        runs=(
+            *_sleep_runs([1, 4, 16, 64, 256], [64, 256, 1024], 256, 4),
+            RunSpec("partition baseline no-op", "partition", "noop", 4),
+            RunSpec("key W=16 no-op", "key", "noop", 16),
+            RunSpec("partition baseline cpu", "partition", "cpu", 4),
+            RunSpec("key W=4 cpu", "key", "cpu", 4),
+        ),
+    ),
 }
 
 
@@ -103,17 +119,21 @@ class OrderCheck:
 
 def make_handler(kind: str, latency: float, check: OrderCheck):
     if kind == "sleep":
+
         def handler(message):
             time.sleep(latency)
             check.see(message.key, message.value)
     elif kind == "async-sleep":
+
         async def handler(message):
             await asyncio.sleep(latency)
             check.see(message.key, message.value)
     elif kind == "noop":
+
         def handler(message):
             check.see(message.key, message.value)
     elif kind == "cpu":
+
         def handler(message):
             total = 0
             for number in range(CPU_LOOP):
@@ -141,11 +161,18 @@ class Runner:
     def _pod(self, spec: RunSpec, handler, topic: str | None = None):
         from keyorder.pod import Pod
 
-        config = RunConfig(handler="keyorder.devtools.bench:unused", topics=[topic or self.topic],
-                           group_id=f"bench-{uuid.uuid4().hex}",
-                           bootstrap_servers=self.bootstrap, ordering=spec.mode, workers=spec.workers,
-                           max_workers=max(spec.workers, 4096), on_exhausted="block", shutdown_grace=0.5,
-                           kafka_property=FAST_GROUP_JOIN)
+        config = RunConfig(
+            handler="keyorder.devtools.bench:unused",
+            topics=[topic or self.topic],
+            group_id=f"bench-{uuid.uuid4().hex}",
+            bootstrap_servers=self.bootstrap,
+            ordering=spec.mode,
+            workers=spec.workers,
+            max_workers=max(spec.workers, 4096),
+            on_exhausted="block",
+            shutdown_grace=0.5,
+            kafka_property=FAST_GROUP_JOIN,
+        )
         return Pod(config, handler=handler, serve_http=False)
 
     def run(self, spec: RunSpec, label: str) -> RunResult:
@@ -181,13 +208,21 @@ class Runner:
         for stats in pod.pool.stats():
             buckets = [a + b for a, b in zip(buckets, stats.latency.buckets, strict=True)]
         p50, p99 = histogram_percentile(buckets, 0.5), histogram_percentile(buckets, 0.99)
-        return RunResult(name=spec.name, mode=spec.mode, handler=spec.handler, workers=spec.workers, messages=handled,
-                         seconds=round(seconds, 3), rate=handled / seconds if seconds else 0.0,
-                         cpu_us_per_message=cpu / handled * 1e6 if handled else 0.0,
-                         p50_ms=p50 * 1000 if p50 is not None else None,
-                         p99_ms=p99 * 1000 if p99 is not None else None,
-                         peak_rss_mb=round(peak_rss, 1), peak_inflight=peak_inflight,
-                         order_violations=len(check.violations))
+        return RunResult(
+            name=spec.name,
+            mode=spec.mode,
+            handler=spec.handler,
+            workers=spec.workers,
+            messages=handled,
+            seconds=round(seconds, 3),
+            rate=handled / seconds if seconds else 0.0,
+            cpu_us_per_message=cpu / handled * 1e6 if handled else 0.0,
+            p50_ms=p50 * 1000 if p50 is not None else None,
+            p99_ms=p99 * 1000 if p99 is not None else None,
+            peak_rss_mb=round(peak_rss, 1),
+            peak_inflight=peak_inflight,
+            order_violations=len(check.violations),
+        )
 
     def memory(self, topic: str) -> RunResult:
         """10,000 messages of 1 KB held in flight by a slow handler: the pod's peak RSS."""
@@ -206,9 +241,21 @@ class Runner:
             peak_rss = max(peak_rss, rss_mb())
         stop.set()
         thread.join(30)
-        return RunResult(name=spec.name, mode="key", handler="sleep-1s", workers=64, messages=0, seconds=0, rate=0,
-                         cpu_us_per_message=0, p50_ms=None, p99_ms=None, peak_rss_mb=round(peak_rss, 1),
-                         peak_inflight=peak_inflight, order_violations=len(check.violations))
+        return RunResult(
+            name=spec.name,
+            mode="key",
+            handler="sleep-1s",
+            workers=64,
+            messages=0,
+            seconds=0,
+            rate=0,
+            cpu_us_per_message=0,
+            p50_ms=None,
+            p99_ms=None,
+            peak_rss_mb=round(peak_rss, 1),
+            peak_inflight=peak_inflight,
+            order_violations=len(check.violations),
+        )
 
 
 def worst_commit_metadata_bytes(inflight: int = 10_000, seed: int = 1) -> int:
@@ -223,8 +270,12 @@ def worst_commit_metadata_bytes(inflight: int = 10_000, seed: int = 1) -> int:
 
 
 def machine() -> dict:
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine()}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
 
 
 def add_bench_flags(parser: argparse.ArgumentParser) -> None:
@@ -234,32 +285,58 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, help="partitions (default: preset, 4)")
     parser.add_argument("--latency-ms", type=float, help="simulated handler latency L (default: 10)")
     parser.add_argument("--run-seconds", type=float, help="longest measurement window per run")
-    parser.add_argument("--output-dir", type=Path, default=Path("bench-results"),
-                        help="where report.json, throughput.png and table.md go [default: bench-results]")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("bench-results"),
+        help="where report.json, throughput.png and table.md go [default: bench-results]",
+    )
 
 
 def bench_command(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
     preset = PRESETS["quick" if args.quick else "full"]
-    overrides = {name: getattr(args, name) for name in ("messages", "keys", "partitions", "latency_ms", "run_seconds")
-                 if getattr(args, name) is not None}
+    overrides = {
+        name: getattr(args, name)
+        for name in ("messages", "keys", "partitions", "latency_ms", "run_seconds")
+        if getattr(args, name) is not None
+    }
     preset = replace(preset, **overrides)
     if preset.partitions > min(spec.workers for spec in preset.runs if spec.mode == "partition"):
-        preset = replace(preset, runs=tuple(replace(spec, workers=preset.partitions) if spec.mode == "partition"
-                                            else spec for spec in preset.runs))
+        preset = replace(
+            preset,
+            runs=tuple(
+                replace(spec, workers=preset.partitions) if spec.mode == "partition" else spec for spec in preset.runs
+            ),
+        )
     progress = Progress()
-    report = BenchReport(machine=machine(), parameters={
-        "preset": "quick" if args.quick else "full", "messages": preset.messages, "keys": preset.keys,
-        "partitions": preset.partitions, "latency_ms": preset.latency_ms, "run_seconds": preset.run_seconds,
-        "command": "keyorder bench" + (" --quick" if args.quick else "")})
+    report = BenchReport(
+        machine=machine(),
+        parameters={
+            "preset": "quick" if args.quick else "full",
+            "messages": preset.messages,
+            "keys": preset.keys,
+            "partitions": preset.partitions,
+            "latency_ms": preset.latency_ms,
+            "run_seconds": preset.run_seconds,
+            "command": "keyorder bench" + (" --quick" if args.quick else ""),
+        },
+    )
     report.commit_metadata_bytes = worst_commit_metadata_bytes()
-    print(f"keyorder bench: {preset.messages:,} messages, {preset.keys:,} keys, {preset.partitions} partitions, "
-          f"L = {preset.latency_ms:g} ms, {len(preset.runs)} runs")
+    print(
+        f"keyorder bench: {preset.messages:,} messages, {preset.keys:,} keys, {preset.partitions} partitions, "
+        f"L = {preset.latency_ms:g} ms, {len(preset.runs)} runs"
+    )
     with EmbeddedBroker() as broker:
         topic = "bench"
         create_topics(broker.bootstrap, [topic], preset.partitions)
-        produce_keyed(broker.bootstrap, topic, preset.messages, preset.keys,
-                      progress=lambda n: progress.show(f"preloading {n:,}/{preset.messages:,}"))
+        produce_keyed(
+            broker.bootstrap,
+            topic,
+            preset.messages,
+            preset.keys,
+            progress=lambda n: progress.show(f"preloading {n:,}/{preset.messages:,}"),
+        )
         progress.done()
         runner = Runner(broker.bootstrap, topic, preset, progress)
         if preset.memory_check:
@@ -281,8 +358,10 @@ def bench_command(args: argparse.Namespace) -> int:
     image = plot(report, args.output_dir / "throughput.png")
     print()
     print(markdown_table(report.runs))
-    print(f"commit metadata, 10,000 in flight above a stuck offset, random half done: "
-          f"{report.commit_metadata_bytes} bytes")
+    print(
+        f"commit metadata, 10,000 in flight above a stuck offset, random half done: "
+        f"{report.commit_metadata_bytes} bytes"
+    )
     for name, outcome in report.targets.items():
         print(f"  {'PASS' if outcome['ok'] else 'MISS'}  {name}: {outcome['detail']}")
     print(f"report: {args.output_dir / 'report.json'}" + (f", plot: {image}" if image else " (no matplotlib: no plot)"))
@@ -298,35 +377,55 @@ def evaluate_targets(report: BenchReport, quick: bool) -> dict:
     runs = {run.name: run for run in report.runs}
     targets: dict[str, dict] = {}
     violations = sum(run.order_violations for run in report.runs if run.mode != "unordered")
-    targets["zero per-key order violations (ordered modes)"] = {"ok": violations == 0, "required": True,
-                                                                "detail": f"{violations} violations"}
+    targets["zero per-key order violations (ordered modes)"] = {
+        "ok": violations == 0,
+        "required": True,
+        "detail": f"{violations} violations",
+    }
     key64, baseline = runs.get("key W=64"), runs.get("partition baseline")
     if key64 and baseline:
         ratio = key64.rate / baseline.rate if baseline.rate else float("inf")
         targets["key W=64 > 4x partition baseline (smoke floor)"] = {
-            "ok": ratio > 4, "required": True, "detail": f"{ratio:.1f}x"}
-        targets["key W=64 >= 12x partition baseline"] = {"ok": ratio >= 12, "required": False,
-                                                          "detail": f"{ratio:.1f}x"}
+            "ok": ratio > 4,
+            "required": True,
+            "detail": f"{ratio:.1f}x",
+        }
+        targets["key W=64 >= 12x partition baseline"] = {
+            "ok": ratio >= 12,
+            "required": False,
+            "detail": f"{ratio:.1f}x",
+        }
         if key64.ratio_to_ideal is not None:
             targets["key W=64 >= 0.8 x ideal and >= 5,000 msg/s"] = {
-                "ok": key64.ratio_to_ideal >= 0.8 and key64.rate >= 5_000, "required": False,
-                "detail": f"{key64.ratio_to_ideal:.2f} x ideal, {key64.rate:,.0f} msg/s"}
+                "ok": key64.ratio_to_ideal >= 0.8 and key64.rate >= 5_000,
+                "required": False,
+                "detail": f"{key64.ratio_to_ideal:.2f} x ideal, {key64.rate:,.0f} msg/s",
+            }
     if "key async W=1024" in runs:
         rate = runs["key async W=1024"].rate
-        targets["async W=1024 >= 20,000 msg/s"] = {"ok": rate >= 20_000, "required": False,
-                                                   "detail": f"{rate:,.0f} msg/s"}
+        targets["async W=1024 >= 20,000 msg/s"] = {
+            "ok": rate >= 20_000,
+            "required": False,
+            "detail": f"{rate:,.0f} msg/s",
+        }
     if "key W=16 no-op" in runs:
         noop = runs["key W=16 no-op"]
         targets["no-op >= 50,000 msg/s (<= 20 us CPU/msg)"] = {
-            "ok": noop.rate >= 50_000, "required": False,
-            "detail": f"{noop.rate:,.0f} msg/s, {noop.cpu_us_per_message:.1f} us CPU/msg"}
+            "ok": noop.rate >= 50_000,
+            "required": False,
+            "detail": f"{noop.rate:,.0f} msg/s, {noop.cpu_us_per_message:.1f} us CPU/msg",
+        }
     memory = runs.get("memory: 10,000 x 1 KB in flight")
     if memory:
         targets["peak RSS <= 250 MB with 10,000 x 1 KB in flight"] = {
-            "ok": memory.peak_rss_mb <= 250, "required": False,
-            "detail": f"{memory.peak_rss_mb:.0f} MB at {memory.peak_inflight:,} in flight"}
+            "ok": memory.peak_rss_mb <= 250,
+            "required": False,
+            "detail": f"{memory.peak_rss_mb:.0f} MB at {memory.peak_inflight:,} in flight",
+        }
     if report.commit_metadata_bytes is not None:
         targets["commit metadata <= 4 KB (10,000 in flight, stuck first offset, random half done)"] = {
-            "ok": report.commit_metadata_bytes <= 4096, "required": True,
-            "detail": f"{report.commit_metadata_bytes} bytes"}
+            "ok": report.commit_metadata_bytes <= 4096,
+            "required": True,
+            "detail": f"{report.commit_metadata_bytes} bytes",
+        }
     return targets

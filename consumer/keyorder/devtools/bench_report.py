@@ -95,17 +95,22 @@ def fill_ratios(runs: list[RunResult], active_keys: int, latency: float) -> None
 
 
 def markdown_table(runs: Sequence[RunResult]) -> str:
-    rows = ["| run | handler | W | msg/s | x baseline | x ideal | p50 ms | p99 ms | CPU µs/msg | peak RSS MB "
-            "| order violations |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| run | handler | W | msg/s | x baseline | x ideal | p50 ms | p99 ms | CPU µs/msg | peak RSS MB "
+        "| order violations |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
 
     def number(value: float | None, digits: int = 1) -> str:
         return "-" if value is None else f"{value:,.{digits}f}"
 
     for run in runs:
-        rows.append(f"| {run.name} | {run.handler} | {run.workers} | {run.rate:,.0f} | "
-                    f"{number(run.ratio_to_baseline)} | {number(run.ratio_to_ideal, 2)} | {number(run.p50_ms)} | "
-                    f"{number(run.p99_ms)} | {run.cpu_us_per_message:.1f} | {run.peak_rss_mb:.0f} | "
-                    f"{run.order_violations} |")
+        rows.append(
+            f"| {run.name} | {run.handler} | {run.workers} | {run.rate:,.0f} | "
+            f"{number(run.ratio_to_baseline)} | {number(run.ratio_to_ideal, 2)} | {number(run.p50_ms)} | "
+            f"{number(run.p99_ms)} | {run.cpu_us_per_message:.1f} | {run.peak_rss_mb:.0f} | "
+            f"{run.order_violations} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -124,28 +129,48 @@ def plot(report: BenchReport, path: Path) -> Path | None:
     if not sleep_runs:
         return None
     figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
-    for handler, label, marker in (("sleep", "key mode, thread workers", "o"),
-                                   ("async-sleep", "key mode, asyncio workers", "s")):
+    for handler, label, marker in (
+        ("sleep", "key mode, thread workers", "o"),
+        ("async-sleep", "key mode, asyncio workers", "s"),
+    ):
         points = sorted((run.workers, run.rate) for run in sleep_runs if run.mode == "key" and run.handler == handler)
         if points:
             axes.plot(*zip(*points, strict=True), marker=marker, label=label)
     widths = sorted({run.workers for run in sleep_runs} | {1})
-    axes.plot(widths, [ideal_rate(w, keys, latency) for w in widths], linestyle=":", color="grey",
-              label=f"ideal min(W, {keys:,} keys) / {latency * 1000:g} ms")
+    axes.plot(
+        widths,
+        [ideal_rate(w, keys, latency) for w in widths],
+        linestyle=":",
+        color="grey",
+        label=f"ideal min(W, {keys:,} keys) / {latency * 1000:g} ms",
+    )
     for run in sleep_runs:
         if run.mode == "partition":
-            axes.axhline(run.rate, color="red", linestyle="--",
-                         label=f"partition-ordered baseline ({run.workers} workers): {run.rate:,.0f} msg/s")
+            axes.axhline(
+                run.rate,
+                color="red",
+                linestyle="--",
+                label=f"partition-ordered baseline ({run.workers} workers): {run.rate:,.0f} msg/s",
+            )
         elif run.mode == "unordered":
-            axes.scatter([run.workers], [run.rate], marker="*", s=150, color="black", zorder=5,
-                         label=f"unordered (no ordering), W={run.workers}")
+            axes.scatter(
+                [run.workers],
+                [run.rate],
+                marker="*",
+                s=150,
+                color="black",
+                zorder=5,
+                label=f"unordered (no ordering), W={run.workers}",
+            )
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
     axes.set_xlabel("key workers per pod (W)")
     axes.set_ylabel("messages / second")
     parameters = report.parameters
-    axes.set_title(f"keyorder: one pod, {parameters['partitions']} partitions, {keys:,} keys, "
-                   f"handler latency {latency * 1000:g} ms")
+    axes.set_title(
+        f"keyorder: one pod, {parameters['partitions']} partitions, {keys:,} keys, "
+        f"handler latency {latency * 1000:g} ms"
+    )
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8, loc="upper left")
     figure.tight_layout()

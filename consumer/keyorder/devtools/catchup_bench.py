@@ -65,10 +65,16 @@ class CatchupBenchReport:
     def crossover(self, profile: str) -> dict:
         """The backlog above which the fastest Spark setting beats the pod, start-up included."""
         pod = next(m for m in self.measurements if m.profile == profile and m.runner.startswith("pod"))
-        best = max((m for m in self.measurements if m.profile == profile and m.runner.startswith("spark")),
-                   key=lambda m: m.rate)
-        result = {"pod_rate": round(pod.rate, 1), "spark_runner": best.runner, "spark_rate": round(best.rate, 1),
-                  "speedup": round(best.rate / pod.rate, 2) if pod.rate else None}
+        best = max(
+            (m for m in self.measurements if m.profile == profile and m.runner.startswith("spark")),
+            key=lambda m: m.rate,
+        )
+        result = {
+            "pod_rate": round(pod.rate, 1),
+            "spark_runner": best.runner,
+            "spark_rate": round(best.rate, 1),
+            "speedup": round(best.rate / pod.rate, 2) if pod.rate else None,
+        }
         if best.rate > pod.rate > 0:
             result["crossover_messages"] = round(crossover_messages(self.spark_startup_seconds, pod.rate, best.rate))
         else:
@@ -77,9 +83,15 @@ class CatchupBenchReport:
 
     def to_json(self) -> str:
         profiles = sorted({m.profile for m in self.measurements})
-        return json.dumps({"parameters": self.parameters, "spark_startup_seconds": round(self.spark_startup_seconds, 2),
-                           "measurements": [{**asdict(m), "rate": round(m.rate, 1)} for m in self.measurements],
-                           "crossover": {profile: self.crossover(profile) for profile in profiles}}, indent=2)
+        return json.dumps(
+            {
+                "parameters": self.parameters,
+                "spark_startup_seconds": round(self.spark_startup_seconds, 2),
+                "measurements": [{**asdict(m), "rate": round(m.rate, 1)} for m in self.measurements],
+                "crossover": {profile: self.crossover(profile) for profile in profiles},
+            },
+            indent=2,
+        )
 
 
 def crossover_messages(startup_seconds: float, pod_rate: float, spark_rate: float) -> float:
@@ -99,9 +111,16 @@ def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, 
     from keyorder.devtools.bench import OrderCheck
     from keyorder.pod import Pod
 
-    config = RunConfig(handler=profile.handler, topics=[topic], group_id=f"bench-pod-{uuid.uuid4().hex[:8]}",
-                       bootstrap_servers=bootstrap, workers=profile.pod_workers, on_exhausted="block",
-                       shutdown_grace=0.5, kafka_property=FAST_GROUP_JOIN)
+    config = RunConfig(
+        handler=profile.handler,
+        topics=[topic],
+        group_id=f"bench-pod-{uuid.uuid4().hex[:8]}",
+        bootstrap_servers=bootstrap,
+        workers=profile.pod_workers,
+        on_exhausted="block",
+        shutdown_grace=0.5,
+        kafka_property=FAST_GROUP_JOIN,
+    )
     handler, check = load_handler(profile.handler).function, OrderCheck()
 
     def checked(message) -> None:  # the same handler, plus the per-key sequence check of `keyorder bench`
@@ -122,23 +141,37 @@ def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, 
     while handled() < messages and time.monotonic() - started < 600:
         time.sleep(0.05)
         done = handled()
-        progress.show(f"pod W={profile.pod_workers} {short(profile.handler)}: {done:,}/{messages:,}, "
-                      f"{(done - first) / max(time.monotonic() - started, 1e-9):,.0f} msg/s")
+        progress.show(
+            f"pod W={profile.pod_workers} {short(profile.handler)}: {done:,}/{messages:,}, "
+            f"{(done - first) / max(time.monotonic() - started, 1e-9):,.0f} msg/s"
+        )
     seconds = time.monotonic() - started
     done = handled()  # the few handled before the first sample are counted, a bias of at most 10 ms
     stop.set()
     thread.join(30)
     progress.done()
-    return Measurement(short(profile.handler), f"pod W={profile.pod_workers}", done, round(seconds, 3),
-                       violations=len(check.violations))
+    return Measurement(
+        short(profile.handler),
+        f"pod W={profile.pod_workers}",
+        done,
+        round(seconds, 3),
+        violations=len(check.violations),
+    )
 
 
 def bench_config(bootstrap: str, topic: str, profile: Profile, master: str):
     """The settings of one measured catch-up run (a fresh group, nothing committed)."""
     from keyorder.catchup.settings import CatchupConfig
 
-    return CatchupConfig(bootstrap_servers=bootstrap, topics=[topic], group_id=f"bench-spark-{uuid.uuid4().hex[:8]}",
-                         handler=profile.handler, master=master, commit="never", split_offsets=10_000)
+    return CatchupConfig(
+        bootstrap_servers=bootstrap,
+        topics=[topic],
+        group_id=f"bench-spark-{uuid.uuid4().hex[:8]}",
+        handler=profile.handler,
+        master=master,
+        commit="never",
+        split_offsets=10_000,
+    )
 
 
 def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master: str) -> Measurement:
@@ -155,8 +188,13 @@ def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master
     if not outcome.ok:
         raise RuntimeError(f"catch-up run failed: {outcome.error or outcome.audit.problems}")
     report = outcome.report()
-    return Measurement(short(profile.handler), f"spark {master}", report["processed"], round(seconds, 3),
-                       violations=report["violations"])
+    return Measurement(
+        short(profile.handler),
+        f"spark {master}",
+        report["processed"],
+        round(seconds, 3),
+        violations=report["violations"],
+    )
 
 
 def spark_session(config) -> tuple[object, float]:
@@ -180,15 +218,20 @@ def plot(report: CatchupBenchReport, path: Path) -> Path | None:
     figure, axes = plt.subplots(1, len(profiles), figsize=(5 * len(profiles), 3.6))
     for axis, profile in zip(axes if len(profiles) > 1 else [axes], profiles, strict=True):
         rows = [m for m in report.measurements if m.profile == profile]
-        axis.barh([m.runner for m in rows], [m.rate for m in rows],
-                  color=["#888888" if m.runner.startswith("pod") else "#e25a1c" for m in rows])
+        axis.barh(
+            [m.runner for m in rows],
+            [m.rate for m in rows],
+            color=["#888888" if m.runner.startswith("pod") else "#e25a1c" for m in rows],
+        )
         axis.set_title(f"{profile} handler: msg/s (higher is better)")
         axis.invert_yaxis()
         for index, m in enumerate(rows):
             axis.text(m.rate, index, f" {m.rate:,.0f}", va="center")
         axis.set_xlim(0, max(m.rate for m in rows) * 1.3)
-    figure.suptitle(f"catch-up on Spark vs one keyorder pod, same handler; Spark start-up "
-                    f"{report.spark_startup_seconds:.0f} s", fontsize=10)
+    figure.suptitle(
+        f"catch-up on Spark vs one keyorder pod, same handler; Spark start-up {report.spark_startup_seconds:.0f} s",
+        fontsize=10,
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -200,8 +243,12 @@ def add_catchup_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--messages", type=int, help="backlog size [default: 40000; --quick 6000]")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys [default: 10000]")
     parser.add_argument("--partitions", type=int, default=4, help="partitions [default: 4]")
-    parser.add_argument("--output-dir", type=Path, default=Path("bench-results/catchup"),
-                        help="where report.json and catchup.png go [default: bench-results/catchup]")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("bench-results/catchup"),
+        help="where report.json and catchup.png go [default: bench-results/catchup]",
+    )
 
 
 def catchup_bench_command(args: argparse.Namespace) -> int:
@@ -209,8 +256,15 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
     messages = args.messages or (6_000 if args.quick else 40_000)
     progress = Progress()
     command = "keyorder catchup-bench" + (" --quick" if args.quick else "")
-    report = CatchupBenchReport(parameters={"messages": messages, "keys": args.keys, "partitions": args.partitions,
-                                            "cpus": os.cpu_count(), "command": command})
+    report = CatchupBenchReport(
+        parameters={
+            "messages": messages,
+            "keys": args.keys,
+            "partitions": args.partitions,
+            "cpus": os.cpu_count(),
+            "command": command,
+        }
+    )
     print(f"keyorder catchup-bench: {messages:,} messages, {args.keys:,} keys, {args.partitions} partitions")
     from keyorder.catchup.job import stop_spark
 
@@ -218,8 +272,14 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
     with EmbeddedBroker() as broker:
         topic = "catchup-bench"
         create_topics(broker.bootstrap, [topic, f"{topic}.dlq"], args.partitions)
-        produce_keyed(broker.bootstrap, topic, messages, args.keys, extra_config=EXACT_END_OFFSETS,
-                      progress=lambda n: progress.show(f"preloading {n:,}/{messages:,}"))
+        produce_keyed(
+            broker.bootstrap,
+            topic,
+            messages,
+            args.keys,
+            extra_config=EXACT_END_OFFSETS,
+            progress=lambda n: progress.show(f"preloading {n:,}/{messages:,}"),
+        )
         warm_up_topic = "catchup-bench-warm-up"
         create_topics(broker.bootstrap, [warm_up_topic, f"{warm_up_topic}.dlq"], args.partitions)
         produce_keyed(broker.bootstrap, warm_up_topic, WARM_UP_MESSAGES, args.keys, extra_config=EXACT_END_OFFSETS)
@@ -235,9 +295,11 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
                     report.measurements.append(drain_with_spark(spark, broker.bootstrap, topic, profile, master))
                 finally:
                     stop_spark(spark)
-            for m in report.measurements[-1 - len(masters):]:
-                print(f"  {m.profile:<4} {m.runner:<16} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s, "
-                      f"violations {m.violations})")
+            for m in report.measurements[-1 - len(masters) :]:
+                print(
+                    f"  {m.profile:<4} {m.runner:<16} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s, "
+                    f"violations {m.violations})"
+                )
     report.spark_startup_seconds = sum(startups) / len(startups)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "report.json").write_text(report.to_json() + "\n")
@@ -245,10 +307,15 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
     print(f"Spark session start-up: {report.spark_startup_seconds:.1f} s")
     for profile in sorted({m.profile for m in report.measurements}):
         found = report.crossover(profile)
-        where = (f"catch-up pays off above ~{found['crossover_messages']:,} messages" if found["crossover_messages"]
-                 else "Spark on this machine is not faster than the pod: no crossover here")
-        print(f"  {profile}: pod {found['pod_rate']:,.0f} msg/s, best Spark ({found['spark_runner']}) "
-              f"{found['spark_rate']:,.0f} msg/s = {found['speedup']}x; {where}")
+        where = (
+            f"catch-up pays off above ~{found['crossover_messages']:,} messages"
+            if found["crossover_messages"]
+            else "Spark on this machine is not faster than the pod: no crossover here"
+        )
+        print(
+            f"  {profile}: pod {found['pod_rate']:,.0f} msg/s, best Spark ({found['spark_runner']}) "
+            f"{found['spark_rate']:,.0f} msg/s = {found['speedup']}x; {where}"
+        )
     print(f"report: {args.output_dir / 'report.json'}" + (f", plot: {image}" if image else ""))
     violations = sum(m.violations for m in report.measurements)
     return 1 if violations else 0

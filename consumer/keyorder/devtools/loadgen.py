@@ -20,8 +20,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeout: float = 30.0) -> None:
     """Create topics (idempotent: an existing topic is fine)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)
-                                   for name in topics], request_timeout=timeout)
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in topics], request_timeout=timeout
+    )
     for name, future in futures.items():
         try:
             future.result(timeout=timeout)
@@ -48,14 +49,23 @@ class ProducedLog:
         return sum(self.sequences.values())
 
 
-def produce_keyed(bootstrap: str, topic: str, messages: int, keys: int, value_bytes: int = 0,
-                  seed: int = 7, start_sequences: dict[str, int] | None = None,
-                  progress: Callable[[int], None] | None = None,
-                  extra_config: dict | None = None) -> ProducedLog:
+def produce_keyed(
+    bootstrap: str,
+    topic: str,
+    messages: int,
+    keys: int,
+    value_bytes: int = 0,
+    seed: int = 7,
+    start_sequences: dict[str, int] | None = None,
+    progress: Callable[[int], None] | None = None,
+    extra_config: dict | None = None,
+) -> ProducedLog:
     """Write ``messages`` JSON records over ``keys`` random keys; sequence numbers continue from
     ``start_sequences``. Waits for every acknowledgement and fails loudly on any delivery error."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
-                         **(extra_config or {})}, logger=logging.getLogger("keyorder.librdkafka"))
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, **(extra_config or {})},
+        logger=logging.getLogger("keyorder.librdkafka"),
+    )
     rng = random.Random(seed)
     sequences = dict(start_sequences or {})
     produced = ProducedLog(sequences=sequences)
@@ -110,8 +120,10 @@ class OrderStream:
 
     def __init__(self, bootstrap: str, topic: str, seed: int = 7, in_progress: int = 2_000) -> None:
         # one record per batch: the embedded broker then reports exact end offsets (lag) to the admin API
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "enable.idempotence": True,
-                                  "batch.num.messages": 1}, logger=logging.getLogger("keyorder.librdkafka"))
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 2, "enable.idempotence": True, "batch.num.messages": 1},
+            logger=logging.getLogger("keyorder.librdkafka"),
+        )
         self.topic = topic
         self.rng = random.Random(seed)
         self.in_progress = in_progress
@@ -139,8 +151,9 @@ class OrderStream:
             value = {"order": order, "seq": sequence, "status": ORDER_STATUSES[sequence]}
             while True:
                 try:
-                    self.producer.produce(self.topic, key=order.encode(), value=json.dumps(value).encode(),
-                                          on_delivery=self._delivered)
+                    self.producer.produce(
+                        self.topic, key=order.encode(), value=json.dumps(value).encode(), on_delivery=self._delivered
+                    )
                     break
                 except BufferError:
                     self.producer.poll(0.05)
@@ -157,5 +170,7 @@ class OrderStream:
         while self.producer.flush(1.0) and time.monotonic() < deadline:
             pass
         if len(self.producer) or self.errors:
-            raise RuntimeError(f"order events not acknowledged: {len(self.producer)} pending, "
-                               f"{len(self.errors)} failed {self.errors[:1]}")
+            raise RuntimeError(
+                f"order events not acknowledged: {len(self.producer)} pending, "
+                f"{len(self.errors)} failed {self.errors[:1]}"
+            )

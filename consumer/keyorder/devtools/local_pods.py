@@ -52,11 +52,21 @@ class LocalPods:
         port = free_port()
         self._started += 1
         log_path = self.workdir / f"{self.name}-{self._started}.log"
-        environment = {**os.environ, **self.settings, "KEYORDER_HTTP_PORT": str(port),
-                       "KEYORDER_HTTP_HOST": "127.0.0.1", "KEYORDER_ADMIN_TOKEN_FILE": str(self.token_file)}
+        environment = {
+            **os.environ,
+            **self.settings,
+            "KEYORDER_HTTP_PORT": str(port),
+            "KEYORDER_HTTP_HOST": "127.0.0.1",
+            "KEYORDER_ADMIN_TOKEN_FILE": str(self.token_file),
+        }
         with log_path.open("w") as log_file:
-            process = subprocess.Popen([sys.executable, "-m", "keyorder.cli", "run"], env=environment,
-                                       stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "keyorder.cli", "run"],
+                env=environment,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         return LocalPod(process, port, log_path)
 
     def scale(self, replicas: int) -> None:
@@ -89,8 +99,9 @@ class LocalPods:
         return [f"127.0.0.1:{pod.port}" for pod in ready]
 
     def crashed(self) -> list[str]:
-        return [f"{pod.log_path.name}: exit {pod.process.returncode}" for pod in self.pods
-                if pod.process.poll() is not None]
+        return [
+            f"{pod.log_path.name}: exit {pod.process.returncode}" for pod in self.pods if pod.process.poll() is not None
+        ]
 
     def stop_all(self) -> None:
         for pod in self.pods:
