@@ -6,8 +6,14 @@ data once per run — the partition-ordered baseline (one worker per partition: 
 orderly or a plain Kafka consumer gives), key mode at several W (thread and asyncio workers), and
 unordered — each with a fresh consumer group. Every run counts per-key order violations.
 
+Uniform traffic over many keys flatters a scheduler, so four scenarios follow, each on its own
+preloaded topic: few keys (fewer active keys than a wide pool), a live resize under backlog, one
+hot key, and the raw ceiling (a plain confluent-kafka loop, no keyorder) the no-op run is put
+against. They check per-key order too.
+
 Figures compared in the report come from one invocation, as ratios, because shared machines are
-noisy. Results: a JSON report, a PNG plot of throughput against W, and a Markdown table.
+noisy. Results: a JSON report, PNG plots (throughput against W; throughput over time around the
+resize), and Markdown tables.
 """
 
 from __future__ import annotations
@@ -21,21 +27,31 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from keyorder.config import RunConfig
 from keyorder.core import offset_metadata
 from keyorder.devtools.bench_report import (
     BenchReport,
+    FewKeysResult,
+    HotKeyResult,
+    RawCeilingResult,
+    ResizeResult,
     RunResult,
     fill_ratios,
     histogram_percentile,
+    ideal_rate,
     markdown_table,
     plot,
+    plot_resize,
+    resize_figures,
+    scenarios_table,
 )
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
-from keyorder.devtools.loadgen import create_topics, produce_keyed
+from keyorder.devtools.loadgen import ProducedLog, create_topics, key_name, produce_keyed
 from keyorder.logs import configure_logging
 from keyorder.progress import Progress
 
@@ -43,6 +59,18 @@ CPU_LOOP = 2_000
 STEADY_STATE_FRACTION = 0.9
 """A run's window ends at 90% of the backlog (or ``run_seconds``): the last keys to drain sit on the
 busiest workers, and that tail says nothing about steady-state throughput."""
+
+Handler = Callable[[Any], Any]
+
+FEW_KEYS, FEW_KEYS_WORKERS = 200, 64
+RESIZE_KEYS, RESIZE_FROM, RESIZE_TO = 200, 4, 32
+RESIZE_WINDOW = 0.5
+"""Seconds of the trailing window the resize throughput is sampled over (every ``RESIZE_SAMPLE``)."""
+RESIZE_SAMPLE = 0.1
+RESIZE_TARGET_FRACTION, RESIZE_TARGET_SECONDS = 0.8, 3.0
+HOT_KEY_SHARE, HOT_KEY_OTHERS, HOT_KEY_WORKERS = 0.4, 1_000, 32
+NOOP_RUN = "key W=16 no-op"
+"""The run put against the raw confluent-kafka ceiling."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +82,20 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
+class ScenarioSizes:
+    """Backlogs and windows of the scenarios; each backlog outlasts its measurement at the ideal rate."""
+
+    few_keys_messages: int
+    resize_messages: int
+    resize_before_seconds: float
+    """Steady throughput measured at W=4 before the resize."""
+    resize_after_seconds: float
+    hot_key_messages: int
+    hot_key_timeout: float
+    """Longest wait for the non-hot keys to finish, from the first handler call."""
+
+
+@dataclass(frozen=True)
 class Preset:
     messages: int
     keys: int
@@ -62,6 +104,7 @@ class Preset:
     run_seconds: float
     runs: tuple[RunSpec, ...]
     memory_check: bool
+    scenarios: ScenarioSizes
 
 
 def _sleep_runs(sync_widths, async_widths, unordered_width, partitions) -> list[RunSpec]:
@@ -81,7 +124,15 @@ PRESETS = {
         latency_ms=10,
         run_seconds=4,
         memory_check=False,
-        runs=(*_sleep_runs([64], [256], 0, 4), RunSpec("key W=16 no-op", "key", "noop", 16)),
+        runs=(*_sleep_runs([64], [256], 0, 4), RunSpec(NOOP_RUN, "key", "noop", 16)),
+        scenarios=ScenarioSizes(
+            few_keys_messages=6_000,
+            resize_messages=20_000,
+            resize_before_seconds=2,
+            resize_after_seconds=5,
+            hot_key_messages=6_000,
+            hot_key_timeout=25,
+        ),
     ),
     "full": Preset(
         messages=200_000,
@@ -93,9 +144,17 @@ PRESETS = {
         runs=(
             *_sleep_runs([1, 4, 16, 64, 256], [64, 256, 1024], 256, 4),
             RunSpec("partition baseline no-op", "partition", "noop", 4),
-            RunSpec("key W=16 no-op", "key", "noop", 16),
+            RunSpec(NOOP_RUN, "key", "noop", 16),
             RunSpec("partition baseline cpu", "partition", "cpu", 4),
             RunSpec("key W=4 cpu", "key", "cpu", 4),
+        ),
+        scenarios=ScenarioSizes(
+            few_keys_messages=20_000,
+            resize_messages=40_000,
+            resize_before_seconds=4,
+            resize_after_seconds=8,
+            hot_key_messages=20_000,
+            hot_key_timeout=90,
         ),
     ),
 }
@@ -117,31 +176,72 @@ class OrderCheck:
         self.next_sequence[key] = sequence + 1
 
 
-def make_handler(kind: str, latency: float, check: OrderCheck):
-    if kind == "sleep":
+def make_handler(kind: str, latency: float, check: OrderCheck) -> Handler:
+    """The simulated handler of a run: IO-bound (``sleep``, ``async-sleep``), free, or CPU-bound;
+    each checks per-key order after its work."""
 
-        def handler(message):
-            time.sleep(latency)
-            check.see(message.key, message.value)
-    elif kind == "async-sleep":
+    def sleep_handler(message: Any) -> None:
+        time.sleep(latency)
+        check.see(message.key, message.value)
 
-        async def handler(message):
-            await asyncio.sleep(latency)
-            check.see(message.key, message.value)
-    elif kind == "noop":
+    async def async_sleep_handler(message: Any) -> None:
+        await asyncio.sleep(latency)
+        check.see(message.key, message.value)
 
-        def handler(message):
-            check.see(message.key, message.value)
-    elif kind == "cpu":
+    def noop_handler(message: Any) -> None:
+        check.see(message.key, message.value)
 
-        def handler(message):
-            total = 0
-            for number in range(CPU_LOOP):
-                total += number * number
-            check.see(message.key, message.value)
-    else:
+    def cpu_handler(message: Any) -> None:
+        total = 0
+        for number in range(CPU_LOOP):
+            total += number * number
+        check.see(message.key, message.value)
+
+    handlers: dict[str, Handler] = {
+        "sleep": sleep_handler,
+        "async-sleep": async_sleep_handler,
+        "noop": noop_handler,
+        "cpu": cpu_handler,
+    }
+    if kind not in handlers:
         raise ValueError(f"unknown handler kind {kind!r}")
-    return handler
+    return handlers[kind]
+
+
+class HotKeyWatch:
+    """The hot-key scenario's handler: sleeps L and checks order like ``sleep``, and notes when the
+    first call started and when the last message of every key but the hot one finished.
+
+    A key is finished once its next expected sequence equals its preloaded count; the counter of
+    unfinished keys is shared by all workers, so it is updated under a lock (once per key)."""
+
+    def __init__(self, latency: float, expected: dict[bytes, int], hot: bytes) -> None:
+        self.latency, self.expected, self.hot = latency, expected, hot
+        self.check = OrderCheck()
+        self.unfinished_others = sum(1 for key in expected if key != hot)
+        self.hot_handled = 0
+        """Only ever touched by the one worker running the hot key at a time."""
+        self.first_started: float | None = None
+        self.others_finished: float | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, message: Any) -> None:
+        if self.first_started is None:
+            started = time.monotonic()
+            with self._lock:
+                if self.first_started is None:
+                    self.first_started = started
+        time.sleep(self.latency)
+        key = message.key
+        self.check.see(key, message.value)
+        if key == self.hot:
+            self.hot_handled += 1
+        elif self.check.next_sequence[key] == self.expected.get(key):
+            finished = time.monotonic()
+            with self._lock:
+                self.unfinished_others -= 1
+                if self.unfinished_others == 0:
+                    self.others_finished = finished
 
 
 def rss_mb() -> float:
@@ -158,7 +258,7 @@ class Runner:
     def __init__(self, bootstrap: str, topic: str, preset: Preset, progress: Progress) -> None:
         self.bootstrap, self.topic, self.preset, self.progress = bootstrap, topic, preset, progress
 
-    def _pod(self, spec: RunSpec, handler, topic: str | None = None):
+    def _pod(self, spec: RunSpec, handler: Handler, topic: str | None = None) -> Any:
         from keyorder.pod import Pod
 
         config = RunConfig(
@@ -175,20 +275,34 @@ class Runner:
         )
         return Pod(config, handler=handler, serve_http=False)
 
-    def run(self, spec: RunSpec, label: str) -> RunResult:
+    @property
+    def latency(self) -> float:
+        return self.preset.latency_ms / 1000.0
+
+    @staticmethod
+    def _processed(pod: Any) -> int:
+        return sum(stats.processed for stats in pod.pool.stats())
+
+    def _await_first(self, pod: Any, text: str) -> None:
+        """Wait (up to a minute) for the pod's first handled message: the group join is not measured."""
+        deadline = time.monotonic() + 60
+        while self._processed(pod) == 0 and time.monotonic() < deadline:
+            self.progress.show(f"{text}: joining the group")
+            time.sleep(0.02)
+
+    def run(self, spec: RunSpec, label: str, topic: str | None = None, messages: int | None = None) -> RunResult:
+        """One pod over ``topic`` (default: the main one) holding ``messages`` (default: the preset's)."""
         preset = self.preset
+        messages = messages or preset.messages
         check = OrderCheck()
-        pod = self._pod(spec, make_handler(spec.handler, preset.latency_ms / 1000.0, check))
+        pod = self._pod(spec, make_handler(spec.handler, self.latency, check), topic=topic)
         stop = threading.Event()
         thread = pod.start_in_thread(stop)
 
         def processed() -> int:
-            return sum(stats.processed for stats in pod.pool.stats())
+            return self._processed(pod)
 
-        deadline = time.monotonic() + 60
-        while processed() == 0 and time.monotonic() < deadline:
-            self.progress.show(f"{label} {spec.name}: joining the group")
-            time.sleep(0.02)
+        self._await_first(pod, f"{label} {spec.name}")
         started, cpu_started, first = time.monotonic(), time.process_time(), processed()
         peak_rss, peak_inflight = rss_mb(), 0
         while True:
@@ -198,7 +312,7 @@ class Runner:
             elapsed = now - started
             rate = (done - first) / max(elapsed, 1e-9)
             self.progress.show(f"{label} {spec.name}: {done:,} handled, {rate:,.0f} msg/s")
-            if done >= STEADY_STATE_FRACTION * preset.messages or elapsed >= preset.run_seconds:
+            if done >= STEADY_STATE_FRACTION * messages or elapsed >= preset.run_seconds:
                 break
         seconds, cpu = time.monotonic() - started, time.process_time() - cpu_started
         handled = processed() - first
@@ -257,6 +371,170 @@ class Runner:
             order_violations=len(check.violations),
         )
 
+    # -- scenarios ---------------------------------------------------------------------------------
+    def few_keys(self, topic: str, messages: int, label: str) -> FewKeysResult:
+        """200 keys on 64 workers: every key is always ready, so the ideal is min(W, 200) / L."""
+        spec = RunSpec(f"few keys: {FEW_KEYS} keys, W={FEW_KEYS_WORKERS}", "key", "sleep", FEW_KEYS_WORKERS)
+        run = self.run(spec, label, topic=topic, messages=messages)
+        run.ideal_rate = ideal_rate(FEW_KEYS_WORKERS, FEW_KEYS, self.latency)
+        run.ratio_to_ideal = run.rate / run.ideal_rate if run.ideal_rate else None
+        return FewKeysResult(keys=FEW_KEYS, run=run)
+
+    def resize(self, topic: str, messages: int, label: str) -> ResizeResult:
+        """W=4 under a backlog over 200 keys, then ``request_resize(32)`` (what ``PUT /admin/workers``
+        calls): handled counts are sampled every 0.1 s before and after, for the windowed rates."""
+        sizes = self.preset.scenarios
+        check = OrderCheck()
+        spec = RunSpec("live resize", "key", "sleep", RESIZE_FROM)
+        pod = self._pod(spec, make_handler("sleep", self.latency, check), topic=topic)
+        stop = threading.Event()
+        thread = pod.start_in_thread(stop)
+        name = f"{label} live resize W={RESIZE_FROM} -> {RESIZE_TO}"
+        self._await_first(pod, name)
+        times, counts = [time.monotonic()], [self._processed(pod)]
+        resize_at: float | None = None
+        end = times[0] + sizes.resize_before_seconds + sizes.resize_after_seconds
+        exhausted = False
+        while times[-1] < end:
+            time.sleep(RESIZE_SAMPLE)
+            times.append(time.monotonic())
+            counts.append(self._processed(pod))
+            if resize_at is None and times[-1] - times[0] >= sizes.resize_before_seconds:
+                pod.runtime.request_resize(RESIZE_TO)
+                resize_at = time.monotonic()
+            phase = f"W={RESIZE_FROM}" if resize_at is None else f"{times[-1] - resize_at:.1f} s after resize"
+            self.progress.show(f"{name}: {counts[-1]:,}/{messages:,} handled, {phase}")
+            if counts[-1] >= STEADY_STATE_FRACTION * messages:
+                exhausted = True
+                break
+        stop.set()
+        thread.join(30)
+        ideal_before = ideal_rate(RESIZE_FROM, RESIZE_KEYS, self.latency)
+        ideal_after = ideal_rate(RESIZE_TO, RESIZE_KEYS, self.latency)
+        if resize_at is None:  # the backlog ran out before the resize: nothing to say about it
+            resize_at = times[-1]
+        threshold = RESIZE_TARGET_FRACTION * ideal_after if ideal_after else float("inf")
+        rate_before, reached, rate_after, series = resize_figures(
+            times, counts, resize_at, threshold, RESIZE_WINDOW, RESIZE_TARGET_SECONDS
+        )
+        return ResizeResult(
+            keys=RESIZE_KEYS,
+            workers_before=RESIZE_FROM,
+            workers_after=RESIZE_TO,
+            rate_before=rate_before,
+            ideal_before=ideal_before,
+            seconds_to_target=None if reached is None else round(reached, 2),
+            target_fraction=RESIZE_TARGET_FRACTION,
+            rate_after=rate_after,
+            ideal_after=ideal_after,
+            settle_seconds=RESIZE_TARGET_SECONDS,
+            window_seconds=RESIZE_WINDOW,
+            backlog_exhausted=exhausted,
+            order_violations=len(check.violations),
+            series_seconds=[round(seconds, 3) for seconds, _ in series],
+            series_rates=[round(rate, 1) for _, rate in series],
+        )
+
+    def hot_key(self, topic: str, produced: ProducedLog, label: str) -> HotKeyResult:
+        """W=32 while one key holds 40% of the backlog: the others should finish as if W-1 workers
+        were theirs alone, i.e. in (their messages) x L / (W - 1)."""
+        sizes = self.preset.scenarios
+        hot = key_name(0).encode()
+        expected = {key.encode(): count for key, count in produced.sequences.items()}
+        watch = HotKeyWatch(self.latency, expected, hot)
+        spec = RunSpec("hot key", "key", "sleep", HOT_KEY_WORKERS)
+        pod = self._pod(spec, watch, topic=topic)
+        stop = threading.Event()
+        thread = pod.start_in_thread(stop)
+        name = f"{label} hot key"
+        self._await_first(pod, name)
+        other_keys = sum(1 for key in expected if key != hot)
+        other_messages = produced.total - expected.get(hot, 0)
+        waiting = time.monotonic()
+        while watch.others_finished is None:
+            time.sleep(0.05)
+            started = watch.first_started if watch.first_started is not None else waiting
+            if time.monotonic() - started >= sizes.hot_key_timeout:
+                break
+            self.progress.show(
+                f"{name}: {other_keys - watch.unfinished_others:,}/{other_keys:,} other keys done, "
+                f"hot key {watch.hot_handled:,}/{expected.get(hot, 0):,}"
+            )
+        hot_handled = watch.hot_handled
+        stop.set()
+        thread.join(30)
+        seconds = None
+        if watch.others_finished is not None and watch.first_started is not None:
+            seconds = watch.others_finished - watch.first_started
+        ideal = other_messages * self.latency / (HOT_KEY_WORKERS - 1) if self.latency > 0 else None
+        return HotKeyResult(
+            workers=HOT_KEY_WORKERS,
+            hot_share=HOT_KEY_SHARE,
+            hot_messages=expected.get(hot, 0),
+            hot_handled=hot_handled,
+            other_keys=other_keys,
+            other_messages=other_messages,
+            others_seconds=None if seconds is None else round(seconds, 3),
+            others_ideal_seconds=None if ideal is None else round(ideal, 3),
+            ratio_to_ideal=seconds / ideal if seconds is not None and ideal else None,
+            timeout_seconds=sizes.hot_key_timeout,
+            order_violations=len(watch.check.violations),
+        )
+
+    def raw_ceiling(self, label: str) -> RawCeilingResult:
+        """A plain confluent-kafka loop over the main topic with a fresh group: ``consume(1000)``,
+        ``json.loads`` and the order check per message — the no-op handler's work, no keyorder.
+        Measured like a run: from the first batch to 90% of the backlog (or ``run_seconds``)."""
+        from confluent_kafka import Consumer, KafkaException
+
+        properties = dict(setting.split("=", 1) for setting in FAST_GROUP_JOIN)
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"bench-raw-{uuid.uuid4().hex}",
+                "auto.offset.reset": "earliest",
+                **properties,
+            }
+        )
+        check = OrderCheck()
+        target = STEADY_STATE_FRACTION * self.preset.messages
+        name = f"{label} raw confluent-kafka loop"
+        consumer.subscribe([self.topic])
+        try:
+            deadline = time.monotonic() + 60
+            started: float | None = None
+            handled = 0
+            while handled < target:
+                batch = consumer.consume(num_messages=1000, timeout=0.5)
+                if started is None:
+                    if not batch:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("the raw consumer received nothing within 60 s")
+                        self.progress.show(f"{name}: joining the group")
+                        continue
+                    started = time.monotonic()
+                for message in batch:
+                    if message.error():
+                        raise KafkaException(message.error())
+                    key, value = message.key(), message.value()
+                    if key is None or value is None:
+                        raise RuntimeError(f"a bench message without key or value at offset {message.offset()}")
+                    check.see(key, value)
+                handled += len(batch)
+                elapsed = time.monotonic() - started
+                self.progress.show(f"{name}: {handled:,} handled, {handled / max(elapsed, 1e-9):,.0f} msg/s")
+                if elapsed >= self.preset.run_seconds:
+                    break
+            seconds = time.monotonic() - started if started is not None else 0.0
+        finally:
+            consumer.close()
+        return RawCeilingResult(
+            messages=handled,
+            seconds=round(seconds, 3),
+            rate=handled / seconds if seconds else 0.0,
+            order_violations=len(check.violations),
+        )
+
 
 def worst_commit_metadata_bytes(inflight: int = 10_000, seed: int = 1) -> int:
     """Commit metadata size with ``inflight`` offsets above a stuck first one, of which a random
@@ -289,7 +567,7 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
         "--output-dir",
         type=Path,
         default=Path("bench-results"),
-        help="where report.json, throughput.png and table.md go [default: bench-results]",
+        help="where report.json, throughput.png, resize.png and table.md go [default: bench-results]",
     )
 
 
@@ -325,7 +603,7 @@ def bench_command(args: argparse.Namespace) -> int:
     report.commit_metadata_bytes = worst_commit_metadata_bytes()
     print(
         f"keyorder bench: {preset.messages:,} messages, {preset.keys:,} keys, {preset.partitions} partitions, "
-        f"L = {preset.latency_ms:g} ms, {len(preset.runs)} runs"
+        f"L = {preset.latency_ms:g} ms, {len(preset.runs)} runs + 4 scenarios"
     )
     with EmbeddedBroker() as broker:
         topic = "bench"
@@ -349,22 +627,33 @@ def bench_command(args: argparse.Namespace) -> int:
             report.runs.append(result)
             progress.done()
             print(f"  {spec.name:<28} {result.rate:>10,.0f} msg/s   violations {result.order_violations}")
+        run_scenarios(broker.bootstrap, runner, report, progress)
     measured = [run for run in report.runs if run.messages]
     fill_ratios(measured, preset.keys, preset.latency_ms / 1000.0)
+    raw, noop = report.scenarios.raw_ceiling, next((run for run in report.runs if run.name == NOOP_RUN), None)
+    if raw is not None and noop is not None and raw.rate:
+        raw.compared_run, raw.compared_fraction = noop.name, noop.rate / raw.rate
     report.targets = evaluate_targets(report, quick=args.quick)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "report.json").write_text(report.to_json())
-    (args.output_dir / "table.md").write_text(markdown_table(report.runs))
+    tables = markdown_table(report.runs) + "\n" + scenarios_table(report.scenarios)
+    (args.output_dir / "table.md").write_text(tables)
     image = plot(report, args.output_dir / "throughput.png")
+    resize_image = None
+    if report.scenarios.resize is not None:
+        resize_image = plot_resize(report.scenarios.resize, args.output_dir / "resize.png")
     print()
-    print(markdown_table(report.runs))
+    print(tables)
     print(
         f"commit metadata, 10,000 in flight above a stuck offset, random half done: "
         f"{report.commit_metadata_bytes} bytes"
     )
     for name, outcome in report.targets.items():
         print(f"  {'PASS' if outcome['ok'] else 'MISS'}  {name}: {outcome['detail']}")
-    print(f"report: {args.output_dir / 'report.json'}" + (f", plot: {image}" if image else " (no matplotlib: no plot)"))
+    plots = ", ".join(str(path) for path in (image, resize_image) if path)
+    print(
+        f"report: {args.output_dir / 'report.json'}" + (f", plots: {plots}" if plots else " (no matplotlib: no plot)")
+    )
     failed = [name for name, outcome in report.targets.items() if outcome["required"] and not outcome["ok"]]
     if failed:
         print(f"keyorder bench: FAILED {', '.join(failed)}", file=sys.stderr)
@@ -372,15 +661,68 @@ def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_scenarios(bootstrap: str, runner: Runner, report: BenchReport, progress: Progress) -> None:
+    """The raw ceiling over the main topic, then few keys, live resize and hot key, each on a topic
+    of its own preloaded just before it (so no producer competes with a measurement)."""
+    preset, sizes = runner.preset, runner.preset.scenarios
+    scenarios = report.scenarios
+
+    def preload(topic: str, messages: int, keys: int, hot_key_share: float = 0.0) -> ProducedLog:
+        create_topics(bootstrap, [topic], preset.partitions)
+        produced = produce_keyed(
+            bootstrap,
+            topic,
+            messages,
+            keys,
+            hot_key_share=hot_key_share,
+            progress=lambda n: progress.show(f"preloading {topic}: {n:,}/{messages:,}"),
+        )
+        progress.done()
+        return produced
+
+    raw = scenarios.raw_ceiling = runner.raw_ceiling("[scenario 1/4]")
+    progress.done()
+    print(f"  {'raw confluent-kafka loop':<28} {raw.rate:>10,.0f} msg/s   violations {raw.order_violations}")
+
+    preload("bench-few-keys", sizes.few_keys_messages, FEW_KEYS)
+    few = scenarios.few_keys = runner.few_keys("bench-few-keys", sizes.few_keys_messages, "[scenario 2/4]")
+    progress.done()
+    print(
+        f"  {few.run.name:<28} {few.run.rate:>10,.0f} msg/s   "
+        f"{few.run.ratio_to_ideal or 0:.2f} x ideal   violations {few.run.order_violations}"
+    )
+
+    preload("bench-resize", sizes.resize_messages, RESIZE_KEYS)
+    resize = scenarios.resize = runner.resize("bench-resize", sizes.resize_messages, "[scenario 3/4]")
+    progress.done()
+    reached = "never" if resize.seconds_to_target is None else f"{resize.seconds_to_target:.1f} s"
+    print(
+        f"  {f'live resize {RESIZE_FROM} -> {RESIZE_TO}':<28} {resize.rate_before:>10,.0f} msg/s before, "
+        f"{resize.rate_after or 0:,.0f} after; {RESIZE_TARGET_FRACTION:g} x new ideal: {reached}   "
+        f"violations {resize.order_violations}"
+    )
+
+    hot_produced = preload("bench-hot-key", sizes.hot_key_messages, HOT_KEY_OTHERS + 1, HOT_KEY_SHARE)
+    hot = scenarios.hot_key = runner.hot_key("bench-hot-key", hot_produced, "[scenario 4/4]")
+    progress.done()
+    finished = "not done" if hot.others_seconds is None else f"done in {hot.others_seconds:.2f} s"
+    print(
+        f"  {'hot key':<28} others {finished} (ideal {hot.others_ideal_seconds or 0:.2f} s)   "
+        f"violations {hot.order_violations}"
+    )
+
+
 def evaluate_targets(report: BenchReport, quick: bool) -> dict:
     """The issue's targets. Correctness is always required; the quick preset's smoke floor too."""
     runs = {run.name: run for run in report.runs}
     targets: dict[str, dict] = {}
-    violations = sum(run.order_violations for run in report.runs if run.mode != "unordered")
-    targets["zero per-key order violations (ordered modes)"] = {
+    in_runs = sum(run.order_violations for run in report.runs if run.mode != "unordered")
+    scenarios = report.scenarios
+    violations = in_runs + scenarios.order_violations
+    targets["zero per-key order violations (ordered modes and scenarios)"] = {
         "ok": violations == 0,
         "required": True,
-        "detail": f"{violations} violations",
+        "detail": f"{violations} violations ({in_runs} in runs, {scenarios.order_violations} in scenarios)",
     }
     key64, baseline = runs.get("key W=64"), runs.get("partition baseline")
     if key64 and baseline:
@@ -408,12 +750,55 @@ def evaluate_targets(report: BenchReport, quick: bool) -> dict:
             "required": False,
             "detail": f"{rate:,.0f} msg/s",
         }
-    if "key W=16 no-op" in runs:
-        noop = runs["key W=16 no-op"]
+    if NOOP_RUN in runs:
+        noop = runs[NOOP_RUN]
         targets["no-op >= 50,000 msg/s (<= 20 us CPU/msg)"] = {
             "ok": noop.rate >= 50_000,
             "required": False,
             "detail": f"{noop.rate:,.0f} msg/s, {noop.cpu_us_per_message:.1f} us CPU/msg",
+        }
+    few = scenarios.few_keys.run if scenarios.few_keys else None
+    if few is not None and few.ratio_to_ideal is not None:
+        targets[f"few keys ({FEW_KEYS} keys, W={FEW_KEYS_WORKERS}) >= 0.85 x ideal"] = {
+            "ok": few.ratio_to_ideal >= 0.85,
+            "required": False,
+            "detail": f"{few.ratio_to_ideal:.2f} x ideal ({few.rate:,.0f} of {few.ideal_rate:,.0f} msg/s)",
+        }
+    resize = scenarios.resize
+    if resize is not None:
+        reached = resize.seconds_to_target
+        name = (
+            f"live resize W={RESIZE_FROM} -> {RESIZE_TO} under backlog: "
+            f">= {RESIZE_TARGET_FRACTION:g} x new ideal within {RESIZE_TARGET_SECONDS:g} s"
+        )
+        targets[name] = {
+            "ok": reached is not None and reached <= RESIZE_TARGET_SECONDS,
+            "required": False,
+            "detail": (
+                f"{'not reached' if reached is None else f'reached after {reached:.1f} s'}; "
+                f"{resize.rate_before:,.0f} msg/s before, "
+                f"{'-' if resize.rate_after is None else f'{resize.rate_after:,.0f}'} msg/s after "
+                f"(ideals {resize.ideal_before or 0:,.0f} -> {resize.ideal_after or 0:,.0f})"
+            ),
+        }
+    hot = scenarios.hot_key
+    if hot is not None:
+        hot_ratio = hot.ratio_to_ideal
+        targets[f"hot key ({hot.hot_share:.0%} on one key): the others finish within 1.5 x their ideal"] = {
+            "ok": hot_ratio is not None and hot_ratio <= 1.5,
+            "required": False,
+            "detail": (
+                f"not all done within {hot.timeout_seconds:g} s (ideal {hot.others_ideal_seconds or 0:.2f} s)"
+                if hot_ratio is None
+                else f"{hot_ratio:.2f} x ideal ({hot.others_seconds:.2f} s vs {hot.others_ideal_seconds or 0:.2f} s)"
+            ),
+        }
+    raw = scenarios.raw_ceiling
+    if raw is not None and raw.compared_fraction is not None:
+        targets[f"{raw.compared_run} >= 0.3 x a raw confluent-kafka loop"] = {
+            "ok": raw.compared_fraction >= 0.3,
+            "required": False,
+            "detail": f"{raw.compared_fraction:.2f} x ({raw.rate:,.0f} msg/s raw)",
         }
     memory = runs.get("memory: 10,000 x 1 KB in flight")
     if memory:

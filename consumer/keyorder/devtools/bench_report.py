@@ -39,12 +39,109 @@ class RunResult:
 
 
 @dataclass
+class FewKeysResult:
+    """Fewer active keys than a wide pool could use: does throughput reach min(W, keys) / L?"""
+
+    keys: int
+    run: RunResult
+    """The run, with ``ideal_rate`` and ``ratio_to_ideal`` taken against ``keys``, not the preset's."""
+
+
+@dataclass
+class ResizeResult:
+    """A live resize under a backlog: how quickly the new workers turn into throughput."""
+
+    keys: int
+    workers_before: int
+    workers_after: int
+    rate_before: float
+    ideal_before: float | None
+    seconds_to_target: float | None
+    """Seconds from the resize until a trailing window reached the target share of the new ideal
+    (``None``: not within the measurement)."""
+    target_fraction: float
+    rate_after: float | None
+    """Mean rate from ``settle_seconds`` after the resize to the end (``None``: too short to say)."""
+    ideal_after: float | None
+    settle_seconds: float
+    window_seconds: float
+    backlog_exhausted: bool
+    """The measurement ended because the backlog ran low: ``rate_after`` then understates."""
+    order_violations: int
+    series_seconds: list[float] = field(default_factory=list)
+    """Sample times, seconds relative to the resize."""
+    series_rates: list[float] = field(default_factory=list)
+    """Throughput over the trailing ``window_seconds`` at each sample time."""
+
+
+@dataclass
+class HotKeyResult:
+    """One key carries a large share: do the other keys still finish as if it were not there?"""
+
+    workers: int
+    hot_share: float
+    hot_messages: int
+    hot_handled: int
+    """Hot-key messages handled by the time the others finished (or the timeout)."""
+    other_keys: int
+    other_messages: int
+    others_seconds: float | None
+    """From the first handler call to the last non-hot message finished (``None``: timed out)."""
+    others_ideal_seconds: float | None
+    """other messages x L / (W - 1): one worker is the hot key's, the rest share the others."""
+    ratio_to_ideal: float | None
+    timeout_seconds: float
+    order_violations: int
+
+
+@dataclass
+class RawCeilingResult:
+    """A plain confluent-kafka consume loop (json.loads per message, no keyorder) on the same data."""
+
+    messages: int
+    seconds: float
+    rate: float
+    order_violations: int
+    compared_run: str | None = None
+    """The keyorder run put against this ceiling (the no-op run)."""
+    compared_fraction: float | None = None
+    """That run's rate as a fraction of this one's."""
+
+
+@dataclass
+class Scenarios:
+    """Shapes of traffic the uniform many-key runs do not cover; each measured in the same invocation."""
+
+    few_keys: FewKeysResult | None = None
+    resize: ResizeResult | None = None
+    hot_key: HotKeyResult | None = None
+    raw_ceiling: RawCeilingResult | None = None
+
+    @property
+    def order_violations(self) -> int:
+        found = (self.few_keys.run if self.few_keys else None, self.resize, self.hot_key, self.raw_ceiling)
+        return sum(result.order_violations for result in found if result is not None)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Scenarios:
+        few_keys = data.get("few_keys")
+        resize, hot_key, raw = data.get("resize"), data.get("hot_key"), data.get("raw_ceiling")
+        return cls(
+            few_keys=FewKeysResult(keys=few_keys["keys"], run=RunResult(**few_keys["run"])) if few_keys else None,
+            resize=ResizeResult(**resize) if resize else None,
+            hot_key=HotKeyResult(**hot_key) if hot_key else None,
+            raw_ceiling=RawCeilingResult(**raw) if raw else None,
+        )
+
+
+@dataclass
 class BenchReport:
     machine: dict
     parameters: dict
     runs: list[RunResult] = field(default_factory=list)
     commit_metadata_bytes: int | None = None
     targets: dict = field(default_factory=dict)
+    scenarios: Scenarios = field(default_factory=Scenarios)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -53,7 +150,8 @@ class BenchReport:
     def from_json(cls, text: str) -> BenchReport:
         data = json.loads(text)
         runs = [RunResult(**run) for run in data.pop("runs")]
-        return cls(runs=runs, **data)
+        scenarios = Scenarios.from_dict(data.pop("scenarios", None) or {})  # reports from before scenarios
+        return cls(runs=runs, scenarios=scenarios, **data)
 
 
 def ideal_rate(workers: int, active_keys: int, latency: float) -> float | None:
@@ -94,6 +192,45 @@ def fill_ratios(runs: list[RunResult], active_keys: int, latency: float) -> None
             run.ratio_to_baseline = run.rate / baseline.rate
 
 
+def trailing_rates(times: Sequence[float], counts: Sequence[int], window: float) -> list[tuple[float, float]]:
+    """(time, msg/s over the trailing ``window``) at every sample that has a full window behind it.
+
+    ``counts`` are cumulative handled counts sampled at ``times`` (ascending)."""
+    rates = []
+    start = 0
+    slack = 1e-9  # so that sample times 0.1 apart make whole windows despite float rounding
+    for index, now in enumerate(times):
+        if now - times[0] < window - slack:
+            continue
+        while times[start + 1] <= now - window + slack:
+            start += 1
+        rates.append((now, (counts[index] - counts[start]) / (now - times[start])))
+    return rates
+
+
+def resize_figures(
+    times: Sequence[float],
+    counts: Sequence[int],
+    resize_at: float,
+    threshold: float,
+    window: float,
+    settle: float,
+) -> tuple[float, float | None, float | None, list[tuple[float, float]]]:
+    """Rate before the resize, seconds until a trailing window reached ``threshold`` msg/s, rate
+    from ``settle`` seconds after the resize to the end, and the windowed series (times relative to
+    the resize). Samples start at the first handled message; the last one before ``resize_at``
+    closes the before-window."""
+    before = max(index for index, now in enumerate(times) if now <= resize_at)
+    rate_before = (counts[before] - counts[0]) / (times[before] - times[0]) if before else 0.0
+    series = [(now - resize_at, rate) for now, rate in trailing_rates(times, counts, window)]
+    reached = next((now for now, rate in series if now > 0 and rate >= threshold), None)
+    settled = next((index for index, now in enumerate(times) if now >= resize_at + settle), None)
+    rate_after = None
+    if settled is not None and times[-1] > times[settled]:
+        rate_after = (counts[-1] - counts[settled]) / (times[-1] - times[settled])
+    return rate_before, reached, rate_after, series
+
+
 def markdown_table(runs: Sequence[RunResult]) -> str:
     rows = [
         "| run | handler | W | msg/s | x baseline | x ideal | p50 ms | p99 ms | CPU µs/msg | peak RSS MB "
@@ -112,6 +249,118 @@ def markdown_table(runs: Sequence[RunResult]) -> str:
             f"{run.order_violations} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def scenarios_table(scenarios: Scenarios) -> str:
+    """One row per scenario that ran: what was measured, against what ideal, and the target."""
+    rows = [
+        "| scenario | W | measured | ideal | ratio | target | order violations |",
+        "|---|---|---|---|---|---|---:|",
+    ]
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.0f} msg/s"
+
+    def times(value: float | None, digits: int = 2) -> str:
+        return "-" if value is None else f"{value:.{digits}f} x"
+
+    few = scenarios.few_keys
+    if few is not None:
+        run = few.run
+        rows.append(
+            f"| few keys: {few.keys:,} keys | {run.workers} | {rate(run.rate)} | {rate(run.ideal_rate)} "
+            f"| {times(run.ratio_to_ideal)} ideal | >= 0.85 x ideal | {run.order_violations} |"
+        )
+    resize = scenarios.resize
+    if resize is not None:
+        reached = "never" if resize.seconds_to_target is None else f"after {resize.seconds_to_target:.1f} s"
+        after_ratio = (
+            resize.rate_after / resize.ideal_after if resize.rate_after is not None and resize.ideal_after else None
+        )
+        before_ratio = resize.rate_before / resize.ideal_before if resize.ideal_before else None
+        rows.append(
+            f"| live resize under backlog: {resize.keys:,} keys | {resize.workers_before} -> {resize.workers_after} "
+            f"| before {rate(resize.rate_before)}; {resize.target_fraction:g} x new ideal {reached}; "
+            f"after {rate(resize.rate_after)}{' (backlog ran low)' if resize.backlog_exhausted else ''} "
+            f"| {rate(resize.ideal_before)} -> {rate(resize.ideal_after)} "
+            f"| before {times(before_ratio)}, after {times(after_ratio)} ideal "
+            f"| {resize.target_fraction:g} x new ideal within 3 s | {resize.order_violations} |"
+        )
+    hot = scenarios.hot_key
+    if hot is not None:
+        finished = (
+            f"others done in {hot.others_seconds:.2f} s"
+            if hot.others_seconds is not None
+            else f"others not done within {hot.timeout_seconds:g} s"
+        )
+        ideal = "-" if hot.others_ideal_seconds is None else f"{hot.others_ideal_seconds:.2f} s"
+        rows.append(
+            f"| hot key: {hot.hot_share:.0%} on one key, {hot.other_keys:,} others | {hot.workers} "
+            f"| {finished} ({hot.other_messages:,} messages; hot key {hot.hot_handled:,}/{hot.hot_messages:,}) "
+            f"| {ideal} | {times(hot.ratio_to_ideal)} ideal | <= 1.5 x ideal | {hot.order_violations} |"
+        )
+    raw = scenarios.raw_ceiling
+    if raw is not None:
+        compared = "-" if raw.compared_fraction is None else f"{raw.compared_run}: {raw.compared_fraction:.2f} x raw"
+        rows.append(
+            f"| raw ceiling: plain confluent-kafka loop | - | {rate(raw.rate)} | - | {compared} | >= 0.3 x raw "
+            f"| {raw.order_violations} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def plot_resize(result: ResizeResult, path: Path) -> Path | None:
+    """Throughput over time around a live resize, with the old and new ideals and the target drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    if not result.series_seconds:
+        return None
+    figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
+    axes.plot(
+        result.series_seconds,
+        result.series_rates,
+        color="tab:blue",
+        label=f"throughput (trailing {result.window_seconds:g} s window)",
+    )
+    axes.axvline(0, color="black", linestyle="-", label=f"resize W={result.workers_before} -> {result.workers_after}")
+    if result.ideal_before:
+        axes.axhline(
+            result.ideal_before,
+            color="grey",
+            linestyle=":",
+            label=f"ideal at W={result.workers_before}: {result.ideal_before:,.0f} msg/s",
+        )
+    if result.ideal_after:
+        axes.axhline(
+            result.ideal_after,
+            color="green",
+            linestyle=":",
+            label=f"ideal at W={result.workers_after}: {result.ideal_after:,.0f} msg/s",
+        )
+        axes.axhline(
+            result.target_fraction * result.ideal_after,
+            color="green",
+            linestyle="--",
+            alpha=0.5,
+            label=f"target: {result.target_fraction:g} x new ideal within {result.settle_seconds:g} s",
+        )
+    if result.seconds_to_target is not None:
+        axes.axvline(result.seconds_to_target, color="green", alpha=0.4, linestyle="-.")
+    axes.set_xlabel("seconds since the resize")
+    axes.set_ylabel("messages / second")
+    axes.set_ylim(0, 1.15 * max([*result.series_rates, result.ideal_after or 0.0]))
+    axes.set_title(f"keyorder: live resize under backlog, {result.keys:,} keys")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path
 
 
 def plot(report: BenchReport, path: Path) -> Path | None:
@@ -137,13 +386,14 @@ def plot(report: BenchReport, path: Path) -> Path | None:
         if points:
             axes.plot(*zip(*points, strict=True), marker=marker, label=label)
     widths = sorted({run.workers for run in sleep_runs} | {1})
-    axes.plot(
-        widths,
-        [ideal_rate(w, keys, latency) for w in widths],
-        linestyle=":",
-        color="grey",
-        label=f"ideal min(W, {keys:,} keys) / {latency * 1000:g} ms",
-    )
+    ideals = [(w, ideal) for w in widths if (ideal := ideal_rate(w, keys, latency)) is not None]
+    if ideals:  # none for L = 0
+        axes.plot(
+            *zip(*ideals, strict=True),
+            linestyle=":",
+            color="grey",
+            label=f"ideal min(W, {keys:,} keys) / {latency * 1000:g} ms",
+        )
     for run in sleep_runs:
         if run.mode == "partition":
             axes.axhline(
