@@ -97,7 +97,7 @@ COMMANDS: dict[str, Subcommand] = {
 def resolve(path: str) -> Callable[..., Any]:
     """Import ``module:function`` and return the function."""
     module, _, function = path.partition(":")
-    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), function)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

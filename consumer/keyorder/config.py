@@ -251,7 +251,10 @@ def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) 
             else ""
         )
         help_text = f"{field.description}{shown} (env {env_name(name)})".replace("%", "%%")
-        if (field.json_schema_extra or {}).get("repeatable"):
+        extra = field.json_schema_extra or {}
+        if callable(extra):
+            raise TypeError(f"{model.__name__}.{name}: json_schema_extra must be a dict, not a callable")
+        if extra.get("repeatable"):
             parser.add_argument(flag_name(name), dest=name, action="append", metavar="NAME=VALUE", help=help_text)
         else:
             parser.add_argument(flag_name(name), dest=name, metavar=name.upper(), help=help_text)

@@ -274,7 +274,7 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     for setting, value in sorted(settings.items()):
         args += ["--spark-conf", f"{setting}={value}"]
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
-    env = _env_list(_handler_env(spec), spec)
+    env: list[dict[str, Any]] = [*_env_list(_handler_env(spec), spec)]  # plus valueFrom entries below
     if catchup.master.startswith("k8s://"):  # $(POD_IP) in the args above
         env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     container = {

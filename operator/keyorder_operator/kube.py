@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import base64
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kubernetes
 from kubernetes.client.rest import ApiException
+
+if TYPE_CHECKING:
+    from kubernetes.client import V1ObjectMeta, V1Pod
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,12 @@ def _secret_value(secret: Any, namespace: str, name: str, key: str) -> str:
     if secret.string_data and key in secret.string_data:
         return secret.string_data[key]
     raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
+
+
+def _pod_metadata(pod: V1Pod) -> V1ObjectMeta:
+    if pod.metadata is None:  # the API server always sets it on a listed pod
+        raise ValueError("the Kubernetes API returned a pod without metadata")
+    return pod.metadata
 
 
 class Kube:
@@ -111,7 +120,8 @@ class Kube:
         except ApiException as error:
             if error.status != 404:
                 raise
-            self.core.create_namespaced_secret(namespace, desired)
+            # The stub names the model type; validate_call also takes the manifest dict and validates it into one.
+            self.core.create_namespaced_secret(namespace, desired)  # type: ignore[arg-type]
             return desired["stringData"][key]
         return _secret_value(secret, namespace, name, key)
 
@@ -123,7 +133,8 @@ class Kube:
         retried reconcile); otherwise ``JobConflict``: another Job has the name, its outcome is not ours."""
         namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
         try:
-            self.batch.create_namespaced_job(namespace, desired)
+            # The stub names the model type; validate_call also takes the manifest dict and validates it into one.
+            self.batch.create_namespaced_job(namespace, desired)  # type: ignore[arg-type]
         except ApiException as error:
             if error.status != 409:
                 raise
@@ -161,7 +172,7 @@ class Kube:
         return sum(
             1
             for pod in pods
-            if all((pod.metadata.labels or {}).get(key) == value for key, value in selector.items())
+            if all((_pod_metadata(pod).labels or {}).get(key) == value for key, value in selector.items())
             and (pod.status is None or pod.status.phase not in ("Succeeded", "Failed"))
         )
 
@@ -171,11 +182,12 @@ class Kube:
         pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
         addresses = []
         for pod in pods:
-            labels = pod.metadata.labels or {}
+            metadata, status = _pod_metadata(pod), pod.status
+            labels = metadata.labels or {}
             if any(labels.get(key) != value for key, value in selector.items()):
                 continue
-            conditions = (pod.status.conditions or []) if pod.status else []
+            conditions = (status.conditions or []) if status else []
             ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-            if ready and pod.status.pod_ip and pod.metadata.deletion_timestamp is None:
-                addresses.append(pod.status.pod_ip)
+            if ready and status is not None and status.pod_ip and metadata.deletion_timestamp is None:
+                addresses.append(status.pod_ip)
         return addresses

@@ -13,7 +13,10 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +61,15 @@ class KafkaLagSource:
     def __init__(self, properties: Mapping[str, str], timeout: float = 5.0) -> None:
         self._properties = dict(properties)
         self._timeout = timeout
-        self._admin = None
+        self._admin: AdminClient | None = None
         self._lock = threading.Lock()
 
-    def _client(self):
+    def _client(self) -> AdminClient:
         from confluent_kafka.admin import AdminClient
 
         with self._lock:
             if self._admin is None:  # kept referenced: an unreferenced AdminClient can hang a call
-                self._admin = AdminClient({**self._properties, "logger": logging.getLogger("keyorder.librdkafka")})
+                self._admin = AdminClient({**self._properties}, logger=logging.getLogger("keyorder.librdkafka"))
             return self._admin
 
     def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:

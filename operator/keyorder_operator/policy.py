@@ -123,7 +123,7 @@ def learn_per_worker_rate(observation: Observation, state: ScalingState, limits:
     lag, drain = observation.lag or 0, observation.drain_rate or 0.0
     loaded = lag >= limits.activation_lag and lag >= drain * SATURATION_SECONDS
     if state.settled and loaded and drain > 0 and capacity > 0:
-        return observation.drain_rate / state.current.capacity
+        return drain / capacity  # drain > 0: it is the observed drain rate
     return state.per_worker_rate
 
 

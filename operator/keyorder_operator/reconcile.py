@@ -456,7 +456,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             kopf.info(body, reason="Scaled", message=reason)
         context.metrics.replicas.labels(*labels).set(target.replicas)
         context.metrics.workers.labels(*labels).set(target.workers)
-        pushed, failures = 0, []
+        pushed = 0
+        failures: list[str] = []
         if target.replicas:
             try:
                 token = kube.read_secret_key(namespace, f"{name}-admin-token", ADMIN_TOKEN_KEY)

@@ -71,13 +71,15 @@ class KafkaDeadLetterSink:
             outcome["error"] = err
 
         topic = dead_letter_topic(self._topic_template, message.topic)
+        # produce() takes a list of the wider header type (lists are invariant): a copy, typed so.
+        headers: list[tuple[str, str | bytes | None]] = list(dead_letter_headers(message, error, attempts))
         with self._lock:
             try:
                 self._producer.produce(
                     topic,
                     key=message.key,
                     value=message.value,
-                    headers=dead_letter_headers(message, error, attempts),
+                    headers=headers,
                     on_delivery=delivered,
                 )
             except Exception as produce_error:  # BufferError, KafkaException

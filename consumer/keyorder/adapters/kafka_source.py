@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -67,20 +67,25 @@ class KafkaSource:
 
     def consume(self, max_messages: int, timeout: float) -> list[Message]:
         records = self._consumer.consume(max_messages, timeout)
-        messages = []
+        messages: list[Message] = []
         append = messages.append
         for record in records:
             error = record.error()
             if error is not None:
                 self._consume_error(error)
                 continue
+            topic, partition, offset = record.topic(), record.partition(), record.offset()
+            if topic is None or partition is None or offset is None:  # only error events lack them
+                raise SourceError(f"Kafka record without topic, partition or offset: {topic}[{partition}]@{offset}")
             _timestamp_type, timestamp_ms = record.timestamp()
-            headers = record.headers()
+            # The stub's HeadersType also covers what produce() accepts (a dict, str values); a consumed
+            # record's headers are always a list of (name, bytes or None).
+            headers = cast("list[tuple[str, bytes | None]] | None", record.headers())
             append(
                 Message(
-                    record.topic(),
-                    record.partition(),
-                    record.offset(),
+                    topic,
+                    partition,
+                    offset,
                     record.key(),
                     record.value(),
                     tuple(headers) if headers else (),
@@ -138,10 +143,13 @@ class KafkaSource:
             for (topic, partition), (offset, metadata) in offsets.items()
         ]
         try:
-            result = self._consumer.commit(offsets=partitions, asynchronous=asynchronous)
+            if asynchronous:
+                self._consumer.commit(offsets=partitions, asynchronous=True)
+                return []
+            result = self._consumer.commit(offsets=partitions, asynchronous=False)
         except KafkaException as error:
             raise CommitError(error.args[0].str()) from error
-        return [] if asynchronous else self._outcomes(None, result)
+        return self._outcomes(None, result)
 
     def high_watermark(self, partition: TopicPartitionId) -> int | None:
         try:

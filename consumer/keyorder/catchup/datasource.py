@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -64,7 +64,7 @@ class KafkaRangeDataSource(DataSource):
 
 
 class KafkaRangeReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.splits = json.loads(options[OPTION_SPLITS])
         self.properties = json.loads(options.get(OPTION_PROPERTIES, "{}"))
         self.ordering = options.get(OPTION_ORDERING, "key")
@@ -157,7 +157,10 @@ def read_split(
                 error = record.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        position = max(position, record.offset())
+                        eof_offset = record.offset()
+                        if eof_offset is None:
+                            raise SplitReadError(f"{topic}[{partition}]: end-of-partition event without an offset")
+                        position = max(position, eof_offset)
                         if position < end:  # the end offset moved back (topic recreated?) or log truncated
                             raise SplitReadError(
                                 f"{topic}[{partition}]: the log ends at {position}, before the fence {end}"
@@ -165,12 +168,17 @@ def read_split(
                         continue
                     raise SplitReadError(f"{topic}[{partition}]: {error.str()}")
                 offset = record.offset()
+                if offset is None:  # only error events lack one
+                    raise SplitReadError(f"{topic}[{partition}]: record without an offset")
                 position = offset + 1
                 if offset >= end:
                     break
                 key = record.key()
                 timestamp_type, timestamp_ms = record.timestamp()
-                headers = [(name, value) for name, value in (record.headers() or [])]
+                # The stub's HeadersType also covers what produce() accepts (a dict); a consumed
+                # record's headers are always a list of (name, bytes or None).
+                record_headers = cast("list[tuple[str, bytes | None]] | None", record.headers())
+                headers = [(name, value) for name, value in (record_headers or [])]
                 read += 1
                 yield (
                     route_of(ordering, topic, partition, key),

@@ -32,7 +32,7 @@ class KafkaOffsets:
         logger = logging.getLogger("keyorder.librdkafka")
         try:
             # Kept referenced for the whole job: an unreferenced AdminClient can hang a pending call.
-            self._admin = AdminClient({**properties, "logger": logger})
+            self._admin = AdminClient({**properties}, logger=logger)
             self._consumer = Consumer(
                 {
                     **properties,
@@ -124,6 +124,8 @@ class KafkaOffsets:
 
         if position.kind is not PositionKind.TIMESTAMP:
             return {}
+        if position.timestamp_ms is None:
+            raise ValueError(f"a timestamp position without a timestamp: {position!r}")
         found = self._list_offsets(
             partitions,
             OffsetSpec.for_timestamp(position.timestamp_ms),

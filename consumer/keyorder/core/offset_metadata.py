@@ -50,7 +50,8 @@ def _read_varints(data: bytes) -> list[int]:
 
 
 def _runs(base: int, done: Sequence[int]) -> bytes:
-    runs, cursor = [], base + 1  # base itself is the lowest unfinished offset: never done
+    runs: list[int] = []
+    cursor = base + 1  # base itself is the lowest unfinished offset: never done
     for offset in done:
         if offset == cursor and runs:
             runs[-1] += 1
@@ -102,7 +103,8 @@ def decode(metadata: str | None, committed: int) -> set[int]:
             return set()
         payload = zlib.decompress(base64.urlsafe_b64decode(packed))
         if kind == "r":
-            done, cursor, numbers = set(), base + 1, _read_varints(payload)
+            done: set[int] = set()
+            cursor, numbers = base + 1, _read_varints(payload)
             for gap, length in zip(numbers[::2], numbers[1::2], strict=False):
                 cursor += gap
                 done.update(range(cursor, cursor + length))

@@ -91,7 +91,8 @@ class PartitionOffsets:
             while pending and pending[0] in done:
                 done.remove(pending.popleft())
             return
-        if offset in self._done or not pending or offset < pending[0] or offset > self.last_received:
+        last = self.last_received  # not None whenever ``pending`` is non-empty
+        if offset in self._done or not pending or offset < pending[0] or last is None or offset > last:
             raise OffsetOrderError(f"offset {offset} completed twice or never received")
         self._done.add(offset)
 

@@ -186,7 +186,8 @@ def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master
     finally:
         job.close()
     if not outcome.ok:
-        raise RuntimeError(f"catch-up run failed: {outcome.error or outcome.audit.problems}")
+        reason = outcome.error or (outcome.audit.problems if outcome.audit is not None else "no audit of the run")
+        raise RuntimeError(f"catch-up run failed: {reason}")
     report = outcome.report()
     return Measurement(
         short(profile.handler),
@@ -305,15 +306,15 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
     (args.output_dir / "report.json").write_text(report.to_json() + "\n")
     image = plot(report, args.output_dir / "catchup.png")
     print(f"Spark session start-up: {report.spark_startup_seconds:.1f} s")
-    for profile in sorted({m.profile for m in report.measurements}):
-        found = report.crossover(profile)
+    for profile_name in sorted({m.profile for m in report.measurements}):
+        found = report.crossover(profile_name)
         where = (
             f"catch-up pays off above ~{found['crossover_messages']:,} messages"
             if found["crossover_messages"]
             else "Spark on this machine is not faster than the pod: no crossover here"
         )
         print(
-            f"  {profile}: pod {found['pod_rate']:,.0f} msg/s, best Spark ({found['spark_runner']}) "
+            f"  {profile_name}: pod {found['pod_rate']:,.0f} msg/s, best Spark ({found['spark_runner']}) "
             f"{found['spark_rate']:,.0f} msg/s = {found['speedup']}x; {where}"
         )
     print(f"report: {args.output_dir / 'report.json'}" + (f", plot: {image}" if image else ""))

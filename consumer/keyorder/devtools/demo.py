@@ -15,7 +15,7 @@ import json
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
@@ -47,16 +47,17 @@ class DevOptions:
     output_dir: Path = Path("demo-results")
 
 
-QUICK = {
-    "partitions": 4,
-    "spike": 12_000,
-    "rate": 20.0,
-    "target_drain_seconds": 15.0,
-    "poll_seconds": 1.0,
-    "scale_down_window": 5.0,
-    "compare_seconds": 12.0,
-    "max_workers": 32,
-}
+QUICK = DevOptions(
+    partitions=4,
+    spike=12_000,
+    rate=20.0,
+    target_drain_seconds=15.0,
+    poll_seconds=1.0,
+    scale_down_window=5.0,
+    compare_seconds=12.0,
+    max_workers=32,
+)
+"""``--quick``: a smaller run (copied before the flags are applied to it)."""
 
 
 def add_dev_flags(parser: argparse.ArgumentParser) -> None:
@@ -263,7 +264,7 @@ def dev_command(args: argparse.Namespace) -> int:
     from keyorder_operator.push import push_workers
 
     configure_logging("WARNING")
-    options = DevOptions(**(QUICK if args.quick else {}))
+    options = replace(QUICK) if args.quick else DevOptions()
     for name in (
         "partitions",
         "spike",
