@@ -4,7 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint docs crds locks bench clean
+.PHONY: demo test test-fast lint check docs crds locks generate bench clean
+
+SOURCES := consumer operator tests examples tools
 
 $(STAMP): pyproject.toml requirements/image.txt requirements/catchup.txt
 	@# `keyorder catchup` (PySpark) needs a Java 17+ runtime; install Debian's when there is none.
@@ -17,8 +19,8 @@ $(STAMP): pyproject.toml requirements/image.txt requirements/catchup.txt
 demo: $(STAMP)
 	$(VENV)/bin/keyorder dev
 
-test: $(STAMP)
-	$(PY) -m ruff check consumer operator tests examples
+# The checks first (seconds), then the whole suite.
+test: check
 	$(PY) -m pytest
 
 bench: $(STAMP)
@@ -28,11 +30,20 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP)
-	$(PY) -m ruff check consumer operator tests examples
-	$(PY) -m ruff format --check consumer operator tests examples
+	$(PY) -m ruff check $(SOURCES)
+	$(PY) -m ruff format --check $(SOURCES)
+
+# Format and lint rules, types (mypy with the pydantic plugin; strict on core/ and contracts.py) and
+# the layering contracts in pyproject.toml (import-linter).
+check: lint
+	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+
+# Every derived file: the CRD, the docs tables and the image's locks (each has a drift test).
+generate: crds docs locks
 
 docs: $(STAMP)
 	$(PY) -m tools.docs_tables
