@@ -29,7 +29,6 @@ from keyorder.config import (
 from keyorder.contracts import DeadLetterSink
 from keyorder.core.flow import FlowLimits
 from keyorder.core.retry import ExhaustedPolicy
-from keyorder.core.routing import KeyRouter
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
 from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool
 
@@ -59,7 +58,6 @@ class Pod:
         self.completions: deque = deque()
         pool_type = AsyncWorkerPool if is_async_callable(function) else ThreadWorkerPool
         self.pool = pool_type(function, config.workers, retry, dead_letters, self.completions)
-        self.router = KeyRouter(config.ordering, config.workers)
         settings = RuntimeSettings(
             topics=tuple(config.topics),
             flow=FlowLimits(
@@ -72,7 +70,7 @@ class Pod:
             max_workers=config.max_workers,
         )
         self.source = KafkaSource(consumer_properties(config, properties))
-        self.runtime = ConsumerRuntime(settings, self.source, self.pool, self.router, self.completions)
+        self.runtime = ConsumerRuntime(settings, self.source, self.pool, config.ordering, self.completions)
         self.source.on_commit_result = self.runtime.record_commit_outcomes
         self.registry = build_registry(self.runtime, self.pool)
         self.http = (

@@ -1,13 +1,17 @@
 """The poll loop of a keyorder pod: the one thread that owns offsets, routing and flow control.
 
-Data flow: ``consume`` a batch -> record each offset (``PartitionOffsets.received``) -> route it
-to a lane and a worker slot (``LaneAffinity``) -> hand per-slot batches to the pool -> workers
-append finished deliveries to ``completions`` -> this loop marks them completed and commits each
-partition's lowest unfinished offset, periodically, on revoke and on shutdown.
+Data flow: ``consume`` a batch -> record each offset (``PartitionOffsets.received``) -> give each
+message its lane (``routing``) -> hand the batch to the pool's lane scheduler, where any idle worker
+runs any ready lane -> workers append finished deliveries to ``completions`` -> this loop marks
+them completed, and the ``Committer`` commits each partition's lowest unfinished offset,
+periodically, on revoke and on shutdown.
 
 Threading: everything here runs on the poll-loop thread, rebalance callbacks included (they run
 inside ``consume``). Other threads only call ``request_resize`` (an int assignment) and read
 ``snapshot``, an immutable object the loop republishes every ``snapshot_interval``.
+
+Time: ``clock`` and ``sleep`` are injected (tests drive the revoke and shutdown deadlines and the
+commit pacing with a fake clock); nothing here reads ``time`` directly.
 """
 
 from __future__ import annotations
@@ -18,19 +22,17 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from keyorder.contracts import CommitError, CommitOutcome, Source, SourceError, TopicPartitionId
+from keyorder.committer import Committer
+from keyorder.contracts import CommitOutcome, Source, SourceError, TopicPartitionId
 from keyorder.core import offset_metadata
 from keyorder.core.flow import FlowControl, FlowLimits, Load
-from keyorder.core.routing import KeyRouter, LaneAffinity
-from keyorder.core.scheduling import Delivery
-from keyorder.core.tracking import PartitionOffsets, ReceiveTimes
+from keyorder.core.lanes import Delivery
+from keyorder.core.partitions import PartitionState
+from keyorder.core.routing import Ordering, lane_function
+from keyorder.core.tracking import PartitionOffsets
 from keyorder.workers import Completions, WorkerCrashed, WorkerPool
 
 log = logging.getLogger(__name__)
-
-EARLY_COMMIT_SPACING = 0.1
-"""Seconds between commits made early because the uncommitted window is half full (each commit
-encodes metadata and is a broker request: once per poll batch would be wasteful)."""
 
 
 @dataclass(frozen=True)
@@ -59,25 +61,6 @@ class RuntimeSettings:
     """Seconds to wait for the broker in blocking calls (committed offsets, synchronous commit)."""
 
 
-class PartitionState:
-    """What the pod knows about one assigned partition."""
-
-    __slots__ = ("completed", "dropped", "id", "last_committed", "offsets", "outstanding", "receive_times", "revoked")
-
-    def __init__(self, partition_id: TopicPartitionId, offsets: PartitionOffsets) -> None:
-        self.id = partition_id
-        self.offsets = offsets
-        self.receive_times = ReceiveTimes()
-        self.revoked = False
-        """Set when the partition is being revoked: workers skip its messages that have not started."""
-        self.dropped = False
-        """Set once the pod has let the partition go: late completions no longer touch its offsets."""
-        self.outstanding = 0
-        """Deliveries handed to workers and not yet returned (finished or abandoned)."""
-        self.last_committed: tuple[int, int] | None = None  # (position, completed-above count)
-        self.completed = 0
-
-
 @dataclass(frozen=True)
 class PartitionSnapshot:
     topic: str
@@ -104,7 +87,6 @@ class RuntimeSnapshot:
     partitions: tuple[PartitionSnapshot, ...] = ()
     inflight: int = 0
     workers: int = 0
-    pinned_lanes: int = 0
     commits: int = 0
     commit_failures: int = 0
     rebalances: int = 0
@@ -120,29 +102,30 @@ class ConsumerRuntime:
         settings: RuntimeSettings,
         source: Source,
         pool: WorkerPool,
-        router: KeyRouter,
+        ordering: Ordering | str,
         completions: Completions,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
         self.source = source
         self.pool = pool
-        self.router = router
-        self.affinity = LaneAffinity(router)
+        self.ordering = Ordering(ordering)
+        self._lane_of = lane_function(self.ordering)
         self.completions = completions
         self.clock = clock
-        self.flow = FlowControl(settings.flow)
+        self.sleep = sleep
+        self.flow = FlowControl[TopicPartitionId](settings.flow)
         self.partitions: dict[TopicPartitionId, PartitionState] = {}
+        self.committer = Committer(source, settings.commit_interval, self.partitions.get, clock())
         self.inflight = 0
-        self.snapshot = RuntimeSnapshot(workers=router.workers)
+        self.snapshot = RuntimeSnapshot(workers=pool.size)
         self.started = threading.Event()
         self.stopping = False
         self.last_iteration = clock()
-        self._requested_workers = router.workers
+        self._requested_workers = pool.size
         self._closing = False
-        self._next_early_commit = clock()
-        self._retiring: set[int] = set()
-        self._commits = self._commit_failures = self._rebalances = self._skipped = 0
+        self._rebalances = self._skipped = 0
 
     # -- called from other threads ---------------------------------------------------------------
     def request_resize(self, workers: int) -> int:
@@ -157,21 +140,8 @@ class ConsumerRuntime:
         return self._requested_workers
 
     def record_commit_outcomes(self, outcomes: list[CommitOutcome]) -> None:
-        """Commit results (on the poll thread): confirm positions, or force a retry on failure."""
-        failures = []
-        for partition_id, offset, error in outcomes:
-            state = self.partitions.get(partition_id)
-            if error is None:
-                if state is not None and offset >= 0:
-                    state.offsets.commit_confirmed(offset)
-                continue
-            failures.append(f"{partition_id[0]}[{partition_id[1]}]@{offset}: {error}")
-            if state is not None:
-                state.offsets.commit_failed(offset)
-                state.last_committed = None  # the next periodic commit sends it again
-        if failures:
-            self._commit_failures += 1
-            log.warning("offset commit failed (the next commit retries): %s", "; ".join(failures))
+        """Commit results from the source (on the poll thread, inside ``consume``)."""
+        self.committer.record_outcomes(outcomes)
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -180,16 +150,12 @@ class ConsumerRuntime:
         self.pool.start()
         self.started.set()
         log.info(
-            "consuming %s with %d %s-ordered workers",
-            ",".join(settings.topics),
-            self.router.workers,
-            self.router.ordering.value,
+            "consuming %s with %d %s-ordered workers", ",".join(settings.topics), self.pool.size, self.ordering.value
         )
-        next_commit = next_snapshot = self.clock()
+        next_snapshot = self.clock()
         try:
             while not stop.is_set():
-                now = self.clock()
-                self.last_iteration = now
+                self.last_iteration = self.clock()
                 self._collect_completions()
                 if self.pool.health.crashed:
                     raise WorkerCrashed(self.pool.health.crashed)
@@ -202,9 +168,7 @@ class ConsumerRuntime:
                 if messages:
                     self._dispatch(messages, self.clock())
                 now = self.clock()
-                if now >= next_commit:
-                    self._commit(self.partitions.values(), asynchronous=True)
-                    next_commit = now + settings.commit_interval
+                self.committer.periodic(self.partitions.values(), now)
                 if now >= next_snapshot:
                     self._publish_snapshot(now)
                     next_snapshot = now + settings.snapshot_interval
@@ -213,10 +177,9 @@ class ConsumerRuntime:
 
     def _dispatch(self, messages: list, now: float) -> None:
         partitions = self.partitions
-        lane_of, assign = self.router.lane, self.affinity.assign
-        batches: dict[int, list[Delivery]] = {}
+        lane_of = self._lane_of
+        deliveries: list[Delivery] = []
         state = None
-        dispatched = 0
         for message in messages:
             partition_id = (message.topic, message.partition)
             if state is None or state.id != partition_id:
@@ -228,26 +191,17 @@ class ConsumerRuntime:
             if not state.offsets.received(message.offset):
                 self._skipped += 1
                 continue
-            lane = lane_of(message.topic, message.partition, message.key)
-            slot = assign(lane)
-            delivery = Delivery(message, lane, slot, state, now)
+            deliveries.append(Delivery(message, lane_of(message.topic, message.partition, message.key), state, now))
             state.outstanding += 1
-            batch = batches.get(slot)
-            if batch is None:
-                batches[slot] = [delivery]
-            else:
-                batch.append(delivery)
-            dispatched += 1
-        self.inflight += dispatched
-        if batches:
-            self.pool.submit(batches)
+        if deliveries:
+            self.inflight += len(deliveries)
+            self.pool.submit(deliveries)
 
     def _collect_completions(self) -> None:
-        completions, release = self.completions, self.affinity.release
+        completions = self.completions
         finished = 0
         while completions:
             delivery, handled = completions.popleft()
-            release(delivery.lane, delivery.slot)
             finished += 1
             state = delivery.partition
             state.outstanding -= 1
@@ -256,21 +210,17 @@ class ConsumerRuntime:
                 state.completed += 1
         self.inflight -= finished
 
+    def _hand_back(self, deliveries: list[Delivery]) -> None:
+        """Deliveries withdrawn from the scheduler unprocessed: no longer in flight, offsets untouched."""
+        for delivery in deliveries:
+            delivery.partition.outstanding -= 1
+        self.inflight -= len(deliveries)
+
     def _apply_resize(self) -> None:
         target = self._requested_workers
-        if target != self.router.workers:
-            log.info(
-                "resizing key workers %d -> %d (in-flight keys finish on their current worker)",
-                self.router.workers,
-                target,
-            )
-            self.router.workers = target
+        if target != self.pool.size:
+            log.info("resizing key workers %d -> %d (takes effect on the next message)", self.pool.size, target)
             self.pool.resize(target)
-            self._retiring = set(self.pool.retiring_slots())
-        if self._retiring:  # only while a shrink is in progress: retire workers once they hold nothing
-            for slot in [slot for slot in self._retiring if slot not in self.affinity.slot_load]:
-                self.pool.retire(slot)
-                self._retiring.discard(slot)
 
     def _loads(self) -> tuple[dict[TopicPartitionId, Load], Load]:
         loads = {pid: Load(state.offsets.inflight, state.offsets.uncommitted) for pid, state in self.partitions.items()}
@@ -279,10 +229,7 @@ class ConsumerRuntime:
     def _apply_flow(self) -> int:
         """Pause/resume partitions by their loads; returns how many messages may be taken now."""
         loads, pod = self._loads()
-        now = self.clock()
-        if now >= self._next_early_commit and self.flow.commit_pressure(loads, pod):
-            self._commit(self.partitions.values(), asynchronous=True, only_if_moved=True)
-            self._next_early_commit = now + min(self.settings.commit_interval, EARLY_COMMIT_SPACING)
+        if self.committer.early(self.partitions.values(), self.clock(), self.flow.commit_pressure(loads, pod)):
             loads, pod = self._loads()
         to_pause, to_resume = self.flow.decide(loads, pod)
         if to_pause:
@@ -290,41 +237,6 @@ class ConsumerRuntime:
         if to_resume:
             self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in to_resume})
         return self.flow.capacity(pod)
-
-    # -- commits ----------------------------------------------------------------------------------
-    def _commit(self, states: Iterable[PartitionState], asynchronous: bool, only_if_moved: bool = False) -> None:
-        """Commit each partition's lowest unfinished offset, with its completed-above set as metadata.
-
-        Partitions whose position and completed set are unchanged are skipped; ``only_if_moved``
-        also skips those whose position did not move (early commits under backpressure).
-        """
-        offsets: dict[TopicPartitionId, tuple[int, str]] = {}
-        marks = []
-        for state in states:
-            position = state.offsets.commit_position
-            if position is None:
-                continue
-            if only_if_moved and state.last_committed and state.last_committed[0] == position:
-                continue
-            done = state.offsets.completed_above_position()
-            mark = (position, len(done))
-            if mark == state.last_committed:
-                continue
-            offsets[state.id] = (position, offset_metadata.encode(position, done))
-            marks.append((state, mark))
-        if not offsets:
-            return
-        for state, _mark in marks:
-            state.offsets.commit_sent()
-        try:
-            outcomes = self.source.commit(offsets, asynchronous=asynchronous)
-        except CommitError as error:  # e.g. a rebalance is in progress: the next commit retries
-            self.record_commit_outcomes([(state.id, mark[0], str(error)) for state, mark in marks])
-            return
-        self._commits += 1
-        for state, mark in marks:
-            state.last_committed = mark
-        self.record_commit_outcomes(outcomes)
 
     # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
     def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:
@@ -354,34 +266,37 @@ class ConsumerRuntime:
                         f"after {attempts} attempts: {error}"
                     ) from error
                 log.warning("reading committed offsets failed (attempt %d/%d), retrying: %s", attempt, attempts, error)
-                time.sleep(attempt)
+                self.sleep(attempt)
         raise AssertionError("unreachable")
 
     def _on_revoke(self, partition_ids: list[TopicPartitionId]) -> None:
-        """Stop starting their messages, let the running ones finish (bounded), commit, let go.
+        """Hand back what has not started, let the running handlers finish (bounded), commit, let go.
 
-        Queued messages that have not started are not run here: the new owner receives them from
-        the committed offset (the lowest unfinished one), so a rebalance takes as long as the
-        longest running handler, not as long as the queue.
+        Queued and parked deliveries of the revoked partitions are withdrawn from the scheduler at
+        once: the new owner receives them from the committed offset (the lowest unfinished one), so
+        a rebalance waits only for the handlers that are actually running, never for a retry's
+        backoff or a queue.
         """
         self._rebalances += 1
         states = [self.partitions[pid] for pid in partition_ids if pid in self.partitions]
         for state in states:
             state.revoked = True
+        self._hand_back(self.pool.withdraw(lambda delivery: delivery.partition.revoked))
         if not self._closing:
             deadline = self.clock() + self.settings.revoke_drain_timeout
+            self._collect_completions()
             while any(state.outstanding for state in states) and self.clock() < deadline:
-                time.sleep(0.002)
+                self.sleep(0.002)
                 self._collect_completions()
             still_running = sum(state.outstanding for state in states)
             if still_running:
                 log.warning(
-                    "revoke: %d messages still in a handler or waiting for a retry after %.0fs; the "
-                    "new owner re-delivers them from the committed offset",
+                    "revoke: %d messages still in a handler after %.0fs; the new owner re-delivers them from "
+                    "the committed offset",
                     still_running,
                     self.settings.revoke_drain_timeout,
                 )
-        self._commit(states, asynchronous=False)
+        self.committer.commit(states, asynchronous=False)
         self._drop(partition_ids)
 
     def _on_lost(self, partition_ids: list[TopicPartitionId]) -> None:
@@ -396,6 +311,7 @@ class ConsumerRuntime:
             state = self.partitions.pop(pid, None)
             if state is not None:
                 state.revoked = state.dropped = True
+        self._hand_back(self.pool.withdraw(lambda delivery: delivery.partition.dropped))
         # librdkafka keeps a partition's pause flag across rebalances: clear it, or a later
         # re-assignment of the same partition to this pod would never fetch
         still_paused = [pid for pid in partition_ids if pid in self.flow.paused]
@@ -410,18 +326,15 @@ class ConsumerRuntime:
         settings = self.settings
         deadline = self.clock() + settings.shutdown_grace
         log.info("shutting down: waiting up to %.0fs for %d in-flight messages", settings.shutdown_grace, self.inflight)
-        next_commit = self.clock()
         while self.inflight and self.clock() < deadline:
-            time.sleep(0.005)
+            self.sleep(0.005)
             self._collect_completions()
-            if self.clock() >= next_commit:
-                self._commit(self.partitions.values(), asynchronous=True)
-                next_commit = self.clock() + settings.commit_interval
+            self.committer.periodic(self.partitions.values(), self.clock())
         self.pool.stop(max(deadline - self.clock(), 0.5))
         self._collect_completions()
         if self.inflight:
             log.warning("shutdown: %d in-flight messages abandoned; they are re-delivered after restart", self.inflight)
-        self._commit(self.partitions.values(), asynchronous=False)
+        self.committer.commit(self.partitions.values(), asynchronous=False)
         self._closing = True
         self.source.close()
         self._publish_snapshot(self.clock())
@@ -451,10 +364,9 @@ class ConsumerRuntime:
         self.snapshot = RuntimeSnapshot(
             partitions=tuple(partitions),
             inflight=self.inflight,
-            workers=self.router.workers,
-            pinned_lanes=self.affinity.pinned_lanes(),
-            commits=self._commits,
-            commit_failures=self._commit_failures,
+            workers=self.pool.size,
+            commits=self.committer.commits,
+            commit_failures=self.committer.failures,
             rebalances=self._rebalances,
             skipped=self._skipped,
         )

@@ -1,15 +1,22 @@
-"""The key workers: W single-consumer FIFO queues that run the user's handler.
+"""The key workers: W workers that run the user's handler on whichever lane is ready.
 
-Two pools share one contract (``WorkerPool``) and one failure-handling core:
+Both pools share one ``LaneScheduler`` (``core.lanes``) per pod, guarded by one lock, and one
+failure-handling core (``_Execution``):
 
-* ``ThreadWorkerPool`` for plain handlers: one OS thread per slot.
-* ``AsyncWorkerPool`` for ``async def`` handlers: one asyncio task per slot, all on one event
+* ``ThreadWorkerPool`` for plain handlers: one OS thread per worker, idle ones wait on a condition.
+* ``AsyncWorkerPool`` for ``async def`` handlers: one asyncio task per worker, all on one event
   loop thread, so thousands of workers cost little for IO-bound work.
 
-Threading contract: the poll-loop thread calls ``submit``/``resize``/``retire``/``stop``; each
-worker owns its ``LaneScheduler`` and its ``WorkerStats`` (only it writes them; metrics read the
-plain integers, which is safe under the GIL). Finished deliveries are handed back through the
-shared ``completions`` deque (``append`` and ``popleft`` are atomic), never through a lock.
+A worker loops: under the lock, settle the outcome of its previous delivery (finished, or its
+lane parked for a retry) and take the head of the next ready lane; outside the lock, run the
+handler. One lock acquisition per message. Lanes are never bound to workers, so a resize only
+starts or retires workers (a retiring worker finishes its current message first) and takes
+effect on the next message.
+
+Threading contract: the poll-loop thread calls ``submit``/``withdraw``/``resize``/``stop``; the
+scheduler is touched only under ``_lock``; each worker writes only its own ``WorkerStats`` (metrics
+read them under the lock). Finished deliveries are handed back to the poll loop through the
+shared ``completions`` deque (``append`` and ``popleft`` are atomic).
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import logging
-import queue
 import threading
 import time
 from bisect import bisect_left
@@ -27,8 +34,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from keyorder.contracts import DeadLetterSink
+from keyorder.core.lanes import Delivery, LaneScheduler, LaneSummary
 from keyorder.core.retry import RetryPolicy, Verdict
-from keyorder.core.scheduling import Delivery, LaneScheduler
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +60,7 @@ LATENCY_BUCKETS = (
 )
 """Histogram bucket bounds (seconds) for handler duration and end-to-end processing latency."""
 
-Completions = deque  # of (Delivery, handled: bool); handled=False means abandoned unprocessed
+Completions = deque  # of (Delivery, handled: bool); handled=False means handed back unprocessed
 
 
 class WorkerCrashed(RuntimeError):
@@ -102,16 +109,14 @@ class LatencyHistogram:
 
 
 class WorkerStats:
-    """Counters of one worker, written only by that worker."""
+    """Counters of one worker, written only by that worker (read under the pool's lock)."""
 
     __slots__ = (
-        "blocked_lanes",
         "busy",
         "dead_lettered",
         "failed",
         "handler_seconds",
         "latency",
-        "parked_lanes",
         "processed",
         "retried",
     )
@@ -127,8 +132,6 @@ class WorkerStats:
         """Messages published to the DLQ."""
         self.busy = False
         """True while the handler runs."""
-        self.parked_lanes = 0
-        self.blocked_lanes = 0
         self.handler_seconds = LatencyHistogram()
         self.latency = LatencyHistogram()
 
@@ -147,208 +150,45 @@ class WorkerStats:
 class WorkerPool(Protocol):
     """What the poll loop needs from a pool of key workers."""
 
-    size: int
     health: PoolHealth
 
+    @property
+    def size(self) -> int: ...
     def start(self) -> None: ...
-    def submit(self, batches: dict[int, list[Delivery]]) -> None: ...
+    def submit(self, deliveries: list[Delivery]) -> None: ...
+    def withdraw(self, should_withdraw: Callable[[Delivery], bool]) -> list[Delivery]: ...
     def resize(self, workers: int) -> None: ...
-    def retiring_slots(self) -> list[int]: ...
-    def retire(self, slot: int) -> None: ...
     def stop(self, timeout: float) -> None: ...
     def stats(self) -> list[WorkerStats]: ...
+    def lane_summary(self) -> LaneSummary: ...
 
 
-class _WorkerCore:
-    """Failure handling shared by thread and asyncio workers."""
+FINISHED, HANDED_BACK, PARKED = "finished", "handed back", "parked"
 
-    def __init__(
-        self,
-        slot: int,
-        retry: RetryPolicy,
-        dead_letters: DeadLetterSink | None,
-        completions: Completions,
-        clock: Callable[[], float],
-        health: PoolHealth,
-    ) -> None:
-        self.slot = slot
-        self.health = health
-        self.retry = retry
-        self.dead_letters = dead_letters
-        self.completions = completions
-        self.clock = clock
-        self.scheduler = LaneScheduler()
+
+class _Outcome:
+    """What happened to a delivery outside the lock; settled under it by the worker's next turn."""
+
+    __slots__ = ("blocked", "delivery", "due", "kind")
+
+    def __init__(self, kind: str, delivery: Delivery, due: float = 0.0, blocked: bool = False) -> None:
+        self.kind, self.delivery, self.due, self.blocked = kind, delivery, due, blocked
+
+
+class _Worker:
+    __slots__ = ("id", "retiring", "stats", "task", "thread")
+
+    def __init__(self, worker_id: int) -> None:
+        self.id = worker_id
         self.stats = WorkerStats()
-        self.stopping = False
-
-    def _succeeded(self, delivery: Delivery, started: float) -> None:
-        now = self.clock()
-        stats = self.stats
-        stats.processed += 1
-        stats.handler_seconds.observe(now - started)
-        stats.latency.observe(now - delivery.received_at)
-        if delivery.attempts > 1:
-            self._finish_parked(delivery)
-        self.completions.append((delivery, True))
-
-    def _finish_parked(self, delivery: Delivery) -> None:
-        self.scheduler.finished(delivery)
-        self.stats.parked_lanes = self.scheduler.parked_lanes
-        self.stats.blocked_lanes = len(self.scheduler.blocked)
-
-    def _failed(self, delivery: Delivery, error: BaseException) -> Verdict:
-        """Record a handler failure and decide; returns DEAD_LETTER when the caller must publish."""
-        stats = self.stats
-        stats.failed += 1
-        message = delivery.message
-        verdict, delay = self.retry.after_failure(delivery.attempts)
-        if verdict is Verdict.RETRY:
-            stats.retried += 1
-            log.warning(
-                "handler failed on %s[%d]@%d (attempt %d/%d), retrying its key in %.2fs: %s: %s",
-                message.topic,
-                message.partition,
-                message.offset,
-                delivery.attempts,
-                self.retry.max_attempts,
-                delay,
-                type(error).__name__,
-                error,
-            )
-            self._park(delivery, delay)
-        elif verdict is Verdict.BLOCK:
-            if delivery.park_key not in self.scheduler.blocked:
-                self.scheduler.blocked.add(delivery.park_key)
-                log.error(
-                    "handler failed on %s[%d]@%d %d times; its key is BLOCKED (retrying every %.0fs, "
-                    "the partition's commit waits): %s: %s",
-                    message.topic,
-                    message.partition,
-                    message.offset,
-                    delivery.attempts,
-                    delay,
-                    type(error).__name__,
-                    error,
-                )
-            self._park(delivery, delay)
-        return verdict
-
-    def _dead_lettered(self, delivery: Delivery, error: BaseException, publish_error: Exception | None) -> None:
-        if publish_error is not None:
-            message = delivery.message
-            log.error(
-                "could not dead-letter %s[%d]@%d, keeping it in flight and retrying the DLQ write in %.0fs: %s",
-                message.topic,
-                message.partition,
-                message.offset,
-                self.retry.max_backoff,
-                publish_error,
-            )
-            delivery.pending_dead_letter = error  # the handler is not run again, only the write
-            self._park(delivery, self.retry.max_backoff)
-            return
-        delivery.pending_dead_letter = None
-        self.stats.dead_lettered += 1
-        self._finish_parked(delivery)
-        self.completions.append((delivery, True))
-
-    def _dropped_as_revoked(self, delivery: Delivery) -> bool:
-        """Never start work of a partition being revoked: hand it back unprocessed (the new owner runs it)."""
-        if not delivery.partition.revoked:
-            return False
-        self._finish_parked(delivery)
-        self.completions.append((delivery, False))
-        return True
-
-    def _park(self, delivery: Delivery, delay: float) -> None:
-        self.scheduler.park(delivery, self.clock() + delay)
-        self.stats.parked_lanes = self.scheduler.parked_lanes
-        self.stats.blocked_lanes = len(self.scheduler.blocked)
-
-    def _crashed(self, error: BaseException) -> None:
-        log.critical(
-            "key worker %d crashed; the pod stops: %s: %s", self.slot, type(error).__name__, error, exc_info=error
-        )
-        self.health.crashed = f"worker {self.slot}: {type(error).__name__}: {error}"
-
-    def _abandon_all(self) -> None:
-        for delivery in self.scheduler.drain():
-            self.completions.append((delivery, False))
-        self.stats.parked_lanes = self.stats.blocked_lanes = 0
-
-
-_STOP = object()
-
-
-class _ThreadWorker(_WorkerCore):
-    def __init__(self, handler: Callable[[Any], Any], **core: Any) -> None:
-        super().__init__(**core)
-        self.handler = handler
-        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=f"keyorder-worker-{self.slot}", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except BaseException as error:  # a bug, not a handler failure (those are caught per message)
-            self._crashed(error)
-        finally:
-            self._abandon_all()
-
-    def _loop(self) -> None:
-        scheduler, inbox, clock = self.scheduler, self.inbox, self.clock
-        while not self.stopping:
-            item = scheduler.next(clock())
-            if item.__class__ is Delivery:
-                self._execute(item)
-                continue
-            try:
-                batch = inbox.get() if item is None else inbox.get(timeout=item)
-            except queue.Empty:
-                continue
-            if batch is _STOP:
-                break
-            scheduler.push_all(batch)
-        while True:  # abandon whatever is still queued so the poll loop can release it
-            try:
-                batch = inbox.get_nowait()
-            except queue.Empty:
-                break
-            if batch is not _STOP:
-                scheduler.push_all(batch)
-
-    def _execute(self, delivery: Delivery) -> None:
-        if self._dropped_as_revoked(delivery):
-            return
-        if delivery.pending_dead_letter is not None:
-            self._publish_dead_letter(delivery, delivery.pending_dead_letter)
-            return
-        delivery.attempts += 1
-        stats = self.stats
-        stats.busy = True
-        started = self.clock()
-        try:
-            call_sync_handler(self.handler, delivery.message)
-        except BaseException as error:  # SystemExit from a handler is a failed message, not a dead worker
-            stats.busy = False
-            if self._failed(delivery, error) is Verdict.DEAD_LETTER:
-                self._publish_dead_letter(delivery, error)
-            return
-        stats.busy = False
-        self._succeeded(delivery, started)
-
-    def _publish_dead_letter(self, delivery: Delivery, error: BaseException) -> None:
-        publish_error = None
-        try:
-            assert self.dead_letters is not None, "dlq policy without a dead-letter sink"
-            self.dead_letters.publish(delivery.message, error, delivery.attempts)
-        except Exception as failure:  # DeadLetterError, or anything a custom sink raises
-            publish_error = failure
-        self._dead_lettered(delivery, error, publish_error)
+        self.retiring = False
+        """Set by a shrink (or stop): the worker exits before taking its next delivery."""
+        self.thread: threading.Thread | None = None
+        self.task: asyncio.Task[None] | None = None
 
 
 class _PoolBase:
-    """Bookkeeping shared by both pools: the slot -> worker map, the target size, retired totals."""
+    """The scheduler, its lock, the workers and the failure handling shared by both pools."""
 
     def __init__(
         self,
@@ -360,192 +200,373 @@ class _PoolBase:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._handler = handler
-        self._core = {"retry": retry, "dead_letters": dead_letters, "completions": completions, "clock": clock}
+        self.retry = retry
+        self.dead_letters = dead_letters
+        self.completions = completions
+        self.clock = clock
         self.health = PoolHealth()
-        self._core["health"] = self.health
-        self._workers: dict[int, Any] = {}
+        self._scheduler = LaneScheduler()
+        self._lock = threading.Lock()
+        self._workers: dict[int, _Worker] = {}
+        self._ids = itertools.count()
         self._retired = WorkerStats()
-        self.size = workers
+        self._target = workers
+        self.stopping = False
 
-    def retiring_slots(self) -> list[int]:
-        """Workers above the target size, still alive until their queues are empty."""
-        return [slot for slot in list(self._workers) if slot >= self.size]
+    # -- the poll loop's side --------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """The target worker count (retiring workers excluded)."""
+        return self._target
+
+    def withdraw(self, should_withdraw: Callable[[Delivery], bool]) -> list[Delivery]:
+        """Remove the matching deliveries that are not running (revoke); the caller accounts for them."""
+        with self._lock:
+            withdrawn = self._scheduler.withdraw(should_withdraw)
+        if withdrawn:
+            self._wake(len(withdrawn))  # a parked lane whose head left may have become ready
+        return withdrawn
 
     def stats(self) -> list[WorkerStats]:
-        return [self._retired, *(worker.stats for worker in list(self._workers.values()))]
+        with self._lock:
+            return [self._retired, *(worker.stats for worker in self._workers.values())]
+
+    def lane_summary(self) -> LaneSummary:
+        with self._lock:
+            return self._scheduler.summary()
+
+    def resize(self, workers: int) -> None:
+        with self._lock:
+            self._target = workers
+            active = [worker for worker in self._workers.values() if not worker.retiring]
+            for worker in active[workers:]:  # the newest retire after their current message
+                worker.retiring = True
+            missing = workers - min(len(active), workers)
+        for _ in range(missing):
+            self._spawn()
+        self._wake_all()
+
+    def _spawn(self) -> None:
+        raise NotImplementedError
+
+    def _wake(self, lanes: int) -> None:
+        raise NotImplementedError
+
+    def _wake_all(self) -> None:
+        raise NotImplementedError
+
+    # -- under the lock, on a worker's turn ------------------------------------------------------------
+    def _turn(self, worker: _Worker, outcome: _Outcome | None) -> Delivery | float | None:
+        """Settle ``outcome``; then the next delivery, or seconds to wait (``None``: until woken), or
+        ``EXIT``. Caller holds ``_lock``."""
+        scheduler = self._scheduler
+        if outcome is not None:
+            if outcome.kind is PARKED:
+                scheduler.park(outcome.delivery, outcome.due, outcome.blocked)
+            else:
+                scheduler.finished(outcome.delivery)
+                self.completions.append((outcome.delivery, outcome.kind is FINISHED))
+        if worker.retiring or self.stopping:
+            return EXIT
+        now = self.clock()
+        delivery = scheduler.take(now)
+        if delivery is not None:
+            return delivery
+        return scheduler.seconds_until_due(now)
+
+    def _exit(self, worker: _Worker) -> None:
+        """Caller holds ``_lock``: fold the worker's totals in, so pod counters never go backwards."""
+        if self._workers.pop(worker.id, None) is not None:
+            self._retired.absorb(worker.stats)
+
+    # -- outside the lock: what a delivery's run means ---------------------------------------------------
+    def _handed_back_if_revoked(self, delivery: Delivery) -> _Outcome | None:
+        """Never start work of a partition being revoked: hand it back unprocessed (the new owner runs it)."""
+        return _Outcome(HANDED_BACK, delivery) if delivery.partition.revoked else None
+
+    def _succeeded(self, worker: _Worker, delivery: Delivery, started: float) -> _Outcome:
+        now = self.clock()
+        stats = worker.stats
+        stats.processed += 1
+        stats.handler_seconds.observe(now - started)
+        stats.latency.observe(now - delivery.received_at)
+        return _Outcome(FINISHED, delivery)
+
+    def _failed(self, worker: _Worker, delivery: Delivery, error: BaseException) -> _Outcome | None:
+        """Record a handler failure; the lane's outcome, or ``None`` when the caller must dead-letter."""
+        stats = worker.stats
+        stats.failed += 1
+        message = delivery.message
+        verdict, delay = self.retry.after_failure(delivery.attempts)
+        if verdict is Verdict.DEAD_LETTER:
+            return None
+        blocked = verdict is Verdict.BLOCK
+        if blocked:
+            if delivery.attempts == self.retry.max_attempts:  # once, when the key becomes blocked
+                log.error(
+                    "handler failed on %s[%d]@%d %d times; its key is BLOCKED (retrying every %.0fs, "
+                    "the partition's commit waits): %s: %s",
+                    message.topic, message.partition, message.offset, delivery.attempts, delay,
+                    type(error).__name__, error,
+                )  # fmt: skip
+        else:
+            stats.retried += 1
+            log.warning(
+                "handler failed on %s[%d]@%d (attempt %d/%d), retrying its key in %.2fs: %s: %s",
+                message.topic, message.partition, message.offset, delivery.attempts, self.retry.max_attempts,
+                delay, type(error).__name__, error,
+            )  # fmt: skip
+        return _Outcome(PARKED, delivery, self.clock() + delay, blocked)
+
+    def _dead_lettered(
+        self, worker: _Worker, delivery: Delivery, error: BaseException, publish_error: Exception | None
+    ) -> _Outcome:
+        if publish_error is not None:
+            message = delivery.message
+            log.error(
+                "could not dead-letter %s[%d]@%d, keeping it in flight and retrying the DLQ write in %.0fs: %s",
+                message.topic, message.partition, message.offset, self.retry.max_backoff, publish_error,
+            )  # fmt: skip
+            delivery.pending_dead_letter = error  # the handler is not run again, only the write
+            return _Outcome(PARKED, delivery, self.clock() + self.retry.max_backoff)
+        delivery.pending_dead_letter = None
+        worker.stats.dead_lettered += 1
+        return _Outcome(FINISHED, delivery)
+
+    def _crashed(self, worker: _Worker, error: BaseException) -> None:
+        log.critical(
+            "key worker %d crashed; the pod stops: %s: %s", worker.id, type(error).__name__, error, exc_info=error
+        )
+        self.health.crashed = f"worker {worker.id}: {type(error).__name__}: {error}"
+
+    def _abandon_queued(self) -> None:
+        """After the workers stopped: hand back everything not running, so the poll loop can release it."""
+        with self._lock:
+            for delivery in self._scheduler.drain():
+                self.completions.append((delivery, False))
+
+
+EXIT = -1.0
+"""``_turn``'s answer to a retiring or stopping worker."""
 
 
 class ThreadWorkerPool(_PoolBase):
     """Key workers as OS threads, for plain (synchronous) handlers."""
 
-    def _spawn(self, slot: int) -> None:
-        worker = _ThreadWorker(self._handler, slot=slot, **self._core)
-        self._workers[slot] = worker
-        worker.thread.start()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._condition = threading.Condition(self._lock)
+        self._idle = 0
 
     def start(self) -> None:
-        for slot in range(self.size):
-            self._spawn(slot)
+        for _ in range(self._target):
+            self._spawn()
 
-    def submit(self, batches: dict[int, list[Delivery]]) -> None:
-        workers = self._workers
-        for slot, batch in batches.items():
-            workers[slot].inbox.put(batch)
+    def _spawn(self) -> None:
+        worker = _Worker(next(self._ids))
+        worker.thread = threading.Thread(target=self._run, args=(worker,), name=f"keyorder-worker-{worker.id}",
+                                         daemon=True)  # fmt: skip
+        with self._lock:
+            self._workers[worker.id] = worker
+        worker.thread.start()
 
-    def resize(self, workers: int) -> None:
-        self.size = workers
-        for slot in range(workers):
-            if slot not in self._workers:
-                self._spawn(slot)
+    def submit(self, deliveries: list[Delivery]) -> None:
+        with self._condition:
+            ready = self._scheduler.add(deliveries)
+            if ready and self._idle:
+                self._condition.notify(min(ready, self._idle))
 
-    def retire(self, slot: int) -> None:
-        worker = self._workers[slot]
-        self._retired.absorb(worker.stats)  # before removal: a scrape never sees the counters drop
-        del self._workers[slot]
-        worker.inbox.put(_STOP)
+    def _wake(self, lanes: int) -> None:
+        with self._condition:
+            self._condition.notify(lanes)
 
-    def stop(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        for worker in self._workers.values():
-            worker.stopping = True
-            worker.inbox.put(_STOP)
-        for worker in self._workers.values():
-            worker.thread.join(max(deadline - time.monotonic(), 0.0))
-            if worker.thread.is_alive():
-                log.warning("worker %d still inside the handler after the shutdown grace period", worker.slot)
+    def _wake_all(self) -> None:
+        with self._condition:
+            self._condition.notify_all()
 
-
-class _AsyncWorker(_WorkerCore):
-    def __init__(self, handler: Callable[[Any], Any], **core: Any) -> None:
-        super().__init__(**core)
-        self.handler = handler
-        self.wakeup = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-
-    async def run(self) -> None:
+    def _run(self, worker: _Worker) -> None:
         try:
-            await self._loop()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as error:
-            self._crashed(error)
+            self._loop(worker)
+        except BaseException as error:  # a bug, not a handler failure (those are caught per message)
+            self._crashed(worker, error)
         finally:
-            self._abandon_all()
+            with self._lock:
+                self._exit(worker)
 
-    async def _loop(self) -> None:
-        scheduler, clock = self.scheduler, self.clock
-        while not self.stopping:
-            item = scheduler.next(clock())
-            if item.__class__ is Delivery:
-                await self._execute(item)
-                continue
-            self.wakeup.clear()  # no await since next(): nothing was pushed in between
-            if item is None:
-                await self.wakeup.wait()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wakeup.wait(), item)
+    def _loop(self, worker: _Worker) -> None:
+        condition = self._condition
+        outcome: _Outcome | None = None
+        while True:
+            with condition:
+                while True:
+                    turn = self._turn(worker, outcome)
+                    outcome = None
+                    if isinstance(turn, Delivery):
+                        break
+                    if turn is EXIT:
+                        return
+                    self._idle += 1
+                    condition.wait(turn)
+                    self._idle -= 1
+            outcome = self._execute(worker, turn)
 
-    async def _execute(self, delivery: Delivery) -> None:
-        if self._dropped_as_revoked(delivery):
-            return
+    def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
+        handed_back = self._handed_back_if_revoked(delivery)
+        if handed_back is not None:
+            return handed_back
         if delivery.pending_dead_letter is not None:
-            await self._publish_dead_letter(delivery, delivery.pending_dead_letter)
-            return
+            return self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter)
         delivery.attempts += 1
-        stats = self.stats
+        stats = worker.stats
         stats.busy = True
         started = self.clock()
         try:
-            await self.handler(delivery.message)
+            call_sync_handler(self._handler, delivery.message)
+        except BaseException as error:  # SystemExit from a handler is a failed message, not a dead worker
+            stats.busy = False
+            return self._failed(worker, delivery, error) or self._publish_dead_letter(worker, delivery, error)
+        stats.busy = False
+        return self._succeeded(worker, delivery, started)
+
+    def _publish_dead_letter(self, worker: _Worker, delivery: Delivery, error: BaseException) -> _Outcome:
+        publish_error = None
+        try:
+            assert self.dead_letters is not None, "dlq policy without a dead-letter sink"
+            self.dead_letters.publish(delivery.message, error, delivery.attempts)
+        except Exception as failure:  # DeadLetterError, or anything a custom sink raises
+            publish_error = failure
+        return self._dead_lettered(worker, delivery, error, publish_error)
+
+    def stop(self, timeout: float) -> None:
+        """Let running handlers finish (up to ``timeout``), then hand back everything not started."""
+        deadline = self.clock() + timeout
+        with self._condition:
+            self.stopping = True
+            workers = list(self._workers.values())
+            self._condition.notify_all()
+        for worker in workers:
+            assert worker.thread is not None
+            worker.thread.join(max(deadline - self.clock(), 0.0))
+            if worker.thread.is_alive():
+                log.warning("worker %d still inside the handler after the shutdown grace period", worker.id)
+        self._abandon_queued()
+
+
+class AsyncWorkerPool(_PoolBase):
+    """Key workers as asyncio tasks on one event-loop thread, for ``async def`` handlers.
+
+    Threading: the tasks and ``_idle`` live on the loop thread; the poll thread reaches them through
+    ``call_soon_threadsafe``. An idle worker parks a future in ``_idle`` right after seeing no ready
+    lane (no ``await`` in between), so a wake-up scheduled by ``submit`` can never be missed.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="keyorder-async-workers", daemon=True)
+        self._idle: deque[asyncio.Future[None]] = deque()
+
+    def start(self) -> None:
+        self._thread.start()
+        for _ in range(self._target):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        worker = _Worker(next(self._ids))
+        with self._lock:
+            self._workers[worker.id] = worker
+        self._loop.call_soon_threadsafe(self._start_task, worker)
+
+    def _start_task(self, worker: _Worker) -> None:  # on the loop thread
+        worker.task = self._loop.create_task(self._run(worker))
+
+    def submit(self, deliveries: list[Delivery]) -> None:
+        with self._lock:
+            ready = self._scheduler.add(deliveries)
+        if ready:
+            self._loop.call_soon_threadsafe(self._wake_idle, ready)
+
+    def _wake(self, lanes: int) -> None:
+        self._loop.call_soon_threadsafe(self._wake_idle, lanes)
+
+    def _wake_all(self) -> None:
+        self._loop.call_soon_threadsafe(self._wake_idle, None)
+
+    def _wake_idle(self, count: int | None) -> None:  # on the loop thread
+        idle = self._idle
+        woken = 0
+        while idle and (count is None or woken < count):
+            future = idle.popleft()
+            if not future.done():
+                future.set_result(None)
+                woken += 1
+
+    async def _run(self, worker: _Worker) -> None:
+        try:
+            await self._work(worker)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            self._crashed(worker, error)
+        finally:
+            with self._lock:
+                self._exit(worker)
+
+    async def _work(self, worker: _Worker) -> None:
+        outcome: _Outcome | None = None
+        while True:
+            with self._lock:
+                turn = self._turn(worker, outcome)
+            outcome = None
+            if isinstance(turn, Delivery):
+                outcome = await self._execute(worker, turn)
+                continue
+            if turn is EXIT:
+                return
+            future = self._loop.create_future()
+            self._idle.append(future)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(future, turn)
+
+    async def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
+        handed_back = self._handed_back_if_revoked(delivery)
+        if handed_back is not None:
+            return handed_back
+        if delivery.pending_dead_letter is not None:
+            return await self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter)
+        delivery.attempts += 1
+        stats = worker.stats
+        stats.busy = True
+        started = self.clock()
+        try:
+            await self._handler(delivery.message)
         except BaseException as error:
             stats.busy = False
             task = asyncio.current_task()
             if isinstance(error, asyncio.CancelledError) and task is not None and task.cancelling():
                 raise  # the pool is cancelling this worker (shutdown), not a failing message
-            if self._failed(delivery, error) is Verdict.DEAD_LETTER:
-                await self._publish_dead_letter(delivery, error)
-            return
+            outcome = self._failed(worker, delivery, error)
+            return outcome or await self._publish_dead_letter(worker, delivery, error)
         stats.busy = False
-        self._succeeded(delivery, started)
+        return self._succeeded(worker, delivery, started)
 
-    async def _publish_dead_letter(self, delivery: Delivery, error: BaseException) -> None:
+    async def _publish_dead_letter(self, worker: _Worker, delivery: Delivery, error: BaseException) -> _Outcome:
         publish_error = None
         try:
             assert self.dead_letters is not None, "dlq policy without a dead-letter sink"
             await asyncio.to_thread(self.dead_letters.publish, delivery.message, error, delivery.attempts)
         except Exception as failure:  # DeadLetterError, or anything a custom sink raises
             publish_error = failure
-        self._dead_lettered(delivery, error, publish_error)
-
-
-class AsyncWorkerPool(_PoolBase):
-    """Key workers as asyncio tasks on one event-loop thread, for ``async def`` handlers.
-
-    Threading: ``_workers`` is mutated only on the loop thread; the poll thread reaches it through
-    ``call_soon_threadsafe`` (and reads it with ``list()``, atomic under the GIL).
-    """
-
-    def __init__(
-        self,
-        handler: Callable[[Any], Any],
-        workers: int,
-        retry: RetryPolicy,
-        dead_letters: DeadLetterSink | None,
-        completions: Completions,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(handler, workers, retry, dead_letters, completions, clock)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="keyorder-async-workers", daemon=True)
-
-    def _spawn(self, slot: int) -> None:  # on the loop thread
-        worker = _AsyncWorker(self._handler, slot=slot, **self._core)
-        self._workers[slot] = worker
-        worker.task = self._loop.create_task(worker.run())
-
-    def _call(self, function: Callable[..., Any], *args: Any) -> None:
-        self._loop.call_soon_threadsafe(function, *args)
-
-    def start(self) -> None:
-        self._thread.start()
-        self._call(self._grow, self.size)
-
-    def _grow(self, workers: int) -> None:
-        for slot in range(workers):
-            if slot not in self._workers:
-                self._spawn(slot)
-
-    def submit(self, batches: dict[int, list[Delivery]]) -> None:
-        self._call(self._accept, batches)
-
-    def _accept(self, batches: dict[int, list[Delivery]]) -> None:
-        for slot, batch in batches.items():
-            worker = self._workers[slot]
-            worker.scheduler.push_all(batch)
-            worker.wakeup.set()
-
-    def resize(self, workers: int) -> None:
-        self.size = workers
-        self._call(self._grow, workers)
-
-    def retire(self, slot: int) -> None:
-        self._call(self._retire, slot)
-
-    def _retire(self, slot: int) -> None:
-        worker = self._workers.get(slot)
-        if worker is not None:
-            self._retired.absorb(worker.stats)  # before removal: a scrape never sees the counters drop
-            del self._workers[slot]
-            worker.stopping = True
-            worker.wakeup.set()
+        return self._dead_lettered(worker, delivery, error, publish_error)
 
     def stop(self, timeout: float) -> None:
+        """Let running handlers finish (up to ``timeout``), cancel the rest, hand back everything queued."""
+
         async def shutdown() -> None:
-            for worker in self._workers.values():
-                worker.stopping = True
-                worker.wakeup.set()
-            tasks = [worker.task for worker in self._workers.values() if worker.task]
+            with self._lock:
+                self.stopping = True
+                tasks = [worker.task for worker in self._workers.values() if worker.task]
+            self._wake_idle(None)
             _done, still_running = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
             for task in still_running:
                 task.cancel()
@@ -565,3 +586,4 @@ class AsyncWorkerPool(_PoolBase):
             self._thread.join(5)
         if not self._thread.is_alive():
             self._loop.close()
+        self._abandon_queued()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections import deque
 from pathlib import Path
 
 from keyorder.adapters.metrics import KeyorderCollector
+from keyorder.core.lanes import Delivery
+from keyorder.core.retry import RetryPolicy
+from keyorder.message import Message
 from keyorder.runtime import PartitionSnapshot, RuntimeSnapshot
-from keyorder.workers import WorkerStats
+from keyorder.workers import ThreadWorkerPool
 from tools.docs_tables import generated_tables, render_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,9 +24,8 @@ def test_settings_tables_match_the_models():
 
 
 class _Runtime:
-    """Stand-in for ConsumerRuntime (only the two attributes the collector reads)."""
+    """Stand-in for ConsumerRuntime (only the snapshot the collector reads)."""
 
-    workers = 4
     snapshot = RuntimeSnapshot(
         partitions=(
             PartitionSnapshot(
@@ -43,14 +46,30 @@ class _Runtime:
     )
 
 
-class _Pool:
-    def stats(self):
-        return [WorkerStats(), WorkerStats()]
+class _Partition:
+    id = ("t", 0)
+    revoked = False
+
+
+def _pool() -> ThreadWorkerPool:
+    """A real pool, never started (no threads): 3 messages of a hot key, 1 of another, the min-offset
+    message 10 of the hot key parked for a retry, the other one ready."""
+    pool = ThreadWorkerPool(lambda _message: None, 4, RetryPolicy(), None, deque())
+    partition = _Partition()
+    pool.submit(
+        [Delivery(Message("t", 0, offset, key, b"{}"), key, partition, 0.0)
+         for offset, key in ((10, b"hot"), (11, b"hot"), (12, b"hot"), (13, b"cold"))]
+    )  # fmt: skip
+    scheduler = pool._scheduler  # the pool's own scheduler: park the hot lane as a failing worker would
+    head = scheduler.take(0.0)
+    assert head is not None and head.message.offset == 10
+    scheduler.park(head, due=1e9)
+    return pool
 
 
 def exported_names() -> set[str]:
     names = set()
-    for family in KeyorderCollector(_Runtime(), _Pool()).collect():
+    for family in KeyorderCollector(_Runtime(), _pool()).collect():
         suffix = "_total" if family.type == "counter" else ""
         names.add(family.name + suffix)
     return names
@@ -70,8 +89,25 @@ def test_metric_names_follow_the_conventions():
 
 
 def test_collector_values_come_from_the_snapshot():
-    families = {family.name: family for family in KeyorderCollector(_Runtime(), _Pool()).collect()}
+    families = {family.name: family for family in KeyorderCollector(_Runtime(), _pool()).collect()}
     lag = families["keyorder_partition_lag_messages"].samples[0]
     assert lag.labels == {"topic": "t", "partition": "0"} and lag.value == 5
     assert families["keyorder_workers"].samples[0].value == 4
     assert families["keyorder_pod_queued_messages"].samples[0].value == 3
+
+
+def test_lane_metrics_come_from_the_pods_lane_scheduler():
+    families = {family.name: family for family in KeyorderCollector(_Runtime(), _pool()).collect()}
+
+    def value(name: str) -> float:
+        return families[name].samples[0].value
+
+    assert value("keyorder_lanes_ready") == 1, "the cold lane waits for a worker"
+    assert value("keyorder_lanes_running") == 0
+    assert value("keyorder_keys_inflight") == 2
+    assert value("keyorder_keys_retrying") == 1
+    assert value("keyorder_keys_blocked") == 0
+    assert value("keyorder_lane_backlog_max_messages") == 3
+    assert value("keyorder_lane_backlog_max_ratio") == 0.75
+    assert value("keyorder_partition_min_offset_parked") == 1, "offset 10 is the min-offset and it is parked"
+    assert value("keyorder_partition_min_offset_blocked") == 0

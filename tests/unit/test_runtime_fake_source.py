@@ -13,7 +13,7 @@ from collections import deque
 
 from keyorder.core import offset_metadata
 from keyorder.core.retry import RetryPolicy
-from keyorder.core.routing import KeyRouter, Ordering
+from keyorder.core.routing import Ordering
 from keyorder.message import Message
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
 from keyorder.workers import ThreadWorkerPool
@@ -80,7 +80,7 @@ def run_until(source, handled, expected_count):
     completions: deque = deque()
     pool = ThreadWorkerPool(lambda m: handled.append(m.offset), 4, RetryPolicy(), None, completions)
     runtime = ConsumerRuntime(
-        RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool, KeyRouter(Ordering.KEY, 4), completions
+        RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool, Ordering.KEY, completions
     )
     stop = threading.Event()
     thread = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
@@ -130,7 +130,7 @@ def test_commits_carry_completed_offsets_above_a_stuck_one():
     completions: deque = deque()
     pool = ThreadWorkerPool(handler, 8, RetryPolicy(), None, completions)
     runtime = ConsumerRuntime(
-        RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool, KeyRouter(Ordering.KEY, 8), completions
+        RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool, Ordering.KEY, completions
     )
     stop = threading.Event()
     thread = threading.Thread(target=runtime.run, args=(stop,), daemon=True)

@@ -12,8 +12,8 @@ from collections import deque
 
 import pytest
 
+from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
-from keyorder.core.scheduling import Delivery
 from keyorder.message import Message
 from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool
 from tests.conftest import wait_until
@@ -38,7 +38,7 @@ class Partition:
 
 def deliveries(offsets, lane=b"k"):
     partition = Partition()
-    return [Delivery(Message("t", 0, offset, lane, b"{}"), lane, 0, partition, time.monotonic()) for offset in offsets]
+    return [Delivery(Message("t", 0, offset, lane, b"{}"), lane, partition, time.monotonic()) for offset in offsets]
 
 
 def run_pool(pool_type, handler, offsets, sink):
@@ -52,7 +52,7 @@ def run_pool(pool_type, handler, offsets, sink):
     )
     pool.start()
     try:
-        pool.submit({0: deliveries(offsets)})
+        pool.submit(deliveries(offsets))
         wait_until(lambda: len(completions) == len(offsets), 10, "every delivery back")
     finally:
         pool.stop(2)
@@ -119,7 +119,7 @@ def test_a_failing_dead_letter_sink_keeps_the_message_in_flight_and_retries_only
     )
     pool.start()
     try:
-        pool.submit({0: deliveries([0])})
+        pool.submit(deliveries([0]))
         wait_until(lambda: sink.outage == 1, 5, "the first DLQ write to fail")
         assert not completions, "a message whose DLQ write failed was reported finished"
         wait_until(lambda: len(completions) == 1, 5, "the DLQ write to succeed after the outage")

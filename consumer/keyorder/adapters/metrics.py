@@ -31,6 +31,10 @@ PARTITION_GAUGES = {
     "keyorder_partition_uncommitted_messages": "Messages received at or above the committed offset "
     "(what a crash would re-deliver; bounded by backpressure).",
     "keyorder_partition_paused": "1 while fetching from the partition is paused by backpressure.",
+    "keyorder_partition_min_offset_parked": "1 while the partition's min-offset message waits for a retry "
+    "(its lane is parked): the commit cannot pass it until it succeeds or is dead-lettered.",
+    "keyorder_partition_min_offset_blocked": "1 while the partition's min-offset message exhausted its attempts "
+    "under the block policy: the partition's commit is stuck until the handler succeeds.",
 }
 
 
@@ -51,8 +55,15 @@ class KeyorderCollector(Collector):
             "Messages of the partition finished (handled or dead-lettered).",
             labels=labels,
         )
+        lanes = self.pool.lane_summary()
+        held = {(state.id, offset): blocked for state, offset, blocked in lanes.parked_heads}
         for part in snapshot.partitions:
             value = [part.topic, str(part.partition)]
+            head_blocked = (
+                None if part.min_inflight is None else held.get(((part.topic, part.partition), part.min_inflight))
+            )
+            families["keyorder_partition_min_offset_parked"].add_metric(value, 0 if head_blocked is None else 1)
+            families["keyorder_partition_min_offset_blocked"].add_metric(value, 1 if head_blocked else 0)
             if part.lag is not None:
                 families["keyorder_partition_lag_messages"].add_metric(value, part.lag)
             if part.committed is not None:
@@ -78,21 +89,42 @@ class KeyorderCollector(Collector):
             value=max(snapshot.inflight - busy, 0),
         )
         yield GaugeMetricFamily(
-            "keyorder_workers", "Key workers (target; retiring ones excluded).", value=self.runtime.workers
+            "keyorder_lanes_ready",
+            "Lanes (keys) with a message ready to run and no worker free to take it: above 0 for long, "
+            "more workers would help.",
+            value=lanes.ready,
+        )
+        yield GaugeMetricFamily(
+            "keyorder_lanes_running", "Lanes whose head message is inside a handler right now.", value=lanes.running
+        )
+        yield GaugeMetricFamily(
+            "keyorder_lane_backlog_max_messages",
+            "Messages queued on the single busiest lane (key): the part of the backlog that only one worker "
+            "at a time can drain.",
+            value=lanes.longest_backlog,
+        )
+        yield GaugeMetricFamily(
+            "keyorder_lane_backlog_max_ratio",
+            "The busiest lane's share of the messages queued in the pod (0 to 1): near 1, one key is the "
+            "bottleneck and more workers or pods cannot help.",
+            value=lanes.longest_backlog_share,
+        )
+        yield GaugeMetricFamily(
+            "keyorder_workers", "Key workers (target; retiring ones excluded).", value=self.pool.size
         )
         yield GaugeMetricFamily("keyorder_workers_busy", "Workers inside the handler right now.", value=busy)
         yield GaugeMetricFamily(
-            "keyorder_keys_inflight", "Distinct keys (lanes) with messages in flight.", value=snapshot.pinned_lanes
+            "keyorder_keys_inflight", "Distinct keys (lanes) with messages in flight.", value=lanes.active
         )
         yield GaugeMetricFamily(
             "keyorder_keys_retrying",
             "Keys parked waiting for a retry.",
-            value=sum(worker.parked_lanes for worker in stats),
+            value=lanes.parked,
         )
         yield GaugeMetricFamily(
             "keyorder_keys_blocked",
             "Keys that exhausted their attempts under the block policy.",
-            value=sum(worker.blocked_lanes for worker in stats),
+            value=lanes.blocked,
         )
         for name, text, attribute in (
             ("keyorder_messages_processed", "Messages handled successfully.", "processed"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +61,19 @@ class Load:
         return self.inflight <= bound.inflight * ratio and self.uncommitted <= bound.uncommitted * ratio
 
 
-class FlowControl:
+PartitionKey = TypeVar("PartitionKey", bound=Hashable)
+"""How the caller names a partition (the runtime uses ``(topic, partition)``)."""
+
+
+class FlowControl(Generic[PartitionKey]):
     """Hysteresis state for the pod and each partition."""
 
     def __init__(self, limits: FlowLimits) -> None:
         self.limits = limits
         self.pod_bound = Load(limits.max_inflight, limits.max_uncommitted)
         self.pod_saturated = False
-        self._full: set[Hashable] = set()
-        self.paused: set[Hashable] = set()
+        self._full: set[PartitionKey] = set()
+        self.paused: set[PartitionKey] = set()
 
     def partition_bound(self, partitions: int) -> Load:
         """Per-partition bounds with ``partitions`` assigned: the configured ones, capped at a fair share."""
@@ -83,7 +88,7 @@ class FlowControl:
         limits = self.limits
         return max(min(limits.max_inflight - pod.inflight, limits.max_uncommitted - pod.uncommitted), 0)
 
-    def commit_pressure(self, partitions: Mapping[Hashable, Load], pod: Load) -> bool:
+    def commit_pressure(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> bool:
         """True when a commit now would let work resume: an uncommitted bound is half-used.
 
         With fast handlers the window fills faster than the periodic commit interval; committing
@@ -95,7 +100,9 @@ class FlowControl:
         threshold = self.partition_bound(len(partitions)).uncommitted * ratio
         return any(load.uncommitted >= threshold for load in partitions.values())
 
-    def decide(self, partitions: Mapping[Hashable, Load], pod: Load) -> tuple[list[Hashable], list[Hashable]]:
+    def decide(
+        self, partitions: Mapping[PartitionKey, Load], pod: Load
+    ) -> tuple[list[PartitionKey], list[PartitionKey]]:
         """``(to_pause, to_resume)`` for the current loads; updates ``paused``."""
         ratio = self.limits.resume_ratio
         if pod.reaches(self.pod_bound):

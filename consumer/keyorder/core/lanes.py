@@ -1,0 +1,259 @@
+"""The pod's lane scheduler: one FIFO per lane, one ready queue, any idle worker runs any lane.
+
+A *lane* is the unit of ordering (a key, a partition, or a single message when unordered, see
+``routing``). Every delivery waits in its lane's own FIFO. A lane is **ready** when it has a head
+delivery, is not running and is not parked; ready lanes wait in one queue, and whichever worker
+is idle takes the next one, runs its head, then puts the lane back at the tail if more is queued
+(round-robin fairness across lanes). Lanes are never bound to workers, so:
+
+* the worker count is just how many workers call ``take``; a resize changes nothing here and takes
+  effect on the next message;
+* a hot or slow lane occupies at most one worker and delays no other lane (no head-of-line
+  blocking behind a shared worker queue);
+* a failed delivery *parks* its lane until a due time: the lane holds no worker and no other lane
+  waits for it; once due, it becomes ready with the failed delivery still at its head.
+
+Invariants (property-tested): a lane's deliveries run in arrival order, one at a time (at most one
+``take`` outstanding per lane); nothing is lost (every delivery added is taken and finished, or
+handed back by ``withdraw`` or ``drain``).
+
+Pure: time is a parameter and nothing here does I/O or locks. The worker pools own one instance
+and serialise access to it with one lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+class Delivery:
+    """A message on its way through the pod, with its lane and retry state."""
+
+    __slots__ = ("attempts", "lane", "message", "partition", "pending_dead_letter", "received_at")
+
+    def __init__(self, message: Any, lane: Hashable | None, partition: Any, received_at: float) -> None:
+        self.message = message
+        self.lane = lane
+        """The ordering lane; ``None`` when unordered (the delivery is a lane of its own)."""
+        self.partition = partition
+        """The runtime's per-partition state (opaque here)."""
+        self.received_at = received_at
+        self.attempts = 0
+        self.pending_dead_letter: BaseException | None = None
+        """Set when the handler gave up but the DLQ write failed: only the write is retried."""
+
+    @property
+    def lane_id(self) -> Hashable:
+        """The scheduler's key for this delivery's lane: its lane, or the delivery itself if unordered."""
+        return self.lane if self.lane is not None else id(self)
+
+
+class _Lane:
+    __slots__ = ("blocked", "deliveries", "parked_until", "running")
+
+    def __init__(self) -> None:
+        self.deliveries: deque[Delivery] = deque()
+        self.running = False
+        self.parked_until: float | None = None
+        self.blocked = False
+
+
+@dataclass(frozen=True)
+class LaneSummary:
+    """What the lanes look like right now: the signals behind the pod's lane metrics."""
+
+    ready: int = 0
+    """Lanes waiting for a worker."""
+    running: int = 0
+    """Lanes whose head is inside a handler (at most one per busy worker)."""
+    parked: int = 0
+    """Lanes waiting for a retry's due time (blocked ones included)."""
+    blocked: int = 0
+    """Parked lanes whose head exhausted its attempts under the ``block`` policy."""
+    queued: int = 0
+    """Deliveries held by the lanes (running heads included)."""
+    longest_backlog: int = 0
+    """Deliveries held by the single busiest lane."""
+    active: int = 0
+    """Lanes holding at least one delivery (ready, running or parked)."""
+    parked_heads: frozenset[tuple[Any, int, bool]] = frozenset()
+    """``(partition, offset, blocked)`` of every parked head: what holds back a partition's min-offset."""
+
+    @property
+    def longest_backlog_share(self) -> float:
+        """The busiest lane's share of everything queued in the pod (0 when nothing is)."""
+        return self.longest_backlog / self.queued if self.queued else 0.0
+
+
+class LaneScheduler:
+    """Per-lane FIFOs, one ready queue, and a heap of parked lanes by due time."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[Hashable, _Lane] = {}
+        self._ready: deque[Hashable] = deque()
+        self._due: list[tuple[float, int, Hashable]] = []  # (due, tie-breaker, lane id); stale entries skipped
+        self._tie = 0
+        self._running = 0
+        self._parked = 0
+        self._queued = 0
+
+    # -- the poll loop's side --------------------------------------------------------------------------
+    def add(self, deliveries: Iterable[Delivery]) -> int:
+        """Append each delivery to its lane; returns how many lanes became ready (workers to wake)."""
+        lanes, ready = self._lanes, self._ready
+        woken = 0
+        for delivery in deliveries:
+            lane_id = delivery.lane_id
+            lane = lanes.get(lane_id)
+            if lane is None:
+                lane = lanes[lane_id] = _Lane()
+                ready.append(lane_id)
+                woken += 1
+            lane.deliveries.append(delivery)
+            self._queued += 1
+        return woken
+
+    def withdraw(self, should_withdraw: Callable[[Delivery], bool]) -> list[Delivery]:
+        """Remove every delivery that matches and is not running; a parked head is removed too.
+
+        Used on revoke: the revoked partitions' queued and parked deliveries are handed back at once
+        (the new owner receives them from the committed offset); only running ones are waited for.
+        """
+        withdrawn: list[Delivery] = []
+        for lane_id, lane in list(self._lanes.items()):
+            keep: deque[Delivery] = deque()
+            for index, delivery in enumerate(lane.deliveries):
+                if should_withdraw(delivery) and not (index == 0 and lane.running):
+                    withdrawn.append(delivery)
+                else:
+                    keep.append(delivery)
+            if len(keep) == len(lane.deliveries):
+                continue
+            self._queued -= len(lane.deliveries) - len(keep)
+            head_withdrawn = not keep or keep[0] is not lane.deliveries[0]
+            lane.deliveries = keep
+            if lane.parked_until is not None and head_withdrawn:
+                self._unpark(lane)
+                if keep:
+                    self._ready.append(lane_id)
+            if not keep:
+                self._forget(lane_id)
+        if withdrawn:
+            self._ready = deque(lane_id for lane_id in dict.fromkeys(self._ready) if self._is_ready(lane_id))
+        return withdrawn
+
+    def drain(self) -> list[Delivery]:
+        """Remove and return every delivery that is not running (shutdown: abandoned unprocessed)."""
+        return self.withdraw(lambda _delivery: True)
+
+    # -- the workers' side ------------------------------------------------------------------------------
+    def take(self, now: float) -> Delivery | None:
+        """The head of the next ready lane, now marked running; ``None`` when no lane is ready."""
+        self._wake_due(now)
+        ready, lanes = self._ready, self._lanes
+        if not ready:
+            return None
+        lane = lanes[ready.popleft()]  # a lane id is in the ready queue at most once, and only while ready
+        lane.running = True
+        self._running += 1
+        return lane.deliveries[0]
+
+    def seconds_until_due(self, now: float) -> float | None:
+        """Seconds until the earliest parked lane is due (0 if one is); ``None`` if none is parked."""
+        due = self._due
+        while due and self._stale(due[0]):
+            heapq.heappop(due)
+        return max(due[0][0] - now, 0.0) if due else None
+
+    def finished(self, delivery: Delivery) -> None:
+        """The running head succeeded, was dead-lettered or handed back: the lane moves on."""
+        lane_id = delivery.lane_id
+        lane = self._running_lane(lane_id, delivery)
+        lane.deliveries.popleft()
+        self._queued -= 1
+        lane.running = False
+        self._running -= 1
+        lane.blocked = False
+        if lane.deliveries:
+            self._ready.append(lane_id)
+        else:
+            self._forget(lane_id)
+
+    def park(self, delivery: Delivery, due: float, blocked: bool = False) -> None:
+        """The running head failed: its lane waits until ``due`` (holding no worker), head first."""
+        lane_id = delivery.lane_id
+        lane = self._running_lane(lane_id, delivery)
+        lane.running = False
+        self._running -= 1
+        lane.parked_until = due
+        lane.blocked = blocked
+        self._parked += 1
+        self._tie += 1
+        heapq.heappush(self._due, (due, self._tie, lane_id))
+
+    # -- observation ------------------------------------------------------------------------------------
+    def summary(self) -> LaneSummary:
+        """Counts for metrics; O(lanes), so called at scrape time, not per message."""
+        longest, blocked, heads = 0, 0, []
+        for lane in self._lanes.values():
+            longest = max(longest, len(lane.deliveries))
+            if lane.parked_until is not None:
+                head = lane.deliveries[0]
+                heads.append((head.partition, head.message.offset, lane.blocked))
+                blocked += lane.blocked
+        ready = len(self._ready)
+        return LaneSummary(
+            ready=ready,
+            running=self._running,
+            parked=self._parked,
+            blocked=blocked,
+            queued=self._queued,
+            longest_backlog=longest,
+            parked_heads=frozenset(heads),
+            active=len(self._lanes),
+        )
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def __len__(self) -> int:
+        """Deliveries held (queued, parked or running)."""
+        return self._queued
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _running_lane(self, lane_id: Hashable, delivery: Delivery) -> _Lane:
+        lane = self._lanes.get(lane_id)
+        if lane is None or not lane.running or lane.deliveries[0] is not delivery:
+            raise RuntimeError("a lane finished or parked a delivery that is not its running head")
+        return lane
+
+    def _wake_due(self, now: float) -> None:
+        due, lanes = self._due, self._lanes
+        while due and due[0][0] <= now:
+            entry = heapq.heappop(due)
+            if self._stale(entry):
+                continue
+            lane = lanes[entry[2]]
+            self._unpark(lane)
+            self._ready.append(entry[2])
+
+    def _is_ready(self, lane_id: Hashable) -> bool:
+        lane = self._lanes.get(lane_id)
+        return lane is not None and not lane.running and lane.parked_until is None and bool(lane.deliveries)
+
+    def _stale(self, entry: tuple[float, int, Hashable]) -> bool:
+        lane = self._lanes.get(entry[2])
+        return lane is None or lane.parked_until != entry[0]
+
+    def _unpark(self, lane: _Lane) -> None:
+        lane.parked_until = None
+        lane.blocked = False
+        self._parked -= 1
+
+    def _forget(self, lane_id: Hashable) -> None:
+        del self._lanes[lane_id]

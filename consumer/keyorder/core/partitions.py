@@ -1,0 +1,42 @@
+"""What a pod knows about one assigned partition: its offsets, receive times and hand-over flags.
+
+A plain record shared by the poll loop (which owns it), the committer and, read-only, the workers
+(which check ``revoked`` before starting a message). Pure data: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from keyorder.core.tracking import PartitionOffsets, ReceiveTimes
+
+
+class PartitionState:
+    """One assigned partition, owned by the poll-loop thread."""
+
+    __slots__ = (
+        "completed",
+        "confirmed",
+        "dropped",
+        "id",
+        "last_committed",
+        "offsets",
+        "outstanding",
+        "receive_times",
+        "revoked",
+    )
+
+    def __init__(self, partition_id: tuple[str, int], offsets: PartitionOffsets) -> None:
+        self.id = partition_id
+        self.offsets = offsets
+        self.receive_times = ReceiveTimes()
+        self.revoked = False
+        """Set when the partition is being revoked: workers skip its messages that have not started."""
+        self.dropped = False
+        """Set once the pod has let the partition go: late completions no longer touch its offsets."""
+        self.outstanding = 0
+        """Deliveries handed to workers and not yet returned (finished or handed back)."""
+        self.last_committed: tuple[int, int] | None = None
+        """(position, completed-above count) of the last commit sent; ``None`` forces the next one."""
+        self.confirmed: int | None = None
+        """The last position the broker confirmed (an asynchronous commit may still be on its way)."""
+        self.completed = 0
+        """Messages finished (handled or dead-lettered) since the assignment."""

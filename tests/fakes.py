@@ -1,0 +1,78 @@
+"""Test doubles shared by the unit tests. Each is a FAKE, named as one where it is used.
+
+``FakeClock`` stands in for ``time.monotonic``/``time.sleep`` (time is a parameter everywhere in the
+engine), so deadlines and pacing are table tests instead of sleeps. ``RecordingSource`` is an
+in-memory ``contracts.Source`` that records commits; the real broker covers the Kafka behaviour in
+tests/integration/.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+from keyorder.contracts import CommitError, CommitOutcome, RebalanceCallback, TopicPartitionId
+from keyorder.message import Message
+
+
+class FakeClock:
+    """FAKE monotonic clock: ``sleep`` advances it instantly (thread-safe)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.slept = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+            self.slept += seconds
+        threading.Event().wait(0.0001)  # let real worker threads run, as a real sleep would
+
+
+class RecordingSource:
+    """FAKE Source: no records of its own; records commits; can be told to fail the next commit."""
+
+    def __init__(self, committed: Mapping[TopicPartitionId, int | None] | None = None) -> None:
+        self.committed_offsets = dict(committed or {})
+        self.commits: list[tuple[dict[TopicPartitionId, tuple[int, str]], bool]] = []
+        self.fail_next_commit: str | None = None
+        self.paused: list[TopicPartitionId] = []
+
+    def subscribe(
+        self, topics: Sequence[str], on_assign: RebalanceCallback, on_revoke: RebalanceCallback,
+        on_lost: RebalanceCallback,
+    ) -> None:  # fmt: skip
+        pass
+
+    def consume(self, max_messages: int, timeout: float) -> list[Message]:
+        return []
+
+    def pause(self, partitions: Sequence[TopicPartitionId]) -> None:
+        self.paused.extend(partitions)
+
+    def resume(self, partitions: Mapping[TopicPartitionId, int | None]) -> None:
+        pass
+
+    def committed(
+        self, partitions: Sequence[TopicPartitionId], timeout: float
+    ) -> dict[TopicPartitionId, tuple[int | None, str | None]]:
+        return {pid: (self.committed_offsets.get(pid), None) for pid in partitions}
+
+    def commit(self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool) -> list[CommitOutcome]:
+        if self.fail_next_commit:
+            error, self.fail_next_commit = self.fail_next_commit, None
+            raise CommitError(error)
+        self.commits.append((dict(offsets), asynchronous))
+        if asynchronous:  # like librdkafka: the results arrive later, through the commit callback
+            return []
+        return [(pid, offset, None) for pid, (offset, _metadata) in offsets.items()]
+
+    def high_watermark(self, partition: TopicPartitionId) -> int | None:
+        return None
+
+    def close(self) -> None:
+        pass

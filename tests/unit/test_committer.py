@@ -1,0 +1,102 @@
+"""The commit protocol with a FAKE clock and a FAKE recording source: pacing, skips and resends."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyorder.committer import EARLY_COMMIT_SPACING, Committer
+from keyorder.core.partitions import PartitionState
+from keyorder.core.tracking import PartitionOffsets
+from tests.fakes import RecordingSource
+
+PID = ("orders", 0)
+
+
+def partition(start: int = 100, done: range = range(100, 103)) -> PartitionState:
+    state = PartitionState(PID, PartitionOffsets(start, set()))
+    for offset in range(start, start + 10):
+        state.offsets.received(offset)
+    for offset in done:
+        state.offsets.completed(offset)
+    return state
+
+
+def committed_positions(source: RecordingSource) -> list[int]:
+    return [offsets[PID][0] for offsets, _asynchronous in source.commits]
+
+
+def test_periodic_commits_once_per_interval_and_skips_an_unchanged_mark() -> None:
+    source, state = RecordingSource(), partition()
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    committer.periodic([state], now=0.0)
+    assert committed_positions(source) == [103], "the lowest unfinished offset"
+    state.offsets.completed(103)
+    committer.periodic([state], now=0.99)
+    assert committed_positions(source) == [103], "not before the interval"
+    committer.periodic([state], now=1.0)
+    assert committed_positions(source) == [103, 104]
+    committer.periodic([state], now=2.0)
+    assert committed_positions(source) == [103, 104], "nothing moved: no commit"
+    assert committer.commits == 2
+
+
+def test_a_changed_completed_set_above_a_stuck_offset_is_committed_again() -> None:
+    source, state = RecordingSource(), partition(done=range(101, 103))  # 100 is stuck
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    committer.periodic([state], now=0.0)
+    state.offsets.completed(105)
+    committer.periodic([state], now=1.0)
+    assert committed_positions(source) == [100, 100], "same position, new metadata"
+    state.offsets.completed(106)
+    committer.early([state], now=2.0, pressure=True)
+    assert committed_positions(source) == [100, 100], "an early commit only goes out when the position moved"
+
+
+@pytest.mark.parametrize(
+    ("pressure", "times", "expected"),
+    [
+        (False, [0.0, 0.5], 0),
+        (True, [0.0], 1),
+        (True, [0.0, EARLY_COMMIT_SPACING / 2], 1),  # paced
+        (True, [0.0, EARLY_COMMIT_SPACING], 2),
+    ],
+)
+def test_early_commits_only_under_pressure_and_paced(pressure: bool, times: list[float], expected: int) -> None:
+    source, state = RecordingSource(), partition(done=range(0))
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    for now in times:
+        state.offsets.completed(state.offsets.commit_position or 0)  # the position moves every time
+        committer.early([state], now=now, pressure=pressure)
+    assert len(source.commits) == expected
+    assert all(asynchronous for _offsets, asynchronous in source.commits)
+
+
+def test_a_failed_commit_request_is_sent_again_by_the_next_commit() -> None:
+    source, state = RecordingSource(), partition()
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    source.fail_next_commit = "rebalance in progress"
+    committer.periodic([state], now=0.0)
+    assert source.commits == [] and committer.failures == 1 and state.last_committed is None
+    committer.periodic([state], now=1.0)
+    assert committed_positions(source) == [103], "the same mark is sent again"
+
+
+def test_a_failed_partition_result_forces_a_resend() -> None:
+    source, state = RecordingSource(), partition()
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    committer.commit([state], asynchronous=True)
+    committer.record_outcomes([(PID, 103, "coordinator moved")])
+    assert state.last_committed is None and committer.failures == 1
+    committer.commit([state], asynchronous=False)
+    assert committed_positions(source) == [103, 103]
+
+
+def test_a_synchronous_commit_resends_a_mark_the_broker_has_not_confirmed() -> None:
+    """Shutdown right after an asynchronous commit: its result may never arrive, so send it again."""
+    source, state = RecordingSource(), partition()
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    committer.periodic([state], now=0.0)  # asynchronous: no result yet
+    committer.commit([state], asynchronous=False)
+    assert [asynchronous for _offsets, asynchronous in source.commits] == [True, False]
+    committer.commit([state], asynchronous=False)
+    assert len(source.commits) == 2, "confirmed by the synchronous commit: nothing to resend"

@@ -1,0 +1,285 @@
+"""LaneScheduler: per-lane FIFOs, one ready queue, parked lanes hold no worker, nothing lost."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyorder.core.lanes import Delivery, LaneScheduler
+
+
+class Partition:
+    """Stands in for the runtime's partition state (the scheduler treats it as opaque)."""
+
+    def __init__(self, name: str = "p0") -> None:
+        self.name = name
+
+
+class Named:
+    """A message that is just a name and an offset."""
+
+    def __init__(self, name: str, offset: int) -> None:
+        self.name, self.offset = name, offset
+
+
+P0 = Partition("p0")
+
+
+def delivery(name: str, lane: Hashable | None, partition: Partition = P0, offset: int = 0) -> Delivery:
+    return Delivery(message=Named(name, offset), lane=lane, partition=partition, received_at=0.0)
+
+
+def lane_deliveries(*names: str, partition: Partition = P0) -> list[Delivery]:
+    """``"A1"`` -> lane ``b"A"``; names starting with ``"U"`` are unordered (lane ``None``)."""
+    return [
+        delivery(name, None if name.startswith("U") else name[0].encode(), partition, offset)
+        for offset, name in enumerate(names)
+    ]
+
+
+def names(deliveries: list[Delivery]) -> list[str]:
+    return [item.message.name for item in deliveries]
+
+
+def take_all(scheduler: LaneScheduler, now: float = 0.0) -> list[str]:
+    """One worker: take and finish until nothing is ready."""
+    taken = []
+    while (item := scheduler.take(now)) is not None:
+        taken.append(item.message.name)
+        scheduler.finished(item)
+    return taken
+
+
+def test_lanes_take_turns_round_robin_and_each_keeps_its_order() -> None:
+    scheduler = LaneScheduler()
+    assert scheduler.add(lane_deliveries("A1", "A2", "A3", "B1", "C1", "B2")) == 3, "three lanes became ready"
+    assert len(scheduler) == 6
+    assert take_all(scheduler) == ["A1", "B1", "C1", "A2", "B2", "A3"]
+    assert len(scheduler) == 0
+    assert scheduler.summary().active == 0
+
+
+def test_idle_scheduler_has_nothing_ready_and_nothing_due() -> None:
+    scheduler = LaneScheduler()
+    assert scheduler.take(now=123.0) is None
+    assert scheduler.seconds_until_due(now=123.0) is None
+
+
+def test_a_running_lane_is_not_taken_twice_but_other_lanes_are() -> None:
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries("A1", "A2", "B1"))
+    first = scheduler.take(0.0)
+    second = scheduler.take(0.0)
+    assert first is not None and second is not None
+    assert (first.message.name, second.message.name) == ("A1", "B1")
+    assert scheduler.take(0.0) is None, "A2 must wait until A1 finished: one message of a lane at a time"
+    scheduler.finished(first)
+    third = scheduler.take(0.0)
+    assert third is not None and third.message.name == "A2"
+
+
+def test_a_hot_lane_holds_one_worker_and_never_delays_other_lanes() -> None:
+    """Head-of-line blocking is what slot hashing had: here the cold lanes are all ready at once."""
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries(*[f"H{i}" for i in range(1000)]))
+    scheduler.add([delivery(f"k{i}", f"cold-{i}".encode()) for i in range(50)])
+    hot = scheduler.take(0.0)
+    assert hot is not None and hot.message.name == "H0"
+    cold = [scheduler.take(0.0) for _ in range(50)]
+    assert all(item is not None for item in cold), "every cold lane is ready while the hot lane runs"
+    assert scheduler.take(0.0) is None
+    summary = scheduler.summary()
+    assert summary.running == 51
+    assert summary.longest_backlog == 1000
+    assert summary.longest_backlog_share == pytest.approx(1000 / 1050)
+
+
+def test_a_parked_lane_holds_no_worker_and_other_lanes_flow() -> None:
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries("A1", "B1", "A2", "B2", "A3"))
+    a1 = scheduler.take(0.0)
+    assert a1 is not None and a1.message.name == "A1"
+    scheduler.park(a1, due=10.0)
+    summary = scheduler.summary()
+    assert (summary.parked, summary.running, summary.blocked) == (1, 0, 0)
+    assert summary.parked_heads == frozenset({(P0, 0, False)})
+    assert take_all(scheduler, now=1.0) == ["B1", "B2"], "lane B must not wait for lane A's retry"
+    assert scheduler.seconds_until_due(now=1.0) == pytest.approx(9.0)
+    assert take_all(scheduler, now=9.99) == []
+    assert take_all(scheduler, now=10.0) == ["A1", "A2", "A3"], "the retried head first, then the lane's order"
+
+
+def test_a_retry_that_fails_again_parks_again_and_blocked_is_reported() -> None:
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries("A1", "A2"))
+    a1 = scheduler.take(0.0)
+    assert a1 is not None
+    scheduler.park(a1, due=1.0)
+    again = scheduler.take(1.0)
+    assert again is a1
+    scheduler.park(a1, due=5.0, blocked=True)
+    assert scheduler.summary().blocked == 1
+    assert scheduler.take(4.0) is None
+    assert scheduler.take(5.0) is a1
+    scheduler.finished(a1)
+    assert scheduler.summary().blocked == 0
+    assert take_all(scheduler, 5.0) == ["A2"]
+
+
+def test_earliest_due_lane_is_retried_first() -> None:
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries("A1", "B1"))
+    a1, b1 = scheduler.take(0.0), scheduler.take(0.0)
+    assert a1 is not None and b1 is not None
+    scheduler.park(a1, due=5.0)
+    scheduler.park(b1, due=2.0)
+    assert scheduler.seconds_until_due(0.0) == pytest.approx(2.0)
+    assert take_all(scheduler, 3.0) == ["B1"]
+    assert take_all(scheduler, 6.0) == ["A1"]
+
+
+def test_unordered_deliveries_are_lanes_of_their_own() -> None:
+    scheduler = LaneScheduler()
+    assert scheduler.add(lane_deliveries("U1", "U2", "U3")) == 3
+    taken = [scheduler.take(0.0) for _ in range(3)]
+    assert all(item is not None for item in taken), "unordered messages all run at once"
+    first = taken[0]
+    assert first is not None
+    scheduler.park(first, due=1.0)  # parks only itself
+    assert scheduler.summary().parked == 1
+
+
+def test_finishing_or_parking_anything_but_a_running_head_is_an_error() -> None:
+    scheduler = LaneScheduler()
+    a1, a2 = lane_deliveries("A1", "A2")
+    scheduler.add([a1, a2])
+    with pytest.raises(RuntimeError, match="running head"):
+        scheduler.finished(a1)  # not taken yet
+    taken = scheduler.take(0.0)
+    assert taken is a1
+    with pytest.raises(RuntimeError, match="running head"):
+        scheduler.park(a2, due=1.0)
+
+
+def test_withdraw_hands_back_queued_and_parked_deliveries_of_revoked_partitions_at_once() -> None:
+    revoked, kept = Partition("revoked"), Partition("kept")
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries("A1", "A2", "B1", partition=revoked))
+    scheduler.add(lane_deliveries("C1", "C2", partition=kept))
+    a1 = scheduler.take(0.0)
+    b1 = scheduler.take(0.0)
+    assert a1 is not None and b1 is not None
+    scheduler.park(b1, due=100.0)  # parked with a long backoff: must not hold the revoke
+    withdrawn = scheduler.withdraw(lambda item: item.partition is revoked)
+    assert sorted(names(withdrawn)) == ["A2", "B1"], "the running A1 stays; queued A2 and parked B1 leave"
+    summary = scheduler.summary()
+    assert (summary.parked, summary.running, summary.queued) == (0, 1, 3)
+    scheduler.finished(a1)
+    assert take_all(scheduler) == ["C1", "C2"]
+    assert len(scheduler) == 0
+
+
+def test_withdraw_keeps_a_lane_shared_by_two_partitions_in_order() -> None:
+    """One key on two topics: the revoked topic's messages leave, the other's keep their order."""
+    revoked, kept = Partition("revoked"), Partition("kept")
+    scheduler = LaneScheduler()
+    scheduler.add(
+        [delivery("x1", b"K", revoked), delivery("y1", b"K", kept), delivery("x2", b"K", revoked),
+         delivery("y2", b"K", kept)]
+    )  # fmt: skip
+    head = scheduler.take(0.0)
+    assert head is not None and head.message.name == "x1"
+    scheduler.park(head, due=50.0)
+    assert names(scheduler.withdraw(lambda item: item.partition is revoked)) == ["x1", "x2"]
+    assert take_all(scheduler, 0.0) == ["y1", "y2"], "the lane is ready again once its parked head left"
+
+
+def test_drain_returns_everything_not_running() -> None:
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries("A1", "A2", "B1", "U1"))
+    running = scheduler.take(0.0)
+    parked = scheduler.take(0.0)
+    assert running is not None and parked is not None
+    scheduler.park(parked, due=9.0)
+    assert sorted(names(scheduler.drain())) == ["A2", "B1", "U1"]
+    assert len(scheduler) == 1
+    scheduler.finished(running)
+    assert len(scheduler) == 0 and scheduler.take(100.0) is None
+
+
+@settings(deadline=None, database=None, max_examples=100)
+@given(data=st.data())
+def test_random_workers_failures_and_revokes_keep_lanes_serial_in_order_and_lose_nothing(
+    data: st.DataObject,
+) -> None:
+    """W simulated workers interleave take/finish/park; random arrivals and withdrawals.
+
+    Oracles: a lane never has two deliveries running; every lane's deliveries finish in arrival
+    order; every delivery added is finished or withdrawn exactly once.
+    """
+    scheduler = LaneScheduler()
+    partitions = [Partition("p0"), Partition("p1")]
+    lanes: list[Hashable | None] = [b"A", b"B", b"C", None]
+    workers = data.draw(st.integers(1, 4))
+    running: list[Delivery] = []
+    running_lanes: set[Hashable] = set()
+    arrived: dict[Hashable, list[int]] = {}
+    finished: dict[Hashable, list[int]] = {}
+    withdrawn: list[int] = []
+    counter, now = 0, 0.0
+    for _ in range(400):
+        action = data.draw(st.sampled_from(["add", "take", "finish", "park", "withdraw", "tick"]))
+        if action == "add" and counter < 60:
+            batch = []
+            for lane in data.draw(st.lists(st.sampled_from(lanes), max_size=4)):
+                counter += 1
+                item = delivery(f"m{counter}", lane, data.draw(st.sampled_from(partitions)), counter)
+                arrived.setdefault(item.lane_id, []).append(counter)
+                batch.append(item)
+            scheduler.add(batch)
+        elif action == "take" and len(running) < workers:
+            item = scheduler.take(now)
+            if item is not None:
+                assert item.lane_id not in running_lanes, "two deliveries of one lane ran at once"
+                running_lanes.add(item.lane_id)
+                running.append(item)
+        elif action in ("finish", "park") and running:
+            item = running.pop(data.draw(st.integers(0, len(running) - 1)))
+            running_lanes.discard(item.lane_id)
+            if action == "park":
+                scheduler.park(item, due=now + data.draw(st.floats(0.0, 3.0)), blocked=data.draw(st.booleans()))
+            else:
+                finished.setdefault(item.lane_id, []).append(item.message.offset)
+                scheduler.finished(item)
+        elif action == "withdraw":
+            gone = data.draw(st.sampled_from(partitions))
+            for item in scheduler.withdraw(lambda candidate, gone=gone: candidate.partition is gone):
+                assert item not in running
+                withdrawn.append(item.message.offset)
+        elif action == "tick":
+            now += data.draw(st.floats(0.0, 2.0))
+        summary = scheduler.summary()
+        assert summary.running == len(running)
+        assert summary.active == summary.ready + summary.running + summary.parked
+    for _ in range(10_000):  # drain: one worker finishes everything, waiting out the backoffs
+        for item in running:
+            finished.setdefault(item.lane_id, []).append(item.message.offset)
+            scheduler.finished(item)
+        running = []
+        if not len(scheduler):
+            break
+        item = scheduler.take(now)
+        if item is None:
+            wait = scheduler.seconds_until_due(now)
+            assert wait is not None, "deliveries held but none ready and none parked: lost"
+            now += wait + 1e-6  # past the due time despite float rounding
+            continue
+        running.append(item)
+    assert not len(scheduler), f"drain did not finish: {scheduler.summary()}"
+    for lane, offsets in finished.items():
+        assert offsets == sorted(offsets), f"lane {lane!r} finished out of arrival order"
+    every = sorted([offset for offsets in finished.values() for offset in offsets] + withdrawn)
+    assert every == sorted(offset for offsets in arrived.values() for offset in offsets), "lost or duplicated"

@@ -1,0 +1,113 @@
+"""Revoke and shutdown with a FAKE clock: what a rebalance waits for, and for how long.
+
+The pool and its worker threads are real; the source is a FAKE recording one (no broker needed to
+see which deliveries are handed back and what is committed) and time is a FAKE clock whose
+``sleep`` advances it, so a 10 s drain timeout takes milliseconds and is measured exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.core.routing import Ordering
+from keyorder.message import Message
+from keyorder.runtime import ConsumerRuntime, RuntimeSettings
+from keyorder.workers import ThreadWorkerPool
+from tests.conftest import wait_until
+from tests.fakes import FakeClock, RecordingSource
+
+PID = ("t", 0)
+
+
+class Scenario:
+    """Offsets 0..5 on one partition: key ``slow`` (0) is inside its handler until released, key
+    ``failing`` (1) is parked for a 60 s retry, and keys ``a``/``b`` (2..5) are queued behind W=2."""
+
+    def __init__(self, revoke_drain_timeout: float = 10.0, shutdown_grace: float = 25.0) -> None:
+        self.release = threading.Event()
+        self.started: list[int] = []
+        self.clock = FakeClock()
+        self.source = RecordingSource({PID: 0})
+        completions: deque = deque()
+        retry = RetryPolicy(max_attempts=5, initial_backoff=60.0, max_backoff=60.0, exhausted=ExhaustedPolicy.BLOCK)
+        self.pool = ThreadWorkerPool(self.handle, 2, retry, None, completions, clock=self.clock)
+        settings = RuntimeSettings(
+            topics=("t",), revoke_drain_timeout=revoke_drain_timeout, shutdown_grace=shutdown_grace
+        )
+        self.runtime = ConsumerRuntime(
+            settings, self.source, self.pool, Ordering.KEY, completions, clock=self.clock, sleep=self.clock.sleep
+        )
+        self.runtime._on_assign([PID])
+        self.pool.start()
+
+    def handle(self, message: Message) -> None:
+        self.started.append(message.offset)
+        if message.key == b"slow":
+            self.release.wait(30)
+        elif message.key == b"failing":
+            raise RuntimeError("downstream refused")
+        else:
+            time.sleep(0.05)
+
+    def dispatch(self) -> None:
+        keys = [b"slow", b"failing", b"a", b"b", b"a", b"b"]
+        messages = [Message("t", 0, offset, key, b"{}") for offset, key in enumerate(keys)]
+        self.runtime._dispatch(messages, self.clock())
+        wait_until(lambda: self.pool.lane_summary().parked == 1, 5, "the failing key to be parked")
+
+    def stop(self) -> None:
+        self.release.set()
+        self.pool.stop(5)
+
+
+def test_revoke_hands_back_queued_and_parked_at_once_and_waits_only_for_the_running_handler() -> None:
+    scenario = Scenario(revoke_drain_timeout=10.0)
+    try:
+        scenario.dispatch()
+        before = scenario.clock()
+        scenario.runtime._on_revoke([PID])
+        waited = scenario.clock() - before
+        assert 10.0 <= waited < 10.1, f"waited {waited:.3f}s of fake time for the running handler"
+        assert scenario.started.count(1) == 1, "the parked key was not retried during the revoke"
+        assert not {3, 4, 5} & set(scenario.started), "queued deliveries were handed back, not run"
+        assert scenario.runtime.inflight == 1, "only the running handler is still in flight"
+        assert scenario.pool.lane_summary().parked == 0, "the parked delivery was handed back"
+        (offsets, asynchronous), *_ = scenario.source.commits
+        assert offsets[PID][0] == 0 and not asynchronous, "a synchronous commit at the running min-offset"
+        assert PID not in scenario.runtime.partitions
+    finally:
+        scenario.stop()
+
+
+def test_revoke_with_no_running_handler_does_not_wait_for_a_parked_retry() -> None:
+    scenario = Scenario(revoke_drain_timeout=10.0)
+    try:
+        scenario.release.set()  # the slow key finishes at once
+        scenario.dispatch()
+        wait_until(
+            lambda: scenario.pool.lane_summary().running == 0 and len(scenario.started) >= 6, 5, "the others to finish"
+        )
+        before = scenario.clock()
+        scenario.runtime._on_revoke([PID])
+        assert scenario.clock() - before < 0.1, "nothing was running: the 60 s backoff must not hold the rebalance"
+        (offsets, _asynchronous), *_ = scenario.source.commits
+        assert offsets[PID][0] == 1, "committed up to the parked (unfinished) offset 1"
+    finally:
+        scenario.stop()
+
+
+def test_shutdown_waits_up_to_the_grace_period_then_commits_the_min_offset() -> None:
+    scenario = Scenario(shutdown_grace=25.0)
+    try:
+        scenario.dispatch()
+        before = scenario.clock()
+        scenario.runtime._shutdown()
+        waited = scenario.clock() - before
+        assert 25.0 <= waited < 25.1, f"waited {waited:.3f}s of fake time"
+        offsets, asynchronous = scenario.source.commits[-1]
+        assert offsets[PID][0] == 0 and not asynchronous, "the final synchronous commit at the stuck min-offset"
+    finally:
+        scenario.stop()
