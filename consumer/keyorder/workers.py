@@ -7,9 +7,10 @@ failure-handling core (``_Execution``):
 * ``AsyncWorkerPool`` for ``async def`` handlers: one asyncio task per worker, all on one event
   loop thread, so thousands of workers cost little for IO-bound work.
 
-A worker loops: under the lock, settle the outcome of its previous delivery (finished, or its
-lane parked for a retry) and take the head of the next ready lane; outside the lock, run the
-handler. One lock acquisition per message. Lanes are never bound to workers, so a resize only
+A worker loops: under the lock, settle the outcomes of its previous deliveries (finished, or
+their lane parked for a retry) and take the head of the next ready lane; outside the lock, run
+the handler. One lock acquisition per turn; a thread worker takes a few lanes per turn when ready
+lanes outnumber the workers (``_take_limit``), each lane still one message at a time. Lanes are never bound to workers, so a resize only
 starts or retires workers (a retiring worker finishes its current message first) and takes
 effect on the next message.
 
@@ -176,11 +177,13 @@ class _Outcome:
 
 
 class _Worker:
-    __slots__ = ("id", "retiring", "stats", "task", "thread")
+    __slots__ = ("handler_seconds_ewma", "id", "retiring", "stats", "task", "thread")
 
     def __init__(self, worker_id: int) -> None:
         self.id = worker_id
         self.stats = WorkerStats()
+        self.handler_seconds_ewma = 1.0
+        """Recent handler time (each call weighs 1/8); starts slow, so nothing is batched unmeasured."""
         self.retiring = False
         """Set by a shrink (or stop): the worker exits before taking its next delivery."""
         self.thread: threading.Thread | None = None
@@ -256,11 +259,11 @@ class _PoolBase:
         raise NotImplementedError
 
     # -- under the lock, on a worker's turn ------------------------------------------------------------
-    def _turn(self, worker: _Worker, outcome: _Outcome | None) -> Delivery | float | None:
-        """Settle ``outcome``; then the next delivery, or seconds to wait (``None``: until woken), or
-        ``EXIT``. Caller holds ``_lock``."""
+    def _turn(self, worker: _Worker, outcomes: list[_Outcome]) -> list[Delivery] | float | None:
+        """Settle ``outcomes``; then the next deliveries (heads of distinct ready lanes), or seconds to
+        wait (``None``: until woken), or ``EXIT``. Caller holds ``_lock``."""
         scheduler = self._scheduler
-        if outcome is not None:
+        for outcome in outcomes:
             if outcome.kind is PARKED:
                 scheduler.park(outcome.delivery, outcome.due, outcome.blocked)
             else:
@@ -269,10 +272,14 @@ class _PoolBase:
         if worker.retiring or self.stopping:
             return EXIT
         now = self.clock()
-        delivery = scheduler.take(now)
-        if delivery is not None:
-            return delivery
+        deliveries = scheduler.take(now, self._take_limit(worker, scheduler.ready))
+        if deliveries:
+            return deliveries
         return scheduler.seconds_until_due(now)
+
+    def _take_limit(self, worker: _Worker, ready: int) -> int:
+        """Lanes one worker takes per turn (the async pool: always one)."""
+        return 1
 
     def _exit(self, worker: _Worker) -> None:
         """Caller holds ``_lock``: fold the worker's totals in, so pod counters never go backwards."""
@@ -289,6 +296,7 @@ class _PoolBase:
         stats = worker.stats
         stats.processed += 1
         stats.handler_seconds.observe(now - started)
+        worker.handler_seconds_ewma += (now - started - worker.handler_seconds_ewma) / 8
         stats.latency.observe(now - delivery.received_at)
         return _Outcome(FINISHED, delivery)
 
@@ -349,6 +357,12 @@ class _PoolBase:
 EXIT = -1.0
 """``_turn``'s answer to a retiring or stopping worker."""
 
+MAX_LANES_PER_TURN = 8
+"""Most lanes a thread worker takes in one lock round trip (only when ready lanes outnumber workers)."""
+FAST_HANDLER_SECONDS = 0.0005
+"""Below this recent handler time, a lock round trip per message is a real cost: batch the turns.
+A batch then delays the lanes behind its first message by at most ``MAX_LANES_PER_TURN`` times this."""
+
 
 class ThreadWorkerPool(_PoolBase):
     """Key workers as OS threads, for plain (synchronous) handlers."""
@@ -393,22 +407,36 @@ class ThreadWorkerPool(_PoolBase):
             with self._lock:
                 self._exit(worker)
 
+    def _take_limit(self, worker: _Worker, ready: int) -> int:
+        """One lane per turn, unless the handler is fast and ready lanes outnumber the workers.
+
+        Each turn costs a lock round trip, which matters next to a handler of a few microseconds.
+        Then a worker takes a fair share of the ready lanes (at most ``MAX_LANES_PER_TURN``), each
+        still one message at a time and in order; every other worker still finds a ready lane. With a
+        slow handler a batch would make the lanes behind it wait, so it is never batched.
+        """
+        if worker.handler_seconds_ewma > FAST_HANDLER_SECONDS:
+            return 1
+        return max(1, min(MAX_LANES_PER_TURN, ready // max(self._target, 1)))
+
     def _loop(self, worker: _Worker) -> None:
         condition = self._condition
-        outcome: _Outcome | None = None
+        outcomes: list[_Outcome] = []
         while True:
             with condition:
                 while True:
-                    turn = self._turn(worker, outcome)
-                    outcome = None
-                    if isinstance(turn, Delivery):
+                    turn = self._turn(worker, outcomes)
+                    outcomes = []
+                    if isinstance(turn, list):
                         break
                     if turn is EXIT:
                         return
                     self._idle += 1
                     condition.wait(turn)
                     self._idle -= 1
-            outcome = self._execute(worker, turn)
+            for delivery in turn:
+                # on shutdown, lanes taken but not started go back unprocessed (committed below them)
+                outcomes.append(_Outcome(HANDED_BACK, delivery) if self.stopping else self._execute(worker, delivery))
 
     def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
         handed_back = self._handed_back_if_revoked(delivery)
@@ -513,13 +541,13 @@ class AsyncWorkerPool(_PoolBase):
                 self._exit(worker)
 
     async def _work(self, worker: _Worker) -> None:
-        outcome: _Outcome | None = None
+        outcomes: list[_Outcome] = []
         while True:
             with self._lock:
-                turn = self._turn(worker, outcome)
-            outcome = None
-            if isinstance(turn, Delivery):
-                outcome = await self._execute(worker, turn)
+                turn = self._turn(worker, outcomes)
+            outcomes = []
+            if isinstance(turn, list):
+                outcomes = [await self._execute(worker, delivery) for delivery in turn]
                 continue
             if turn is EXIT:
                 return

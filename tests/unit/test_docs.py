@@ -61,8 +61,8 @@ def _pool() -> ThreadWorkerPool:
          for offset, key in ((10, b"hot"), (11, b"hot"), (12, b"hot"), (13, b"cold"))]
     )  # fmt: skip
     scheduler = pool._scheduler  # the pool's own scheduler: park the hot lane as a failing worker would
-    head = scheduler.take(0.0)
-    assert head is not None and head.message.offset == 10
+    (head,) = scheduler.take(0.0)
+    assert head.message.offset == 10
     scheduler.park(head, due=1e9)
     return pool
 

@@ -44,10 +44,16 @@ def names(deliveries: list[Delivery]) -> list[str]:
     return [item.message.name for item in deliveries]
 
 
+def take_one(scheduler: LaneScheduler, now: float) -> Delivery | None:
+    taken = scheduler.take(now)
+    assert len(taken) <= 1
+    return taken[0] if taken else None
+
+
 def take_all(scheduler: LaneScheduler, now: float = 0.0) -> list[str]:
     """One worker: take and finish until nothing is ready."""
     taken = []
-    while (item := scheduler.take(now)) is not None:
+    while (item := take_one(scheduler, now)) is not None:
         taken.append(item.message.name)
         scheduler.finished(item)
     return taken
@@ -64,21 +70,31 @@ def test_lanes_take_turns_round_robin_and_each_keeps_its_order() -> None:
 
 def test_idle_scheduler_has_nothing_ready_and_nothing_due() -> None:
     scheduler = LaneScheduler()
-    assert scheduler.take(now=123.0) is None
+    assert take_one(scheduler, now=123.0) is None
     assert scheduler.seconds_until_due(now=123.0) is None
 
 
 def test_a_running_lane_is_not_taken_twice_but_other_lanes_are() -> None:
     scheduler = LaneScheduler()
     scheduler.add(lane_deliveries("A1", "A2", "B1"))
-    first = scheduler.take(0.0)
-    second = scheduler.take(0.0)
+    first = take_one(scheduler, 0.0)
+    second = take_one(scheduler, 0.0)
     assert first is not None and second is not None
     assert (first.message.name, second.message.name) == ("A1", "B1")
-    assert scheduler.take(0.0) is None, "A2 must wait until A1 finished: one message of a lane at a time"
+    assert take_one(scheduler, 0.0) is None, "A2 must wait until A1 finished: one message of a lane at a time"
     scheduler.finished(first)
-    third = scheduler.take(0.0)
+    third = take_one(scheduler, 0.0)
     assert third is not None and third.message.name == "A2"
+
+
+def test_take_with_a_limit_returns_heads_of_distinct_lanes_in_ready_order() -> None:
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries("A1", "A2", "B1", "C1", "D1"))
+    assert names(scheduler.take(0.0, limit=3)) == ["A1", "B1", "C1"], "never two heads of one lane"
+    assert scheduler.ready == 1
+    assert names(scheduler.take(0.0, limit=3)) == ["D1"]
+    assert scheduler.take(0.0, limit=3) == [], "A2 waits for A1"
+    assert scheduler.summary().running == 4
 
 
 def test_a_hot_lane_holds_one_worker_and_never_delays_other_lanes() -> None:
@@ -86,11 +102,11 @@ def test_a_hot_lane_holds_one_worker_and_never_delays_other_lanes() -> None:
     scheduler = LaneScheduler()
     scheduler.add(lane_deliveries(*[f"H{i}" for i in range(1000)]))
     scheduler.add([delivery(f"k{i}", f"cold-{i}".encode()) for i in range(50)])
-    hot = scheduler.take(0.0)
+    hot = take_one(scheduler, 0.0)
     assert hot is not None and hot.message.name == "H0"
-    cold = [scheduler.take(0.0) for _ in range(50)]
+    cold = [take_one(scheduler, 0.0) for _ in range(50)]
     assert all(item is not None for item in cold), "every cold lane is ready while the hot lane runs"
-    assert scheduler.take(0.0) is None
+    assert take_one(scheduler, 0.0) is None
     summary = scheduler.summary()
     assert summary.running == 51
     assert summary.longest_backlog == 1000
@@ -100,7 +116,7 @@ def test_a_hot_lane_holds_one_worker_and_never_delays_other_lanes() -> None:
 def test_a_parked_lane_holds_no_worker_and_other_lanes_flow() -> None:
     scheduler = LaneScheduler()
     scheduler.add(lane_deliveries("A1", "B1", "A2", "B2", "A3"))
-    a1 = scheduler.take(0.0)
+    a1 = take_one(scheduler, 0.0)
     assert a1 is not None and a1.message.name == "A1"
     scheduler.park(a1, due=10.0)
     summary = scheduler.summary()
@@ -115,15 +131,15 @@ def test_a_parked_lane_holds_no_worker_and_other_lanes_flow() -> None:
 def test_a_retry_that_fails_again_parks_again_and_blocked_is_reported() -> None:
     scheduler = LaneScheduler()
     scheduler.add(lane_deliveries("A1", "A2"))
-    a1 = scheduler.take(0.0)
+    a1 = take_one(scheduler, 0.0)
     assert a1 is not None
     scheduler.park(a1, due=1.0)
-    again = scheduler.take(1.0)
+    again = take_one(scheduler, 1.0)
     assert again is a1
     scheduler.park(a1, due=5.0, blocked=True)
     assert scheduler.summary().blocked == 1
-    assert scheduler.take(4.0) is None
-    assert scheduler.take(5.0) is a1
+    assert take_one(scheduler, 4.0) is None
+    assert take_one(scheduler, 5.0) is a1
     scheduler.finished(a1)
     assert scheduler.summary().blocked == 0
     assert take_all(scheduler, 5.0) == ["A2"]
@@ -132,7 +148,7 @@ def test_a_retry_that_fails_again_parks_again_and_blocked_is_reported() -> None:
 def test_earliest_due_lane_is_retried_first() -> None:
     scheduler = LaneScheduler()
     scheduler.add(lane_deliveries("A1", "B1"))
-    a1, b1 = scheduler.take(0.0), scheduler.take(0.0)
+    a1, b1 = take_one(scheduler, 0.0), take_one(scheduler, 0.0)
     assert a1 is not None and b1 is not None
     scheduler.park(a1, due=5.0)
     scheduler.park(b1, due=2.0)
@@ -144,7 +160,7 @@ def test_earliest_due_lane_is_retried_first() -> None:
 def test_unordered_deliveries_are_lanes_of_their_own() -> None:
     scheduler = LaneScheduler()
     assert scheduler.add(lane_deliveries("U1", "U2", "U3")) == 3
-    taken = [scheduler.take(0.0) for _ in range(3)]
+    taken = [take_one(scheduler, 0.0) for _ in range(3)]
     assert all(item is not None for item in taken), "unordered messages all run at once"
     first = taken[0]
     assert first is not None
@@ -158,7 +174,7 @@ def test_finishing_or_parking_anything_but_a_running_head_is_an_error() -> None:
     scheduler.add([a1, a2])
     with pytest.raises(RuntimeError, match="running head"):
         scheduler.finished(a1)  # not taken yet
-    taken = scheduler.take(0.0)
+    taken = take_one(scheduler, 0.0)
     assert taken is a1
     with pytest.raises(RuntimeError, match="running head"):
         scheduler.park(a2, due=1.0)
@@ -169,8 +185,8 @@ def test_withdraw_hands_back_queued_and_parked_deliveries_of_revoked_partitions_
     scheduler = LaneScheduler()
     scheduler.add(lane_deliveries("A1", "A2", "B1", partition=revoked))
     scheduler.add(lane_deliveries("C1", "C2", partition=kept))
-    a1 = scheduler.take(0.0)
-    b1 = scheduler.take(0.0)
+    a1 = take_one(scheduler, 0.0)
+    b1 = take_one(scheduler, 0.0)
     assert a1 is not None and b1 is not None
     scheduler.park(b1, due=100.0)  # parked with a long backoff: must not hold the revoke
     withdrawn = scheduler.withdraw(lambda item: item.partition is revoked)
@@ -190,7 +206,7 @@ def test_withdraw_keeps_a_lane_shared_by_two_partitions_in_order() -> None:
         [delivery("x1", b"K", revoked), delivery("y1", b"K", kept), delivery("x2", b"K", revoked),
          delivery("y2", b"K", kept)]
     )  # fmt: skip
-    head = scheduler.take(0.0)
+    head = take_one(scheduler, 0.0)
     assert head is not None and head.message.name == "x1"
     scheduler.park(head, due=50.0)
     assert names(scheduler.withdraw(lambda item: item.partition is revoked)) == ["x1", "x2"]
@@ -200,14 +216,14 @@ def test_withdraw_keeps_a_lane_shared_by_two_partitions_in_order() -> None:
 def test_drain_returns_everything_not_running() -> None:
     scheduler = LaneScheduler()
     scheduler.add(lane_deliveries("A1", "A2", "B1", "U1"))
-    running = scheduler.take(0.0)
-    parked = scheduler.take(0.0)
+    running = take_one(scheduler, 0.0)
+    parked = take_one(scheduler, 0.0)
     assert running is not None and parked is not None
     scheduler.park(parked, due=9.0)
     assert sorted(names(scheduler.drain())) == ["A2", "B1", "U1"]
     assert len(scheduler) == 1
     scheduler.finished(running)
-    assert len(scheduler) == 0 and scheduler.take(100.0) is None
+    assert len(scheduler) == 0 and take_one(scheduler, 100.0) is None
 
 
 @settings(deadline=None, database=None, max_examples=100)
@@ -241,8 +257,7 @@ def test_random_workers_failures_and_revokes_keep_lanes_serial_in_order_and_lose
                 batch.append(item)
             scheduler.add(batch)
         elif action == "take" and len(running) < workers:
-            item = scheduler.take(now)
-            if item is not None:
+            for item in scheduler.take(now, limit=data.draw(st.integers(1, 3))):
                 assert item.lane_id not in running_lanes, "two deliveries of one lane ran at once"
                 running_lanes.add(item.lane_id)
                 running.append(item)
@@ -271,7 +286,7 @@ def test_random_workers_failures_and_revokes_keep_lanes_serial_in_order_and_lose
         running = []
         if not len(scheduler):
             break
-        item = scheduler.take(now)
+        item = take_one(scheduler, now)
         if item is None:
             wait = scheduler.seconds_until_due(now)
             assert wait is not None, "deliveries held but none ready and none parked: lost"

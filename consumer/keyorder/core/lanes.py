@@ -151,16 +151,23 @@ class LaneScheduler:
         return self.withdraw(lambda _delivery: True)
 
     # -- the workers' side ------------------------------------------------------------------------------
-    def take(self, now: float) -> Delivery | None:
-        """The head of the next ready lane, now marked running; ``None`` when no lane is ready."""
+    def take(self, now: float, limit: int = 1) -> list[Delivery]:
+        """The heads of up to ``limit`` ready lanes (distinct lanes), now marked running; empty when
+        no lane is ready. The taker must finish or park each of them."""
         self._wake_due(now)
         ready, lanes = self._ready, self._lanes
-        if not ready:
-            return None
-        lane = lanes[ready.popleft()]  # a lane id is in the ready queue at most once, and only while ready
-        lane.running = True
-        self._running += 1
-        return lane.deliveries[0]
+        taken: list[Delivery] = []
+        while ready and len(taken) < limit:
+            lane = lanes[ready.popleft()]  # a lane id is in the ready queue at most once, and only while ready
+            lane.running = True
+            taken.append(lane.deliveries[0])
+        self._running += len(taken)
+        return taken
+
+    @property
+    def ready(self) -> int:
+        """Lanes ready to run now (parked lanes past their due time not counted until ``take``)."""
+        return len(self._ready)
 
     def seconds_until_due(self, now: float) -> float | None:
         """Seconds until the earliest parked lane is due (0 if one is); ``None`` if none is parked."""
