@@ -199,7 +199,8 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
     revoke_drain_timeout: float = Field(
         10.0,
         ge=0,
-        description="Seconds revoked partitions' in-flight messages may take to finish before they are abandoned.",
+        description="Seconds the handlers still running on revoked partitions may take to finish (their queued "
+        "and retry-waiting messages are handed back at once).",
     )
     shutdown_grace: float = Field(
         25.0,
