@@ -553,8 +553,11 @@ class AsyncWorkerPool(_PoolBase):
                 return
             future = self._loop.create_future()
             self._idle.append(future)
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(future, turn)
+            except TimeoutError:  # a parked lane is due; the cancelled future must not pile up in _idle
+                with contextlib.suppress(ValueError):
+                    self._idle.remove(future)
 
     async def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
         handed_back = self._handed_back_if_revoked(delivery)

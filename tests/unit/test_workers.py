@@ -17,6 +17,7 @@ from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
 from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool
 from tests.conftest import wait_until
+from tests.guarantees import SerialPerKey
 
 
 class FakeDeadLetters:
@@ -128,3 +129,85 @@ def test_a_failing_dead_letter_sink_keeps_the_message_in_flight_and_retries_only
         assert pool.health.crashed is None
     finally:
         pool.stop(1)
+
+
+def _keyed_deliveries(keys: list[bytes]) -> list[Delivery]:
+    partition = Partition()
+    sequence: dict[bytes, int] = {}
+    out = []
+    for offset, key in enumerate(keys):
+        seq = sequence.get(key, 0)
+        sequence[key] = seq + 1
+        out.append(Delivery(Message("t", 0, offset, key, str(seq).encode()), key, partition, time.monotonic()))
+    return out
+
+
+@pytest.mark.parametrize("pool_type", [ThreadWorkerPool, AsyncWorkerPool])
+def test_a_hot_key_holds_one_worker_and_the_other_keys_pass_it(pool_type):
+    finished: list[bytes] = []
+
+    def record(message):
+        time.sleep(0.002)
+        finished.append(message.key)
+
+    if pool_type is AsyncWorkerPool:
+
+        async def handler(message):
+            await asyncio.sleep(0.002)
+            finished.append(message.key)
+    else:
+        handler = record
+    completions: deque = deque()
+    pool = pool_type(handler, 2, RetryPolicy(), None, completions)
+    pool.start()
+    try:
+        pool.submit(_keyed_deliveries([b"hot"] * 60 + [f"cold-{i}".encode() for i in range(20)]))
+        wait_until(lambda: len(completions) == 80, 10, "everything handled")
+    finally:
+        pool.stop(2)
+    last_cold = max(index for index, key in enumerate(finished) if key != b"hot")
+    assert finished[: last_cold + 1].count(b"hot") <= 30, "the cold keys waited behind the hot key"
+
+
+@pytest.mark.parametrize("pool_type", [ThreadWorkerPool, AsyncWorkerPool])
+def test_live_resize_under_a_backlog_keeps_every_key_serial_and_in_order_and_takes_effect(pool_type):
+    serial = SerialPerKey()
+    seen: dict[bytes, list[int]] = {}
+
+    def enter(message):
+        serial.enter(message.key)
+        seen.setdefault(message.key, []).append(int(message.value))
+
+    if pool_type is AsyncWorkerPool:
+
+        async def handler(message):
+            enter(message)
+            await asyncio.sleep(0.003)
+            serial.leave(message.key)
+    else:
+
+        def handler(message):
+            enter(message)
+            time.sleep(0.003)
+            serial.leave(message.key)
+
+    keys = [f"k{i % 16}".encode() for i in range(600)]
+    completions: deque = deque()
+    pool = pool_type(handler, 2, RetryPolicy(), None, completions)
+    pool.start()
+    try:
+        pool.submit(_keyed_deliveries(keys))
+        wait_until(lambda: len(completions) >= 50, 10, "progress at W=2")
+        assert serial.peak <= 2
+        pool.resize(8)
+        wait_until(lambda: serial.peak > 2, 10, "the new workers to take lanes")
+        wait_until(lambda: len(completions) >= 300, 10, "progress at W=8")
+        pool.resize(1)
+        wait_until(lambda: len(completions) == 600, 20, "the backlog to drain at W=1")
+        assert pool.size == 1
+    finally:
+        pool.stop(2)
+    serial.assert_serial()
+    assert all(sequence == list(range(len(sequence))) for sequence in seen.values()), "a key ran out of order"
+    assert all(handled for _delivery, handled in completions)
+    assert sum(stats.processed for stats in pool.stats()) == 600, "retired workers' counts are kept"
