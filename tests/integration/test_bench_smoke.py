@@ -1,6 +1,7 @@
 """`keyorder bench --quick` as CI runs it: zero order violations, key mode well above the baseline,
-and the four scenarios (few keys, live resize, hot key, raw ceiling) ran and were reported. Their
-figures are not asserted: shared CI machines are too noisy for timing floors beyond the smoke one."""
+and the four scenarios (few keys, live resize, hot key, raw ceiling) ran and were reported (the hot
+key's others in two groups: on other partitions, and on the hot key's partition). Their figures are
+not asserted: shared CI machines are too noisy for timing floors beyond the smoke one."""
 
 from __future__ import annotations
 
@@ -36,11 +37,26 @@ def test_quick_bench_smoke(tmp_path):
     assert few["run"]["messages"] > 0 and few["run"]["ideal_rate"] == 6_400
     assert resize["series_rates"] and resize["workers_before"] == 4 and resize["workers_after"] == 32
     assert hot["other_messages"] > 0 and hot["hot_messages"] > 0
+    # the others split by the hot key's partition: both groups reported, the bound that applied named
+    assert hot["hot_partition"] is not None and hot["partition_inflight_bound"] > 0
+    for group in ("other_partitions", "hot_partition"):
+        assert hot[f"{group}_keys"] > 0 and hot[f"{group}_messages"] > 0, group
+        assert f"{group}_seconds" in hot
+    assert hot["other_partitions_messages"] + hot["hot_partition_messages"] == hot["other_messages"]
+    assert hot["other_partitions_ideal_seconds"] > 0 and "other_partitions_ratio_to_ideal" in hot
     assert raw["messages"] > 0 and raw["compared_run"] == "key W=16 no-op"
     for name, scenario in (("few keys", few["run"]), ("resize", resize), ("hot key", hot), ("raw ceiling", raw)):
         assert scenario["order_violations"] == 0, f"{name}: per-key order violated"
     assert report["targets"]["zero per-key order violations (ordered modes and scenarios)"]["ok"]
-    assert any(name.startswith("hot key") for name in report["targets"])
+    assert any(name.startswith("hot key") and "other partitions" in name for name in report["targets"])
     assert (tmp_path / "resize.png").read_bytes()[:4] == b"\x89PNG"
-    for row in ("| few keys:", "| live resize", "| hot key:", "| raw ceiling:"):
+    for row in (
+        "| few keys:",
+        "| live resize",
+        "| hot key:",
+        "| hot key: others on other partitions",
+        "| hot key: others on the hot key's partition",
+        "| raw ceiling:",
+    ):
         assert row in table
+    assert "look-ahead window" in table

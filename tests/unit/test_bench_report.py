@@ -1,5 +1,6 @@
 """The benchmark's arithmetic: ideal, ratios, percentiles from histogram buckets, the resize
-scenario's windowed rates, report round-trip (scenarios included)."""
+scenario's windowed rates, the hot-key scenario's split by partition, report round-trip
+(scenarios included)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import json
 
 import pytest
 
+from keyorder.config import RunConfig
+from keyorder.devtools.bench import evaluate_targets, hot_key_summary, partition_inflight_bound
 from keyorder.devtools.bench_report import (
+    LOOK_AHEAD_NOTE,
     BenchReport,
     FewKeysResult,
     HotKeyResult,
@@ -23,6 +27,7 @@ from keyorder.devtools.bench_report import (
     plot_resize,
     resize_figures,
     scenarios_table,
+    split_by_hot_partition,
     trailing_rates,
 )
 from keyorder.workers import LATENCY_BUCKETS
@@ -165,6 +170,16 @@ def scenarios() -> Scenarios:
             ratio_to_ideal=None,
             timeout_seconds=25,
             order_violations=0,
+            hot_partition=2,
+            partition_inflight_bound=2_500,
+            other_partitions_keys=735,
+            other_partitions_messages=2_700,
+            other_partitions_seconds=1.3,
+            other_partitions_ideal_seconds=0.871,
+            other_partitions_ratio_to_ideal=1.3 / 0.871,
+            hot_partition_keys=245,
+            hot_partition_messages=900,
+            hot_partition_seconds=None,
         ),
         raw_ceiling=RawCeilingResult(
             messages=18_000,
@@ -190,7 +205,15 @@ def test_scenarios_round_trip_count_violations_and_render(tmp_path):
     table = scenarios_table(again.scenarios)
     assert "| few keys: 200 keys | 64 | 5,000 msg/s | 6,400 msg/s | 0.78 x ideal |" in table
     assert "0.8 x new ideal never" in table
-    assert "others not done within 25 s" in table
+    assert "| hot key: 40% on one key, all 980 others | 32 | not done within 25 s (3,600 messages;" in table
+    assert (
+        "| hot key: others on other partitions, 735 keys | 32 | done in 1.30 s (2,700 messages) | 0.87 s "
+        "| 1.49 x ideal | <= 1.5 x ideal |"
+    ) in table
+    assert (
+        "| hot key: others on the hot key's partition 2, 245 keys | 32 | not done within 25 s (900 messages," in table
+    )
+    assert f"look-ahead: 2,500 in flight per partition) | - | none: {LOOK_AHEAD_NOTE} |" in table
     assert "key W=16 no-op: 0.40 x raw" in table
     image = plot_resize(again.scenarios.resize, tmp_path / "resize.png")
     assert image is not None and image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -201,3 +224,75 @@ def test_reports_from_before_the_scenarios_still_load():
     data = json.loads(report.to_json())
     del data["scenarios"]
     assert BenchReport.from_json(json.dumps(data)) == report
+
+
+HOT, A, B, C, D = b"k-0", b"k-1", b"k-2", b"k-3", b"k-4"
+
+
+def test_split_by_hot_partition_times_each_group_by_its_last_key():
+    expected = {HOT: 6, A: 2, B: 1, C: 3, D: 2}
+    partitions = {HOT: 1, A: 0, B: 1, C: 2, D: 1}
+    finished = {A: 10.5, B: 13.0, C: 11.0, D: 12.0}
+    end_offsets = {0: 2, 1: 9, 2: 3}
+    hot_partition, far, near = split_by_hot_partition(HOT, expected, partitions, finished, end_offsets, started=10.0)
+    assert hot_partition == 1
+    assert (far.keys, far.messages, far.seconds) == (2, 5, pytest.approx(1.0))
+    assert (near.keys, near.messages, near.seconds) == (2, 3, pytest.approx(3.0))
+
+
+def test_split_by_hot_partition_counts_keys_not_handled_yet_from_the_end_offsets():
+    # D (partition 1, behind the hot key) was never handled: its group is not done, the other is
+    expected = {HOT: 6, A: 2, B: 1, C: 3, D: 2}
+    partitions = {HOT: 1, A: 0, B: 1, C: 2}
+    finished = {A: 10.5, B: 13.0, C: 11.0}
+    hot_partition, far, near = split_by_hot_partition(
+        HOT, expected, partitions, finished, {0: 2, 1: 9, 2: 3}, started=10.0
+    )
+    assert hot_partition == 1 and far.seconds == pytest.approx(1.0)
+    assert (near.keys, near.messages, near.seconds) == (1, 3, None)
+    # without usable end offsets an unseen key could be in either group: neither is done
+    _, far, near = split_by_hot_partition(HOT, expected, partitions, finished, {}, started=10.0)
+    assert far.seconds is None and near.seconds is None and (far.messages, near.messages) == (5, 1)
+
+
+def test_split_by_hot_partition_needs_the_hot_key_seen_and_keys_in_a_group():
+    expected = {HOT: 6, A: 2}
+    assert split_by_hot_partition(HOT, expected, {A: 0}, {A: 11.0}, {0: 8}, started=10.0) is None
+    _, far, near = split_by_hot_partition(HOT, expected, {HOT: 0, A: 0}, {A: 11.0}, {0: 8}, started=10.0)
+    assert (far.keys, far.messages, far.seconds) == (0, 0, None)
+    assert near.seconds == pytest.approx(1.0)
+
+
+def test_partition_inflight_bound_is_the_pods_fair_share_of_the_config_defaults():
+    fields = RunConfig.model_fields
+    per_pod, per_partition = fields["max_inflight"].default, fields["max_inflight_per_partition"].default
+    assert partition_inflight_bound(4) == min(per_partition, per_pod // 4)
+    assert partition_inflight_bound(1) == min(per_partition, per_pod)
+
+
+def test_the_hot_key_target_is_the_other_partitions_and_the_hot_partition_is_explained():
+    report = BenchReport(machine={}, parameters={}, scenarios=scenarios())
+    targets = evaluate_targets(report, quick=True)
+    name = "hot key (40% on one key): the others on other partitions finish within 1.5 x their ideal"
+    assert targets[name]["ok"] and not targets[name]["required"]
+    assert targets[name]["detail"].startswith("1.49 x ideal (1.30 s vs 0.87 s); 735 keys, 2,700 messages")
+    assert not [target for target in targets if "hot key's partition" in target]
+    summary = hot_key_summary(report.scenarios.hot_key)
+    assert "others on other partitions (735 keys, 2,700 messages) done in 1.30 s (ideal 0.87 s, 1.49 x)" in summary
+    assert "others on the hot key's partition 2 (245 keys, 900 messages) not done" in summary
+    assert LOOK_AHEAD_NOTE in summary and "(2,500 in flight per partition)" in summary
+
+
+def test_hot_key_reports_from_before_the_split_still_load_and_render():
+    report = BenchReport(machine={}, parameters={}, scenarios=scenarios())
+    data = json.loads(report.to_json())
+    for name in list(data["scenarios"]["hot_key"]):
+        if name.startswith(("other_partitions", "hot_partition", "partition_inflight")):
+            del data["scenarios"]["hot_key"][name]
+    again = BenchReport.from_json(json.dumps(data))
+    hot = again.scenarios.hot_key
+    assert hot.hot_partition is None and hot.other_partitions_seconds is None
+    table = scenarios_table(again.scenarios)
+    assert "| hot key: 40% on one key, all 980 others |" in table and "<= 1.5 x ideal" in table
+    assert "other partitions" not in table
+    assert not [name for name in evaluate_targets(again, quick=True) if name.startswith("hot key")]
