@@ -9,10 +9,10 @@ failure-handling core (``_Execution``):
 
 A worker loops: under the lock, settle the outcomes of its previous deliveries (finished, or
 their lane parked for a retry) and take the head of the next ready lane; outside the lock, run
-the handler. One lock acquisition per turn; a thread worker takes a few lanes per turn when ready
-lanes outnumber the workers (``_take_limit``), each lane still one message at a time. Lanes are never bound to workers, so a resize only
-starts or retires workers (a retiring worker finishes its current message first) and takes
-effect on the next message.
+the handler. One lock acquisition per turn; a thread worker takes a few lanes per turn when the
+handler is fast and ready lanes outnumber the workers (``_take_limit``), each lane still one
+message at a time. Lanes are never bound to workers, so a resize only starts or retires workers
+(a retiring worker finishes its current message first) and takes effect on the next message.
 
 Threading contract: the poll-loop thread calls ``submit``/``withdraw``/``resize``/``stop``; the
 scheduler is touched only under ``_lock``; each worker writes only its own ``WorkerStats`` (metrics
