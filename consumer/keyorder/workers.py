@@ -209,6 +209,10 @@ class _PoolBase:
         self.clock = clock
         self.health = PoolHealth()
         self._scheduler = LaneScheduler()
+        self._inbox: deque[list[Delivery]] = deque()
+        """Batches from the poll loop not yet in the scheduler. ``submit`` only appends, without the
+        lock (``deque.append`` is atomic), so the poll thread never waits for a worker's turn; workers
+        fold them in under the lock on their next turn."""
         self._lock = threading.Lock()
         self._workers: dict[int, _Worker] = {}
         self._ids = itertools.count()
@@ -225,6 +229,7 @@ class _PoolBase:
     def withdraw(self, should_withdraw: Callable[[Delivery], bool]) -> list[Delivery]:
         """Remove the matching deliveries that are not running (revoke); the caller accounts for them."""
         with self._lock:
+            self._fold_inbox()
             withdrawn = self._scheduler.withdraw(should_withdraw)
         if withdrawn:
             self._wake(len(withdrawn))  # a parked lane whose head left may have become ready
@@ -236,6 +241,7 @@ class _PoolBase:
 
     def lane_summary(self) -> LaneSummary:
         with self._lock:
+            self._fold_inbox()
             return self._scheduler.summary()
 
     def resize(self, workers: int) -> None:
@@ -258,6 +264,17 @@ class _PoolBase:
     def _wake_all(self) -> None:
         raise NotImplementedError
 
+    def _wake_others(self, lanes: int) -> None:
+        """Caller holds ``_lock`` on a worker's turn: wake up to ``lanes`` idle workers for ready lanes."""
+        raise NotImplementedError
+
+    def _fold_inbox(self) -> None:
+        """Caller holds ``_lock``: move submitted batches into the scheduler (the next worker turn
+        wakes idle workers for the lanes that became ready)."""
+        inbox = self._inbox
+        while inbox:
+            self._scheduler.add(inbox.popleft())
+
     # -- under the lock, on a worker's turn ------------------------------------------------------------
     def _turn(self, worker: _Worker, outcomes: list[_Outcome]) -> list[Delivery] | float | None:
         """Settle ``outcomes``; then the next deliveries (heads of distinct ready lanes), or seconds to
@@ -269,10 +286,14 @@ class _PoolBase:
             else:
                 scheduler.finished(outcome.delivery)
                 self.completions.append((outcome.delivery, outcome.kind is FINISHED))
+        if self._inbox:
+            self._fold_inbox()
         if worker.retiring or self.stopping:
+            self._wake_others(scheduler.ready)
             return EXIT
         now = self.clock()
         deliveries = scheduler.take(now, self._take_limit(worker, scheduler.ready))
+        self._wake_others(scheduler.ready)  # whoever folded the batches in, idle workers get the rest
         if deliveries:
             return deliveries
         return scheduler.seconds_until_due(now)
@@ -350,6 +371,7 @@ class _PoolBase:
     def _abandon_queued(self) -> None:
         """After the workers stopped: hand back everything not running, so the poll loop can release it."""
         with self._lock:
+            self._fold_inbox()
             for delivery in self._scheduler.drain():
                 self.completions.append((delivery, False))
 
@@ -385,10 +407,17 @@ class ThreadWorkerPool(_PoolBase):
         worker.thread.start()
 
     def submit(self, deliveries: list[Delivery]) -> None:
-        with self._condition:
-            ready = self._scheduler.add(deliveries)
-            if ready and self._idle:
-                self._condition.notify(min(ready, self._idle))
+        self._inbox.append(deliveries)
+        # A worker counts itself idle *before* it re-checks the inbox and sleeps (both under the lock),
+        # so either it sees this batch or this read sees it idle: no wake-up is lost. When every worker
+        # is busy, the poll thread does not touch the lock at all.
+        if self._idle:
+            with self._condition:
+                self._condition.notify()  # it folds the batch in and wakes more if more lanes are ready
+
+    def _wake_others(self, lanes: int) -> None:
+        if lanes > 0 and self._idle:
+            self._condition.notify(min(lanes, self._idle))
 
     def _wake(self, lanes: int) -> None:
         with self._condition:
@@ -432,7 +461,8 @@ class ThreadWorkerPool(_PoolBase):
                     if turn is EXIT:
                         return
                     self._idle += 1
-                    condition.wait(turn)
+                    if not self._inbox:  # a batch appended after this turn's fold must not wait
+                        condition.wait(turn)
                     self._idle -= 1
             for delivery in turn:
                 # on shutdown, lanes taken but not started go back unprocessed (committed below them)
@@ -509,10 +539,12 @@ class AsyncWorkerPool(_PoolBase):
         worker.task = self._loop.create_task(self._run(worker))
 
     def submit(self, deliveries: list[Delivery]) -> None:
-        with self._lock:
-            ready = self._scheduler.add(deliveries)
-        if ready:
-            self._loop.call_soon_threadsafe(self._wake_idle, ready)
+        self._inbox.append(deliveries)  # atomic; folded in by a worker's turn, under the lock
+        self._loop.call_soon_threadsafe(self._wake_idle, 1)  # that worker wakes more if more lanes are ready
+
+    def _wake_others(self, lanes: int) -> None:  # on the loop thread, inside a worker's turn
+        if lanes > 0:
+            self._wake_idle(lanes)
 
     def _wake(self, lanes: int) -> None:
         self._loop.call_soon_threadsafe(self._wake_idle, lanes)

@@ -56,11 +56,11 @@ def _pool() -> ThreadWorkerPool:
     message 10 of the hot key parked for a retry, the other one ready."""
     pool = ThreadWorkerPool(lambda _message: None, 4, RetryPolicy(), None, deque())
     partition = _Partition()
-    pool.submit(
+    scheduler = pool._scheduler  # the pool's own scheduler, filled and parked as a failing worker would
+    scheduler.add(
         [Delivery(Message("t", 0, offset, key, b"{}"), key, partition, 0.0)
          for offset, key in ((10, b"hot"), (11, b"hot"), (12, b"hot"), (13, b"cold"))]
     )  # fmt: skip
-    scheduler = pool._scheduler  # the pool's own scheduler: park the hot lane as a failing worker would
     (head,) = scheduler.take(0.0)
     assert head.message.offset == 10
     scheduler.park(head, due=1e9)
