@@ -25,19 +25,12 @@ def start_marker(model: type[BaseModel]) -> str:
     )
 
 
-START = start_marker(RunConfig)
-
-
 def render_table(text: str, model: type[BaseModel]) -> str:
     start = start_marker(model)
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(END), re.DOTALL)
     if not pattern.search(text):
         raise ValueError(f"lost the generated-table markers of {model.__name__}")
     return pattern.sub(lambda _match: start + reference_markdown(model) + END, text)
-
-
-def render_configuration(text: str) -> str:
-    return render_table(text, RunConfig)
 
 
 def generated_tables() -> dict[str, type[BaseModel]]:
