@@ -27,19 +27,89 @@ from keyorder.core.routing import Ordering
 
 ENV_PREFIX = "KEYORDER_"
 RDKAFKA_ENV_PREFIX = "KEYORDER_RDKAFKA_"
-SENSITIVE_MARKERS = (
-    "password",
-    "secret",
-    "pem",
-    "token",
-    "credential",
-    "jaas",
-    "sasl.username",
-    "oauthbearer.config",
-    "ssl.key",
-    "keystore",
+SAFE_TO_SHOW = frozenset(
+    {
+        # where and who: addresses and identifiers, not credentials
+        "bootstrap.servers",
+        "metadata.broker.list",
+        "client.id",
+        "client.rack",
+        "group.id",
+        "group.instance.id",
+        "group.protocol",
+        "security.protocol",
+        "sasl.mechanism",
+        "sasl.mechanisms",
+        "sasl.kerberos.service.name",
+        "sasl.oauthbearer.method",
+        "ssl.endpoint.identification.algorithm",
+        "enable.ssl.certificate.verification",
+        "ssl.ca.location",
+        "client.dns.lookup",
+        "broker.address.family",
+        "api.version.request",
+        "broker.version.fallback",
+        # consumer behaviour
+        "auto.offset.reset",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "auto.commit.interval.ms",
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "max.poll.interval.ms",
+        "partition.assignment.strategy",
+        "isolation.level",
+        "fetch.min.bytes",
+        "fetch.max.bytes",
+        "fetch.wait.max.ms",
+        "fetch.error.backoff.ms",
+        "max.partition.fetch.bytes",
+        "queued.min.messages",
+        "queued.max.messages.kbytes",
+        "check.crcs",
+        "enable.partition.eof",
+        "allow.auto.create.topics",
+        "coordinator.query.interval.ms",
+        # producer behaviour
+        "acks",
+        "request.required.acks",
+        "enable.idempotence",
+        "linger.ms",
+        "queue.buffering.max.ms",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.kbytes",
+        "batch.size",
+        "batch.num.messages",
+        "compression.type",
+        "compression.codec",
+        "message.timeout.ms",
+        "delivery.timeout.ms",
+        "request.timeout.ms",
+        "partitioner",
+        # connections and diagnostics
+        "message.max.bytes",
+        "receive.message.max.bytes",
+        "socket.timeout.ms",
+        "socket.keepalive.enable",
+        "socket.connection.setup.timeout.ms",
+        "connections.max.idle.ms",
+        "reconnect.backoff.ms",
+        "reconnect.backoff.max.ms",
+        "retry.backoff.ms",
+        "retry.backoff.max.ms",
+        "retries",
+        "topic.metadata.refresh.interval.ms",
+        "metadata.max.age.ms",
+        "statistics.interval.ms",
+        "log_level",
+        "debug",
+    }
 )
-"""Kafka property names containing one of these are redacted wherever properties are shown."""
+"""Kafka properties whose values may be shown; every other value is redacted wherever properties are shown.
+
+An allow-list, not a deny-list: a secret-bearing property we did not think of (or one a future
+librdkafka adds) is hidden by default.
+"""
 MANAGED_PROPERTIES = {
     "enable.auto.commit": "keyorder commits the lowest unfinished offset itself",
     "enable.auto.offset.store": "keyorder stores offsets itself",
@@ -353,11 +423,8 @@ def producer_properties(properties: Mapping[str, str]) -> dict[str, str]:
 
 
 def redact(properties: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to log: values of sensitive properties replaced by ``<redacted>``."""
-    return {
-        name: "<redacted>" if any(marker in name.lower() for marker in SENSITIVE_MARKERS) else value
-        for name, value in properties.items()
-    }
+    """A copy safe to log: every value is ``<redacted>`` unless its name is in ``SAFE_TO_SHOW``."""
+    return {name: value if name.strip().lower() in SAFE_TO_SHOW else "<redacted>" for name, value in properties.items()}
 
 
 def read_admin_token(config: RunConfig) -> str | None:

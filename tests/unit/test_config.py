@@ -403,6 +403,11 @@ def test_producer_properties_drop_consumer_only_keys() -> None:
         "sasl.oauthbearer.client.secret",
         "sasl.oauthbearer.config",
         "sasl.jaas.config",
+        "sasl.oauthbearer.assertion.private.key.passphrase",  # slipped through the old deny-list
+        "sasl.oauthbearer.assertion.private.key.file",
+        "ssl.key.location",
+        "some.future.librdkafka.credential.blob",  # unknown names are hidden by default
+        "made.up.property",
     ],
 )
 def test_redact_hides_sensitive_values(secret: str) -> None:
@@ -419,6 +424,10 @@ def test_redact_keeps_ordinary_settings() -> None:
         "sasl.mechanism": "SCRAM-SHA-256",
         "client.id": "c",
         "linger.ms": 5,
+        "session.timeout.ms": "6000",
+        "group.id": "g",
+        "auto.offset.reset": "earliest",
+        "SASL.MECHANISMS": "PLAIN",
     }
     assert redact(ordinary) == ordinary
 
