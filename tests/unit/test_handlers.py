@@ -122,3 +122,37 @@ def test_non_callable_is_reported_with_its_type() -> None:
 
 def test_handler_load_error_is_a_value_error() -> None:
     assert issubclass(HandlerLoadError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [
+        ("def handle(a, b):\n    pass\n", "(a, b)"),
+        ("def handle():\n    pass\n", "()"),
+        ("def handle(*, message):\n    pass\n", "(*, message)"),
+        ("class C:\n    def method(self, message):\n        pass\nhandle = C.method\n", "(self, message)"),
+        ("async def handle(message, extra):\n    pass\n", "(message, extra)"),
+    ],
+)
+def test_handler_with_the_wrong_signature_is_refused(
+    make_module: Callable[[str], str], source: str, shown: str
+) -> None:
+    name = make_module(source)
+    with pytest.raises(HandlerLoadError) as caught:
+        load_handler(f"{name}:handle")
+    message = str(caught.value)
+    assert f"{name}:handle" in message and shown in message and "one positional argument" in message
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def handle(message, retries=3):\n    pass\n",
+        "def handle(*args, **kwargs):\n    pass\n",
+        "def handle(message, /, *, flag=False):\n    pass\n",
+        "import functools\nhandle = functools.partial(lambda config, message: None, {})\n",
+    ],
+)
+def test_handler_callable_with_one_argument_is_accepted(make_module: Callable[[str], str], source: str) -> None:
+    name = make_module(source)
+    assert load_handler(f"{name}:handle").path == f"{name}:handle"

@@ -54,4 +54,20 @@ def load_handler(path: str) -> LoadedHandler:
             raise HandlerLoadError(f"handler {path!r}: {module_name!r} has no attribute {attribute!r}") from error
     if not callable(target):
         raise HandlerLoadError(f"handler {path!r} is a {type(target).__name__}, not a callable")
+    check_signature(path, target)
     return LoadedHandler(function=target, is_async=is_async_callable(target), path=path)
+
+
+def check_signature(path: str, function: Callable[..., Any]) -> None:
+    """Refuse a handler that cannot be called as ``handler(message)``: it would dead-letter every message."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # some builtins and C callables have no signature: trust them
+        return
+    try:
+        signature.bind(object())
+    except TypeError as error:
+        raise HandlerLoadError(
+            f"handler {path!r} has the signature {signature}: it must accept exactly one positional "
+            f"argument, the message ({error})"
+        ) from None
