@@ -73,6 +73,8 @@ class PartitionSnapshot:
     uncommitted: int
     paused: bool
     completed: int
+    resets: int = 0
+    """Times the log was found reset below the committed offset (re-based there) since the assignment."""
 
     @property
     def lag(self) -> int | None:
@@ -91,7 +93,7 @@ class RuntimeSnapshot:
     commit_failures: int = 0
     rebalances: int = 0
     skipped: int = 0
-    """Messages not run because the commit metadata said they were already done."""
+    """Messages not run because the commit metadata said they were already done (re-deliveries are not counted)."""
 
 
 class ConsumerRuntime:
@@ -188,8 +190,21 @@ class ConsumerRuntime:
                     state = None
                     continue
                 state.receive_times.mark(message.offset, now)
+                offsets = state.offsets
+                if offsets.last_received is None and offsets.start is not None and message.offset < offsets.start:
+                    log.warning(
+                        "%s[%d]: offset reset: committed offset %d but received %d below it (topic recreated or "
+                        "truncated?); tracking and committing from %d",
+                        *partition_id,
+                        offsets.start,
+                        message.offset,
+                        message.offset,
+                    )
             if not state.offsets.received(message.offset):
-                self._skipped += 1
+                offsets = state.offsets
+                if offsets.skipped != state.skipped_counted:  # marked done by the commit metadata, not a re-delivery
+                    self._skipped += offsets.skipped - state.skipped_counted
+                    state.skipped_counted = offsets.skipped
                 continue
             deliveries.append(Delivery(message, lane_of(message.topic, message.partition, message.key), state, now))
             state.outstanding += 1
@@ -359,6 +374,7 @@ class ConsumerRuntime:
                     uncommitted=offsets.uncommitted,
                     paused=state.id in paused,
                     completed=state.completed,
+                    resets=state.resets,
                 )
             )
         self.snapshot = RuntimeSnapshot(

@@ -28,6 +28,9 @@ class FakeMetadataSource:
         self.committed_offsets = dict(committed)
         self.commits: list[dict] = []
         self.position = {partition: committed.get(partition, (0, None))[0] for partition in records}
+        for partition, position in self.position.items():
+            if position > len(records[partition]):  # out of range, like auto.offset.reset=earliest
+                self.position[partition] = 0
         self.paused: set = set()
         self._assigned = False
 
@@ -76,7 +79,7 @@ def message(offset: int, key: str) -> Message:
     return Message("t", 0, offset, key.encode(), b"{}")
 
 
-def run_until(source, handled, expected_count):
+def run_until(source, handled, expected_count, committed=10):
     completions: deque = deque()
     pool = ThreadWorkerPool(lambda m: handled.append(m.offset), 4, RetryPolicy(), None, completions)
     runtime = ConsumerRuntime(
@@ -87,7 +90,7 @@ def run_until(source, handled, expected_count):
     thread.start()
     try:
         wait_until(
-            lambda: len(handled) >= expected_count and source.committed_offsets[0][0] == 10,
+            lambda: len(handled) >= expected_count and source.committed_offsets[0][0] == committed,
             10,
             "the backlog to be handled and committed",
         )
@@ -173,3 +176,28 @@ def test_a_failed_commit_is_sent_again():
     runtime = run_until(source, handled, expected_count=10)
     assert source.committed_offsets[0][0] == 10
     assert runtime.snapshot.commit_failures == 2, "both failed commits must be counted"
+
+
+def test_a_log_reset_below_the_committed_offset_is_processed_and_committed(caplog):
+    """The topic was recreated: committed 1000, but the new log holds offsets 0-9 only."""
+    records = {0: [message(offset, f"k{offset % 3}") for offset in range(10)]}
+    metadata = offset_metadata.encode(1000, [1002])
+    source = FakeMetadataSource(records, committed={0: (1000, metadata)})
+    handled: list[int] = []
+    with caplog.at_level("WARNING", logger="keyorder.runtime"):
+        runtime = run_until(source, handled, expected_count=10)
+    assert sorted(handled) == list(range(10)), "messages of the reset log must not be dropped"
+    assert source.committed_offsets[0][0] == 10
+    assert runtime.snapshot.skipped == 0, "nothing was marked done for the new log"
+    assert [p.resets for p in runtime.snapshot.partitions] == [1]
+    assert "t[0]: offset reset: committed offset 1000 but received 0" in caplog.text
+
+
+def test_re_deliveries_are_not_counted_as_skipped():
+    records = {0: [message(offset, f"k{offset % 3}") for offset in [*range(10), 3, 4]]}
+    source = FakeMetadataSource(records, committed={0: (0, None)})
+    handled: list[int] = []
+    runtime = run_until(source, handled, expected_count=10)
+    assert sorted(handled) == list(range(10))
+    assert runtime.snapshot.skipped == 0, "skipped counts only offsets the commit metadata marked done"
+    assert [p.resets for p in runtime.snapshot.partitions] == [0]

@@ -95,12 +95,44 @@ def test_redelivery_of_an_already_received_offset_is_not_processed(again: int) -
     assert tracker.commit_position == 0
 
 
-def test_offsets_below_the_start_are_not_processed() -> None:
-    tracker = PartitionOffsets(start=10)
-    assert tracker.received(9) is False
-    assert tracker.commit_position == 10
-    assert tracker.last_received is None
-    assert tracker.received(10) is True
+def test_an_offset_below_the_start_is_a_log_reset_and_is_processed() -> None:
+    """Topic recreated or truncated: the client resets below the committed offset; nothing may be dropped."""
+    tracker = PartitionOffsets(start=1000, prior_done={1001, 1002})
+    assert tracker.received(3) is True
+    assert (tracker.resets, tracker.reset_from, tracker.start) == (1, 1000, 3)
+    assert tracker.commit_position == 3, "the new log is committed from the reset offset, not from the old start"
+    assert tracker.received(4) is True
+    tracker.completed(3)
+    tracker.completed(4)
+    assert tracker.commit_position == 5
+    assert tracker.next_fetch == 5
+    assert tracker.skipped == 0
+    for offset in (5, 1001, 1002):  # the old log's commit metadata no longer applies
+        assert tracker.received(offset) is True
+    assert tracker.resets == 1
+
+
+def test_a_reset_forgets_commits_sent_for_the_old_log() -> None:
+    tracker = PartitionOffsets(start=1000)
+    old = tracker.commit_sent()
+    assert old == 1000
+    for offset in range(5):
+        tracker.received(offset)
+        tracker.completed(offset)
+    sent = tracker.commit_sent()
+    tracker.commit_confirmed(old)  # a late confirmation of the old position supersedes nothing new
+    tracker.commit_confirmed(sent)
+    assert tracker.uncommitted == 0
+
+
+def test_only_offsets_the_metadata_marked_done_count_as_skipped() -> None:
+    tracker = PartitionOffsets(start=10, prior_done={12})
+    for offset in (10, 11, 12, 13):
+        tracker.received(offset)
+    assert tracker.received(11) is False  # a re-delivery: not processed, not "skipped"
+    assert tracker.received(12) is False
+    assert tracker.skipped == 1
+    assert tracker.resets == 0
 
 
 def test_prior_done_offsets_are_skipped_and_count_as_completed() -> None:

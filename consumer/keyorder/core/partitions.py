@@ -22,6 +22,7 @@ class PartitionState:
         "outstanding",
         "receive_times",
         "revoked",
+        "skipped_counted",
     )
 
     def __init__(self, partition_id: tuple[str, int], offsets: PartitionOffsets) -> None:
@@ -40,3 +41,10 @@ class PartitionState:
         """The last position the broker confirmed (an asynchronous commit may still be on its way)."""
         self.completed = 0
         """Messages finished (handled or dead-lettered) since the assignment."""
+        self.skipped_counted = 0
+        """``offsets.skipped`` already added to the pod's skipped total."""
+
+    @property
+    def resets(self) -> int:
+        """Times the partition's log was found reset below the committed offset since the assignment."""
+        return self.offsets.resets

@@ -7,6 +7,11 @@ reports the *commit position*: the lowest received offset not yet completed, or 
 received offset + 1 when nothing is in flight. A crash therefore re-delivers from the oldest
 unfinished message and never skips one.
 
+An offset below the committed start, before anything was received, means the log was reset
+under the pod (topic recreated or truncated, and the client reset its position below the
+committed offset): the tracker re-bases at that offset (``reset_from``, counted in ``resets``)
+so the new records are processed and committed from there, never dropped.
+
 Completed offsets above the commit position are kept too: they go into the commit metadata
 (see ``offset_metadata``) so that a restart can skip what is already done.
 
@@ -42,6 +47,9 @@ class PartitionOffsets:
         "_sent",
         "last_received",
         "received_count",
+        "reset_from",
+        "resets",
+        "skipped",
         "start",
     )
 
@@ -58,6 +66,12 @@ class PartitionOffsets:
         self._prior_done: set[int] = set(prior_done)
         self.received_count = 0
         """Offsets received so far (skipped ones included)."""
+        self.skipped = 0
+        """Offsets not processed because the commit metadata marked them done (and only those)."""
+        self.resets = 0
+        """Times the log was found reset below ``start`` (tracking re-based at the new offset)."""
+        self.reset_from: int | None = None
+        """The ``start`` before the last reset (``None`` if there was none)."""
         self._committed_received = 0  # received offsets below the last *confirmed* committed position
         self._sent: dict[int, int] = {}  # commit position sent, not yet confirmed -> received offsets below it
 
@@ -65,22 +79,37 @@ class PartitionOffsets:
         """Record a fetched offset; ``True`` if it must be processed.
 
         ``False`` for a re-delivery of an offset already received, and for an offset that the
-        commit metadata says is already done (it is recorded as completed at once).
+        commit metadata says is already done (it is recorded as completed at once and counted in
+        ``skipped``).
+
+        The first offset received below ``start`` is a log reset (see the module docstring): the
+        partition is re-based at ``offset``, its commit metadata (about the old log) forgotten,
+        ``resets`` counted and ``True`` returned, so it is processed.
         """
-        if self.last_received is not None and offset <= self.last_received:
-            return False
-        if self.start is not None and offset < self.start:
-            return False
+        if self.last_received is not None:
+            if offset <= self.last_received:
+                return False
+        elif self.start is not None and offset < self.start:
+            self._reset(offset)
         self.last_received = offset
         self.received_count += 1
         if self._prior_done and offset in self._prior_done:
             self._prior_done.discard(offset)
+            self.skipped += 1
             if self._pending:
                 self._pending.append(offset)
                 self._done.add(offset)
             return False
         self._pending.append(offset)
         return True
+
+    def _reset(self, offset: int) -> None:
+        """Nothing received yet and ``offset`` < ``start``: the log was reset; track from ``offset``."""
+        self.reset_from = self.start
+        self.start = offset
+        self._prior_done.clear()  # finished offsets of the old log say nothing about the new one
+        self._sent.clear()  # a late confirmation of an old-log position must not confirm new-log work
+        self.resets += 1
 
     def completed(self, offset: int) -> None:
         """Record that the message at ``offset`` is finished (handled or dead-lettered)."""
@@ -125,7 +154,9 @@ class PartitionOffsets:
     def commit_confirmed(self, position: int) -> None:
         """The broker acknowledged the commit of ``position`` (older pending sends are superseded)."""
         below = self._sent.pop(position, None)
-        if below is not None and below > self._committed_received:
+        if below is None:
+            return  # not sent (or forgotten at a log reset): says nothing about the sends pending
+        if below > self._committed_received:
             self._committed_received = below
         for older in [sent for sent in self._sent if sent < position]:
             del self._sent[older]
