@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -238,6 +239,7 @@ class HandlerSettings(BaseModel):
             initial_backoff=self.retry_initial_backoff,
             max_backoff=self.retry_max_backoff,
             exhausted=self.on_exhausted,
+            random=random.Random().random,  # jitter: keys that failed together do not retry in lock-step
         )
 
 

@@ -107,3 +107,60 @@ def test_policy_is_immutable() -> None:
 def test_large_multiplier_is_capped_not_overflowing() -> None:
     policy = RetryPolicy(max_attempts=100, initial_backoff=1.0, multiplier=1e6, max_backoff=60.0)
     assert policy.after_failure(70) == (Verdict.RETRY, 60.0)
+
+
+# --- jitter ---------------------------------------------------------------------------------------
+
+
+def test_without_a_random_source_the_schedule_is_deterministic() -> None:
+    assert [DEFAULT.after_failure(n)[1] for n in (1, 2, 3)] == [DEFAULT.after_failure(n)[1] for n in (1, 2, 3)]
+    assert DEFAULT.after_failure(2) == (Verdict.RETRY, pytest.approx(0.4))
+
+
+@pytest.mark.parametrize(
+    ("draw", "failed_attempts", "delay"),
+    [
+        (0.0, 1, 0.1),  # equal jitter: at least half the backoff
+        (0.5, 1, 0.15),
+        (0.999, 2, 0.3998),  # below the full backoff
+        (0.0, 20, 15.0),  # half the cap
+        (1.5, 20, 30.0),  # an out-of-range source is clamped: never above the cap
+        (-1.0, 20, 15.0),
+    ],
+)
+def test_equal_jitter_uses_the_injected_source(draw: float, failed_attempts: int, delay: float) -> None:
+    policy = RetryPolicy(max_attempts=100, random=lambda: draw)
+    assert policy.after_failure(failed_attempts) == (Verdict.RETRY, pytest.approx(delay))
+
+
+def test_jitter_spreads_keys_that_failed_together() -> None:
+    import random
+
+    policy = RetryPolicy(max_attempts=10, random=random.Random(7).random)
+    delays = [policy.after_failure(3)[1] for _ in range(200)]
+    assert all(0.4 <= delay <= 0.8 for delay in delays)
+    assert len(set(delays)) > 150, "keys failing at the same moment must not retry in lock-step"
+    assert max(delays) - min(delays) > 0.3
+
+
+def test_blocked_keys_are_jittered_too_and_dead_letters_are_immediate() -> None:
+    block = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.BLOCK, random=lambda: 0.0)
+    assert block.after_failure(1) == (Verdict.BLOCK, pytest.approx(15.0))
+    dlq = RetryPolicy(max_attempts=1, random=lambda: 0.5)
+    assert dlq.after_failure(1) == (Verdict.DEAD_LETTER, 0.0)
+
+
+def test_zero_backoff_stays_zero_with_jitter() -> None:
+    assert RetryPolicy(initial_backoff=0.0, max_backoff=0.0, random=lambda: 0.9).after_failure(1) == (
+        Verdict.RETRY,
+        0.0,
+    )
+
+
+def test_the_pod_policy_has_jitter() -> None:
+    from keyorder.config import load_run_config
+
+    config = load_run_config({"handler": "m:f", "topics": "t", "group_id": "g"}, environ={})
+    policy = config.retry_policy()
+    delays = {policy.after_failure(1)[1] for _ in range(50)}
+    assert len(delays) > 1 and all(0.1 <= delay <= 0.2 for delay in delays)

@@ -1,13 +1,17 @@
 """What happens after a handler fails: retry later, dead-letter, or block the lane.
 
-Pure policy (no clock, no I/O): given how many attempts a message has had, it says what to do
-next and when. Only the failing message's *lane* waits for the retry; the worker keeps running
-other lanes meanwhile (see ``scheduling``).
+Pure policy (no clock, no I/O, no hidden randomness): given how many attempts a message has had,
+it says what to do next and when. Delays get "equal jitter" (half the backoff, plus a uniform
+random part of the other half) from a random source passed in, so keys that failed together do
+not retry in lock-step; without a source the schedule is deterministic. Only the failing
+message's *lane* waits for the retry; the worker keeps running other lanes meanwhile (see
+``scheduling``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -40,6 +44,8 @@ class RetryPolicy:
     """Growth factor of the wait between consecutive attempts."""
     exhausted: ExhaustedPolicy = ExhaustedPolicy.DLQ
     """What happens after the last attempt."""
+    random: Callable[[], float] | None = field(default=None, compare=False, repr=False)
+    """Uniform source in [0, 1) (e.g. ``random.Random().random``) for the jitter; ``None``: no jitter."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -57,10 +63,17 @@ class RetryPolicy:
         except OverflowError:
             return self.max_backoff
 
+    def jittered(self, delay: float) -> float:
+        """Equal jitter: ``delay / 2`` plus a uniform part of the other half (``delay`` without a source)."""
+        if self.random is None or delay <= 0:
+            return delay
+        fraction = min(max(self.random(), 0.0), 1.0)
+        return delay / 2 + delay / 2 * fraction
+
     def after_failure(self, failed_attempts: int) -> tuple[Verdict, float]:
-        """The verdict after a failure, and the delay before the lane runs again."""
+        """The verdict after a failure, and the (jittered) delay before the lane runs again."""
         if failed_attempts < self.max_attempts:
-            return Verdict.RETRY, self.backoff(failed_attempts)
+            return Verdict.RETRY, self.jittered(self.backoff(failed_attempts))
         if self.exhausted is ExhaustedPolicy.DLQ:
             return Verdict.DEAD_LETTER, 0.0
-        return Verdict.BLOCK, self.max_backoff
+        return Verdict.BLOCK, self.jittered(self.max_backoff)
