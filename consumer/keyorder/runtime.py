@@ -259,7 +259,14 @@ class ConsumerRuntime:
         committed = self._committed_with_retries(partition_ids) if partition_ids else {}
         for partition_id in partition_ids:
             offset, metadata = committed.get(partition_id, (None, None))
-            prior_done = offset_metadata.decode(metadata, offset) if offset is not None else set()
+            decoded = offset_metadata.decode_checked(metadata, offset) if offset is not None else None
+            prior_done = decoded.done if decoded is not None else set()
+            if decoded is not None and decoded.refused:
+                log.warning(
+                    "%s[%d]: commit metadata ignored (%s); the offsets it marked done are processed again",
+                    *partition_id,
+                    decoded.refused,
+                )
             self.partitions[partition_id] = PartitionState(partition_id, PartitionOffsets(offset, prior_done))
             log.info(
                 "assigned %s[%d] from offset %s%s",

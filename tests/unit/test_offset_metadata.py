@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyorder.core.offset_metadata import MAX_METADATA_BYTES, decode, encode
+from keyorder.core import offset_metadata
+from keyorder.core.offset_metadata import (
+    MAX_DECODED_OFFSETS,
+    MAX_METADATA_BYTES,
+    MAX_PAYLOAD_BYTES,
+    decode,
+    decode_checked,
+    encode,
+)
 
 
 def _kind(metadata: str) -> str:
@@ -149,3 +157,83 @@ def test_metadata_for_a_different_base_is_ignored() -> None:
     assert decode(VALID, 100) == {102, 103}
     assert decode(VALID, 101) == set()
     assert decode(VALID, 99) == set()
+
+
+def _varints(*numbers: int) -> bytes:
+    out = bytearray()
+    for number in numbers:
+        while number >= 0x80:
+            out.append((number & 0x7F) | 0x80)
+            number >>= 7
+        out.append(number)
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("name", "metadata"),
+    [
+        ("a 31-character run of 3 million", "ko1:0:r:" + _packed(_varints(0, 3_000_000))),
+        ("runs adding up past the bound", "ko1:0:r:" + _packed(_varints(0, 600_000, 5, 600_000))),
+        ("a bitset with every bit of 3 MB set", "ko1:0:b:" + _packed(b"\xff" * 3_000_000)),
+        ("a zlib bomb", "ko1:0:b:" + _packed(bytes(MAX_PAYLOAD_BYTES + 1))),
+        ("a varint of 1000 bytes", "ko1:0:r:" + _packed(b"\x80" * 1000 + b"\x01")),
+        ("offsets beyond the 64-bit range", "ko1:0:r:" + _packed(_varints(2**63, 1))),
+        ("metadata far longer than any broker default", "ko1:0:r:" + "A" * (MAX_PAYLOAD_BYTES + 1)),
+    ],
+)
+def test_out_of_bounds_metadata_is_refused_with_a_reason(name: str, metadata: str) -> None:
+    """Any client with commit rights can write metadata: decoding must not explode (memory, CPU)."""
+    decoded = decode_checked(metadata, 0)
+    assert decoded.done == set(), name
+    assert decoded.refused, name
+    assert decode(metadata, 0) == set(), name
+
+
+def test_the_largest_allowed_set_still_decodes() -> None:
+    metadata = "ko1:0:r:" + _packed(_varints(0, MAX_DECODED_OFFSETS))
+    assert len(decode(metadata, 0)) == MAX_DECODED_OFFSETS
+    assert decode_checked(metadata, 0).refused is None
+
+
+def test_unusable_but_harmless_metadata_is_not_reported_as_refused() -> None:
+    for metadata in (None, "", "other-client", "ko1:100:r:abc", encode(5, [7])):
+        assert decode_checked(metadata, 100).refused is None
+
+
+def test_a_sparse_set_over_a_huge_span_never_builds_the_bitset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5x10^7 offsets of span (a compacted topic): the bitset would be 6 MB per commit."""
+    built: list[int] = []
+    real_bits = offset_metadata._bits
+
+    def spy(base: int, done: list[int]) -> bytes:
+        built.append(offset_metadata._bits_length(base, done))
+        return real_bits(base, done)
+
+    monkeypatch.setattr(offset_metadata, "_bits", spy)
+    base = 10**9
+    done = [base + delta for delta in range(1_000_000, 50_000_001, 1_000_000)]
+    metadata = encode(base, done)
+    assert _kind(metadata) == "r"
+    assert decode(metadata, base) == set(done)
+    assert built == [], "the bitset of the whole span was materialised"
+    dense = [base + delta for delta in range(2, 4001, 2)]
+    assert _kind(encode(base, dense)) == "b"
+    assert built and max(built) <= 500, "the bitset is built only when it is the smaller payload"
+
+
+@settings(deadline=None, database=None, max_examples=150)
+@given(
+    base=st.integers(0, 10**15),
+    gaps=st.lists(st.integers(1, 10**9), max_size=200),
+    limit=st.integers(64, MAX_METADATA_BYTES),
+)
+def test_round_trip_of_sparse_sets_over_huge_spans(base: int, gaps: list[int], limit: int) -> None:
+    done, cursor = [], base
+    for gap in gaps:
+        cursor += gap
+        done.append(cursor)
+    metadata = encode(base, done, limit=limit)
+    assert len(metadata) <= limit
+    _assert_lowest_prefix(decode(metadata, base), done)
+    if limit == MAX_METADATA_BYTES:
+        assert decode(metadata, base) == set(done)  # 200 runs of <= 5 bytes each always fit

@@ -8,7 +8,9 @@ in tests/integration/.
 
 from __future__ import annotations
 
+import base64
 import threading
+import zlib
 from collections import deque
 
 from keyorder.core import offset_metadata
@@ -201,3 +203,17 @@ def test_re_deliveries_are_not_counted_as_skipped():
     assert sorted(handled) == list(range(10))
     assert runtime.snapshot.skipped == 0, "skipped counts only offsets the commit metadata marked done"
     assert [p.resets for p in runtime.snapshot.partitions] == [0]
+
+
+def test_out_of_bounds_commit_metadata_is_ignored_with_a_warning(caplog):
+    """Forged metadata (a run of 3 million offsets) must neither exhaust memory nor skip anything."""
+    records = {0: [message(offset, f"k{offset % 3}") for offset in range(10)]}
+    forged = "ko1:5:r:" + base64.urlsafe_b64encode(zlib.compress(bytes([0, 0xC0, 0x8D, 0xB7, 0x01]))).decode()
+    assert len(forged) < 40
+    source = FakeMetadataSource(records, committed={0: (5, forged)})
+    handled: list[int] = []
+    with caplog.at_level("WARNING", logger="keyorder.runtime"):
+        runtime = run_until(source, handled, expected_count=5)
+    assert sorted(handled) == [5, 6, 7, 8, 9]
+    assert runtime.snapshot.skipped == 0
+    assert "t[0]: commit metadata ignored (3000000 offsets" in caplog.text
