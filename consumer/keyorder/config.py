@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
+from keyorder.adapters.dead_letters import dead_letter_topic
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.routing import Ordering
 
@@ -135,6 +136,14 @@ CONSUMER_ONLY_PREFIXES = (
 )
 
 
+MAX_BACKOFF_SECONDS = 24 * 3600.0
+"""Upper bound of the retry backoffs (a day): larger values only break timers."""
+MAX_GRACE_SECONDS = 3600.0
+"""Upper bound of the shutdown grace and the commit interval (an hour)."""
+HEALTHZ_STALL_SECONDS = 60.0
+"""``/healthz`` fails after the poll loop stalled this long (``adapters.http_server.STALL_SECONDS``; a test
+keeps them equal, the adapter imports this module so it cannot be imported here)."""
+
 Settings = TypeVar("Settings", bound=BaseModel)
 
 
@@ -210,10 +219,18 @@ class HandlerSettings(BaseModel):
     )
     max_attempts: int = Field(5, ge=1, description="Handler attempts per message, the first included.")
     retry_initial_backoff: float = Field(
-        0.2, ge=0, description="Seconds before the second attempt; doubles per attempt. Only the failing key waits."
+        0.2,
+        ge=0,
+        le=MAX_BACKOFF_SECONDS,
+        allow_inf_nan=False,
+        description="Seconds before the second attempt; doubles per attempt. Only the failing key waits.",
     )
     retry_max_backoff: float = Field(
-        30.0, gt=0, description="Longest wait between attempts (and the retry period of a blocked key)."
+        30.0,
+        gt=0,
+        le=MAX_BACKOFF_SECONDS,
+        allow_inf_nan=False,
+        description="Longest wait between attempts (and the retry period of a blocked key); at most a day.",
     )
     on_exhausted: ExhaustedPolicy = Field(
         ExhaustedPolicy.DLQ,
@@ -267,18 +284,24 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         0.5, gt=0, lt=1, description="Paused partitions resume when in-flight falls to this fraction of the bound."
     )
     poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
-    commit_interval: float = Field(1.0, gt=0, description="Seconds between periodic commits.")
+    commit_interval: float = Field(
+        1.0, gt=0, le=MAX_GRACE_SECONDS, allow_inf_nan=False, description="Seconds between periodic commits."
+    )
     revoke_drain_timeout: float = Field(
         10.0,
         ge=0,
+        allow_inf_nan=False,
         description="Seconds the handlers still running on revoked partitions may take to finish (their queued "
-        "and retry-waiting messages are handed back at once).",
+        "and retry-waiting messages are handed back at once). Below 60: the poll loop waits meanwhile, and "
+        "/healthz fails after 60 s without a poll.",
     )
     shutdown_grace: float = Field(
         25.0,
         ge=0,
+        le=MAX_GRACE_SECONDS,
+        allow_inf_nan=False,
         description="Seconds in-flight messages may take to finish "
-        "on SIGTERM (keep below the pod's terminationGracePeriodSeconds).",
+        "on SIGTERM (keep below the pod's terminationGracePeriodSeconds); at most an hour.",
     )
     http_host: str = Field("0.0.0.0", description="Address of the metrics/health/admin HTTP server.")
     http_port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: any free port).")
@@ -287,6 +310,17 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         description="File holding the bearer token required by "
         "PUT /admin/workers; without it the endpoint is disabled.",
     )
+
+    @field_validator("revoke_drain_timeout")
+    @classmethod
+    def _below_the_liveness_threshold(cls, value: float) -> float:
+        if value >= HEALTHZ_STALL_SECONDS:
+            raise ValueError(
+                f"must be below {HEALTHZ_STALL_SECONDS:g} s: the poll loop waits for the drain during a "
+                f"rebalance, and /healthz fails after {HEALTHZ_STALL_SECONDS:g} s without a poll, so the "
+                "liveness probe would restart the pod mid-rebalance"
+            )
+        return value
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
@@ -299,6 +333,14 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
                 f"max_inflight_per_partition ({self.max_inflight_per_partition}) must be <= "
                 f"max_inflight ({self.max_inflight})"
             )
+        for topic in self.topics:
+            target = dead_letter_topic(self.dlq_topic, topic)
+            if self.on_exhausted is ExhaustedPolicy.DLQ and target in self.topics:
+                raise ValueError(
+                    f"dlq_topic ({flag_name('dlq_topic')} / {env_name('dlq_topic')}) {self.dlq_topic!r} sends "
+                    f"the dead letters of {topic!r} to {target!r}, one of the consumed topics "
+                    f"({flag_name('topics')}): they would be consumed and fail again"
+                )
         return self
 
 

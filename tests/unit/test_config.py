@@ -183,6 +183,79 @@ def test_invalid_value_names_flag_and_env_var(field: str, value: str, source: st
     assert message.startswith("invalid configuration:")
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("retry_max_backoff", "inf"),
+        ("retry_max_backoff", "1e10"),
+        ("retry_max_backoff", "nan"),
+        ("retry_max_backoff", "86401"),
+        ("retry_initial_backoff", "inf"),
+        ("retry_initial_backoff", "nan"),
+        ("shutdown_grace", "inf"),
+        ("shutdown_grace", "1e10"),
+        ("shutdown_grace", "nan"),
+        ("shutdown_grace", "3601"),
+        ("commit_interval", "inf"),
+        ("revoke_drain_timeout", "inf"),
+        ("revoke_drain_timeout", "nan"),
+    ],
+)
+def test_unbounded_durations_are_refused(field: str, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(env={env_name(field): value})
+    assert f"{flag_name(field)} / {env_name(field)}" in str(caught.value)
+
+
+def test_largest_durations_are_accepted() -> None:
+    config = load(
+        env={
+            "KEYORDER_RETRY_INITIAL_BACKOFF": "86400",
+            "KEYORDER_RETRY_MAX_BACKOFF": "86400",
+            "KEYORDER_SHUTDOWN_GRACE": "3600",
+            "KEYORDER_REVOKE_DRAIN_TIMEOUT": "59.5",
+        }
+    )
+    assert (config.retry_max_backoff, config.shutdown_grace, config.revoke_drain_timeout) == (86400, 3600, 59.5)
+
+
+@pytest.mark.parametrize("value", ["60", "61", "600"])
+def test_revoke_drain_timeout_must_stay_below_the_liveness_threshold(value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load({"revoke_drain_timeout": value})
+    message = str(caught.value)
+    assert "--revoke-drain-timeout / KEYORDER_REVOKE_DRAIN_TIMEOUT" in message
+    assert "below 60 s" in message and "/healthz" in message and "rebalance" in message
+
+
+def test_liveness_threshold_matches_the_http_server() -> None:
+    from keyorder.adapters.http_server import STALL_SECONDS
+    from keyorder.config import HEALTHZ_STALL_SECONDS
+
+    assert HEALTHZ_STALL_SECONDS == STALL_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("topics", "template"),
+    [
+        ("orders", "orders"),  # a fixed DLQ name equal to the input
+        ("orders", "{topic}"),
+        ("orders,orders.dlq", "{topic}.dlq"),  # orders' dead letters land in a consumed topic
+        ("a,b", "b"),
+    ],
+)
+def test_dlq_topic_resolving_to_a_consumed_topic_is_refused(topics: str, template: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load({"topics": topics, "dlq_topic": template})
+    message = str(caught.value)
+    assert "--dlq-topic / KEYORDER_DLQ_TOPIC" in message and "one of the consumed topics" in message
+
+
+def test_dlq_topic_is_free_when_nothing_is_dead_lettered() -> None:
+    config = load({"topics": "orders", "dlq_topic": "{topic}", "on_exhausted": "block"})
+    assert config.dlq_topic == "{topic}"
+
+
 @pytest.mark.parametrize("missing", ["handler", "topics", "group_id"])
 def test_missing_required_field_names_flag_and_env_var(missing: str) -> None:
     flags = {name: value for name, value in REQUIRED_FLAGS.items() if name != missing}
