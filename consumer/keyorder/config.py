@@ -13,6 +13,7 @@ and ``--kafka-property name=value`` flags. Their values are never logged unredac
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import random
 import re
@@ -29,6 +30,10 @@ from keyorder.core.routing import Ordering
 
 ENV_PREFIX = "KEYORDER_"
 RDKAFKA_ENV_PREFIX = "KEYORDER_RDKAFKA_"
+HANDLER_ENV_PREFIXES = ("KEYORDER_EXAMPLE_", "KEYORDER_TEST_")
+"""``KEYORDER_*`` prefixes read by the example and test handlers, not by ``keyorder run``."""
+SERVICE_LINK = re.compile(r"_SERVICE_HOST$|_SERVICE_PORT(_[A-Z0-9_]+)?$|_PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?$")
+"""Variables Kubernetes injects for a Service (one named ``keyorder...`` yields ``KEYORDER_..._SERVICE_HOST``)."""
 SAFE_TO_SHOW = frozenset(
     {
         # where and who: addresses and identifiers, not credentials
@@ -376,8 +381,53 @@ def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) 
 
 
 def load_run_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> RunConfig:
-    """Build the config of ``keyorder run`` from parsed flags (``None`` = not given), then the environment."""
+    """Build the config of ``keyorder run`` from parsed flags (``None`` = not given), then the environment.
+
+    A ``KEYORDER_*`` variable that ``keyorder run`` does not know (a typo such as ``KEYORDER_WORKER``)
+    is an error rather than silently ignored.
+    """
+    environ = os.environ if environ is None else environ
+    check_unknown_variables(RunConfig, environ)
     return load_config(RunConfig, flags, environ)
+
+
+def is_service_link(name: str, value: str) -> bool:
+    """A variable Kubernetes injects for a Service in the namespace (``enableServiceLinks``)."""
+    if SERVICE_LINK.search(name):
+        return True
+    return name.endswith("_PORT") and re.match(r"(tcp|udp|sctp)://", value) is not None
+
+
+def check_unknown_variables(model: type[BaseModel], environ: Mapping[str, str]) -> None:
+    """Refuse ``KEYORDER_*`` variables that are neither a setting of ``model`` nor a Kafka property."""
+    known = [env_name(field) for field in model.model_fields]
+    unknown = sorted(
+        name
+        for name, value in environ.items()
+        if name.startswith(ENV_PREFIX)
+        and name not in known
+        and not (name.startswith(RDKAFKA_ENV_PREFIX) and len(name) > len(RDKAFKA_ENV_PREFIX))
+        and not name.startswith(HANDLER_ENV_PREFIXES)
+        and not is_service_link(name, value)
+    )
+    if not unknown:
+        return
+    lines = ["unknown environment variables:" if len(unknown) > 1 else "unknown environment variable:"]
+    suffixes = {name[len(ENV_PREFIX) :]: name for name in known}  # the shared prefix would make all names close
+    for name in unknown:
+        close = difflib.get_close_matches(name[len(ENV_PREFIX) :], list(suffixes), n=1, cutoff=0.5)
+        if name == RDKAFKA_ENV_PREFIX:
+            hint = f"a Kafka property needs a name: {RDKAFKA_ENV_PREFIX}<NAME>"
+        elif close:
+            hint = f"did you mean {suffixes[close[0]]}?"
+        else:
+            hint = "not a setting"
+        lines.append(f"  {name}: {hint}")
+    lines.append(
+        f"  (settings are {ENV_PREFIX}<FLAG>, see --help; Kafka properties are {RDKAFKA_ENV_PREFIX}<NAME>; "
+        "give a handler's own variables another prefix)"
+    )
+    raise ConfigError("\n".join(lines))
 
 
 def load_config(model: type[Settings], flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Settings:

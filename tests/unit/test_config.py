@@ -45,11 +45,85 @@ def config_with(**flags: Any) -> RunConfig:
         ({}, {"KEYORDER_WORKERS": "4"}, 4),  # env beats default
         ({"workers": None}, {"KEYORDER_WORKERS": "4"}, 4),  # None = flag not given
         ({}, {}, 16),  # default
-        ({}, {"KEYORDER_WORKER": "4", "WORKERS": "5", "keyorder_workers": "6"}, 16),  # near misses ignored
+        ({}, {"WORKERS": "5", "keyorder_workers": "6"}, 16),  # not KEYORDER_*: not ours, ignored
     ],
 )
 def test_flags_beat_env_beat_defaults(flags: dict[str, Any], env: dict[str, str], expected: int) -> None:
     assert load(flags, env).workers == expected
+
+
+@pytest.mark.parametrize(
+    ("variable", "suggestion"),
+    [
+        ("KEYORDER_WORKER", "KEYORDER_WORKERS"),
+        ("KEYORDER_MAX_INFLIGT", "KEYORDER_MAX_INFLIGHT"),
+        ("KEYORDER_SHUTDOWN_GRACE_SECONDS", "KEYORDER_SHUTDOWN_GRACE"),
+        ("KEYORDER_DLQ", "KEYORDER_DLQ_TOPIC"),
+        ("KEYORDER_LOGLEVEL", "KEYORDER_LOG_LEVEL"),
+        ("KEYORDER_HTTP_PROT", "KEYORDER_HTTP_PORT"),
+        ("KEYORDER_ZZZ", None),
+    ],
+)
+def test_unknown_keyorder_variable_stops_the_pod(variable: str, suggestion: str | None) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(env={variable: "4", "KEYORDER_WORKERS": "8"})
+    message = str(caught.value)
+    assert message.startswith("unknown environment variable:")
+    assert f"  {variable}: " in message
+    if suggestion:
+        assert f"did you mean {suggestion}?" in message
+    else:
+        assert "not a setting" in message
+
+
+def test_a_kafka_property_variable_without_a_name_is_refused() -> None:
+    with pytest.raises(ConfigError, match="KEYORDER_RDKAFKA_: a Kafka property needs a name"):
+        load(env={"KEYORDER_RDKAFKA_": "x"})
+
+
+def test_every_unknown_variable_is_named_in_one_message() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(env={"KEYORDER_WORKER": "4", "KEYORDER_LOGLEVEL": "DEBUG"})
+    message = str(caught.value)
+    assert "KEYORDER_WORKER: did you mean KEYORDER_WORKERS?" in message
+    assert "KEYORDER_LOGLEVEL: did you mean KEYORDER_LOG_LEVEL?" in message
+
+
+def test_legitimate_keyorder_variables_are_accepted() -> None:
+    from keyorder_operator.builders import consumer_env
+    from keyorder_operator.spec import OrderedConsumerSpec
+
+    spec = OrderedConsumerSpec.model_validate(
+        {
+            "kafka": {
+                "bootstrapServers": "k:9092",
+                "topics": ["orders"],
+                "groupId": "g",
+                "propertiesSecretRef": {"name": "s", "key": "client.properties"},
+            },
+            "handler": {"image": "i", "handler": "m:f"},
+        }
+    )
+    env = {item["name"]: item["value"] for item in consumer_env(spec)}
+    env.update(
+        {
+            "KEYORDER_RDKAFKA_SASL_MECHANISM": "PLAIN",  # a Kafka property
+            "KEYORDER_EXAMPLE_LATENCY_MS": "5",  # read by the example handlers
+            "KEYORDER_TEST_RECORD_FILE": "/tmp/x",  # read by the test handlers
+            # Kubernetes service links of a Service named keyorder(-metrics) in the namespace
+            "KEYORDER_SERVICE_HOST": "10.0.0.1",
+            "KEYORDER_SERVICE_PORT": "8080",
+            "KEYORDER_SERVICE_PORT_HTTP": "8080",
+            "KEYORDER_PORT": "tcp://10.0.0.1:8080",
+            "KEYORDER_PORT_8080_TCP": "tcp://10.0.0.1:8080",
+            "KEYORDER_PORT_8080_TCP_PROTO": "tcp",
+            "KEYORDER_PORT_8080_TCP_PORT": "8080",
+            "KEYORDER_PORT_8080_TCP_ADDR": "10.0.0.1",
+            "KEYORDER_METRICS_PORT": "tcp://10.0.0.2:8080",
+        }
+    )
+    config = load_run_config({}, environ=env)
+    assert config.handler == "m:f" and config.admin_token_file is not None
 
 
 def test_required_fields_can_all_come_from_the_environment() -> None:
