@@ -304,3 +304,84 @@ def test_uncommitted_window_shrinks_only_when_a_commit_is_confirmed() -> None:
     assert (first, second, tracker.uncommitted) == (7, 8, 2)
     tracker.commit_confirmed(first)  # a late, older confirmation never grows the window back
     assert tracker.uncommitted == 2
+
+
+def _idle_tracker(start: int = 0, last: int = 9) -> PartitionOffsets:
+    tracker = PartitionOffsets(start)
+    for offset in range(start, last + 1):
+        tracker.received(offset)
+        tracker.completed(offset)
+    return tracker
+
+
+def test_a_trailing_transaction_marker_is_committed_past_after_a_quiet_period() -> None:
+    """Offsets 0-9 are data, 10 is the commit marker the client never delivers: the log end is 11."""
+    tracker = _idle_tracker()
+    assert tracker.commit_position == 10
+    assert tracker.observe_end(11, now=100.0, quiet=10.0) is False
+    assert tracker.observe_end(11, now=105.0, quiet=10.0) is False
+    assert tracker.commit_position == 10, "not before the quiet period"
+    assert tracker.observe_end(11, now=110.0, quiet=10.0) is True
+    assert tracker.commit_position == 11, "lag 0: the marker is committed past"
+    assert tracker.observe_end(11, now=120.0, quiet=10.0) is False  # already there
+    assert tracker.commit_position == 11
+    assert tracker.next_fetch == 10  # fetching from the marker is harmless: the broker skips it
+    tracker.received(11)  # the next transaction
+    assert tracker.commit_position == 11
+    tracker.completed(11)
+    assert tracker.commit_position == 12
+
+
+def test_a_marker_at_the_committed_offset_is_passed_before_anything_is_received() -> None:
+    tracker = PartitionOffsets(start=10)
+    tracker.observe_end(11, now=0.0, quiet=10.0)
+    assert tracker.observe_end(11, now=10.0, quiet=10.0) is True
+    assert tracker.commit_position == 11
+
+
+@pytest.mark.parametrize(
+    ("name", "ends"),
+    [
+        ("a gap of two: an aborted tail, or unfetched data", [(0.0, 12), (100.0, 12)]),
+        ("no gap", [(0.0, 10), (100.0, 10)]),
+        ("the end moved: data is arriving", [(0.0, 11), (6.0, 11), (8.0, 12), (12.0, 11), (17.0, 11)]),
+        ("paused in between (end unknown)", [(0.0, 11), (6.0, None), (9.0, 11), (15.0, 11)]),
+        ("end unknown", [(0.0, None), (100.0, None)]),
+    ],
+)
+def test_the_position_never_passes_an_offset_that_may_be_unfetched(
+    name: str, ends: list[tuple[float, int | None]]
+) -> None:
+    tracker = _idle_tracker()
+    for now, end in ends:
+        assert tracker.observe_end(end, now, quiet=10.0) is False, name
+    assert tracker.commit_position == 10, name
+
+
+def test_no_marker_skip_while_something_is_in_flight() -> None:
+    tracker = _idle_tracker(last=8)
+    tracker.received(9)
+    for now in (0.0, 50.0, 100.0):
+        assert tracker.observe_end(11, now, quiet=10.0) is False
+    assert tracker.commit_position == 9
+
+
+def test_a_record_arriving_in_the_gap_after_all_is_processed_and_holds_the_position() -> None:
+    tracker = _idle_tracker()
+    tracker.observe_end(11, now=0.0, quiet=10.0)
+    assert tracker.observe_end(11, now=10.0, quiet=10.0) is True
+    assert tracker.received(10) is True, "the evidence was wrong: the record is still processed"
+    assert tracker.commit_position == 10
+    tracker.completed(10)
+    assert tracker.commit_position == 11
+
+
+def test_a_log_reset_forgets_the_old_logs_end() -> None:
+    tracker = PartitionOffsets(start=1000)
+    tracker.observe_end(1001, now=0.0, quiet=10.0)
+    assert tracker.observe_end(1001, now=10.0, quiet=10.0) is True
+    tracker.received(998)  # reset below the committed offset
+    tracker.completed(998)
+    tracker.received(999)
+    tracker.completed(999)
+    assert tracker.commit_position == 1000, "the new log's offset 1000 was never received"
