@@ -55,6 +55,12 @@ class KeyorderCollector(Collector):
             "Messages of the partition finished (handled or dead-lettered).",
             labels=labels,
         )
+        resets = CounterMetricFamily(
+            "keyorder_partition_offset_resets",
+            "Times the partition's log was found reset below the committed offset (topic recreated or "
+            "truncated); consumption restarted at the new offset.",
+            labels=labels,
+        )
         lanes = self.pool.lane_summary()
         held = {(state.id, offset): blocked for state, offset, blocked in lanes.parked_heads}
         for part in snapshot.partitions:
@@ -75,8 +81,10 @@ class KeyorderCollector(Collector):
             families["keyorder_partition_uncommitted_messages"].add_metric(value, part.uncommitted)
             families["keyorder_partition_paused"].add_metric(value, 1 if part.paused else 0)
             completed.add_metric(value, part.completed)
+            resets.add_metric(value, part.resets)
         yield from families.values()
         yield completed
+        yield resets
 
         stats = self.pool.stats()
         busy = sum(1 for worker in stats if worker.busy)
