@@ -483,27 +483,72 @@ def parse_properties(text: str, source: str) -> dict[str, str]:
 
 def kafka_properties(config: KafkaConnectionSettings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The librdkafka properties the user supplied, merged by precedence (file < env < flags)."""
+    return kafka_properties_with_origins(config, environ)[0]
+
+
+def kafka_properties_with_origins(
+    config: KafkaConnectionSettings, environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``kafka_properties`` and, per property, where its value came from (for error messages)."""
     environ = os.environ if environ is None else environ
     properties: dict[str, str] = {}
+    origins: dict[str, str] = {}
     if config.kafka_properties_file is not None:
-        properties.update(read_properties_file(config.kafka_properties_file))
-    for name, value in environ.items():
-        if name.startswith(RDKAFKA_ENV_PREFIX) and len(name) > len(RDKAFKA_ENV_PREFIX):
-            properties[name[len(RDKAFKA_ENV_PREFIX) :].lower().replace("_", ".")] = value
+        for name, value in read_properties_file(config.kafka_properties_file).items():
+            properties[name] = value
+            origins[name] = f"the properties file {config.kafka_properties_file} (--kafka-properties-file)"
+    for variable, value in environ.items():
+        if variable.startswith(RDKAFKA_ENV_PREFIX) and len(variable) > len(RDKAFKA_ENV_PREFIX):
+            name = variable[len(RDKAFKA_ENV_PREFIX) :].lower().replace("_", ".")
+            properties[name] = value
+            origins[name] = f"the environment variable {variable}"
     for item in config.kafka_property:
         name, value = item.split("=", 1)
         properties[name.strip()] = value.strip()
+        origins[name.strip()] = f"{flag_name('kafka_property')} / {env_name('kafka_property')}"
     if config.bootstrap_servers:
         properties["bootstrap.servers"] = config.bootstrap_servers
+        origins["bootstrap.servers"] = f"{flag_name('bootstrap_servers')} / {env_name('bootstrap_servers')}"
     for name, reason in MANAGED_PROPERTIES.items():
         if name in properties:
-            raise ConfigError(f"Kafka property {name!r} cannot be set: {reason}")
+            raise ConfigError(f"Kafka property {name!r} cannot be set (set by {origins[name]}): {reason}")
     if not properties.get("bootstrap.servers"):
         raise ConfigError(
             "no Kafka bootstrap servers: set --bootstrap-servers / KEYORDER_BOOTSTRAP_SERVERS "
             "or bootstrap.servers in the Kafka properties"
         )
-    return properties
+    return properties, origins
+
+
+PROPERTY_ALIASES = {
+    "linger.ms": "queue.buffering.max.ms",
+    "acks": "request.required.acks",
+    "compression.type": "compression.codec",
+    "sasl.mechanism": "sasl.mechanisms",
+    "retries": "message.send.max.retries",
+    "delivery.timeout.ms": "message.timeout.ms",
+    "max.in.flight": "max.in.flight.requests.per.connection",
+    "metadata.broker.list": "bootstrap.servers",
+}
+"""librdkafka aliases -> the name librdkafka uses in its errors."""
+
+
+def blame_kafka_property(error: Exception, origins: Mapping[str, str], client: str) -> Exception:
+    """Turn a Kafka client's configuration error into a ``ConfigError`` naming the property and its origin.
+
+    librdkafka quotes the property it rejects (``No such configuration property: "x"``, ``Invalid
+    value for configuration property "x"``); a property not supplied by the user (or an error that
+    names none) leaves ``error`` as it is. ``client`` names the client that refused it.
+    """
+    text = str(error)
+    detail = text.split("): ", 1)[1] if "): " in text else text.split(": ", 1)[-1]
+    for quoted in re.findall(r'"([^"]+)"', text):
+        for name in (quoted, *(alias for alias, canonical in PROPERTY_ALIASES.items() if canonical == quoted)):
+            if name in origins:
+                refused = detail.startswith("No such configuration property")
+                where = "" if refused else f" (refused by the {client})"
+                return ConfigError(f"Kafka property {name!r}, set by {origins[name]}: {detail}{where}")
+    return error
 
 
 def consumer_properties(config: KafkaConnectionSettings, properties: Mapping[str, str]) -> dict[str, str]:

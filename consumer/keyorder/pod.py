@@ -20,13 +20,14 @@ from keyorder.adapters.kafka_source import KafkaSource
 from keyorder.adapters.metrics import build_registry
 from keyorder.config import (
     RunConfig,
+    blame_kafka_property,
     consumer_properties,
-    kafka_properties,
+    kafka_properties_with_origins,
     producer_properties,
     read_admin_token,
     redact,
 )
-from keyorder.contracts import DeadLetterSink
+from keyorder.contracts import DeadLetterError, DeadLetterSink, SourceError
 from keyorder.core.flow import FlowLimits
 from keyorder.core.retry import ExhaustedPolicy
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
@@ -48,12 +49,15 @@ class Pod:
     ) -> None:
         self.config = config
         function = handler if handler is not None else load_handler(config.handler).function
-        properties = kafka_properties(config, environ)
+        properties, origins = kafka_properties_with_origins(config, environ)
         admin_token = read_admin_token(config)
         log.info("Kafka properties: %s", redact(properties))
         retry = config.retry_policy()
         if dead_letters is None and config.on_exhausted is ExhaustedPolicy.DLQ:
-            dead_letters = KafkaDeadLetterSink(producer_properties(properties), config.dlq_topic)
+            try:
+                dead_letters = KafkaDeadLetterSink(producer_properties(properties), config.dlq_topic)
+            except DeadLetterError as error:  # built first: its errors would otherwise blame the DLQ alone
+                raise blame_kafka_property(error, origins, "dead-letter producer") from error
         self._dead_letters = dead_letters
         self.completions: deque = deque()
         pool_type = AsyncWorkerPool if is_async_callable(function) else ThreadWorkerPool
@@ -69,7 +73,10 @@ class Pod:
             shutdown_grace=config.shutdown_grace,
             max_workers=config.max_workers,
         )
-        self.source = KafkaSource(consumer_properties(config, properties))
+        try:
+            self.source = KafkaSource(consumer_properties(config, properties))
+        except SourceError as error:
+            raise blame_kafka_property(error, origins, "consumer") from error
         self.runtime = ConsumerRuntime(settings, self.source, self.pool, config.ordering, self.completions)
         self.source.on_commit_result = self.runtime.record_commit_outcomes
         self.registry = build_registry(self.runtime, self.pool)

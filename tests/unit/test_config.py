@@ -477,8 +477,10 @@ def test_managed_properties_are_rejected(tmp_path: Path, source: str, name: str,
         flags["kafka_properties_file"] = str(write(tmp_path / "k.properties", f"{name}=x\n"))
     with pytest.raises(ConfigError) as caught:
         kafka_properties(load(flags), env)
-    assert repr(name) in str(caught.value)
+    assert f"{name!r} cannot be set" in str(caught.value)
     assert reason in str(caught.value)
+    origin = {"flag": "--kafka-property", "env": "KEYORDER_RDKAFKA_", "file": "k.properties"}[source]
+    assert origin in str(caught.value), "the message says where the property was set"
 
 
 @pytest.mark.parametrize("extra", [[], ["bootstrap.servers="], ["client.id=x"]])
