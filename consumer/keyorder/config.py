@@ -456,29 +456,51 @@ def describe_validation_error(error: ValidationError) -> str:
 
 
 def read_properties_file(path: Path) -> dict[str, str]:
-    """Parse a Java-style properties file (see ``parse_properties``)."""
+    """Parse a Java properties file (see ``parse_properties``), read as bytes and decoded by ``decode_properties``."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as error:
         raise ConfigError(f"--kafka-properties-file {path}: cannot read: {error.strerror}") from None
-    return parse_properties(text, f"--kafka-properties-file {path}")
+    return parse_properties(decode_properties(data), f"--kafka-properties-file {path}")
+
+
+def decode_properties(data: bytes) -> str:
+    """UTF-8 when the bytes are valid UTF-8 (what a Secret written today holds), else ISO-8859-1.
+
+    ISO-8859-1 is Java's own encoding of properties files (``Properties.load(InputStream)``) and
+    decodes any byte, so no file fails here; ASCII files (with ``\\uXXXX`` escapes) read the same
+    either way.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("iso-8859-1")
 
 
 def parse_properties(text: str, source: str) -> dict[str, str]:
-    """Parse ``name=value`` / ``name: value`` lines; ``#`` and ``!`` start comments.
+    """Parse Java properties syntax with ``javaproperties``: ``name=value``, ``name: value`` and
+    ``name value`` lines, ``#`` and ``!`` comments, ``\\`` line continuations and escapes.
 
-    ``source`` names where the text came from in error messages (values are never shown).
+    Trailing whitespace of a value is dropped (Java keeps it; in a host name or path it is a typo).
+    ``source`` names where the text came from in error messages, with the line (values are never shown).
     """
-    properties = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        separator = min((index for index in (line.find("="), line.find(":")) if index > 0), default=-1)
-        if separator < 0:
-            raise ConfigError(f"{source}, line {number}: expected name=value")
-        properties[line[:separator].strip()] = line[separator + 1 :].strip()
-    return properties
+    import javaproperties
+
+    properties: dict[str, str] = {}
+    line = 1
+    elements = javaproperties.parse(text)
+    while True:
+        try:
+            element = next(elements)
+        except StopIteration:
+            return properties
+        except javaproperties.InvalidUEscapeError:
+            raise ConfigError(f"{source}, line {line}: invalid \\u escape (expected \\u and 4 hex digits)") from None
+        if isinstance(element, javaproperties.KeyValue):
+            if not element.key.strip():
+                raise ConfigError(f"{source}, line {line}: expected name=value (the name is empty)")
+            properties[element.key] = element.value.rstrip()  # unlike Java: a stray trailing space breaks a host
+        line += len(element.source.splitlines()) or 1
 
 
 def kafka_properties(config: KafkaConnectionSettings, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -442,7 +442,52 @@ def test_properties_file_parsing(tmp_path: Path) -> None:
     }
 
 
-@pytest.mark.parametrize(("bad_line", "number"), [("just-a-name", 3), ("=value", 3), (":value", 3)])
+def test_properties_file_accepts_java_syntax(tmp_path: Path) -> None:
+    file = write(
+        tmp_path / "java.properties",
+        "security.protocol SASL_SSL\n"  # whitespace separator
+        "sasl.mechanism:SCRAM-SHA-512\n"  # ':' without spaces
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\\n"
+        '    username="app" \\\n'  # continuation lines: leading whitespace dropped
+        '    password="p";\n'
+        "client.id=caf\\u00e9\n"  # \uXXXX escape
+        "ssl.ca.location=C:\\\\certs\\\\ca.pem\n"  # escaped backslashes
+        "  # an indented comment\n"
+        "name\\ with\\ spaces=x\n",
+    )
+    assert read_properties_file(file) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="app" '
+        'password="p";',
+        "client.id": "café",
+        "ssl.ca.location": "C:\\certs\\ca.pem",
+        "name with spaces": "x",
+    }
+
+
+def test_properties_file_in_iso_8859_1_is_read_like_java(tmp_path: Path) -> None:
+    file = tmp_path / "latin1.properties"
+    file.write_bytes("sasl.password=m\u00f6tley\nclient.id=x\n".encode("iso-8859-1"))  # b"\xf6": not UTF-8
+    assert read_properties_file(file) == {"sasl.password": "m\u00f6tley", "client.id": "x"}
+
+
+def test_properties_file_in_utf_8_keeps_its_characters(tmp_path: Path) -> None:
+    file = tmp_path / "utf8.properties"
+    file.write_bytes("sasl.password=m\u00f6tley\n".encode())
+    assert read_properties_file(file) == {"sasl.password": "m\u00f6tley"}
+
+
+def test_properties_file_bad_escape_names_the_file_and_line(tmp_path: Path) -> None:
+    file = write(tmp_path / "bad.properties", "# header\nclient.id=a\\\n  b\nsasl.password=\\u12G4\n")
+    with pytest.raises(ConfigError) as caught:
+        read_properties_file(file)
+    message = str(caught.value)
+    assert str(file) in message and "line 4" in message and "\\u escape" in message
+    assert "12G4" not in message, "values are never shown"
+
+
+@pytest.mark.parametrize(("bad_line", "number"), [("=value", 3), (":value", 3), ("  = value", 3)])
 def test_properties_file_bad_line_names_the_line_number(tmp_path: Path, bad_line: str, number: int) -> None:
     file = write(tmp_path / "bad.properties", f"# header\nclient.id=x\n{bad_line}\nacks=all\n")
     with pytest.raises(ConfigError) as caught:
