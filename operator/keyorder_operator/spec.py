@@ -114,8 +114,12 @@ class ScalingSpec(_Model):
 
 class RetrySpec(_Model):
     max_attempts: int = Field(5, ge=1, description="Handler attempts per message.")
-    initial_backoff_seconds: float = Field(0.2, ge=0, description="Wait before the second attempt (doubles).")
-    max_backoff_seconds: float = Field(30.0, gt=0, description="Longest wait between attempts.")
+    initial_backoff_seconds: float = Field(
+        0.2, ge=0, le=86400, description="Wait before the second attempt (doubles); at most a day."
+    )
+    max_backoff_seconds: float = Field(
+        30.0, gt=0, le=86400, description="Longest wait between attempts; at most a day (the pods refuse more)."
+    )
     on_exhausted: OnExhausted = Field(OnExhausted.DLQ, description="dlq or block after maxAttempts.")
     dlq_topic: str = Field("{topic}.dlq", min_length=1, description="Dead-letter topic ({topic} = source).")
 
