@@ -61,12 +61,6 @@ class RuntimeSettings:
     """Seconds to wait for the broker in blocking calls (committed offsets, synchronous commit)."""
 
 
-TRAILING_MARKER_QUIET = 10.0
-"""Seconds a partition must sit idle and unpaused, one offset short of an unchanged log end, before
-that offset is taken for a transaction marker and committed past (``PartitionOffsets.observe_end``).
-A record really in the gap would be fetched within a fetch wait (0.5 s by default)."""
-
-
 @dataclass(frozen=True)
 class PartitionSnapshot:
     topic: str
@@ -374,22 +368,13 @@ class ConsumerRuntime:
         partitions = []
         for state in list(self.partitions.values()):
             offsets = state.offsets
-            high_watermark = self.source.high_watermark(state.id)
-            fetching = not state.revoked and state.id not in paused  # a paused partition's gap is unfetched data
-            if offsets.observe_end(high_watermark if fetching else None, now, TRAILING_MARKER_QUIET):
-                log.debug(
-                    "%s[%d]: the offset before the log end %s was never delivered (a transaction marker): "
-                    "committing the log end",
-                    *state.id,
-                    high_watermark,
-                )
             committed = state.last_committed[0] if state.last_committed else offsets.start
             partitions.append(
                 PartitionSnapshot(
                     topic=state.id[0],
                     partition=state.id[1],
                     committed=committed,
-                    high_watermark=high_watermark,
+                    high_watermark=self.source.high_watermark(state.id),
                     min_inflight=offsets.min_inflight,
                     oldest_inflight_age=state.receive_times.oldest_age(offsets.min_inflight, now),
                     inflight=offsets.inflight,

@@ -20,7 +20,6 @@ from keyorder.message import Message
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
 from keyorder.workers import ThreadWorkerPool
 from tests.conftest import wait_until
-from tests.fakes import FakeClock
 
 
 class FakeMetadataSource:
@@ -218,72 +217,3 @@ def test_out_of_bounds_commit_metadata_is_ignored_with_a_warning(caplog):
     assert sorted(handled) == [5, 6, 7, 8, 9]
     assert runtime.snapshot.skipped == 0
     assert "t[0]: commit metadata ignored (3000000 offsets" in caplog.text
-
-
-class FakeTransactionalSource(FakeMetadataSource):
-    """FAKE: the log ends in ``markers`` offsets the client never delivers (a commit marker, or an
-    aborted transaction's records and marker under read_committed); an empty poll advances a FAKE
-    clock by its timeout, so the quiet period passes without real waiting."""
-
-    def __init__(self, records, committed, clock: FakeClock, markers: int) -> None:
-        super().__init__(records, committed)
-        self.clock = clock
-        self.markers = markers
-
-    def consume(self, max_messages, timeout):
-        out = super().consume(max_messages, 0)
-        if not out:
-            self.clock.sleep(timeout)
-        return out
-
-    def high_watermark(self, partition):
-        return len(self.records[partition[1]]) + self.markers
-
-
-def run_transactional(markers: int, until):
-    clock = FakeClock()
-    records = {0: [message(offset, f"k{offset % 3}") for offset in range(10)]}
-    source = FakeTransactionalSource(records, committed={}, clock=clock, markers=markers)
-    completions: deque = deque()
-    pool = ThreadWorkerPool(lambda m: None, 4, RetryPolicy(), None, completions)
-    runtime = ConsumerRuntime(
-        RuntimeSettings(topics=("t",), commit_interval=0.01),
-        source,
-        pool,
-        Ordering.KEY,
-        completions,
-        clock=clock,
-        sleep=clock.sleep,
-    )
-    stop = threading.Event()
-    thread = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: until(source, clock, runtime), 10, "the transactional partition to settle")
-    finally:
-        stop.set()
-        thread.join(10)
-    return source, runtime
-
-
-def test_a_transactional_partition_reaches_zero_lag():
-    """Offsets 0-9 are data and 10 is the commit marker: the committed offset must reach the log end, 11."""
-    source, _runtime = run_transactional(
-        markers=1,
-        until=lambda source, _clock, runtime: (
-            source.committed_offsets.get(0, (None, None))[0] == 11
-            and [p.lag for p in runtime.snapshot.partitions] == [0]
-        ),
-    )
-    assert [offsets[("t", 0)][0] for offsets in source.commits][-2:] == [10, 11]
-
-
-def test_a_gap_of_two_at_the_log_end_is_never_committed_past():
-    """An aborted tail (or records not fetched yet): the pod cannot tell, so it keeps the lag."""
-    source, _runtime = run_transactional(
-        markers=2,
-        until=lambda source, clock, _runtime: (
-            source.committed_offsets.get(0, (None, None))[0] == 10 and clock.now > 1000.0 + 120
-        ),
-    )
-    assert max(offsets[("t", 0)][0] for offsets in source.commits) == 10

@@ -12,11 +12,6 @@ under the pod (topic recreated or truncated, and the client reset its position b
 committed offset): the tracker re-bases at that offset (``reset_from``, counted in ``resets``)
 so the new records are processed and committed from there, never dropped.
 
-Transactional topics end in a control record (the commit marker) that the client never delivers,
-so "last received + 1" would stop one short of the log end forever (a lag of 1).
-``observe_end`` lets the commit position pass exactly such a trailing offset, and only when the
-evidence says it is a marker and not unfetched data (see its docstring).
-
 Completed offsets above the commit position are kept too: they go into the commit metadata
 (see ``offset_metadata``) so that a restart can skip what is already done.
 
@@ -27,13 +22,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-
-MAX_TRAILING_GAP = 1
-"""Undelivered offsets at the log end that ``observe_end`` may commit past: one commit marker.
-
-A committed transaction leaves exactly one marker per partition after its last record. An aborted
-one (read_committed filters its records) leaves its records and a marker, two or more: such a tail
-keeps its lag rather than risk committing past records that are merely not fetched yet."""
 
 
 class OffsetOrderError(ValueError):
@@ -57,8 +45,6 @@ class PartitionOffsets:
         "_pending",
         "_prior_done",
         "_sent",
-        "_tail",
-        "_tail_seen",
         "last_received",
         "received_count",
         "reset_from",
@@ -88,8 +74,6 @@ class PartitionOffsets:
         """The ``start`` before the last reset (``None`` if there was none)."""
         self._committed_received = 0  # received offsets below the last *confirmed* committed position
         self._sent: dict[int, int] = {}  # commit position sent, not yet confirmed -> received offsets below it
-        self._tail: tuple[int, int] | None = None  # (idle position, log end) it may be committed as
-        self._tail_seen: tuple[int, int, float] | None = None  # (idle position, log end, since when)
 
     def received(self, offset: int) -> bool:
         """Record a fetched offset; ``True`` if it must be processed.
@@ -125,7 +109,6 @@ class PartitionOffsets:
         self.start = offset
         self._prior_done.clear()  # finished offsets of the old log say nothing about the new one
         self._sent.clear()  # a late confirmation of an old-log position must not confirm new-log work
-        self._tail = self._tail_seen = None  # the old log's end says nothing about the new one
         self.resets += 1
 
     def completed(self, offset: int) -> None:
@@ -147,46 +130,9 @@ class PartitionOffsets:
         """The offset to commit: lowest unfinished, else last received + 1 (``None``: nothing known)."""
         if self._pending:
             return self._pending[0]
-        position = self.last_received + 1 if self.last_received is not None else self.start
-        tail = self._tail
-        if tail is not None and position == tail[0]:  # still idle where the trailing marker was seen
-            return tail[1]
-        return position
-
-    def observe_end(self, end: int | None, now: float, quiet: float) -> bool:
-        """The log end offset (high watermark) seen at ``now``; ``True`` if the position moved to it.
-
-        The commit position may pass offsets the pod never received only here, and only when all
-        of this holds, as evidence that they are transaction markers the client never delivers
-        (librdkafka skips control records, and under read_committed reports the last stable
-        offset as the end, so an open transaction is never a gap):
-
-        * nothing is in flight (the idle position is last received + 1, or ``start``);
-        * the gap between that position and ``end`` is 1 to ``MAX_TRAILING_GAP`` offsets;
-        * the same position and the same ``end`` were observed continuously for ``quiet``
-          seconds: a record in the gap would have been fetched by then.
-
-        The caller passes ``end=None`` while it is not fetching the partition (paused, revoked):
-        that restarts the quiet period. If a data record does arrive in the gap later (the
-        evidence was wrong: fetches stalled for ``quiet`` seconds right after the end was
-        learned), it is still processed, and the position goes back to it until it is finished;
-        only a crash before that would lose it, at most ``MAX_TRAILING_GAP`` offsets per partition.
-        """
-        position = self.commit_position if not self._pending else None
-        idle = self.last_received + 1 if self.last_received is not None else self.start
-        if end is None or position is None or idle is None or not 0 < end - idle <= MAX_TRAILING_GAP:
-            self._tail_seen = None
-            return False
-        if position == end:  # already committed as the log end
-            return False
-        seen = self._tail_seen
-        if seen is None or seen[0] != idle or seen[1] != end:
-            self._tail_seen = (idle, end, now)
-            return False
-        if now - seen[2] < quiet:
-            return False
-        self._tail = (idle, end)
-        return True
+        if self.last_received is not None:
+            return self.last_received + 1
+        return self.start
 
     @property
     def min_inflight(self) -> int | None:
