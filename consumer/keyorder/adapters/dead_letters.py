@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from keyorder.contracts import DeadLetterError
@@ -26,6 +27,9 @@ HEADER_OFFSET = "keyorder.original.offset"
 HEADER_ERROR = "keyorder.error"
 HEADER_ATTEMPTS = "keyorder.attempts"
 MAX_ERROR_HEADER_BYTES = 1024
+DELIVERY_TIMEOUT_PROPERTIES = frozenset({"message.timeout.ms", "delivery.timeout.ms"})
+REPORT_GRACE_SECONDS = 5.0
+POLL_INTERVAL_SECONDS = 0.1
 
 
 def dead_letter_topic(template: str, source_topic: str) -> str:
@@ -47,48 +51,91 @@ def dead_letter_headers(message: Message, error: BaseException, attempts: int) -
     ]
 
 
+class _PendingRecord:
+    """One DLQ record produced and not yet observed by a publish: its delivery report, once known."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: Any = None
+
+
+ProducerFactory = Callable[[dict[str, Any]], Any]
+
+
+def _kafka_producer(config: dict[str, Any]) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer(config, logger=logging.getLogger("keyorder.librdkafka"))
+
+
 class KafkaDeadLetterSink:
-    """Produces DLQ records with an idempotent producer and waits for each acknowledgement."""
+    """Produces DLQ records with an idempotent producer and waits for each acknowledgement.
 
-    def __init__(self, producer_config: dict[str, Any], topic_template: str, timeout: float = 30.0) -> None:
-        from confluent_kafka import KafkaException, Producer
+    Workers never wait for each other: each publish waits for its own record's delivery report,
+    served by one background thread polling the producer; no lock is held while waiting. A record
+    whose wait timed out stays pending under its source message's (topic, partition, offset): the
+    next publish of that message waits for it instead of producing a second copy, and produces
+    again only once its delivery report says it failed. The producer's delivery timeout is the
+    publish timeout, so every record ends in a report (delivered or failed) soon after it.
+    """
 
-        config = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, **producer_config}
+    def __init__(
+        self,
+        producer_config: dict[str, Any],
+        topic_template: str,
+        timeout: float = 30.0,
+        producer_factory: ProducerFactory = _kafka_producer,
+    ) -> None:
+        from confluent_kafka import KafkaException
+
+        config: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, **producer_config}
+        if not DELIVERY_TIMEOUT_PROPERTIES & config.keys():  # aliases: set one, never both
+            config["message.timeout.ms"] = max(int(timeout * 1000), 1)
         try:
-            self._producer = Producer(config, logger=logging.getLogger("keyorder.librdkafka"))
+            self._producer = producer_factory(config)
         except KafkaException as error:
             raise DeadLetterError(
                 f"invalid Kafka client configuration (dead-letter producer): {error.args[0].str()}"
             ) from error
         self._topic_template = topic_template
         self._timeout = timeout
-        self._lock = threading.Lock()  # serialises flush(): rare path, keeps error attribution exact
+        # The report of a record that timed out comes from librdkafka's periodic timeout scan,
+        # slightly after the delivery timeout: wait a little longer so it is normally seen.
+        self._wait = timeout + min(REPORT_GRACE_SECONDS, timeout)
+        self._lock = threading.Lock()  # guards _pending only, never held while waiting
+        self._pending: dict[tuple[str, int, int], _PendingRecord] = {}
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="keyorder-dlq-poll", daemon=True)
+        self._poller.start()
+
+    def _poll(self) -> None:
+        """Serve delivery reports (``on_delivery`` callbacks run inside ``poll``)."""
+        while not self._stop.is_set():
+            try:
+                self._producer.poll(POLL_INTERVAL_SECONDS)
+            except Exception:  # a raising callback must not end the thread that serves all of them
+                log.exception("dead-letter producer poll failed")
 
     def publish(self, message: Message, error: BaseException, attempts: int) -> None:
-        outcome: dict[str, Any] = {}
-
-        def delivered(err: Any, _record: Any) -> None:
-            outcome["error"] = err
-
         topic = dead_letter_topic(self._topic_template, message.topic)
-        # produce() takes a list of the wider header type (lists are invariant): a copy, typed so.
-        headers: list[tuple[str, str | bytes | None]] = list(dead_letter_headers(message, error, attempts))
+        source = (message.topic, message.partition, message.offset)
         with self._lock:
-            try:
-                self._producer.produce(
-                    topic,
-                    key=message.key,
-                    value=message.value,
-                    headers=headers,
-                    on_delivery=delivered,
-                )
-            except Exception as produce_error:  # BufferError, KafkaException
-                raise DeadLetterError(f"producing to {topic!r} failed: {produce_error}") from produce_error
-            self._producer.flush(self._timeout)
-        if "error" not in outcome:
-            raise DeadLetterError(f"no acknowledgement from {topic!r} within {self._timeout}s")
-        if outcome["error"] is not None:
-            raise DeadLetterError(f"producing to {topic!r} failed: {outcome['error']}")
+            pending = self._pending.get(source)
+            produce = pending is None
+            if pending is None:
+                pending = self._pending[source] = _PendingRecord()
+        if produce:
+            self._produce(topic, source, pending, message, error, attempts)
+        if not pending.done.wait(self._wait):
+            raise DeadLetterError(
+                f"no acknowledgement from {topic!r} within {self._wait:.0f}s"
+                " (the record stays pending: the next attempt waits for it rather than producing a copy)"
+            )
+        self._forget(source, pending)
+        if pending.error is not None:
+            raise DeadLetterError(f"producing to {topic!r} failed: {pending.error}")
         log.warning(
             "dead-lettered %s[%d]@%d to %s after %d attempts",
             message.topic,
@@ -98,5 +145,37 @@ class KafkaDeadLetterSink:
             attempts,
         )
 
+    def _produce(
+        self,
+        topic: str,
+        source: tuple[str, int, int],
+        pending: _PendingRecord,
+        message: Message,
+        error: BaseException,
+        attempts: int,
+    ) -> None:
+        def delivered(err: Any, _record: Any) -> None:
+            pending.error = err
+            if err is not None:  # definitively failed: the next attempt produces again
+                self._forget(source, pending)
+            pending.done.set()
+
+        # produce() takes a list of the wider header type (lists are invariant): a copy, typed so.
+        headers: list[tuple[str, str | bytes | None]] = list(dead_letter_headers(message, error, attempts))
+        try:
+            self._producer.produce(topic, key=message.key, value=message.value, headers=headers, on_delivery=delivered)
+        except Exception as produce_error:  # BufferError, KafkaException: nothing was queued
+            self._forget(source, pending)
+            pending.error = produce_error
+            pending.done.set()  # a publish waiting on this record (same message) fails too
+            raise DeadLetterError(f"producing to {topic!r} failed: {produce_error}") from produce_error
+
+    def _forget(self, source: tuple[str, int, int], pending: _PendingRecord) -> None:
+        with self._lock:
+            if self._pending.get(source) is pending:
+                del self._pending[source]
+
     def close(self) -> None:
-        self._producer.flush(self._timeout)
+        self._stop.set()
+        self._poller.join(POLL_INTERVAL_SECONDS * 10)
+        self._producer.flush(self._timeout)  # serves the remaining reports on this thread
