@@ -94,6 +94,12 @@ class RuntimeSnapshot:
     rebalances: int = 0
     skipped: int = 0
     """Messages not run because the commit metadata said they were already done (re-deliveries are not counted)."""
+    broker_reachable: bool = True
+    """False while the source reports no broker reachable (a source without the attribute counts as reachable)."""
+    broker_error: str | None = None
+    """Why no broker is reachable (the source's last error), None while one is."""
+    assigned_partitions: int = 0
+    """Partitions assigned to this pod and not revoked (0 is normal for a pod beyond the partition count)."""
 
 
 class ConsumerRuntime:
@@ -392,4 +398,8 @@ class ConsumerRuntime:
             commit_failures=self.committer.failures,
             rebalances=self._rebalances,
             skipped=self._skipped,
+            # optional on a Source: fakes and other brokers' adapters without it count as reachable
+            broker_reachable=bool(getattr(self.source, "broker_reachable", True)),
+            broker_error=getattr(self.source, "broker_error", None),
+            assigned_partitions=sum(1 for state in self.partitions.values() if not state.revoked),
         )

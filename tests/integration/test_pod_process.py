@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -216,3 +221,56 @@ def test_secrets_never_reach_the_logs(tmp_path):
     assert "Kafka properties" in output, output[-2000:]
     assert "hunter2" not in output and "pw-secret-2" not in output
     assert "sasl.mechanism" in output and "<redacted>" in output
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # closed when the block ends: connections to it are refused
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_unreachable_broker_is_not_ready_is_measured_and_logs_once(tmp_path):
+    """A pod pointed at a closed port: /readyz 503 naming the reason, the metric 0, and librdkafka's
+    ~20 "Connection refused" lines a second collapsed (the first once, then a count per 10 s)."""
+    environment = {
+        **os.environ,
+        "KEYORDER_TOPICS": "t",
+        "KEYORDER_GROUP_ID": "g",
+        "KEYORDER_BOOTSTRAP_SERVERS": f"127.0.0.1:{_closed_port()}",
+    }
+    log_file = tmp_path / "pod.log"
+    with log_file.open("w") as log_output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "keyorder.cli", "run", "--handler", "keyorder_example.ledger:handle",
+             "--http-port", "0"],
+            env=environment, stdout=log_output, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            wait_until(lambda: "metrics and health on http://" in log_file.read_text(), 30, "the HTTP port")
+            started = time.monotonic()
+            port = int(re.search(r"metrics and health on http://[^:]+:(\d+)", log_file.read_text())[1])
+            base = f"http://127.0.0.1:{port}"
+            wait_until(lambda: _get(base + "/readyz")[0] == 503, 10, "/readyz 503")
+            status, body = _get(base + "/readyz")
+            assert status == 503 and json.loads(body)["reason"] == "no broker reachable", body
+            assert _get(base + "/healthz")[0] == 200  # alive: a restart would not bring the broker back
+            metrics = _get(base + "/metrics")[1]
+            assert re.search(r"^keyorder_broker_reachable 0\.0$", metrics, re.M), metrics
+            assert re.search(r"^keyorder_partitions_assigned 0\.0$", metrics, re.M), metrics
+            time.sleep(max(0.0, 5.0 - (time.monotonic() - started)))
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    output = log_file.read_text()
+    refused = [line for line in output.splitlines() if "Connection refused" in line]
+    assert 1 <= len(refused) < 10, output[-3000:]

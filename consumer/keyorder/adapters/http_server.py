@@ -80,8 +80,8 @@ class PodHttpServer:
             )
             _reply_json(request, 503 if stalled else 200, {"status": "stalled" if stalled else "ok"})
         elif path == "/readyz":
-            ready = runtime.started.is_set() and not runtime.stopping
-            _reply_json(request, 200 if ready else 503, {"status": "ready" if ready else "not ready"})
+            status, body = readiness(runtime)
+            _reply_json(request, status, body)
         elif path == "/admin/workers":
             _reply_json(request, 200, {"workers": runtime.workers})
         else:
@@ -125,6 +125,31 @@ class PodHttpServer:
             return
         log.info("admin: key workers %d -> %d requested", previous, workers)
         _reply_json(request, 200, {"workers": workers, "previous": previous})
+
+
+def readiness(runtime: ConsumerRuntime) -> tuple[int, dict[str, Any]]:
+    """``/readyz``: 503 before start, during shutdown and while no broker is reachable; else 200.
+
+    No partition assigned is reported (``"partitions": 0`` and a ``reason``) but stays 200: a pod of a
+    group with more pods than partitions is idle by design, and readiness gates what must keep
+    working for such pods. A Deployment rollout waits for new pods to be Ready (an idle surplus pod
+    that never became Ready would stall it forever), and the operator pushes worker counts only to
+    Ready pods (a pod that gets partitions later must already have the right count). An unreachable
+    broker is different: the pod can do nothing, and a rollout to a broken address must stop.
+    """
+    snapshot = runtime.snapshot
+    if not runtime.started.is_set():
+        return 503, {"status": "not ready", "reason": "not started"}
+    if runtime.stopping:
+        return 503, {"status": "not ready", "reason": "shutting down"}
+    if not snapshot.broker_reachable:
+        body: dict[str, Any] = {"status": "not ready", "reason": "no broker reachable"}
+        if snapshot.broker_error:
+            body["error"] = snapshot.broker_error
+        return 503, body
+    if snapshot.assigned_partitions == 0:
+        return 200, {"status": "ready", "reason": "no partitions assigned", "partitions": 0}
+    return 200, {"status": "ready", "partitions": snapshot.assigned_partitions}
 
 
 def _reply(request: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:

@@ -3,13 +3,31 @@
 Everything confluent-kafka specific is here, behind the small ``contracts.Source`` protocol, so the runtime
 can be reasoned about (and another broker plugged in) without librdkafka details. Threading:
 every method is called from the poll-loop thread, and the rebalance callbacks run inside
-``consume`` on that same thread; only ``high_watermark`` may be called from elsewhere (it reads
-librdkafka's cache).
+``consume`` on that same thread; only ``high_watermark`` and ``broker_reachable`` may be read from
+elsewhere (a cache and a bool).
+
+Broker reachability: librdkafka never reports "connected", only failures, through ``error_cb``
+(served inside ``consume``). ``_ALL_BROKERS_DOWN`` marks the broker unreachable at once;
+``_TRANSPORT`` and ``_RESOLVE`` concern one connection (one of several brokers may be down while the
+others serve every partition), so they only make the state *suspect*. While suspect or unreachable,
+``consume`` probes at most every ``PROBE_INTERVAL`` seconds with a metadata request for a subscribed
+topic (``list_topics``, never answered from the cache: it succeeds only if some broker answers now,
+within ``PROBE_TIMEOUT``). A probe that succeeds, a record consumed, or an assignment (the group
+coordinator answered) mark the broker reachable; a failed probe marks it unreachable. Until the first
+of these, the broker counts as unreachable: a pod is not ready before it has talked to Kafka.
+
+librdkafka's own log lines (logger ``keyorder.librdkafka``, this consumer's and the dead-letter
+producer's) pass a ``CollapsingFilter``: a broker that refuses connections makes librdkafka log the
+same error about 20 times a second per client, so identical WARNING-or-worse lines are logged once
+and then summarised once per ``LOG_COLLAPSE_INTERVAL``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -20,21 +38,177 @@ from keyorder.message import Message
 
 log = logging.getLogger(__name__)
 
+LOG_COLLAPSE_INTERVAL = 10.0
+"""Seconds over which identical librdkafka WARNING/ERROR lines are collapsed into one summary line."""
+PROBE_INTERVAL = 5.0
+"""Seconds between metadata probes while the broker is suspect or unreachable."""
+PROBE_TIMEOUT = 0.5
+"""Seconds one probe may block the poll loop (only while no broker is known to be reachable)."""
+
+_NOT_CONTACTED = "no broker contacted yet"
+_UNREACHABLE_CODES = (KafkaError._ALL_BROKERS_DOWN,)
+_SUSPECT_CODES = (KafkaError._TRANSPORT, KafkaError._RESOLVE)
+# librdkafka appends the time spent and its own suppression count: not part of what makes a line "the same"
+_VOLATILE_SUFFIX = re.compile(r" \(after \d+ms in state [A-Z_]+(?:, \d+ identical error\(s\) suppressed)?\)$")
+
+
+LIBRDKAFKA_LOGGER = "keyorder.librdkafka"
+"""The logger every librdkafka client of the pod logs through (this consumer and the dead-letter producer)."""
+
+
+class CollapsingFilter(logging.Filter):
+    """Collapses repeated identical WARNING-or-worse lines of one logger (librdkafka's).
+
+    A line is logged the first time; identical ones within ``interval`` seconds are only counted, and
+    when the interval ends one line says how many there were (``... (repeated 137 times in the last
+    10 s)``) and a new interval starts; a line that stops repeating is forgotten after one quiet
+    interval. Lower levels pass through. It is a filter on the logger, not a wrapper handed to one
+    client, so it covers every client logging there (the dead-letter producer repeats the same
+    ``Connection refused`` line). ``clock`` is injectable so tests drive the interval; ``flush``
+    (called from the poll loop) emits summaries that are due when no new line arrives.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval: float = LOG_COLLAPSE_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.logger = logger
+        self.interval = interval
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._windows: dict[str, list[Any]] = {}  # key -> [window start, repeats, level, line]
+
+    @classmethod
+    def install(
+        cls,
+        logger: logging.Logger,
+        interval: float = LOG_COLLAPSE_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> CollapsingFilter:
+        """The filter already on ``logger`` (one per logger, shared by its clients), or a new one added to it."""
+        for existing in logger.filters:
+            if isinstance(existing, cls):
+                return existing
+        created = cls(logger, interval, clock)
+        logger.addFilter(created)
+        return created
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or getattr(record, "keyorder_summary", False):
+            return True
+        line = record.getMessage()
+        key = _VOLATILE_SUFFIX.sub("", line)
+        with self._lock:
+            now = self.clock()
+            summaries = self._due(now)
+            window = self._windows.get(key)
+            if window is not None:
+                window[1] += 1
+            else:
+                self._windows[key] = [now, 0, record.levelno, line]
+        self._emit(summaries)
+        return window is None
+
+    def flush(self) -> None:
+        with self._lock:
+            summaries = self._due(self.clock())
+        self._emit(summaries)
+
+    def _emit(self, summaries: list[tuple[int, str]]) -> None:
+        for level, summary in summaries:
+            self.logger.log(level, "%s", summary, extra={"keyorder_summary": True})
+
+    def _due(self, now: float) -> list[tuple[int, str]]:
+        summaries = []
+        for key, window in list(self._windows.items()):
+            start, repeats, level, line = window
+            if now - start < self.interval:
+                continue
+            if repeats:
+                summaries.append((level, f"{line} (repeated {repeats} times in the last {self.interval:g} s)"))
+                self._windows[key] = [now, 0, level, line]
+            else:
+                del self._windows[key]
+        return summaries
+
 
 class KafkaSource:
     """A confluent-kafka consumer in a consumer group with manual commits."""
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        clock: Callable[[], float] = time.monotonic,
+        log_collapse_interval: float = LOG_COLLAPSE_INTERVAL,
+    ) -> None:
         self.on_commit_result: Callable[[list[CommitOutcome]], None] | None = None
         """Called on the poll thread (inside ``consume``) with the outcome of asynchronous commits."""
+        self.clock = clock
+        self.broker_reachable = False
+        """False until some broker answered, and while librdkafka reports every broker down."""
+        self.broker_error: str | None = _NOT_CONTACTED
+        """Why the broker counts as unreachable (the last error), None while reachable."""
+        self._suspect = True  # probe at the next consume
+        self._next_probe = clock()
+        self._topics: list[str] = []
+        librdkafka_logger = logging.getLogger(LIBRDKAFKA_LOGGER)
+        self.librdkafka_log = CollapsingFilter.install(librdkafka_logger, log_collapse_interval, clock)
         full_config = dict(config)
         full_config.update(
-            {"enable.auto.commit": False, "enable.auto.offset.store": False, "on_commit": self._committed_callback}
+            {
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "on_commit": self._committed_callback,
+                "error_cb": self._error_callback,
+            }
         )
         try:
-            self._consumer = Consumer(full_config, logger=logging.getLogger("keyorder.librdkafka"))
+            self._consumer = Consumer(full_config, logger=librdkafka_logger)
         except KafkaException as error:
             raise SourceError(f"invalid Kafka client configuration: {error.args[0].str()}") from error
+
+    # -- broker reachability ------------------------------------------------------------------------
+    def _error_callback(self, error: KafkaError) -> None:
+        """librdkafka's ``error_cb`` (served inside ``consume``): client-level errors, the client retries."""
+        code = error.code()
+        if code in _UNREACHABLE_CODES:
+            self._mark_unreachable(error.str())
+        elif code in _SUSPECT_CODES:
+            self._suspect = True  # the next due probe decides; one broker of several down is not "no broker"
+        elif error.fatal():
+            log.error("fatal Kafka client error: %s", error.str())
+
+    def _mark_unreachable(self, reason: str) -> None:
+        self._suspect = True
+        if self.broker_reachable or self.broker_error == _NOT_CONTACTED:  # once per outage, not per error
+            log.warning("no Kafka broker reachable: %s (not ready until one answers)", reason)
+        self.broker_reachable = False
+        self.broker_error = reason
+
+    def _mark_reachable(self) -> None:
+        self._suspect = False
+        if not self.broker_reachable:
+            log.info("Kafka broker reachable%s", f" again (was: {self.broker_error})" if self.broker_error else "")
+        self.broker_reachable = True
+        self.broker_error = None
+
+    def _probe_if_due(self) -> None:
+        if not self._suspect:
+            return
+        now = self.clock()
+        if now < self._next_probe:
+            return
+        self._next_probe = now + PROBE_INTERVAL
+        try:
+            # a named topic keeps the request small; metadata requests are never served from the cache
+            self._consumer.list_topics(self._topics[0] if self._topics else None, timeout=PROBE_TIMEOUT)
+        except KafkaException as error:
+            self._mark_unreachable(error.args[0].str())
+            return
+        self._mark_reachable()
 
     @staticmethod
     def _outcomes(error: Any, partitions: list[TopicPartition] | None) -> list[CommitOutcome]:
@@ -58,15 +232,22 @@ class KafkaSource:
         def ids(partitions: list[TopicPartition]) -> list[TopicPartitionId]:
             return [(tp.topic, tp.partition) for tp in partitions]
 
+        def assigned(partitions: list[TopicPartition]) -> None:
+            self._mark_reachable()  # the group coordinator answered
+            on_assign(ids(partitions))
+
+        self._topics = list(topics)
         self._consumer.subscribe(
             list(topics),
-            on_assign=lambda _consumer, partitions: on_assign(ids(partitions)),
+            on_assign=lambda _consumer, partitions: assigned(partitions),
             on_revoke=lambda _consumer, partitions: on_revoke(ids(partitions)),
             on_lost=lambda _consumer, partitions: on_lost(ids(partitions)),
         )
 
     def consume(self, max_messages: int, timeout: float) -> list[Message]:
+        self._probe_if_due()
         records = self._consumer.consume(max_messages, timeout)
+        self.librdkafka_log.flush()
         messages: list[Message] = []
         append = messages.append
         for record in records:
@@ -92,6 +273,8 @@ class KafkaSource:
                     timestamp_ms / 1000.0 if timestamp_ms > 0 else None,
                 )
             )
+        if messages and not self.broker_reachable:
+            self._mark_reachable()  # a record fetched: a broker answered
         return messages
 
     @staticmethod

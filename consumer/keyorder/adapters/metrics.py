@@ -89,6 +89,17 @@ class KeyorderCollector(Collector):
         stats = self.pool.stats()
         busy = sum(1 for worker in stats if worker.busy)
         yield GaugeMetricFamily(
+            "keyorder_broker_reachable",
+            "1 while some Kafka broker answers; 0 while librdkafka reports every broker down or a probe failed "
+            "(the pod is not ready).",
+            value=1 if snapshot.broker_reachable else 0,
+        )
+        yield GaugeMetricFamily(
+            "keyorder_partitions_assigned",
+            "Partitions assigned to this pod (0 is normal for pods beyond the partition count).",
+            value=snapshot.assigned_partitions,
+        )
+        yield GaugeMetricFamily(
             "keyorder_pod_inflight_messages", "Messages received and not yet finished.", value=snapshot.inflight
         )
         yield GaugeMetricFamily(
