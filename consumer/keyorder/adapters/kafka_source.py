@@ -12,9 +12,10 @@ Broker reachability: librdkafka never reports "connected", only failures, throug
 others serve every partition), so they only make the state *suspect*. While suspect or unreachable,
 ``consume`` probes at most every ``PROBE_INTERVAL`` seconds with a metadata request for a subscribed
 topic (``list_topics``, never answered from the cache: it succeeds only if some broker answers now,
-within ``PROBE_TIMEOUT``). A probe that succeeds, a record consumed, or an assignment (the group
-coordinator answered) mark the broker reachable; a failed probe marks it unreachable. Until the first
-of these, the broker counts as unreachable: a pod is not ready before it has talked to Kafka.
+within ``PROBE_TIMEOUT``). A probe that succeeds or an assignment (the group coordinator answered
+a join) marks the broker reachable; a failed probe marks it unreachable. A consumed record is not
+used: it may have been prefetched before the broker went away. Until the first success the broker
+counts as unreachable: a pod is not ready before it has talked to Kafka.
 
 librdkafka's own log lines (logger ``keyorder.librdkafka``, this consumer's and the dead-letter
 producer's) pass a ``CollapsingFilter``: a broker that refuses connections makes librdkafka log the
@@ -113,6 +114,8 @@ class CollapsingFilter(logging.Filter):
         return window is None
 
     def flush(self) -> None:
+        if not self._windows:  # the poll loop calls this on every turn: nothing to do when all is quiet
+            return
         with self._lock:
             summaries = self._due(self.clock())
         self._emit(summaries)
@@ -191,7 +194,10 @@ class KafkaSource:
     def _mark_reachable(self) -> None:
         self._suspect = False
         if not self.broker_reachable:
-            log.info("Kafka broker reachable%s", f" again (was: {self.broker_error})" if self.broker_error else "")
+            if self.broker_error == _NOT_CONTACTED:
+                log.info("Kafka broker reachable")
+            else:
+                log.info("Kafka broker reachable again (was: %s)", self.broker_error)
         self.broker_reachable = True
         self.broker_error = None
 
@@ -273,8 +279,7 @@ class KafkaSource:
                     timestamp_ms / 1000.0 if timestamp_ms > 0 else None,
                 )
             )
-        if messages and not self.broker_reachable:
-            self._mark_reachable()  # a record fetched: a broker answered
+        # A record is no proof of a live broker: librdkafka hands out records it prefetched earlier.
         return messages
 
     @staticmethod
