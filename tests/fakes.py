@@ -36,6 +36,9 @@ class FakeClock:
 class RecordingSource:
     """FAKE Source: no records of its own; records commits; can be told to fail the next commit."""
 
+    broker_reachable = True
+    broker_error: str | None = None
+
     def __init__(self, committed: Mapping[TopicPartitionId, int | None] | None = None) -> None:
         self.committed_offsets = dict(committed or {})
         self.commits: list[tuple[dict[TopicPartitionId, tuple[int, str]], bool]] = []

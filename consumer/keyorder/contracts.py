@@ -44,7 +44,12 @@ class DeadLetterError(RuntimeError):
 
 class Source(Protocol):
     """A consumer-group member with manual commits. Every method is called on the poll thread;
-    only ``high_watermark`` may be called from another thread (it must read a cache)."""
+    only ``high_watermark`` and the two broker attributes may be read from another thread."""
+
+    broker_reachable: bool
+    """Whether a broker answered lately (``/readyz`` and ``keyorder_broker_reachable`` show it)."""
+    broker_error: str | None
+    """Why the broker is not reachable, while it is not."""
 
     def subscribe(
         self,

@@ -399,7 +399,7 @@ class ConsumerRuntime:
             rebalances=self._rebalances,
             skipped=self._skipped,
             # optional on a Source: fakes and other brokers' adapters without it count as reachable
-            broker_reachable=bool(getattr(self.source, "broker_reachable", True)),
-            broker_error=getattr(self.source, "broker_error", None),
+            broker_reachable=self.source.broker_reachable,
+            broker_error=self.source.broker_error,
             assigned_partitions=sum(1 for state in self.partitions.values() if not state.revoked),
         )

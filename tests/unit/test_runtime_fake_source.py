@@ -25,6 +25,9 @@ from tests.conftest import wait_until
 class FakeMetadataSource:
     """FAKE in-memory Source: one topic, pre-loaded records, stores commits *with* metadata."""
 
+    broker_reachable = True
+    broker_error = None
+
     def __init__(self, records: dict[int, list[Message]], committed: dict[int, tuple[int, str | None]]) -> None:
         self.records = records
         self.committed_offsets = dict(committed)
