@@ -224,10 +224,6 @@ class LaneScheduler:
             active=len(self._lanes),
         )
 
-    @property
-    def running(self) -> int:
-        return self._running
-
     def __len__(self) -> int:
         """Deliveries held (queued, parked or running)."""
         return self._queued
