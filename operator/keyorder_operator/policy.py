@@ -1,33 +1,66 @@
-"""The scaling policy: how many pods and how many key workers per pod, from the observed backlog.
+"""The scaling policy: how many pods and how many key workers per pod, and when scaling cannot help.
 
-Pure: ``decide(observation, spec, state, now)`` does no I/O and reads no clock, so every scaling
-behaviour is a table test. The operator's reconcile loop observes lag (Kafka admin API), calls
-``decide``, then applies the result and explains it in status and Events.
+Pure: ``decide(observation, limits, state, now)`` does no I/O and reads no clock, so every scaling
+behaviour is a table test. The operator's reconcile loop observes lag (Kafka admin API) and the
+pods' own reports (``pod_signals``), calls ``decide``, then applies the result and explains it in
+status, Events and metrics.
 
 The algorithm, in order:
 
-1. **Unknown lag** (broker down, group missing) never scales: keep the current size, flag it.
-2. **Required capacity** = backlog / target drain time + the rate at which new messages arrive.
-   One worker's throughput is learned from the observed drain rate divided by the workers that
-   produced it, but only from a *settled* interval (the size did not just change, so the new
-   pods are not still joining) whose remaining backlog was worth at least 1 s at that drain rate
-   (with a trickle, workers idle and would look slow). Without a measurement yet, capacity doubles per
-   step (bounded by the limits).
-3. **Shape**: pods first, each with the initial worker count, up to min(max replicas,
-   partitions) (a pod beyond the partition count would sit idle); only at that cap do workers per
-   pod grow, up to their maximum. Shrinking walks back the same path: workers first, then pods.
-4. **Activation**: a backlog below ``activation_lag`` needs only what keeps up with the arrivals
-   (at the learned per-worker rate; the minimum when that is unknown); with ``scale_to_zero`` an
-   empty backlog with no arrivals scales to zero pods.
-5. **Stabilization** (like the Kubernetes HPA): a scale-up takes the *smallest* recommendation of
-   the scale-up window, a scale-down the *largest* of the scale-down window, so a noisy lag does
-   not flap the Deployment.
+1. **Unknown lag** (broker down, group missing) never scales: keep the current size, flag it;
+   after ``fallback`` failed observations in a row, go to the fallback size (KEDA's fallback).
+2. **Paused** (an annotation): keep the current size, learn nothing (KEDA's paused annotation).
+3. **One worker's rate.** Before any measurement, it is estimated from the handler time the pods
+   report (a busy worker handles 1/handler-time messages per second), so the first poll of a
+   spike jumps straight to the needed size. It is then measured as drain rate / the workers the
+   pods *report*, but only from a *clean* interval: the size did not just change, the Deployment
+   is rolled out, every pod answered, no pod rebalanced, and the workers were the limit (a key
+   waited for a worker, or most workers were busy). The rate used is the median of the last
+   three measurements, and a new one may move it at most 2x: one bad interval moves the size by
+   at most one step.
+4. **Required capacity** = drainable lag / target drain time + arrival rate, in workers. Lag that
+   a blocked key pins (its partition's commit cannot move) is not drainable and is left out
+   (KEDA's ``excludePersistentLag``).
+5. **Bounds: when scaling cannot help**, the size stops where it helps and the decision says why
+   (``Limited``): a blocked key holding the lag; one hot key holding most of the pods' queue while
+   no other key waits for a worker (parallelism bound = queue / longest lane); ``ordering:
+   partition`` (one worker per partition is all that helps); lag on only some partitions (with
+   ``limit_to_partitions_with_lag``, like KEDA's option); workers idle with lag on two polls in a
+   row (the limit is before the workers: fetching, CPU or the broker).
+6. **Shape**: pods first, each with the initial worker count, up to min(max replicas,
+   partitions); only at that cap do workers per pod grow. Shrinking walks back the same path.
+7. **Activation and zero**: below ``activation_lag`` only what keeps up with arrivals, but any
+   lag or arrival keeps at least one pod (nothing is stranded); with ``scale_to_zero`` an empty
+   backlog with no arrivals scales to zero. A lag of at most 1 per partition that neither moves
+   nor is held by any pod is a transaction's commit marker, not a message, and counts as zero.
+8. **Stabilization** (like the Kubernetes HPA): a scale-up takes the *smallest* recommendation of
+   the scale-up window, a scale-down the *largest* of the scale-down window; then the HPA-style
+   rate limits (pods or percent per period) cap the change of replicas, workers per pod making
+   up the capacity where the pods are held back.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+import statistics
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from keyorder_operator.pod_signals import PodSignals
+
+
+class RateKind(StrEnum):
+    PODS = "Pods"
+    PERCENT = "Percent"
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """HPA-style: at most ``value`` pods (or percent of the pods) added or removed per ``period_seconds``."""
+
+    kind: RateKind
+    value: int
+    period_seconds: float
 
 
 @dataclass(frozen=True)
@@ -45,6 +78,37 @@ class ScalingLimits:
     scale_up_window_seconds: float = 0.0
     scale_down_window_seconds: float = 300.0
     scale_to_zero: bool = False
+    partition_ordering: bool = False
+    """``ordering: partition``: one worker per partition is all that can run."""
+    limit_to_partitions_with_lag: bool = False
+    """No more pods than partitions with lag (KEDA's ``limitToPartitionsWithLag``)."""
+    scale_up_rates: tuple[RateLimit, ...] = ()
+    """Rate limits on adding pods; the most permissive applies (HPA ``selectPolicy: Max``). Empty: none."""
+    scale_down_rates: tuple[RateLimit, ...] = ()
+    fallback_after: int = 0
+    """Failed observations in a row before the fallback size; 0: no fallback."""
+    fallback_replicas: int = 0
+
+
+class LimitKind(StrEnum):
+    """Why scaling cannot help (the ``ScalingLimited`` condition's reason is the CamelCase form)."""
+
+    BLOCKED_KEY = "blocked_key"
+    HOT_KEY = "hot_key"
+    PARTITION_ORDERING = "partition_ordering"
+    PARTITIONS_WITH_LAG = "partitions_with_lag"
+    IDLE_WORKERS = "idle_workers"
+
+    @property
+    def reason(self) -> str:
+        return "".join(part.capitalize() for part in self.value.split("_"))
+
+
+@dataclass(frozen=True)
+class Limited:
+    kind: LimitKind
+    message: str
+    """'scaling cannot help: ...' with the numbers, for the condition and the Event."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +122,13 @@ class Observation:
     """Messages committed per second over the last interval (``None``: no previous sample)."""
     arrival_rate: float | None = None
     """Messages produced per second (end offsets' movement) over the last interval."""
+    partition_lags: tuple[int, ...] = ()
+    """Lag per partition (empty: unknown)."""
+    pods: PodSignals | None = None
+    """The pods' own reports, summed (``None``: no pod answered or none runs)."""
+    rollout_settled: bool = True
+    """The Deployment has all its pods updated and ready (False while pods start or roll)."""
+    paused: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,9 +150,19 @@ class ScalingState:
     recommendations: tuple[tuple[float, int, int], ...] = ()
     """Recent ``(time, replicas, workers)`` recommendations, for the stabilization windows."""
     per_worker_rate: float | None = None
-    """Learned messages/s of one key worker (``None`` until measured under load)."""
+    """Messages/s of one key worker in use (measured, else estimated from the handler time)."""
+    rate_samples: tuple[float, ...] = ()
+    """The last clean per-worker measurements (the rate is their median)."""
     settled: bool = True
     """False right after a resize: the next drain rate still reflects the old size."""
+    pod_totals: tuple[int, float, int, int] | None = None
+    """The pods' ``(handler calls, handler seconds, rebalances, pods)`` at the last poll."""
+    idle_polls: int = 0
+    """Polls in a row with lag and idle workers."""
+    failed_observations: int = 0
+    """Polls in a row whose lag could not be measured (for the fallback)."""
+    replica_changes: tuple[tuple[float, int], ...] = ()
+    """Recent ``(time, replicas after)`` changes, for the rate limits."""
 
 
 @dataclass(frozen=True)
@@ -93,16 +174,55 @@ class Decision:
     state: ScalingState
     """The state to keep for the next reconcile."""
     lag_unknown: bool = False
+    limited: Limited | None = None
+    """Set when scaling cannot help (or stopped where it stops helping)."""
+    handler_seconds: float | None = None
+    """Mean handler time per call the pods reported for the interval (for status)."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def scaled(self) -> bool:
         return self.target != self.before
 
 
-def shape(capacity: int, limits: ScalingLimits, partitions: int) -> Size:
-    """Pods first (with the initial workers), up to the partition cap; then workers per pod."""
+SATURATION_SECONDS = 1.0
+"""Without pod reports: a backlog worth at least this many seconds at the measured drain rate
+means the workers were busy the whole interval (with a trickle they idle and would look slow)."""
+BUSY_SHARE = 0.8
+"""Most workers busy: the workers were the limit in the interval (with pod reports)."""
+IDLE_SHARE = 0.5
+HOT_KEY_SHARE = 0.5
+"""The longest lane holds at least this share of the pods' queue: a hot key."""
+IDLE_POLLS = 2
+MIN_HANDLER_CALLS = 20
+"""Handler calls needed before their mean time counts as an estimate."""
+RATE_SAMPLES = 3
+MAX_RATE_STEP = 2.0
+"""A new measurement moves the learned per-worker rate by at most this factor."""
+MARKER_LAG = 1
+"""A transaction's commit marker occupies one offset per partition."""
+
+
+def duration(seconds: float) -> str:
+    """Human-sized duration for reasons and Events: 45 s, 12.5 min, 3.2 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def replica_cap(limits: ScalingLimits, partitions: int) -> int:
+    """The most pods that can hold a partition: min(max replicas, partitions), at least the minimum."""
     cap = min(limits.max_replicas or partitions, partitions)
-    cap = max(cap, limits.min_replicas, 1)
+    return max(cap, limits.min_replicas, 1)
+
+
+def shape(capacity: int, limits: ScalingLimits, partitions: int, max_replicas: int | None = None) -> Size:
+    """Pods first (with the initial workers), up to the partition cap; then workers per pod."""
+    cap = replica_cap(limits, partitions)
+    if max_replicas is not None:
+        cap = max(min(cap, max_replicas), limits.min_replicas, 1)
     workers = min(max(limits.initial_workers, limits.min_workers), limits.max_workers)
     replicas = max(math.ceil(capacity / workers), limits.min_replicas)
     if replicas <= cap:
@@ -111,35 +231,168 @@ def shape(capacity: int, limits: ScalingLimits, partitions: int) -> Size:
     return Size(cap, workers)
 
 
-SATURATION_SECONDS = 1.0
-"""A backlog worth at least this many seconds at the measured drain rate means the workers were
-busy the whole interval: only such an interval measures what a worker can do. (With a trickle
-they idle and would look slow; the lag also counts messages already inside the pods.)"""
+# -- step 3: one worker's rate ------------------------------------------------------------------------
+def handler_seconds(pods: PodSignals | None, previous: tuple[int, float, int, int] | None) -> float | None:
+    """Mean handler time per call: over the interval when enough calls ran in it, else since the pods started."""
+    if pods is None:
+        return None
+    if previous is not None:
+        calls, seconds = pods.handler_calls_total - previous[0], pods.handler_seconds_total - previous[1]
+        if calls >= MIN_HANDLER_CALLS and seconds > 0:
+            return seconds / calls
+    if pods.handler_calls_total >= MIN_HANDLER_CALLS and pods.handler_seconds_total > 0:
+        return pods.handler_seconds_total / pods.handler_calls_total
+    return None
 
 
-def learn_per_worker_rate(observation: Observation, state: ScalingState, limits: ScalingLimits) -> float | None:
-    """Update the per-worker throughput from a settled, saturated interval; otherwise keep the old one."""
-    capacity = state.current.capacity
-    lag, drain = observation.lag or 0, observation.drain_rate or 0.0
-    loaded = lag >= limits.activation_lag and lag >= drain * SATURATION_SECONDS
-    if state.settled and loaded and drain > 0 and capacity > 0:
-        return drain / capacity  # drain > 0: it is the observed drain rate
-    return state.per_worker_rate
+def clean_interval(observation: Observation, state: ScalingState) -> bool:
+    """The interval measured the group as decided: nothing started, rolled, rebalanced or went missing."""
+    pods = observation.pods
+    if not (state.settled and observation.rollout_settled and pods is not None and pods.workers > 0):
+        return False
+    if pods.pods != state.current.replicas:
+        return False
+    previous = state.pod_totals
+    return previous is not None and pods.rebalances_total == previous[2] and pods.pods == previous[3]
+
+
+def measured_per_worker_rate(observation: Observation, state: ScalingState, limits: ScalingLimits) -> float | None:
+    """One worker's rate measured in the last interval, or ``None`` when the interval cannot tell."""
+    drain = observation.drain_rate or 0.0
+    if drain <= 0:
+        return None
+    pods = observation.pods
+    if pods is None:  # no reports (old pods): today's rule, by the decided capacity
+        lag = observation.lag or 0
+        loaded = lag >= limits.activation_lag and lag >= drain * SATURATION_SECONDS
+        capacity = state.current.capacity
+        return drain / capacity if state.settled and loaded and capacity > 0 else None
+    if not clean_interval(observation, state):
+        return None
+    saturated = pods.lanes_ready > 0 or pods.busy >= BUSY_SHARE * pods.workers
+    return drain / pods.workers if saturated else None
+
+
+def learn_rate(
+    observation: Observation, state: ScalingState, limits: ScalingLimits, handler_time: float | None
+) -> tuple[float | None, tuple[float, ...]]:
+    """``(per-worker rate, samples)``: the median of the last clean measurements, else the handler estimate."""
+    samples = state.rate_samples
+    measured = measured_per_worker_rate(observation, state, limits)
+    if measured is not None:
+        anchor = state.per_worker_rate or measured
+        measured = min(max(measured, anchor / MAX_RATE_STEP), anchor * MAX_RATE_STEP)
+        samples = (*samples, measured)[-RATE_SAMPLES:]
+    if samples:
+        return statistics.median(samples), samples
+    if handler_time:
+        return 1.0 / handler_time, samples
+    return state.per_worker_rate, samples
+
+
+# -- steps 4 and 5: what is needed, and what can help ------------------------------------------------
+def drainable_lag(observation: Observation) -> int:
+    """The lag minus what blocked keys pin; a lag of commit markers only counts as zero."""
+    lag = observation.lag or 0
+    if observation.pods is not None:
+        lag = max(lag - observation.pods.blocked_lag, 0)
+    if is_marker_residue(observation):
+        return 0
+    return lag
+
+
+def is_marker_residue(observation: Observation) -> bool:
+    """At most one offset behind per partition, nothing arriving or draining, and no pod holding a
+    message: what a transactional producer's commit markers leave (they are never delivered)."""
+    lags = observation.partition_lags
+    if not lags or max(lags) > MARKER_LAG or sum(lags) == 0:
+        return False
+    if (observation.arrival_rate or 0) > 0 or (observation.drain_rate or 0) > 0 or observation.drain_rate is None:
+        return False
+    return observation.pods is None or observation.pods.inflight == 0
 
 
 def required_capacity(
-    observation: Observation, current: Size, per_worker_rate: float | None, limits: ScalingLimits
+    lag: int, observation: Observation, current: Size, per_worker_rate: float | None, limits: ScalingLimits
 ) -> int:
-    """Workers needed to drain the backlog within the target, keeping up with arrivals."""
-    lag = observation.lag or 0
+    """Workers needed to drain ``lag`` within the target, keeping up with arrivals."""
     needed_rate = lag / limits.target_drain_seconds + (observation.arrival_rate or 0.0)
     if needed_rate <= 0:
         return 0
     if per_worker_rate:
         return math.ceil(needed_rate / per_worker_rate)
-    return max(current.capacity * 2, 1)  # no throughput measured yet: grow stepwise
+    return max(current.capacity * 2, 1)  # nothing measured or reported yet: grow stepwise
 
 
+@dataclass(frozen=True)
+class Bound:
+    """An upper bound on what helps, and why it binds."""
+
+    capacity: int | None = None
+    replicas: int | None = None
+    limited: Limited | None = None
+
+
+def bounds(observation: Observation, limits: ScalingLimits, state: ScalingState, needed: int, idle_polls: int) -> Bound:
+    """The first bound that binds, in order: blocked key, hot key, partition ordering, partitions
+    with lag, idle workers (``Bound()`` when scaling can help)."""
+    pods, current = observation.pods, state.current
+    lag, partitions = observation.lag or 0, observation.partitions or 0
+    if pods is not None and pods.blocked_lag >= max(limits.activation_lag, 1):
+        blocked = [held for held in pods.held if held.blocked]
+        where = ", ".join(f"{held.where} (lag {held.lag})" for held in blocked[:3])
+        message = (
+            f"scaling cannot help: a blocked key holds the commit of {where}; {pods.blocked_lag} of the lag "
+            "cannot drain until the handler succeeds on it or the message is removed"
+        )
+        limited = Limited(LimitKind.BLOCKED_KEY, message)
+        if drainable_lag(observation) < limits.activation_lag:
+            return Bound(capacity=current.capacity, limited=limited)
+        return Bound(limited=limited)  # the rest of the lag still drives the size
+    if pods is not None and pods.busiest is not None and pods.lanes_ready == 0 and lag >= limits.activation_lag:
+        share = pods.busiest_share
+        if share >= HOT_KEY_SHARE:
+            parallelism = pods.queued / pods.busiest.backlog
+            cap = max(math.ceil(parallelism), current.capacity)
+            message = (
+                f"scaling cannot help: key '{pods.busiest.key}' holds {share:.0%} of the backlog on "
+                f"{pods.busiest.where}; bound {parallelism:.1f}\u00d7"
+            )
+            if needed > cap:
+                return Bound(capacity=cap, limited=Limited(LimitKind.HOT_KEY, message))
+    if limits.partition_ordering and partitions and needed > partitions:
+        message = (
+            f"scaling cannot help: ordering is by partition, so at most {partitions} workers (one per "
+            f"partition) can run; {needed} would be needed"
+        )
+        return Bound(capacity=partitions, limited=Limited(LimitKind.PARTITION_ORDERING, message))
+    if limits.limit_to_partitions_with_lag and observation.partition_lags:
+        with_lag = sum(1 for value in observation.partition_lags if value > 0)
+        wanted = shape(needed, limits, partitions)
+        if with_lag and wanted.replicas > with_lag:
+            message = (
+                f"scaling cannot help beyond {with_lag} pods: only {with_lag} of {partitions} partitions have "
+                "lag (limitToPartitionsWithLag)"
+            )
+            return Bound(replicas=with_lag, limited=Limited(LimitKind.PARTITIONS_WITH_LAG, message))
+    if idle_polls >= IDLE_POLLS and pods is not None and needed > current.capacity:
+        message = (
+            f"scaling cannot help: {pods.busy} of {pods.workers} workers busy and no key waiting for one "
+            f"while the lag is {lag}: the limit is before the workers (fetching, CPU or the broker)"
+        )
+        return Bound(capacity=current.capacity, limited=Limited(LimitKind.IDLE_WORKERS, message))
+    return Bound()
+
+
+def workers_idle(observation: Observation, limits: ScalingLimits) -> bool:
+    """Lag to drain, yet the pods hold little, no key waits and most workers idle."""
+    pods = observation.pods
+    if pods is None or pods.workers == 0 or drainable_lag(observation) < max(limits.activation_lag, 1):
+        return False
+    return pods.lanes_ready == 0 and pods.busy < IDLE_SHARE * pods.workers and pods.queued < pods.workers
+
+
+# -- step 8: stabilization and rate limits -------------------------------------------------------------
 def _stabilized(
     recommended: Size, current: Size, history: tuple[tuple[float, int, int], ...], now: float, limits: ScalingLimits
 ) -> Size:
@@ -154,13 +407,40 @@ def _stabilized(
     return recommended
 
 
-def duration(seconds: float) -> str:
-    """Human-sized duration for reasons and Events: 45 s, 12.5 min, 3.2 h."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+def replicas_at(changes: tuple[tuple[float, int], ...], current: int, since: float) -> int:
+    """The replicas the group had at ``since`` (the earliest change after it tells what came before)."""
+    later = [replicas for at, replicas in changes if at > since]
+    if not later:
+        return current
+    earlier = [replicas for at, replicas in changes if at <= since]
+    return earlier[-1] if earlier else min(later[0], current)
+
+
+def rate_limited(target: Size, state: ScalingState, limits: ScalingLimits, now: float) -> Size:
+    """Cap the change of replicas by the HPA-style rate limits; workers make up the capacity."""
+    current = state.current
+    if target.replicas > current.replicas and limits.scale_up_rates:
+        allowed = max(
+            _limit(rate, replicas_at(state.replica_changes, current.replicas, now - rate.period_seconds), +1)
+            for rate in limits.scale_up_rates
+        )
+        if target.replicas > allowed:
+            replicas = max(allowed, current.replicas)
+            workers = min(max(math.ceil(target.capacity / replicas), target.workers), limits.max_workers)
+            return Size(replicas, workers)
+    if target.replicas < current.replicas and limits.scale_down_rates:
+        allowed = min(
+            _limit(rate, replicas_at(state.replica_changes, current.replicas, now - rate.period_seconds), -1)
+            for rate in limits.scale_down_rates
+        )
+        if target.replicas < allowed:
+            return Size(min(allowed, current.replicas), target.workers)
+    return target
+
+
+def _limit(rate: RateLimit, start: int, direction: int) -> int:
+    step = rate.value if rate.kind is RateKind.PODS else math.ceil(start * rate.value / 100)
+    return max(start + direction * step, 0)
 
 
 def _describe(before: Size, after: Size, observation: Observation, limits: ScalingLimits) -> str:
@@ -178,41 +458,95 @@ def _describe(before: Size, after: Size, observation: Observation, limits: Scali
     return f"scaled {', '.join(changes)}: {facts}"
 
 
+def _kept(state: ScalingState, reason: str, **changes: object) -> Decision:
+    return Decision(before=state.current, target=state.current, reason=reason, state=replace(state, **changes))
+
+
 def decide(observation: Observation, limits: ScalingLimits, state: ScalingState, now: float) -> Decision:
     """The size the consumer group should have now, and why."""
     current = state.current
     if observation.lag is None or not observation.partitions:
-        return Decision(
-            before=current,
-            target=current,
-            reason=f"lag unknown: keeping {current.replicas} replicas x {current.workers} workers",
-            state=state,
-            lag_unknown=True,
+        failures = state.failed_observations + 1
+        if limits.fallback_after and failures >= limits.fallback_after and current.replicas != limits.fallback_replicas:
+            target = Size(limits.fallback_replicas, current.workers)
+            reason = (
+                f"lag unknown on {failures} polls in a row: fallback to {target.replicas} replicas "
+                f"(was {current.replicas})"
+            )
+            new_state = replace(state, current=target, failed_observations=failures, settled=False)
+            return Decision(before=current, target=target, reason=reason, state=new_state, lag_unknown=True)
+        decision = _kept(
+            state,
+            f"lag unknown: keeping {current.replicas} replicas x {current.workers} workers",
+            failed_observations=failures,
+        )
+        return replace(decision, lag_unknown=True)
+    pods = observation.pods
+    totals = pods.totals() if pods is not None else None
+    if observation.paused:
+        return _kept(
+            state,
+            f"paused: keeping {current.replicas} replicas x {current.workers} workers (lag {observation.lag})",
+            failed_observations=0,
+            pod_totals=totals,
+            settled=False,
         )
     partitions = observation.partitions
     arrivals = observation.arrival_rate or 0.0
-    per_worker = learn_per_worker_rate(observation, state, limits)
-    if observation.lag < limits.activation_lag:
-        if limits.scale_to_zero and observation.lag == 0 and arrivals <= 0:
+    handler_time = handler_seconds(pods, state.pod_totals)
+    per_worker, samples = learn_rate(observation, state, limits, handler_time)
+    lag = drainable_lag(observation)
+    idle = workers_idle(observation, limits) and clean_interval(observation, state)
+    idle_polls = state.idle_polls + 1 if idle else 0
+    if lag < limits.activation_lag:
+        nothing_left = observation.lag == 0 or is_marker_residue(observation)  # a blocked key's lag stays
+        if limits.scale_to_zero and nothing_left and arrivals <= 0:
             recommended = Size(0, limits.initial_workers)
-        elif per_worker:  # keep up with what arrives
-            recommended = shape(math.ceil(arrivals / per_worker), limits, partitions)
         else:
-            recommended = shape(0, limits, partitions)
+            keep_up = math.ceil(arrivals / per_worker) if per_worker else 0
+            recommended = shape(max(keep_up, 1 if lag or arrivals else 0), limits, partitions)
+            if (lag or arrivals) and recommended.replicas == 0:
+                recommended = Size(1, recommended.workers)  # never strand a message below the activation lag
+        bound = bounds(observation, limits, state, recommended.capacity, idle_polls)
     else:
-        recommended = shape(required_capacity(observation, current, per_worker, limits), limits, partitions)
-        if recommended.capacity == 0:
-            recommended = shape(1, limits, partitions)
+        needed = max(required_capacity(lag, observation, current, per_worker, limits), 1)
+        bound = bounds(observation, limits, state, needed, idle_polls)
+        if bound.capacity is not None:
+            needed = min(needed, bound.capacity)
+        recommended = shape(needed, limits, partitions, max_replicas=bound.replicas)
+        if limits.partition_ordering:
+            useful = max(math.ceil(partitions / max(recommended.replicas, 1)), limits.min_workers)
+            recommended = Size(recommended.replicas, min(recommended.workers, max(useful, 1)))
     keep_since = now - max(limits.scale_up_window_seconds, limits.scale_down_window_seconds)
     history = tuple(item for item in state.recommendations if item[0] >= keep_since)
     target = _stabilized(recommended, current, history, now, limits)
+    target = rate_limited(target, state, limits, now)
+    longest_period = max(
+        (rate.period_seconds for rate in (*limits.scale_up_rates, *limits.scale_down_rates)), default=0
+    )
+    changes = tuple(item for item in state.replica_changes if item[0] >= now - longest_period)
+    if target.replicas != current.replicas:
+        changes = (*changes, (now, target.replicas))
     new_state = replace(
         state,
         current=target,
         settled=target == current,
         per_worker_rate=per_worker,
+        rate_samples=samples,
         recommendations=(*history, (now, recommended.replicas, recommended.workers)),
+        pod_totals=totals,
+        idle_polls=idle_polls,
+        failed_observations=0,
+        replica_changes=changes,
     )
+    reason = _describe(current, target, observation, limits)
+    if bound.limited is not None and not (target.capacity > current.capacity):
+        reason = f"{reason}; {bound.limited.message}"
     return Decision(
-        before=current, target=target, reason=_describe(current, target, observation, limits), state=new_state
+        before=current,
+        target=target,
+        reason=reason,
+        state=new_state,
+        limited=bound.limited,
+        handler_seconds=handler_time,
     )

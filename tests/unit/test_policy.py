@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from keyorder_operator.policy import Observation, ScalingLimits, ScalingState, Size, decide, shape
@@ -98,7 +100,7 @@ def test_unknown_lag_never_scales():
         state = ScalingState(Size(3, 32))
         decision = decide(observation, LIMITS, state, 10)
         assert decision.lag_unknown and not decision.scaled
-        assert decision.target == Size(3, 32) and decision.state == state
+        assert decision.target == Size(3, 32) and decision.state == replace(state, failed_observations=1)
         assert decision.reason.startswith("lag unknown")
 
 

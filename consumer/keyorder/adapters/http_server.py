@@ -1,9 +1,10 @@
-"""The pod's one HTTP port: ``/metrics``, ``/healthz``, ``/readyz`` and the admin endpoint.
+"""The pod's one HTTP port: ``/metrics``, ``/healthz``, ``/readyz`` and the admin endpoints.
 
-``/metrics``, ``/healthz``, ``/readyz`` and ``GET /admin/workers`` are read-only. The one endpoint
-that changes behaviour, ``PUT /admin/workers`` (live resize of the key workers), requires
-``Authorization: Bearer <token>`` with the token from a file only the operator and the pod can
-read (a Secret). Without a configured token the endpoint is disabled, never open.
+``/metrics``, ``/healthz``, ``/readyz`` and ``GET /admin/workers`` are open and read-only. Two
+endpoints require ``Authorization: Bearer <token>``, with the token from a file only the operator
+and the pod can read (a Secret): ``PUT /admin/workers`` (live resize of the key workers) changes
+behaviour, and ``GET /admin/scaling`` (the operator's sizing report) names the busiest key.
+Without a configured token they are disabled, never open.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from keyorder.adapters.scaling_report import scaling_report
 from keyorder.config import ConfigError
 from keyorder.runtime import ConsumerRuntime
 
@@ -84,6 +86,9 @@ class PodHttpServer:
             _reply_json(request, status, body)
         elif path == "/admin/workers":
             _reply_json(request, 200, {"workers": runtime.workers})
+        elif path == "/admin/scaling":
+            if self._authorized(request):
+                _reply_json(request, 200, scaling_report(runtime, runtime.pool))
         else:
             _reply_json(request, 404, {"error": f"no such endpoint: {path}"})
 
@@ -92,20 +97,7 @@ class PodHttpServer:
         if path != "/admin/workers":
             _reply_json(request, 404, {"error": f"no such endpoint: {path}"})
             return
-        if not self.admin_token:
-            _reply_json(
-                request,
-                403,
-                {
-                    "error": "admin endpoint disabled: no admin token configured "
-                    "(--admin-token-file / KEYORDER_ADMIN_TOKEN_FILE)"
-                },
-            )
-            return
-        supplied = request.headers.get("Authorization", "")
-        expected = f"Bearer {self.admin_token}"
-        if not hmac.compare_digest(supplied.encode(), expected.encode()):
-            _reply_json(request, 401, {"error": "missing or wrong bearer token"})
+        if not self._authorized(request):
             return
         try:
             length = int(request.headers.get("Content-Length", "0"))
@@ -125,6 +117,26 @@ class PodHttpServer:
             return
         log.info("admin: key workers %d -> %d requested", previous, workers)
         _reply_json(request, 200, {"workers": workers, "previous": previous})
+
+
+    def _authorized(self, request: BaseHTTPRequestHandler) -> bool:
+        """True for the right bearer token; otherwise the 403/401 reply has been sent."""
+        if not self.admin_token:
+            _reply_json(
+                request,
+                403,
+                {
+                    "error": "admin endpoint disabled: no admin token configured "
+                    "(--admin-token-file / KEYORDER_ADMIN_TOKEN_FILE)"
+                },
+            )
+            return False
+        supplied = request.headers.get("Authorization", "")
+        expected = f"Bearer {self.admin_token}"
+        if not hmac.compare_digest(supplied.encode(), expected.encode()):
+            _reply_json(request, 401, {"error": "missing or wrong bearer token"})
+            return False
+        return True
 
 
 def readiness(runtime: ConsumerRuntime) -> tuple[int, dict[str, Any]]:

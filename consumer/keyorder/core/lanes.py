@@ -82,6 +82,10 @@ class LaneSummary:
     """Lanes holding at least one delivery (ready, running or parked)."""
     parked_heads: frozenset[tuple[Any, int, bool]] = frozenset()
     """``(partition, offset, blocked)`` of every parked head: what holds back a partition's min-offset."""
+    longest_lane: Hashable | None = None
+    """The busiest lane's id (a key, or a partition's ``(topic, partition)``); ``None`` when nothing is queued."""
+    longest_lane_partition: Any = None
+    """The partition (runtime state, opaque here) of the busiest lane's head."""
 
     @property
     def longest_backlog_share(self) -> float:
@@ -206,8 +210,11 @@ class LaneScheduler:
     def summary(self) -> LaneSummary:
         """Counts for metrics; O(lanes), so called at scrape time, not per message."""
         longest, blocked, heads = 0, 0, []
-        for lane in self._lanes.values():
-            longest = max(longest, len(lane.deliveries))
+        longest_id: Hashable | None = None
+        longest_partition: Any = None
+        for lane_id, lane in self._lanes.items():
+            if len(lane.deliveries) > longest:
+                longest, longest_id, longest_partition = len(lane.deliveries), lane_id, lane.deliveries[0].partition
             if lane.parked_until is not None:
                 head = lane.deliveries[0]
                 heads.append((head.partition, head.message.offset, lane.blocked))
@@ -222,6 +229,8 @@ class LaneScheduler:
             longest_backlog=longest,
             parked_heads=frozenset(heads),
             active=len(self._lanes),
+            longest_lane=longest_id,
+            longest_lane_partition=longest_partition,
         )
 
     def __len__(self) -> int:

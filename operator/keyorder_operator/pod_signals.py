@@ -1,0 +1,154 @@
+"""What the pods say about themselves, summed over a group: the policy's view of the bottleneck.
+
+Kafka tells the operator *how much* is behind (lag); only the pods can tell *why* it drains as it
+does: how long the handler takes, whether keys wait for a worker (more workers help), whether one
+key holds most of the queue (nothing but a faster handler helps), whether a blocked key pins a
+partition's commit (no pod can drain that lag). Each pod serves that as JSON on
+``GET /admin/scaling`` (``keyorder.adapters.scaling_report``); this module parses those reports
+and sums them into one ``PodSignals``. Pure: the HTTP calls are in ``pod_admin``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_REPORT_VERSION = 1
+
+
+class BadPodReport(ValueError):
+    """A pod answered with something that is not a scaling report this operator understands."""
+
+
+@dataclass(frozen=True)
+class BusiestLane:
+    key: str
+    """The key as text (or ``topic[partition]`` for a partition lane)."""
+    where: str
+    """``topic[partition]`` of the lane's head."""
+    backlog: int
+
+
+@dataclass(frozen=True)
+class HeldPartition:
+    """A partition whose commit is held back by a key waiting for a retry, or blocked for good."""
+
+    where: str
+    blocked: bool
+    """True: the key exhausted its attempts under ``onExhausted: block`` (only a person can unblock it)."""
+    lag: int
+
+
+@dataclass(frozen=True)
+class PodSignals:
+    """The group's pods at one poll, summed (totals are since each pod started)."""
+
+    pods: int
+    """Pods that answered."""
+    workers: int
+    """Key workers the pods run (what they report, not what was decided)."""
+    busy: int
+    lanes_ready: int
+    """Keys with a message ready and no free worker: above 0, more workers help."""
+    queued: int
+    """Messages held in the pods' lanes."""
+    inflight: int
+    handler_calls_total: int
+    handler_seconds_total: float
+    rebalances_total: int
+    ordering: str
+    partitions_assigned: int
+    busiest: BusiestLane | None = None
+    """The longest lane over all pods."""
+    held: tuple[HeldPartition, ...] = ()
+
+    @property
+    def busiest_share(self) -> float:
+        """The longest lane's share of everything queued in the group (0 to 1)."""
+        return self.busiest.backlog / self.queued if self.busiest and self.queued else 0.0
+
+    @property
+    def blocked_lag(self) -> int:
+        """Lag on partitions whose commit a blocked key pins: no amount of pods can drain it."""
+        return sum(held.lag for held in self.held if held.blocked)
+
+    def totals(self) -> tuple[int, float, int, int]:
+        """What the policy keeps to turn the next report into interval figures."""
+        return (self.handler_calls_total, self.handler_seconds_total, self.rebalances_total, self.pods)
+
+
+def _int(report: Mapping[str, Any], name: str) -> int:
+    value = report.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadPodReport(f"field {name!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def parse_report(report: Any) -> dict[str, Any]:
+    """Check one pod's JSON report; raises ``BadPodReport`` naming the first bad field."""
+    if not isinstance(report, dict):
+        raise BadPodReport(f"expected a JSON object, got {type(report).__name__}")
+    if report.get("version") != SUPPORTED_REPORT_VERSION:
+        raise BadPodReport(
+            f"report version {report.get('version')!r}, this operator reads version {SUPPORTED_REPORT_VERSION} "
+            "(pods and operator from different releases?)"
+        )
+    for name in ("workers", "workersBusy", "handlerCallsTotal", "rebalancesTotal", "partitionsAssigned", "inflight"):
+        _int(report, name)
+    if not isinstance(report.get("handlerSecondsTotal"), int | float):
+        raise BadPodReport("field 'handlerSecondsTotal' must be a number")
+    lanes = report.get("lanes")
+    if not isinstance(lanes, dict):
+        raise BadPodReport("field 'lanes' must be an object")
+    for name in ("ready", "queued"):
+        _int(lanes, name)
+    if not isinstance(report.get("partitions"), list):
+        raise BadPodReport("field 'partitions' must be a list")
+    return report
+
+
+def _where(topic: Any, partition: Any) -> str:
+    return f"{topic}[{partition}]"
+
+
+def combine(reports: Sequence[Mapping[str, Any]]) -> PodSignals | None:
+    """Sum parsed reports into the group's signals (``None`` when no pod answered)."""
+    if not reports:
+        return None
+    busiest: BusiestLane | None = None
+    held: list[HeldPartition] = []
+    orderings = {str(report.get("ordering")) for report in reports}
+    for report in reports:
+        lane = report.get("busiestLane")
+        if isinstance(lane, dict) and lane.get("backlog", 0) > (busiest.backlog if busiest else 0):
+            busiest = BusiestLane(
+                key=str(lane.get("key")),
+                where=_where(lane.get("topic"), lane.get("partition")),
+                backlog=lane["backlog"],
+            )
+        for part in report["partitions"]:
+            state = part.get("minOffsetHeld")
+            if state in ("blocked", "retrying"):
+                held.append(
+                    HeldPartition(
+                        where=_where(part.get("topic"), part.get("partition")),
+                        blocked=state == "blocked",
+                        lag=int(part.get("lag") or 0),
+                    )
+                )
+    return PodSignals(
+        pods=len(reports),
+        workers=sum(report["workers"] for report in reports),
+        busy=sum(report["workersBusy"] for report in reports),
+        lanes_ready=sum(report["lanes"]["ready"] for report in reports),
+        queued=sum(report["lanes"]["queued"] for report in reports),
+        inflight=sum(report["inflight"] for report in reports),
+        handler_calls_total=sum(report["handlerCallsTotal"] for report in reports),
+        handler_seconds_total=sum(float(report["handlerSecondsTotal"]) for report in reports),
+        rebalances_total=sum(report["rebalancesTotal"] for report in reports),
+        ordering=orderings.pop() if len(orderings) == 1 else "mixed",
+        partitions_assigned=sum(report["partitionsAssigned"] for report in reports),
+        busiest=busiest,
+        held=tuple(sorted(held, key=lambda item: item.where)),
+    )
