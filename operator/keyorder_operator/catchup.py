@@ -1,9 +1,12 @@
 """When to hand a backlog to a Spark catch-up Job, and the state of one hand-over: pure, no I/O.
 
-A backlog triggers catch-up when even the *largest* size the autoscaler may reach would take
-longer than ``spec.catchup.triggerDrainSeconds`` to drain it:
-``lag / (max pods x max workers x per-worker rate - arrival rate)``. The per-worker rate is the
-one the scaling policy learned under load; until it is known, nothing triggers.
+A backlog triggers catch-up only when it wins (``catchup_verdict``): even the *largest* size the
+autoscaler may reach would take longer than ``spec.catchup.triggerDrainSeconds`` to drain it
+(``lag / (max pods x max workers x per-worker rate - arrival rate)``), the Spark job would be
+faster than those pods (executors x cores x the per-core rate, which ``keyorder catchup-bench``
+measures), and both held on ``confirmPolls`` polls in a row. It never starts while a blocked key
+pins the lag (the Job would fail on the same message), nor within ``cooldownSeconds`` of the last
+hand-over. The per-worker rate is the scaling policy's; until it is known, nothing triggers.
 
 A hand-over has two phases, kept in ``status.catchup`` so a restarted operator continues it:
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from keyorder_operator.policy import Observation, ScalingLimits, Size, duration, shape
+from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size, duration, shape
 
 
 class Phase(StrEnum):
@@ -83,38 +86,89 @@ def largest_size(limits: ScalingLimits, partitions: int) -> Size:
     return shape(cap * limits.max_workers, limits, partitions)
 
 
-def projected_drain_seconds_at_max(
-    observation: Observation, per_worker_rate: float | None, largest: Size
-) -> float | None:
-    """Seconds to drain the lag at the largest size (``inf``: it would never catch up; ``None``: unknown)."""
-    if observation.lag is None or not per_worker_rate or largest.capacity == 0:
-        return None
-    net_rate = largest.capacity * per_worker_rate - (observation.arrival_rate or 0.0)
-    if net_rate <= 0:
-        return math.inf
-    return observation.lag / net_rate
+def projected_drain_seconds(lag: int, rate: float, arrivals: float) -> float:
+    """Seconds to drain ``lag`` at ``rate`` while ``arrivals`` keep coming (``inf``: never)."""
+    net_rate = rate - arrivals
+    return math.inf if net_rate <= 0 else lag / net_rate
 
 
-def catchup_trigger(
-    enabled: bool,
-    trigger_seconds: float,
+@dataclass(frozen=True)
+class CatchupGate:
+    """The parts of ``spec.catchup`` that decide whether a hand-over wins."""
+
+    enabled: bool
+    trigger_seconds: float
+    executors: int = 2
+    executor_cores: int = 1
+    per_core_rate: float = 2000.0
+    """Most messages/s one Spark core handles for this handler (measured by ``keyorder catchup-bench``)."""
+    task_workers: int = 16
+    confirm_polls: int = 3
+    cooldown_seconds: float = 1800.0
+
+
+@dataclass(frozen=True)
+class CatchupVerdict:
+    start: str | None
+    """Why catch-up starts now (``None``: it does not)."""
+    votes: int
+    """Polls in a row on which it would win (kept in status)."""
+    waiting: str | None = None
+    """Why it does not start although the pods are too slow (for status), if that is the case."""
+
+
+def catchup_rate(gate: CatchupGate, per_worker_rate: float) -> float:
+    """Messages/s the Spark job would reach: each core runs ``task_workers`` handler threads, and no
+    core does more than the measured per-core rate (reading, shuffling and Python take the rest)."""
+    per_core = min(gate.per_core_rate, gate.task_workers * per_worker_rate)
+    return gate.executors * gate.executor_cores * per_core
+
+
+def catchup_verdict(
+    gate: CatchupGate,
     observation: Observation,
     per_worker_rate: float | None,
     limits: ScalingLimits,
-) -> str | None:
-    """Why catch-up should start now, or ``None`` when it should not."""
-    if not enabled or observation.lag is None or not observation.partitions:
-        return None
+    limited: Limited | None,
+    votes: int,
+    last_ended_at: float | None,
+    now: float,
+) -> CatchupVerdict:
+    """Start catch-up only when the pods at their largest size are too slow *and* Spark would be
+    faster, on ``confirm_polls`` polls in a row, never while a blocked key pins the lag, and not
+    within the cooldown after the last hand-over."""
+    if not gate.enabled or observation.lag is None or not observation.partitions or not per_worker_rate:
+        return CatchupVerdict(None, 0)
     largest = largest_size(limits, observation.partitions)
-    projected = projected_drain_seconds_at_max(observation, per_worker_rate, largest)
-    if projected is None or projected <= trigger_seconds:
-        return None
-    shown = "never (arrivals outpace it)" if math.isinf(projected) else duration(projected)
-    return (
+    arrivals = observation.arrival_rate or 0.0
+    pods_rate = largest.capacity * per_worker_rate
+    pods_seconds = projected_drain_seconds(observation.lag, pods_rate, arrivals)
+    if pods_seconds <= gate.trigger_seconds:
+        return CatchupVerdict(None, 0)
+    shown = "never (arrivals outpace it)" if math.isinf(pods_seconds) else duration(pods_seconds)
+    too_slow = (
         f"lag {observation.lag}: draining at the largest size ({largest.replicas} pods x {largest.workers} "
         f"workers at {per_worker_rate:.1f} msg/s each) would take {shown}, over the catch-up trigger "
-        f"{duration(trigger_seconds)}"
+        f"{duration(gate.trigger_seconds)}"
     )
+    if limited is not None and limited.kind is LimitKind.BLOCKED_KEY:
+        return CatchupVerdict(None, 0, f"{too_slow}; no catch-up: a blocked key would fail the Job too")
+    spark_rate = catchup_rate(gate, per_worker_rate)
+    if spark_rate <= pods_rate:
+        return CatchupVerdict(
+            None,
+            0,
+            f"{too_slow}; no catch-up: Spark would reach about {spark_rate:,.0f} msg/s ({gate.executors} executors "
+            f"x {gate.executor_cores} cores), not more than the pods' {pods_rate:,.0f} msg/s",
+        )
+    if last_ended_at is not None and now - last_ended_at < gate.cooldown_seconds:
+        left = gate.cooldown_seconds - (now - last_ended_at)
+        return CatchupVerdict(None, 0, f"{too_slow}; catch-up cooling down for {duration(left)} more")
+    votes += 1
+    wins = f"{too_slow}; Spark would reach about {spark_rate:,.0f} msg/s against the pods' {pods_rate:,.0f} msg/s"
+    if votes < gate.confirm_polls:
+        return CatchupVerdict(None, votes, f"{wins} (confirming: poll {votes} of {gate.confirm_polls})")
+    return CatchupVerdict(wins, votes)
 
 
 def fence_argument(fence: dict[str, int]) -> str:

@@ -80,6 +80,8 @@ FALLBACK_DESCRIPTIONS = {
     "spec.catchup": "Spark catch-up of a backlog too large for the pods to drain in time.",
     "spec.handler.env[]": "An environment variable.",
     "spec.kafka.topics[]": "A topic name.",
+    "spec.scaling.scaleUpPolicies[]": "At most `value` pods (or percent of the pods) added per `periodSeconds`.",
+    "spec.scaling.scaleDownPolicies[]": "At most `value` pods (or percent of the pods) removed per `periodSeconds`.",
 }
 """Descriptions for fields whose model gives none (a test fails on an unused entry or a field without one)."""
 

@@ -191,3 +191,18 @@ class Kube:
             if ready and status is not None and status.pod_ip and metadata.deletion_timestamp is None:
                 addresses.append(status.pod_ip)
         return addresses
+
+    def deployment_rolled_out(self, namespace: str, name: str) -> bool:
+        """All of the Deployment's pods are updated and ready (False while pods start, roll or are missing)."""
+        try:
+            deployment = self.apps.read_namespaced_deployment(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        wanted = deployment.spec.replicas or 0
+        status = deployment.status
+        if status is None:
+            return wanted == 0
+        ready, updated = status.ready_replicas or 0, status.updated_replicas or 0
+        return ready >= wanted and updated >= wanted and (status.replicas or 0) <= wanted

@@ -458,8 +458,8 @@ def _describe(before: Size, after: Size, observation: Observation, limits: Scali
     return f"scaled {', '.join(changes)}: {facts}"
 
 
-def _kept(state: ScalingState, reason: str, **changes: object) -> Decision:
-    return Decision(before=state.current, target=state.current, reason=reason, state=replace(state, **changes))
+def _kept(state: ScalingState, reason: str, new_state: ScalingState) -> Decision:
+    return Decision(before=state.current, target=state.current, reason=reason, state=new_state)
 
 
 def decide(observation: Observation, limits: ScalingLimits, state: ScalingState, now: float) -> Decision:
@@ -478,7 +478,7 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         decision = _kept(
             state,
             f"lag unknown: keeping {current.replicas} replicas x {current.workers} workers",
-            failed_observations=failures,
+            replace(state, failed_observations=failures),
         )
         return replace(decision, lag_unknown=True)
     pods = observation.pods
@@ -487,9 +487,7 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         return _kept(
             state,
             f"paused: keeping {current.replicas} replicas x {current.workers} workers (lag {observation.lag})",
-            failed_observations=0,
-            pod_totals=totals,
-            settled=False,
+            replace(state, failed_observations=0, pod_totals=totals, settled=False),
         )
     partitions = observation.partitions
     arrivals = observation.arrival_rate or 0.0

@@ -42,20 +42,31 @@ from keyorder_operator.builders import (
     selector_labels,
 )
 from keyorder_operator.catchup import (
+    CatchupGate,
     CatchupRun,
     JobState,
     Phase,
-    catchup_trigger,
+    catchup_verdict,
     fence_argument,
     fence_from_end_offsets,
     job_state,
+    largest_size,
     stopping_pods_deadline,
 )
 from keyorder_operator.kube import JobConflict, Kube
-from keyorder_operator.observe import KafkaLagSource, LagSource, LagUnavailable, rates
-from keyorder_operator.policy import Observation, Size, decide
-from keyorder_operator.push import push_workers
-from keyorder_operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, OrderedConsumerSpec, parse_spec
+from keyorder_operator.observe import KafkaLagSource, LagSample, LagSource, LagUnavailable, rates
+from keyorder_operator.pod_admin import fetch_reports, push_workers
+from keyorder_operator.pod_signals import PodSignals, combine
+from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size, decide
+from keyorder_operator.spec import (
+    GROUP,
+    PAUSE_ANNOTATION,
+    PLURAL,
+    VERSION,
+    InvalidSpec,
+    OrderedConsumerSpec,
+    parse_spec,
+)
 from keyorder_operator.status import (
     condition_is,
     limits_from_spec,
@@ -122,6 +133,71 @@ class OperatorMetrics:
             registry=self.registry,
         )
 
+        self.lag_seconds = Gauge(
+            "keyorder_operator_lag_seconds",
+            "Lag divided by the drain rate: the drain ETA at the current rate (absent while nothing drains).",
+            labels,
+            registry=self.registry,
+        )
+        self.arrival_rate = Gauge(
+            "keyorder_operator_arrival_rate", "Messages/s produced to the topics.", labels, registry=self.registry
+        )
+        self.drain_rate = Gauge(
+            "keyorder_operator_drain_rate", "Messages/s committed by the group.", labels, registry=self.registry
+        )
+        self.target_drain_seconds = Gauge(
+            "keyorder_operator_target_drain_seconds",
+            "spec.scaling.targetDrainSeconds: the drain time the autoscaler sizes for.",
+            labels,
+            registry=self.registry,
+        )
+        self.ceiling_workers = Gauge(
+            "keyorder_operator_ceiling_workers",
+            "The most key workers the group may reach: min(replicas.max, partitions) x workers.max.",
+            labels,
+            registry=self.registry,
+        )
+        self.scaling_limited = Gauge(
+            "keyorder_operator_scaling_limited",
+            "1 while scaling cannot help, by reason (hot_key, blocked_key, partition_ordering, "
+            "partitions_with_lag, idle_workers).",
+            [*labels, "reason"],
+            registry=self.registry,
+        )
+        self.paused = Gauge(
+            "keyorder_operator_paused",
+            "1 while the resource carries the keyorder.dev/paused annotation.",
+            labels,
+            registry=self.registry,
+        )
+
+    def observed(
+        self,
+        labels: tuple[str, str],
+        sample: LagSample,
+        drain: float | None,
+        arrival: float | None,
+        limits: ScalingLimits,
+    ) -> None:
+        """The figures of one lag observation."""
+        self.lag.labels(*labels).set(sample.lag)
+        if drain is not None:
+            self.drain_rate.labels(*labels).set(drain)
+            if drain > 0:
+                self.lag_seconds.labels(*labels).set(sample.lag / drain)
+            else:
+                with contextlib.suppress(KeyError):
+                    self.lag_seconds.remove(*labels)
+        if arrival is not None:
+            self.arrival_rate.labels(*labels).set(arrival)
+        self.target_drain_seconds.labels(*labels).set(limits.target_drain_seconds)
+        self.ceiling_workers.labels(*labels).set(largest_size(limits, sample.partitions).capacity)
+
+    def limit(self, labels: tuple[str, str], kind: str | None) -> None:
+        """Exactly one reason at 1 while scaling is limited; all at 0 otherwise."""
+        for reason in LimitKind:
+            self.scaling_limited.labels(*labels, reason.value).set(1 if reason.value == kind else 0)
+
     def _series(self) -> list[tuple[Any, tuple[str, ...]]]:
         """Every labelled series of a resource: (metric, extra label values)."""
         return [
@@ -140,7 +216,19 @@ class OperatorMetrics:
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted resource's series (dashboards and alerts stop showing it)."""
-        for metric, extra in [*self._series(), (self.lag, ()), (self.replicas, ()), (self.workers, ())]:
+        gauges = [
+            self.lag,
+            self.replicas,
+            self.workers,
+            self.lag_seconds,
+            self.arrival_rate,
+            self.drain_rate,
+            self.target_drain_seconds,
+            self.ceiling_workers,
+            self.paused,
+        ]
+        limited = [(self.scaling_limited, (kind.value,)) for kind in LimitKind]
+        for metric, extra in [*self._series(), *((gauge, ()) for gauge in gauges), *limited]:
             with contextlib.suppress(KeyError):
                 metric.remove(namespace, name, *extra)
 
@@ -153,6 +241,7 @@ class OperatorContext:
     lag_source_for: Callable[[dict[str, str]], LagSource] = KafkaLagSource
     clock: Callable[[], float] = time.time
     push: Callable[..., tuple[int, list[str]]] = push_workers
+    fetch_reports: Callable[..., tuple[list[dict[str, Any]], list[str]]] = fetch_reports
     tick_seconds: float = 5.0
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     _lag_sources: dict[tuple, LagSource] = field(default_factory=dict)
@@ -377,6 +466,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             conditions, "CatchingUp", False, outcome.value.capitalize(), message, now
         )
         patch.status["catchup"] = None
+        patch.status["lastCatchupEndedAt"] = now  # the cooldown counts from here
+        patch.status["catchupVotes"] = 0
         patch.status["lastSample"] = None  # rates must not span the hand-over
         patch.status["replicas"] = run.resume_replicas
         patch.status["lastDecision"] = {"reason": message, "time": timestamp(now)}
@@ -406,21 +497,30 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             follow_catchup(body, meta, spec, run, replicas, conditions, patch, now)
             return
         state = state_from_status(status, spec, replicas)
+        paused = str((meta.get("annotations") or {}).get(PAUSE_ANNOTATION, "")).lower() == "true"
         try:
             properties = _kafka_properties(context, spec, namespace)
             sample = context.lag_source(properties).sample(spec.kafka.topics, spec.kafka.group_id, now)
         except (LagUnavailable, ConfigError, KeyError) as error:
             sample, reason = None, str(error)
+        token, addresses, signals, report_failures = read_pods(namespace, name, spec, replicas)
         if sample is None:
             context.metrics.lag_unknown.labels(*labels).inc()
             if not condition_is(conditions, "LagUnknown"):
                 kopf.warn(body, reason="LagUnknown", message=f"{reason}; keeping {state.current.replicas} replicas")
             conditions = set_condition(conditions, "LagUnknown", True, "LagUnavailable", reason, now)
-            observation = Observation(lag=None, partitions=None)
+            observation = Observation(lag=None, partitions=None, paused=paused)
         else:
             drain, arrival = rates(previous, sample)
             observation = Observation(
-                lag=sample.lag, partitions=sample.partitions, drain_rate=drain, arrival_rate=arrival
+                lag=sample.lag,
+                partitions=sample.partitions,
+                drain_rate=drain,
+                arrival_rate=arrival,
+                partition_lags=sample.partition_lags,
+                pods=signals,
+                rollout_settled=kube.deployment_rolled_out(namespace, name),
+                paused=paused,
             )
             conditions = set_condition(conditions, "LagUnknown", False, "LagMeasured", "lag read from Kafka", now)
             patch.status["lastSample"] = sample_to_status(sample)
@@ -430,19 +530,34 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             patch.status["arrivalRate"] = round(arrival, 3) if arrival is not None else None
             eta = sample.lag / drain if drain else None
             patch.status["drainEtaSeconds"] = round(eta) if eta is not None else None
-            context.metrics.lag.labels(*labels).set(sample.lag)
+            context.metrics.observed(labels, sample, drain, arrival, limits_from_spec(spec))
+        patch.status["pods"] = pods_to_status(signals, report_failures)
 
+        limited = None
         if spec.scaling.enabled:
             limits = limits_from_spec(spec)
             decision = decide(observation, limits, state, now)
-            target, reason = decision.target, decision.reason
+            target, reason, limited = decision.target, decision.reason, decision.limited
             patch.status["autoscaler"] = state_to_status(decision.state)
-            armed = spec.catchup.enabled and status.get("catchupFailedGeneration") != meta.get("generation")
-            trigger = catchup_trigger(
-                armed, spec.catchup.trigger_drain_seconds, observation, decision.state.per_worker_rate, limits
+            if decision.handler_seconds is not None:
+                patch.status["pods"]["handlerMilliseconds"] = round(decision.handler_seconds * 1000, 3)
+            armed = (
+                spec.catchup.enabled and not paused and status.get("catchupFailedGeneration") != meta.get("generation")
             )
-            if trigger and sample is not None:
-                start_catchup(body, meta, spec, trigger, sample.end_offsets, replicas, conditions, patch, now)
+            verdict = catchup_verdict(
+                catchup_gate(spec, armed),
+                observation,
+                decision.state.per_worker_rate,
+                limits,
+                limited,
+                int(status.get("catchupVotes") or 0),
+                status.get("lastCatchupEndedAt"),
+                now,
+            )
+            patch.status["catchupVotes"] = verdict.votes
+            patch.status["catchupWaiting"] = verdict.waiting
+            if verdict.start and sample is not None:
+                start_catchup(body, meta, spec, verdict.start, sample.end_offsets, replicas, conditions, patch, now)
                 return
         else:
             target = Size(spec.replicas.min, spec.workers.initial)
@@ -456,16 +571,18 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             kopf.info(body, reason="Scaled", message=reason)
         context.metrics.replicas.labels(*labels).set(target.replicas)
         context.metrics.workers.labels(*labels).set(target.workers)
+        context.metrics.paused.labels(*labels).set(1 if paused else 0)
+        context.metrics.limit(labels, limited.kind.value if limited else None)
+        conditions = explain_limit(body, conditions, limited, now)
         pushed = 0
         failures: list[str] = []
-        if target.replicas:
-            try:
-                token = kube.read_secret_key(namespace, f"{name}-admin-token", ADMIN_TOKEN_KEY)
-                addresses = kube.ready_pod_ips(namespace, selector_labels(name))
-                pushed, failures = context.push(addresses, spec.http_port, token, target.workers)
-            except Exception as error:  # a failed push is retried next poll; the decision stands
-                failures = [str(error)]
-        conditions = set_condition(conditions, "Scaling", changed, "Scaled" if changed else "Stable", reason, now)
+        if target.replicas and token is not None:
+            # pods that started after the read get the size on the next poll (the push is idempotent)
+            pushed, failures = context.push(addresses, spec.http_port, token, target.workers)
+        elif target.replicas and report_failures:
+            failures = report_failures
+        scaling_reason = "Paused" if paused else ("Scaled" if changed else "Stable")
+        conditions = set_condition(conditions, "Scaling", changed, scaling_reason, reason, now)
         ready = not condition_is(conditions, "LagUnknown") and not failures
         conditions = set_condition(
             conditions,
@@ -479,4 +596,64 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         patch.status["replicas"] = target.replicas
         patch.status["workersPerPod"] = target.workers
         patch.status["podsUpdated"] = pushed
+        patch.status["limit"] = limited.message if limited else None
         patch.status["lastDecision"] = {"reason": reason, "time": timestamp(now)}
+
+    def read_pods(
+        namespace: str, name: str, spec: OrderedConsumerSpec, replicas: int
+    ) -> tuple[str | None, list[str], PodSignals | None, list[str]]:
+        """(admin token, ready pod addresses, their summed reports, failures) for this poll."""
+        if not replicas:
+            return None, [], None, []
+        try:
+            token = context.kube.read_secret_key(namespace, f"{name}-admin-token", ADMIN_TOKEN_KEY)
+            addresses = context.kube.ready_pod_ips(namespace, selector_labels(name))
+        except Exception as error:  # retried next poll; the decision goes on from Kafka's lag alone
+            return None, [], None, [f"reading the pods: {error}"]
+        reports, failures = context.fetch_reports(addresses, spec.http_port, token)
+        return token, addresses, combine(reports), failures
+
+    def explain_limit(body: Any, conditions: list, limited: Limited | None, now: float) -> list:
+        """The ScalingLimited condition, and an Event when it starts or its cause changes."""
+        before = next((c for c in conditions if c.get("type") == "ScalingLimited"), None)
+        if limited is None:
+            if before is None:
+                return conditions
+            return set_condition(conditions, "ScalingLimited", False, "ScalingHelps", "scaling can help", now)
+        new_cause = before is None or before.get("status") != "True" or before.get("reason") != limited.kind.reason
+        if new_cause:
+            kopf.warn(body, reason="ScalingLimited", message=limited.message)
+        return set_condition(conditions, "ScalingLimited", True, limited.kind.reason, limited.message, now)
+
+
+def catchup_gate(spec: OrderedConsumerSpec, armed: bool) -> CatchupGate:
+    catchup = spec.catchup
+    return CatchupGate(
+        enabled=armed,
+        trigger_seconds=catchup.trigger_drain_seconds,
+        executors=catchup.executors,
+        executor_cores=catchup.executor_cores,
+        per_core_rate=catchup.per_core_rate,
+        task_workers=catchup.task_workers,
+        confirm_polls=catchup.confirm_polls,
+        cooldown_seconds=catchup.cooldown_seconds,
+    )
+
+
+def pods_to_status(signals: PodSignals | None, failures: list[str]) -> dict[str, Any]:
+    """What the pods reported, for ``kubectl get okc -o yaml``."""
+    if signals is None:
+        return {"reporting": 0, "failures": failures[:5]}
+    busiest = signals.busiest
+    return {
+        "reporting": signals.pods,
+        "workers": signals.workers,
+        "busy": signals.busy,
+        "lanesReady": signals.lanes_ready,
+        "queued": signals.queued,
+        "busiestKey": busiest.key if busiest else None,
+        "busiestKeyPartition": busiest.where if busiest else None,
+        "busiestKeyShare": round(signals.busiest_share, 3),
+        "blockedLag": signals.blocked_lag,
+        "failures": failures[:5],
+    }

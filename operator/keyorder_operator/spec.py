@@ -18,6 +18,8 @@ VERSION = "v1alpha1"
 KIND = "OrderedConsumer"
 PLURAL = "orderedconsumers"
 SHORT_NAME = "okc"
+PAUSE_ANNOTATION = "keyorder.dev/paused"
+"""``"true"`` on a resource freezes its size and catch-up where they are (like KEDA's paused annotation)."""
 
 
 class _Model(BaseModel):
@@ -98,6 +100,24 @@ class ReplicasSpec(_Model):
         return self
 
 
+class RatePolicyType(StrEnum):
+    PODS = "Pods"
+    PERCENT = "Percent"
+
+
+class RatePolicySpec(_Model):
+    type: RatePolicyType = Field(description="Pods: a number of pods; Percent: a percentage of the current pods.")
+    value: int = Field(ge=1, le=10000, description="Pods or percent per period.")
+    period_seconds: int = Field(ge=1, le=3600, description="The period the change is counted over.")
+
+
+class FallbackSpec(_Model):
+    failure_threshold: int = Field(
+        ge=1, le=1000, description="Polls in a row whose lag could not be measured before the fallback size."
+    )
+    replicas: int = Field(ge=0, description="Pods to run while the lag cannot be measured.")
+
+
 class ScalingSpec(_Model):
     enabled: bool = Field(True, description="false: manual size (replicas.min pods, workers.initial workers).")
     target_drain_seconds: int = Field(300, ge=1, description="Drain the backlog within this many seconds.")
@@ -110,6 +130,21 @@ class ScalingSpec(_Model):
         300, ge=0, description="Scale down to the largest recommendation of this window."
     )
     scale_to_zero: bool = Field(False, description="Allow zero pods while the lag is zero.")
+    limit_to_partitions_with_lag: bool = Field(
+        False, description="No more pods than partitions with lag (like KEDA's limitToPartitionsWithLag)."
+    )
+    scale_up_policies: list[RatePolicySpec] = Field(
+        default_factory=list,
+        description="HPA-style limits on adding pods (the most permissive applies; workers make up the "
+        "capacity meanwhile). Empty: no limit.",
+    )
+    scale_down_policies: list[RatePolicySpec] = Field(
+        default_factory=list,
+        description="HPA-style limits on removing pods (the most restrictive applies). Empty: no limit.",
+    )
+    fallback: FallbackSpec | None = Field(
+        None, description="Size to take after this many failed lag observations in a row (like KEDA's fallback)."
+    )
 
 
 class RetrySpec(_Model):
@@ -166,6 +201,20 @@ class CatchupSpec(_Model):
         le=7 * 24 * 3600,
         description="The Job's activeDeadlineSeconds: "
         "a catch-up still running (or never scheduled) after this fails, and the pods resume.",
+    )
+    executor_cores: int = Field(1, ge=1, le=256, description="Cores per Spark executor (spark.executor.cores).")
+    per_core_rate: float = Field(
+        2000.0,
+        gt=0,
+        le=10_000_000,
+        description="Messages/s one Spark core handles at most for this handler; measure it with "
+        "`keyorder catchup-bench`. With executors and executorCores it decides whether catch-up beats the pods.",
+    )
+    confirm_polls: int = Field(
+        3, ge=1, le=100, description="Polls in a row on which catch-up must win before it starts."
+    )
+    cooldown_seconds: int = Field(
+        1800, ge=0, le=7 * 24 * 3600, description="Seconds after a hand-over ends before another may start."
     )
     service_account_name: str | None = Field(
         None,

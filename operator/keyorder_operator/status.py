@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from keyorder_operator.observe import LagSample
-from keyorder_operator.policy import ScalingLimits, ScalingState, Size
-from keyorder_operator.spec import OrderedConsumerSpec
+from keyorder_operator.policy import RateKind, RateLimit, ScalingLimits, ScalingState, Size
+from keyorder_operator.spec import OrderedConsumerSpec, Ordering, RatePolicySpec
 
-CONDITION_TYPES = ("Ready", "Scaling", "LagUnknown", "InvalidSpec", "CatchingUp", "CatchupFailed")
+CONDITION_TYPES = ("Ready", "Scaling", "ScalingLimited", "LagUnknown", "InvalidSpec", "CatchingUp", "CatchupFailed")
 
 
 def timestamp(now: float) -> str:
@@ -50,8 +50,13 @@ def condition_is(conditions: list[dict[str, Any]], kind: str) -> bool:
     return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
 
 
+def _rates(policies: list[RatePolicySpec]) -> tuple[RateLimit, ...]:
+    return tuple(RateLimit(RateKind(policy.type.value), policy.value, policy.period_seconds) for policy in policies)
+
+
 def limits_from_spec(spec: OrderedConsumerSpec) -> ScalingLimits:
     scaling = spec.scaling
+    fallback = scaling.fallback
     return ScalingLimits(
         min_replicas=spec.replicas.min,
         max_replicas=spec.replicas.max,
@@ -63,6 +68,12 @@ def limits_from_spec(spec: OrderedConsumerSpec) -> ScalingLimits:
         scale_up_window_seconds=scaling.scale_up_stabilization_seconds,
         scale_down_window_seconds=scaling.scale_down_stabilization_seconds,
         scale_to_zero=scaling.scale_to_zero,
+        partition_ordering=spec.ordering is Ordering.PARTITION,
+        limit_to_partitions_with_lag=scaling.limit_to_partitions_with_lag,
+        scale_up_rates=_rates(scaling.scale_up_policies),
+        scale_down_rates=_rates(scaling.scale_down_policies),
+        fallback_after=fallback.failure_threshold if fallback else 0,
+        fallback_replicas=fallback.replicas if fallback else 0,
     )
 
 
@@ -71,11 +82,17 @@ def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replica
     memory = status.get("autoscaler") or {}
     workers = status.get("workersPerPod") or spec.workers.initial
     current = Size(replicas if replicas is not None else max(spec.replicas.min, 1), workers)
+    totals = memory.get("podTotals")
     return ScalingState(
         current=current,
         recommendations=tuple(tuple(item) for item in memory.get("recommendations", [])),
         per_worker_rate=memory.get("perWorkerRate"),
+        rate_samples=tuple(memory.get("rateSamples") or ()),
         settled=memory.get("settled", True),
+        pod_totals=(int(totals[0]), float(totals[1]), int(totals[2]), int(totals[3])) if totals else None,
+        idle_polls=int(memory.get("idlePolls") or 0),
+        failed_observations=int(memory.get("failedObservations") or 0),
+        replica_changes=tuple((float(at), int(replicas)) for at, replicas in memory.get("replicaChanges") or ()),
     )
 
 
@@ -83,7 +100,12 @@ def state_to_status(state: ScalingState) -> dict[str, Any]:
     return {
         "recommendations": [list(item) for item in state.recommendations],
         "perWorkerRate": state.per_worker_rate,
+        "rateSamples": list(state.rate_samples),
         "settled": state.settled,
+        "podTotals": list(state.pod_totals) if state.pod_totals else None,
+        "idlePolls": state.idle_polls,
+        "failedObservations": state.failed_observations,
+        "replicaChanges": [list(item) for item in state.replica_changes],
     }
 
 

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from keyorder_operator.builders import build_catchup_job, build_deployment, catchup_job_name
 from keyorder_operator.catchup import (
+    CatchupGate,
     CatchupRun,
     JobState,
     Phase,
-    catchup_trigger,
+    catchup_verdict,
     fence_argument,
     fence_from_end_offsets,
     job_state,
     largest_size,
-    projected_drain_seconds_at_max,
+    projected_drain_seconds,
 )
-from keyorder_operator.policy import Observation, ScalingLimits, Size
+from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size
 from keyorder_operator.spec import parse_spec
 
 LIMITS = ScalingLimits(max_replicas=None, max_workers=64, initial_workers=16)
@@ -33,29 +35,68 @@ def test_largest_size_is_the_partition_cap_times_max_workers() -> None:
 @pytest.mark.parametrize(
     ("lag", "arrivals", "rate", "expected"),
     [
-        (51_200, 0.0, 1.0, 100.0),  # 8 x 64 workers at 1 msg/s: 512 msg/s
-        (51_200, 256.0, 1.0, 200.0),  # arrivals eat half of it
-        (51_200, 600.0, 1.0, math.inf),  # arrivals outpace the largest size
-        (51_200, 0.0, None, None),  # per-worker rate not learned yet
-        (None, 0.0, 1.0, None),  # lag unknown
+        (51_200, 0.0, 512.0, 100.0),  # 8 x 64 workers at 1 msg/s: 512 msg/s
+        (51_200, 256.0, 512.0, 200.0),  # arrivals eat half of it
+        (51_200, 600.0, 512.0, math.inf),  # arrivals outpace the largest size
     ],
 )
-def test_projected_drain_time_at_the_largest_size(lag, arrivals, rate, expected) -> None:
-    observation = Observation(lag=lag, partitions=8, arrival_rate=arrivals)
-    assert projected_drain_seconds_at_max(observation, rate, Size(8, 64)) == expected
+def test_projected_drain_time(lag, arrivals, rate, expected) -> None:
+    assert projected_drain_seconds(lag, rate, arrivals) == expected
 
 
-def test_trigger_fires_only_past_the_threshold_and_explains_the_numbers() -> None:
-    observation = Observation(lag=51_200, partitions=8, arrival_rate=0.0)
-    assert catchup_trigger(True, 99, observation, 1.0, LIMITS) == (
+# 8 x 64 pod workers at 1 msg/s = 512 msg/s; Spark: 4 executors x 2 cores x min(2000, 16 x 1) = 128 msg/s
+GATE = CatchupGate(enabled=True, trigger_seconds=99, executors=4, executor_cores=2, per_core_rate=2000, confirm_polls=1)
+SLOW = Observation(lag=51_200, partitions=8, arrival_rate=0.0)
+
+
+def verdict(gate=GATE, observation=SLOW, rate=1.0, limited=None, votes=0, ended=None, now=10_000.0):
+    return catchup_verdict(gate, observation, rate, LIMITS, limited, votes, ended, now)
+
+
+def test_catchup_that_would_not_beat_the_pods_does_not_start_and_says_so() -> None:
+    result = verdict()
+    assert result.start is None and result.votes == 0
+    assert result.waiting == (
         "lag 51200: draining at the largest size (8 pods x 64 workers at 1.0 msg/s each) would take 1.7 min, "
-        "over the catch-up trigger 1.6 min"
+        "over the catch-up trigger 1.6 min; no catch-up: Spark would reach about 128 msg/s (4 executors x 2 cores), "
+        "not more than the pods' 512 msg/s"
     )
-    assert catchup_trigger(True, 100, observation, 1.0, LIMITS) is None
-    assert catchup_trigger(False, 99, observation, 1.0, LIMITS) is None
-    assert catchup_trigger(True, 99, observation, None, LIMITS) is None
+
+
+def test_catchup_starts_when_spark_wins_past_the_threshold() -> None:
+    gate = replace(GATE, executors=64)  # 64 x 2 x 16 = 2,048 msg/s > 512
+    result = verdict(gate)
+    assert (
+        result.start is not None and "Spark would reach about 2,048 msg/s against the pods' 512 msg/s" in result.start
+    )
+    assert verdict(replace(gate, trigger_seconds=100)).start is None  # 100 s at the largest size: the pods suffice
+    assert verdict(replace(gate, enabled=False)).start is None
+    assert verdict(gate, rate=None).start is None  # per-worker rate unknown: never
     hopeless = Observation(lag=10, partitions=8, arrival_rate=10_000.0)
-    assert "never (arrivals outpace it)" in catchup_trigger(True, 3600, hopeless, 1.0, LIMITS)
+    assert "never (arrivals outpace it)" in verdict(replace(gate, trigger_seconds=3600), hopeless).start
+
+
+def test_catchup_needs_consecutive_winning_polls() -> None:
+    gate = replace(GATE, executors=64, confirm_polls=3)
+    first = verdict(gate)
+    second = verdict(gate, votes=first.votes)
+    third = verdict(gate, votes=second.votes)
+    assert (first.start, second.start) == (None, None)
+    assert "confirming: poll 2 of 3" in second.waiting
+    assert third.start is not None
+    assert verdict(gate, observation=replace(SLOW, lag=10), votes=2).votes == 0, "a poll that does not win resets"
+
+
+def test_catchup_never_starts_while_a_blocked_key_pins_the_lag() -> None:
+    blocked = Limited(LimitKind.BLOCKED_KEY, "scaling cannot help: a blocked key holds ...")
+    result = verdict(replace(GATE, executors=64), limited=blocked)
+    assert result.start is None and "a blocked key would fail the Job too" in result.waiting
+
+
+def test_catchup_waits_for_the_cooldown_after_a_hand_over() -> None:
+    gate = replace(GATE, executors=64, cooldown_seconds=600)
+    assert "cooling down for 5.0 min more" in verdict(gate, ended=9_700.0, now=10_000.0).waiting
+    assert verdict(gate, ended=9_300.0, now=10_000.0).start is not None
 
 
 def test_fence_round_trips_to_the_until_argument() -> None:

@@ -118,7 +118,6 @@ class PodHttpServer:
         log.info("admin: key workers %d -> %d requested", previous, workers)
         _reply_json(request, 200, {"workers": workers, "previous": previous})
 
-
     def _authorized(self, request: BaseHTTPRequestHandler) -> bool:
         """True for the right bearer token; otherwise the 403/401 reply has been sent."""
         if not self.admin_token:

@@ -260,8 +260,8 @@ def measure_static_group(bootstrap: str, options: DevOptions, workdir: Path, lag
 
 def dev_command(args: argparse.Namespace) -> int:
     from keyorder_operator.observe import KafkaLagSource, LagUnavailable, rates
+    from keyorder_operator.pod_admin import push_workers
     from keyorder_operator.policy import Observation, ScalingLimits, ScalingState, Size, decide
-    from keyorder_operator.push import push_workers
 
     configure_logging("WARNING")
     options = replace(QUICK) if args.quick else DevOptions()

@@ -1,7 +1,7 @@
 """A local-process stand-in for the operator's Deployment: ``keyorder run`` subprocesses.
 
 ``keyorder dev`` drives these with the operator's own policy (``keyorder_operator.policy``) and
-the operator's own worker push (``keyorder_operator.push``), so the laptop demo exercises the
+the operator's own worker push (``keyorder_operator.pod_admin``), so the laptop demo exercises the
 same scaling code as the cluster, only with processes instead of pods. Scale-in sends SIGTERM
 (the pod then finishes its in-flight work and commits, as in Kubernetes).
 """
