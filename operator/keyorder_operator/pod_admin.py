@@ -48,6 +48,7 @@ def _each(addresses: Sequence[str], call: Callable[[str], T]) -> tuple[list[T], 
             try:
                 results.append(future.result())
             except urllib.error.HTTPError as error:
+                error.close()  # it holds the response's socket
                 failures.append(f"{address}: HTTP {error.code}")
             except (urllib.error.URLError, OSError, ValueError) as error:
                 reason = getattr(error, "reason", None) or error

@@ -162,7 +162,7 @@ class ScalingState:
     failed_observations: int = 0
     """Polls in a row whose lag could not be measured (for the fallback)."""
     replica_changes: tuple[tuple[float, int], ...] = ()
-    """Recent ``(time, replicas after)`` changes, for the rate limits."""
+    """Recent ``(time, replicas before)`` changes of the replicas, for the rate limits."""
 
 
 @dataclass(frozen=True)
@@ -408,12 +408,9 @@ def _stabilized(
 
 
 def replicas_at(changes: tuple[tuple[float, int], ...], current: int, since: float) -> int:
-    """The replicas the group had at ``since`` (the earliest change after it tells what came before)."""
-    later = [replicas for at, replicas in changes if at > since]
-    if not later:
-        return current
-    earlier = [replicas for at, replicas in changes if at <= since]
-    return earlier[-1] if earlier else min(later[0], current)
+    """The replicas the group had at ``since``: what the first change after it started from."""
+    later = [before for at, before in changes if at > since]
+    return later[0] if later else current
 
 
 def rate_limited(target: Size, state: ScalingState, limits: ScalingLimits, now: float) -> Size:
@@ -502,8 +499,9 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
             recommended = Size(0, limits.initial_workers)
         else:
             keep_up = math.ceil(arrivals / per_worker) if per_worker else 0
-            recommended = shape(max(keep_up, 1 if lag or arrivals else 0), limits, partitions)
-            if (lag or arrivals) and recommended.replicas == 0:
+            pending = not nothing_left or arrivals > 0  # a blocked key's lag needs its pod too
+            recommended = shape(max(keep_up, 1 if pending else 0), limits, partitions)
+            if pending and recommended.replicas == 0:
                 recommended = Size(1, recommended.workers)  # never strand a message below the activation lag
         bound = bounds(observation, limits, state, recommended.capacity, idle_polls)
     else:
@@ -524,7 +522,7 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
     )
     changes = tuple(item for item in state.replica_changes if item[0] >= now - longest_period)
     if target.replicas != current.replicas:
-        changes = (*changes, (now, target.replicas))
+        changes = (*changes, (now, current.replicas))
     new_state = replace(
         state,
         current=target,
