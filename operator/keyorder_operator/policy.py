@@ -10,6 +10,8 @@ The algorithm, in order:
 1. **Unknown lag** (broker down, group missing) never scales: keep the current size, flag it;
    after ``fallback`` failed observations in a row, go to the fallback size (KEDA's fallback).
 2. **Paused** (an annotation): keep the current size, learn nothing (KEDA's paused annotation).
+   **Rebalancing** (a pod joined, left or rebalanced since the last poll): keep the size and the
+   last limit until the pods report a settled view again (their queues were just refilled).
 3. **One worker's rate.** Before any measurement, it is estimated from the handler time the pods
    report (a busy worker handles 1/handler-time messages per second), so the first poll of a
    spike jumps straight to the needed size. It is then measured as drain rate / the workers the
@@ -22,8 +24,9 @@ The algorithm, in order:
    a blocked key pins (its partition's commit cannot move) is not drainable and is left out
    (KEDA's ``excludePersistentLag``).
 5. **Bounds: when scaling cannot help**, the size stops where it helps and the decision says why
-   (``Limited``): a blocked key holding the lag; one hot key holding most of the pods' queue while
-   no other key waits for a worker (parallelism bound = queue / longest lane); ``ordering:
+   (``Limited``): a blocked key holding the lag; one hot key holding most of the pods' queue (the
+   drain takes at least its backlog x the handler time, so workers beyond queue / longest lane
+   add nothing: that is the parallelism bound); ``ordering:
    partition`` (one worker per partition is all that helps); lag on only some partitions (with
    ``limit_to_partitions_with_lag``, like KEDA's option); workers idle with lag on two polls in a
    row (the limit is before the workers: fetching, CPU or the broker).
@@ -163,6 +166,10 @@ class ScalingState:
     """Polls in a row whose lag could not be measured (for the fallback)."""
     replica_changes: tuple[tuple[float, int], ...] = ()
     """Recent ``(time, replicas before)`` changes of the replicas, for the rate limits."""
+    limit: Limited | None = None
+    """The limit of the last decision (kept while a rebalance hides the pods' view)."""
+    limit_gone_polls: int = 0
+    """Polls in a row on which the kept limit no longer held (it clears after ``LIMIT_CLEAR_POLLS``)."""
 
 
 @dataclass(frozen=True)
@@ -192,13 +199,17 @@ BUSY_SHARE = 0.8
 """Most workers busy: the workers were the limit in the interval (with pod reports)."""
 IDLE_SHARE = 0.5
 HOT_KEY_SHARE = 0.5
-"""The longest lane holds at least this share of the pods' queue: a hot key."""
+"""The longest lane holds at least this share of the pods' queue: a hot key. (Below it the bound,
+computed over the pods' look-ahead window only, would be too uncertain to stop scaling on.)"""
 IDLE_POLLS = 2
 MIN_HANDLER_CALLS = 20
 """Handler calls needed before their mean time counts as an estimate."""
 RATE_SAMPLES = 3
 MAX_RATE_STEP = 2.0
 """A new measurement moves the learned per-worker rate by at most this factor."""
+LIMIT_CLEAR_POLLS = 2
+"""A limit clears only when absent on this many polls in a row: one poll of refilling queues must
+not flip the condition and send an Event each way."""
 MARKER_LAG = 1
 """A transaction's commit marker occupies one offset per partition."""
 
@@ -254,6 +265,17 @@ def clean_interval(observation: Observation, state: ScalingState) -> bool:
         return False
     previous = state.pod_totals
     return previous is not None and pods.rebalances_total == previous[2] and pods.pods == previous[3]
+
+
+def rebalancing(observation: Observation, state: ScalingState) -> bool:
+    """A pod joined, left or rebalanced since the last poll, or some partition has no reporting
+    pod: the pods' queues were just emptied and are refilling, so their view (blocked keys, hot
+    keys, idle workers) says nothing yet."""
+    pods, previous = observation.pods, state.pod_totals
+    if pods is None or previous is None:
+        return False
+    unassigned = bool(observation.partitions) and pods.partitions_assigned < (observation.partitions or 0)
+    return unassigned or pods.rebalances_total != previous[2] or pods.pods != previous[3]
 
 
 def measured_per_worker_rate(observation: Observation, state: ScalingState, limits: ScalingLimits) -> float | None:
@@ -349,7 +371,7 @@ def bounds(observation: Observation, limits: ScalingLimits, state: ScalingState,
         if drainable_lag(observation) < limits.activation_lag:
             return Bound(capacity=current.capacity, limited=limited)
         return Bound(limited=limited)  # the rest of the lag still drives the size
-    if pods is not None and pods.busiest is not None and pods.lanes_ready == 0 and lag >= limits.activation_lag:
+    if pods is not None and pods.busiest is not None and lag >= limits.activation_lag:
         share = pods.busiest_share
         if share >= HOT_KEY_SHARE:
             parallelism = pods.queued / pods.busiest.backlog
@@ -486,6 +508,14 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
             f"paused: keeping {current.replicas} replicas x {current.workers} workers (lag {observation.lag})",
             replace(state, failed_observations=0, pod_totals=totals, settled=False),
         )
+    if rebalancing(observation, state):
+        held = _kept(
+            state,
+            f"pods rebalancing: keeping {current.replicas} replicas x {current.workers} workers until they "
+            f"report again (lag {observation.lag})",
+            replace(state, failed_observations=0, pod_totals=totals),
+        )
+        return replace(held, limited=state.limit)
     partitions = observation.partitions
     arrivals = observation.arrival_rate or 0.0
     handler_time = handler_seconds(pods, state.pod_totals)
@@ -513,6 +543,9 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         if limits.partition_ordering:
             useful = max(math.ceil(partitions / max(recommended.replicas, 1)), limits.min_workers)
             recommended = Size(recommended.replicas, min(recommended.workers, max(useful, 1)))
+    limited, gone = bound.limited, 0
+    if limited is None and state.limit is not None and state.limit_gone_polls + 1 < LIMIT_CLEAR_POLLS:
+        limited, gone = state.limit, state.limit_gone_polls + 1
     keep_since = now - max(limits.scale_up_window_seconds, limits.scale_down_window_seconds)
     history = tuple(item for item in state.recommendations if item[0] >= keep_since)
     target = _stabilized(recommended, current, history, now, limits)
@@ -534,15 +567,17 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         idle_polls=idle_polls,
         failed_observations=0,
         replica_changes=changes,
+        limit=limited,
+        limit_gone_polls=gone,
     )
     reason = _describe(current, target, observation, limits)
-    if bound.limited is not None and not (target.capacity > current.capacity):
-        reason = f"{reason}; {bound.limited.message}"
+    if limited is not None and not (target.capacity > current.capacity):
+        reason = f"{reason}; {limited.message}"
     return Decision(
         before=current,
         target=target,
         reason=reason,
         state=new_state,
-        limited=bound.limited,
+        limited=limited,
         handler_seconds=handler_time,
     )

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from keyorder_operator.observe import LagSample
-from keyorder_operator.policy import RateKind, RateLimit, ScalingLimits, ScalingState, Size
+from keyorder_operator.policy import Limited, LimitKind, RateKind, RateLimit, ScalingLimits, ScalingState, Size
 from keyorder_operator.spec import OrderedConsumerSpec, Ordering, RatePolicySpec
 
 CONDITION_TYPES = ("Ready", "Scaling", "ScalingLimited", "LagUnknown", "InvalidSpec", "CatchingUp", "CatchupFailed")
@@ -93,7 +93,18 @@ def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replica
         idle_polls=int(memory.get("idlePolls") or 0),
         failed_observations=int(memory.get("failedObservations") or 0),
         replica_changes=tuple((float(at), int(replicas)) for at, replicas in memory.get("replicaChanges") or ()),
+        limit=_limit_from_status(memory.get("limit")),
+        limit_gone_polls=int(memory.get("limitGonePolls") or 0),
     )
+
+
+def _limit_from_status(data: Any) -> Limited | None:
+    if not data:
+        return None
+    try:
+        return Limited(LimitKind(data[0]), str(data[1]))
+    except (ValueError, IndexError, TypeError):
+        return None  # written by another release: the next decision sets it again
 
 
 def state_to_status(state: ScalingState) -> dict[str, Any]:
@@ -106,6 +117,8 @@ def state_to_status(state: ScalingState) -> dict[str, Any]:
         "idlePolls": state.idle_polls,
         "failedObservations": state.failed_observations,
         "replicaChanges": [list(item) for item in state.replica_changes],
+        "limit": [state.limit.kind.value, state.limit.message] if state.limit else None,
+        "limitGonePolls": state.limit_gone_polls,
     }
 
 

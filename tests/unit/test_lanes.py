@@ -140,6 +140,9 @@ def test_a_retry_that_fails_again_parks_again_and_blocked_is_reported() -> None:
     assert scheduler.summary().blocked == 1
     assert take_one(scheduler, 4.0) is None
     assert take_one(scheduler, 5.0) is a1
+    retried = scheduler.summary()
+    assert retried.blocked == 1, "a blocked head being retried is still blocked (only success clears it)"
+    assert (a1.partition, a1.message.offset, True) in retried.parked_heads, "and still holds its partition"
     scheduler.finished(a1)
     assert scheduler.summary().blocked == 0
     assert take_all(scheduler, 5.0) == ["A2"]

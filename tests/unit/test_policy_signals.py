@@ -12,6 +12,7 @@ import pytest
 
 from keyorder_operator.pod_signals import BusiestLane, HeldPartition, PodSignals
 from keyorder_operator.policy import (
+    Limited,
     LimitKind,
     Observation,
     RateKind,
@@ -161,10 +162,18 @@ def test_a_hot_key_stops_the_size_at_the_bound_and_says_why():
     assert decision.limited.message in decision.reason
 
 
-def test_a_hot_key_with_other_keys_waiting_still_scales():
-    """Keys wait for a worker: workers are a limit too, so scaling helps them."""
+def test_a_hot_key_bounds_the_size_even_while_other_keys_wait():
+    """Keys waiting for a worker do not change the bound: the drain takes at least the hot key's
+    backlog x the handler time, which 16 workers already beat (the bound is 1.6)."""
     hot = pods(1, 16, ready=30, queued=5_000, busiest=HOT)
     decision = decide(Observation(lag=1_200_000, partitions=12, pods=hot), LIMITS, ScalingState(Size(1, 16)), 0)
+    assert decision.limited is not None and decision.limited.kind is LimitKind.HOT_KEY
+    assert decision.target == Size(1, 16)
+
+
+def test_a_key_with_less_than_half_of_the_queue_does_not_stop_scaling():
+    warm = pods(1, 16, ready=30, queued=5_000, busiest=replace(HOT, backlog=2_000))
+    decision = decide(Observation(lag=1_200_000, partitions=12, pods=warm), LIMITS, ScalingState(Size(1, 16)), 0)
     assert decision.limited is None
     assert decision.target == Size(3, 16)
 
@@ -185,6 +194,29 @@ def test_lag_a_blocked_key_pins_is_left_out_of_the_size():
     decision = decide(observation, LIMITS, ScalingState(Size(1, 16)), 0)
     assert decision.target == Size(3, 16)
     assert decision.limited is not None and decision.limited.kind is LimitKind.BLOCKED_KEY
+
+
+def test_a_rebalance_keeps_the_size_and_the_last_limit_until_the_pods_report_again():
+    """Right after a rebalance the pods' queues are empty: no blocked key, no hot key, idle
+    workers. That view must neither clear a limit nor drive the size."""
+    blocked = Limited(LimitKind.BLOCKED_KEY, "scaling cannot help: a blocked key holds ...")
+    state = ScalingState(Size(2, 16), pod_totals=(1_000, 10.0, 3, 2), limit=blocked)
+    emptied = pods(2, 16, busy=0, ready=0, queued=0, calls=1_100, rebalances=5)
+    decision = decide(Observation(lag=1_200_000, partitions=12, pods=emptied), LIMITS, state, 0)
+    assert decision.target == Size(2, 16)
+    assert decision.limited == blocked
+    assert decision.reason.startswith("pods rebalancing: keeping 2 replicas x 16 workers")
+    assert decision.state.pod_totals == emptied.totals(), "the next poll compares with this one"
+
+
+def test_a_limit_clears_only_after_two_polls_without_it():
+    blocked = Limited(LimitKind.BLOCKED_KEY, "scaling cannot help: a blocked key holds ...")
+    state = ScalingState(Size(2, 16), pod_totals=(1_000, 10.0, 3, 2), limit=blocked)
+    healthy = Observation(lag=1_000, partitions=12, pods=pods(2, 16, calls=1_100, rebalances=3))
+    first = decide(healthy, LIMITS, state, 0)
+    assert first.limited == blocked, "one poll without it keeps the limit"
+    second = decide(healthy, LIMITS, replace(first.state, current=Size(2, 16)), 15)
+    assert second.limited is None
 
 
 def test_partition_ordering_stops_at_one_worker_per_partition():

@@ -81,7 +81,8 @@ class LaneSummary:
     active: int = 0
     """Lanes holding at least one delivery (ready, running or parked)."""
     parked_heads: frozenset[tuple[Any, int, bool]] = frozenset()
-    """``(partition, offset, blocked)`` of every parked head: what holds back a partition's min-offset."""
+    """``(partition, offset, blocked)`` of every parked head, and of every blocked head while it is
+    retried: what holds back a partition's min-offset."""
     longest_lane: Hashable | None = None
     """The busiest lane's id (a key, or a partition's ``(topic, partition)``); ``None`` when nothing is queued."""
     longest_lane_partition: Any = None
@@ -215,7 +216,7 @@ class LaneScheduler:
         for lane_id, lane in self._lanes.items():
             if len(lane.deliveries) > longest:
                 longest, longest_id, longest_partition = len(lane.deliveries), lane_id, lane.deliveries[0].partition
-            if lane.parked_until is not None:
+            if lane.parked_until is not None or lane.blocked:  # a blocked head being retried still holds
                 head = lane.deliveries[0]
                 heads.append((head.partition, head.message.offset, lane.blocked))
                 blocked += lane.blocked
@@ -263,8 +264,7 @@ class LaneScheduler:
         return lane is None or lane.parked_until != entry[0]
 
     def _unpark(self, lane: _Lane) -> None:
-        lane.parked_until = None
-        lane.blocked = False
+        lane.parked_until = None  # a blocked lane stays blocked while its head is retried: only success clears it
         self._parked -= 1
 
     def _forget(self, lane_id: Hashable) -> None:

@@ -1,0 +1,176 @@
+"""A FAKE kubelet and Deployment controller for the emulator: a Deployment's pods as local processes.
+
+The API emulator stores Deployments but runs nothing. This stand-in (a fake, named as one) does
+what the Deployment controller and the kubelet would: it keeps ``spec.replicas`` real
+``keyorder run`` processes running with the Deployment's own ``KEYORDER_*`` environment, gives
+each its own loopback address (127.0.0.N, so every pod listens on the CR's ``httpPort`` as in a
+cluster), creates the Pod objects with ``podIP`` and the ``Ready`` condition from the process's
+``/readyz``, and reports the Deployment's ``status`` (replicas, ready, updated). What it does not
+imitate: images, volumes (the admin token Secret is written to a file), probes' timing, restarts.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from keyorder.devtools.embedded import FAST_GROUP_JOIN
+from tests.operator.harness import ApiError, KubeHTTP
+
+
+@dataclass
+class LocalProcessPod:
+    name: str
+    address: str
+    process: subprocess.Popen
+    log_path: Path
+    ready: bool = False
+
+
+class LocalKubelet:
+    """Runs the pods of Deployment ``name`` until ``stop()``; ``peak`` is the most pods it ran at once."""
+
+    def __init__(
+        self, kube: KubeHTTP, name: str, workdir: Path, extra_env: dict[str, str] | None = None, period: float = 0.2
+    ) -> None:
+        self.kube, self.name, self.workdir = kube, name, workdir
+        self.extra_env = dict(extra_env or {})
+        self.period = period
+        self.pods: list[LocalProcessPod] = []
+        self.peak = 0
+        self.started = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"local-kubelet-{name}", daemon=True)
+        self.errors: list[str] = []
+
+    def __enter__(self) -> LocalKubelet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for pod in self.pods:
+            with contextlib.suppress(ProcessLookupError):
+                pod.process.send_signal(signal.SIGTERM)
+        for pod in self.pods:
+            try:
+                pod.process.wait(30)
+            except subprocess.TimeoutExpired:
+                pod.process.kill()
+                pod.process.wait(10)
+        self.pods.clear()
+
+    def crashed(self) -> list[str]:
+        return [f"{pod.name}: exit {pod.process.returncode}" for pod in self.pods if pod.process.poll() is not None]
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self._sync()
+            except (ApiError, OSError) as error:  # the emulator is going away, or a transient error
+                self.errors.append(str(error))
+
+    def _sync(self) -> None:
+        deployment = self.kube.get("apps/v1/deployments", self.name)
+        if deployment is None:
+            return
+        desired = deployment["spec"].get("replicas") or 0
+        while len(self.pods) < desired:
+            self.pods.append(self._start(deployment))
+        while len(self.pods) > desired:
+            self._stop_pod(self.pods.pop())
+        self.peak = max(self.peak, len(self.pods))
+        for pod in self.pods:
+            ready = pod.process.poll() is None and _ready(pod.address, _port(deployment))
+            if ready != pod.ready:
+                pod.ready = ready
+                condition = {"type": "Ready", "status": "True" if ready else "False"}
+                status = {"podIP": pod.address, "phase": "Running", "conditions": [condition]}
+                self.kube.patch("v1/pods", pod.name, {"status": status}, subresource="status")
+        ready = sum(pod.ready for pod in self.pods)
+        status = {"replicas": len(self.pods), "readyReplicas": ready, "updatedReplicas": len(self.pods)}
+        if deployment.get("status") != {**(deployment.get("status") or {}), **status}:
+            self.kube.patch("apps/v1/deployments", self.name, {"status": status}, subresource="status")
+
+    def _start(self, deployment: dict[str, Any]) -> LocalProcessPod:
+        self.started += 1
+        name = f"{self.name}-{self.started}"
+        address = f"127.0.0.{10 + self.started}"
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        env = {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
+        token_file = self.workdir / f"{name}.token"
+        token_file.write_text(self._admin_token())
+        token_file.chmod(0o600)
+        env.update(
+            {
+                "KEYORDER_HTTP_HOST": address,
+                "KEYORDER_ADMIN_TOKEN_FILE": str(token_file),
+                "KEYORDER_KAFKA_PROPERTY": ",".join(FAST_GROUP_JOIN),
+                "KEYORDER_LOG_LEVEL": "WARNING",
+                **self.extra_env,
+            }
+        )
+        log_path = self.workdir / f"{name}.log"
+        with log_path.open("w") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "keyorder.cli", "run"],
+                env={**os.environ, **env},
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        labels = deployment["spec"]["selector"]["matchLabels"]
+        self.kube.create(
+            "v1/pods",
+            {
+                "metadata": {"name": name, "namespace": "default", "labels": labels},
+                "spec": {"containers": [{"name": container["name"], "image": container["image"]}]},
+            },
+        )
+        return LocalProcessPod(name, address, process, log_path)
+
+    def _stop_pod(self, pod: LocalProcessPod) -> None:
+        with contextlib.suppress(ApiError):
+            self.kube.delete("v1/pods", pod.name)
+        if pod.process.poll() is None:
+            pod.process.send_signal(signal.SIGTERM)
+            try:
+                pod.process.wait(30)
+            except subprocess.TimeoutExpired:
+                pod.process.kill()
+                pod.process.wait(10)
+
+    def _admin_token(self) -> str:
+        secret = self.kube.get("v1/secrets", f"{self.name}-admin-token") or {}
+        if secret.get("stringData", {}).get("token"):
+            return secret["stringData"]["token"]
+        return base64.b64decode(secret.get("data", {}).get("token", "")).decode()
+
+
+def _port(deployment: dict[str, Any]) -> int:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item.get("value") for item in container.get("env", [])}
+    return int(env.get("KEYORDER_HTTP_PORT") or 8080)
+
+
+def _ready(address: str, port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}:{port}/readyz", timeout=1) as response:
+            return json.loads(response.read()).get("status") == "ready"
+    except OSError:
+        return False

@@ -1,0 +1,141 @@
+"""The real kopf operator sizing real ``keyorder run`` pods from what they report.
+
+Real parts: the embedded Kafka broker, kopf on the API emulator, ``keyorder run`` processes. The
+one fake is the kubelet/Deployment controller (``tests.operator.kubelet.LocalKubelet``), which
+runs the Deployment's pods as local processes. Scenarios from the control-loop issue: a spike
+reaches its size within two polls of the first report; pause freezes the size; a hot key stops
+at the bound with ``ScalingLimited`` instead of growing to max x max; a blocked poison key gives
+``ScalingLimited`` and no catch-up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from keyorder.devtools.loadgen import create_topics, key_name, produce_keyed
+from keyorder_operator.spec import PAUSE_ANNOTATION
+from tests.operator.harness import CR, wait_for
+from tests.operator.kubelet import LocalKubelet
+from tests.operator.test_operator_e2e import condition, condition_entry, consumer_resource, events, operator
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(240)]
+EXACT_END_OFFSETS = {"batch.num.messages": 1}
+HTTP_PORT = 18_431
+
+
+def resource(name: str, bootstrap: str, topic: str, **overrides) -> dict:
+    body = consumer_resource(
+        name,
+        bootstrap,
+        topic,
+        handler={
+            "image": "registry.example/ledger:1.0",
+            "handler": "keyorder_example.ledger:handle",
+            "env": [{"name": "KEYORDER_EXAMPLE_LATENCY_MS", "value": "10"}],
+            "terminationGracePeriodSeconds": 5,  # pods stopped with a backlog do not wait to drain it
+        },
+        httpPort=HTTP_PORT,
+        **overrides,
+    )
+    body["spec"]["workers"] = {"min": 1, "initial": 4, "max": 32}
+    body["spec"]["scaling"].update({"targetDrainSeconds": 4, "scaleDownStabilizationSeconds": 30})
+    return body
+
+
+def sizes(kube, name: str, seconds: float, record: list[tuple[float, int, int]]) -> None:
+    """Append ``(time, replicas, workers)`` of the CR's status every 0.1 s for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        status = (kube.get(CR, name) or {}).get("status") or {}
+        if status.get("replicas") is not None:
+            size = (time.monotonic(), status["replicas"], status.get("workersPerPod") or 0)
+            if not record or record[-1][1:] != size[1:]:
+                record.append(size)
+        time.sleep(0.1)
+
+
+def test_pause_freezes_the_size_then_a_spike_reaches_its_size_within_two_polls(kube, broker, tmp_path):
+    topic = "pods-spike"
+    create_topics(broker.bootstrap, [topic], 4)
+    with operator(kube.url):
+        paused = resource("spike", broker.bootstrap, topic)
+        paused["metadata"]["annotations"] = {PAUSE_ANNOTATION: "true"}
+        kube.create(CR, paused)
+        with LocalKubelet(kube, "spike", tmp_path) as kubelet:
+            wait_for(lambda: kubelet.pods and kubelet.pods[0].ready, 60, "the first pod to be ready")
+            produce_keyed(broker.bootstrap, topic, 12_000, 400, seed=3, extra_config=EXACT_END_OFFSETS)
+            frozen: list[tuple[float, int, int]] = []
+            sizes(kube, "spike", 3.0, frozen)  # 3 polls at 1 s
+            status = kube.get(CR, "spike")["status"]
+            assert status["lag"] > 1_000, "the backlog is there while paused"
+            assert [size[1:] for size in frozen] == [(1, 4)], f"paused, yet the size moved: {frozen}"
+            assert condition_entry(kube.get(CR, "spike"), "Scaling")["reason"] == "Paused"
+
+            kube.patch(CR, "spike", {"metadata": {"annotations": {PAUSE_ANNOTATION: None}}})
+            grown: list[tuple[float, int, int]] = []
+            sizes(kube, "spike", 6.0, grown)
+            assert not kubelet.crashed(), kubelet.crashed()
+    capacities = [4, *(replicas * workers for _, replicas, workers in grown)]  # from the paused 1 x 4
+    peak = max(capacities)
+    assert peak > 4, f"the spike never scaled the group: {grown}"
+    increases = [later for earlier, later in itertools.pairwise(capacities) if later > earlier]
+    reached = 1 + next(index for index, capacity in enumerate(increases) if capacity >= 0.7 * peak)
+    assert reached <= 2, f"took {reached} scale-ups to come within 70% of the peak {peak}: {grown}"
+
+
+def test_a_hot_key_stops_at_the_bound_with_scaling_limited(kube, broker, tmp_path):
+    topic = "pods-hot"
+    create_topics(broker.bootstrap, [topic], 4)
+    produce_keyed(broker.bootstrap, topic, 6_000, 40, seed=4, hot_key_share=0.8, extra_config=EXACT_END_OFFSETS)
+    with operator(kube.url):
+        kube.create(CR, resource("hot", broker.bootstrap, topic))
+        with LocalKubelet(kube, "hot", tmp_path) as kubelet:
+            record: list[tuple[float, int, int]] = []
+            wait_for(
+                lambda: sizes(kube, "hot", 0.2, record) or condition(kube.get(CR, "hot"), "ScalingLimited") == "True",
+                60,
+                "ScalingLimited",
+            )
+            sizes(kube, "hot", 3.0, record)
+            resource_now = kube.get(CR, "hot")
+            assert not kubelet.crashed(), kubelet.crashed()
+    limited = condition_entry(resource_now, "ScalingLimited")
+    assert limited["status"] == "True" and limited["reason"] == "HotKey", limited
+    assert f"key '{key_name(0)}' holds" in limited["message"] and "bound" in limited["message"]
+    assert any(f"key '{key_name(0)}'" in message for message in events(kube, "ScalingLimited"))
+    peak = max(replicas * workers for _, replicas, workers in record)
+    assert peak <= 2 * 4, (
+        f"grew more than one step past the starting 1 x 4 although one key holds the backlog: {record}"
+    )
+    assert resource_now["status"]["pods"]["busiestKey"] == key_name(0)
+
+
+def test_a_blocked_poison_key_gives_scaling_limited_and_no_catchup(kube, broker, tmp_path):
+    topic = "pods-poison"
+    create_topics(broker.bootstrap, [topic], 2)
+    produce_keyed(broker.bootstrap, topic, 3_000, 30, seed=5, extra_config=EXACT_END_OFFSETS)
+    poison = key_name(7)
+    with operator(kube.url):
+        body = resource(
+            "poison",
+            broker.bootstrap,
+            topic,
+            retry={"maxAttempts": 2, "initialBackoffSeconds": 0.05, "maxBackoffSeconds": 0.2, "onExhausted": "block"},
+            catchup={"enabled": True, "triggerDrainSeconds": 60, "executors": 1000, "confirmPolls": 1},
+        )
+        body["spec"]["handler"]["env"].append({"name": "KEYORDER_EXAMPLE_POISON_KEY", "value": poison})
+        kube.create(CR, body)
+        with LocalKubelet(kube, "poison", tmp_path) as kubelet:
+            wait_for(lambda: condition(kube.get(CR, "poison"), "ScalingLimited") == "True", 60, "ScalingLimited")
+            time.sleep(2.0)  # more polls: none may start a catch-up
+            resource_now = kube.get(CR, "poison")
+            assert not kubelet.crashed(), kubelet.crashed()
+    limited = condition_entry(resource_now, "ScalingLimited")
+    assert limited["reason"] == "BlockedKey", limited
+    assert f"{topic}[" in limited["message"] and "cannot drain" in limited["message"]
+    assert resource_now["status"]["limit"] == limited["message"]
+    assert condition(resource_now, "CatchingUp") in (None, "False")
+    assert not kube.list("batch/v1/jobs", "default"), "a catch-up Job was started behind a blocked key"
