@@ -1,9 +1,10 @@
 """Observing a consumer group's backlog directly from Kafka, the way KEDA does (no Prometheus).
 
-Lag = end offset - committed offset, summed over the partitions of the group's topics. The
+Lag = end offset - committed offset, summed over the partitions of the group's topics (before a
+group's first commit, from where ``auto.offset.reset`` starts it). The
 drain rate is the movement of the committed offsets between two samples, the arrival rate the
 movement of the end offsets; both are derived by the pure ``rates`` function. Anything that
-prevents an exact answer (broker unreachable, topic or group missing) raises ``LagUnavailable``:
+prevents an exact answer (broker unreachable, topic missing) raises ``LagUnavailable``:
 the policy then keeps the current size rather than guessing.
 """
 
@@ -14,6 +15,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from keyorder_operator.pod_signals import PodSignals
+from keyorder_operator.policy import Observation
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -53,6 +57,38 @@ def rates(previous: LagSample | None, current: LagSample) -> tuple[float | None,
     drain = max(current.committed_total - previous.committed_total, 0) / seconds
     arrival = max(current.end_total - previous.end_total, 0) / seconds
     return drain, arrival
+
+
+def starting_position(committed: int, start: int, end: int, from_latest: bool) -> int:
+    """Where the group stands on a partition: its committed offset, or, before its first commit,
+    where its pods will start (``auto.offset.reset``): the log start (all of it is lag) or the end
+    (none is). So a new group, or one scaled to zero before it ever committed, still has a lag and
+    wakes up (KEDA's ``offsetResetPolicy``)."""
+    if committed >= 0:
+        return committed
+    return end if from_latest else start
+
+
+def observation_from(
+    previous: LagSample | None,
+    sample: LagSample,
+    pods: PodSignals | None = None,
+    rollout_settled: bool = True,
+    paused: bool = False,
+) -> Observation:
+    """The policy's input from two lag samples and the pods' reports (the operator and ``keyorder
+    dev`` build it the same way)."""
+    drain, arrival = rates(previous, sample)
+    return Observation(
+        lag=sample.lag,
+        partitions=sample.partitions,
+        drain_rate=drain,
+        arrival_rate=arrival,
+        partition_lags=sample.partition_lags,
+        pods=pods,
+        rollout_settled=rollout_settled,
+        paused=paused,
+    )
 
 
 class KafkaLagSource:
@@ -97,16 +133,14 @@ class KafkaLagSource:
         except TimeoutError as error:
             raise LagUnavailable(f"Kafka did not answer within {timeout}s") from error
         committed = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions}
-        if all(offset < 0 for offset in committed.values()):
-            raise LagUnavailable(f"consumer group {group!r} has no committed offsets yet")
+        from_latest = self._properties.get("auto.offset.reset", "earliest") in ("latest", "largest", "end")
         end_total = committed_total = 0
         partition_lags, end_offsets = [], []
         for tp in partitions:
             key = (tp.topic, tp.partition)
             end_offset, start_offset = end[key], start[key]
-            position = committed.get(key, -1)
             end_total += end_offset
-            consumed = position if position >= 0 else start_offset  # never consumed: all of it is lag
+            consumed = starting_position(committed.get(key, -1), start_offset, end_offset, from_latest)
             committed_total += consumed
             partition_lags.append(max(end_offset - consumed, 0))
             end_offsets.append((tp.topic, tp.partition, end_offset))

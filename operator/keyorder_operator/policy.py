@@ -13,13 +13,15 @@ The algorithm, in order:
    **Rebalancing** (a pod joined, left or rebalanced since the last poll): keep the size and the
    last limit until the pods report a settled view again (their queues were just refilled).
 3. **One worker's rate.** Before any measurement, it is estimated from the handler time the pods
-   report (a busy worker handles 1/handler-time messages per second), so the first poll of a
-   spike jumps straight to the needed size. It is then measured as drain rate / the workers the
-   pods *report*, but only from a *clean* interval: the size did not just change, the Deployment
-   is rolled out, every pod answered, no pod rebalanced, and the workers were the limit (a key
-   waited for a worker, or most workers were busy). The rate used is the median of the last
-   three measurements, and a new one may move it at most 2x: one bad interval moves the size by
-   at most one step.
+   report (a busy worker handles about 0.8/handler-time messages per second), so the first poll of
+   a spike jumps straight to the needed size; while the pods are still starting and no report has
+   come, the size waits for it rather than guess (a wrong pod count costs a rebalance). Pods that
+   run but do not report (an older release) grow stepwise, doubling per poll. The rate is then
+   measured as drain rate / the workers the pods *report*, but only from a *clean* interval: the
+   size did not just change, the Deployment is rolled out, every pod answered, no pod rebalanced,
+   and the workers were the limit (a key waited for a worker, or most workers were busy). The
+   rate used is the median of the last three measurements, and a new one may move it at most 2x:
+   one bad interval moves the size by at most one step.
 4. **Required capacity** = drainable lag / target drain time + arrival rate, in workers. Lag that
    a blocked key pins (its partition's commit cannot move) is not drainable and is left out
    (KEDA's ``excludePersistentLag``).
@@ -204,6 +206,9 @@ computed over the pods' look-ahead window only, would be too uncertain to stop s
 IDLE_POLLS = 2
 MIN_HANDLER_CALLS = 20
 """Handler calls needed before their mean time counts as an estimate."""
+HANDLER_EFFICIENCY = 0.8
+"""A worker spends about this share of its time inside the handler (the rest: dispatch, commits,
+the poll thread's share of the CPU); only for the estimate before a rate is measured."""
 RATE_SAMPLES = 3
 MAX_RATE_STEP = 2.0
 """A new measurement moves the learned per-worker rate by at most this factor."""
@@ -308,7 +313,7 @@ def learn_rate(
     if samples:
         return statistics.median(samples), samples
     if handler_time:
-        return 1.0 / handler_time, samples
+        return HANDLER_EFFICIENCY / handler_time, samples
     return state.per_worker_rate, samples
 
 
@@ -343,7 +348,10 @@ def required_capacity(
         return 0
     if per_worker_rate:
         return math.ceil(needed_rate / per_worker_rate)
-    return max(current.capacity * 2, 1)  # nothing measured or reported yet: grow stepwise
+    if observation.pods is not None or not observation.rollout_settled:
+        # pods starting or warming up: their report gives the rate (a blind step costs a rebalance)
+        return current.capacity
+    return max(current.capacity * 2, 1)  # pods run but do not report (an older release): grow stepwise
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from keyorder_operator.catchup import (
     stopping_pods_deadline,
 )
 from keyorder_operator.kube import JobConflict, Kube
-from keyorder_operator.observe import KafkaLagSource, LagSample, LagSource, LagUnavailable, rates
+from keyorder_operator.observe import KafkaLagSource, LagSample, LagSource, LagUnavailable, observation_from
 from keyorder_operator.pod_admin import fetch_reports, push_workers
 from keyorder_operator.pod_signals import PodSignals, combine
 from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size, decide
@@ -511,17 +511,10 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             conditions = set_condition(conditions, "LagUnknown", True, "LagUnavailable", reason, now)
             observation = Observation(lag=None, partitions=None, paused=paused)
         else:
-            drain, arrival = rates(previous, sample)
-            observation = Observation(
-                lag=sample.lag,
-                partitions=sample.partitions,
-                drain_rate=drain,
-                arrival_rate=arrival,
-                partition_lags=sample.partition_lags,
-                pods=signals,
-                rollout_settled=kube.deployment_rolled_out(namespace, name),
-                paused=paused,
+            observation = observation_from(
+                previous, sample, signals, kube.deployment_rolled_out(namespace, name), paused
             )
+            drain, arrival = observation.drain_rate, observation.arrival_rate
             conditions = set_condition(conditions, "LagUnknown", False, "LagMeasured", "lag read from Kafka", now)
             patch.status["lastSample"] = sample_to_status(sample)
             patch.status["lag"] = sample.lag

@@ -69,18 +69,27 @@ def pods(
 
 
 def test_first_poll_of_a_spike_sizes_from_the_handler_time():
-    """No drain measured yet: 10 ms per message is 100 msg/s per worker, so 1.2 M in 300 s (4,000
-    msg/s) needs 40 workers at once, not a doubling per poll."""
+    """No drain measured yet: 10 ms per message in the handler is about 80 msg/s per worker (0.8
+    of its time in the handler), so 1.2 M in 300 s (4,000 msg/s) needs 50 workers at once, not a
+    doubling per poll."""
     observation = Observation(lag=1_200_000, partitions=12, pods=pods(1, 16))
     decision = decide(observation, LIMITS, ScalingState(Size(1, 16)), 0)
-    assert decision.target == Size(3, 16)
-    assert decision.state.per_worker_rate == pytest.approx(100.0)
+    assert decision.target == Size(4, 16)
+    assert decision.state.per_worker_rate == pytest.approx(80.0)
     assert decision.handler_seconds == pytest.approx(0.010)
 
 
-def test_without_any_report_the_size_still_grows_stepwise():
+def test_without_any_report_the_size_grows_stepwise_once_the_pods_run():
+    """Pods that run but never report (an older release): doubling per poll, as before."""
     decision = decide(Observation(lag=1_200_000, partitions=12), LIMITS, ScalingState(Size(1, 16)), 0)
     assert decision.target == Size(2, 16)
+
+
+def test_while_the_first_pods_start_the_size_waits_for_their_report():
+    """No report because the pods are still starting: a blind doubling would cost a rebalance
+    that the first report (a poll later) makes unnecessary."""
+    starting = Observation(lag=1_200_000, partitions=12, rollout_settled=False)
+    assert decide(starting, LIMITS, ScalingState(Size(1, 16)), 0).target == Size(1, 16)
 
 
 LEARNED = ScalingState(
@@ -175,7 +184,7 @@ def test_a_key_with_less_than_half_of_the_queue_does_not_stop_scaling():
     warm = pods(1, 16, ready=30, queued=5_000, busiest=replace(HOT, backlog=2_000))
     decision = decide(Observation(lag=1_200_000, partitions=12, pods=warm), LIMITS, ScalingState(Size(1, 16)), 0)
     assert decision.limited is None
-    assert decision.target == Size(3, 16)
+    assert decision.target == Size(4, 16)
 
 
 def test_a_blocked_key_pinning_the_lag_gives_no_scaling():
@@ -188,11 +197,11 @@ def test_a_blocked_key_pinning_the_lag_gives_no_scaling():
 
 
 def test_lag_a_blocked_key_pins_is_left_out_of_the_size():
-    """1.2 M of the lag drains; 4.8 M behind a blocked key does not: size for the 1.2 M (40 workers)."""
+    """1.2 M of the lag drains; 4.8 M behind a blocked key does not: size for the 1.2 M (50 workers)."""
     held = (HeldPartition("orders[3]", blocked=True, lag=4_800_000),)
     observation = Observation(lag=6_000_000, partitions=12, pods=pods(1, 16, held=held))
     decision = decide(observation, LIMITS, ScalingState(Size(1, 16)), 0)
-    assert decision.target == Size(3, 16)
+    assert decision.target == Size(4, 16)
     assert decision.limited is not None and decision.limited.kind is LimitKind.BLOCKED_KEY
 
 
@@ -302,10 +311,10 @@ def test_a_blocked_key_never_lets_the_group_scale_to_zero():
 
 def test_scale_up_rate_limit_holds_pods_back_and_workers_make_up_the_capacity():
     limits = replace(LIMITS, scale_up_rates=(RateLimit(RateKind.PODS, 4, 15),))
-    observation = Observation(lag=6_000_000, partitions=12, pods=pods(1, 16))  # 20,000 msg/s: 200 workers
+    observation = Observation(lag=6_000_000, partitions=12, pods=pods(1, 16))  # 20,000 msg/s: 250 workers
     decision = decide(observation, limits, ScalingState(Size(1, 16)), 0)
     assert decision.target.replicas == 5
-    assert decision.target.capacity >= 200
+    assert decision.target.capacity >= 250
     later = decide(observation, limits, replace(decision.state, settled=True), 5)
     assert later.target.replicas == 5, "still inside the 15 s period"
     after = decide(observation, limits, replace(later.state, settled=True), 16)

@@ -24,6 +24,7 @@ from keyorder.devtools.local_pods import LocalPods
 from keyorder.logs import configure_logging
 
 TOPIC = "orders"
+DLQ_TOPIC = "orders.dlq"
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -43,6 +44,15 @@ class DevOptions:
     compare: bool = True
     compare_seconds: float = 30.0
     seed: int = 7
+    keys: int = 2_000
+    """Orders in progress at once: the distinct keys the stream interleaves."""
+    hot_key_share: float = 0.0
+    """Share of the events on one long-lived key (``order-hot``)."""
+    poison_key: bool = False
+    """One order (``order-poison``) whose events always fail: retried, then dead-lettered (or blocked)."""
+    on_exhausted: str = "dlq"
+    handler: str | None = None
+    """Your own ``pkg.module:function`` instead of the order example (the audit then cannot run)."""
     ui: bool = True
     output_dir: Path = Path("demo-results")
 
@@ -78,6 +88,20 @@ def add_dev_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--compare-seconds", type=float, help="measurement window of the comparison [default: 30]")
     parser.add_argument("--seed", type=int, help="random seed of the event stream [default: 7]")
+    parser.add_argument("--keys", type=int, help="orders (keys) in progress at once [default: 2000]")
+    parser.add_argument(
+        "--hot-key-share", type=float, help="share of the events on one hot key, 0 to 0.95 [default: 0]"
+    )
+    parser.add_argument(
+        "--poison-key",
+        action="store_true",
+        default=None,
+        help="one order whose events always fail (retried, then dead-lettered or, with --on-exhausted block, blocked)",
+    )
+    parser.add_argument("--on-exhausted", choices=["dlq", "block"], help="after the last attempt [default: dlq]")
+    parser.add_argument(
+        "--handler", help="run your own handler (pkg.module:function) on the order events instead of the example"
+    )
     parser.add_argument("--no-ui", action="store_true", help="plain log lines instead of the live view (CI)")
     parser.add_argument("--quick", action="store_true", help="a shortened run (4 partitions, 12k events)")
     parser.add_argument("--output-dir", type=Path, help="where demo.png and report.json go [default: demo-results]")
@@ -205,9 +229,40 @@ def plot(timeline: Timeline, report: dict, path: Path) -> Path | None:
     return path
 
 
+EXAMPLE_HANDLER = "keyorder_example.orders:handle"
+
+
+def validate(options: DevOptions) -> None:
+    """Refuse bad flags with one clear line (``DevFlagError``) before anything starts."""
+    problems = []
+    if options.partitions < 1:
+        problems.append(f"--partitions must be at least 1, got {options.partitions}")
+    if options.spike < 0:
+        problems.append(f"--spike must be >= 0, got {options.spike}")
+    if options.keys < 1:
+        problems.append(f"--keys must be at least 1, got {options.keys}")
+    if not 0.0 <= options.hot_key_share <= 0.95:
+        problems.append(f"--hot-key-share must be between 0 and 0.95, got {options.hot_key_share}")
+    if options.max_workers < options.initial_workers:
+        problems.append(f"--max-workers must be at least {options.initial_workers}, got {options.max_workers}")
+    if options.handler is not None and (":" not in options.handler or options.handler.count(":") != 1):
+        problems.append(f"--handler must look like package.module:function, got {options.handler!r}")
+    if problems:
+        raise DevFlagError("; ".join(problems))
+
+
+class DevFlagError(ValueError):
+    """A ``keyorder dev`` flag is out of range."""
+
+
 def pod_settings(bootstrap: str, group: str, options: DevOptions, **extra: str) -> dict[str, str]:
     return {
-        "KEYORDER_HANDLER": "keyorder_example.orders:handle",
+        "KEYORDER_HANDLER": options.handler or EXAMPLE_HANDLER,
+        "KEYORDER_MAX_ATTEMPTS": "3",
+        "KEYORDER_RETRY_INITIAL_BACKOFF": "0.05",
+        "KEYORDER_RETRY_MAX_BACKOFF": "0.5",
+        "KEYORDER_ON_EXHAUSTED": options.on_exhausted,
+        "KEYORDER_DLQ_TOPIC": DLQ_TOPIC,
         "KEYORDER_TOPICS": TOPIC,
         "KEYORDER_GROUP_ID": group,
         "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
@@ -258,12 +313,43 @@ def measure_static_group(bootstrap: str, options: DevOptions, workdir: Path, lag
     }
 
 
-def dev_command(args: argparse.Namespace) -> int:
-    from keyorder_operator.observe import KafkaLagSource, LagUnavailable, rates
-    from keyorder_operator.pod_admin import push_workers
-    from keyorder_operator.policy import Observation, ScalingLimits, ScalingState, Size, decide
+def measure_right_sized_group(
+    bootstrap: str, options: DevOptions, workdir: Path, lag_source, spike_end: int, size
+) -> dict:
+    """A keyorder group started at ``size`` (the autoscaler's peak) on the same topic from the
+    beginning: how long it takes to drain the same spike. The autoscaler is judged against it."""
+    group = "static-right-sized"
+    pods = LocalPods(
+        workdir,
+        pod_settings(bootstrap, group, options, KEYORDER_WORKERS=str(size.workers)),
+        name="right-sized",
+    )
+    started = time.monotonic()
+    pods.scale(size.replicas)
+    drained = None
+    try:
+        deadline = started + options.timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            if pods.crashed():
+                return {"error": f"a consumer process died: {pods.crashed()}"}
+            try:
+                sample = lag_source.sample([TOPIC], group, time.time())
+            except Exception:  # LagUnavailable until the group's first commit
+                continue
+            if sample.committed_total >= spike_end:
+                drained = time.monotonic() - started
+                break
+    finally:
+        pods.stop_all()
+    return {
+        "pods": size.replicas,
+        "workers_per_pod": size.workers,
+        "spike_drained_seconds": round(drained, 1) if drained is not None else None,
+    }
 
-    configure_logging("WARNING")
+
+def _apply_flags(args: argparse.Namespace) -> DevOptions:
     options = replace(QUICK) if args.quick else DevOptions()
     for name in (
         "partitions",
@@ -277,17 +363,44 @@ def dev_command(args: argparse.Namespace) -> int:
         "compare",
         "compare_seconds",
         "seed",
+        "keys",
+        "hot_key_share",
+        "poison_key",
+        "on_exhausted",
+        "handler",
         "output_dir",
     ):
         if getattr(args, name, None) is not None:
             setattr(options, name, getattr(args, name))
     options.ui = not args.no_ui
+    return options
+
+
+def dev_command(args: argparse.Namespace) -> int:
+    from keyorder_operator.observe import KafkaLagSource, LagUnavailable, observation_from
+    from keyorder_operator.pod_admin import fetch_reports, push_workers
+    from keyorder_operator.pod_signals import combine
+    from keyorder_operator.policy import LimitKind, Observation, ScalingLimits, ScalingState, Size, decide
+
+    configure_logging("WARNING")
+    options = _apply_flags(args)
+    try:
+        validate(options)
+    except DevFlagError as error:
+        print(f"keyorder dev: error: {error}")
+        return 2
     options.output_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="keyorder-dev-"))
     journal = workdir / "journal.txt"
+    shape_of_keys = f"{options.keys:,} keys in progress"
+    if options.hot_key_share:
+        shape_of_keys += f", {options.hot_key_share:.0%} of the events on one hot key"
+    if options.poison_key:
+        shape_of_keys += f", a poison key ({options.on_exhausted} after 3 attempts)"
     print(
         f"keyorder dev: spike of {options.spike:,} order events on {options.partitions} partitions, then "
-        f"{options.rate:g}/s; handler {options.latency_min_ms:g}-{options.latency_max_ms:g} ms; work dir {workdir}"
+        f"{options.rate:g}/s; {shape_of_keys}; handler {options.handler or EXAMPLE_HANDLER} "
+        f"({options.latency_min_ms:g}-{options.latency_max_ms:g} ms in the example); work dir {workdir}"
     )
     limits = ScalingLimits(
         min_replicas=1,
@@ -298,9 +411,18 @@ def dev_command(args: argparse.Namespace) -> int:
         scale_down_window_seconds=options.scale_down_window,
     )
     timeline = Timeline()
+    limits_hit: list[dict] = []
+    blocked_polls = 0
     with EmbeddedBroker() as broker:
-        create_topics(broker.bootstrap, [TOPIC], options.partitions)
-        stream = OrderStream(broker.bootstrap, TOPIC, seed=options.seed)
+        create_topics(broker.bootstrap, [TOPIC, DLQ_TOPIC], options.partitions)
+        stream = OrderStream(
+            broker.bootstrap,
+            TOPIC,
+            seed=options.seed,
+            in_progress=options.keys,
+            hot_key_share=options.hot_key_share,
+            poison_every=1_000 if options.poison_key else 0,
+        )
         produced_at = time.monotonic()
         for start in range(0, options.spike, 5_000):
             stream.emit(min(5_000, options.spike - start))
@@ -341,26 +463,32 @@ def dev_command(args: argparse.Namespace) -> int:
                     sample = lag_source.sample([TOPIC], "keyorder-dev", time.time())
                 except LagUnavailable:
                     sample = None
-                drain, arrival = rates(previous, sample) if sample else (None, None)
-                observation = Observation(
-                    lag=sample.lag if sample else None,
-                    partitions=sample.partitions if sample else None,
-                    drain_rate=drain,
-                    arrival_rate=arrival,
-                )
+                addresses = pods.ready_addresses()
+                reports, _ = fetch_reports(addresses, 0, pods.token)
+                signals = combine(reports)
+                if sample is None:
+                    observation = Observation(lag=None, partitions=None, pods=signals)
+                else:
+                    observation = observation_from(previous, sample, signals, len(addresses) == pods.replicas)
                 decision = decide(observation, limits, state, time.time())
                 state = decision.state
                 target = decision.target
                 pods.scale(target.replicas)
-                for address in pods.ready_addresses():
-                    host, port = address.rsplit(":", 1)
-                    push_workers([host], int(port), pods.token, target.workers)
+                push_workers(addresses, 0, pods.token, target.workers)
                 if decision.scaled:
                     timeline.decisions.append({"t": round(elapsed, 1), "reason": decision.reason})
                     if not options.ui:
                         print(f"  decision: {decision.reason}", flush=True)
+                limited = decision.limited
+                if limited is not None and (not limits_hit or limits_hit[-1]["message"] != limited.message):
+                    limits_hit.append({"t": round(elapsed, 1), "kind": limited.kind.value, "message": limited.message})
+                    timeline.decisions.append({"t": round(elapsed, 1), "reason": limited.message})
+                    if not options.ui:
+                        print(f"  limit: {limited.message}", flush=True)
+                blocked_polls = blocked_polls + 1 if limited and limited.kind is LimitKind.BLOCKED_KEY else 0
                 if target.capacity > peak.capacity:
                     peak = target
+                drain = observation.drain_rate
                 if sample:
                     previous = sample
                     history.append(sample.lag)
@@ -379,6 +507,8 @@ def dev_command(args: argparse.Namespace) -> int:
                 if drained_at is not None and peak.replicas > 1 and target.capacity <= peak.capacity / 4:
                     scaled_in_at = round(elapsed, 1)
                     break
+                if blocked_polls >= 5:  # a blocked key pins the lag: nothing more to see
+                    break
         finally:
             view.stop()
             stop_producing.set()
@@ -386,30 +516,42 @@ def dev_command(args: argparse.Namespace) -> int:
         with stream_lock:
             stream.flush()
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # the last steady events, then stop the pods
+        while time.monotonic() < deadline and not blocked_polls:  # the last steady events, then stop the pods
             sample = lag_source.sample([TOPIC], "keyorder-dev", time.time())
             if sample.lag == 0:
                 break
             time.sleep(0.5)
         pods.stop_all()
-        comparison = None
+        dead_letters = count_records(broker.bootstrap, DLQ_TOPIC) if options.poison_key else 0
+        comparison = right_sized = None
         if options.compare and drained_at is not None:
+            print(
+                f"  comparing: a static keyorder group at the peak size ({peak.replicas} pods x {peak.workers} "
+                "workers from the start) on the same spike ...",
+                flush=True,
+            )
+            right_sized = measure_right_sized_group(broker.bootstrap, options, workdir, lag_source, spike_end, peak)
             print(
                 f"  comparing: a static partition-ordered group ({options.partitions} pods x 1 worker) "
                 f"for {options.compare_seconds:g}s ...",
                 flush=True,
             )
             comparison = measure_static_group(broker.bootstrap, options, workdir, lag_source, spike_end)
-    result = audit(journal, stream.expected)
+    expected = {order: count for order, count in stream.expected.items() if order != OrderStream.POISON_ORDER}
+    result = audit(journal, expected) if options.handler is None else None
     report = {
         "options": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(options).items()},
         "spike_events": spike_end,
         "spike_drained_seconds": drained_at,
         "scaled_in_seconds": scaled_in_at,
         "peak": {"replicas": peak.replicas, "workers_per_pod": peak.workers},
+        "limits": limits_hit,
+        "poison_events": stream.poisoned,
+        "dead_letters": dead_letters,
         "audit": result,
         "decisions": timeline.decisions,
         "timeline": timeline.points,
+        "right_sized_comparison": right_sized,
         "static_comparison": comparison,
     }
     (options.output_dir / "report.json").write_text(json.dumps(report, indent=2))
@@ -419,6 +561,14 @@ def dev_command(args: argparse.Namespace) -> int:
         f"{drained_at if drained_at is not None else 'n/a'} s; scaled back in at "
         f"{scaled_in_at if scaled_in_at is not None else 'n/a'} s"
     )
+    for limit in limits_hit:
+        print(f"  limit at {limit['t']:.0f} s: {limit['message']}")
+    if right_sized and right_sized.get("spike_drained_seconds") and drained_at:
+        ratio = drained_at / right_sized["spike_drained_seconds"]
+        print(
+            f"  right-sized static group ({right_sized['pods']} x {right_sized['workers_per_pod']} from the start): "
+            f"spike drained in {right_sized['spike_drained_seconds']:,.1f} s; autoscaled took {ratio:.2f}x that"
+        )
     if comparison and comparison.get("projected_spike_drain_seconds") and drained_at:
         ratio = comparison["projected_spike_drain_seconds"] / drained_at
         print(
@@ -426,16 +576,39 @@ def dev_command(args: argparse.Namespace) -> int:
             f"{comparison['projected_spike_drain_seconds']:,.0f} s (projected); keyorder autoscaled: "
             f"{drained_at:,.0f} s: {ratio:.1f}x faster"
         )
-    print(
-        f"  audit: {result['events']:,} events of {result['orders']:,} orders; order violations "
-        f"{result['order_violations']}; lost {result['lost_events']}; re-delivered {result['redelivered_events']}"
-    )
+    if options.poison_key:
+        print(f"  poison events: {stream.poisoned}; dead letters written: {dead_letters}")
+    if result is not None:
+        print(
+            f"  audit: {result['events']:,} events of {result['orders']:,} orders; order violations "
+            f"{result['order_violations']}; lost {result['lost_events']}; re-delivered {result['redelivered_events']}"
+        )
+    else:
+        print("  audit: not available for your own handler (it does not write the example's journal)")
     print(f"  report: {options.output_dir / 'report.json'}" + (f", chart: {image}" if image else ""))
-    ok = (
-        result["order_violations"] == 0
-        and result["lost_events"] == 0
-        and drained_at is not None
-        and scaled_in_at is not None
-    )
+    blocked_run = options.poison_key and options.on_exhausted == "block"
+    audited = result is None or (result["order_violations"] == 0 and result["lost_events"] == 0)
+    if blocked_run:
+        ok = audited and any(limit["kind"] == "blocked_key" for limit in limits_hit)
+    else:
+        ok = audited and drained_at is not None and (scaled_in_at is not None or peak.replicas == 1)
+        if options.poison_key:
+            ok = ok and dead_letters == stream.poisoned
     print("keyorder dev: OK" if ok else "keyorder dev: FAILED")
     return 0 if ok else 1
+
+
+def count_records(bootstrap: str, topic: str) -> int:
+    """Records in ``topic`` (end offsets minus start offsets over its partitions)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "keyorder-dev-count"})
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+        total = 0
+        for partition in metadata.topics[topic].partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            total += max(high - low, 0)
+        return total
+    finally:
+        consumer.close()

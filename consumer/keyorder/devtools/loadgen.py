@@ -132,7 +132,30 @@ class OrderStream:
     stay in sequence. ``expected`` is the number of events written per order, for the audit.
     """
 
-    def __init__(self, bootstrap: str, topic: str, seed: int = 7, in_progress: int = 2_000) -> None:
+    HOT_ORDER = "order-hot"
+    POISON_ORDER = "order-poison"
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        seed: int = 7,
+        in_progress: int = 2_000,
+        hot_key_share: float = 0.0,
+        poison_every: int = 0,
+    ) -> None:
+        """``hot_key_share`` of the events go to one long-lived order (``HOT_ORDER``, cycling through
+        the statuses); with ``poison_every`` > 0, every that-many-th event is a poison event of
+        ``POISON_ORDER`` (the example handler always fails on it)."""
+        if not 0.0 <= hot_key_share < 1.0:
+            raise ValueError(f"hot_key_share must be in [0, 1), got {hot_key_share}")
+        if in_progress < 1:
+            raise ValueError(f"in_progress (keys) must be at least 1, got {in_progress}")
+        if poison_every < 0:
+            raise ValueError(f"poison_every must be >= 0, got {poison_every}")
+        self.hot_key_share = hot_key_share
+        self.poison_every = poison_every
+        self.poisoned = 0
         # one record per batch: the embedded broker then reports exact end offsets (lag) to the admin API
         self.producer = Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 2, "enable.idempotence": True, "batch.num.messages": 1},
@@ -159,10 +182,13 @@ class OrderStream:
                 self.next_order += 1
                 self.active.append(order)
                 self.expected[order] = 0
-            index = self.rng.randrange(len(self.active))
-            order = self.active[index]
-            sequence = self.expected[order]
-            value = {"order": order, "seq": sequence, "status": ORDER_STATUSES[sequence]}
+            special = self._special_order()
+            index = -1 if special else self.rng.randrange(len(self.active))
+            order = special or self.active[index]
+            sequence = self.expected.get(order, 0)
+            value: dict = {"order": order, "seq": sequence, "status": ORDER_STATUSES[sequence % len(ORDER_STATUSES)]}
+            if order == self.POISON_ORDER:
+                value["poison"] = True
             while True:
                 try:
                     self.producer.produce(
@@ -172,12 +198,22 @@ class OrderStream:
                 except BufferError:
                     self.producer.poll(0.05)
             self.expected[order] = sequence + 1
-            if sequence + 1 == len(ORDER_STATUSES):
+            if order == self.POISON_ORDER:
+                self.poisoned += 1
+            elif not special and sequence + 1 == len(ORDER_STATUSES):
                 self.active[index] = self.active[-1]
                 self.active.pop()
             self.written += 1
             if self.written % 1000 == 0:
                 self.producer.poll(0)
+
+    def _special_order(self) -> str | None:
+        """The hot or the poison order for this event, or None for a random open order."""
+        if self.poison_every and (self.written + 1) % self.poison_every == 0:
+            return self.POISON_ORDER
+        if self.hot_key_share and self.rng.random() < self.hot_key_share:
+            return self.HOT_ORDER
+        return None
 
     def flush(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
