@@ -254,6 +254,11 @@ class ProcessWorkerPool(ThreadWorkerPool):
             worker.child = child
             self._start_thread(worker)
 
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            children = [worker.child for worker in self._workers.values() if isinstance(worker, _ProcessWorker)]
+        return [child.pid for child in children if child is not None and child.alive]
+
     def _new_worker(self) -> _ProcessWorker:
         return _ProcessWorker(next(self._ids))
 

@@ -233,6 +233,7 @@ class WorkerPool(Protocol):
     def stop(self, timeout: float) -> None: ...
     def stats(self) -> list[WorkerStats]: ...
     def lane_summary(self) -> LaneSummary: ...
+    def worker_pids(self) -> list[int]: ...
 
 
 FINISHED, HANDED_BACK, PARKED = "finished", "handed back", "parked"
@@ -319,6 +320,10 @@ class _PoolBase:
         with self._lock:
             self._fold_inbox()
             return self._scheduler.summary()
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live worker processes (none: the handler runs in this process)."""
+        return []
 
     def resize(self, workers: int) -> None:
         with self._lock:
