@@ -166,11 +166,11 @@ class _Child:
         self.progress.request_stop(False)
         try:
             self.connection.send(batch)
-            slice_seconds = min(timeout / 4, 1.0) if timeout else None
-            while not self.connection.poll(slice_seconds):
-                if timeout and self._overran(timeout):
-                    self.kill()
-                    return "timeout"
+            if timeout:  # without one, recv alone: a poll per batch would cost another system call
+                while not self.connection.poll(min(timeout / 4, 1.0)):
+                    if self._overran(timeout):
+                        self.kill()
+                        return "timeout"
             results: list[Any] = self.connection.recv()
             return results
         except (EOFError, OSError):
