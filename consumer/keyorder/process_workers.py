@@ -163,7 +163,6 @@ class _Child:
     def run(self, batch: list[tuple[Any, ...]], timeout: float | None) -> list[Any] | str:
         """Send a batch and wait for its results; ``"crashed"`` or ``"timeout"`` when the process died
         or was killed for running a message longer than ``timeout`` (the progress block tells which)."""
-        self.progress.request_stop(False)
         try:
             self.connection.send(batch)
             if timeout:  # without one, recv alone: a poll per batch would cost another system call
@@ -183,7 +182,7 @@ class _Child:
         return index >= 0 and time.monotonic() - started_at > timeout
 
     def request_stop(self) -> None:
-        """Skip the rest of the current batch (shutdown): the messages not started come back as such."""
+        """Skip the rest of this and every later batch (shutdown): the messages not started come back as such."""
         self.progress.request_stop()
 
     def kill(self) -> None:
@@ -206,11 +205,13 @@ class _Child:
 
 
 class _ProcessWorker(_Worker):
-    __slots__ = ("child",)
+    __slots__ = ("child", "closing")
 
     def __init__(self, worker_id: int) -> None:
         super().__init__(worker_id)
         self.child: _Child | None = None
+        self.closing = False
+        """Set by the worker's thread once it left its loop and tears its process down (no handler runs)."""
 
 
 class ProcessWorkerPool(ThreadWorkerPool):
@@ -273,6 +274,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         finally:
             with self._lock:
                 self._exit(worker)
+            worker.closing = True
             if worker.child is not None:
                 worker.child.close()
 
@@ -286,19 +288,32 @@ class ProcessWorkerPool(ThreadWorkerPool):
         return child
 
     def stop(self, timeout: float) -> None:
-        """As the thread pool: running messages may finish within ``timeout``; batches stop after their
-        running message; processes still running a message then are killed (re-delivered after restart)."""
-        with self._lock:
+        """As the thread pool: running messages may finish within ``timeout`` (a batch stops after its
+        running message), every process then runs its tear-down hook; a process still inside the
+        handler after ``timeout`` is killed, and its message is re-delivered after the restart."""
+        deadline = self.clock() + timeout
+        with self._condition:
+            self.stopping = True
             workers = [worker for worker in self._workers.values() if isinstance(worker, _ProcessWorker)]
+            self._condition.notify_all()
         for worker in workers:
             if worker.child is not None:
                 worker.child.request_stop()
-        super().stop(timeout)
         for worker in workers:
-            if worker.thread is not None and worker.thread.is_alive() and worker.child is not None:
-                log.warning("killing worker process %d, still inside the handler", worker.child.pid)
+            assert worker.thread is not None
+            worker.thread.join(max(deadline - self.clock(), 0.0))
+        for worker in workers:
+            assert worker.thread is not None
+            if worker.thread.is_alive() and not worker.closing and worker.child is not None:
+                log.warning(
+                    "worker process %d still inside the handler after the shutdown grace period; killing it",
+                    worker.child.pid,
+                )
                 worker.child.kill()
-                worker.thread.join(TEARDOWN_TIMEOUT)
+        for worker in workers:  # tearing down (bounded by TEARDOWN_TIMEOUT), or just killed
+            assert worker.thread is not None
+            worker.thread.join(TEARDOWN_TIMEOUT + 1)
+        self._abandon_queued()
 
     # -- a worker's turn -------------------------------------------------------------------------------
     def _take_limit(self, worker: _Worker, ready: int) -> int:
@@ -359,9 +374,13 @@ class ProcessWorkerPool(ThreadWorkerPool):
         return self._failed(worker, delivery, error) or self._publish_dead_letter(worker, delivery, error)
 
     def _interrupted(self, worker: _Worker, child: _Child, batch: list[Delivery], reason: str) -> list[_Outcome]:
-        """The process died or was killed mid-batch: settle each message by what the progress block says."""
+        """The process died or was killed mid-batch: settle each message by what the progress block says.
+
+        During shutdown the pool killed it (still inside the handler after the grace period): its
+        unfinished messages go back unprocessed, re-delivered after the restart, as with threads."""
         stats = worker.stats
-        stats.process_restarts[reason] += 1
+        if not self.stopping:
+            stats.process_restarts[reason] += 1
         returncode = child.process.returncode
         outcomes = []
         for index, delivery in enumerate(batch):
@@ -371,7 +390,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
             elif status == FAILED:  # its error text was in the lost reply
                 error: BaseException = RuntimeError("the handler raised (details lost: its worker process died later)")
                 outcomes.append(self._failure(worker, delivery, error))
-            elif status == RUNNING:
+            elif status == RUNNING and not self.stopping:
                 stats.interrupted[reason] += 1
                 message = delivery.message
                 if reason == "timeout":

@@ -223,3 +223,25 @@ def test_thread_and_async_pools_run_the_hooks_once_around_the_messages(record_fi
     kinds = [fields[0] for fields in process_handlers.read(record_file)]
     assert kinds == ["setup", "run", "run", "run", "run", "teardown"]
     assert {int(f[1]) for f in process_handlers.read(record_file) if f[0] != "run"} == {os.getpid()}
+
+
+def test_stop_waits_for_the_grace_period_then_kills_a_process_still_in_the_handler_and_hands_its_message_back(
+    record_file, monkeypatch
+):
+    monkeypatch.setenv("KEYORDER_TEST_STALL_KEY", "slow")
+    completions: deque = deque()
+    pool = process_pool("stall_once", 2, completions, teardown="teardown")
+    pool.start()
+    children = live_children(pool)
+    pool.submit(keyed(["slow", "fast"]))
+    wait_until(lambda: len(completions) == 1, 30, "the fast message while the slow one stalls")
+    wait_until(lambda: any(f[0] == "stalled" for f in process_handlers.read(record_file)), 30, "the stall")
+    stalled = next(int(f[3]) for f in process_handlers.read(record_file) if f[0] == "stalled")
+    started = time.monotonic()
+    pool.stop(0.5)
+    assert time.monotonic() - started < 10
+    assert [(d.message.key, handled) for d, handled in completions] == [(b"fast", True), (b"slow", False)]
+    assert all(not os.path.exists(f"/proc/{pid}") for pid in children), "a worker process outlived the pool"
+    teardowns = {int(f[1]) for f in process_handlers.read(record_file) if f[0] == "teardown"}
+    assert teardowns == children - {stalled}, "the idle process tears down; the killed one cannot"
+    assert sum(s.process_restarts["crashed"] for s in pool.stats()) == 0, "a shutdown kill is not a crash"
