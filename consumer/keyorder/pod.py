@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from keyorder.adapters.cpu import pod_cpu_cores
 from keyorder.adapters.dead_letters import KafkaDeadLetterSink
 from keyorder.adapters.handlers import is_async_callable, load_for_worker_process, load_handler, load_lifecycle
 from keyorder.adapters.http_server import PodHttpServer
@@ -64,6 +65,13 @@ class Pod:
                 raise blame_kafka_property(error, origins, "dead-letter producer") from error
         self._dead_letters = dead_letters
         self.pool = make_pool(retry, dead_letters)
+        if self.pool.executor == "process" and config.workers > (cores := pod_cpu_cores()):
+            log.warning(
+                "%d worker processes on %.1f cores: a CPU-bound handler gains nothing from more processes than "
+                "cores (keyorder_pod_cpu_cores)",
+                config.workers,
+                cores,
+            )
         settings = RuntimeSettings(
             topics=tuple(config.topics),
             flow=FlowLimits(
@@ -100,7 +108,12 @@ class Pod:
             if handler is not None:
                 raise ConfigError("the process executor imports the handler by its path (--handler) in each process")
             load = functools.partial(
-                load_for_worker_process, config.handler, config.handler_setup, config.handler_teardown
+                load_for_worker_process,
+                config.handler,
+                config.handler_setup,
+                config.handler_teardown,
+                config.log_level,
+                config.log_format,
             )
             return functools.partial(
                 ProcessWorkerPool,

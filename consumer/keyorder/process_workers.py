@@ -152,7 +152,7 @@ class _Child:
                 raise HandlerSetupError(f"worker process {self.pid} did not load the handler within {timeout:.0f}s")
             status, detail, bad_input = self.connection.recv()
         except (EOFError, OSError):
-            self.process.wait(5)
+            self.kill()  # reaps it (it exited: its end of the socket closed)
             raise HandlerSetupError(
                 f"worker process {self.pid} {_exit_reason(self.process.returncode)} while loading the handler"
             ) from None
@@ -173,8 +173,7 @@ class _Child:
             results: list[Any] = self.connection.recv()
             return results
         except (EOFError, OSError):
-            self.alive = False
-            self.process.wait(5)
+            self.kill()  # reaps it (it exited: its end of the socket closed)
             return "crashed"
 
     def _overran(self, timeout: float) -> bool:
@@ -191,6 +190,12 @@ class _Child:
             self.process.kill()
         self.process.wait(10)
 
+    def discard(self) -> None:
+        """Kill the process and release the socket and the progress block (it never became a worker)."""
+        self.kill()
+        self.connection.close()
+        self.progress.close()
+
     def close(self, timeout: float = TEARDOWN_TIMEOUT) -> None:
         """Ask the process to tear down and exit; kill it when it does not within ``timeout``."""
         if self.alive and self.process.poll() is None:
@@ -199,9 +204,7 @@ class _Child:
                 self.process.wait(timeout)
             except (OSError, subprocess.TimeoutExpired):
                 log.warning("worker process %d did not exit within %.0fs; killing it", self.pid, timeout)
-        self.kill()
-        self.connection.close()
-        self.progress.close()
+        self.discard()
 
 
 class _ProcessWorker(_Worker):
@@ -229,8 +232,6 @@ class ProcessWorkerPool(ThreadWorkerPool):
         super().__init__(_never_called, *args, **kwargs)
         self._load = load
         self.handler_timeout = handler_timeout or None
-        self._ready: list[_Child] = []
-        """Processes started by ``start`` before their worker threads exist."""
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -246,9 +247,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
                     future.result()
         except BaseException:
             for child in children:
-                child.kill()
-                child.connection.close()
-                child.progress.close()
+                child.discard()
             raise
         log.info("started %d worker processes: %s", len(children), ", ".join(str(child.pid) for child in children))
         for worker, child in zip(workers, children, strict=True):
@@ -283,7 +282,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         try:
             child.await_ready(START_TIMEOUT)
         except BaseException:
-            child.kill()
+            child.discard()
             raise
         return child
 

@@ -91,9 +91,14 @@ def load_lifecycle(setup: str | None, teardown: str | None, handler_is_async: bo
 
 
 def load_for_worker_process(
-    handler: str, setup: str | None, teardown: str | None
+    handler: str, setup: str | None, teardown: str | None, log_level: str | None = None, log_format: str = "text"
 ) -> tuple[Callable[[Any], Any], Lifecycle]:
-    """What each worker process of the process executor imports once (bind with ``functools.partial``)."""
+    """What each worker process of the process executor imports once (bind with ``functools.partial``);
+    with ``log_level``, the process logs as the pod does (a handler's log lines keep the pod's format)."""
+    if log_level is not None:
+        from keyorder.logs import configure_logging
+
+        configure_logging(log_level, log_format)
     loaded = load_handler(handler)
     return loaded.function, load_lifecycle(setup, teardown, loaded.is_async)
 
