@@ -116,6 +116,33 @@ def test_a_poison_key_is_dead_lettered_from_a_worker_process_while_the_other_key
     assert_at_least_once([(key, seq) for key, seq, *_ in read_timed(record_file)], others)
 
 
+def test_a_second_pod_joining_revokes_partitions_from_worker_processes_without_loss_or_reordering(
+    broker, make_topic, run_pod, record_file, monkeypatch
+):
+    monkeypatch.setenv("KEYORDER_TEST_SLEEP", "0.002")
+    topic = make_topic(4)
+    produced = produce_keyed(broker.bootstrap, topic, 6_000, 200, seed=23)
+    group = f"g-{topic}"
+    first = run_pod(topic, HANDLER, group=group, executor="process", workers=2)
+    wait_until(lambda: len(read_timed(record_file)) >= 600, 60, "the first pod to make progress", interval=0.1)
+    second = run_pod(topic, HANDLER, group=group, executor="process", workers=2)
+    wait_until(
+        lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
+        120,
+        "the group's commits to reach the end",
+        interval=0.5,
+    )
+    assert first.runtime.snapshot.rebalances >= 2 and second.runtime.snapshot.rebalances >= 1
+    assert second.runtime.snapshot.partitions, "the second pod got no partitions"
+    stop_pod(second)
+    stop_pod(first)
+    runs = sorted(read_timed(record_file), key=lambda run: run[5])
+    records = [(key, seq) for key, seq, *_ in runs]
+    duplicates = assert_at_least_once(records, produced.sequences)
+    assert_first_processing_in_order(records)
+    print(f"rebalance with worker processes: {duplicates} re-deliveries")
+
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as file:
