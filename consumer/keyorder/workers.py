@@ -91,7 +91,7 @@ class Lifecycle:
     setup: Callable[[], Any] | None = None
     """Runs once before the first message (in each worker process, for the process executor)."""
     teardown: Callable[[], Any] | None = None
-    """Runs once after the last message, also when the set-up of a later resource failed."""
+    """Runs once after the last message, on shutdown (not when the set-up itself failed)."""
 
 
 NO_HOOKS = Lifecycle()
