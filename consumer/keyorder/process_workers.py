@@ -133,7 +133,7 @@ class _Child:
                 stdin=subprocess.DEVNULL,
                 env=environment,
             )
-            self.progress = Progress(progress_fd)
+            self.progress = Progress(progress_fd, fresh=True)
         finally:
             theirs.close()
             os.close(progress_fd)  # the map keeps the memory

@@ -77,8 +77,10 @@ def message_fields(message: Message) -> tuple[Any, ...]:
 class Progress:
     """The shared progress block of one worker process (a memory map of ``fd``)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, fresh: bool = False) -> None:
         self.map = mmap.mmap(fd, PROGRESS_BYTES)
+        if fresh:  # the pod, on a zeroed block: nothing runs yet (index 0 would be a message started at 0.0)
+            _HEADER.pack_into(self.map, 0, 0.0, -1, 0)
 
     # -- written by the worker process ---------------------------------------------------------------
     def begin_batch(self, size: int) -> None:
@@ -97,8 +99,8 @@ class Progress:
         return bool(_HEADER.unpack_from(self.map)[2])
 
     # -- read by the pod -------------------------------------------------------------------------------
-    def request_stop(self, requested: bool = True) -> None:
-        struct.pack_into("=i", self.map, 12, 1 if requested else 0)
+    def request_stop(self) -> None:
+        struct.pack_into("=i", self.map, 12, 1)
 
     def running(self) -> tuple[int, float]:
         """``(index, started_at)`` of the running message, read twice to rule out a torn read;

@@ -245,3 +245,21 @@ def test_stop_waits_for_the_grace_period_then_kills_a_process_still_in_the_handl
     teardowns = {int(f[1]) for f in process_handlers.read(record_file) if f[0] == "teardown"}
     assert teardowns == children - {stalled}, "the idle process tears down; the killed one cannot"
     assert sum(s.process_restarts["crashed"] for s in pool.stats()) == 0, "a shutdown kill is not a crash"
+
+
+def test_a_fresh_progress_block_shows_no_running_message():
+    """Before a worker process starts its first message, nothing may look overdue to the timeout."""
+    from keyorder.process_workers import _progress_file
+    from keyorder.worker_process import Progress
+
+    fd = _progress_file()
+    try:
+        progress = Progress(fd, fresh=True)
+        assert progress.running() == (-1, 0.0)
+        progress.start(3, 12.5)
+        assert progress.running() == (3, 12.5)
+        progress.finish(3, 2, 0.25)
+        assert progress.running() == (-1, 0.0) and progress.slot(3) == (2, 0.25)
+        progress.close()
+    finally:
+        os.close(fd)
