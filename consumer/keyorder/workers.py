@@ -644,6 +644,8 @@ class AsyncWorkerPool(_PoolBase):
         except Exception as error:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+            if not self._thread.is_alive():
+                self._loop.close()
             raise HandlerSetupError(f"the handler's set-up hook failed: {type(error).__name__}: {error}") from error
         for _ in range(self._target):
             self._spawn()

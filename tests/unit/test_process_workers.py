@@ -263,3 +263,25 @@ def test_a_fresh_progress_block_shows_no_running_message():
         progress.close()
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("pool_type", [ThreadWorkerPool, AsyncWorkerPool])
+def test_a_failing_set_up_hook_stops_a_thread_or_async_pool_from_starting(pool_type):
+    hooks = Lifecycle(setup=process_handlers.failing_setup)
+    pool = pool_type(process_handlers.record, 2, RetryPolicy(), None, deque(), lifecycle=hooks)
+    with pytest.raises(HandlerSetupError, match="set-up hook failed: RuntimeError: database unreachable"):
+        pool.start()
+    assert pool.stats()[1:] == [], "no worker may start after a failed set-up"
+
+
+def test_an_async_hook_for_a_plain_handler_is_refused_at_start_up_naming_the_flag():
+    from keyorder.adapters.handlers import HandlerLoadError, load_lifecycle
+
+    with pytest.raises(
+        HandlerLoadError, match=r"--handler-setup .*async_setup.* is async def, but the handler is a plain"
+    ):
+        load_lifecycle(f"{HANDLERS}:async_setup", None, handler_is_async=False)
+    with pytest.raises(HandlerLoadError, match=r"--handler-teardown .*: it must be callable without arguments"):
+        load_lifecycle(None, f"{HANDLERS}:record", handler_is_async=False)
+    hooks = load_lifecycle(f"{HANDLERS}:async_setup", f"{HANDLERS}:teardown", handler_is_async=True)
+    assert hooks.setup is process_handlers.async_setup and hooks.teardown is process_handlers.teardown
