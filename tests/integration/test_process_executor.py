@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -181,3 +183,21 @@ def test_sigterm_lets_worker_processes_finish_commits_and_leaves_no_process_behi
     for partition, position in committed.items():
         missing = [offset for offset in range(position) if (partition, offset) not in processed]
         assert not missing, f"partition {partition}: committed {position} but offsets {missing[:5]} never ran"
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_a_failing_set_up_hook_stops_keyorder_run_with_status_1_before_it_joins_the_group(executor):
+    environment = {
+        **os.environ,
+        "KEYORDER_TOPICS": "t",
+        "KEYORDER_GROUP_ID": "g",
+        "KEYORDER_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "keyorder.cli", "run", "--http-port", "0", "--handler",
+         "tests.unit.process_handlers:record", "--handler-setup", "tests.unit.process_handlers:failing_setup",
+         "--executor", executor, "--workers", "2"],
+        env=environment, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "set-up hook failed: RuntimeError: database unreachable" in result.stderr
