@@ -98,9 +98,11 @@ def run_pod(broker: EmbeddedBroker) -> Iterator[Callable[..., Pod]]:
     """Start in-process pods on the test broker; every one is stopped at teardown."""
     running: list[tuple[Pod, threading.Event, threading.Thread]] = []
 
-    def start(topic: str, handler: Callable[[Any], Any], group: str | None = None, **settings: Any) -> Pod:
+    def start(topic: str, handler: Callable[[Any], Any] | str, group: str | None = None, **settings: Any) -> Pod:
+        """``handler``: a callable, or a ``package.module:function`` path the pod imports itself (the
+        process executor's worker processes do)."""
         values: dict[str, Any] = {
-            "handler": "tests.conftest:Recorder",
+            "handler": handler if isinstance(handler, str) else "tests.conftest:Recorder",
             "topics": [topic],
             "group_id": group or f"g-{topic}",
             "bootstrap_servers": broker.bootstrap,
@@ -110,7 +112,7 @@ def run_pod(broker: EmbeddedBroker) -> Iterator[Callable[..., Pod]]:
             "commit_interval": 0.2,
             **settings,
         }
-        pod = Pod(RunConfig(**values), handler=handler)
+        pod = Pod(RunConfig(**values), handler=None if isinstance(handler, str) else handler)
         stop = threading.Event()
         thread = pod.start_in_thread(stop)
         pod.stop_event = stop  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ message carries its key's sequence number, so order is checked per key, not by c
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -66,3 +67,16 @@ class SerialPerKey:
 
     def assert_serial(self) -> None:
         assert self.violations == 0, f"{self.violations} times a key ran on two workers at once"
+
+
+def assert_serial_in_order_per_key(runs: Iterable[tuple[str, int, float, float]]) -> None:
+    """Handler runs ``(key, seq, start, end)`` seen from outside (other processes included): each key's runs
+    follow its sequence order and never overlap (a run starts only after the previous one ended)."""
+    by_key: dict[str, list[tuple[float, float, int]]] = {}
+    for key, seq, start, end in runs:
+        by_key.setdefault(key, []).append((start, end, seq))
+    for key, spans in by_key.items():
+        spans.sort()
+        for (_start, end, seq), (next_start, _next_end, next_seq) in itertools.pairwise(spans):
+            assert next_seq > seq, f"key {key}: seq {next_seq} started after seq {seq} (out of order)"
+            assert next_start >= end, f"key {key}: seq {next_seq} started before seq {seq} ended (overlap)"

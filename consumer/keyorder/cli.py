@@ -126,7 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
     from keyorder.contracts import DeadLetterError, SourceError
     from keyorder.logs import configure_logging
     from keyorder.pod import Pod
-    from keyorder.workers import WorkerCrashed
+    from keyorder.workers import HandlerSetupError, WorkerCrashed
 
     try:
         config = load_run_config(vars(args))
@@ -149,6 +149,12 @@ def run_command(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     try:
         pod.run(stop)
+    except HandlerSetupError as error:
+        if error.bad_input:  # a worker process of the process executor could not import the handler
+            print(f"keyorder run: {error}", file=sys.stderr)
+            return EXIT_CONFIG
+        log.error("stopped: %s", error)
+        return 1
     except (SourceError, WorkerCrashed) as error:
         log.error("stopped on a fatal error: %s", error)
         return 1

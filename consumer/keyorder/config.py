@@ -268,6 +268,33 @@ class HandlerSettings(BaseModel):
 class RunConfig(HandlerSettings, KafkaConnectionSettings):
     """Everything ``keyorder run`` needs. Field docs become the ``--help`` text and the docs table."""
 
+    executor: Literal["auto", "thread", "async", "process"] = Field(
+        "auto",
+        description="How the handler runs: thread (a plain handler on worker threads), async (an async def handler "
+        "as asyncio tasks), process (worker processes, one per worker: for CPU-bound handlers, plain or async); "
+        "auto: thread or async, by the handler.",
+    )
+    handler_timeout: float = Field(
+        0,
+        ge=0,
+        le=MAX_GRACE_SECONDS,
+        allow_inf_nan=False,
+        description="Process executor only: a message running longer has its worker process killed and replaced, "
+        "and is retried under the retry policy; 0: no timeout.",
+    )
+    handler_setup: str | None = Field(
+        None,
+        description="Hook run once before the first message, as 'package.module:function' without arguments "
+        "(plain or async def; an async one runs on the async workers' event loop); in each worker process "
+        "with the process executor. If it raises, the pod exits with status 1.",
+        pattern=r"^[\w.]+:[\w.]+$",
+    )
+    handler_teardown: str | None = Field(
+        None,
+        description="Hook run once after the last message (on shutdown), like --handler-setup; in each worker "
+        "process with the process executor.",
+        pattern=r"^[\w.]+:[\w.]+$",
+    )
     workers: int = Field(16, ge=1, description="Key workers per pod at start (live-resizable).")
     max_workers: int = Field(4096, ge=1, description="Upper bound for a live resize of the key workers.")
     max_inflight: int = Field(
@@ -329,6 +356,11 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
+        if self.handler_timeout and self.executor != "process":
+            raise ValueError(
+                f"handler_timeout ({flag_name('handler_timeout')}) needs {flag_name('executor')} process: a thread "
+                "or an asyncio task cannot be killed, only a worker process"
+            )
         if self.workers > self.max_workers:
             raise ValueError(f"workers ({self.workers}) must be <= max_workers ({self.max_workers})")
         if self.max_uncommitted < self.max_inflight:

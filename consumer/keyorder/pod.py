@@ -6,6 +6,7 @@ the very same pod, with only the handler and the stop signal differing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -13,12 +14,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from keyorder.adapters.cpu import pod_cpu_cores
 from keyorder.adapters.dead_letters import KafkaDeadLetterSink
-from keyorder.adapters.handlers import is_async_callable, load_handler
+from keyorder.adapters.handlers import is_async_callable, load_for_worker_process, load_handler, load_lifecycle
 from keyorder.adapters.http_server import PodHttpServer
 from keyorder.adapters.kafka_source import KafkaSource
 from keyorder.adapters.metrics import build_registry
 from keyorder.config import (
+    ConfigError,
     RunConfig,
     blame_kafka_property,
     consumer_properties,
@@ -29,9 +32,10 @@ from keyorder.config import (
 )
 from keyorder.contracts import DeadLetterError, DeadLetterSink, SourceError
 from keyorder.core.flow import FlowLimits
-from keyorder.core.retry import ExhaustedPolicy
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.process_workers import ProcessWorkerPool
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool
+from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,8 @@ class Pod:
         dead_letters: DeadLetterSink | None = None,
     ) -> None:
         self.config = config
-        function = handler if handler is not None else load_handler(config.handler).function
+        self.completions: deque = deque()
+        make_pool = self._pool_factory(config, handler)  # the handler first: a bad path is the likeliest mistake
         properties, origins = kafka_properties_with_origins(config, environ)
         admin_token = read_admin_token(config)
         log.info("Kafka properties: %s", redact(properties))
@@ -59,9 +64,14 @@ class Pod:
             except DeadLetterError as error:  # built first: its errors would otherwise blame the DLQ alone
                 raise blame_kafka_property(error, origins, "dead-letter producer") from error
         self._dead_letters = dead_letters
-        self.completions: deque = deque()
-        pool_type = AsyncWorkerPool if is_async_callable(function) else ThreadWorkerPool
-        self.pool = pool_type(function, config.workers, retry, dead_letters, self.completions)
+        self.pool = make_pool(retry, dead_letters)
+        if self.pool.executor == "process" and config.workers > (cores := pod_cpu_cores()):
+            log.warning(
+                "%d worker processes on %.1f cores: a CPU-bound handler gains nothing from more processes than "
+                "cores (keyorder_pod_cpu_cores)",
+                config.workers,
+                cores,
+            )
         settings = RuntimeSettings(
             topics=tuple(config.topics),
             flow=FlowLimits(
@@ -85,6 +95,44 @@ class Pod:
             if serve_http
             else None
         )
+
+    def _pool_factory(
+        self, config: RunConfig, handler: Callable[[Any], Any] | None
+    ) -> Callable[[RetryPolicy, DeadLetterSink | None], WorkerPool]:
+        """Load and check the handler and its hooks; the pool of the configured executor, given the
+        retry policy and the dead-letter sink (``auto``: thread or async, by the handler).
+
+        The process executor does not import the handler here (a model or a large library would sit in
+        memory once more): each worker process does, and ``start`` reports a bad path."""
+        if config.executor == "process":
+            if handler is not None:
+                raise ConfigError("the process executor imports the handler by its path (--handler) in each process")
+            load = functools.partial(
+                load_for_worker_process,
+                config.handler,
+                config.handler_setup,
+                config.handler_teardown,
+                config.log_level,
+                config.log_format,
+            )
+            return functools.partial(
+                ProcessWorkerPool,
+                load,
+                config.workers,
+                completions=self.completions,
+                handler_timeout=config.handler_timeout,
+            )
+        function = handler if handler is not None else load_handler(config.handler).function
+        is_async = is_async_callable(function)
+        if config.executor != "auto" and (config.executor == "async") != is_async:
+            kind = "an async def" if is_async else "a plain"
+            raise ConfigError(
+                f"--executor {config.executor} / KEYORDER_EXECUTOR: the handler {config.handler!r} is {kind} "
+                f"function; use --executor {'async' if is_async else 'thread'} or process"
+            )
+        lifecycle = load_lifecycle(config.handler_setup, config.handler_teardown, is_async)
+        pool_type = AsyncWorkerPool if is_async else ThreadWorkerPool
+        return functools.partial(pool_type, function, config.workers, completions=self.completions, lifecycle=lifecycle)
 
     @property
     def http_port(self) -> int | None:

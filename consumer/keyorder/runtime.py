@@ -154,11 +154,19 @@ class ConsumerRuntime:
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
+        try:
+            self.pool.start()  # the handler's set-up runs here: a failure leaves nothing subscribed
+        except BaseException:
+            self.source.close()
+            raise
         self.source.subscribe(settings.topics, self._on_assign, self._on_revoke, self._on_lost)
-        self.pool.start()
         self.started.set()
         log.info(
-            "consuming %s with %d %s-ordered workers", ",".join(settings.topics), self.pool.size, self.ordering.value
+            "consuming %s with %d %s-ordered %s workers",
+            ",".join(settings.topics),
+            self.pool.size,
+            self.ordering.value,
+            self.pool.executor,
         )
         next_snapshot = self.clock()
         try:

@@ -6,6 +6,12 @@ failure-handling core (``_Execution``):
 * ``ThreadWorkerPool`` for plain handlers: one OS thread per worker, idle ones wait on a condition.
 * ``AsyncWorkerPool`` for ``async def`` handlers: one asyncio task per worker, all on one event
   loop thread, so thousands of workers cost little for IO-bound work.
+* ``process_workers.ProcessWorkerPool`` (a ``ThreadWorkerPool`` whose workers each drive one
+  worker process) for CPU-bound handlers.
+
+The handler's optional set-up and tear-down hooks (``Lifecycle``) run once per pool: before the
+first message and after the last one (the asyncio pool runs them on its event loop, so an
+``async def`` set-up can open a connection pool bound to the loop the handler runs on).
 
 A worker loops: under the lock, settle the outcomes of its previous deliveries (finished, or
 their lane parked for a retry) and take the head of the next ready lane; outside the lock, run
@@ -32,7 +38,8 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 from keyorder.contracts import DeadLetterSink
 from keyorder.core.lanes import Delivery, LaneScheduler, LaneSummary
@@ -68,6 +75,51 @@ class WorkerCrashed(RuntimeError):
     """A worker loop died from an unexpected error: the pod must exit rather than stall its keys."""
 
 
+class HandlerSetupError(WorkerCrashed):
+    """The handler's set-up hook failed (or a worker process could not start): the pod cannot run it."""
+
+    def __init__(self, text: str, bad_input: bool = False) -> None:
+        super().__init__(text)
+        self.bad_input = bad_input
+        """The handler or a hook path was wrong (a worker process imported it): exit 2, like the pod's own check."""
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """The handler's optional per-pod hooks, each a callable without arguments, plain or ``async def``."""
+
+    setup: Callable[[], Any] | None = None
+    """Runs once before the first message (in each worker process, for the process executor)."""
+    teardown: Callable[[], Any] | None = None
+    """Runs once after the last message, on shutdown (not when the set-up itself failed)."""
+
+
+NO_HOOKS = Lifecycle()
+
+
+def run_sync_hook(hook: Callable[[], Any] | None) -> None:
+    """Call a hook outside an event loop; an ``async def`` one here is a configuration mistake."""
+    if hook is None:
+        return
+    result = hook()
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(
+            f"the hook {getattr(hook, '__qualname__', hook)!r} is async, but the handler is a plain function: "
+            "its resources would belong to no running event loop; make the hook a plain function"
+        )
+
+
+async def run_async_hook(hook: Callable[[], Any] | None) -> None:
+    """Call a hook on the running event loop, awaiting it when it is ``async def``."""
+    if hook is None:
+        return
+    result = hook()
+    if inspect.isawaitable(result):
+        await result
+
+
 class PoolHealth:
     """Shared between a pool's workers and the poll loop: set once, read every poll."""
 
@@ -87,6 +139,14 @@ def call_sync_handler(handler: Callable[[Any], Any], message: Any) -> None:
             "the handler returned an awaitable without awaiting it: declare it 'async def' "
             "so keyorder runs it on asyncio workers"
         )
+
+
+def is_async_callable(function: Callable[..., Any]) -> bool:
+    """True for ``async def`` functions and objects whose ``__call__`` is ``async def``."""
+    if inspect.iscoroutinefunction(function):
+        return True
+    call = getattr(function, "__call__", None)  # noqa: B004 - we want the attribute, not callable()
+    return call is not None and inspect.iscoroutinefunction(call)
 
 
 class LatencyHistogram:
@@ -117,7 +177,9 @@ class WorkerStats:
         "dead_lettered",
         "failed",
         "handler_seconds",
+        "interrupted",
         "latency",
+        "process_restarts",
         "processed",
         "retried",
     )
@@ -133,6 +195,10 @@ class WorkerStats:
         """Messages published to the DLQ."""
         self.busy = False
         """True while the handler runs."""
+        self.process_restarts = {"crashed": 0, "timeout": 0}
+        """Worker processes replaced, by reason (the process executor only)."""
+        self.interrupted = {"crashed": 0, "timeout": 0}
+        """Messages whose attempt a dying or killed worker process cut short (each one then retried)."""
         self.handler_seconds = LatencyHistogram()
         self.latency = LatencyHistogram()
 
@@ -142,6 +208,10 @@ class WorkerStats:
         self.failed += other.failed
         self.retried += other.retried
         self.dead_lettered += other.dead_lettered
+        for reason, count in other.process_restarts.items():
+            self.process_restarts[reason] += count
+        for reason, count in other.interrupted.items():
+            self.interrupted[reason] += count
         for mine, theirs in ((self.handler_seconds, other.handler_seconds), (self.latency, other.latency)):
             mine.buckets = [a + b for a, b in zip(mine.buckets, theirs.buckets, strict=True)]
             mine.count += theirs.count
@@ -152,6 +222,7 @@ class WorkerPool(Protocol):
     """What the poll loop needs from a pool of key workers."""
 
     health: PoolHealth
+    executor: ClassVar[str]
 
     @property
     def size(self) -> int: ...
@@ -162,6 +233,7 @@ class WorkerPool(Protocol):
     def stop(self, timeout: float) -> None: ...
     def stats(self) -> list[WorkerStats]: ...
     def lane_summary(self) -> LaneSummary: ...
+    def worker_pids(self) -> list[int]: ...
 
 
 FINISHED, HANDED_BACK, PARKED = "finished", "handed back", "parked"
@@ -191,7 +263,10 @@ class _Worker:
 
 
 class _PoolBase:
-    """The scheduler, its lock, the workers and the failure handling shared by both pools."""
+    """The scheduler, its lock, the workers and the failure handling shared by all pools."""
+
+    executor: ClassVar[str] = ""
+    """The executor's name (``--executor``), exported as ``keyorder_pod_executor``."""
 
     def __init__(
         self,
@@ -201,8 +276,10 @@ class _PoolBase:
         dead_letters: DeadLetterSink | None,
         completions: Completions,
         clock: Callable[[], float] = time.monotonic,
+        lifecycle: Lifecycle = NO_HOOKS,
     ) -> None:
         self._handler = handler
+        self.lifecycle = lifecycle
         self.retry = retry
         self.dead_letters = dead_letters
         self.completions = completions
@@ -243,6 +320,10 @@ class _PoolBase:
         with self._lock:
             self._fold_inbox()
             return self._scheduler.summary()
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live worker processes (none: the handler runs in this process)."""
+        return []
 
     def resize(self, workers: int) -> None:
         with self._lock:
@@ -314,10 +395,14 @@ class _PoolBase:
 
     def _succeeded(self, worker: _Worker, delivery: Delivery, started: float) -> _Outcome:
         now = self.clock()
+        return self._succeeded_in(worker, delivery, now - started, now)
+
+    def _succeeded_in(self, worker: _Worker, delivery: Delivery, handler_seconds: float, now: float) -> _Outcome:
+        """The handler returned after ``handler_seconds`` (measured where it ran)."""
         stats = worker.stats
         stats.processed += 1
-        stats.handler_seconds.observe(now - started)
-        worker.handler_seconds_ewma += (now - started - worker.handler_seconds_ewma) / 8
+        stats.handler_seconds.observe(handler_seconds)
+        worker.handler_seconds_ewma += (handler_seconds - worker.handler_seconds_ewma) / 8
         stats.latency.observe(now - delivery.received_at)
         return _Outcome(FINISHED, delivery)
 
@@ -389,17 +474,29 @@ A batch then delays the lanes behind its first message by at most ``MAX_LANES_PE
 class ThreadWorkerPool(_PoolBase):
     """Key workers as OS threads, for plain (synchronous) handlers."""
 
+    executor = "thread"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._condition = threading.Condition(self._lock)
         self._idle = 0
 
     def start(self) -> None:
+        """Run the set-up hook (on the calling thread), then start the workers."""
+        try:
+            run_sync_hook(self.lifecycle.setup)
+        except Exception as error:
+            raise HandlerSetupError(f"the handler's set-up hook failed: {type(error).__name__}: {error}") from error
         for _ in range(self._target):
             self._spawn()
 
+    def _new_worker(self) -> _Worker:
+        return _Worker(next(self._ids))
+
     def _spawn(self) -> None:
-        worker = _Worker(next(self._ids))
+        self._start_thread(self._new_worker())
+
+    def _start_thread(self, worker: _Worker) -> None:
         worker.thread = threading.Thread(target=self._run, args=(worker,), name=f"keyorder-worker-{worker.id}",
                                          daemon=True)  # fmt: skip
         with self._lock:
@@ -464,9 +561,15 @@ class ThreadWorkerPool(_PoolBase):
                     if not self._inbox:  # a batch appended after this turn's fold must not wait
                         condition.wait(turn)
                     self._idle -= 1
-            for delivery in turn:
-                # on shutdown, lanes taken but not started go back unprocessed (committed below them)
-                outcomes.append(_Outcome(HANDED_BACK, delivery) if self.stopping else self._execute(worker, delivery))
+            outcomes = self._run_taken(worker, turn)
+
+    def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[_Outcome]:
+        """Run the heads taken in one turn (distinct lanes), one after the other; their outcomes."""
+        # on shutdown, lanes taken but not started go back unprocessed (committed below them)
+        return [
+            _Outcome(HANDED_BACK, delivery) if self.stopping else self._execute(worker, delivery)
+            for delivery in deliveries
+        ]
 
     def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
         handed_back = self._handed_back_if_revoked(delivery)
@@ -508,6 +611,13 @@ class ThreadWorkerPool(_PoolBase):
             if worker.thread.is_alive():
                 log.warning("worker %d still inside the handler after the shutdown grace period", worker.id)
         self._abandon_queued()
+        self._teardown()
+
+    def _teardown(self) -> None:
+        try:
+            run_sync_hook(self.lifecycle.teardown)
+        except Exception as error:  # the pod is stopping anyway: say so, do not hide the rest of the shutdown
+            log.error("the handler's tear-down hook failed: %s: %s", type(error).__name__, error)
 
 
 class AsyncWorkerPool(_PoolBase):
@@ -518,6 +628,8 @@ class AsyncWorkerPool(_PoolBase):
     lane (no ``await`` in between), so a wake-up scheduled by ``submit`` can never be missed.
     """
 
+    executor = "async"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._loop = asyncio.new_event_loop()
@@ -525,7 +637,16 @@ class AsyncWorkerPool(_PoolBase):
         self._idle: deque[asyncio.Future[None]] = deque()
 
     def start(self) -> None:
+        """Start the event loop, run the set-up hook on it, then start the workers."""
         self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(run_async_hook(self.lifecycle.setup), self._loop).result()
+        except Exception as error:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            if not self._thread.is_alive():
+                self._loop.close()
+            raise HandlerSetupError(f"the handler's set-up hook failed: {type(error).__name__}: {error}") from error
         for _ in range(self._target):
             self._spawn()
 
@@ -637,6 +758,10 @@ class AsyncWorkerPool(_PoolBase):
                 log.warning(
                     "%d async workers still inside the handler after the shutdown grace period", len(still_running)
                 )
+            try:
+                await run_async_hook(self.lifecycle.teardown)
+            except Exception as error:  # the pod is stopping anyway: say so, do not hide the rest of the shutdown
+                log.error("the handler's tear-down hook failed: %s: %s", type(error).__name__, error)
 
         if self._thread.is_alive():
             try:

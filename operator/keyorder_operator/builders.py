@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keyorder_operator.spec import GROUP, KIND, VERSION, OrderedConsumerSpec
+from keyorder_operator.spec import GROUP, KIND, VERSION, Executor, OrderedConsumerSpec
 
 ADMIN_TOKEN_KEY = "token"
 ADMIN_TOKEN_DIR = "/etc/keyorder/admin"
@@ -91,6 +91,8 @@ def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, str]]:
         "KEYORDER_HTTP_PORT": str(spec.http_port),
         "KEYORDER_ADMIN_TOKEN_FILE": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
     }
+    if spec.handler.executor is not Executor.AUTO:  # pods only: a catch-up Job runs the handler on Spark
+        env["KEYORDER_EXECUTOR"] = spec.handler.executor.value
     return _env_list(env, spec)
 
 

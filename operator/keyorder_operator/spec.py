@@ -37,6 +37,13 @@ class OnExhausted(StrEnum):
     BLOCK = "block"
 
 
+class Executor(StrEnum):
+    AUTO = "auto"
+    THREAD = "thread"
+    ASYNC = "async"
+    PROCESS = "process"
+
+
 class SecretKeyRef(_Model):
     name: str = Field(min_length=1, description="Name of a Secret in the resource's namespace.")
     key: str = Field(
@@ -70,6 +77,11 @@ class HandlerSpec(_Model):
         min_length=1, description="Image with keyorder and the handler package (FROM the keyorder image)."
     )
     handler: str = Field(pattern=r"^[\w.]+:[\w.]+$", description="Handler as 'package.module:function'.")
+    executor: Executor = Field(
+        Executor.AUTO,
+        description="How the pods run the handler: thread, async, or process (one worker process per key worker, "
+        "for CPU-bound handlers); auto: thread or async, by the handler.",
+    )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables for the handler.")
     resources: Resources = Field(default_factory=Resources, description="Container resources.")
     termination_grace_period_seconds: int = Field(

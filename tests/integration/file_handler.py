@@ -38,3 +38,37 @@ def read_records(path: str) -> list[tuple[str, int, int, int]]:
     return [
         (key, int(seq), int(partition), int(offset)) for key, seq, partition, offset in (line.split() for line in lines)
     ]
+
+
+def handle_timed(message: Message) -> None:
+    """Like ``handle``, plus the process id and when the call started and ended (monotonic seconds);
+    the message of key ``KEYORDER_TEST_STALL_KEY`` with seq 0 first stalls for a minute, once (a
+    marker file next to the record file holds the stalling process id)."""
+    started = time.monotonic()
+    event = json.loads(message.value)
+    if event["key"] == os.environ.get("KEYORDER_TEST_STALL_KEY") and event["seq"] == 0:
+        marker = os.environ["KEYORDER_TEST_RECORD_FILE"] + ".stalled"
+        if not os.path.exists(marker):
+            with open(marker + ".tmp", "w") as file:
+                file.write(str(os.getpid()))
+            os.rename(marker + ".tmp", marker)
+            time.sleep(60)
+    if event["key"] == os.environ.get("KEYORDER_TEST_POISON_KEY"):
+        raise ValueError(f"poison {event['key']}/{event['seq']}")
+    if _SLEEP:
+        time.sleep(_SLEEP)
+    where = f"{message.partition} {message.offset} {os.getpid()}"
+    os.write(_record_fd(), f"{event['key']} {event['seq']} {where} {started!r} {time.monotonic()!r}\n".encode())
+
+
+def read_timed(path: str) -> list[tuple[str, int, int, int, int, float, float]]:
+    """``(key, seq, partition, offset, pid, start, end)`` of every run ``handle_timed`` completed."""
+    try:
+        with open(path) as file:
+            lines = file.read().splitlines()
+    except FileNotFoundError:
+        return []
+    return [
+        (key, int(seq), int(partition), int(offset), int(pid), float(start), float(end))
+        for key, seq, partition, offset, pid, start, end in (line.split() for line in lines)
+    ]

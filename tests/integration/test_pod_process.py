@@ -32,7 +32,7 @@ def start_consumer(
 ) -> subprocess.Popen:
     environment = {
         **os.environ,
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "KEYORDER_TEST_RECORD_FILE": str(record_file),
         "KEYORDER_TEST_SLEEP": str(sleep),
         "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
@@ -145,6 +145,10 @@ def test_sigterm_finishes_in_flight_commits_and_exits_within_grace(broker, make_
     [
         (["--handler", "no_such_module:handle"], "module 'no_such_module' not found"),
         (["--handler", "keyorder_example.ledger:nope"], "has no attribute 'nope'"),
+        (["--handler", "keyorder_example.ledger:nope", "--executor", "process"], "has no attribute 'nope'"),
+        (["--handler", "keyorder_example.ledger:handle", "--handler-setup", "keyorder_example:nope"], "no attribute"),
+        (["--handler", "keyorder_example.ledger:handle", "--handler-timeout", "5"], "needs --executor process"),
+        (["--handler", "keyorder_example.ledger:handle", "--executor", "async"], "is a plain function"),
         (["--handler", "not-a-path"], "--handler / KEYORDER_HANDLER"),
         (["--handler", "keyorder_example.ledger:handle", "--workers", "0"], "--workers / KEYORDER_WORKERS"),
         (["--handler", "keyorder_example.ledger:handle", "--ordering", "random"], "--ordering / KEYORDER_ORDERING"),

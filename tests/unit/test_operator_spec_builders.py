@@ -92,3 +92,19 @@ def test_service_pdb_and_service_account():
     assert service["metadata"]["name"] == "ledger-metrics" and service["spec"]["ports"][0]["port"] == 8080
     assert build_pdb(OWNER)["spec"]["maxUnavailable"] == 1
     assert build_service_account(OWNER)["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize(("executor", "variable"), [(None, None), ("auto", None), ("process", "process")])
+def test_the_executor_reaches_the_pods_as_keyorder_executor(executor, variable):
+    from keyorder.config import load_run_config
+
+    spec = parse_spec(with_("handler.executor", executor) if executor else MINIMAL)
+    container = build_deployment(spec, OWNER, replicas=1)["spec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env.get("KEYORDER_EXECUTOR") == variable
+    assert load_run_config({}, env).executor == (variable or "auto"), "the pod must accept what the builder sets"
+
+
+def test_an_unknown_executor_is_refused_naming_the_field():
+    with pytest.raises(InvalidSpec, match=r"spec\.handler\.executor"):
+        parse_spec(with_("handler.executor", "gpu"))

@@ -25,9 +25,11 @@ class FakeDeadLetters:
 
     def __init__(self) -> None:
         self.published: list[tuple[int, str, int]] = []
+        self.errors: list[BaseException] = []
 
     def publish(self, message, error, attempts):
         self.published.append((message.offset, type(error).__name__, attempts))
+        self.errors.append(error)
 
     def close(self):
         pass

@@ -1,9 +1,9 @@
-"""Loading the user's handler from a ``package.module:function`` path, with clear errors.
+"""Loading the user's handler (and its optional hooks) from ``package.module:function`` paths.
 
 The handler is the whole user-facing contract: ``handler(message: keyorder.Message)``, either a
-plain function (run on worker threads) or an ``async def`` (run as asyncio tasks). A bad path is
-reported at start-up, naming exactly what could not be found, instead of failing on the first
-message.
+plain function (run on worker threads, or in worker processes) or an ``async def`` (run as asyncio
+tasks). Its optional set-up and tear-down hooks take no argument. A bad path is reported at
+start-up, naming exactly what could not be found, instead of failing on the first message.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from keyorder.workers import Lifecycle, is_async_callable
 
 
 class HandlerLoadError(ValueError):
@@ -26,36 +28,79 @@ class LoadedHandler:
     path: str
 
 
-def is_async_callable(function: Callable[..., Any]) -> bool:
-    """True for ``async def`` functions and objects whose ``__call__`` is ``async def``."""
-    if inspect.iscoroutinefunction(function):
-        return True
-    call = getattr(function, "__call__", None)  # noqa: B004 - we want the attribute, not callable()
-    return call is not None and inspect.iscoroutinefunction(call)
-
-
-def load_handler(path: str) -> LoadedHandler:
-    """Import ``package.module:function`` (the attribute may be dotted: ``module:Class.method``)."""
+def _resolve(path: str, what: str) -> Callable[..., Any]:
+    """Import ``package.module:attribute`` (the attribute may be dotted: ``module:Class.method``)."""
     module_name, separator, attribute = path.partition(":")
     if not separator or not module_name or not attribute:
-        raise HandlerLoadError(f"handler {path!r} must look like 'package.module:function'")
+        raise HandlerLoadError(f"{what} {path!r} must look like 'package.module:function'")
     try:
         target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        raise HandlerLoadError(f"handler {path!r}: module {error.name!r} not found") from error
+        raise HandlerLoadError(f"{what} {path!r}: module {error.name!r} not found") from error
     except Exception as error:
         raise HandlerLoadError(
-            f"handler {path!r}: importing {module_name!r} failed: {type(error).__name__}: {error}"
+            f"{what} {path!r}: importing {module_name!r} failed: {type(error).__name__}: {error}"
         ) from error
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError as error:
-            raise HandlerLoadError(f"handler {path!r}: {module_name!r} has no attribute {attribute!r}") from error
+            raise HandlerLoadError(f"{what} {path!r}: {module_name!r} has no attribute {attribute!r}") from error
     if not callable(target):
-        raise HandlerLoadError(f"handler {path!r} is a {type(target).__name__}, not a callable")
+        raise HandlerLoadError(f"{what} {path!r} is a {type(target).__name__}, not a callable")
+    return target
+
+
+def load_handler(path: str) -> LoadedHandler:
+    """Import the handler ``package.module:function``."""
+    target = _resolve(path, "handler")
     check_signature(path, target)
     return LoadedHandler(function=target, is_async=is_async_callable(target), path=path)
+
+
+def load_hook(path: str, what: str) -> Callable[[], Any]:
+    """Import a set-up or tear-down hook: a callable without arguments, plain or ``async def``."""
+    target = _resolve(path, what)
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to check: trust it
+        return target
+    try:
+        signature.bind()
+    except TypeError as error:
+        raise HandlerLoadError(
+            f"{what} {path!r} has the signature {signature}: it must be callable without arguments ({error})"
+        ) from None
+    return target
+
+
+def load_lifecycle(setup: str | None, teardown: str | None, handler_is_async: bool) -> Lifecycle:
+    """The hooks of a handler; ``async def`` hooks need an ``async def`` handler (they share its loop)."""
+    hooks = {
+        what: load_hook(path, what) if path else None
+        for what, path in (("--handler-setup", setup), ("--handler-teardown", teardown))
+    }
+    for what, hook in hooks.items():
+        if hook is not None and is_async_callable(hook) and not handler_is_async:
+            raise HandlerLoadError(
+                f"{what} {setup if what == '--handler-setup' else teardown!r} is async def, but the handler is a "
+                "plain function: the hook's resources would belong to no running event loop; make the hook a plain "
+                "function, or the handler async def"
+            )
+    return Lifecycle(setup=hooks["--handler-setup"], teardown=hooks["--handler-teardown"])
+
+
+def load_for_worker_process(
+    handler: str, setup: str | None, teardown: str | None, log_level: str | None = None, log_format: str = "text"
+) -> tuple[Callable[[Any], Any], Lifecycle]:
+    """What each worker process of the process executor imports once (bind with ``functools.partial``);
+    with ``log_level``, the process logs as the pod does (a handler's log lines keep the pod's format)."""
+    if log_level is not None:
+        from keyorder.logs import configure_logging
+
+        configure_logging(log_level, log_format)
+    loaded = load_handler(handler)
+    return loaded.function, load_lifecycle(setup, teardown, loaded.is_async)
 
 
 def check_signature(path: str, function: Callable[..., Any]) -> None:

@@ -15,10 +15,12 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from keyorder.adapters.cpu import pod_cpu_cores, pod_cpu_seconds
 from keyorder.runtime import ConsumerRuntime
-from keyorder.workers import LATENCY_BUCKETS, LatencyHistogram, WorkerPool
+from keyorder.workers import LATENCY_BUCKETS, LatencyHistogram, WorkerPool, WorkerStats
 
 # name -> help; the table in docs/metrics.md is checked against this in the tests
 PARTITION_GAUGES = {
@@ -39,9 +41,11 @@ PARTITION_GAUGES = {
 
 
 class KeyorderCollector(Collector):
-    def __init__(self, runtime: ConsumerRuntime, pool: WorkerPool) -> None:
+    def __init__(self, runtime: ConsumerRuntime, pool: WorkerPool, cpu_cores: float | None = None) -> None:
         self.runtime = runtime
         self.pool = pool
+        self.cpu_cores = pod_cpu_cores() if cpu_cores is None else cpu_cores
+        """Read once: a container's CPU limit does not change while it runs."""
 
     def describe(self) -> list:
         return []  # families depend on the assignment; collect() is cheap enough to run on register
@@ -164,6 +168,7 @@ class KeyorderCollector(Collector):
         yield CounterMetricFamily(
             "keyorder_rebalances", "Partition assignments, revocations and losses.", value=snapshot.rebalances
         )
+        yield from self._executor_families(stats)
         yield _histogram(
             "keyorder_handler_duration_seconds",
             "Time inside the handler per attempt.",
@@ -174,6 +179,48 @@ class KeyorderCollector(Collector):
             "Time from receipt by the pod to successful handling (queueing and retries included).",
             [worker.latency for worker in stats],
         )
+
+    def _executor_families(self, stats: list[WorkerStats]) -> Iterator:
+        """How the handler runs and the CPU it has: what the operator needs to size a CPU-bound pod."""
+        executor = GaugeMetricFamily(
+            "keyorder_pod_executor",
+            "1 for the executor running the handler (label executor: thread, async or process).",
+            labels=["executor"],
+        )
+        executor.add_metric([self.pool.executor], 1)
+        yield executor
+        yield GaugeMetricFamily(
+            "keyorder_pod_cpu_cores",
+            "Cores the pod may use: its CPU limit (cgroup quota), at most the CPUs it may run on. Thread and "
+            "async executors use one at most (the GIL).",
+            value=self.cpu_cores,
+        )
+        pids = self.pool.worker_pids()
+        yield CounterMetricFamily(
+            "keyorder_pod_cpu_seconds",
+            "CPU seconds used by the pod process and its worker processes (live and exited).",
+            value=pod_cpu_seconds(pids),
+        )
+        yield GaugeMetricFamily(
+            "keyorder_worker_processes", "Live worker processes (process executor; 0 otherwise).", value=len(pids)
+        )
+        restarts = CounterMetricFamily(
+            "keyorder_worker_process_restarts",
+            "Worker processes replaced (process executor), by reason: crashed (died: segfault, OOM kill) or "
+            "timeout (killed for running a message past --handler-timeout).",
+            labels=["reason"],
+        )
+        interrupted = CounterMetricFamily(
+            "keyorder_messages_interrupted",
+            "Messages whose attempt ended because their worker process died or was killed, by reason; each "
+            "counts as a failed attempt and is retried under the retry policy.",
+            labels=["reason"],
+        )
+        for reason in ("crashed", "timeout"):
+            restarts.add_metric([reason], sum(worker.process_restarts[reason] for worker in stats))
+            interrupted.add_metric([reason], sum(worker.interrupted[reason] for worker in stats))
+        yield restarts
+        yield interrupted
 
 
 def _histogram(name: str, text: str, parts: list[LatencyHistogram]) -> HistogramMetricFamily:
@@ -191,6 +238,9 @@ def _histogram(name: str, text: str, parts: list[LatencyHistogram]) -> Histogram
 
 
 def build_registry(runtime: ConsumerRuntime, pool: WorkerPool) -> CollectorRegistry:
+    """The pod's registry: every ``keyorder_*`` family, and prometheus_client's ``process_*`` ones (the pod
+    process only: its worker processes are in ``keyorder_pod_cpu_seconds_total``)."""
     registry = CollectorRegistry()
     registry.register(KeyorderCollector(runtime, pool))
+    ProcessCollector(registry=registry)
     return registry

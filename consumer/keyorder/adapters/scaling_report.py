@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+from keyorder.adapters.cpu import pod_cpu_cores, pod_cpu_seconds
 from keyorder.runtime import ConsumerRuntime
 from keyorder.workers import WorkerPool
 
@@ -84,4 +85,10 @@ def scaling_report(runtime: ConsumerRuntime, pool: WorkerPool) -> dict[str, Any]
         },
         "busiestLane": busiest,
         "partitions": partitions,
+        # the cores the pod may use and has used: a process executor scales up to cpuCores workers;
+        # a thread or async one whose CPU use nears one core is GIL-bound (more workers cannot help)
+        "executor": pool.executor,
+        "cpuCores": round(pod_cpu_cores(), 3),
+        "cpuSecondsTotal": round(pod_cpu_seconds(pool.worker_pids()), 3),
+        "workerProcesses": len(pool.worker_pids()),
     }

@@ -23,17 +23,22 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from keyorder.adapters.cpu import pod_cpu_seconds
 from keyorder.config import RunConfig
 from keyorder.core import offset_metadata
+from keyorder.devtools import bench_handlers
 from keyorder.devtools.bench_report import (
     LOOK_AHEAD_NOTE,
     BenchReport,
@@ -81,6 +86,8 @@ class RunSpec:
     mode: str  # "partition" | "key" | "unordered"
     handler: str  # "sleep" | "async-sleep" | "noop" | "cpu"
     workers: int
+    executor: str = "auto"
+    """Not ``auto``: the pod imports ``bench_handlers.<handler>`` by path with this ``--executor``."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,9 @@ class Preset:
     runs: tuple[RunSpec, ...]
     memory_check: bool
     scenarios: ScenarioSizes
+    with_scenarios: bool = True
+    process_hop: bool = False
+    """Measure the process executor's per-message costs (``process_hop_figures``)."""
 
 
 def _sleep_runs(sync_widths, async_widths, unordered_width, partitions) -> list[RunSpec]:
@@ -118,6 +128,17 @@ def _sleep_runs(sync_widths, async_widths, unordered_width, partitions) -> list[
     return runs
 
 
+EXECUTOR_RUNS = (
+    RunSpec("key W=4 cpu thread", "key", "cpu", 4, executor="thread"),
+    RunSpec("key W=2 cpu process", "key", "cpu", 2, executor="process"),
+    RunSpec("key W=8 thread", "key", "sleep", 8, executor="thread"),
+    RunSpec("key W=8 process", "key", "sleep", 8, executor="process"),
+)
+"""The process executor against the thread executor: the CPU-bound pair (2 processes against 4 threads, on
+2 cores) and the IO-bound pair (the same W)."""
+CPU_PAIR = ("key W=2 cpu process", "key W=4 cpu thread")
+IO_PAIR = ("key W=8 process", "key W=8 thread")
+
 PRESETS = {
     "quick": Preset(
         messages=20_000,
@@ -126,7 +147,11 @@ PRESETS = {
         latency_ms=10,
         run_seconds=4,
         memory_check=False,
-        runs=(*_sleep_runs([64], [256], 0, 4), RunSpec(NOOP_RUN, "key", "noop", 16)),
+        runs=(
+            *_sleep_runs([64], [256], 0, 4),
+            RunSpec(NOOP_RUN, "key", "noop", 16),
+            RunSpec("key W=2 cpu process", "key", "cpu", 2, executor="process"),
+        ),
         scenarios=ScenarioSizes(
             few_keys_messages=6_000,
             resize_messages=20_000,
@@ -149,7 +174,9 @@ PRESETS = {
             RunSpec(NOOP_RUN, "key", "noop", 16),
             RunSpec("partition baseline cpu", "partition", "cpu", 4),
             RunSpec("key W=4 cpu", "key", "cpu", 4),
+            *EXECUTOR_RUNS,
         ),
+        process_hop=True,
         scenarios=ScenarioSizes(
             few_keys_messages=20_000,
             resize_messages=40_000,
@@ -160,6 +187,10 @@ PRESETS = {
         ),
     ),
 }
+PRESETS["executors"] = replace(
+    PRESETS["full"], runs=EXECUTOR_RUNS, memory_check=False, with_scenarios=False, process_hop=True
+)
+"""``keyorder bench --executors``: only the executor comparison and the process hop's costs."""
 
 
 class OrderCheck:
@@ -276,11 +307,14 @@ class Runner:
     def __init__(self, bootstrap: str, topic: str, preset: Preset, progress: Progress) -> None:
         self.bootstrap, self.topic, self.preset, self.progress = bootstrap, topic, preset, progress
 
-    def _pod(self, spec: RunSpec, handler: Handler, topic: str | None = None) -> Any:
+    def _pod(self, spec: RunSpec, handler: Handler | None, topic: str | None = None) -> Any:
         from keyorder.pod import Pod
 
+        by_path = spec.executor != "auto"
         config = RunConfig(
-            handler="keyorder.devtools.bench:unused",
+            handler=f"keyorder.devtools.bench_handlers:{spec.handler}" if by_path else "keyorder.devtools.bench:unused",
+            executor=spec.executor,
+            handler_teardown="keyorder.devtools.bench_handlers:save" if by_path else None,
             topics=[topic or self.topic],
             group_id=f"bench-{uuid.uuid4().hex}",
             bootstrap_servers=self.bootstrap,
@@ -291,7 +325,7 @@ class Runner:
             shutdown_grace=0.5,
             kafka_property=FAST_GROUP_JOIN,
         )
-        return Pod(config, handler=handler, serve_http=False)
+        return Pod(config, handler=None if by_path else handler, serve_http=False)
 
     @property
     def latency(self) -> float:
@@ -313,15 +347,25 @@ class Runner:
         preset = self.preset
         messages = messages or preset.messages
         check = OrderCheck()
-        pod = self._pod(spec, make_handler(spec.handler, self.latency, check), topic=topic)
+        records = None
+        if spec.executor != "auto":  # the handler runs by path, maybe in worker processes: they note the order
+            records = Path(tempfile.mkdtemp(prefix="keyorder-bench-"))
+            os.environ[bench_handlers.RECORDS_DIR_VARIABLE] = str(records)
+            os.environ[bench_handlers.LATENCY_VARIABLE] = repr(self.latency)
+            pod = self._pod(spec, None, topic=topic)
+        else:
+            pod = self._pod(spec, make_handler(spec.handler, self.latency, check), topic=topic)
         stop = threading.Event()
         thread = pod.start_in_thread(stop)
 
         def processed() -> int:
             return self._processed(pod)
 
+        def cpu_seconds() -> float:  # the worker processes' CPU too
+            return pod_cpu_seconds(pod.pool.worker_pids()) if records else time.process_time()
+
         self._await_first(pod, f"{label} {spec.name}")
-        started, cpu_started, first = time.monotonic(), time.process_time(), processed()
+        started, cpu_started, first = time.monotonic(), cpu_seconds(), processed()
         peak_rss, peak_inflight = rss_mb(), 0
         while True:
             time.sleep(0.05)
@@ -332,10 +376,14 @@ class Runner:
             self.progress.show(f"{label} {spec.name}: {done:,} handled, {rate:,.0f} msg/s")
             if done >= STEADY_STATE_FRACTION * messages or elapsed >= preset.run_seconds:
                 break
-        seconds, cpu = time.monotonic() - started, time.process_time() - cpu_started
+        seconds, cpu = time.monotonic() - started, cpu_seconds() - cpu_started
         handled = processed() - first
         stop.set()
         thread.join(30)
+        violations = len(check.violations)
+        if records is not None:
+            violations, _noted = bench_handlers.order_violations(records)
+            shutil.rmtree(records, ignore_errors=True)
         buckets = [0] * len(pod.pool.stats()[0].latency.buckets)
         for stats in pod.pool.stats():
             buckets = [a + b for a, b in zip(buckets, stats.latency.buckets, strict=True)]
@@ -353,7 +401,8 @@ class Runner:
             p99_ms=p99 * 1000 if p99 is not None else None,
             peak_rss_mb=round(peak_rss, 1),
             peak_inflight=peak_inflight,
-            order_violations=len(check.violations),
+            order_violations=violations,
+            executor=spec.executor,
         )
 
     def memory(self, topic: str) -> RunResult:
@@ -578,6 +627,102 @@ class Runner:
         )
 
 
+HOP_ONE_LANE_MESSAGES, HOP_BATCHED_MESSAGES, HOP_BATCHED_KEYS = 3_000, 20_000, 1_000
+
+
+class _HopPartition:
+    """The runtime's partition state, as far as a pool looks at it."""
+
+    revoked = False
+
+
+def _pool_seconds(pool: Any, completions: deque, keys: int, messages: int) -> float:
+    """Seconds for ``pool`` (one worker) to run ``messages`` no-op messages spread over ``keys`` keys."""
+    from keyorder.core.lanes import Delivery
+    from keyorder.message import Message
+
+    partition, now = _HopPartition(), time.monotonic()
+    sequence: dict[bytes, int] = {}
+    deliveries = []
+    for offset in range(messages):
+        key = key_name(offset % keys).encode()
+        seq = sequence[key] = sequence.get(key, -1) + 1
+        value = json.dumps({"key": key.decode(), "seq": seq}).encode()
+        deliveries.append(Delivery(Message("bench", 0, offset, key, value), key, partition, now))
+    completions.clear()
+    started = time.monotonic()
+    pool.submit(deliveries)
+    while len(completions) < messages:
+        time.sleep(0.001)
+    return time.monotonic() - started
+
+
+def process_hop_figures(progress: Progress) -> dict:
+    """What the process executor adds per message, in µs: pickling a ``Message`` (as the pool sends it,
+    a tuple of its fields, and as a dataclass), pickling the result, and the whole hop (a no-op handler
+    on one worker process against one worker thread), one lane at a time (a round trip per message)
+    and over many lanes (batched round trips)."""
+    import functools
+    import pickle
+
+    from keyorder.adapters.handlers import load_for_worker_process
+    from keyorder.core.retry import RetryPolicy
+    from keyorder.message import Message
+    from keyorder.process_workers import ProcessWorkerPool
+    from keyorder.worker_process import message_fields
+    from keyorder.workers import ThreadWorkerPool
+
+    progress.show("process hop: pickling")
+    message = Message("bench", 3, 123_456, key_name(42).encode(), json.dumps({"key": key_name(42), "seq": 7}).encode())
+    rounds = 20_000
+
+    def per_call(function: Callable[[], Any]) -> float:
+        started = time.perf_counter()
+        for _ in range(rounds):
+            function()
+        return (time.perf_counter() - started) / rounds * 1e6
+
+    figures = {
+        "pickle_message_dataclass_us": per_call(lambda: pickle.loads(pickle.dumps(message))),
+        "pickle_message_fields_us": per_call(lambda: Message(*pickle.loads(pickle.dumps(message_fields(message))))),
+        "pickle_result_us": per_call(lambda: pickle.loads(pickle.dumps(0.000175))),
+    }
+    load = functools.partial(load_for_worker_process, "keyorder.devtools.bench_handlers:noop", None, None)
+    for executor in ("thread", "process"):
+        completions: deque = deque()
+        pool: Any = (
+            ThreadWorkerPool(bench_handlers.noop, 1, RetryPolicy(), None, completions)
+            if executor == "thread"
+            else ProcessWorkerPool(load, 1, RetryPolicy(), None, completions)
+        )
+        pool.start()
+        try:
+            progress.show(f"process hop: {executor}, one lane")
+            _pool_seconds(pool, completions, 1, 200)  # warm up (and let the handler time settle)
+            one = _pool_seconds(pool, completions, 1, HOP_ONE_LANE_MESSAGES)
+            progress.show(f"process hop: {executor}, {HOP_BATCHED_KEYS:,} lanes")
+            batched = _pool_seconds(pool, completions, HOP_BATCHED_KEYS, HOP_BATCHED_MESSAGES)
+        finally:
+            pool.stop(5)
+            bench_handlers.forget()
+        figures[f"{executor}_one_lane_us"] = one / HOP_ONE_LANE_MESSAGES * 1e6
+        figures[f"{executor}_batched_us"] = batched / HOP_BATCHED_MESSAGES * 1e6
+    figures["hop_one_lane_us"] = figures["process_one_lane_us"] - figures["thread_one_lane_us"]
+    figures["hop_batched_us"] = figures["process_batched_us"] - figures["thread_batched_us"]
+    return {name: round(value, 2) for name, value in figures.items()}
+
+
+def process_hop_summary(figures: dict) -> str:
+    return (
+        f"process hop (one worker, no-op handler): {figures['hop_one_lane_us']:.1f} us/msg added with a round trip "
+        f"per message ({figures['process_one_lane_us']:.1f} vs {figures['thread_one_lane_us']:.1f} us on a thread), "
+        f"{figures['hop_batched_us']:.1f} us/msg batched over {HOP_BATCHED_KEYS:,} lanes "
+        f"({figures['process_batched_us']:.1f} vs {figures['thread_batched_us']:.1f}); pickling a Message: "
+        f"{figures['pickle_message_fields_us']:.2f} us as fields, {figures['pickle_message_dataclass_us']:.2f} us as "
+        f"a dataclass; a result: {figures['pickle_result_us']:.2f} us (dumps + loads)"
+    )
+
+
 def worst_commit_metadata_bytes(inflight: int = 10_000, seed: int = 1) -> int:
     """Commit metadata size with ``inflight`` offsets above a stuck first one, of which a random
     half are done (the incompressible case; all done compresses to a few bytes)."""
@@ -600,6 +745,11 @@ def machine() -> dict:
 
 def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="CI smoke preset (< 2 minutes); checks the floors")
+    parser.add_argument(
+        "--executors",
+        action="store_true",
+        help="only the process executor against the thread executor (CPU- and IO-bound) and the process hop's costs",
+    )
     parser.add_argument("--messages", type=int, help="preloaded messages (default: preset)")
     parser.add_argument("--keys", type=int, help="distinct keys (default: preset, 10000)")
     parser.add_argument("--partitions", type=int, help="partitions (default: preset, 4)")
@@ -615,14 +765,17 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
 
 def bench_command(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
-    preset = PRESETS["quick" if args.quick else "full"]
+    preset_name = "quick" if args.quick else "executors" if args.executors else "full"
+    preset = PRESETS[preset_name]
     overrides = {
         name: getattr(args, name)
         for name in ("messages", "keys", "partitions", "latency_ms", "run_seconds")
         if getattr(args, name) is not None
     }
     preset = replace(preset, **overrides)
-    if preset.partitions > min(spec.workers for spec in preset.runs if spec.mode == "partition"):
+    if preset.partitions > min(
+        (spec.workers for spec in preset.runs if spec.mode == "partition"), default=preset.partitions
+    ):
         preset = replace(
             preset,
             runs=tuple(
@@ -633,20 +786,24 @@ def bench_command(args: argparse.Namespace) -> int:
     report = BenchReport(
         machine=machine(),
         parameters={
-            "preset": "quick" if args.quick else "full",
+            "preset": preset_name,
             "messages": preset.messages,
             "keys": preset.keys,
             "partitions": preset.partitions,
             "latency_ms": preset.latency_ms,
             "run_seconds": preset.run_seconds,
-            "command": "keyorder bench" + (" --quick" if args.quick else ""),
+            "command": "keyorder bench" + {"quick": " --quick", "executors": " --executors", "full": ""}[preset_name],
         },
     )
     report.commit_metadata_bytes = worst_commit_metadata_bytes()
     print(
         f"keyorder bench: {preset.messages:,} messages, {preset.keys:,} keys, {preset.partitions} partitions, "
-        f"L = {preset.latency_ms:g} ms, {len(preset.runs)} runs + 4 scenarios"
+        f"L = {preset.latency_ms:g} ms, {len(preset.runs)} runs" + (" + 4 scenarios" if preset.with_scenarios else "")
     )
+    if preset.process_hop:
+        report.process_hop = process_hop_figures(progress)
+        progress.done()
+        print(process_hop_summary(report.process_hop))
     with EmbeddedBroker() as broker:
         topic = "bench"
         create_topics(broker.bootstrap, [topic], preset.partitions)
@@ -669,7 +826,8 @@ def bench_command(args: argparse.Namespace) -> int:
             report.runs.append(result)
             progress.done()
             print(f"  {spec.name:<28} {result.rate:>10,.0f} msg/s   violations {result.order_violations}")
-        run_scenarios(broker.bootstrap, runner, report, progress)
+        if preset.with_scenarios:
+            run_scenarios(broker.bootstrap, runner, report, progress)
     measured = [run for run in report.runs if run.messages]
     fill_ratios(measured, preset.keys, preset.latency_ms / 1000.0)
     raw, noop = report.scenarios.raw_ceiling, next((run for run in report.runs if run.name == NOOP_RUN), None)
@@ -678,7 +836,9 @@ def bench_command(args: argparse.Namespace) -> int:
     report.targets = evaluate_targets(report, quick=args.quick)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "report.json").write_text(report.to_json())
-    tables = markdown_table(report.runs) + "\n" + scenarios_table(report.scenarios)
+    tables = markdown_table(report.runs) + ("\n" + scenarios_table(report.scenarios) if preset.with_scenarios else "")
+    if report.process_hop:
+        tables += "\n" + process_hop_summary(report.process_hop) + "\n"
     (args.output_dir / "table.md").write_text(tables)
     image = plot(report, args.output_dir / "throughput.png")
     resize_image = None
@@ -865,6 +1025,14 @@ def evaluate_targets(report: BenchReport, quick: bool) -> dict:
             "required": False,
             "detail": f"{raw.compared_fraction:.2f} x ({raw.rate:,.0f} msg/s raw)",
         }
+    for (measured, against), floor in ((CPU_PAIR, 1.6), (IO_PAIR, 0.8)):
+        if measured in runs and against in runs and runs[against].rate:
+            ratio = runs[measured].rate / runs[against].rate
+            targets[f"process executor: {measured} >= {floor:g} x {against}"] = {
+                "ok": ratio >= floor,
+                "required": False,
+                "detail": f"{ratio:.2f}x ({runs[measured].rate:,.0f} vs {runs[against].rate:,.0f} msg/s)",
+            }
     memory = runs.get("memory: 10,000 x 1 KB in flight")
     if memory:
         targets["peak RSS <= 250 MB with 10,000 x 1 KB in flight"] = {

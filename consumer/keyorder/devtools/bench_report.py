@@ -36,6 +36,8 @@ class RunResult:
     ideal_rate: float | None = None
     ratio_to_baseline: float | None = None
     ratio_to_ideal: float | None = None
+    executor: str = "auto"
+    """``--executor`` of the run's pod (``auto``: thread or async, by the handler)."""
 
 
 @dataclass
@@ -220,6 +222,8 @@ class BenchReport:
     commit_metadata_bytes: int | None = None
     targets: dict = field(default_factory=dict)
     scenarios: Scenarios = field(default_factory=Scenarios)
+    process_hop: dict | None = None
+    """The process executor's per-message costs (``bench.process_hop_figures``), in microseconds."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

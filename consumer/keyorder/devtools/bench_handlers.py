@@ -1,0 +1,90 @@
+"""Handlers of ``keyorder bench``'s executor runs, importable by path so worker processes load them.
+
+A process executor's handler runs in other processes, so the bench's in-process order check cannot
+see it. These handlers note ``(key, seq, started)`` per message in memory instead, and the
+tear-down hook (``save``) writes them to ``$KEYORDER_BENCH_RECORDS_DIR/<pid>.txt`` once the pool
+stops; the bench merges the files of every process by start time and checks each key's sequence
+(``order_violations``). A key's calls never overlap, so start times order them. The thread runs
+of the same comparison use the same handlers and hooks.
+
+``cpu`` burns about 175 µs of CPU (the bench's ``CPU_LOOP``); ``sleep`` waits
+``$KEYORDER_BENCH_LATENCY_SECONDS`` (an IO-bound call).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from keyorder.message import Message
+
+CPU_LOOP = 2_000
+RECORDS_DIR_VARIABLE = "KEYORDER_BENCH_RECORDS_DIR"
+LATENCY_VARIABLE = "KEYORDER_BENCH_LATENCY_SECONDS"
+
+_records: list[tuple[bytes, int, float]] = []  # list.append is atomic: thread workers share it
+_latency: list[float] = []
+
+
+def _note(message: Message, started: float) -> None:
+    _records.append((message.key or b"", json.loads(message.value or b"{}")["seq"], started))
+
+
+def cpu(message: Message) -> None:
+    started = time.monotonic()
+    total = 0
+    for number in range(CPU_LOOP):
+        total += number * number
+    _note(message, started)
+
+
+def sleep(message: Message) -> None:
+    started = time.monotonic()
+    if not _latency:
+        _latency.append(float(os.environ.get(LATENCY_VARIABLE, "0.01")))
+    time.sleep(_latency[0])
+    _note(message, started)
+
+
+def save() -> None:
+    """The tear-down hook: this process's records, one ``key-hex seq started`` line each."""
+    directory = Path(os.environ[RECORDS_DIR_VARIABLE])
+    lines = [f"{key.hex()} {seq} {started!r}" for key, seq, started in _records]
+    (directory / f"{os.getpid()}-{time.monotonic_ns()}.txt").write_text("\n".join(lines) + "\n")
+    _records.clear()
+
+
+def order_violations(directory: Path) -> tuple[int, int]:
+    """``(violations, records)`` over every file in ``directory``: each key's sequence numbers, in
+    the order their calls started, must be 0, 1, 2, ... (the pool stopped mid-backlog, so a key's
+    last numbers may be missing, but never one in the middle)."""
+    records: list[tuple[float, str, int]] = []
+    for path in directory.glob("*.txt"):
+        records.extend(_parse(path.read_text().splitlines()))
+    records.sort()
+    expected: dict[str, int] = {}
+    violations = 0
+    for _started, key, seq in records:
+        if seq != expected.get(key, 0):
+            violations += 1
+        expected[key] = seq + 1
+    return violations, len(records)
+
+
+def _parse(lines: Iterable[str]) -> Iterable[tuple[float, str, int]]:
+    for line in lines:
+        if line:
+            key, seq, started = line.split()
+            yield float(started), key, int(seq)
+
+
+def noop(message: Message) -> None:
+    _note(message, time.monotonic())
+
+
+def forget() -> None:
+    """Drop this process's records (the bench's own micro-measurements keep none)."""
+    _records.clear()

@@ -1,0 +1,423 @@
+"""The process executor: key workers that each drive one worker process, for CPU-bound handlers.
+
+Threads and asyncio tasks share one interpreter, so the GIL serialises CPU-bound handlers and a
+pod uses one core whatever W is. Here each of the W workers is still a thread of the pod, taking
+lanes from the one ``LaneScheduler`` exactly as ``ThreadWorkerPool`` does, but it sends the
+messages it took to its own worker process (``worker_process``) and waits for the answer. So the
+lane scheduler stays the single authority on order: a lane's next message is taken only after the
+process reported the previous one, and a batch holds the heads of distinct lanes. Retries, the
+dead-letter writes, min-offset commits, revoke and live resize are the thread pool's own code;
+a resize starts or stops processes.
+
+The hop costs a pickle of the message fields and a socket round trip. When the handler is fast and
+ready lanes outnumber the workers, one round trip carries the heads of several lanes
+(``_take_limit``): they run one after the other in the process, each lane still one message at a
+time.
+
+Faults: a process that dies (segfault, OOM kill, ``os._exit``) is replaced on the next batch; the
+message it was running fails with ``WorkerProcessDied`` and is retried under the retry policy (or
+dead-lettered), the messages after it in the batch run again as if never taken, and the ones
+before it keep the outcome the progress block recorded. A message running longer than
+``handler_timeout`` has its process killed and replaced, and fails with ``HandlerTimedOut``.
+Both are counted (``WorkerStats.process_restarts``, ``WorkerStats.interrupted``).
+
+Threading: each worker thread owns its ``_Child`` (process, socket and progress block); ``stop``
+only sets the child's stop flag and, after the grace period, kills it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+from keyorder.core.lanes import Delivery
+from keyorder.worker_process import (
+    FAILED,
+    MAX_BATCH,
+    PROGRESS_BYTES,
+    RUNNING,
+    SUCCEEDED,
+    Init,
+    Loader,
+    Progress,
+    message_fields,
+)
+from keyorder.workers import (
+    HANDED_BACK,
+    PARKED,
+    HandlerSetupError,
+    ThreadWorkerPool,
+    _Outcome,
+    _Worker,
+)
+
+log = logging.getLogger(__name__)
+
+FAST_PROCESS_HANDLER_SECONDS = 0.002
+"""Below this recent handler time a round trip per message is a real cost: send several lanes' heads
+at once (a batch delays the lanes behind its first message by at most ``MAX_BATCH`` times this)."""
+START_TIMEOUT = 300.0
+"""Seconds a worker process may take to import the handler and run its set-up hook."""
+TEARDOWN_TIMEOUT = 10.0
+"""Seconds a stopping worker process may take for its tear-down hook before it is killed."""
+_CHILD_MAIN = "import sys; from keyorder.worker_process import main; sys.exit(main(sys.argv[1:]))"
+
+
+class WorkerProcessDied(RuntimeError):
+    """The worker process running the message exited (crash, OOM kill, ``os._exit``)."""
+
+
+class HandlerTimedOut(RuntimeError):
+    """The message ran longer than the handler timeout: its worker process was killed."""
+
+
+class HandlerFailedInProcess(Exception):
+    """A handler failure reported by a worker process. The subclass raised is named after the
+    original exception's class, so logs and the dead-letter header read as with thread workers."""
+
+
+@functools.lru_cache(maxsize=256)
+def _remote_error_type(name: str) -> type[HandlerFailedInProcess]:
+    return type(name, (HandlerFailedInProcess,), {"__module__": __name__})
+
+
+def remote_error(name: str, text: str) -> HandlerFailedInProcess:
+    return _remote_error_type(name)(text)
+
+
+def _exit_reason(returncode: int | None) -> str:
+    if returncode is None:
+        return "lost its connection"
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def _progress_file() -> int:
+    """A file descriptor of ``PROGRESS_BYTES`` zeroed bytes to share with a worker process."""
+    if hasattr(os, "memfd_create"):  # Linux: anonymous memory, nothing on any filesystem
+        fd = os.memfd_create("keyorder-progress")
+    else:  # elsewhere: an unlinked temporary file
+        handle, path = tempfile.mkstemp(prefix="keyorder-progress-")
+        os.unlink(path)
+        fd = handle
+    os.ftruncate(fd, PROGRESS_BYTES)
+    return fd
+
+
+class _Child:
+    """One worker process, its socket and its progress block; owned by one worker thread."""
+
+    def __init__(self, load: Loader, worker_id: int) -> None:
+        self.worker_id = worker_id
+        ours, theirs = socket.socketpair()
+        progress_fd = _progress_file()
+        try:
+            environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _CHILD_MAIN, str(theirs.fileno()), str(progress_fd)],
+                pass_fds=(theirs.fileno(), progress_fd),
+                stdin=subprocess.DEVNULL,
+                env=environment,
+            )
+            self.progress = Progress(progress_fd, fresh=True)
+        finally:
+            theirs.close()
+            os.close(progress_fd)  # the map keeps the memory
+        self.connection = Connection(ours.detach())
+        self.connection.send(Init(load=load, worker=worker_id))
+        self.alive = True
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def await_ready(self, timeout: float) -> None:
+        """Wait for the handshake; ``HandlerSetupError`` if the process could not load or set up."""
+        try:
+            if not self.connection.poll(timeout):
+                raise HandlerSetupError(f"worker process {self.pid} did not load the handler within {timeout:.0f}s")
+            status, detail, bad_input = self.connection.recv()
+        except (EOFError, OSError):
+            self.kill()  # reaps it (it exited: its end of the socket closed)
+            raise HandlerSetupError(
+                f"worker process {self.pid} {_exit_reason(self.process.returncode)} while loading the handler"
+            ) from None
+        if status != "ready":
+            self.kill()
+            raise HandlerSetupError(f"worker process {self.pid}: {detail}", bad_input=bad_input)
+
+    def run(self, batch: list[tuple[Any, ...]], timeout: float | None) -> list[Any] | str:
+        """Send a batch and wait for its results; ``"crashed"`` or ``"timeout"`` when the process died
+        or was killed for running a message longer than ``timeout`` (the progress block tells which)."""
+        try:
+            self.connection.send(batch)
+            if timeout:  # without one, recv alone: a poll per batch would cost another system call
+                while not self.connection.poll(min(timeout / 4, 1.0)):
+                    if self._overran(timeout):
+                        self.kill()
+                        return "timeout"
+            results: list[Any] = self.connection.recv()
+            return results
+        except (EOFError, OSError):
+            self.kill()  # reaps it (it exited: its end of the socket closed)
+            return "crashed"
+
+    def _overran(self, timeout: float) -> bool:
+        index, started_at = self.progress.running()
+        return index >= 0 and time.monotonic() - started_at > timeout
+
+    def request_stop(self) -> None:
+        """Skip the rest of this and every later batch (shutdown): the messages not started come back as such."""
+        self.progress.request_stop()
+
+    def kill(self) -> None:
+        self.alive = False
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+    def discard(self) -> None:
+        """Kill the process and release the socket and the progress block (it never became a worker)."""
+        self.kill()
+        self.connection.close()
+        self.progress.close()
+
+    def close(self, timeout: float = TEARDOWN_TIMEOUT) -> None:
+        """Ask the process to tear down and exit; kill it when it does not within ``timeout``."""
+        if self.alive and self.process.poll() is None:
+            try:
+                self.connection.send(None)
+                self.process.wait(timeout)
+            except (OSError, subprocess.TimeoutExpired):
+                log.warning("worker process %d did not exit within %.0fs; killing it", self.pid, timeout)
+        self.discard()
+
+
+class _ProcessWorker(_Worker):
+    __slots__ = ("child", "closing")
+
+    def __init__(self, worker_id: int) -> None:
+        super().__init__(worker_id)
+        self.child: _Child | None = None
+        self.closing = False
+        """Set by the worker's thread once it left its loop and tears its process down (no handler runs)."""
+
+
+class ProcessWorkerPool(ThreadWorkerPool):
+    """Key workers whose handler runs in one worker process each (the process executor).
+
+    ``handler`` is not called here: each process loads its own with ``load`` (a picklable reference,
+    e.g. ``functools.partial(adapters.handlers.load_for_worker_process, path, setup, teardown)``),
+    and runs the set-up and tear-down hooks itself. ``handler_timeout`` (seconds, real time) kills a
+    process whose message runs longer.
+    """
+
+    executor = "process"
+
+    def __init__(self, load: Loader, *args: Any, handler_timeout: float | None = None, **kwargs: Any) -> None:
+        super().__init__(_never_called, *args, **kwargs)
+        self._load = load
+        self.handler_timeout = handler_timeout or None
+
+    # -- life cycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker processes together, wait until each loaded the handler and ran its set-up,
+        then the workers. Raises ``HandlerSetupError`` (nothing left running) if any could not."""
+        workers = [self._new_worker() for _ in range(self._target)]
+        children: list[_Child] = []
+        try:
+            for worker in workers:
+                children.append(_Child(self._load, worker.id))
+            with ThreadPoolExecutor(max_workers=min(len(children), 32) or 1) as waiting:
+                for future in [waiting.submit(child.await_ready, START_TIMEOUT) for child in children]:
+                    future.result()
+        except BaseException:
+            for child in children:
+                child.discard()
+            raise
+        log.info("started %d worker processes: %s", len(children), ", ".join(str(child.pid) for child in children))
+        for worker, child in zip(workers, children, strict=True):
+            worker.child = child
+            self._start_thread(worker)
+
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            children = [worker.child for worker in self._workers.values() if isinstance(worker, _ProcessWorker)]
+        return [child.pid for child in children if child is not None and child.alive]
+
+    def _new_worker(self) -> _ProcessWorker:
+        return _ProcessWorker(next(self._ids))
+
+    def _run(self, worker: _Worker) -> None:
+        assert isinstance(worker, _ProcessWorker)
+        try:
+            if worker.child is None:  # grown by a resize: start its process on this thread
+                worker.child = self._start_child(worker)
+            self._loop(worker)
+        except BaseException as error:
+            self._crashed(worker, error)
+        finally:
+            with self._lock:
+                self._exit(worker)
+            worker.closing = True
+            if worker.child is not None:
+                worker.child.close()
+
+    def _start_child(self, worker: _ProcessWorker) -> _Child:
+        child = _Child(self._load, worker.id)
+        try:
+            child.await_ready(START_TIMEOUT)
+        except BaseException:
+            child.discard()
+            raise
+        return child
+
+    def stop(self, timeout: float) -> None:
+        """As the thread pool: running messages may finish within ``timeout`` (a batch stops after its
+        running message), every process then runs its tear-down hook; a process still inside the
+        handler after ``timeout`` is killed, and its message is re-delivered after the restart."""
+        deadline = self.clock() + timeout
+        with self._condition:
+            self.stopping = True
+            workers = [worker for worker in self._workers.values() if isinstance(worker, _ProcessWorker)]
+            self._condition.notify_all()
+        for worker in workers:
+            if worker.child is not None:
+                worker.child.request_stop()
+        for worker in workers:
+            assert worker.thread is not None
+            worker.thread.join(max(deadline - self.clock(), 0.0))
+        for worker in workers:
+            assert worker.thread is not None
+            if worker.thread.is_alive() and not worker.closing and worker.child is not None:
+                log.warning(
+                    "worker process %d still inside the handler after the shutdown grace period; killing it",
+                    worker.child.pid,
+                )
+                worker.child.kill()
+        for worker in workers:  # tearing down (bounded by TEARDOWN_TIMEOUT), or just killed
+            assert worker.thread is not None
+            worker.thread.join(TEARDOWN_TIMEOUT + 1)
+        self._abandon_queued()
+
+    # -- a worker's turn -------------------------------------------------------------------------------
+    def _take_limit(self, worker: _Worker, ready: int) -> int:
+        """One lane per round trip, unless the handler is fast and ready lanes outnumber the workers."""
+        if worker.handler_seconds_ewma > FAST_PROCESS_HANDLER_SECONDS:
+            return 1
+        return max(1, min(MAX_BATCH, ready // max(self._target, 1)))
+
+    def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[_Outcome]:
+        assert isinstance(worker, _ProcessWorker)
+        outcomes: list[_Outcome] = []
+        batch: list[Delivery] = []
+        for delivery in deliveries:
+            if self.stopping:
+                outcomes.append(_Outcome(HANDED_BACK, delivery))
+                continue
+            handed_back = self._handed_back_if_revoked(delivery)
+            if handed_back is not None:
+                outcomes.append(handed_back)
+            elif delivery.pending_dead_letter is not None:  # only the write is retried, here
+                outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))
+            else:
+                batch.append(delivery)
+        if batch:
+            outcomes += self._run_in_process(worker, batch)
+        return outcomes
+
+    def _run_in_process(self, worker: _ProcessWorker, batch: list[Delivery]) -> list[_Outcome]:
+        child = worker.child
+        if child is None or not child.alive:
+            try:
+                child = worker.child = self._replace(worker)
+            except HandlerSetupError as error:  # cannot run anything: the pod exits, these are re-delivered
+                self._crashed(worker, error)
+                worker.retiring = True
+                return [_Outcome(HANDED_BACK, delivery) for delivery in batch]
+        for delivery in batch:
+            delivery.attempts += 1
+        stats = worker.stats
+        stats.busy = True
+        results = child.run([message_fields(delivery.message) for delivery in batch], self.handler_timeout)
+        stats.busy = False
+        if isinstance(results, str):
+            return self._interrupted(worker, child, batch, results)
+        return [self._settle(worker, delivery, result) for delivery, result in zip(batch, results, strict=True)]
+
+    def _settle(self, worker: _Worker, delivery: Delivery, result: Any) -> _Outcome:
+        if result is None:  # not started: the pool is stopping
+            delivery.attempts -= 1
+            return _Outcome(HANDED_BACK, delivery)
+        if isinstance(result, float):
+            return self._succeeded_in(worker, delivery, result, self.clock())
+        _seconds, name, text = result
+        return self._failure(worker, delivery, remote_error(name, text))
+
+    def _failure(self, worker: _Worker, delivery: Delivery, error: BaseException) -> _Outcome:
+        """The attempt failed: the retry policy parks the lane, or the message is dead-lettered."""
+        return self._failed(worker, delivery, error) or self._publish_dead_letter(worker, delivery, error)
+
+    def _interrupted(self, worker: _Worker, child: _Child, batch: list[Delivery], reason: str) -> list[_Outcome]:
+        """The process died or was killed mid-batch: settle each message by what the progress block says.
+
+        During shutdown the pool killed it (still inside the handler after the grace period): its
+        unfinished messages go back unprocessed, re-delivered after the restart, as with threads."""
+        stats = worker.stats
+        if not self.stopping:
+            stats.process_restarts[reason] += 1
+        returncode = child.process.returncode
+        outcomes = []
+        for index, delivery in enumerate(batch):
+            status, seconds = child.progress.slot(index)
+            if status == SUCCEEDED:
+                outcomes.append(self._succeeded_in(worker, delivery, seconds, self.clock()))
+            elif status == FAILED:  # its error text was in the lost reply
+                error: BaseException = RuntimeError("the handler raised (details lost: its worker process died later)")
+                outcomes.append(self._failure(worker, delivery, error))
+            elif status == RUNNING and not self.stopping:
+                stats.interrupted[reason] += 1
+                message = delivery.message
+                if reason == "timeout":
+                    error = HandlerTimedOut(
+                        f"still running after {self.handler_timeout:g}s: worker process {child.pid} was killed"
+                    )
+                else:
+                    error = WorkerProcessDied(f"worker process {child.pid} {_exit_reason(returncode)}")
+                log.error(
+                    "worker process %d %s while handling %s[%d]@%d; it is replaced and the message retried "
+                    "under the retry policy",
+                    child.pid, "was killed (handler timeout)" if reason == "timeout" else _exit_reason(returncode),
+                    message.topic, message.partition, message.offset,
+                )  # fmt: skip
+                outcomes.append(self._failure(worker, delivery, error))
+            else:  # never started: runs again as if never taken (its attempt does not count)
+                delivery.attempts -= 1
+                outcomes.append(_Outcome(HANDED_BACK if self.stopping else PARKED, delivery, self.clock()))
+        return outcomes
+
+    def _replace(self, worker: _ProcessWorker) -> _Child:
+        old = worker.child
+        if old is not None:
+            old.close(timeout=0)
+        child = self._start_child(worker)
+        log.info("worker %d: replacement worker process %d started", worker.id, child.pid)
+        return child
+
+
+def _never_called(_message: Any) -> None:
+    raise AssertionError("the process executor runs the handler in its worker processes")

@@ -1,0 +1,100 @@
+"""Handlers and hooks that tests load by path, as ``keyorder run --handler`` does (in worker processes too).
+
+They report to the file named by ``KEYORDER_TEST_RECORD_FILE``, one ``os.write`` per line on an
+O_APPEND descriptor, so lines from several processes never interleave and a process killed with
+SIGKILL leaves only whole lines. A message's value is its key's sequence number.
+
+* ``record``: ``run KEY SEQ PID START END`` (monotonic seconds) after sleeping ``KEYORDER_TEST_SLEEP``;
+* ``stall_once``: like ``record``, but the message ``KEYORDER_TEST_STALL_KEY``/0 first writes
+  ``stalled KEY SEQ PID`` and sleeps a minute, once (a marker file remembers it): a test kills the
+  process, or the handler timeout does;
+* ``fail_value_error``: raises ``ValueError``;
+* ``setup``/``teardown``: ``setup PID`` / ``teardown PID``; ``failing_setup`` raises;
+* ``async_record`` with ``async_setup``/``async_teardown``: the handler fails unless it runs on the
+  event loop the set-up ran on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+
+def _write(line: str) -> None:
+    fd = os.open(os.environ["KEYORDER_TEST_RECORD_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def record(message: Any) -> None:
+    started = time.monotonic()
+    pause = float(os.environ.get("KEYORDER_TEST_SLEEP", "0"))
+    if pause:
+        time.sleep(pause)
+    _write(f"run {message.key.decode()} {int(message.value)} {os.getpid()} {started!r} {time.monotonic()!r}")
+
+
+def stall_once(message: Any) -> None:
+    if message.key.decode() == os.environ.get("KEYORDER_TEST_STALL_KEY") and int(message.value) == 0:
+        marker = os.environ["KEYORDER_TEST_RECORD_FILE"] + ".stalled"
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            _write(f"stalled {message.key.decode()} 0 {os.getpid()}")
+            time.sleep(60)
+    record(message)
+
+
+def fail_value_error(message: Any) -> None:
+    raise ValueError(f"cannot parse {message.value!r}")
+
+
+def setup() -> None:
+    _write(f"setup {os.getpid()}")
+
+
+def teardown() -> None:
+    _write(f"teardown {os.getpid()}")
+
+
+def failing_setup() -> None:
+    raise RuntimeError("database unreachable")
+
+
+_LOOP: list[asyncio.AbstractEventLoop] = []
+
+
+async def async_setup() -> None:
+    _LOOP.append(asyncio.get_running_loop())
+    _write(f"setup {os.getpid()}")
+
+
+async def async_teardown() -> None:
+    _write(f"teardown {os.getpid()}")
+
+
+async def async_record(message: Any) -> None:
+    if [asyncio.get_running_loop()] != _LOOP:
+        raise RuntimeError("the handler does not run on the event loop its set-up ran on")
+    await asyncio.sleep(0)
+    record(message)
+
+
+def read(path: str) -> list[list[str]]:
+    """The lines written so far, split into fields."""
+    try:
+        with open(path) as file:
+            return [line.split() for line in file.read().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def runs(path: str) -> list[tuple[str, int, int, float, float]]:
+    """``(key, seq, pid, start, end)`` of every completed run."""
+    return [
+        (key, int(seq), int(pid), float(start), float(end))
+        for kind, key, seq, pid, start, end in (fields for fields in read(path) if fields[0] == "run")
+    ]
