@@ -89,7 +89,8 @@ def test_values_sets_render_what_they_enable(manifests):
     base = ["ConfigMap", "Deployment", "Pod", "Service", "ServiceAccount"]
     assert kinds["defaults"] == sorted([*base, "ClusterRole", "ClusterRoleBinding"])
     assert kinds["namespaced"] == sorted([*base, "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"])
-    assert kinds["namespaced-strict"] == sorted([*base, "Role", "RoleBinding"])
+    # the operator's rights are Roles only; the one ClusterRole kind left is the users' (aggregated, unbound)
+    assert kinds["namespaced-strict"] == sorted([*base, "ClusterRole", "Role", "RoleBinding"])
     assert set(kinds["monitoring"]) >= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
     assert kinds["peering"] == sorted([*base, "ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding"])
     assert [doc["metadata"]["namespace"] for doc in find(manifests["peering-namespaced"], "KopfPeering")] == [
