@@ -134,3 +134,14 @@ def test_pods_not_ready_covers_broker_loss_and_unavailable_replicas_of_keyorder_
 def test_new_alerts_can_be_disabled(chart):
     alerts = rules(chart, {"operatorDown": {"enabled": False}, "notReady": {"enabled": False}})
     assert "KeyorderOperatorDown" not in alerts and "KeyorderPodsNotReady" not in alerts
+
+
+def test_scaling_limited_pages_only_when_behind_the_target(chart):
+    parsed = promql_parser.parse(rules(chart)["KeyorderScalingLimited"]["expr"])
+    assert str(parsed.op) == "and"
+    assert "keyorder_operator_scaling_limited{}) == 1" in str(parsed.lhs)
+    behind = str(parsed.rhs)
+    assert (
+        "keyorder_operator_lag_seconds{}) > max by (namespace, name)(keyorder_operator_target_drain_seconds{})"
+        in behind
+    )

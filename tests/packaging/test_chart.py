@@ -302,6 +302,7 @@ def test_prometheus_rule_has_the_issues_alerts_and_more(manifests):
         "KeyorderCatchupFailed",
         "KeyorderOperatorDown",
         "KeyorderPodsNotReady",
+        "KeyorderScalingLimited",
     }
     assert "deriv(keyorder_operator_observed_lag_messages" in alerts["KeyorderLagGrowing"]["expr"]
     assert alerts["KeyorderLagGrowing"]["for"] == "15m"

@@ -42,16 +42,28 @@ def test_scaling_decisions_and_catchups_are_annotations():
         assert 'namespace=~"$namespace"' in annotation["expr"] and 'name=~"$name"' in annotation["expr"]
 
 
-def test_lag_is_shown_in_seconds_to_drain():
+def test_lag_is_shown_in_seconds_against_its_target():
     (series,) = panels("lag in seconds")
     (stat,) = panels("seconds to drain")
     for panel in (series, stat):
         assert panel["fieldConfig"]["defaults"]["unit"] == "s"
-        (target,) = panel["targets"]
-        parsed = promql_parser.parse(target["expr"])
-        names = {selector.name for selector in selectors(parsed)}
-        assert names == {"keyorder_operator_observed_lag_messages", "keyorder_partition_completed_messages_total"}
-        assert "> 0)" in target["expr"], "no ETA (not infinity) while nothing is finished"
+        assert "keyorder_operator_lag_seconds{" in panel["targets"][0]["expr"]
+    assert "keyorder_operator_target_drain_seconds{" in series["targets"][1]["expr"], "the ETA against its target"
+
+
+def test_the_capacity_ceiling_rates_and_limits_are_shown():
+    (capacity,) = panels("ceiling")
+    exprs = [target["expr"] for target in capacity["targets"]]
+    assert "keyorder_operator_workers_per_pod{" in exprs[0] and "keyorder_operator_replicas{" in exprs[0]
+    assert "keyorder_operator_ceiling_workers{" in exprs[1]
+    (rates,) = panels("arrival and drain")
+    assert {"keyorder_operator_arrival_rate", "keyorder_operator_drain_rate"} == {
+        selector.name for target in rates["targets"] for selector in selectors(promql_parser.parse(target["expr"]))
+    }
+    (limited,) = panels("scaling limited")
+    assert "by (namespace, name, reason)" in limited["targets"][0]["expr"]
+    annotations = {annotation["name"]: annotation for annotation in DASHBOARD["annotations"]["list"]}
+    assert "{{reason}}" in annotations["Scaling limited"]["titleFormat"]
 
 
 def test_the_per_pod_view_splits_by_pod():
