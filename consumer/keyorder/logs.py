@@ -10,7 +10,11 @@ from datetime import UTC, datetime
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        return json.dumps(self.fields(record), ensure_ascii=False)
+
+    def fields(self, record: logging.LogRecord) -> dict[str, object]:
+        """The JSON object of one line (a subclass may add fields: the operator adds the resource)."""
+        entry: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
@@ -19,7 +23,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return entry
 
 
 def configure_logging(level: str = "INFO", log_format: str = "text") -> None:

@@ -1,14 +1,36 @@
 """``keyorder operator``: runs the kopf operator with keyorder's handlers.
 
-Only wiring: Kubernetes client configuration (in-cluster, else kubeconfig), the handler
-registry, the operator's metrics endpoint, and kopf's own settings (cluster-wide or a list of
-namespaces, peering for HA, liveness endpoint).
+Only wiring: the flags (checked before anything starts), logging (text, or JSON like the pods'),
+Kubernetes client configuration (in-cluster, else kubeconfig), the handler registry, the
+operator's metrics endpoint, and kopf's own settings (cluster-wide or a list of namespaces,
+peering for HA, liveness endpoint). Like ``keyorder run``, bad input stops it at start-up with
+exit status 2 and one line naming what is wrong, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
+import math
+import os
+import re
+import sys
+from urllib.parse import urlsplit
+
+from keyorder.logs import JsonFormatter
+
+EXIT_CONFIG = 2
+"""Exit status for bad flags or missing credentials, as ``keyorder run`` uses."""
+
+MAX_TICK_SECONDS = 3600.0
+"""The autoscaler's check interval is bounded: a tick of hours would leave lag unwatched."""
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+class OperatorConfigError(Exception):
+    """A flag or the Kubernetes credentials are unusable; the message names which and why."""
 
 
 def add_operator_flags(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +62,105 @@ def add_operator_flags(parser: argparse.ArgumentParser) -> None:
         help="kopf peering priority: the highest-priority operator works, the others stand by "
         "[default with --peering: random, so replicas never tie (a tie pauses them all)]",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines, or one JSON object per line like the pods' (with the resource's namespace and name)",
+    )
+    parser.add_argument(
+        "--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO", help="[default: INFO]"
+    )
+
+
+def check_operator_args(args: argparse.Namespace) -> None:
+    """Raise OperatorConfigError naming the first unusable flag (argparse checks only the types)."""
+    if not (math.isfinite(args.tick) and 0 < args.tick <= MAX_TICK_SECONDS):
+        raise OperatorConfigError(
+            f"--tick must be a number of seconds above 0 and at most {MAX_TICK_SECONDS:g}, got {args.tick:g}"
+        )
+    for namespace in args.namespace:
+        if len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace):
+            raise OperatorConfigError(
+                f"--namespace {namespace!r} is not a namespace name "
+                "(lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63)"
+            )
+    if len(set(args.namespace)) != len(args.namespace):
+        raise OperatorConfigError(f"--namespace is given twice for the same namespace: {args.namespace}")
+    if not 1 <= args.metrics_port <= 65535:
+        raise OperatorConfigError(f"--metrics-port must be a TCP port (1-65535), got {args.metrics_port}")
+    liveness = urlsplit(args.liveness)
+    try:
+        liveness_port = liveness.port
+    except ValueError:
+        liveness_port = -1
+    if liveness.scheme != "http" or not liveness.hostname or liveness_port == -1:
+        raise OperatorConfigError(
+            f"--liveness must be an http:// URL such as http://0.0.0.0:8082/healthz, got {args.liveness!r}"
+        )
+    if liveness_port == args.metrics_port:
+        raise OperatorConfigError(f"--liveness and --metrics-port both use port {args.metrics_port}")
+    if args.peering is not None and not _DNS_LABEL.fullmatch(args.peering):
+        raise OperatorConfigError(f"--peering {args.peering!r} is not a valid object name")
+
+
+class OperatorJsonFormatter(JsonFormatter):
+    """The pods' JSON lines, plus the resource a kopf per-object message is about (kopf's ``k8s_ref``)."""
+
+    def fields(self, record: logging.LogRecord) -> dict[str, object]:
+        entry = super().fields(record)
+        reference = getattr(record, "k8s_ref", None)
+        if reference:
+            entry["object"] = {key: reference.get(key) for key in ("kind", "namespace", "name")}
+        return entry
+
+
+class OperatorTextFormatter(logging.Formatter):
+    """Text lines; a kopf per-object message starts with ``[namespace/name]``, as ``kopf run`` prints it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        reference = getattr(record, "k8s_ref", None)
+        if reference:
+            record = copy.copy(record)  # other handlers must see the message unchanged
+            record.msg = f"[{reference.get('namespace')}/{reference.get('name')}] {record.msg}"
+        return super().format(record)
+
+
+def configure_operator_logging(level: str, log_format: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(OperatorJsonFormatter())
+    else:
+        handler.setFormatter(OperatorTextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def load_kubernetes_credentials() -> None:
+    """In a pod, its ServiceAccount; elsewhere the kubeconfig ($KUBECONFIG, else ~/.kube/config).
+    Neither usable: OperatorConfigError with one line saying what was tried."""
+    import kubernetes
+
+    try:
+        kubernetes.config.load_incluster_config()
+        return
+    except kubernetes.config.ConfigException as error:
+        in_cluster = str(error)
+    kubeconfig = os.environ.get("KUBECONFIG") or "~/.kube/config"
+    where = f"KUBECONFIG={kubeconfig}" if os.environ.get("KUBECONFIG") else "KUBECONFIG unset, so ~/.kube/config"
+    try:
+        kubernetes.config.load_kube_config()
+    except Exception as error:  # ConfigException, or TypeError/OSError/YAMLError from a file that is no kubeconfig
+        reason = (
+            str(error)
+            if isinstance(error, kubernetes.config.ConfigException)
+            else (f"{kubeconfig} is not a readable kubeconfig ({type(error).__name__}: {error})")
+        )
+        raise OperatorConfigError(
+            f"no Kubernetes credentials: not in a pod ({in_cluster.rstrip('.')}) and no usable kubeconfig "
+            f"({where}): {reason}"
+        ) from error
 
 
 def operator_registry(context):
@@ -77,14 +198,20 @@ def operator_command(args: argparse.Namespace) -> int:
     from keyorder_operator.kube import Kube
     from keyorder_operator.reconcile import OperatorContext
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+        check_operator_args(args)
+        load_kubernetes_credentials()
+    except OperatorConfigError as error:
+        print(f"keyorder operator: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_operator_logging(args.log_level, args.log_format)
     context = OperatorContext(kube=Kube(kubernetes.client.ApiClient()), tick_seconds=args.tick)
     registry = operator_registry(context)
-    start_http_server(args.metrics_port, registry=context.metrics.registry)
+    try:
+        start_http_server(args.metrics_port, registry=context.metrics.registry)
+    except OSError as error:
+        print(f"keyorder operator: cannot serve metrics on port {args.metrics_port}: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     kopf.run(
         registry=registry,
         clusterwide=not args.namespace,

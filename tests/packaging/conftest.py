@@ -50,6 +50,30 @@ VALUES_SETS: dict[str, dict[str, Any]] = {
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
     },
+    "customised": {
+        "commonLabels": {"team": "payments", "cost-center": "42"},
+        "replicaCount": 2,
+        "peering": {"enabled": True},
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"},
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "keyorder-operator"}},
+            },
+        ],
+        "extraVolumes": [{"name": "kafka-ca", "configMap": {"name": "kafka-ca"}}],
+        "extraVolumeMounts": [{"name": "kafka-ca", "mountPath": "/etc/kafka-ca", "readOnly": True}],
+        "operator": {
+            "logFormat": "json",
+            "extraEnv": [
+                {"name": "HTTPS_PROXY", "valueFrom": {"secretKeyRef": {"name": "proxy", "key": "url"}}},
+                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "TZ", "value": "UTC"},
+            ],
+        },
+    },
     "minimal": {
         "rbac": {"create": False},
         "serviceAccount": {"create": False, "name": "existing"},

@@ -25,13 +25,20 @@ If the release name already contains the chart name, it is used as is.
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Labels of every object of the release. */}}
+{{/* Labels of every object of the release (commonLabels last: they may not replace the chart's own). */}}
 {{- define "keyorder-operator.labels" -}}
 helm.sh/chart: {{ include "keyorder-operator.chart" . }}
 {{ include "keyorder-operator.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: keyorder
+app.kubernetes.io/component: operator
+{{- range $key, $value := .Values.commonLabels }}
+{{- if hasPrefix "app.kubernetes.io/" $key }}
+{{- fail (printf "commonLabels: %s is set by the chart; choose another label" $key) }}
+{{- end }}
+{{ $key }}: {{ $value | quote }}
+{{- end }}
 {{- end }}
 
 {{/* Labels that select the operator's pods (never change them: Deployment selectors are immutable). */}}

