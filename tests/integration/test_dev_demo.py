@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -25,7 +26,8 @@ def test_quick_demo_scales_out_then_workers_then_in_with_every_order_in_sequence
     assert report["peak"]["workers_per_pod"] > initial, "did not raise workers at the cap"
     reasons = [decision["reason"] for decision in report["decisions"]]
     first_worker_change = next(i for i, reason in enumerate(reasons) if "workers/pod" in reason)
-    assert any(f"\u2192{partitions}" in reason for reason in reasons[:first_worker_change]), (
+    reached_cap = re.compile(rf"replicas \d+\u2192{partitions}\b")
+    assert any(reached_cap.search(reason) for reason in reasons[: first_worker_change + 1]), (
         f"workers grew before the pods reached the partition count: {reasons}"
     )
     assert report["spike_drained_seconds"] is not None
@@ -35,3 +37,40 @@ def test_quick_demo_scales_out_then_workers_then_in_with_every_order_in_sequence
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
     comparison = report["static_comparison"]
     assert comparison and comparison["rate"] > 0
+    right_sized = report["right_sized_comparison"]
+    peak = report["peak"]
+    assert (right_sized["pods"], right_sized["workers_per_pod"]) == (peak["replicas"], peak["workers_per_pod"])
+    assert right_sized["spike_drained_seconds"] > 0
+
+
+def test_hot_key_and_poison_key_scenarios_report_the_limit_and_the_dead_letters(tmp_path):
+    """`keyorder dev --hot-key-share --poison-key`: the run says which limit it hit, dead-letters
+    exactly the poison events after their retries, and every other order stays in sequence."""
+    command = [sys.executable, "-m", "keyorder.cli", "dev", "--quick", "--no-ui", "--no-compare"]
+    command += ["--spike", "6000", "--latency-min-ms", "1", "--latency-max-ms", "2", "--keys", "300"]
+    command += ["--hot-key-share", "0.6", "--poison-key", "--target-drain-seconds", "2", "--output-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=380)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    kinds = {limit["kind"] for limit in report["limits"]}
+    assert "hot_key" in kinds, report["limits"]
+    assert any("key 'order-hot'" in limit["message"] for limit in report["limits"])
+    assert "limit at" in result.stdout and "key 'order-hot' holds" in result.stdout
+    assert report["poison_events"] > 0 and report["dead_letters"] == report["poison_events"]
+    assert report["audit"]["order_violations"] == 0 and report["audit"]["lost_events"] == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--hot-key-share", "1.5"], "--hot-key-share must be between 0 and 0.95, got 1.5"),
+        (["--keys", "0"], "--keys must be at least 1, got 0"),
+        (["--handler", "no-colon"], "--handler must look like package.module:function, got 'no-colon'"),
+    ],
+)
+def test_bad_flags_are_refused_in_one_line(flags, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "keyorder.cli", "dev", "--no-ui", *flags], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stdout.strip() == f"keyorder dev: error: {message}"

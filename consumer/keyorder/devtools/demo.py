@@ -507,6 +507,8 @@ def dev_command(args: argparse.Namespace) -> int:
                 if drained_at is not None and peak.replicas > 1 and target.capacity <= peak.capacity / 4:
                     scaled_in_at = round(elapsed, 1)
                     break
+                if drained_at is not None and peak == Size(1, options.initial_workers):
+                    break  # drained without scaling (a limit held it, or the spike was small): nothing to scale in
                 if blocked_polls >= 5:  # a blocked key pins the lag: nothing more to see
                     break
         finally:
