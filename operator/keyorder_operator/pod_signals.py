@@ -62,6 +62,12 @@ class PodSignals:
     busiest: BusiestLane | None = None
     """The longest lane over all pods."""
     held: tuple[HeldPartition, ...] = ()
+    executor: str = "thread"
+    """``thread``, ``async`` or ``process`` (``mixed`` while pods differ, e.g. during a rollout)."""
+    cpu_cores: float = 0.0
+    """Cores the pods may use, summed (0: not reported)."""
+    cpu_seconds_total: float = 0.0
+    """CPU the pods used since they started (their worker processes included), summed."""
 
     @property
     def busiest_share(self) -> float:
@@ -73,9 +79,19 @@ class PodSignals:
         """Lag on partitions whose commit a blocked key pins: no amount of pods can drain it."""
         return sum(held.lag for held in self.held if held.blocked)
 
-    def totals(self) -> tuple[int, float, int, int]:
+    @property
+    def cores_per_pod(self) -> float:
+        return self.cpu_cores / self.pods if self.pods else 0.0
+
+    def totals(self) -> tuple[int, float, int, int, float]:
         """What the policy keeps to turn the next report into interval figures."""
-        return (self.handler_calls_total, self.handler_seconds_total, self.rebalances_total, self.pods)
+        return (
+            self.handler_calls_total,
+            self.handler_seconds_total,
+            self.rebalances_total,
+            self.pods,
+            self.cpu_seconds_total,
+        )
 
 
 def _int(report: Mapping[str, Any], name: str) -> int:
@@ -108,6 +124,12 @@ def parse_report(report: Any) -> dict[str, Any]:
     return report
 
 
+def _number(report: Mapping[str, Any], name: str) -> float:
+    """An optional non-negative number (0 when a pod does not report it)."""
+    value = report.get(name)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else 0.0
+
+
 def _where(topic: Any, partition: Any) -> str:
     return f"{topic}[{partition}]"
 
@@ -137,7 +159,11 @@ def combine(reports: Sequence[Mapping[str, Any]]) -> PodSignals | None:
                         lag=int(part.get("lag") or 0),
                     )
                 )
+    executors = {str(report.get("executor") or "thread") for report in reports}
     return PodSignals(
+        executor=executors.pop() if len(executors) == 1 else "mixed",
+        cpu_cores=sum(_number(report, "cpuCores") for report in reports),
+        cpu_seconds_total=sum(_number(report, "cpuSecondsTotal") for report in reports),
         pods=len(reports),
         workers=sum(report["workers"] for report in reports),
         busy=sum(report["workersBusy"] for report in reports),

@@ -31,7 +31,10 @@ The algorithm, in order:
    add nothing: that is the parallelism bound); ``ordering:
    partition`` (one worker per partition is all that helps); lag on only some partitions (with
    ``limit_to_partitions_with_lag``, like KEDA's option); workers idle with lag on two polls in a
-   row (the limit is before the workers: fetching, CPU or the broker).
+   row (the limit is before the workers: fetching, CPU or the broker); the CPU: a process
+   executor gains nothing from more workers than its pod's cores, and a thread or async one
+   whose pods use up their one core (the GIL) gains nothing from more workers per pod (more pods
+   still help, up to the partitions).
 6. **Shape**: pods first, each with the initial worker count, up to min(max replicas,
    partitions); only at that cap do workers per pod grow. Shrinking walks back the same path.
 7. **Activation and zero**: below ``activation_lag`` only what keeps up with arrivals, but any
@@ -103,10 +106,11 @@ class LimitKind(StrEnum):
     PARTITION_ORDERING = "partition_ordering"
     PARTITIONS_WITH_LAG = "partitions_with_lag"
     IDLE_WORKERS = "idle_workers"
+    CPU = "cpu"
 
     @property
     def reason(self) -> str:
-        return "".join(part.capitalize() for part in self.value.split("_"))
+        return "CpuBound" if self is LimitKind.CPU else "".join(part.capitalize() for part in self.value.split("_"))
 
 
 @dataclass(frozen=True)
@@ -160,8 +164,10 @@ class ScalingState:
     """The last clean per-worker measurements (the rate is their median)."""
     settled: bool = True
     """False right after a resize: the next drain rate still reflects the old size."""
-    pod_totals: tuple[int, float, int, int] | None = None
-    """The pods' ``(handler calls, handler seconds, rebalances, pods)`` at the last poll."""
+    pod_totals: tuple[int, float, int, int, float] | None = None
+    """The pods' ``(handler calls, handler seconds, rebalances, pods, CPU seconds)`` at the last poll."""
+    pod_totals_at: float | None = None
+    """When ``pod_totals`` were read (for the CPU rate)."""
     idle_polls: int = 0
     """Polls in a row with lag and idle workers."""
     failed_observations: int = 0
@@ -234,21 +240,30 @@ def replica_cap(limits: ScalingLimits, partitions: int) -> int:
     return max(cap, limits.min_replicas, 1)
 
 
-def shape(capacity: int, limits: ScalingLimits, partitions: int, max_replicas: int | None = None) -> Size:
+def shape(
+    capacity: int,
+    limits: ScalingLimits,
+    partitions: int,
+    max_replicas: int | None = None,
+    max_workers_per_pod: int | None = None,
+) -> Size:
     """Pods first (with the initial workers), up to the partition cap; then workers per pod."""
     cap = replica_cap(limits, partitions)
     if max_replicas is not None:
         cap = max(min(cap, max_replicas), limits.min_replicas, 1)
-    workers = min(max(limits.initial_workers, limits.min_workers), limits.max_workers)
+    most_workers = limits.max_workers
+    if max_workers_per_pod is not None:
+        most_workers = max(min(most_workers, max_workers_per_pod), limits.min_workers)
+    workers = min(max(limits.initial_workers, limits.min_workers), most_workers)
     replicas = max(math.ceil(capacity / workers), limits.min_replicas)
     if replicas <= cap:
         return Size(replicas, workers)
-    workers = min(max(math.ceil(capacity / cap), workers), limits.max_workers)
+    workers = min(max(math.ceil(capacity / cap), workers), most_workers)
     return Size(cap, workers)
 
 
 # -- step 3: one worker's rate ------------------------------------------------------------------------
-def handler_seconds(pods: PodSignals | None, previous: tuple[int, float, int, int] | None) -> float | None:
+def handler_seconds(pods: PodSignals | None, previous: tuple[int, float, int, int, float] | None) -> float | None:
     """Mean handler time per call: over the interval when enough calls ran in it, else since the pods started."""
     if pods is None:
         return None
@@ -361,6 +376,9 @@ class Bound:
     capacity: int | None = None
     replicas: int | None = None
     limited: Limited | None = None
+    workers_per_pod: int | None = None
+    """CPU: more workers per pod add nothing (more pods still may)."""
+    cpu_use: float | None = None
 
 
 def bounds(observation: Observation, limits: ScalingLimits, state: ScalingState, needed: int, idle_polls: int) -> Bound:
@@ -411,6 +429,37 @@ def bounds(observation: Observation, limits: ScalingLimits, state: ScalingState,
             f"while the lag is {lag}: the limit is before the workers (fetching, CPU or the broker)"
         )
         return Bound(capacity=current.capacity, limited=Limited(LimitKind.IDLE_WORKERS, message))
+    return Bound()
+
+
+CPU_BUSY_SHARE = 0.85
+"""A pod using this share of the cores its executor can use is CPU-bound."""
+
+
+def cpu_use(observation: Observation, state: ScalingState, now: float) -> float | None:
+    """Cores the pods used per pod over the interval (``None``: not measurable)."""
+    pods, previous = observation.pods, state.pod_totals
+    if pods is None or previous is None or len(previous) < 5 or state.pod_totals_at is None or not pods.pods:
+        return None
+    seconds = now - state.pod_totals_at
+    used = pods.cpu_seconds_total - previous[4]
+    if seconds <= 0 or used < 0 or not pods.cpu_cores:
+        return None
+    return used / seconds / pods.pods
+
+
+def cpu_bound(observation: Observation, limits: ScalingLimits, state: ScalingState, now: float) -> Bound:
+    """CPU bounds on workers per pod: a process executor gains nothing beyond the pod's cores; a
+    thread or async one nothing beyond one core (the GIL) once its pods use it up."""
+    pods = observation.pods
+    if pods is None or not pods.cpu_cores:
+        return Bound()
+    cores = pods.cores_per_pod
+    if pods.executor == "process":
+        return Bound(workers_per_pod=max(math.ceil(cores), 1))
+    used = cpu_use(observation, state, now)
+    if pods.executor in ("thread", "async") and used is not None and used >= CPU_BUSY_SHARE * min(cores, 1.0):
+        return Bound(workers_per_pod=state.current.workers, cpu_use=used)
     return Bound()
 
 
@@ -485,6 +534,24 @@ def _describe(before: Size, after: Size, observation: Observation, limits: Scali
     return f"scaled {', '.join(changes)}: {facts}"
 
 
+def _cpu_limit(observation: Observation, cpu: Bound, size: Size) -> Limited:
+    pods = observation.pods
+    cores = pods.cores_per_pod if pods else 0.0
+    if cpu.cpu_use is None:
+        message = (
+            f"scaling cannot help beyond {size.replicas} pods x {size.workers} workers: the process executor "
+            f"gains nothing from more workers than each pod's {cores:g} cores"
+        )
+    else:
+        message = (
+            f"scaling cannot help beyond {size.replicas} pods x {size.workers} workers: the pods use "
+            f"{cpu.cpu_use:.2f} of their {cores:g} cores with a {pods.executor if pods else 'thread'} executor "
+            "(one core at most, the GIL); more workers per pod will not help (use --executor process or more "
+            "partitions)"
+        )
+    return Limited(LimitKind.CPU, message)
+
+
 def _kept(state: ScalingState, reason: str, new_state: ScalingState) -> Decision:
     return Decision(before=state.current, target=state.current, reason=reason, state=new_state)
 
@@ -514,14 +581,14 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         return _kept(
             state,
             f"paused: keeping {current.replicas} replicas x {current.workers} workers (lag {observation.lag})",
-            replace(state, failed_observations=0, pod_totals=totals, settled=False),
+            replace(state, failed_observations=0, pod_totals=totals, pod_totals_at=now, settled=False),
         )
     if rebalancing(observation, state):
         held = _kept(
             state,
             f"pods rebalancing: keeping {current.replicas} replicas x {current.workers} workers until they "
             f"report again (lag {observation.lag})",
-            replace(state, failed_observations=0, pod_totals=totals),
+            replace(state, failed_observations=0, pod_totals=totals, pod_totals_at=now),
         )
         return replace(held, limited=state.limit)
     partitions = observation.partitions
@@ -547,7 +614,12 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         bound = bounds(observation, limits, state, needed, idle_polls)
         if bound.capacity is not None:
             needed = min(needed, bound.capacity)
-        recommended = shape(needed, limits, partitions, max_replicas=bound.replicas)
+        cpu = cpu_bound(observation, limits, state, now)
+        recommended = shape(
+            needed, limits, partitions, max_replicas=bound.replicas, max_workers_per_pod=cpu.workers_per_pod
+        )
+        if bound.limited is None and cpu.workers_per_pod is not None and recommended.capacity < needed:
+            bound = replace(bound, limited=_cpu_limit(observation, cpu, recommended))
         if limits.partition_ordering:
             useful = max(math.ceil(partitions / max(recommended.replicas, 1)), limits.min_workers)
             recommended = Size(recommended.replicas, min(recommended.workers, max(useful, 1)))
@@ -572,6 +644,7 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         rate_samples=samples,
         recommendations=(*history, (now, recommended.replicas, recommended.workers)),
         pod_totals=totals,
+        pod_totals_at=now if totals is not None else None,
         idle_polls=idle_polls,
         failed_observations=0,
         replica_changes=changes,

@@ -89,7 +89,18 @@ def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replica
         per_worker_rate=memory.get("perWorkerRate"),
         rate_samples=tuple(memory.get("rateSamples") or ()),
         settled=memory.get("settled", True),
-        pod_totals=(int(totals[0]), float(totals[1]), int(totals[2]), int(totals[3])) if totals else None,
+        pod_totals=(
+            (
+                int(totals[0]),
+                float(totals[1]),
+                int(totals[2]),
+                int(totals[3]),
+                float(totals[4] if len(totals) > 4 else 0),
+            )
+            if totals
+            else None
+        ),
+        pod_totals_at=memory.get("podTotalsAt"),
         idle_polls=int(memory.get("idlePolls") or 0),
         failed_observations=int(memory.get("failedObservations") or 0),
         replica_changes=tuple((float(at), int(replicas)) for at, replicas in memory.get("replicaChanges") or ()),
@@ -114,6 +125,7 @@ def state_to_status(state: ScalingState) -> dict[str, Any]:
         "rateSamples": list(state.rate_samples),
         "settled": state.settled,
         "podTotals": list(state.pod_totals) if state.pod_totals else None,
+        "podTotalsAt": state.pod_totals_at,
         "idlePolls": state.idle_polls,
         "failedObservations": state.failed_observations,
         "replicaChanges": [list(item) for item in state.replica_changes],

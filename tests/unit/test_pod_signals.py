@@ -38,7 +38,7 @@ def test_reports_are_summed_and_the_longest_lane_wins():
     assert signals.busiest_share == pytest.approx(900 / 1760)
     assert signals.blocked_lag == 2_000, "only the blocked partition's lag is pinned; a retrying one drains"
     assert [(held.where, held.blocked) for held in signals.held] == [("orders[4]", True), ("orders[5]", False)]
-    assert signals.totals() == (2_000, 20.0, 2, 2)
+    assert signals.totals() == (2_000, 20.0, 2, 2, 0.0)
 
 
 def test_no_report_is_no_signal():

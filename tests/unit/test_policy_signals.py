@@ -48,6 +48,9 @@ def pods(
     held: tuple[HeldPartition, ...] = (),
     ordering: str = "key",
     inflight: int | None = None,
+    executor: str = "thread",
+    cores: float = 0.0,
+    cpu_seconds: float = 0.0,
 ) -> PodSignals:
     """``replicas`` pods reporting ``workers`` workers each (busy, with keys waiting, by default)."""
     total = replicas * workers
@@ -65,6 +68,9 @@ def pods(
         partitions_assigned=12,
         busiest=busiest,
         held=held,
+        executor=executor,
+        cpu_cores=cores * replicas,
+        cpu_seconds_total=cpu_seconds,
     )
 
 
@@ -327,3 +333,30 @@ def test_scale_down_rate_limit_percent():
         Observation(lag=0, partitions=12, pods=pods(8, 16, ready=0)), limits, ScalingState(Size(8, 16)), 0
     )
     assert decision.target.replicas == 4
+
+
+def test_a_process_executor_gets_no_more_workers_than_its_cores():
+    """Process workers beyond a pod's cores add nothing: 4 partitions x 2 cores is the most that
+    helps, whatever the backlog; the limit says so."""
+    limits = replace(LIMITS, initial_workers=1)
+    observation = Observation(lag=6_000_000, partitions=4, pods=pods(1, 1, executor="process", cores=2.0))
+    decision = decide(observation, limits, ScalingState(Size(1, 1)), 0)
+    assert decision.target == Size(4, 2)
+    assert decision.limited is not None and decision.limited.kind is LimitKind.CPU
+    assert decision.limited.kind.reason == "CpuBound"
+    assert "each pod's 2 cores" in decision.limited.message
+
+
+def test_a_cpu_bound_thread_executor_grows_pods_not_workers():
+    """Pods using 0.95 of a core with threads (the GIL): more threads per pod cannot help; more
+    pods can, up to the partitions; then the limit says so."""
+    before = pods(2, 16, cores=4.0, cpu_seconds=100.0)
+    state = ScalingState(Size(2, 16), pod_totals=before.totals(), pod_totals_at=0.0, per_worker_rate=100.0)
+    busy = pods(2, 16, cores=4.0, cpu_seconds=100.0 + 2 * 0.95 * 15, calls=110_000)
+    observation = Observation(lag=12_000_000, partitions=4, drain_rate=3_200.0, pods=busy)
+    decision = decide(observation, LIMITS, state, 15.0)
+    assert decision.target == Size(4, 16), "pods grow to the partitions; workers per pod stay"
+    assert decision.limited is not None and decision.limited.kind is LimitKind.CPU
+    assert "use 0.95 of their 4 cores with a thread executor" in decision.limited.message
+    idle_cpu = replace(observation, pods=pods(2, 16, cores=4.0, cpu_seconds=100.0 + 2 * 0.2 * 15, calls=110_000))
+    assert decide(idle_cpu, LIMITS, state, 15.0).target.workers > 16, "CPU to spare: workers grow"
