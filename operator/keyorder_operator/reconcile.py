@@ -159,7 +159,7 @@ class OperatorMetrics:
         )
         self.scaling_limited = Gauge(
             "keyorder_operator_scaling_limited",
-            "1 while scaling cannot help, by reason (hot_key, blocked_key, partition_ordering, "
+            "1 while scaling cannot help, by reason (hot_key, blocked_key, partition_ordering, cpu, "
             "partitions_with_lag, idle_workers).",
             [*labels, "reason"],
             registry=self.registry,
