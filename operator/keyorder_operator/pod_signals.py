@@ -28,6 +28,19 @@ class BusiestLane:
     where: str
     """``topic[partition]`` of the lane's head."""
     backlog: int
+    partition_inflight: int = 0
+    """Messages the same pod holds from that partition (the window the backlog was seen in)."""
+    partition_lag: int = 0
+    """That partition's lag as the pod sees it."""
+
+    @property
+    def estimated_backlog(self) -> int:
+        """The key's backlog in the whole partition, assuming the pod's window is representative of
+        what is behind it: the pod looks ahead only so far (its in-flight bound), so a hot key is
+        usually much longer than the part the pod holds."""
+        if self.partition_inflight <= 0 or self.partition_lag <= self.partition_inflight:
+            return self.backlog
+        return max(self.backlog, round(self.backlog / self.partition_inflight * self.partition_lag))
 
 
 @dataclass(frozen=True)
@@ -144,10 +157,20 @@ def combine(reports: Sequence[Mapping[str, Any]]) -> PodSignals | None:
     for report in reports:
         lane = report.get("busiestLane")
         if isinstance(lane, dict) and lane.get("backlog", 0) > (busiest.backlog if busiest else 0):
+            home: Mapping[str, Any] = next(
+                (
+                    part
+                    for part in report["partitions"]
+                    if (part.get("topic"), part.get("partition")) == (lane.get("topic"), lane.get("partition"))
+                ),
+                {},
+            )
             busiest = BusiestLane(
                 key=str(lane.get("key")),
                 where=_where(lane.get("topic"), lane.get("partition")),
                 backlog=lane["backlog"],
+                partition_inflight=int(home.get("inflight") or 0),
+                partition_lag=int(home.get("lag") or 0),
             )
         for part in report["partitions"]:
             state = part.get("minOffsetHeld")

@@ -28,7 +28,8 @@ The algorithm, in order:
 5. **Bounds: when scaling cannot help**, the size stops where it helps and the decision says why
    (``Limited``): a blocked key holding the lag; one hot key holding most of the pods' queue (the
    drain takes at least its backlog x the handler time, so workers beyond queue / longest lane
-   add nothing: that is the parallelism bound); ``ordering:
+   add nothing: that is the parallelism bound), or whose estimated backlog alone takes longer
+   than the target (then the rest of the backlog is sized to drain in that time, not faster); ``ordering:
    partition`` (one worker per partition is all that helps); lag on only some partitions (with
    ``limit_to_partitions_with_lag``, like KEDA's option); workers idle with lag on two polls in a
    row (the limit is before the workers: fetching, CPU or the broker); the CPU: a process
@@ -54,7 +55,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from keyorder_operator.pod_signals import PodSignals
+from keyorder_operator.pod_signals import BusiestLane, PodSignals
 
 
 class RateKind(StrEnum):
@@ -381,6 +382,17 @@ class Bound:
     cpu_use: float | None = None
 
 
+def hot_key_horizon(observation: Observation, handler_time: float | None, limits: ScalingLimits) -> float | None:
+    """Seconds the busiest key needs on its own (its estimated backlog x the handler time), when
+    that is longer than the target: no size drains the backlog sooner, so sizing for the target
+    would add pods and workers that only wait for that key."""
+    pods = observation.pods
+    if pods is None or pods.busiest is None or not handler_time:
+        return None
+    seconds = pods.busiest.estimated_backlog * handler_time
+    return seconds if seconds > limits.target_drain_seconds else None
+
+
 def bounds(observation: Observation, limits: ScalingLimits, state: ScalingState, needed: int, idle_polls: int) -> Bound:
     """The first bound that binds, in order: blocked key, hot key, partition ordering, partitions
     with lag, idle workers (``Bound()`` when scaling can help)."""
@@ -534,6 +546,17 @@ def _describe(before: Size, after: Size, observation: Observation, limits: Scali
     return f"scaled {', '.join(changes)}: {facts}"
 
 
+def _hot_key_horizon_limit(
+    busiest: BusiestLane, horizon: float, handler_time: float | None, limits: ScalingLimits
+) -> Limited:
+    message = (
+        f"scaling cannot help: key '{busiest.key}' holds about {busiest.estimated_backlog} messages on "
+        f"{busiest.where}, {duration(horizon)} at {1000 * (handler_time or 0):.1f} ms each, longer than the "
+        f"{duration(limits.target_drain_seconds)} target; the rest of the backlog is sized to drain in that time"
+    )
+    return Limited(LimitKind.HOT_KEY, message)
+
+
 def _cpu_limit(observation: Observation, cpu: Bound, size: Size) -> Limited:
     pods = observation.pods
     cores = pods.cores_per_pod if pods else 0.0
@@ -611,7 +634,17 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         bound = bounds(observation, limits, state, recommended.capacity, idle_polls)
     else:
         needed = max(required_capacity(lag, observation, current, per_worker, limits), 1)
+        horizon = hot_key_horizon(observation, handler_time, limits)
+        if horizon is not None:
+            for_horizon = replace(limits, target_drain_seconds=horizon)
+            within_horizon = max(required_capacity(lag, observation, current, per_worker, for_horizon), 1)
+            if within_horizon < needed:  # the key's own time is what bounds the drain: size for it
+                needed = within_horizon
+            else:
+                horizon = None
         bound = bounds(observation, limits, state, needed, idle_polls)
+        if horizon is not None and bound.limited is None and observation.pods and observation.pods.busiest:
+            bound = Bound(limited=_hot_key_horizon_limit(observation.pods.busiest, horizon, handler_time, limits))
         if bound.capacity is not None:
             needed = min(needed, bound.capacity)
         cpu = cpu_bound(observation, limits, state, now)

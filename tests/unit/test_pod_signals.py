@@ -61,3 +61,12 @@ def test_a_bad_report_names_the_field(change, message):
         parse_report({**REPORT, **change})
     with pytest.raises(BadPodReport, match="expected a JSON object, got list"):
         parse_report([])
+
+
+def test_the_busiest_key_is_estimated_over_its_whole_partition():
+    """500 of the pod's 600 in-flight messages from orders[3] are one key and the partition's lag is
+    7,000: the key holds about 5,833 of them (the pod's look-ahead window stands for the rest)."""
+    signals = combine([parse_report(REPORT)])
+    assert signals is not None and signals.busiest is not None
+    assert (signals.busiest.partition_inflight, signals.busiest.partition_lag) == (600, 7_000)
+    assert signals.busiest.estimated_backlog == 5_833

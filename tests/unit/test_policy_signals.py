@@ -360,3 +360,23 @@ def test_a_cpu_bound_thread_executor_grows_pods_not_workers():
     assert "use 0.95 of their 4 cores with a thread executor" in decision.limited.message
     idle_cpu = replace(observation, pods=pods(2, 16, cores=4.0, cpu_seconds=100.0 + 2 * 0.2 * 15, calls=110_000))
     assert decide(idle_cpu, LIMITS, state, 15.0).target.workers > 16, "CPU to spare: workers grow"
+
+
+def test_a_hot_key_longer_than_the_target_sizes_the_rest_for_its_time():
+    """The pod holds 1,000 messages of one key among 2,500 in flight from a partition whose lag is
+    250,000: about 100,000 messages of that key, 1,000 s at 10 ms each. No size drains the backlog
+    sooner, so the 3,000,000 are sized to drain in those 1,000 s (38 workers at 80 msg/s: 3 pods),
+    not in the 300 s target (125 workers: 8 pods)."""
+    hot = BusiestLane(key="acct-17", where="orders[3]", backlog=1_000, partition_inflight=2_500, partition_lag=250_000)
+    signals = pods(1, 16, ready=20, queued=10_000, busiest=hot)
+    observation = Observation(lag=3_000_000, partitions=12, pods=signals)
+    assert hot.estimated_backlog == 100_000
+    decision = decide(observation, LIMITS, ScalingState(Size(1, 16)), 0)
+    without = decide(replace(observation, pods=replace(signals, busiest=None)), LIMITS, ScalingState(Size(1, 16)), 0)
+    assert without.target == Size(8, 16)
+    assert decision.target == Size(3, 16)
+    assert decision.limited is not None and decision.limited.kind is LimitKind.HOT_KEY
+    assert decision.limited.message == (
+        "scaling cannot help: key 'acct-17' holds about 100000 messages on orders[3], 16.7 min at 10.0 ms each, "
+        "longer than the 5.0 min target; the rest of the backlog is sized to drain in that time"
+    )
