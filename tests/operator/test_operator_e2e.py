@@ -7,6 +7,7 @@ itself writes (objects, ownerReferences, replicas, status, Events) is.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import pytest
@@ -82,12 +83,39 @@ def events(kube, reason: str) -> list[str]:
     return [event.get("message", "") for event in kube.list("v1/events", "default") if event.get("reason") == reason]
 
 
+@contextlib.contextmanager
+def rollout_reported_done(kube, name: str):
+    """A stand-in for the Deployment controller (a fake, named as one): reports every replica of
+    Deployment ``name`` updated and ready, as pods of an older release would be that run but send
+    no scaling report. The operator then grows stepwise, doubling per poll."""
+    stop = threading.Event()
+
+    def report() -> None:
+        while not stop.wait(0.2):
+            with contextlib.suppress(Exception):  # the emulator stops at the end of the test
+                deployment = kube.get("apps/v1/deployments", name)
+                if deployment is None:
+                    continue
+                wanted = deployment["spec"].get("replicas") or 0
+                status = {"replicas": wanted, "readyReplicas": wanted, "updatedReplicas": wanted}
+                if {key: (deployment.get("status") or {}).get(key) for key in status} != status:
+                    kube.patch("apps/v1/deployments", name, {"status": status}, subresource="status")
+
+    thread = threading.Thread(target=report, name=f"rollout-{name}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
 def test_owned_objects_then_scale_out_to_the_partition_cap_then_workers_then_back(kube, broker):
     topic = "okc-scale"
     create_topics(broker.bootstrap, [topic], 4)
     produced = produce_keyed(broker.bootstrap, topic, 4_000, 100, extra_config=EXACT_END_OFFSETS)
     commit_group(broker.bootstrap, f"g-{topic}", topic, dict.fromkeys(range(4), 0))
-    with operator(kube.url):
+    with operator(kube.url), rollout_reported_done(kube, "ledger"):
         created = kube.create(CR, consumer_resource("ledger", broker.bootstrap, topic))
         uid = created["metadata"]["uid"]
         for resource, name in (

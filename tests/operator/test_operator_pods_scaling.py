@@ -104,7 +104,8 @@ def test_a_hot_key_stops_at_the_bound_with_scaling_limited(kube, broker, tmp_pat
             assert not kubelet.crashed(), kubelet.crashed()
     limited = condition_entry(resource_now, "ScalingLimited")
     assert limited["status"] == "True" and limited["reason"] == "HotKey", limited
-    assert f"key '{key_name(0)}' holds" in limited["message"] and "bound" in limited["message"]
+    assert f"key '{key_name(0)}' holds" in limited["message"], limited["message"]
+    assert "bound" in limited["message"] or "longer than the 4 s target" in limited["message"], limited["message"]
     assert any(f"key '{key_name(0)}'" in message for message in events(kube, "ScalingLimited"))
     peak = max(replicas * workers for _, replicas, workers in record)
     assert peak <= 2 * 4, (
