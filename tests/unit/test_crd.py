@@ -48,7 +48,7 @@ def walk(node, path="spec"):
 def test_schema_is_structural():
     schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     for path, node in walk(schema):
-        assert "type" in node, f"{path} has no type"
+        assert "type" in node or node.get("x-kubernetes-int-or-string") is True, f"{path} has no type"
         assert not {"$ref", "anyOf", "oneOf", "allOf", "title"} & set(node), f"{path} is not structural"
         assert node.get("additionalProperties") is not False, path
     assert yaml.safe_load(crd_yaml())["kind"] == "CustomResourceDefinition"
