@@ -13,8 +13,8 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# --- builder: wheels for keyorder and its pinned dependencies, installed into /opt/keyorder ----
-FROM ${PYTHON_IMAGE} AS builder
+# --- dependencies: wheels of the pinned dependencies (a layer cache survives source changes) --
+FROM ${PYTHON_IMAGE} AS dependencies
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
@@ -23,6 +23,13 @@ COPY requirements/ requirements/
 RUN python -m pip install --no-deps -r requirements/build.txt
 # Binary wheels only: a dependency that would need a compiler fails the build instead of pulling one in.
 RUN python -m pip wheel --no-deps --only-binary=:all: -r requirements/image.txt -w /wheels/runtime
+
+# --- catchup-dependencies: + PySpark and its dependencies (PySpark is an sdist: built here) ----
+FROM dependencies AS catchup-dependencies
+RUN python -m pip wheel --no-deps --no-build-isolation -r requirements/catchup.txt -w /wheels/catchup
+
+# --- builder: keyorder's wheel and a venv of it with its dependencies in /opt/keyorder ---------
+FROM dependencies AS builder
 COPY pyproject.toml README.md ./
 COPY consumer/ consumer/
 COPY operator/ operator/
@@ -33,10 +40,10 @@ RUN python -m venv /opt/keyorder \
     && /opt/keyorder/bin/pip check \
     && /opt/keyorder/bin/keyorder --version
 
-# --- catchup-builder: the same venv plus PySpark (an sdist: built here, where setuptools is) ---
+# --- catchup-builder: the same venv plus PySpark ---------------------------------------------
 FROM builder AS catchup-builder
-RUN python -m pip wheel --no-deps --no-build-isolation -r requirements/catchup.txt -w /wheels/catchup \
-    && /opt/keyorder/bin/pip install --no-deps --no-index /wheels/catchup/*.whl \
+COPY --from=catchup-dependencies /wheels/catchup /wheels/catchup
+RUN /opt/keyorder/bin/pip install --no-deps --no-index /wheels/catchup/*.whl \
     && /opt/keyorder/bin/pip check
 
 # --- base: what both final images share ------------------------------------------------------

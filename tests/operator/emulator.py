@@ -5,8 +5,9 @@ ignores ``generateName`` and answers a failed JSON-patch ``test`` op with a 500.
 finalizer patch is a JSON-patch that tests ``/metadata/resourceVersion``; its Events use ``generateName``).
 It also has no server-side apply: this one answers ``application/apply-patch+yaml`` PATCHes with SSA's merge
 semantics (``server_side_apply``: removed fields and list items go, lists of the Kubernetes types merge by
-their keys), creating the object when it does not exist, so a test fails when the operator's apply leaves
-a removed env var or port behind.
+their keys), creating the object when it does not exist, and strategic merge patches with their list
+semantics (keyed lists merged, nothing removed), so a test fails when the operator's apply leaves a removed
+env var or port behind, as a client-side patch does on a real API server.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ _WRITES = {kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # as Kubernetes' generateName suffixes
 _CLOSE = object()  # put into the buses to end the watch streams
 APPLY_PATCH = "application/apply-patch+yaml"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 CRD_VERBS = frozenset({"list", "watch", "get", "create", "patch", "update", "delete"})
 
 
@@ -64,8 +66,10 @@ class Emulator(kmock.KubernetesEmulator):
             return await super()._handle(request)
         async with self._write_lock:  # one write at a time: the checks below and the parent's write are atomic
             try:
-                if request.action == kmock.action.UPDATE and self._is_apply(request):
+                if request.action == kmock.action.UPDATE and self._content_type(request) == APPLY_PATCH:
                     self._server_side_apply(request)
+                elif request.action == kmock.action.UPDATE and self._content_type(request) == STRATEGIC_PATCH:
+                    self._strategic_merge(request)
                 elif request.action == kmock.action.CREATE and isinstance(request.data, dict):
                     meta = request.data.get("metadata") or {}
                     self._forget_applied(request.resource, meta.get("namespace") or request.namespace, meta.get("name"))
@@ -77,9 +81,20 @@ class Emulator(kmock.KubernetesEmulator):
                 raise kmock.KubernetesError(422, "Invalid", f"{type(exc).__name__}: {exc}") from exc
 
     @staticmethod
-    def _is_apply(request: kmock.Request) -> bool:
+    def _content_type(request: kmock.Request) -> str:
         content_type = {key.lower(): value for key, value in request.headers.items()}.get("content-type", "")
-        return content_type.split(";")[0].strip() == APPLY_PATCH
+        return content_type.split(";")[0].strip()
+
+    def _strategic_merge(self, request: kmock.Request) -> None:
+        """Turn a strategic merge patch, in place, into the merge patch with its result (lists merged by key)."""
+        live = self._live(request.resource, request.namespace, request.name)
+        if live is None or not isinstance(request.data, dict) or request.subresource is not None:
+            return  # a 404, or a status patch (kopf's): plain merge semantics are close enough
+        merged = server_side_apply.strategic_merge(live.raw, request.data)
+        patch = server_side_apply.merge_patch(live.raw, merged)
+        if "resourceVersion" in (request.data.get("metadata") or {}):  # keep the precondition for _prepare
+            patch.setdefault("metadata", {})["resourceVersion"] = request.data["metadata"]["resourceVersion"]
+        object.__setattr__(request, "data", patch)
 
     def _forget_applied(self, resource: Any, namespace: str | None, name: str | None) -> None:
         for key in [key for key in self.applied if key[:3] == (resource, namespace, name)]:

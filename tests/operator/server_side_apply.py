@@ -1,4 +1,4 @@
-"""Server-side apply's merge semantics, for the API emulator (kmock has no server-side apply).
+"""Server-side apply's and strategic merge patch's list semantics, for the API emulator (kmock has neither).
 
 What the real API server does to an apply by a field manager, reduced to what the operator relies on:
 
@@ -10,6 +10,10 @@ What the real API server does to an apply by a field manager, reduced to what th
   ``mountPath``...), item by item: an item the manager applied last time and leaves out now is
   removed, an item another writer added stays; every other list is atomic (replaced whole);
 * fields nobody applied (e.g. annotations another tool added with a patch) stay.
+
+A strategic merge patch (what a plain ``patch`` of the ``kubernetes`` client sends for a dict) merges lists
+of the Kubernetes types by the same keys and never removes an item it does not name (``strategic_merge``):
+that is why a client-side patch of the whole object leaves removed env vars, ports and volumes behind.
 
 Not imitated: ownership conflicts (the operator always forces) and managedFields. The list keys come
 from the real Kubernetes schemas bundled with kubernetes-validate.
@@ -136,7 +140,10 @@ def _merge(live: Any, applied: Any, schema: Schema) -> Any:
     if isinstance(live, dict) and isinstance(applied, dict):
         result = dict(live)
         for name, value in applied.items():
-            result[name] = _merge(result[name], value, schema.field(name)) if name in result else value
+            if value is None:  # a patch's null deletes (an apply has none)
+                result.pop(name, None)
+            else:
+                result[name] = _merge(result[name], value, schema.field(name)) if name in result else value
         return result
     keys = schema.list_keys()
     if isinstance(live, list) and isinstance(applied, list) and keys:
@@ -160,6 +167,11 @@ def apply(live: dict[str, Any] | None, previous: dict[str, Any] | None, applied:
         return copy.deepcopy(applied)
     base = _remove(copy.deepcopy(live), previous or {}, applied, schema)
     return _merge(base, applied, schema)
+
+
+def strategic_merge(live: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``live`` after a strategic merge patch (without ``$patch`` directives): keyed lists merge item by item."""
+    return _merge(copy.deepcopy(live), patch, Schema.of(live))
 
 
 def merge_patch(before: Any, after: Any) -> Any:
