@@ -36,6 +36,10 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_IMAGE = f"localhost/keyorder-debian:{DEBIAN_SUITE}"
 TARGETS = {"runtime": "localhost/keyorder:dev", "catchup": "localhost/keyorder-catchup:dev"}
 """Dockerfile target -> the local tag it is built as."""
+STORE = Path("/var/lib/containers/storage")
+PRUNE_ABOVE_BYTES = 20 * 1024**3
+"""Each source change leaves about 2 GB of superseded layers; above this, they are pruned after a build
+(the tagged bases stay, so the next build redoes only the Dockerfile's layers)."""
 
 ENV = {**os.environ, "BUILDAH_ISOLATION": "chroot"}
 """chroot isolation: no user namespaces or runc/crun sandbox needed, which a VM or a CI container may lack."""
@@ -154,6 +158,19 @@ def build(target: str, tag: str | None = None) -> str:
     return tag
 
 
+def store_bytes() -> int:
+    done = subprocess.run(["du", "-sb", str(STORE)], capture_output=True, text=True, check=False)
+    return int(done.stdout.split()[0]) if done.returncode == 0 and done.stdout else 0
+
+
+def prune_if_large(limit: int = PRUNE_ABOVE_BYTES) -> bool:
+    """Remove untagged (superseded or cached) images once the store outgrows ``limit``; True if it did."""
+    if store_bytes() <= limit:
+        return False
+    _run(["buildah", "rmi", "--prune"], "pruning superseded image layers")
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.image", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", action="append", choices=sorted(TARGETS), help="repeatable; default: all")
@@ -168,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.base_only:
             for target in args.target or list(TARGETS):
                 print(build(target))
+            if prune_if_large():
+                print("pruned superseded layers (the store had grown above 20 GB)")
     except ImageError as error:
         print(error, file=sys.stderr)
         return 1

@@ -283,6 +283,12 @@ BROKEN = {
     "catch-up trigger below a minute": changed("catchup.triggerDrainSeconds", 30),
     "too many catch-up executors": changed("catchup.executors", 1001),
     "resources not strings": changed("handler.resources", {"requests": {"cpu": {"milli": 500}}}),
+    "env with value and valueFrom": changed(
+        "handler.env", [{"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    ),
+    "a template's securityContext": changed("template", {"spec": {"securityContext": {"runAsUser": 0}}}),
+    "a template's container list": changed("template", {"spec": {"containers": [{"name": "x", "image": "y"}]}}),
+    "tolerations not a list": changed("template", {"spec": {"tolerations": {"key": "a"}}}),
 }
 """Resources both the API server (schema only) and the operator must refuse."""
 
@@ -331,3 +337,62 @@ def test_cross_field_rules_accept_what_the_models_accept(case, schema):
     assert not problems, problems
     assert operator_accepts(ACCEPTED_BY_RULES[case])[0]
     assert parse_spec(stored["spec"]) == parse_spec(ACCEPTED_BY_RULES[case]["spec"])
+
+
+MALFORMED_KUBERNETES_TYPES = {
+    "toleration seconds a word": {"spec": {"tolerations": [{"key": "a", "tolerationSeconds": "soon"}]}},
+    "unknown volume field": {"spec": {"volumes": [{"name": "a", "emptyDir": {}, "hostpth": {"path": "/"}}]}},
+    "volume without a name": {"spec": {"volumes": [{"emptyDir": {}}]}},
+    "affinity of the wrong shape": {"spec": {"affinity": {"nodeAffinity": "anywhere"}}},
+    "pull secret without a name field": {"spec": {"imagePullSecrets": [{"secret": "x"}]}},
+}
+"""Malformed Kubernetes types: the API server refuses them by the embedded real schemas (the operator does
+not restate Kubernetes' own schemas; it would get them refused when it applies the Deployment)."""
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_KUBERNETES_TYPES))
+def test_the_embedded_kubernetes_schemas_refuse_malformed_types(case, schema):
+    stored, problems = admit(changed("template", MALFORMED_KUBERNETES_TYPES[case]), schema)
+    assert stored is None and problems, f"the API server would store {case}"
+
+
+def test_the_full_template_is_valid_kubernetes():
+    """The example's template, as a pod, passes Kubernetes' own (strict) pod schema."""
+    resource = yaml.safe_load((ROOT / "examples" / "orderedconsumer-full.yaml").read_text())
+    template = resource["spec"]["template"]
+    handler = resource["spec"]["handler"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", **template["metadata"]},
+        "spec": {
+            **template["spec"],
+            "containers": [
+                {
+                    "name": "consumer",
+                    "image": handler["image"],
+                    "env": handler["env"],
+                    "envFrom": handler["envFrom"],
+                    "volumeMounts": handler["volumeMounts"],
+                }
+            ],
+        },
+    }
+    kubernetes_validate.validate(pod, KUBERNETES_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "accepted"),
+    [("payments", True), ("a" * 55, True), ("a" * 56, False), ("payments.eu", False), ("Payments", False)],
+)
+def test_the_crd_refuses_a_name_the_operator_cannot_use(name, accepted, schema):
+    resource = minimal()
+    resource["metadata"]["name"] = name
+    stored, problems = admit(resource, schema)
+    assert (stored is not None) is accepted, problems
+    rule_messages = cel_violations(resource, schema)
+    if accepted:
+        assert rule_messages == []
+    else:  # the CEL rule says why, in words (the schema's maxLength and pattern refuse it too)
+        assert any("metadata.name must be at most 55 characters" in message for message in rule_messages)
+    assert (spec.name_problem(name) is None) is accepted

@@ -52,3 +52,11 @@ def test_schema_is_structural():
         assert not {"$ref", "anyOf", "oneOf", "allOf", "title"} & set(node), f"{path} is not structural"
         assert node.get("additionalProperties") is not False, path
     assert yaml.safe_load(crd_yaml())["kind"] == "CustomResourceDefinition"
+
+
+def test_committed_kubernetes_types_match_kubernetes_validates_schemas():
+    from tools import kubernetes_types
+
+    assert kubernetes_types.OUTPUT.read_text() == kubernetes_types.generate(), (
+        "operator/keyorder_operator/kubernetes_types.json is stale: run `make kubernetes-types`"
+    )
