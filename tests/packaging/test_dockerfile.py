@@ -95,6 +95,8 @@ def test_multi_stage_with_the_runtime_as_default_target():
     assert [stage.name for stage in MAIN] == [
         "dependencies",
         "catchup-dependencies",
+        "venv-builder",
+        "catchup-venv-builder",
         "builder",
         "catchup-builder",
         "base",

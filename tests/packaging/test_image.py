@@ -25,7 +25,7 @@ from contextlib import contextmanager, suppress
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from keyorder.devtools.embedded import free_port
+from keyorder.devtools.embedded import FAST_GROUP_JOIN, free_port
 from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tools import image
 
@@ -111,6 +111,7 @@ def test_the_runtime_image_runs_keyorder_as_65532_and_processes_a_topic(images, 
             str(port),
             "--workers",
             "8",
+            *(argument for setting in FAST_GROUP_JOIN for argument in ("--kafka-property", setting)),
         )
         log = tmp_path / "pod.log"
         with log.open("w") as output:  # a file, not a pipe: nobody reads a pipe while the pod runs
