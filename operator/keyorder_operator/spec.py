@@ -73,6 +73,7 @@ OPERATOR_ENV = frozenset(
         "KEYORDER_SHUTDOWN_GRACE",
         "KEYORDER_HTTP_PORT",
         "KEYORDER_ADMIN_TOKEN_FILE",
+        "KEYORDER_EXECUTOR",
         "POD_IP",
     }
 )
