@@ -13,8 +13,8 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# --- builder: wheels for keyorder and its pinned dependencies, installed into /opt/keyorder ----
-FROM ${PYTHON_IMAGE} AS builder
+# --- dependencies: wheels of the pinned dependencies (a layer cache survives source changes) --
+FROM ${PYTHON_IMAGE} AS dependencies
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
@@ -23,21 +23,40 @@ COPY requirements/ requirements/
 RUN python -m pip install --no-deps -r requirements/build.txt
 # Binary wheels only: a dependency that would need a compiler fails the build instead of pulling one in.
 RUN python -m pip wheel --no-deps --only-binary=:all: -r requirements/image.txt -w /wheels/runtime
+
+# --- catchup-dependencies: + PySpark and its dependencies (PySpark is an sdist: built here) ----
+FROM dependencies AS catchup-dependencies
+RUN python -m pip wheel --no-deps --no-build-isolation -r requirements/catchup.txt -w /wheels/catchup
+
+# --- venv-builder: a venv of the dependencies alone in /opt/keyorder (cached across source changes) --
+FROM dependencies AS venv-builder
+RUN python -m venv /opt/keyorder \
+    && /opt/keyorder/bin/pip install --no-deps --no-index /wheels/runtime/*.whl
+
+# --- catchup-venv-builder: the same plus PySpark ---------------------------------------------
+FROM venv-builder AS catchup-venv-builder
+COPY --from=catchup-dependencies /wheels/catchup /wheels/catchup
+RUN /opt/keyorder/bin/pip install --no-deps --no-index /wheels/catchup/*.whl
+
+# --- builder: keyorder's wheel, installed alone under /opt/keyorder-app (the final stages copy it over
+# the venv, so a source change rebuilds a small layer, not the dependencies'), and checked in the venv
+FROM venv-builder AS builder
 COPY pyproject.toml README.md ./
 COPY consumer/ consumer/
 COPY operator/ operator/
 COPY examples/keyorder_example/ examples/keyorder_example/
-RUN python -m pip wheel --no-deps --no-build-isolation . -w /wheels/runtime
-RUN python -m venv /opt/keyorder \
-    && /opt/keyorder/bin/pip install --no-deps --no-index /wheels/runtime/*.whl \
+RUN python -m pip wheel --no-deps --no-build-isolation . -w /wheels/app \
+    && /opt/keyorder/bin/pip install --no-deps --no-index --prefix /opt/keyorder-app /wheels/app/*.whl \
+    && /opt/keyorder/bin/pip install --no-deps --no-index /wheels/app/*.whl \
     && /opt/keyorder/bin/pip check \
     && /opt/keyorder/bin/keyorder --version
 
-# --- catchup-builder: the same venv plus PySpark (an sdist: built here, where setuptools is) ---
-FROM builder AS catchup-builder
-RUN python -m pip wheel --no-deps --no-build-isolation -r requirements/catchup.txt -w /wheels/catchup \
-    && /opt/keyorder/bin/pip install --no-deps --no-index /wheels/catchup/*.whl \
-    && /opt/keyorder/bin/pip check
+# --- catchup-builder: the same check with PySpark ---------------------------------------------
+FROM catchup-venv-builder AS catchup-builder
+COPY --from=builder /opt/keyorder-app /opt/keyorder-app
+RUN cp -a /opt/keyorder-app/. /opt/keyorder/ \
+    && /opt/keyorder/bin/pip check \
+    && /opt/keyorder/bin/keyorder --version
 
 # --- base: what both final images share ------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS base
@@ -59,14 +78,16 @@ RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=catchup-builder /opt/keyorder /opt/keyorder
+COPY --from=catchup-venv-builder /opt/keyorder /opt/keyorder
+COPY --from=catchup-builder /opt/keyorder-app/ /opt/keyorder/
 USER 65532:65532
 ENTRYPOINT ["keyorder"]
 CMD ["--help"]
 
 # --- runtime (default): keyorder operator | keyorder run -------------------------------------
 FROM base AS runtime
-COPY --from=builder /opt/keyorder /opt/keyorder
+COPY --from=venv-builder /opt/keyorder /opt/keyorder
+COPY --from=builder /opt/keyorder-app/ /opt/keyorder/
 USER 65532:65532
 ENTRYPOINT ["keyorder"]
 CMD ["--help"]

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test test-fast lint check docs crds locks generate bench clean
+.PHONY: demo test test-fast lint check docs crds locks generate bench clean image kubernetes-types
 
 SOURCES := consumer operator tests examples tools
 
@@ -13,6 +13,10 @@ SOURCES := consumer operator tests examples tools
 $(STAMP): pyproject.toml requirements/image.txt requirements/catchup.txt
 	@# `keyorder catchup` (PySpark) needs a Java 17+ runtime; install Debian's when there is none.
 	command -v java >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
+	@# The image test and `make image` build with buildah from a debootstrap'ed base (no Docker engine needed).
+	@# They need root; without it the image test skips and says why.
+	if [ "$$(id -u)" = 0 ] && ! { command -v buildah && command -v debootstrap; } >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap; fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c requirements/image.txt -c requirements/catchup.txt -e '.[test]'
@@ -52,8 +56,19 @@ check: lint
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
 
-# Every derived file: the CRD, the docs tables and the image's locks (each has a drift test).
-generate: crds docs locks
+# The runtime and catchup images (localhost/keyorder:dev, localhost/keyorder-catchup:dev), built with
+# buildah from a local Debian-packaged stand-in for python:3.11-slim (cached; see tools/image.py).
+# Production builds use the real base pinned by digest: docs/install.md.
+image: $(STAMP)
+	$(PY) -m tools.image
+
+# Every derived file: the CRD, its embedded Kubernetes schemas, the docs tables and the image's locks
+# (each has a drift test).
+generate: kubernetes-types crds docs locks
+
+# The Kubernetes types' schemas the CRD embeds (pod template), from kubernetes-validate's bundle.
+kubernetes-types: $(STAMP)
+	$(PY) -m tools.kubernetes_types
 
 docs: $(STAMP)
 	$(PY) -m tools.docs_tables

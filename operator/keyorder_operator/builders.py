@@ -1,19 +1,24 @@
 """Pure builders of the Kubernetes objects an OrderedConsumer owns: dicts in, dicts out, no I/O.
 
-Each ``build_*`` returns the full desired object for a spec; the apply layer (``kube``) creates
-or patches it. The pod template depends only on the spec, never on the current scale, so a spec
-change rolls the pods while a scaling change (``replicas``, live worker count) does not.
+Each ``build_*`` returns the full desired object for a spec; the apply layer (``kube``)
+server-side applies it. The pod template depends only on the spec, never on the current scale, so
+a spec change rolls the pods while a scaling change (``replicas``, live worker count) does not.
+The user's pod template (``spec.template``, and the handler's env, envFrom and volumeMounts) is
+merged onto the generated pods of the Deployment and of the catch-up Job by ``_with_template``:
+it adds to them, and never replaces what the operator sets (``spec.template_problems`` refuses a
+template that would).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from keyorder_operator.kafka_config import MOUNT_DIR
 from keyorder_operator.spec import GROUP, KIND, VERSION, Executor, OrderedConsumerSpec
 
 ADMIN_TOKEN_KEY = "token"
 ADMIN_TOKEN_DIR = "/etc/keyorder/admin"
-KAFKA_PROPERTIES_DIR = "/etc/keyorder/kafka"
+KAFKA_PROPERTIES_DIR = MOUNT_DIR  # where kafka_config expects the pods' copy of the properties Secret
 CONTAINER_NAME = "consumer"
 
 
@@ -75,12 +80,12 @@ def _handler_env(spec: OrderedConsumerSpec) -> dict[str, str]:
     return env
 
 
-def _env_list(env: dict[str, str], spec: OrderedConsumerSpec) -> list[dict[str, str]]:
-    user = [{"name": item.name, "value": item.value} for item in spec.handler.env]
+def _env_list(env: dict[str, str], spec: OrderedConsumerSpec) -> list[dict[str, Any]]:
+    user = [item.manifest() for item in spec.handler.env]
     return [{"name": key, "value": value} for key, value in env.items()] + user
 
 
-def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, str]]:
+def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, Any]]:
     """The pod's configuration, as the ``KEYORDER_*`` variables of ``keyorder run``."""
     grace = max(spec.handler.termination_grace_period_seconds - 5, 1)
     env = {
@@ -123,6 +128,44 @@ def _resources(resources: Any) -> dict[str, dict[str, str]]:
     }
 
 
+def _with_template(
+    spec: OrderedConsumerSpec, metadata: dict[str, Any], pod: dict[str, Any], service_account: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod's metadata and spec with the user's template merged on: labels, annotations and
+    volumes added, the pod-level settings set, the handler's envFrom and volumeMounts added to the
+    first container (its env already has the handler's variables). ``service_account`` is one the
+    operator must use (a Spark driver's), else the template's, else the pod's own."""
+    template = spec.template
+    merged_metadata = {
+        **metadata,
+        "labels": {**template.metadata.labels, **metadata.get("labels", {})},
+    }
+    annotations = {**template.metadata.annotations, **metadata.get("annotations", {})}
+    if annotations:
+        merged_metadata["annotations"] = annotations
+    merged = dict(pod)
+    options = template.spec
+    if service_account or options.service_account_name:
+        merged["serviceAccountName"] = service_account or options.service_account_name
+    for field, value in (
+        ("imagePullSecrets", options.image_pull_secrets),
+        ("nodeSelector", dict(options.node_selector)),
+        ("tolerations", options.tolerations),
+        ("affinity", options.affinity),
+        ("topologySpreadConstraints", options.topology_spread_constraints),
+        ("priorityClassName", options.priority_class_name),
+    ):
+        if value:
+            merged[field] = value
+    merged["volumes"] = [*pod.get("volumes", []), *options.volumes]
+    container = dict(pod["containers"][0])
+    if spec.handler.env_from:
+        container["envFrom"] = list(spec.handler.env_from)
+    container["volumeMounts"] = [*container.get("volumeMounts", []), *spec.handler.volume_mounts]
+    merged["containers"] = [container, *pod["containers"][1:]]
+    return merged_metadata, merged
+
+
 def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas: int) -> dict[str, Any]:
     name = owner["metadata"]["name"]
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
@@ -148,6 +191,22 @@ def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas:
         "volumeMounts": mounts,
         "securityContext": CONTAINER_SECURITY,
     }
+    pod_metadata, pod = _with_template(
+        spec,
+        {
+            "labels": labels(name),
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.http_port)},
+        },
+        {
+            "serviceAccountName": name,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": spec.handler.termination_grace_period_seconds,
+            "securityContext": POD_SECURITY,
+            "containers": [container],
+            "volumes": volumes,
+        },
+        service_account=None,
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -155,20 +214,7 @@ def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas:
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(name)},
-            "template": {
-                "metadata": {
-                    "labels": labels(name),
-                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.http_port)},
-                },
-                "spec": {
-                    "serviceAccountName": name,
-                    "automountServiceAccountToken": False,
-                    "terminationGracePeriodSeconds": spec.handler.termination_grace_period_seconds,
-                    "securityContext": POD_SECURITY,
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
+            "template": {"metadata": pod_metadata, "spec": pod},
         },
     }
 
@@ -295,6 +341,19 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         "app.kubernetes.io/managed-by": "keyorder-operator",
         "app.kubernetes.io/component": "catchup",
     }
+    pod_metadata, pod = _with_template(
+        spec,
+        {"labels": job_labels},
+        {
+            "restartPolicy": "Never",
+            "serviceAccountName": name,
+            "automountServiceAccountToken": driver_account is not None,
+            "securityContext": POD_SECURITY,
+            "containers": [container],
+            "volumes": [{"name": "tmp", "emptyDir": {}}, *kafka_volumes],
+        },
+        service_account=driver_account,
+    )
     metadata = _metadata(job_name, owner)
     metadata["labels"] = job_labels
     metadata["annotations"] = {FENCE_ANNOTATION: until}
@@ -307,16 +366,6 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
             "activeDeadlineSeconds": catchup.max_seconds,
             "podReplacementPolicy": "Failed",  # a retry starts only after the failed driver is gone
             "ttlSecondsAfterFinished": CATCHUP_JOB_TTL_SECONDS,
-            "template": {
-                "metadata": {"labels": job_labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "serviceAccountName": driver_account or name,
-                    "automountServiceAccountToken": driver_account is not None,
-                    "securityContext": POD_SECURITY,
-                    "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}, *kafka_volumes],
-                },
-            },
+            "template": {"metadata": pod_metadata, "spec": pod},
         },
     }

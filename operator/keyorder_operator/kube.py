@@ -1,9 +1,12 @@
 """The only module that talks to the Kubernetes API (besides kopf itself).
 
-Create-or-patch for the objects the builders return, the scale of a Deployment, the admin-token
-Secret, and the addresses of ready consumer pods. Synchronous (the ``kubernetes`` client); kopf
-runs sync handlers on its thread pool. Every call the operator makes is listed in
-``API_CALLS`` so the RBAC rules can be derived from, and checked against, this module.
+Server-side apply of the objects the builders return (field manager ``FIELD_MANAGER``, forced: the
+operator owns every field it writes, and fields it stops writing are removed by the API server,
+list items included, which a client-side merge patch never does), the scale of a Deployment, the
+admin-token Secret, and the addresses of ready consumer pods. Fields the operator does not write
+(annotations added by other tools, for example) stay with whoever set them. Synchronous (the
+``kubernetes`` client); kopf runs sync handlers on its thread pool. Every call the operator makes
+is listed in ``API_CALLS`` so the RBAC rules can be derived from, and checked against, this module.
 """
 
 from __future__ import annotations
@@ -15,16 +18,25 @@ from typing import TYPE_CHECKING, Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
+from keyorder.config import decode_properties
+
 if TYPE_CHECKING:
     from kubernetes.client import V1ObjectMeta, V1Pod
 
 log = logging.getLogger(__name__)
 
+FIELD_MANAGER = "keyorder-operator"
+"""The field manager of everything the operator applies (``metadata.managedFields`` shows it)."""
+SCALE_FIELD_MANAGER = "keyorder-operator-scaler"
+"""The autoscaler's own manager: it applies only ``spec.replicas``, so it must not share the object
+manager's applied configuration (an apply of one field would remove all the others)."""
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+
 API_CALLS = {
-    ("apps", "deployments"): {"get", "create", "patch"},
-    ("", "services"): {"get", "create", "patch"},
-    ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
-    ("", "serviceaccounts"): {"get", "create", "patch"},
+    ("apps", "deployments"): {"get", "patch"},  # patch: server-side apply creates and updates
+    ("", "services"): {"patch"},
+    ("policy", "poddisruptionbudgets"): {"patch"},
+    ("", "serviceaccounts"): {"patch"},
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list"},
     ("batch", "jobs"): {"get", "create"},
@@ -61,44 +73,26 @@ class Kube:
         self.policy = kubernetes.client.PolicyV1Api(api_client)
         self.batch = kubernetes.client.BatchV1Api(api_client)
 
-    def _verbs(self, kind: str):
+    def _apply_call(self, kind: str) -> Any:
         table = {
-            "Deployment": (
-                self.apps.read_namespaced_deployment,
-                self.apps.create_namespaced_deployment,
-                self.apps.patch_namespaced_deployment,
-            ),
-            "Service": (
-                self.core.read_namespaced_service,
-                self.core.create_namespaced_service,
-                self.core.patch_namespaced_service,
-            ),
-            "PodDisruptionBudget": (
-                self.policy.read_namespaced_pod_disruption_budget,
-                self.policy.create_namespaced_pod_disruption_budget,
-                self.policy.patch_namespaced_pod_disruption_budget,
-            ),
-            "ServiceAccount": (
-                self.core.read_namespaced_service_account,
-                self.core.create_namespaced_service_account,
-                self.core.patch_namespaced_service_account,
-            ),
+            "Deployment": self.apps.patch_namespaced_deployment,
+            "Service": self.core.patch_namespaced_service,
+            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
+            "ServiceAccount": self.core.patch_namespaced_service_account,
         }
         return table[kind]
 
-    def apply(self, desired: dict[str, Any]) -> None:
-        """Create ``desired``, or merge-patch it over the existing object."""
-        read, create, patch = self._verbs(desired["kind"])
+    def apply(self, desired: dict[str, Any], field_manager: str = FIELD_MANAGER) -> None:
+        """Server-side apply ``desired`` (created if missing), forcing ownership of every field in it."""
         name, namespace = desired["metadata"]["name"], desired["metadata"]["namespace"]
-        try:
-            read(name, namespace)
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            create(namespace, desired)
-            log.info("created %s %s/%s", desired["kind"], namespace, name)
-            return
-        patch(name, namespace, desired)
+        self._apply_call(desired["kind"])(
+            name,
+            namespace,
+            desired,
+            field_manager=field_manager,
+            force=True,
+            _content_type=APPLY_CONTENT_TYPE,
+        )
 
     def deployment_replicas(self, namespace: str, name: str) -> int | None:
         try:
@@ -110,7 +104,16 @@ class Kube:
         return deployment.spec.replicas
 
     def scale(self, namespace: str, name: str, replicas: int) -> None:
-        self.apps.patch_namespaced_deployment(name, namespace, {"spec": {"replicas": replicas}})
+        """Set a Deployment's replicas (server-side apply of that one field, by the scaler's own manager)."""
+        self.apply(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"replicas": replicas},
+            },
+            field_manager=SCALE_FIELD_MANAGER,
+        )
 
     def ensure_secret(self, desired: dict[str, Any], key: str) -> str:
         """Create the Secret if missing (never rotate it here); return the value under ``key``."""
@@ -121,9 +124,16 @@ class Kube:
             if error.status != 404:
                 raise
             # The stub names the model type; validate_call also takes the manifest dict and validates it into one.
-            self.core.create_namespaced_secret(namespace, desired)  # type: ignore[arg-type]
+            self.core.create_namespaced_secret(namespace, desired, field_manager=FIELD_MANAGER)  # type: ignore[arg-type]
             return desired["stringData"][key]
         return _secret_value(secret, namespace, name, key)
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, str]:
+        """Every key of a Secret, decoded (values are secrets: never log or report them)."""
+        secret = self.core.read_namespaced_secret(name, namespace)
+        # decode_properties never fails: UTF-8, else ISO-8859-1 (Java's encoding of properties files)
+        data = {key: decode_properties(base64.b64decode(value)) for key, value in (secret.data or {}).items()}
+        return {**data, **(secret.string_data or {})}
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str:
         return _secret_value(self.core.read_namespaced_secret(name, namespace), namespace, name, key)
@@ -134,7 +144,7 @@ class Kube:
         namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
         try:
             # The stub names the model type; validate_call also takes the manifest dict and validates it into one.
-            self.batch.create_namespaced_job(namespace, desired)  # type: ignore[arg-type]
+            self.batch.create_namespaced_job(namespace, desired, field_manager=FIELD_MANAGER)  # type: ignore[arg-type]
         except ApiException as error:
             if error.status != 409:
                 raise

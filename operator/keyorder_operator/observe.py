@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from keyorder_operator.kafka_config import redact
 from keyorder_operator.pod_signals import PodSignals
 from keyorder_operator.policy import Observation
 
@@ -47,6 +48,9 @@ class LagSample:
 
 class LagSource(Protocol):
     def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample: ...
+
+    def close(self) -> None:
+        """Release the client (its connections); a closed source is never sampled again."""
 
 
 def rates(previous: LagSample | None, current: LagSample) -> tuple[float | None, float | None]:
@@ -92,36 +96,71 @@ def observation_from(
 
 
 class KafkaLagSource:
-    """Reads offsets with confluent-kafka's AdminClient; one client per bootstrap/properties set."""
+    """Reads offsets with confluent-kafka's AdminClient, built from one resource's configuration.
+
+    Every failure, building the client included (a bad property, a wrong PEM), is a ``LagUnavailable``
+    whose message carries no property value. Metadata requests name only the resource's topics. The
+    owner calls ``close`` when the resource or its credentials change: the client is dropped, and
+    librdkafka destroys it (connections and threads) once a sample still using it returns.
+    Thread-safety: ``sample`` and ``close`` may run on different threads (kopf's handler pool).
+    """
 
     def __init__(self, properties: Mapping[str, str], timeout: float = 5.0) -> None:
         self._properties = dict(properties)
         self._timeout = timeout
         self._admin: AdminClient | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     def _client(self) -> AdminClient:
+        from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         with self._lock:
+            if self._closed:
+                raise LagUnavailable("the Kafka client was closed (the resource or its credentials changed)")
             if self._admin is None:  # kept referenced: an unreferenced AdminClient can hang a call
-                self._admin = AdminClient({**self._properties}, logger=logging.getLogger("keyorder.librdkafka"))
+                try:
+                    self._admin = AdminClient({**self._properties}, logger=logging.getLogger("keyorder.librdkafka"))
+                except (KafkaException, ValueError, TypeError) as error:
+                    raise LagUnavailable(f"the Kafka client could not be built: {self._describe(error)}") from None
             return self._admin
 
+    def _describe(self, error: BaseException) -> str:
+        from confluent_kafka import KafkaException
+
+        text = error.args[0].str() if isinstance(error, KafkaException) and error.args else str(error)
+        return redact(text, self._properties)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._admin = None
+
     def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
-        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+        from confluent_kafka import (
+            ConsumerGroupTopicPartitions,
+            KafkaError,
+            KafkaException,
+            TopicCollection,
+            TopicPartition,
+        )
         from confluent_kafka.admin import OffsetSpec
 
         admin = self._client()
         timeout = self._timeout
         try:
-            metadata = admin.list_topics(timeout=timeout)
+            described = admin.describe_topics(TopicCollection(list(topics)), request_timeout=timeout)
             partitions = []
             for topic in topics:
-                found = metadata.topics.get(topic)
-                if found is None or found.error is not None:
-                    raise LagUnavailable(f"topic {topic!r} not found")
-                partitions += [TopicPartition(topic, partition) for partition in sorted(found.partitions)]
+                try:
+                    description = described[topic].result(timeout=timeout)
+                except KafkaException as error:
+                    if error.args and error.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise LagUnavailable(f"topic {topic!r} not found") from None
+                    raise
+                ids = sorted(partition.id for partition in description.partitions)
+                partitions += [TopicPartition(topic, partition) for partition in ids]
             ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=timeout)
             starts = admin.list_offsets({tp: OffsetSpec.earliest() for tp in partitions}, request_timeout=timeout)
             end = {(tp.topic, tp.partition): future.result(timeout=timeout).offset for tp, future in ends.items()}
@@ -129,7 +168,7 @@ class KafkaLagSource:
             request = [ConsumerGroupTopicPartitions(group, partitions)]
             result = admin.list_consumer_group_offsets(request, request_timeout=timeout)[group].result(timeout=timeout)
         except KafkaException as error:
-            raise LagUnavailable(f"Kafka: {error.args[0].str() if error.args else error}") from error
+            raise LagUnavailable(f"Kafka: {self._describe(error)}") from error
         except TimeoutError as error:
             raise LagUnavailable(f"Kafka did not answer within {timeout}s") from error
         committed = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions}

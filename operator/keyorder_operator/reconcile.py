@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from keyorder.config import ConfigError, parse_properties
+from keyorder.config import ConfigError
 from keyorder_operator.builders import (
     ADMIN_TOKEN_KEY,
     FENCE_ANNOTATION,
@@ -53,6 +54,7 @@ from keyorder_operator.catchup import (
     largest_size,
     stopping_pods_deadline,
 )
+from keyorder_operator.kafka_config import operator_kafka_config
 from keyorder_operator.kube import JobConflict, Kube
 from keyorder_operator.observe import KafkaLagSource, LagSample, LagSource, LagUnavailable, observation_from
 from keyorder_operator.pod_admin import fetch_reports, push_workers
@@ -65,6 +67,7 @@ from keyorder_operator.spec import (
     VERSION,
     InvalidSpec,
     OrderedConsumerSpec,
+    name_problem,
     parse_spec,
 )
 from keyorder_operator.status import (
@@ -244,31 +247,61 @@ class OperatorContext:
     fetch_reports: Callable[..., tuple[list[dict[str, Any]], list[str]]] = fetch_reports
     tick_seconds: float = 5.0
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
-    _lag_sources: dict[tuple, LagSource] = field(default_factory=dict)
+    _lag_sources: dict[tuple[str, str], tuple[tuple[tuple[str, str], ...], LagSource]] = field(default_factory=dict)
+    _lag_sources_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Guards ``_lag_sources``: kopf runs the handlers of different resources on different pool threads."""
 
-    def lag_source(self, properties: dict[str, str]) -> LagSource:
-        key = tuple(sorted(properties.items()))
-        if key not in self._lag_sources:
-            self._lag_sources[key] = self.lag_source_for(properties)
-        return self._lag_sources[key]
+    def lag_source(self, namespace: str, name: str, properties: dict[str, str]) -> LagSource:
+        """The resource's lag source for ``properties``: one per resource, replaced (and the old one
+        closed) when its configuration changes, e.g. a rotated password. Raises ``LagUnavailable``."""
+        wanted = tuple(sorted(properties.items()))
+        with self._lag_sources_lock:
+            current = self._lag_sources.get((namespace, name))
+            if current is not None and current[0] == wanted:
+                return current[1]
+            source = self.lag_source_for(properties)
+            self._lag_sources[(namespace, name)] = (wanted, source)
+        if current is not None:
+            current[1].close()
+        return source
+
+    def forget_lag_source(self, namespace: str, name: str) -> None:
+        """Close a deleted resource's lag source (its Kafka connections)."""
+        with self._lag_sources_lock:
+            current = self._lag_sources.pop((namespace, name), None)
+        if current is not None:
+            current[1].close()
 
 
 def _kafka_properties(context: OperatorContext, spec: OrderedConsumerSpec, namespace: str) -> dict[str, str]:
-    properties = {}
+    """The operator's Kafka configuration for a resource (``kafka_config``); any failure is ``LagUnavailable``
+    naming the Secret or property (never a value)."""
     reference = spec.kafka.properties_secret_ref
-    if reference is not None:
-        text = context.kube.read_secret_key(namespace, reference.name, reference.key)
-        properties = parse_properties(text, f"Secret {namespace}/{reference.name} key {reference.key}")
-    properties["bootstrap.servers"] = spec.kafka.bootstrap_servers
-    return {name: value for name, value in properties.items() if not name.startswith(("group.", "enable.auto"))}
+    if reference is None:
+        return operator_kafka_config(spec.kafka.bootstrap_servers)
+    try:
+        secret = context.kube.read_secret(namespace, reference.name)
+        return operator_kafka_config(
+            spec.kafka.bootstrap_servers, secret, reference.key, f"{namespace}/{reference.name}"
+        )
+    except ApiException as error:
+        what = "does not exist" if error.status == 404 else f"cannot be read: {error.status} {error.reason}"
+        raise LagUnavailable(f"Secret {namespace}/{reference.name} (spec.kafka.propertiesSecretRef) {what}") from None
+    except ConfigError as error:
+        raise LagUnavailable(str(error)) from None
 
 
 def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     resource = (GROUP, VERSION, PLURAL)
 
     def validated(body: Any, patch: kopf.Patch, now: float) -> OrderedConsumerSpec | None:
+        """The parsed spec, or None after reporting it (the name too: the CRD refuses a bad one, but an
+        older CRD may not); a valid spec clears a previous InvalidSpec."""
         conditions = list((body.get("status") or {}).get("conditions") or [])
         try:
+            problem = name_problem(str((body.get("metadata") or {}).get("name") or ""))
+            if problem is not None:
+                raise InvalidSpec([("metadata.name", problem)])
             spec = parse_spec(dict(body.get("spec") or {}))
         except InvalidSpec as error:
             if not condition_is(conditions, "InvalidSpec") or next(
@@ -308,6 +341,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     @kopf.on.delete(*resource, registry=registry, optional=True)  # optional: no finalizer is added for this
     def forget_metrics(meta: Any, **_: Any) -> None:
         context.metrics.forget(meta["namespace"], meta["name"])
+        context.forget_lag_source(meta["namespace"], meta["name"])
 
     def start_catchup(
         body: Any,
@@ -500,8 +534,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         paused = str((meta.get("annotations") or {}).get(PAUSE_ANNOTATION, "")).lower() == "true"
         try:
             properties = _kafka_properties(context, spec, namespace)
-            sample = context.lag_source(properties).sample(spec.kafka.topics, spec.kafka.group_id, now)
-        except (LagUnavailable, ConfigError, KeyError) as error:
+            sample = context.lag_source(namespace, name, properties).sample(spec.kafka.topics, spec.kafka.group_id, now)
+        except LagUnavailable as error:
             sample, reason = None, str(error)
         token, addresses, signals, report_failures = read_pods(namespace, name, spec, replicas)
         if sample is None:

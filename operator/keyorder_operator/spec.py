@@ -8,7 +8,9 @@ Field names are camelCase on the wire (Kubernetes convention) and snake_case in 
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -20,6 +22,62 @@ PLURAL = "orderedconsumers"
 SHORT_NAME = "okc"
 PAUSE_ANNOTATION = "keyorder.dev/paused"
 """``"true"`` on a resource freezes its size and catch-up where they are (like KEDA's paused annotation)."""
+
+NAME_SUFFIX_RESERVE = len("-metrics")
+"""The longest suffix the operator adds to a resource's name for a DNS-label object (its Service)."""
+MAX_NAME_LENGTH = 63 - NAME_SUFFIX_RESERVE
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_RULE = (
+    f"must be at most {MAX_NAME_LENGTH} characters of lowercase letters, digits and '-', start with a letter "
+    "and end with a letter or digit (it names the consumers' Service, a DNS label, with '-metrics' appended)"
+)
+
+KUBERNETES_TYPE = "x-keyorder-kubernetes-type"
+"""JSON-schema marker: this field holds a Kubernetes ``io.k8s.api.core.v1`` type; the CRD embeds its real schema."""
+
+
+def kubernetes_type(name: str) -> dict[str, Any]:
+    """``json_schema_extra`` of a field (or a list field's items) holding the Kubernetes type ``name``."""
+    return {KUBERNETES_TYPE: name}
+
+
+# What the operator itself puts into the pods it generates: a template may not replace any of it
+# (builders.py uses these names; a unit test checks the generated pods against them).
+OPERATOR_VOLUMES = frozenset({"admin-token", "tmp", "kafka-properties"})
+OPERATOR_MOUNT_PATHS = frozenset({"/", "/tmp", "/etc/keyorder", "/etc/keyorder/admin", "/etc/keyorder/kafka"})
+OPERATOR_LABELS = frozenset(
+    {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/managed-by",
+        "app.kubernetes.io/component",
+    }
+)
+OPERATOR_ANNOTATIONS = frozenset({"prometheus.io/scrape", "prometheus.io/port", "keyorder.dev/fence"})
+OPERATOR_ENV = frozenset(
+    {
+        "KEYORDER_HANDLER",
+        "KEYORDER_TOPICS",
+        "KEYORDER_GROUP_ID",
+        "KEYORDER_BOOTSTRAP_SERVERS",
+        "KEYORDER_ORDERING",
+        "KEYORDER_MAX_ATTEMPTS",
+        "KEYORDER_RETRY_INITIAL_BACKOFF",
+        "KEYORDER_RETRY_MAX_BACKOFF",
+        "KEYORDER_ON_EXHAUSTED",
+        "KEYORDER_DLQ_TOPIC",
+        "KEYORDER_LOG_FORMAT",
+        "KEYORDER_KAFKA_PROPERTIES_FILE",
+        "KEYORDER_WORKERS",
+        "KEYORDER_MAX_WORKERS",
+        "KEYORDER_SHUTDOWN_GRACE",
+        "KEYORDER_HTTP_PORT",
+        "KEYORDER_ADMIN_TOKEN_FILE",
+        "KEYORDER_EXECUTOR",
+        "POD_IP",
+    }
+)
+HARDENING = "non-root, read-only root filesystem, no capabilities, seccomp RuntimeDefault"
 
 
 class _Model(BaseModel):
@@ -64,7 +122,25 @@ class KafkaSpec(_Model):
 
 class EnvVar(_Model):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$", description="Variable name.")
-    value: str = Field("", description="Variable value.")
+    value: str | None = Field(None, description="Variable value (or valueFrom).")
+    value_from: dict[str, Any] | None = Field(
+        None,
+        description="The value from a Secret, ConfigMap or the pod (a Kubernetes EnvVarSource): keeps secrets "
+        "out of the resource.",
+        json_schema_extra=kubernetes_type("EnvVarSource"),
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: set value or valueFrom, not both")
+        return self
+
+    def manifest(self) -> dict[str, Any]:
+        """The container's EnvVar."""
+        if self.value_from is not None:
+            return {"name": self.name, "valueFrom": dict(self.value_from)}
+        return {"name": self.name, "value": self.value or ""}
 
 
 class Resources(_Model):
@@ -82,11 +158,77 @@ class HandlerSpec(_Model):
         description="How the pods run the handler: thread, async, or process (one worker process per key worker, "
         "for CPU-bound handlers); auto: thread or async, by the handler.",
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables for the handler.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Extra environment variables for the handler, literal or from a Secret/ConfigMap (valueFrom).",
+    )
+    env_from: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Variables from whole Secrets or ConfigMaps (Kubernetes EnvFromSource).",
+        json_schema_extra={"items": kubernetes_type("EnvFromSource")},
+    )
+    volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Mounts of spec.template.spec.volumes into the handler's container (Kubernetes VolumeMount).",
+        json_schema_extra={"items": kubernetes_type("VolumeMount")},
+    )
     resources: Resources = Field(default_factory=Resources, description="Container resources.")
     termination_grace_period_seconds: int = Field(
         30, ge=5, le=3600, description="Pod termination grace period; in-flight messages get this minus 5 s to finish."
     )
+
+
+class PodMetadata(_Model):
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra pod labels (the operator's app.kubernetes.io/* labels stay)."
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra pod annotations, e.g. for Istio, Vault or Datadog."
+    )
+
+
+class PodOptions(_Model):
+    """The pod-level settings a template may add; the containers and the security context stay the operator's."""
+
+    image_pull_secrets: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Secrets to pull the handler image from a private registry.",
+        json_schema_extra={"items": kubernetes_type("LocalObjectReference")},
+    )
+    service_account_name: str | None = Field(
+        None,
+        min_length=1,
+        description="The pods' ServiceAccount (for IRSA or workload identity); default: one the operator creates, "
+        "with no token mounted.",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods must run on.")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Taints the pods tolerate.",
+        json_schema_extra={"items": kubernetes_type("Toleration")},
+    )
+    affinity: dict[str, Any] | None = Field(
+        None, description="Node and pod (anti-)affinity.", json_schema_extra=kubernetes_type("Affinity")
+    )
+    topology_spread_constraints: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="How the pods spread over zones or nodes (select them by app.kubernetes.io/instance).",
+        json_schema_extra={"items": kubernetes_type("TopologySpreadConstraint")},
+    )
+    priority_class_name: str | None = Field(None, min_length=1, description="The pods' PriorityClass.")
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra volumes (Secrets, ConfigMaps, emptyDir, CSI...; no hostPath), mounted by "
+        "handler.volumeMounts.",
+        json_schema_extra={"items": kubernetes_type("Volume")},
+    )
+
+
+class PodTemplate(_Model):
+    """A partial PodTemplateSpec merged onto the pods the operator generates (and the catch-up Job's pod)."""
+
+    metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels and annotations.")
+    spec: PodOptions = Field(default_factory=PodOptions, description="Pod-level settings.")
 
 
 class WorkersSpec(_Model):
@@ -248,6 +390,7 @@ class OrderedConsumerSpec(_Model):
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     retry: RetrySpec = Field(default_factory=RetrySpec)
     catchup: CatchupSpec = Field(default_factory=CatchupSpec)
+    template: PodTemplate = Field(default_factory=PodTemplate)
     http_port: int = Field(8080, ge=1024, le=65535, description="Pods' metrics/health/admin port.")
 
     @model_validator(mode="after")
@@ -265,13 +408,99 @@ class InvalidSpec(ValueError):
         super().__init__("; ".join(f"{path}: {message}" for path, message in problems))
 
 
+HARDENING_FIELDS = frozenset(
+    {
+        "securityContext",
+        "containers",
+        "initContainers",
+        "hostNetwork",
+        "hostPID",
+        "hostIPC",
+        "hostUsers",
+        "automountServiceAccountToken",
+        "privileged",
+        "runAsUser",
+        "runAsNonRoot",
+        "capabilities",
+        "readOnlyRootFilesystem",
+        "allowPrivilegeEscalation",
+        "seccompProfile",
+    }
+)
+"""Pod and container fields that decide the pods' hardening: no template field sets them; naming one is
+reported as an attempt to weaken it, not as a mere unknown field."""
+
+
+def _path(location: tuple[int | str, ...]) -> str:
+    path = "spec"
+    for part in location:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name an OrderedConsumer (the CRD states the same rule), or ``None``."""
+    if len(name) > MAX_NAME_LENGTH or not re.match(NAME_PATTERN, name):
+        return f"{name!r} {NAME_RULE}"
+    return None
+
+
+def template_problems(spec: OrderedConsumerSpec) -> list[tuple[str, str]]:
+    """What in the pod template would replace or weaken what the operator generates (field path, message)."""
+    problems: list[tuple[str, str]] = []
+    metadata, pod = spec.template.metadata, spec.template.spec
+    for key in sorted(set(metadata.labels) & OPERATOR_LABELS):
+        problems.append((f"spec.template.metadata.labels.{key}", "set by the operator (it selects the pods by it)"))
+    for key in sorted(set(metadata.annotations) & OPERATOR_ANNOTATIONS):
+        problems.append((f"spec.template.metadata.annotations.{key}", "set by the operator"))
+    volume_names: set[str] = set()
+    for index, volume in enumerate(pod.volumes):
+        path = f"spec.template.spec.volumes[{index}]"
+        name = volume.get("name")
+        if not isinstance(name, str) or not name:
+            problems.append((f"{path}.name", "a volume needs a name"))
+        elif name in OPERATOR_VOLUMES:
+            problems.append((f"{path}.name", f"{name!r} is the operator's own volume; choose another name"))
+        elif name in volume_names:
+            problems.append((f"{path}.name", f"{name!r} names two volumes"))
+        else:
+            volume_names.add(name)
+        if "hostPath" in volume:
+            problems.append(
+                (f"{path}.hostPath", f"hostPath volumes would bypass the pods' hardening ({HARDENING}); not allowed")
+            )
+    for index, mount in enumerate(spec.handler.volume_mounts):
+        path = f"spec.handler.volumeMounts[{index}]"
+        mount_path = str(mount.get("mountPath") or "").rstrip("/") or "/"
+        if mount_path in OPERATOR_MOUNT_PATHS or mount_path.startswith("/etc/keyorder/"):
+            problems.append((f"{path}.mountPath", f"{mount_path!r} is used by the operator; choose another path"))
+        if mount.get("name") not in volume_names:
+            problems.append((f"{path}.name", f"{mount.get('name')!r} names no volume in spec.template.spec.volumes"))
+    for index, variable in enumerate(spec.handler.env):
+        if variable.name in OPERATOR_ENV:
+            problems.append(
+                (f"spec.handler.env[{index}].name", f"{variable.name} is set by the operator from the spec")
+            )
+    return problems
+
+
 def parse_spec(spec: dict) -> OrderedConsumerSpec:
-    """Validate a resource's ``spec``; raises ``InvalidSpec`` naming each bad field as ``spec.a.b``."""
+    """Validate a resource's ``spec``; raises ``InvalidSpec`` naming each bad field as ``spec.a.b``.
+
+    Beyond the models, the pod template may not replace what the operator generates nor weaken the
+    pods' hardening (``template_problems``)."""
     try:
-        return OrderedConsumerSpec.model_validate(spec)
+        parsed = OrderedConsumerSpec.model_validate(spec)
     except ValidationError as error:
         problems = []
         for item in error.errors():
-            path = ".".join(["spec", *(str(part) for part in item["loc"])])
-            problems.append((path, item["msg"]))
+            location = item["loc"]
+            message = item["msg"]
+            if item["type"] == "extra_forbidden" and location and location[-1] in HARDENING_FIELDS:
+                message = f"the operator owns the pods' hardening ({HARDENING}); a template cannot set it"
+            problems.append((_path(location), message))
         raise InvalidSpec(problems) from None
+    problems = template_problems(parsed)
+    if problems:
+        raise InvalidSpec(problems)
+    return parsed

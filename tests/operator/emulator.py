@@ -3,6 +3,11 @@
 Plain ``kmock.KubernetesEmulator`` never sets ``resourceVersion``/``uid``/``generation``/``creationTimestamp``,
 ignores ``generateName`` and answers a failed JSON-patch ``test`` op with a 500. kopf needs all of these (its
 finalizer patch is a JSON-patch that tests ``/metadata/resourceVersion``; its Events use ``generateName``).
+It also has no server-side apply: this one answers ``application/apply-patch+yaml`` PATCHes with SSA's merge
+semantics (``server_side_apply``: removed fields and list items go, lists of the Kubernetes types merge by
+their keys), creating the object when it does not exist, and strategic merge patches with their list
+semantics (keyed lists merged, nothing removed), so a test fails when the operator's apply leaves a removed
+env var or port behind, as a client-side patch does on a real API server.
 """
 
 from __future__ import annotations
@@ -22,11 +27,16 @@ import attrs
 import jsonpatch
 import jsonpointer
 import kmock
+import yaml
 from kmock._internal import dicts  # the very merge/JSON-patch logic the emulator applies
+
+from tests.operator import server_side_apply
 
 _WRITES = {kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # as Kubernetes' generateName suffixes
 _CLOSE = object()  # put into the buses to end the watch streams
+APPLY_PATCH = "application/apply-patch+yaml"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 CRD_VERBS = frozenset({"list", "watch", "get", "create", "patch", "update", "delete"})
 
 
@@ -41,6 +51,8 @@ class Emulator(kmock.KubernetesEmulator):
     revision: int = attrs.field(default=0, init=False)  # the last resourceVersion handed out (one counter, as etcd)
     committed: int = attrs.field(default=0, init=False)  # the last one whose write completed (lists report it)
     _write_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
+    applied: dict[tuple[Any, str | None, str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
+    """(resource, namespace, name, field manager) -> what that manager last server-side applied."""
     _closing: bool = attrs.field(default=False, init=False)
 
     async def close_watches(self) -> None:
@@ -54,12 +66,71 @@ class Emulator(kmock.KubernetesEmulator):
             return await super()._handle(request)
         async with self._write_lock:  # one write at a time: the checks below and the parent's write are atomic
             try:
+                if request.action == kmock.action.UPDATE and self._content_type(request) == APPLY_PATCH:
+                    self._server_side_apply(request)
+                elif request.action == kmock.action.UPDATE and self._content_type(request) == STRATEGIC_PATCH:
+                    self._strategic_merge(request)
+                elif request.action == kmock.action.CREATE and isinstance(request.data, dict):
+                    meta = request.data.get("metadata") or {}
+                    self._forget_applied(request.resource, meta.get("namespace") or request.namespace, meta.get("name"))
                 await self._prepare(request)
                 response = await super()._handle(request)
                 self.committed = self.revision  # everything up to here is stored and on the buses
                 return response
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, ValueError) as exc:
                 raise kmock.KubernetesError(422, "Invalid", f"{type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _content_type(request: kmock.Request) -> str:
+        content_type = {key.lower(): value for key, value in request.headers.items()}.get("content-type", "")
+        return content_type.split(";")[0].strip()
+
+    def _strategic_merge(self, request: kmock.Request) -> None:
+        """Turn a strategic merge patch, in place, into the merge patch with its result (lists merged by key)."""
+        live = self._live(request.resource, request.namespace, request.name)
+        if live is None or not isinstance(request.data, dict) or request.subresource is not None:
+            return  # a 404, or a status patch (kopf's): plain merge semantics are close enough
+        merged = server_side_apply.strategic_merge(live.raw, request.data)
+        patch = server_side_apply.merge_patch(live.raw, merged)
+        if "resourceVersion" in (request.data.get("metadata") or {}):  # keep the precondition for _prepare
+            patch.setdefault("metadata", {})["resourceVersion"] = request.data["metadata"]["resourceVersion"]
+        object.__setattr__(request, "data", patch)
+
+    def _forget_applied(self, resource: Any, namespace: str | None, name: str | None) -> None:
+        for key in [key for key in self.applied if key[:3] == (resource, namespace, name)]:
+            del self.applied[key]
+
+    def _server_side_apply(self, request: kmock.Request) -> None:
+        """Turn the apply, in place, into the CREATE (object missing) or merge-patch UPDATE that has SSA's result.
+
+        In place: kmock finds a request's reactions by the request object's identity, so a copy would match none.
+        """
+        manager = request.params.get("fieldManager")
+        if not manager:
+            raise kmock.KubernetesError(422, "Invalid", "fieldManager is required for apply requests")
+        if request.params.get("force") != "true":
+            raise kmock.KubernetesError(
+                409, "Conflict", "this emulator imitates only forced applies (it does not track field ownership)"
+            )
+        body = request.data if isinstance(request.data, dict) else yaml.safe_load(request.text or "")
+        if not isinstance(body, dict):
+            raise kmock.KubernetesError(400, "BadRequest", "an apply body must be an object")
+        meta = body.get("metadata") or {}
+        if meta.get("name") not in (None, request.name) or meta.get("namespace") not in (None, request.namespace):
+            raise kmock.KubernetesError(400, "BadRequest", "the body's name and namespace must match the URL")
+        live = self._live(request.resource, request.namespace, request.name)
+        key = (request.resource, request.namespace, request.name, manager)
+        if live is None:
+            self._forget_applied(request.resource, request.namespace, request.name)
+            self.applied[key] = copy.deepcopy(body)
+            created = server_side_apply.apply(None, None, body)
+            created.setdefault("metadata", {}).update(name=request.name, namespace=request.namespace)
+            object.__setattr__(request, "action", kmock.action.CREATE)  # kmock's Request is frozen
+            object.__setattr__(request, "data", created)
+            return
+        desired = server_side_apply.apply(live.raw, self.applied.get(key), body)
+        self.applied[key] = copy.deepcopy(body)
+        object.__setattr__(request, "data", server_side_apply.merge_patch(live.raw, desired))
 
     def _next_revision(self) -> str:
         self.revision += 1

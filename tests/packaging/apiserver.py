@@ -9,8 +9,9 @@ small part keyorder relies on, in the API server's order:
 3. defaults are applied, recursively (a defaulted ``{}`` then gets its own fields' defaults);
 4. the OpenAPI v3 schema is checked (openapi-schema-validator's ``OAS30Validator``);
 5. the ``x-kubernetes-validations`` rules are evaluated by ``evaluate_cel``, a checker for the
-   few simple forms the CRD uses (field paths, ``has()``, comparisons, ``!``, ``&&``, ``||``,
-   integer and boolean literals). Anything else is a ``CelUnsupported`` error, which keeps the
+   few simple forms the CRD uses (field paths, ``has()``, ``size()`` of a string, a string's
+   ``.matches('regex')``, comparisons, ``!``, ``&&``, ``||``, integer, boolean and single-quoted
+   string literals). Anything else is a ``CelUnsupported`` error, which keeps the
    rules simple.
 """
 
@@ -33,7 +34,9 @@ class CelUnsupported(Exception):
     """The rule uses CEL beyond the simple subset this checker (and the project) allows."""
 
 
-_TOKEN = re.compile(r"\s*(?:(\d+)|(true|false)\b|(has)\b|([A-Za-z_]\w*)|(<=|>=|==|!=|&&|\|\||[<>!().]))")
+_TOKEN = re.compile(
+    r"\s*(?:(\d+)|(true|false)\b|(has|size)\b|([A-Za-z_]\w*)|(<=|>=|==|!=|&&|\|\||[<>!().,])|'([^'\\]*)')"
+)
 
 
 def _tokens(rule: str) -> list[tuple[str, str]]:
@@ -42,8 +45,9 @@ def _tokens(rule: str) -> list[tuple[str, str]]:
         match = _TOKEN.match(rule, position)
         if not match:
             raise CelUnsupported(f"cannot read {rule[position:]!r} in {rule!r}")
-        kind = ("int", "bool", "has", "ident", "op")[next(i for i, group in enumerate(match.groups()) if group)]
-        tokens.append((kind, match.group(match.lastindex)))
+        index = next(i for i, group in enumerate(match.groups()) if group is not None)
+        kind = ("int", "bool", "function", "ident", "op", "string")[index]
+        tokens.append((kind, match.group(index + 1)))
         position = match.end()
     return tokens
 
@@ -147,7 +151,21 @@ class _Parser:
             return lambda value: int(text)
         if kind == "bool":
             return lambda value: text == "true"
-        if kind == "has":
+        if kind == "string":
+            return lambda value: text
+        if kind == "function" and text == "size":
+            self.take("(")
+            path = self.path()
+            self.take(")")
+
+            def size(value):
+                selected = _select(value, path)
+                if not isinstance(selected, str | list | dict):
+                    raise CelError(f"no such overload: size({type(selected).__name__})")
+                return len(selected)
+
+            return size
+        if kind == "function":
             self.take("(")
             path = self.path()
             self.take(")")
@@ -164,6 +182,20 @@ class _Parser:
         if kind == "ident":
             self.index -= 1
             path = self.path()
+            if path[-1] == "matches":  # self.a.matches('regex'): RE2 full-string search, as CEL's
+                self.take("(")
+                kind, pattern = self.take()
+                if kind != "string":
+                    raise CelUnsupported(f"matches() needs a string literal in {self.rule!r}")
+                self.take(")")
+
+                def matches(value):
+                    selected = _select(value, path[:-1])
+                    if not isinstance(selected, str):
+                        raise CelError(f"no such overload: {type(selected).__name__}.matches")
+                    return re.search(pattern, selected) is not None
+
+                return matches
             return lambda value: _select(value, path)
         raise CelUnsupported(f"unexpected {text!r} in {self.rule!r}")
 

@@ -79,14 +79,41 @@ def test_scale_paths_exist_after_defaulting(schema):
 # ---------------------------------------------------------------- structural schema
 
 
+def without_descriptions(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: without_descriptions(value) for key, value in node.items() if key != "description"}
+    if isinstance(node, list):
+        return [without_descriptions(item) for item in node]
+    return node
+
+
+EMBEDDED = [without_descriptions(schema) for schema in crd.kubernetes_types().values()]
+
+
+def embedded(node: dict[str, Any]) -> bool:
+    """Whether ``node`` is one of the embedded Kubernetes types (checked by Kubernetes' rules, not ours)."""
+    return without_descriptions(node) in EMBEDDED
+
+
 def walk(node: dict[str, Any], path: str = "spec"):
     yield path, node
+    if embedded(node):
+        return
     for name, child in (node.get("properties") or {}).items():
         yield from walk(child, f"{path}.{name}")
     if isinstance(node.get("items"), dict):
         yield from walk(node["items"], f"{path}[]")
     if isinstance(node.get("additionalProperties"), dict):
         yield from walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def walk_all(node: dict[str, Any], path: str):
+    yield path, node
+    for name, child in (node.get("properties") or {}).items():
+        yield from walk_all(child, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from walk_all(node[key], f"{path}[]")
 
 
 def test_schema_is_structural(schema):
@@ -97,8 +124,14 @@ def test_schema_is_structural(schema):
         "spec",
         "status",
     }
-    assert schema["properties"]["metadata"] == {"type": "object"}, "metadata may only be typed, never constrained"
+    metadata = schema["properties"]["metadata"]
+    assert set(metadata["properties"]) == {"name"}, "a CRD may constrain metadata.name/generateName only"
     for path, node in walk(schema["properties"]["spec"]):
+        if embedded(node):
+            for inner_path, inner in walk_all(node, path):
+                assert "type" in inner or inner.get("x-kubernetes-int-or-string") is True, inner_path
+                assert not {"$ref", "anyOf", "oneOf", "allOf", "not", "nullable", "$defs"} & set(inner), inner_path
+            continue
         assert "type" in node, f"{path}: every node needs a type"
         assert not {"$ref", "anyOf", "oneOf", "allOf", "not", "title", "definitions", "$defs"} & set(node), path
         assert "nullable" not in node, f"{path}: Optional fields are plain optional (nulls are pruned)"
@@ -152,6 +185,9 @@ def test_every_cross_field_validator_has_a_cel_rule():
         ("self.a == 0 && self.b", {"a": 0, "b": True}, True),
         ("(self.a != 0) || self.b", {"a": 0, "b": False}, False),
         ("self.x.y > 2 || true", {}, True),  # an error on one side of || is forgiven when the other is true
+        ("size(self.name) <= 3 && self.name.matches('^[a-z]+$')", {"name": "abc"}, True),
+        ("size(self.name) <= 3", {"name": "abcd"}, False),
+        ("self.name.matches('^[a-z]+$')", {"name": "a.b"}, False),
     ],
 )
 def test_cel_checker(rule, value, expected):
@@ -163,7 +199,7 @@ def test_cel_checker_reports_errors_and_refuses_other_syntax():
 
     with pytest.raises(CelError):
         evaluate_cel("self.min <= self.max", {"min": 1})
-    for rule in ["self.items.all(i, i > 0)", "size(self.name) > 0", "self.a + 1 > 2", "oldSelf == self"]:
+    for rule in ["self.items.all(i, i > 0)", "size(self.name) + 1 > 0", "self.a + 1 > 2", "oldSelf == self"]:
         with pytest.raises(CelUnsupported):
             check_cel_syntax(rule)
 
@@ -187,14 +223,19 @@ def test_full_example_sets_every_field(schema):
     resource = yaml.safe_load((ROOT / "examples" / "orderedconsumer-full.yaml").read_text())
 
     def missing(node, value, path):
+        if embedded(node):
+            return
         for name, child in (node.get("properties") or {}).items():
             if name not in value:
                 yield f"{path}.{name}"
+            elif embedded(child) or (child.get("type") == "array" and embedded(child["items"])):
+                assert value[name], f"{path}.{name} is empty in the full example"
             elif child.get("type") == "object" and "properties" in child:
                 yield from missing(child, value[name], f"{path}.{name}")
             elif child.get("type") == "array" and "properties" in child["items"]:
-                for item in value[name]:
-                    yield from missing(child["items"], item, f"{path}.{name}[]")
+                # every field set by some item (a list's items may exclude each other: value or valueFrom)
+                gaps = [set(missing(child["items"], item, f"{path}.{name}[]")) for item in value[name]]
+                yield from sorted(set.intersection(*gaps) if gaps else {f"{path}.{name}[]"})
 
     assert list(missing(schema["properties"]["spec"], resource["spec"], "spec")) == []
 
@@ -242,6 +283,12 @@ BROKEN = {
     "catch-up trigger below a minute": changed("catchup.triggerDrainSeconds", 30),
     "too many catch-up executors": changed("catchup.executors", 1001),
     "resources not strings": changed("handler.resources", {"requests": {"cpu": {"milli": 500}}}),
+    "env with value and valueFrom": changed(
+        "handler.env", [{"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    ),
+    "a template's securityContext": changed("template", {"spec": {"securityContext": {"runAsUser": 0}}}),
+    "a template's container list": changed("template", {"spec": {"containers": [{"name": "x", "image": "y"}]}}),
+    "tolerations not a list": changed("template", {"spec": {"tolerations": {"key": "a"}}}),
 }
 """Resources both the API server (schema only) and the operator must refuse."""
 
@@ -290,3 +337,62 @@ def test_cross_field_rules_accept_what_the_models_accept(case, schema):
     assert not problems, problems
     assert operator_accepts(ACCEPTED_BY_RULES[case])[0]
     assert parse_spec(stored["spec"]) == parse_spec(ACCEPTED_BY_RULES[case]["spec"])
+
+
+MALFORMED_KUBERNETES_TYPES = {
+    "toleration seconds a word": {"spec": {"tolerations": [{"key": "a", "tolerationSeconds": "soon"}]}},
+    "unknown volume field": {"spec": {"volumes": [{"name": "a", "emptyDir": {}, "hostpth": {"path": "/"}}]}},
+    "volume without a name": {"spec": {"volumes": [{"emptyDir": {}}]}},
+    "affinity of the wrong shape": {"spec": {"affinity": {"nodeAffinity": "anywhere"}}},
+    "pull secret without a name field": {"spec": {"imagePullSecrets": [{"secret": "x"}]}},
+}
+"""Malformed Kubernetes types: the API server refuses them by the embedded real schemas (the operator does
+not restate Kubernetes' own schemas; it would get them refused when it applies the Deployment)."""
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_KUBERNETES_TYPES))
+def test_the_embedded_kubernetes_schemas_refuse_malformed_types(case, schema):
+    stored, problems = admit(changed("template", MALFORMED_KUBERNETES_TYPES[case]), schema)
+    assert stored is None and problems, f"the API server would store {case}"
+
+
+def test_the_full_template_is_valid_kubernetes():
+    """The example's template, as a pod, passes Kubernetes' own (strict) pod schema."""
+    resource = yaml.safe_load((ROOT / "examples" / "orderedconsumer-full.yaml").read_text())
+    template = resource["spec"]["template"]
+    handler = resource["spec"]["handler"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", **template["metadata"]},
+        "spec": {
+            **template["spec"],
+            "containers": [
+                {
+                    "name": "consumer",
+                    "image": handler["image"],
+                    "env": handler["env"],
+                    "envFrom": handler["envFrom"],
+                    "volumeMounts": handler["volumeMounts"],
+                }
+            ],
+        },
+    }
+    kubernetes_validate.validate(pod, KUBERNETES_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "accepted"),
+    [("payments", True), ("a" * 55, True), ("a" * 56, False), ("payments.eu", False), ("Payments", False)],
+)
+def test_the_crd_refuses_a_name_the_operator_cannot_use(name, accepted, schema):
+    resource = minimal()
+    resource["metadata"]["name"] = name
+    stored, problems = admit(resource, schema)
+    assert (stored is not None) is accepted, problems
+    rule_messages = cel_violations(resource, schema)
+    if accepted:
+        assert rule_messages == []
+    else:  # the CEL rule says why, in words (the schema's maxLength and pattern refuse it too)
+        assert any("metadata.name must be at most 55 characters" in message for message in rule_messages)
+    assert (spec.name_problem(name) is None) is accepted

@@ -92,7 +92,17 @@ FINAL = final_stages(MAIN)
 
 
 def test_multi_stage_with_the_runtime_as_default_target():
-    assert [stage.name for stage in MAIN] == ["builder", "catchup-builder", "base", "catchup", "runtime"]
+    assert [stage.name for stage in MAIN] == [
+        "dependencies",
+        "catchup-dependencies",
+        "venv-builder",
+        "catchup-venv-builder",
+        "builder",
+        "catchup-builder",
+        "base",
+        "catchup",
+        "runtime",
+    ]
     assert {stage.name for stage in FINAL} == {"catchup", "runtime"}
     assert MAIN[-1].name == "runtime"  # `docker build .` builds the runtime image
 

@@ -37,4 +37,5 @@ def test_the_wheel_ships_only_the_project_packages(tmp_path: Path) -> None:
     top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top_level == {"keyorder", "keyorder_operator", "keyorder_example"}
     assert "keyorder/core/lanes.py" in names and "keyorder/devtools/bench.py" in names, "subpackages are shipped"
+    assert "keyorder_operator/kubernetes_types.json" in names, "`keyorder crd` needs the embedded Kubernetes schemas"
     assert not any(name.startswith(("tests/", "tools/")) for name in names)

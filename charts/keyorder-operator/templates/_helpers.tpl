@@ -97,18 +97,21 @@ and kopf's needs): every call allowed, nothing more.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# The consumers' Deployment: created, patched on spec changes, its replicas set by the autoscaler.
+# The consumers' Deployment: server-side applied (patch creates and updates it), its replicas
+# set by the autoscaler (patch) and read back (get).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "create", "patch"]
-# The consumers' headless metrics Service and their ServiceAccount (which gets no Role and no token).
+  verbs: ["get", "patch"]
+# The consumers' headless metrics Service and their ServiceAccount (which gets no Role and no
+# token): server-side applied, so patch alone creates and updates them.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["get", "create", "patch"]
-# A PodDisruptionBudget per consumer group: at most one pod down by voluntary disruption.
+  verbs: ["patch"]
+# A PodDisruptionBudget per consumer group (at most one pod down by voluntary disruption):
+# server-side applied.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["patch"]
 # Secrets: create each group's admin-token Secret once, then read it (to push worker counts) and
 # the Kafka client-properties Secret a resource names (to read its lag). No list, no watch.
 - apiGroups: [""]

@@ -1,0 +1,187 @@
+"""Server-side apply's and strategic merge patch's list semantics, for the API emulator (kmock has neither).
+
+What the real API server does to an apply by a field manager, reduced to what the operator relies on:
+
+* fields the manager applied last time and leaves out now are removed from the object;
+* fields it applies are set (maps merged recursively);
+* lists of the Kubernetes types are merged by their keys (``x-kubernetes-list-map-keys``, else
+  ``x-kubernetes-patch-merge-key``: containers and env by ``name``, container ports by
+  ``containerPort`` and ``protocol``, Service ports by ``port`` and ``protocol``, volumeMounts by
+  ``mountPath``...), item by item: an item the manager applied last time and leaves out now is
+  removed, an item another writer added stays; every other list is atomic (replaced whole);
+* fields nobody applied (e.g. annotations another tool added with a patch) stay.
+
+A strategic merge patch (what a plain ``patch`` of the ``kubernetes`` client sends for a dict) merges lists
+of the Kubernetes types by the same keys and never removes an item it does not name (``strategic_merge``):
+that is why a client-side patch of the whole object leaves removed env vars, ports and volumes behind.
+
+Not imitated: ownership conflicts (the operator always forces) and managedFields. The list keys come
+from the real Kubernetes schemas bundled with kubernetes-validate.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+KUBERNETES_VERSION = "1.29.0"
+DEFAULT_KEY_VALUES = {"protocol": "TCP"}
+"""Key fields the API server defaults before it compares items (a port without a protocol is TCP)."""
+
+
+@functools.cache
+def _definitions() -> dict[str, Any]:
+    import kubernetes_validate
+
+    path = (
+        Path(kubernetes_validate.__file__).parent
+        / "kubernetes-json-schema"
+        / f"v{KUBERNETES_VERSION}-local"
+        / "_definitions.json"
+    )
+    return json.loads(path.read_text())["$defs"]
+
+
+@functools.cache
+def _definition_of(api_version: str, kind: str) -> str | None:
+    group, _, version = api_version.rpartition("/")
+    for name, definition in _definitions().items():
+        for gvk in definition.get("x-kubernetes-group-version-kind", []):
+            if (gvk.get("group", ""), gvk.get("version"), gvk.get("kind")) == (group, version, kind):
+                return name
+    return None
+
+
+def _resolve(node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        node = _definitions()[node["$ref"].rsplit("/", 1)[-1]]
+    if "allOf" in node and len(node["allOf"]) == 1:
+        return _resolve(node["allOf"][0])
+    return node
+
+
+class Schema:
+    """A position in a Kubernetes type's schema (``None``: unknown, every list atomic)."""
+
+    def __init__(self, node: dict[str, Any] | None) -> None:
+        self.node = _resolve(node) if node is not None else None
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> Schema:
+        name = _definition_of(str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
+        return cls(_definitions()[name] if name else None)
+
+    def field(self, name: str) -> Schema:
+        if self.node is None:
+            return Schema(None)
+        child = (self.node.get("properties") or {}).get(name)
+        if child is None and isinstance(self.node.get("additionalProperties"), dict):
+            child = self.node["additionalProperties"]
+        return Schema(child)
+
+    def list_keys(self) -> tuple[str, ...] | None:
+        """The keys of an associative list, or None for an atomic one."""
+        if self.node is None:
+            return None
+        if self.node.get("x-kubernetes-list-type") == "map":
+            return tuple(self.node.get("x-kubernetes-list-map-keys") or ())
+        if "x-kubernetes-patch-merge-key" in self.node:
+            return (self.node["x-kubernetes-patch-merge-key"],)
+        return None
+
+    def items(self) -> Schema:
+        return Schema(self.node.get("items") if self.node is not None else None)
+
+
+def _key(item: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
+    if not isinstance(item, dict):
+        return (item,)
+    return tuple(item.get(key, DEFAULT_KEY_VALUES.get(key)) for key in keys)
+
+
+def _remove(live: Any, previous: Any, current: Any, schema: Schema) -> Any:
+    """``live`` without what ``previous`` applied and ``current`` no longer does."""
+    if isinstance(previous, dict) and isinstance(live, dict):
+        result = dict(live)
+        current_map = current if isinstance(current, dict) else {}
+        for name, value in previous.items():
+            if name not in result:
+                continue
+            if name not in current_map:
+                if isinstance(value, dict) and isinstance(result[name], dict):
+                    result[name] = _remove(result[name], value, {}, schema.field(name))
+                elif isinstance(value, list) and isinstance(result[name], list) and schema.field(name).list_keys():
+                    result[name] = _remove(result[name], value, [], schema.field(name))
+                else:
+                    del result[name]
+            else:
+                result[name] = _remove(result[name], value, current_map[name], schema.field(name))
+        return result
+    keys = schema.list_keys()
+    if isinstance(previous, list) and isinstance(live, list) and keys:
+        current_items = {_key(item, keys): item for item in (current if isinstance(current, list) else [])}
+        previous_items = {_key(item, keys): item for item in previous}
+        result_list = []
+        for item in live:
+            key = _key(item, keys)
+            if key in previous_items and key not in current_items:
+                continue  # the manager dropped this item
+            if key in previous_items:
+                item = _remove(item, previous_items[key], current_items[key], schema.items())
+            result_list.append(item)
+        return result_list
+    return live
+
+
+def _merge(live: Any, applied: Any, schema: Schema) -> Any:
+    if isinstance(live, dict) and isinstance(applied, dict):
+        result = dict(live)
+        for name, value in applied.items():
+            if value is None:  # a patch's null deletes (an apply has none)
+                result.pop(name, None)
+            else:
+                result[name] = _merge(result[name], value, schema.field(name)) if name in result else value
+        return result
+    keys = schema.list_keys()
+    if isinstance(live, list) and isinstance(applied, list) and keys:
+        result_list = list(live)
+        positions = {_key(item, keys): index for index, item in enumerate(result_list)}
+        for item in applied:
+            key = _key(item, keys)
+            if key in positions:
+                result_list[positions[key]] = _merge(result_list[positions[key]], item, schema.items())
+            else:
+                positions[key] = len(result_list)
+                result_list.append(item)
+        return result_list
+    return copy.deepcopy(applied)
+
+
+def apply(live: dict[str, Any] | None, previous: dict[str, Any] | None, applied: dict[str, Any]) -> dict[str, Any]:
+    """The object after a manager whose last apply was ``previous`` applies ``applied``."""
+    schema = Schema.of(applied)
+    if live is None:
+        return copy.deepcopy(applied)
+    base = _remove(copy.deepcopy(live), previous or {}, applied, schema)
+    return _merge(base, applied, schema)
+
+
+def strategic_merge(live: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``live`` after a strategic merge patch (without ``$patch`` directives): keyed lists merge item by item."""
+    return _merge(copy.deepcopy(live), patch, Schema.of(live))
+
+
+def merge_patch(before: Any, after: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``before`` into ``after``."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return after
+    patch: dict[str, Any] = {name: None for name in before if name not in after}
+    for name, value in after.items():
+        if name not in before:
+            patch[name] = value
+        elif before[name] != value:
+            patch[name] = merge_patch(before[name], value) if isinstance(value, dict) else value
+    return patch

@@ -1,0 +1,110 @@
+"""The emulator's server-side apply, and the operator's apply layer (``Kube``) through it.
+
+A client-side merge patch leaves removed env vars, ports and volumes behind (and an added port next to
+the old one, which a real API server refuses): these tests fail for such an apply layer.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from keyorder_operator.kube import FIELD_MANAGER, SCALE_FIELD_MANAGER, Kube
+from tests.operator import server_side_apply
+from tests.operator.harness import api_client
+
+
+def deployment(env: list[dict[str, Any]], port: int, volumes: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "c", "namespace": "default", "labels": {"app": "c"}},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "c"}},
+            "template": {
+                "metadata": {"labels": {"app": "c"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "consumer",
+                            "image": "img:1",
+                            "env": env,
+                            "ports": [{"name": "http", "containerPort": port}],
+                            "volumeMounts": [{"name": name, "mountPath": f"/{name}"} for name in volumes],
+                        }
+                    ],
+                    "volumes": [{"name": name, "emptyDir": {}} for name in volumes],
+                },
+            },
+        },
+    }
+
+
+def container(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_removed_list_items_go_and_changed_keys_replace_the_old_item():
+    first = deployment([{"name": "A", "value": "1"}, {"name": "B", "value": "2"}], 8080, ["tmp", "cache"])
+    live = server_side_apply.apply(None, None, first)
+    second = deployment([{"name": "A", "value": "3"}], 9090, ["tmp"])
+    result = server_side_apply.apply(live, first, second)
+    assert container(result)["env"] == [{"name": "A", "value": "3"}]
+    assert container(result)["ports"] == [{"name": "http", "containerPort": 9090}]
+    assert [volume["name"] for volume in result["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
+    assert [mount["mountPath"] for mount in container(result)["volumeMounts"]] == ["/tmp"]
+
+
+def test_what_another_writer_added_stays():
+    first = deployment([{"name": "A", "value": "1"}], 8080, [])
+    live = server_side_apply.apply(None, None, first)
+    live["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "3"}
+    container(live)["env"].append({"name": "INJECTED", "value": "by a webhook"})
+    result = server_side_apply.apply(live, first, deployment([{"name": "A", "value": "2"}], 8080, []))
+    assert result["metadata"]["annotations"] == {"deployment.kubernetes.io/revision": "3"}
+    assert container(result)["env"] == [{"name": "A", "value": "2"}, {"name": "INJECTED", "value": "by a webhook"}]
+
+
+def test_service_ports_are_keyed_by_port_and_protocol():
+    def service(port: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "s", "namespace": "default"},
+            "spec": {"ports": [{"name": "http-metrics", "port": port}]},
+        }
+
+    live = server_side_apply.apply(None, None, service(8080))
+    assert server_side_apply.apply(live, service(8080), service(9090))["spec"]["ports"] == [
+        {"name": "http-metrics", "port": 9090}
+    ]
+
+
+def test_merge_patch_turns_one_object_into_the_other():
+    before = {"a": {"b": 1, "c": 2}, "d": [1, 2], "e": 1}
+    after = {"a": {"b": 1}, "d": [1], "f": 2}
+    patch = server_side_apply.merge_patch(before, after)
+    assert patch == {"a": {"c": None}, "d": [1], "e": None, "f": 2}
+
+
+def test_kube_apply_converges_through_the_emulator_and_keeps_other_writers_fields(kube):
+    with api_client(kube.url) as client:
+        operator = Kube(client)
+        operator.apply(deployment([{"name": "A", "value": "1"}, {"name": "B", "value": "2"}], 8080, ["tmp"]))
+        kube.patch("apps/v1/deployments", "c", {"metadata": {"annotations": {"owner": "platform-team"}}})
+        operator.scale("default", "c", 5)
+        assert kube.get("apps/v1/deployments", "c")["spec"]["replicas"] == 5
+        changed = deployment([{"name": "A", "value": "1"}], 9090, [])
+        changed["spec"]["replicas"] = 5  # reconcile applies the current scale
+        operator.apply(copy.deepcopy(changed))
+    stored = kube.get("apps/v1/deployments", "c")
+    assert container(stored)["env"] == [{"name": "A", "value": "1"}]
+    assert container(stored)["ports"] == [{"name": "http", "containerPort": 9090}]
+    assert stored["spec"]["template"]["spec"]["volumes"] == []
+    assert stored["metadata"]["annotations"] == {"owner": "platform-team"}
+    assert stored["spec"]["replicas"] == 5
+    managers = kube.call_in_loop(
+        lambda: sorted(key[3] for key in kube.emulator.applied if key[2] == "c")  # type: ignore[union-attr]
+    )
+    assert managers == sorted([FIELD_MANAGER, SCALE_FIELD_MANAGER])

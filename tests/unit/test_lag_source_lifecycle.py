@@ -1,0 +1,69 @@
+"""A resource's Kafka client lives as long as its configuration: replaced and closed on a change or a delete."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from keyorder_operator.observe import KafkaLagSource, LagSample, LagUnavailable
+from keyorder_operator.reconcile import OperatorContext
+
+
+class RecordingSource:
+    """A stand-in LagSource that records whether it was closed (no broker: only the lifecycle is tested)."""
+
+    built: list[RecordingSource] = []
+
+    def __init__(self, properties: dict[str, str]) -> None:
+        self.properties, self.closed = properties, False
+        RecordingSource.built.append(self)
+
+    def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
+        raise LagUnavailable("not sampled here")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def context() -> OperatorContext:
+    RecordingSource.built = []
+    return OperatorContext(kube=None, lag_source_for=RecordingSource)  # type: ignore[arg-type]
+
+
+def test_the_same_configuration_reuses_the_client(context):
+    first = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092"})
+    assert context.lag_source("ns", "a", {"bootstrap.servers": "k:9092"}) is first
+    assert len(RecordingSource.built) == 1 and not first.closed
+
+
+def test_a_rotated_credential_closes_the_old_client(context):
+    old = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092", "sasl.password": "old"})
+    new = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092", "sasl.password": "new"})
+    assert new is not old and old.closed and not new.closed
+
+
+def test_resources_never_share_a_client_and_a_deleted_ones_is_closed(context):
+    a = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092"})
+    b = context.lag_source("ns", "b", {"bootstrap.servers": "k:9092"})
+    assert a is not b
+    context.forget_lag_source("ns", "a")
+    assert a.closed and not b.closed
+    context.forget_lag_source("ns", "gone")  # nothing to close: no error
+
+
+def test_a_closed_kafka_source_refuses_to_sample():
+    source = KafkaLagSource({"bootstrap.servers": "127.0.0.1:9"})
+    source.close()
+    with pytest.raises(LagUnavailable, match="closed"):
+        source.sample(["orders"], "orders", 0.0)
+
+
+def test_a_bad_property_is_lag_unavailable_without_its_value():
+    source = KafkaLagSource({"bootstrap.servers": "127.0.0.1:9", "security.protocol": "NOT-A-PROTOCOL-xyz"})
+    with pytest.raises(LagUnavailable) as error:
+        source.sample(["orders"], "orders", 0.0)
+    message = str(error.value)
+    assert "could not be built" in message and "security.protocol" in message, message
+    assert "NOT-A-PROTOCOL-xyz" not in message, message
