@@ -525,6 +525,10 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         if replicas is None:
             return  # reconcile_objects has not created it yet
         conditions = list(status.get("conditions") or [])
+        if condition_is(conditions, "InvalidSpec"):
+            # this spec parsed: a True read here is stale (the fix raced this poll), and writing the
+            # list back must not restore it
+            conditions = set_condition(conditions, "InvalidSpec", False, "Valid", "spec is valid", now)
         run = CatchupRun.from_status(status)
         context.metrics.catching_up.labels(*labels).set(1 if run is not None else 0)
         if run is not None:
