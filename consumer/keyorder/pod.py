@@ -91,7 +91,14 @@ class Pod:
         self.source.on_commit_result = self.runtime.record_commit_outcomes
         self.registry = build_registry(self.runtime, self.pool)
         self.http = (
-            PodHttpServer(self.runtime, self.registry, config.http_host, config.http_port, admin_token)
+            PodHttpServer(
+                self.runtime,
+                self.registry,
+                config.http_host,
+                config.http_port,
+                admin_token,
+                reread_token=lambda: read_admin_token(config),
+            )
             if serve_http
             else None
         )

@@ -6,7 +6,8 @@ tests (real kopf against an API emulator) run exactly the same code. Per resourc
 * on create/update/resume: validate the spec (invalid: ``InvalidSpec`` condition + Event, and
   nothing is touched), then create or patch the admin Secret, ServiceAccount, Deployment,
   metrics Service and PodDisruptionBudget, all owned by the resource;
-* every ``scaling.pollIntervalSeconds``: observe lag in Kafka, ``decide``, patch the
+* every ``scaling.pollIntervalSeconds``: re-apply the owned objects (a deleted or edited one comes
+  back within one poll), observe lag in Kafka and the pods' reports, ``decide``, patch the
   Deployment's replicas, push the worker count to ready pods, and explain the decision in status
   and, when the size changes, in an Event;
 * when ``spec.catchup`` is enabled and even the largest size would drain too slowly: stop the
@@ -322,21 +323,31 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         spec = validated(body, patch, now)
         if spec is None:
             return
-        owner = {"metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]}}
-        kube = context.kube
         try:
-            kube.ensure_secret(build_admin_secret(owner, secrets.token_urlsafe(32)), ADMIN_TOKEN_KEY)
-            kube.apply(build_service_account(owner))
-            replicas = kube.deployment_replicas(meta["namespace"], meta["name"])
-            if replicas is None:
-                replicas = max(spec.replicas.min, 1) if spec.scaling.enabled or spec.replicas.min else 1
-            kube.apply(build_deployment(spec, owner, replicas))
-            kube.apply(build_service(spec, owner))
-            kube.apply(build_pdb(owner))
+            apply_objects(spec, meta, status)
         except Exception as error:
             context.metrics.errors.labels(meta["namespace"], meta["name"]).inc()
             raise kopf.TemporaryError(f"applying objects failed: {error}", delay=10) from error
         patch.status["observedGeneration"] = meta.get("generation")
+
+    def apply_objects(spec: OrderedConsumerSpec, meta: Any, status: Any) -> None:
+        """Server-side apply of every owned object (idempotent). Also run on every poll, so a deleted
+        or edited object comes back within one poll interval (self-repair)."""
+        owner = {"metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]}}
+        kube = context.kube
+        kube.ensure_secret(build_admin_secret(owner, secrets.token_urlsafe(32)), ADMIN_TOKEN_KEY)
+        kube.apply(build_service_account(owner))
+        replicas = kube.deployment_replicas(meta["namespace"], meta["name"])
+        if replicas is None:  # new, or deleted behind our back: the size last decided, else the minimum
+            decided = (status or {}).get("replicas")
+            replicas = (
+                decided
+                if isinstance(decided, int)
+                else (max(spec.replicas.min, 1) if spec.scaling.enabled or spec.replicas.min else 1)
+            )
+        kube.apply(build_deployment(spec, owner, replicas))
+        kube.apply(build_service(spec, owner))
+        kube.apply(build_pdb(owner))
 
     @kopf.on.delete(*resource, registry=registry, optional=True)  # optional: no finalizer is added for this
     def forget_metrics(meta: Any, **_: Any) -> None:
@@ -521,6 +532,12 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         labels = (namespace, name)
         context.metrics.track(namespace, name)
         kube = context.kube
+        if status.get("observedGeneration") is not None:  # created once: keep it as specified (self-repair)
+            try:
+                apply_objects(spec, meta, status)
+            except Exception as error:  # reported; the scaling below still runs on what exists
+                context.metrics.errors.labels(*labels).inc()
+                log.warning("%s/%s: re-applying the owned objects failed: %s", namespace, name, error)
         replicas = kube.deployment_replicas(namespace, name)
         if replicas is None:
             return  # reconcile_objects has not created it yet

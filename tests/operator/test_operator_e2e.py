@@ -7,6 +7,7 @@ itself writes (objects, ownerReferences, replicas, status, Events) is.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 
@@ -255,3 +256,38 @@ def test_an_update_to_an_invalid_spec_leaves_the_objects_untouched(kube, broker)
         assert after["spec"] == before["spec"], "an invalid spec changed the Deployment"
         message = condition_entry(kube.get(CR, "steady"), "InvalidSpec")
         assert "spec.handler.handler" in message["message"]
+
+
+def test_deleted_and_edited_objects_are_restored_within_a_poll(kube, broker):
+    """Self-repair: the owned objects are re-applied every poll, so a deleted Service or PDB and a
+    Deployment edited behind the operator's back are as specified again within one poll."""
+    topic = "okc-repair"
+    create_topics(broker.bootstrap, [topic], 2)
+    with operator(kube.url):
+        kube.create(CR, consumer_resource("repair", broker.bootstrap, topic))
+        wait_for(lambda: kube.get("v1/services", "repair-metrics"), 20, "the Service")
+        wait_for(lambda: kube.get("policy/v1/poddisruptionbudgets", "repair"), 20, "the PDB")
+        wait_for(lambda: (kube.get(CR, "repair").get("status") or {}).get("observedGeneration"), 20, "observed")
+        kube.delete("v1/services", "repair-metrics")
+        kube.delete("policy/v1/poddisruptionbudgets", "repair")
+        deployment = kube.get("apps/v1/deployments", "repair")
+        handler_env = [
+            item
+            for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+            if item["name"] == "KEYORDER_HANDLER"
+        ]
+        assert handler_env[0]["value"] == "keyorder_example.ledger:handle"
+        edited = copy.deepcopy(deployment["spec"]["template"]["spec"]["containers"])
+        for item in edited[0]["env"]:
+            if item["name"] == "KEYORDER_HANDLER":
+                item["value"] = "somebody.else:handler"
+        kube.patch("apps/v1/deployments", "repair", {"spec": {"template": {"spec": {"containers": edited}}}})
+
+        def handler_of_deployment() -> str:
+            containers = kube.get("apps/v1/deployments", "repair")["spec"]["template"]["spec"]["containers"]
+            return next(item["value"] for item in containers[0]["env"] if item["name"] == "KEYORDER_HANDLER")
+
+        assert handler_of_deployment() == "somebody.else:handler"
+        wait_for(lambda: kube.get("v1/services", "repair-metrics"), 10, "the deleted Service back")
+        wait_for(lambda: kube.get("policy/v1/poddisruptionbudgets", "repair"), 10, "the deleted PDB back")
+        wait_for(lambda: handler_of_deployment() == "keyorder_example.ledger:handle", 10, "the edit undone")

@@ -13,6 +13,7 @@ import hmac
 import json
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -34,11 +35,20 @@ class PodHttpServer:
     """Serves the pod endpoints on a daemon thread."""
 
     def __init__(
-        self, runtime: ConsumerRuntime, registry: CollectorRegistry, host: str, port: int, admin_token: str | None
+        self,
+        runtime: ConsumerRuntime,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        admin_token: str | None,
+        reread_token: Callable[[], str | None] | None = None,
     ) -> None:
         self.runtime = runtime
         self.registry = registry
         self.admin_token = admin_token
+        self.reread_token = reread_token
+        """Reads the token file again: a rotated Secret reaches the mounted file, and a request with
+        the new token must then succeed without a restart."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -130,12 +140,21 @@ class PodHttpServer:
                 },
             )
             return False
-        supplied = request.headers.get("Authorization", "")
-        expected = f"Bearer {self.admin_token}"
-        if not hmac.compare_digest(supplied.encode(), expected.encode()):
-            _reply_json(request, 401, {"error": "missing or wrong bearer token"})
-            return False
-        return True
+        supplied = request.headers.get("Authorization", "").encode()
+        if hmac.compare_digest(supplied, f"Bearer {self.admin_token}".encode()):
+            return True
+        if self.reread_token is not None:
+            try:
+                current = self.reread_token()
+            except ConfigError as error:  # a file mid-update: keep the token we have
+                log.warning("admin token file: %s", error)
+                current = None
+            if current and current != self.admin_token and hmac.compare_digest(supplied, f"Bearer {current}".encode()):
+                log.info("admin token rotated: the token file changed")
+                self.admin_token = current
+                return True
+        _reply_json(request, 401, {"error": "missing or wrong bearer token"})
+        return False
 
 
 def readiness(runtime: ConsumerRuntime) -> tuple[int, dict[str, Any]]:
