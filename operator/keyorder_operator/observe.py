@@ -53,6 +53,39 @@ class LagSource(Protocol):
         """Release the client (its connections); a closed source is never sampled again."""
 
 
+class BackingOffLagSource:
+    """A lag source that stops asking a cluster that does not answer, for a while.
+
+    A resource whose Kafka is unreachable would otherwise spend the client's timeouts (seconds)
+    on every poll, on the operator's shared handler threads, and enough such resources would hold
+    up the healthy ones. After a failure, ``sample`` fails at once with the last reason for
+    ``first_seconds``, doubling up to ``longest_seconds`` while the failures go on; one success
+    resets it. Time comes from the caller (``now``), so the schedule is a plain unit test.
+    """
+
+    def __init__(self, inner: LagSource, first_seconds: float = 5.0, longest_seconds: float = 60.0) -> None:
+        self.inner = inner
+        self.first_seconds, self.longest_seconds = first_seconds, longest_seconds
+        self._retry_at: float | None = None
+        self._delay = 0.0
+        self._error = ""
+
+    def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
+        if self._retry_at is not None and now < self._retry_at:
+            raise LagUnavailable(f"{self._error} (not asked again for {self._retry_at - now:.0f} s)")
+        try:
+            sample = self.inner.sample(topics, group, now)
+        except LagUnavailable as error:
+            self._delay = self.first_seconds if self._retry_at is None else min(self._delay * 2, self.longest_seconds)
+            self._retry_at, self._error = now + self._delay, str(error)
+            raise
+        self._retry_at, self._delay = None, 0.0
+        return sample
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def rates(previous: LagSample | None, current: LagSample) -> tuple[float | None, float | None]:
     """``(drain rate, arrival rate)`` in messages/s between two samples (``None`` without a previous one)."""
     if previous is None or current.at <= previous.at or current.partitions != previous.partitions:

@@ -57,7 +57,14 @@ from keyorder_operator.catchup import (
 )
 from keyorder_operator.kafka_config import operator_kafka_config
 from keyorder_operator.kube import JobConflict, Kube
-from keyorder_operator.observe import KafkaLagSource, LagSample, LagSource, LagUnavailable, observation_from
+from keyorder_operator.observe import (
+    BackingOffLagSource,
+    KafkaLagSource,
+    LagSample,
+    LagSource,
+    LagUnavailable,
+    observation_from,
+)
 from keyorder_operator.pod_admin import fetch_reports, push_workers
 from keyorder_operator.pod_signals import PodSignals, combine
 from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size, decide
@@ -260,7 +267,7 @@ class OperatorContext:
             current = self._lag_sources.get((namespace, name))
             if current is not None and current[0] == wanted:
                 return current[1]
-            source = self.lag_source_for(properties)
+            source: LagSource = BackingOffLagSource(self.lag_source_for(properties))
             self._lag_sources[(namespace, name)] = (wanted, source)
         if current is not None:
             current[1].close()
