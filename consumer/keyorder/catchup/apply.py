@@ -176,7 +176,7 @@ class TaskRunner:
         self.clock = clock
         self.counts: dict[int, PartitionCounts] = {}
         self.dead_letter_offsets: dict[int, list[int]] = {}
-        self._scheduler = LaneScheduler()
+        self._scheduler = LaneScheduler(continue_first=True)  # a hot key's thread goes on with it
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._space = threading.Condition(self._lock)

@@ -65,7 +65,7 @@ from keyorder.config import consumer_properties, kafka_properties, producer_prop
 from keyorder.progress import Progress
 
 log = logging.getLogger(__name__)
-TASKS_PER_CORE = 4
+TASKS_PER_CORE = 1
 SPARK_DEFAULTS = {
     "spark.speculation": "false",
     "spark.task.maxFailures": "4",
