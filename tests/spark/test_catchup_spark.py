@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keyorder.catchup.job import CatchupJob, SparkSettingsError, stop_spark
+from keyorder.catchup.plan import PlanError
 from keyorder.catchup.settings import CatchupConfig
 from keyorder.cli import main
 from keyorder.core.retry import ExhaustedPolicy
@@ -319,7 +320,22 @@ def test_waves_commit_one_after_another_and_a_failed_wave_keeps_the_earlier_ones
     assert_first_processing_in_order(record for record in ((k, s) for k, s, *_ in records) if record[0] != "k0")
 
 
-def test_plan_works_on_a_live_group_without_committing_anything(broker, spark, capsys) -> None:
+class LiveMembers:
+    """The job's real Kafka offsets, except that the group's members are counted from a consumer the test
+    keeps in the group: the test broker (Tansu) describes a stable group with an empty member list,
+    where real Kafka lists its members."""
+
+    def __init__(self, real, members: int) -> None:
+        self.real, self.count = real, members
+
+    def members(self) -> int:
+        return self.count
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+def test_plan_works_on_a_live_group_without_committing_anything(broker, spark) -> None:
     name = topic(broker, partitions=2)
     produce_keyed(broker.bootstrap, name, 200, 20, extra_config=EXACT_END_OFFSETS)
     group = f"g-{name}"
@@ -329,31 +345,35 @@ def test_plan_works_on_a_live_group_without_committing_anything(broker, spark, c
             "group.id": group,
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 500,
+            "enable.auto.commit": False,
         }
     )
     live.subscribe([name])
+    job = CatchupJob(config(broker, name, group), spark=spark)
     try:
-        for _ in range(40):  # join the group: the broker then reports one member
+        for _ in range(80):  # a live pod: a member of the group, with partitions assigned
             live.poll(0.25)
             if live.assignment():
                 break
-        common = ["catchup", "--bootstrap-servers", broker.bootstrap, "--topics", name, "--group-id", group]
-        common += ["--handler", "tests.spark.handlers:record"]
-        assert main([*common, "--plan"]) == 0
-        shown = capsys.readouterr().err
-        assert "a run would refuse now" in shown and "1 active members" in shown
-        assert "messages 200 over 20 keys" in shown
-        assert main(common) == 2  # a real run still refuses
-        assert "active members" in capsys.readouterr().err
+        assert live.assignment()
+        job.offsets = LiveMembers(job.offsets, members=1)  # type: ignore[assignment]
+        with pytest.raises(PlanError, match="1 active members"):  # a run refuses
+            job.plan()
+        preview = job.plan(preview=True)  # --plan: the same plan, with the refusal as a note
+        assert any(note.startswith("a run would refuse now: group") for note in preview.notes)
+        assert job.key_statistics(preview).messages == 200
+        assert [r.offsets for r in preview.ranges] == [r.end - r.start for r in preview.ranges]
     finally:
+        job.close()
         live.close()
     assert group_committed(broker.bootstrap, group, name, 2) == {}
 
 
-def test_an_existing_session_without_the_enforced_settings_is_refused(broker, spark, capsys) -> None:
+def test_an_existing_session_without_the_enforced_settings_is_refused(broker, spark) -> None:
     spark_conf = spark.sparkContext.getConf()
     assert spark_conf.get("spark.stage.maxConsecutiveAttempts") == "1"
     name = topic(broker, partitions=1)
+    produce_keyed(broker.bootstrap, name, 10, 2, extra_config=EXACT_END_OFFSETS)
     job = CatchupJob(config(broker, name, f"g-{name}"), spark=FakeSession(spark, {"spark.speculation": "true"}))
     try:
         with pytest.raises(SparkSettingsError, match=r"spark.speculation=true \(needs false\)"):

@@ -450,8 +450,13 @@ class CatchupJob:
         outcome.seconds = time.monotonic() - started
         outcome.spark_ui = self.spark.sparkContext.uiWebUrl if plan.waves else None
         outcome.committed = plan.commit and outcome.ok and all(wave.committed for wave in outcome.waves)
-        if plan.commit and outcome.ok and not plan.waves:  # nothing to handle: the fence is the start
-            outcome.committed = True
+        if plan.commit and outcome.ok and not plan.waves:  # nothing to handle: commit the fence (= the start)
+            try:
+                self.offsets.commit_fence(plan.ranges, expected)
+            except CatchupKafkaError as error:
+                outcome.error = str(error)
+            else:
+                outcome.committed = True
         return outcome
 
     def _run_wave(

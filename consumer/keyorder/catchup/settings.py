@@ -50,7 +50,7 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         ge=0,
         le=100_000,
         description="Spark partitions the keys are hashed into "
-        "(tasks of the handler stage); 0: 4 per core Spark reports.",
+        "(tasks of the handler stage); 0: one per core Spark reports (a task spreads its keys over its threads).",
     )
     task_workers: int = Field(
         16,
