@@ -230,7 +230,7 @@ def hot_keys_scenario(bootstrap: str, partitions: int, quick: bool, progress: Pr
     """The same backlog size over uniform keys, then with ``HOT_KEYS`` hot keys, on one warm session, with
     the default 16 task workers and (not with --quick) 8: a hot key's thread waits for the GIL after each
     message, and fewer busy threads shorten that wait."""
-    per_hot, light_keys, per_light = (1_000, 1_000, 8) if quick else (10_000, 10_000, 8)
+    per_hot, light_keys, per_light = (500, 500, 8) if quick else (10_000, 10_000, 8)
     total = HOT_KEYS * per_hot + light_keys * per_light
     profile = next(p for p in PROFILES if short(p.handler) == "io")
     topics = {"uniform": "catchup-bench-uniform", "hot": "catchup-bench-hot"}
