@@ -227,15 +227,17 @@ class TaskRunner:
         for row in frame.itertuples(index=False):
             source = int(row.source)
             if not _missing(row.marker_read):
-                entry = self.counts.setdefault(source, PartitionCounts())
-                entry.read += int(row.marker_read)
-                entry.splits += 1
+                with self._lock:  # the workers update the same counts
+                    entry = self.counts.setdefault(source, PartitionCounts())
+                    entry.read += int(row.marker_read)
+                    entry.splits += 1
                 continue
             topic, partition = self.sources[source]
             offset = int(row.offset)
             previous = self._last_offset.get(source)
             if previous is not None and offset <= previous:
-                self.counts.setdefault(source, PartitionCounts()).violations += 1
+                with self._lock:
+                    self.counts.setdefault(source, PartitionCounts()).violations += 1
                 raise OrderViolation(
                     f"{topic}[{partition}]@{offset} arrived after {topic}[{partition}]@{previous}: "
                     "the job stops before handling it out of order"
