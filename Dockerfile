@@ -9,7 +9,7 @@
 # `python -m tools.locks`). Pin the base image by digest in production:
 #   --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest>
 # tests/packaging/test_dockerfile.py checks this file: pinned base, multi-stage, numeric non-root
-# user in every final stage, no build tools there.
+# user in every final stage, no build tools there, the catchup stage's Spark-aware entrypoint.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -81,7 +81,10 @@ RUN mkdir -p /usr/share/man/man1 \
 COPY --from=catchup-venv-builder /opt/keyorder /opt/keyorder
 COPY --from=catchup-builder /opt/keyorder-app/ /opt/keyorder/
 USER 65532:65532
-ENTRYPOINT ["keyorder"]
+# Spark on Kubernetes starts executor pods with `executor` and cluster-mode driver pods with
+# `driver ...`: this entrypoint runs Spark's executor backend or spark-submit for those, and
+# `keyorder ...` for everything else (so `catchup ...` works as with the runtime image).
+ENTRYPOINT ["keyorder-spark-entrypoint"]
 CMD ["--help"]
 
 # --- runtime (default): keyorder operator | keyorder run -------------------------------------

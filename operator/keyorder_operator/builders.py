@@ -11,6 +11,7 @@ template that would).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from keyorder_operator.kafka_config import MOUNT_DIR
@@ -274,6 +275,53 @@ CATCHUP_JOB_TTL_SECONDS = 7 * 24 * 3600
 FENCE_ANNOTATION = "keyorder.dev/fence"
 """On a catch-up Job: its ``--until``, so an existing Job can be told apart from another hand-over's."""
 
+EXECUTOR_TEMPLATE_ANNOTATION = "keyorder.dev/executor-pod-template"
+"""On a k8s:// catch-up's driver pod: the executors' pod template (JSON). A downward-API volume
+shows it to the driver as a file, ``spark.kubernetes.executor.podTemplateFile``: the Job stays one
+object, with no ConfigMap to create, own or clean up."""
+SPARK_TEMPLATE_DIR = "/etc/keyorder/spark"
+EXECUTOR_TEMPLATE_FILE = "executor-pod-template.json"
+EXECUTOR_CONTAINER = "executor"
+
+
+def build_executor_pod_template(spec: OrderedConsumerSpec, owner: dict[str, Any]) -> dict[str, Any]:
+    """The executors' pod template for a k8s:// catch-up: the pods' handler environment, the Kafka
+    Secret (files a properties file may name, such as a CA), a writable /tmp and the hardened
+    security context of every keyorder pod (restricted namespaces reject executors without it).
+    Spark adds the image, the resources and its own settings; executors call no API (no token)."""
+    kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
+    labels = {**catchup_labels(owner["metadata"]["name"]), "app.kubernetes.io/component": "catchup-executor"}
+    metadata, pod = _with_template(  # the user's pod template too (pull secrets, tolerations, volumes, ...)
+        spec,
+        {"labels": labels},
+        {
+            "automountServiceAccountToken": False,
+            "securityContext": POD_SECURITY,
+            "containers": [
+                {
+                    "name": EXECUTOR_CONTAINER,
+                    "env": _env_list(_handler_env(spec), spec),
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts],
+                    "securityContext": CONTAINER_SECURITY,
+                }
+            ],
+            "volumes": [{"name": "tmp", "emptyDir": {}}, *kafka_volumes],
+        },
+        service_account=None,
+    )
+    pod.pop("serviceAccountName", None)  # Spark sets the executors' account (the consumers')
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod}
+
+
+def catchup_labels(name: str) -> dict[str, str]:
+    """A catch-up Job's own app name: the consumers' Deployment, Service, PDB and pod counts never select it."""
+    return {
+        "app.kubernetes.io/name": "keyorder-catchup",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "keyorder-operator",
+        "app.kubernetes.io/component": "catchup",
+    }
+
 
 def catchup_job_name(name: str, started_at: float) -> str:
     """``<name>-catchup-<epoch seconds>``, the name shortened (never the time) to fit 63 characters."""
@@ -289,12 +337,17 @@ def catchup_selector(job_name: str) -> dict[str, str]:
 def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name: str, until: str) -> dict[str, Any]:
     """The Job running ``keyorder catchup`` from the group's committed offsets up to the fence ``until``.
 
-    It commits the fence only after every message was handled (``--commit auto``), so the pods,
-    resumed afterwards, start exactly there; a failed run commits nothing.
+    It commits wave by wave, each only after its audit (``--commit auto``), and the fence last, so
+    the pods, resumed afterwards, start exactly there; a failed run commits no more than its
+    finished waves. With a ``k8s://`` master the Job's pod is the Spark driver in client mode: its
+    executors get the pods' handler environment, the Kafka Secret and the hardened security context
+    through a pod template, run as the consumers' ServiceAccount (no API access, no token), and are
+    owned by the driver pod (``spark.kubernetes.driver.pod.name``), so they go when it goes.
     """
     name, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
     catchup = spec.catchup
     image = catchup.image or spec.handler.image
+    on_kubernetes = catchup.master.startswith("k8s://")
     args = ["catchup", "--start", "committed", "--until", until, "--commit", "auto"]
     if catchup.master:
         args += ["--master", catchup.master]
@@ -304,16 +357,26 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     settings: dict[str, str] = {}
     # Only a k8s:// driver calls the API (to create executor pods); any other Job keeps the consumers'
     # account, with no token.
-    driver_account = catchup.service_account_name if catchup.master.startswith("k8s://") else None
+    driver_account = catchup.service_account_name if on_kubernetes else None
     if not catchup.master.startswith("local"):
         settings["spark.executor.instances"] = str(catchup.executors)
-    if catchup.master.startswith("k8s://"):  # client mode: the driver is this pod, executors call back to it
+        if not on_kubernetes:  # standalone or YARN executors: the handler's own variables (k8s: the template)
+            # literal values only: a valueFrom (a Secret) has no value here to pass on, and Spark's
+            # settings are not the place for secrets anyway (use the Kafka properties file)
+            settings.update(
+                {f"spark.executorEnv.{item.name}": item.value for item in spec.handler.env if item.value is not None}
+            )
+    if on_kubernetes:  # client mode: the driver is this pod, executors call back to it
         settings.update(
             {
                 "spark.kubernetes.container.image": image,
                 "spark.kubernetes.namespace": namespace,
                 "spark.driver.host": "$(POD_IP)",
                 "spark.driver.bindAddress": "0.0.0.0",
+                "spark.kubernetes.driver.pod.name": "$(POD_NAME)",
+                "spark.kubernetes.executor.podTemplateFile": f"{SPARK_TEMPLATE_DIR}/{EXECUTOR_TEMPLATE_FILE}",
+                "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
+                "spark.kubernetes.authenticate.executor.serviceAccountName": name,
             }
         )
         if driver_account:
@@ -323,39 +386,46 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         args += ["--spark-conf", f"{setting}={value}"]
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
     env: list[dict[str, Any]] = [*_env_list(_handler_env(spec), spec)]  # plus valueFrom entries below
-    if catchup.master.startswith("k8s://"):  # $(POD_IP) in the args above
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}, *kafka_volumes]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts]  # Spark's scratch space
+    pod_metadata: dict[str, Any] = {"labels": catchup_labels(name)}
+    if on_kubernetes:  # $(POD_IP) and $(POD_NAME) in the args above; the executors' template as a file
         env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+        template = build_executor_pod_template(spec, owner)
+        pod_metadata["annotations"] = {EXECUTOR_TEMPLATE_ANNOTATION: json.dumps(template, sort_keys=True)}
+        field = f"metadata.annotations['{EXECUTOR_TEMPLATE_ANNOTATION}']"
+        volumes.append(
+            {
+                "name": "spark-templates",
+                "downwardAPI": {"items": [{"path": EXECUTOR_TEMPLATE_FILE, "fieldRef": {"fieldPath": field}}]},
+            }
+        )
+        mounts.append({"name": "spark-templates", "mountPath": SPARK_TEMPLATE_DIR, "readOnly": True})
     container = {
         "name": "catchup",
         "image": image,
         "args": args,
         "env": env,
         "resources": _resources(catchup.resources),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts],  # Spark's scratch space
+        "volumeMounts": mounts,
         "securityContext": CONTAINER_SECURITY,
-    }
-    # Its own app name: the consumers' Deployment, Service, PDB and pod counts must never select it.
-    job_labels = {
-        "app.kubernetes.io/name": "keyorder-catchup",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": "keyorder-operator",
-        "app.kubernetes.io/component": "catchup",
     }
     pod_metadata, pod = _with_template(
         spec,
-        {"labels": job_labels},
+        pod_metadata,
         {
             "restartPolicy": "Never",
             "serviceAccountName": name,
             "automountServiceAccountToken": driver_account is not None,
             "securityContext": POD_SECURITY,
             "containers": [container],
-            "volumes": [{"name": "tmp", "emptyDir": {}}, *kafka_volumes],
+            "volumes": volumes,
         },
         service_account=driver_account,
     )
     metadata = _metadata(job_name, owner)
-    metadata["labels"] = job_labels
+    metadata["labels"] = catchup_labels(name)
     metadata["annotations"] = {FENCE_ANNOTATION: until}
     return {
         "apiVersion": "batch/v1",

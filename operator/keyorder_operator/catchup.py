@@ -14,7 +14,7 @@ A hand-over has two phases, kept in ``status.catchup`` so a restarted operator c
    is left (they commit their last offsets on SIGTERM), so the job plans from final offsets;
 2. ``Running``: the Job runs ``keyorder catchup --until <fence>``, the fence being the end offsets
    recorded when catch-up was triggered. On success the Job has committed the fence and the pods
-   resume from it; on failure nothing was committed and the pods resume from where they were.
+   resume from it; on failure the waves it committed stay committed and the pods resume after them.
 
 A failed catch-up is not retried automatically for the same spec generation: the cause (a
 poison message under ``block``, a broken image) needs a person; any spec change re-arms it.

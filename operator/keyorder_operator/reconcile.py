@@ -448,8 +448,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         else:
             what = "failed" if outcome is JobState.FAILED else "disappeared"
             detail = (
-                f"Job {run.job_name} {what} after {now - run.started_at:.0f} s (a failed catch-up "
-                "commits nothing unless it failed after its final commit)"
+                f"Job {run.job_name} {what} after {now - run.started_at:.0f} s (a failed catch-up keeps "
+                "the waves it committed; the rest is the pods' again)"
             )
         finish_catchup(body, meta, run, conditions, patch, now, outcome, detail)
 

@@ -336,7 +336,7 @@ class CatchupSpec(_Model):
         2, ge=1, le=1000, description="Spark executors (spark.executor.instances) on a cluster master."
     )
     key_partitions: int = Field(
-        0, ge=0, le=100000, description="Spark partitions keys are hashed into; 0 means 4 per available core."
+        0, ge=0, le=100000, description="Spark partitions keys are hashed into; 0 means one per available core."
     )
     task_workers: int = Field(
         16, ge=1, le=1024, description="Handler threads per Spark task: different keys in parallel, each key in order."
@@ -347,7 +347,10 @@ class CatchupSpec(_Model):
     )
     resources: Resources = Field(default_factory=Resources, description="Resources of the Job's driver pod.")
     backoff_limit: int = Field(
-        0, ge=0, le=10, description="Job retries; a failed run commits nothing, so a retry is safe."
+        0,
+        ge=0,
+        le=10,
+        description="Job retries; a failed run keeps only the waves it committed, so a retry resumes after them.",
     )
     max_seconds: int = Field(
         6 * 3600,

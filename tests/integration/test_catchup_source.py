@@ -8,10 +8,12 @@ import pytest
 from confluent_kafka import Producer
 
 from keyorder.catchup.datasource import (
-    MARKER_PREFIX,
+    PROGRESS_SCALE,
+    Split,
     SplitReadError,
     arrow_batches,
     arrow_schema,
+    lane_hash,
     partition_route,
     read_split,
 )
@@ -39,31 +41,119 @@ def topic(broker) -> str:
 
 
 def test_a_split_yields_its_range_then_an_end_marker(broker, topic) -> None:
-    rows = list(read_split({"bootstrap.servers": broker.bootstrap}, "key", topic, 0, 5, 25, timeout=30))
+    split = Split(topic, 0, 5, 25, source=3, range_start=5, range_end=45)  # the first half of its wave's range
+    rows = list(read_split({"bootstrap.servers": broker.bootstrap}, "key", split, timeout=30))
     records, marker = rows[:-1], rows[-1]
     assert [row[3] for row in records] == list(range(5, 25))  # offsets start..end-1, in order, once
-    assert marker[0].startswith(MARKER_PREFIX) and marker[3] == 25 and marker[-1] == 20
+    assert marker[1:4] == (3, PROGRESS_SCALE, 25) and marker[-1] == 20  # sorts after every record
+    assert all(row[1] == 3 for row in records)  # the plan's index of the partition, not its name
+    progress = [row[2] for row in records]
+    assert progress == sorted(progress) and progress[0] == 0 and progress[-1] < PROGRESS_SCALE // 2
     by_offset = {row[3]: row for row in records}
-    assert by_offset[7][0] == b"k1" and by_offset[7][4] == b"k1" and by_offset[7][5] == b"v7"
-    assert by_offset[9][0] == partition_route(topic, 0) and by_offset[9][4] is None  # keyless: its partition
+    assert by_offset[7][0] == lane_hash(b"k1") and by_offset[7][4] == b"k1" and by_offset[7][5] == b"v7"
+    assert by_offset[9][0] == lane_hash(partition_route(topic, 0)) and by_offset[9][4] is None  # keyless
     assert by_offset[7][6] == [("trace", b"t7"), ("trace", None)]  # headers in order, repeats and nulls kept
     assert all(row[-1] is None for row in records)
 
 
 def test_partition_ordering_routes_every_record_by_its_partition(broker, topic) -> None:
-    rows = list(read_split({"bootstrap.servers": broker.bootstrap}, "partition", topic, 0, 0, 10, timeout=30))
-    assert {row[0] for row in rows[:-1]} == {partition_route(topic, 0)}
+    rows = list(read_split({"bootstrap.servers": broker.bootstrap}, "partition", Split(topic, 0, 0, 10), timeout=30))
+    assert {row[0] for row in rows[:-1]} == {lane_hash(partition_route(topic, 0))}
 
 
 def test_a_fence_past_the_log_end_fails_the_split(broker, topic) -> None:
     with pytest.raises(SplitReadError, match=r"the log ends at 30, before the fence 40"):
-        list(read_split({"bootstrap.servers": broker.bootstrap}, "key", topic, 0, 20, 40, timeout=30))
+        list(read_split({"bootstrap.servers": broker.bootstrap}, "key", Split(topic, 0, 20, 40), timeout=30))
 
 
 def test_arrow_batches_keep_every_row_and_the_schema(broker, topic) -> None:
-    rows = list(read_split({"bootstrap.servers": broker.bootstrap}, "key", topic, 0, 0, 30, timeout=30))
+    rows = list(read_split({"bootstrap.servers": broker.bootstrap}, "key", Split(topic, 0, 0, 30), timeout=30))
     batches = list(arrow_batches(iter(rows), size=8))
     assert [batch.num_rows for batch in batches] == [8, 8, 8, 7]
     assert all(batch.schema == arrow_schema() for batch in batches)
     offsets = [offset for batch in batches for offset in batch.column("offset").to_pylist()]
     assert offsets == [*range(30), 30]  # the 30 records, then the marker at the fence
+
+
+class FlakyConsumer:
+    """A consumer that first reports transient errors, then delegates to the real one."""
+
+    def __init__(self, config: dict, errors: list) -> None:
+        from confluent_kafka import Consumer
+
+        self.config = config
+        self.real = Consumer(config)
+        self.errors = errors
+
+    def assign(self, partitions) -> None:
+        self.real.assign(partitions)
+
+    def consume(self, num_messages: int, timeout: float):
+        if self.errors:
+            return [ErrorEvent(self.errors.pop(0))]
+        return self.real.consume(num_messages=num_messages, timeout=timeout)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+class ErrorEvent:
+    def __init__(self, error) -> None:
+        self._error = error
+
+    def error(self):
+        return self._error
+
+
+def test_transient_read_errors_are_retried_within_a_bound_and_prefetch_is_bounded(broker, topic) -> None:
+    from confluent_kafka import KafkaError
+
+    made: list[FlakyConsumer] = []
+
+    def flaky(errors: list):
+        def factory(config: dict) -> FlakyConsumer:
+            made.append(FlakyConsumer(config, errors))
+            return made[-1]
+
+        return factory
+
+    pauses: list[float] = []
+    transient = [KafkaError(KafkaError._TRANSPORT, "broker went away"), KafkaError(KafkaError._ALL_BROKERS_DOWN)]
+    rows = list(
+        read_split(
+            {"bootstrap.servers": broker.bootstrap},
+            "key",
+            Split(topic, 0, 0, 30),
+            timeout=30,
+            consumer_factory=flaky(transient),
+            sleep=pauses.append,
+        )
+    )
+    assert [row[3] for row in rows[:-1]] == list(range(30)) and rows[-1][-1] == 30
+    assert len(pauses) == 2 and pauses[0] < pauses[1]  # retried with a growing pause
+    assert made[0].config["queued.max.messages.kbytes"] == 4096  # not librdkafka's 64 MiB past the fence
+
+    endless = [KafkaError(KafkaError._TRANSPORT, "still down")] * 100
+    with pytest.raises(SplitReadError, match=r"31 read errors in a row at offset 0, the last: .*still down"):
+        list(
+            read_split(
+                {"bootstrap.servers": broker.bootstrap},
+                "key",
+                Split(topic, 0, 0, 30),
+                30,
+                flaky(endless),
+                pauses.append,
+            )
+        )
+    permanent = [KafkaError(KafkaError.OFFSET_OUT_OF_RANGE, "gone")]
+    with pytest.raises(SplitReadError, match="gone"):
+        list(
+            read_split(
+                {"bootstrap.servers": broker.bootstrap},
+                "key",
+                Split(topic, 0, 0, 30),
+                30,
+                flaky(permanent),
+                pauses.append,
+            )
+        )

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from keyorder.catchup.job import CatchupJob, stop_spark
+from keyorder.catchup.job import CatchupJob, SparkSettingsError, stop_spark
+from keyorder.catchup.plan import PlanError
 from keyorder.catchup.settings import CatchupConfig
 from keyorder.cli import main
 from keyorder.core.retry import ExhaustedPolicy
@@ -49,6 +50,7 @@ def spark(record_dir: Path) -> Iterator[object]:
         .appName("keyorder-catchup-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.stage.maxConsecutiveAttempts", "1")  # the job refuses a session without it
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -275,3 +277,138 @@ def test_a_missing_java_runtime_is_named(broker, tmp_path) -> None:
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "could not start Spark" in result.stderr and "Java 17+" in result.stderr
+
+
+def test_waves_commit_one_after_another_and_a_failed_wave_keeps_the_earlier_ones(broker, spark, record_dir) -> None:
+    name = topic(broker, partitions=2)
+    events = [{"key": f"k{index % 10}", "seq": index // 10} for index in range(400)]
+    events[330]["poison"] = True  # k0#33, on partition 0 or 1 near the end: in the last wave
+    produce_events(broker, name, events)
+    group = f"g-{name}"
+    blocking = config(
+        broker,
+        name,
+        group,
+        wave_offsets=50,
+        split_offsets=20,
+        max_attempts=1,
+        on_exhausted="block",
+    )
+    _, failed = run(spark, blocking)
+    report = failed.report()
+    assert not failed.ok and not failed.committed and "on-exhausted is block" in failed.error
+    assert report["waves_planned"] == -(-max(group_end(broker, name).values()) // 50)  # windows of at most 50
+    assert report["waves_committed"] >= 1
+    committed_waves = [wave for wave in report["waves"] if wave["committed"]]
+    assert [wave["wave"] for wave in committed_waves] == list(range(len(committed_waves)))
+    last_committed = committed_waves[-1]["ranges"]
+    by_partition = group_committed(broker.bootstrap, group, name, 2)
+    assert by_partition == {int(tp.split(":")[1]): end for tp, (_, end) in last_committed.items()}
+    assert report["waves"][-1]["committed"] is False and report["waves"][-1]["error"]
+
+    # The rerun starts at the first uncommitted wave: earlier waves are not handled again.
+    before = len(read_records(str(record_dir), name))
+    _, rerun = run(spark, blocking.model_copy(update={"on_exhausted": ExhaustedPolicy.DLQ}))
+    assert rerun.ok and rerun.committed
+    records = read_records(str(record_dir), name)
+    rehandled = {(key, seq) for key, seq, *_ in records[before:]} & {(key, seq) for key, seq, *_ in records[:before]}
+    offsets_after_commit = sum(by_partition.values())
+    assert len(rehandled) <= 400 - offsets_after_commit  # only the failed wave's messages, at most
+    assert rerun.report()["dead_lettered"] == 1
+    dead = [letter for wave in rerun.report()["waves"] for letter in wave["dead_letters"]]
+    assert len(dead) == 1 and dead[0]["topic"] == name
+    assert_first_processing_in_order(record for record in ((k, s) for k, s, *_ in records) if record[0] != "k0")
+
+
+class LiveMembers:
+    """The job's real Kafka offsets, except that the group's members are counted from a consumer the test
+    keeps in the group: the test broker (Tansu) describes a stable group with an empty member list,
+    where real Kafka lists its members."""
+
+    def __init__(self, real, members: int) -> None:
+        self.real, self.count = real, members
+
+    def members(self) -> int:
+        return self.count
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+def test_plan_works_on_a_live_group_without_committing_anything(broker, spark) -> None:
+    name = topic(broker, partitions=2)
+    produce_keyed(broker.bootstrap, name, 200, 20, extra_config=EXACT_END_OFFSETS)
+    group = f"g-{name}"
+    live = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            "enable.auto.commit": False,
+        }
+    )
+    live.subscribe([name])
+    job = CatchupJob(config(broker, name, group), spark=spark)
+    try:
+        for _ in range(80):  # a live pod: a member of the group, with partitions assigned
+            live.poll(0.25)
+            if live.assignment():
+                break
+        assert live.assignment()
+        job.offsets = LiveMembers(job.offsets, members=1)  # type: ignore[assignment]
+        with pytest.raises(PlanError, match="1 active members"):  # a run refuses
+            job.plan()
+        preview = job.plan(preview=True)  # --plan: the same plan, with the refusal as a note
+        assert any(note.startswith("a run would refuse now: group") for note in preview.notes)
+        assert job.key_statistics(preview).messages == 200
+        assert [r.offsets for r in preview.ranges] == [r.end - r.start for r in preview.ranges]
+    finally:
+        job.close()
+        live.close()
+    assert group_committed(broker.bootstrap, group, name, 2) == {}
+
+
+def test_an_existing_session_without_the_enforced_settings_is_refused(broker, spark) -> None:
+    spark_conf = spark.sparkContext.getConf()
+    assert spark_conf.get("spark.stage.maxConsecutiveAttempts") == "1"
+    name = topic(broker, partitions=1)
+    produce_keyed(broker.bootstrap, name, 10, 2, extra_config=EXACT_END_OFFSETS)
+    job = CatchupJob(config(broker, name, f"g-{name}"), spark=FakeSession(spark, {"spark.speculation": "true"}))
+    try:
+        with pytest.raises(SparkSettingsError, match=r"spark.speculation=true \(needs false\)"):
+            job.run(job.plan())
+    finally:
+        job.close()
+
+
+class FakeSession:
+    """The real session seen through a configuration with other values (a session started elsewhere)."""
+
+    def __init__(self, real, overrides: dict[str, str]) -> None:
+        self.real = real
+        self.overrides = overrides
+
+    @property
+    def sparkContext(self):
+        outer = self
+
+        class Context:
+            master = outer.real.sparkContext.master
+
+            def getConf(self):
+                class Conf:
+                    def getAll(self):
+                        return [*outer.real.sparkContext.getConf().getAll(), *outer.overrides.items()]
+
+                return Conf()
+
+        return Context()
+
+
+def group_end(broker: EmbeddedBroker, name: str) -> dict[int, int]:
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    futures = admin.list_offsets({TopicPartition(name, p): OffsetSpec.latest() for p in range(2)}, request_timeout=10)
+    return {tp.partition: future.result(timeout=10).offset for tp, future in futures.items()}

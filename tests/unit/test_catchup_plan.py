@@ -1,10 +1,15 @@
-"""The catch-up job's pure parts: positions, ranges, splits, key statistics, audit, retry loop."""
+"""The catch-up job's parts without Spark: positions, ranges, waves, splits, key statistics, audit, the
+task's lane loop (retries, dead letters, look-ahead, order check) and the session check."""
 
 from __future__ import annotations
 
+import threading
+
+import pandas
 import pytest
 
-from keyorder.catchup.apply import KeyBlocked, OrderCheck, handle_with_retry
+from keyorder.catchup.apply import KeyBlocked, OrderViolation, TaskRunner
+from keyorder.catchup.job import SparkSettingsError, check_session, session_problems
 from keyorder.catchup.plan import (
     CommitMode,
     OffsetRange,
@@ -14,6 +19,7 @@ from keyorder.catchup.plan import (
     TaskSummary,
     audit,
     commits_fence,
+    cut_waves,
     key_statistics,
     offsets_a_commit_would_skip,
     refuse_live_group,
@@ -21,6 +27,7 @@ from keyorder.catchup.plan import (
     split_ranges,
 )
 from keyorder.catchup.positions import Position, PositionError, PositionKind, parse_position
+from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
 
@@ -115,6 +122,8 @@ def test_a_committing_job_refuses_a_group_with_live_members() -> None:
     refuse_live_group(2, False, "g")  # --commit never: a dry replay may run next to them
     refuse_live_group(None, True, "g")  # the broker could not say: the commit-time check still guards
     refuse_live_group(0, True, "g")
+    preview = refuse_live_group(2, True, "g", preview=True)  # --plan handles nothing: it only tells
+    assert preview is not None and preview.startswith("a run would refuse now: group 'g' has 2 active members")
 
 
 def test_splits_cover_each_range_exactly_once() -> None:
@@ -200,68 +209,157 @@ def test_the_audit_names_what_went_wrong(summaries: list[TaskSummary], problem: 
     assert problem in result.problems
 
 
-def test_order_check_counts_rows_that_go_back() -> None:
-    check = OrderCheck()
-    rows = [
-        (b"a", "t", 0, 1),
-        (b"a", "t", 0, 5),
-        (b"a", "t", 1, 0),
-        (b"b", "t", 0, 2),
-        (b"a", "t", 0, 9),
-        (b"a", "t", 0, 9),
-    ]
-    assert [check.check(row) for row in rows] == [True, True, True, True, False, False]
-    assert check.violations == 2
-
-
 class FakeDeadLetters:
     """A fake DLQ sink (records what would be published)."""
 
     def __init__(self) -> None:
-        self.published: list[tuple[int, int, str]] = []
+        self.published: list[tuple[int, int, str, dict[str, bytes | None]]] = []
 
     def publish(self, message: Message, error: BaseException, attempts: int) -> None:
-        self.published.append((message.offset, attempts, str(error)))
+        self.published.append((message.offset, attempts, str(error), dict(message.headers)))
 
     def close(self) -> None:
         pass
 
 
-def failing(times: int):
-    calls = []
-
-    def handler(message: Message) -> None:
-        calls.append(message.offset)
-        if len(calls) <= times:
-            raise RuntimeError(f"boom {len(calls)}")
-
-    return handler, calls
+def frame(rows: list[tuple]) -> pandas.DataFrame:
+    columns = ["lane", "source", "progress", "offset", "key", "value", "headers", "timestamp", "marker_read"]
+    result = pandas.DataFrame(rows, columns=columns)
+    result["marker_read"] = result["marker_read"].astype("Int64")
+    return result
 
 
-MESSAGE = Message("t", 0, 7, b"k", b"v")
-POLICY = RetryPolicy(max_attempts=3, initial_backoff=0.1, max_backoff=0.15)
+def record_rows(keys: list[bytes]) -> list[tuple]:
+    """One row per key, at consecutive offsets of source 0, then the end marker."""
+    rows = [(0, 0, index, index, key, b"v", [], None, None) for index, key in enumerate(keys)]
+    return [*rows, (0, 0, 1 << 20, len(keys), None, None, [], None, len(keys))]
 
 
-def test_retries_wait_with_the_pods_backoff_then_succeed() -> None:
-    handler, calls = failing(2)
-    waits: list[float] = []
-    assert handle_with_retry(handler, MESSAGE, POLICY, FakeDeadLetters(), sleep=waits.append) is False
-    assert calls == [7, 7, 7]
-    assert waits == [0.1, 0.15]
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001  # time moves on by itself, so a parked lane becomes due without sleeping
+        return self.now
 
 
-def test_exhausted_messages_are_dead_lettered_with_the_last_error() -> None:
-    handler, _ = failing(10)
+def runner(call, policy: RetryPolicy, sink=None, workers: int = 4, lookahead: int = 100) -> TaskRunner:
+    return TaskRunner(call, policy, sink, [("t", 0)], "key", workers, lookahead, "run1", 3, clock=FakeClock())
+
+
+def test_a_failed_attempt_parks_its_key_while_the_others_go_on_then_succeeds() -> None:
+    done: list[bytes] = []
+    failures = {b"a": 2}
+    lock = threading.Lock()
+
+    def call(message: Message) -> None:
+        with lock:
+            if failures.get(message.key, 0):
+                failures[message.key] -= 1
+                raise RuntimeError("boom")
+            done.append(message.key)
+
+    task = runner(call, RetryPolicy(max_attempts=3, initial_backoff=0.05, max_backoff=0.05), workers=1)
+    task.run(iter([frame(record_rows([b"a", b"b", b"c", b"a"]))]))
+    assert done.index(b"b") < done.index(b"a")  # one worker: b and c passed the parked key
+    assert [key for key in done if key == b"a"] == [b"a", b"a"]
+    assert (task.counts[0].processed, task.counts[0].read, task.counts[0].splits) == (4, 4, 1)
+
+
+def test_exhausted_messages_are_dead_lettered_with_the_run_and_wave_as_provenance() -> None:
+    def call(message: Message) -> None:
+        if message.key == b"poison":
+            raise RuntimeError("boom")
+
     sink = FakeDeadLetters()
-    assert handle_with_retry(handler, MESSAGE, POLICY, sink, sleep=lambda _: None) is True
-    assert sink.published == [(7, 3, "boom 3")]
+    task = runner(call, RetryPolicy(max_attempts=3, initial_backoff=0, max_backoff=0), sink)
+    task.run(iter([frame(record_rows([b"a", b"poison", b"b"]))]))
+    ((offset, attempts, error, headers),) = sink.published
+    assert (offset, attempts, error) == (1, 3, "boom")
+    assert headers == {"keyorder.catchup.run": b"run1", "keyorder.catchup.wave": b"3"}
+    assert (task.counts[0].processed, task.counts[0].dead_lettered) == (2, 1)
+    assert task.dead_letter_offsets == {0: [1]}
 
 
-def test_block_stops_the_job_instead_of_parking_the_key() -> None:
-    handler, _ = failing(10)
+def test_block_fails_the_task_instead_of_parking_the_key_forever() -> None:
+    def call(message: Message) -> None:
+        raise RuntimeError("boom")
+
     policy = RetryPolicy(max_attempts=2, initial_backoff=0, max_backoff=1, exhausted=ExhaustedPolicy.BLOCK)
-    with pytest.raises(KeyBlocked, match=r"t\[0\]@7 failed 2 times and on-exhausted is block"):
-        handle_with_retry(handler, MESSAGE, policy, None, sleep=lambda _: None)
+    with pytest.raises(KeyBlocked, match=r"t\[0\]@0 failed 2 times and on-exhausted is block"):
+        runner(call, policy).run(iter([frame(record_rows([b"a"]))]))
+
+
+def test_the_task_reads_ahead_at_most_its_lookahead() -> None:
+    seen: list[int] = []
+    task: TaskRunner
+
+    def call(message: Message) -> None:
+        seen.append(len(task._scheduler))
+
+    task = runner(call, RetryPolicy(max_attempts=1), workers=3, lookahead=7)
+    task.run(iter([frame(record_rows([f"k{i}".encode() for i in range(100)]))]))
+    assert task.counts[0].processed == 100
+    assert max(seen) <= 7
+
+
+def test_a_row_at_or_below_its_partitions_previous_offset_stops_the_task() -> None:
+    calls: list[int] = []
+    rows = [(0, 0, 0, 5, b"a", b"v", [], None, None), (0, 0, 1, 5, b"b", b"v", [], None, None)]
+    with pytest.raises(OrderViolation, match=r"t\[0\]@5 arrived after t\[0\]@5"):
+        runner(lambda message: calls.append(message.offset), RetryPolicy(max_attempts=1)).run(iter([frame(rows)]))
+    assert calls == []  # a batch is checked whole before any of it is handled
+
+
+def test_waves_cut_every_range_into_the_same_number_of_windows() -> None:
+    ranges = [OffsetRange("t", 0, 100, 350), OffsetRange("t", 1, 0, 10), OffsetRange("t", 2, 5, 5)]
+    waves = cut_waves(ranges, 100)
+    assert len(waves) == 3  # the largest range (250 offsets) needs 3 windows of at most 100
+    for partition, offsets in ((0, range(100, 350)), (1, range(0, 10))):
+        windows = [r for wave in waves for r in wave if r.partition == partition]
+        assert [o for r in windows for o in range(r.start, r.end)] == list(offsets)  # each offset once, in order
+        assert all(r.offsets <= 100 for r in windows)
+    assert [len(wave) for wave in waves] == [2, 2, 2]  # every wave spreads over the busy partitions
+    assert cut_waves(ranges, 0) == [[OffsetRange("t", 0, 100, 350), OffsetRange("t", 1, 0, 10)]]
+    assert cut_waves([OffsetRange("t", 0, 3, 3)], 10) == []
+    assert [len(w) for w in cut_waves([OffsetRange("t", 0, 0, 2), OffsetRange("t", 1, 0, 9)], 3)] == [2, 2, 1]
+
+
+@pytest.mark.parametrize(
+    ("conf", "master", "problems"),
+    [
+        (ENFORCED_SPARK_SETTINGS, "spark://h:7077", []),
+        ({}, "local[2]", ["spark.stage.maxConsecutiveAttempts=4 (needs 1)"]),
+        ({"spark.stage.maxConsecutiveAttempts": "1"}, "local[*]", []),  # local mode runs a task once
+        (
+            {"spark.stage.maxConsecutiveAttempts": "1"},
+            "spark://h:7077",
+            ["spark.task.maxFailures=4 (needs 1)"],
+        ),
+        ({**ENFORCED_SPARK_SETTINGS, "spark.speculation": "True"}, "yarn", ["spark.speculation=true (needs false)"]),
+    ],
+)
+def test_a_session_that_could_run_a_task_twice_is_named(conf: dict, master: str, problems: list[str]) -> None:
+    assert session_problems(conf, master) == problems
+
+
+def test_an_existing_session_without_the_settings_is_refused() -> None:
+    class Conf:
+        def getAll(self):
+            return [("spark.task.maxFailures", "4")]
+
+    class Context:
+        master = "spark://h:7077"
+
+        def getConf(self):
+            return Conf()
+
+    class Session:
+        sparkContext = Context()
+
+    with pytest.raises(SparkSettingsError, match=r"spark.task.maxFailures=4 \(needs 1\).*cannot be changed"):
+        check_session(Session())
 
 
 def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:

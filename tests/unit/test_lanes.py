@@ -301,3 +301,20 @@ def test_random_workers_failures_and_revokes_keep_lanes_serial_in_order_and_lose
         assert offsets == sorted(offsets), f"lane {lane!r} finished out of arrival order"
     every = sorted([offset for offsets in finished.values() for offset in offsets] + withdrawn)
     assert every == sorted(offset for offsets in arrived.values() for offset in offsets), "lost or duplicated"
+
+
+@pytest.mark.parametrize(
+    ("continue_first", "expected"), [(False, ["a1", "b1", "c1", "a2"]), (True, ["a1", "a2", "b1", "c1"])]
+)
+def test_continue_first_lets_a_lane_with_more_go_on_before_the_others(
+    continue_first: bool, expected: list[str]
+) -> None:
+    """The pods' round-robin puts a finished lane back at the tail; a batch's scheduler (continue_first)
+    puts it at the head, so its longest lane never queues behind light ones. Lane order is the same."""
+    scheduler = LaneScheduler(continue_first=continue_first)
+    scheduler.add([delivery("a1", "a"), delivery("a2", "a"), delivery("b1", "b"), delivery("c1", "c")])
+    ran = []
+    while taken := scheduler.take(0.0):
+        ran.append(taken[0].message.name)
+        scheduler.finished(taken[0])
+    assert ran == expected

@@ -136,7 +136,11 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
                 "groupId": "g",
                 "propertiesSecretRef": {"name": "kafka-client"},
             },
-            "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+            "handler": {
+                "image": "reg/orders:1",
+                "handler": "orders.handler:handle",
+                "env": [{"name": "ORDERS_DB", "value": "db:5432"}],
+            },
             "retry": {"maxAttempts": 7, "onExhausted": "dlq"},
             "catchup": {
                 "enabled": True,
@@ -169,6 +173,8 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
         "16",
         "--spark-conf",
         "spark.executor.instances=6",
+        "--spark-conf",
+        "spark.executorEnv.ORDERS_DB=db:5432",  # the handler's own variables reach standalone/YARN executors
         "--spark-conf",
         "spark.kubernetes.namespace=shop",
     ]
@@ -212,6 +218,14 @@ def test_a_k8s_master_gets_a_client_mode_driver_and_its_service_account() -> Non
         assert setting in args
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in pod["containers"][0]["env"]
     assert pod["serviceAccountName"] == "spark-driver" and pod["automountServiceAccountToken"] is True
+    # Executors are owned by the driver pod, run as the consumers' account and get the pods' setup.
+    assert "spark.kubernetes.driver.pod.name=$(POD_NAME)" in args
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in pod["containers"][0][
+        "env"
+    ]
+    assert "spark.kubernetes.authenticate.executor.serviceAccountName=o" in args
+    assert "spark.kubernetes.executor.podTemplateFile=/etc/keyorder/spark/executor-pod-template.json" in args
+    assert "spark.kubernetes.executor.podTemplateContainerName=executor" in args
     local = spec.model_copy(update={"catchup": spec.catchup.model_copy(update={"master": "local[*]"})})
     local_pod = build_catchup_job(
         local, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1", "o:0=1"
@@ -222,3 +236,59 @@ def test_a_k8s_master_gets_a_client_mode_driver_and_its_service_account() -> Non
 def test_job_names_fit_63_characters_and_keep_the_time() -> None:
     assert catchup_job_name("a" * 80, 1700000000) == "a" * 44 + "-catchup-1700000000"
     assert catchup_job_name("ab-" + "c" * 40 + "-" * 5, 1700000000).endswith("c-catchup-1700000000")
+
+
+def test_k8s_executors_get_the_handler_env_the_kafka_secret_and_the_hardened_context_by_a_pod_template() -> None:
+    import json
+
+    import kubernetes_validate
+
+    spec = parse_spec(
+        {
+            "kafka": {
+                "bootstrapServers": "kafka:9092",
+                "topics": ["orders"],
+                "groupId": "g",
+                "propertiesSecretRef": {"name": "kafka-client"},
+            },
+            "handler": {
+                "image": "reg/orders:1",
+                "handler": "orders.handler:handle",
+                "env": [{"name": "ORDERS_DB", "value": "db:5432"}],
+            },
+            "catchup": {"enabled": True, "master": "k8s://https://kubernetes.default.svc"},
+        }
+    )
+    job = build_catchup_job(spec, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1", "o:0=1")
+    pod = job["spec"]["template"]
+    template = json.loads(pod["metadata"]["annotations"]["keyorder.dev/executor-pod-template"])
+    # The driver reads the template as a file: a downward-API volume of that annotation.
+    (volume,) = [v for v in pod["spec"]["volumes"] if "downwardAPI" in v]
+    (item,) = volume["downwardAPI"]["items"]
+    assert item == {
+        "path": "executor-pod-template.json",
+        "fieldRef": {"fieldPath": "metadata.annotations['keyorder.dev/executor-pod-template']"},
+    }
+    mount = {"name": volume["name"], "mountPath": "/etc/keyorder/spark", "readOnly": True}
+    assert mount in pod["spec"]["containers"][0]["volumeMounts"]
+
+    executor = template["spec"]["containers"][0]
+    env = {item["name"]: item["value"] for item in executor["env"]}
+    assert env["ORDERS_DB"] == "db:5432" and env["KEYORDER_HANDLER"] == "orders.handler:handle"
+    assert env["KEYORDER_KAFKA_PROPERTIES_FILE"] == "/etc/keyorder/kafka/client.properties"
+    assert {"name": "kafka-properties", "secret": {"secretName": "kafka-client"}} in template["spec"]["volumes"]
+    assert {"name": "kafka-properties", "mountPath": "/etc/keyorder/kafka", "readOnly": True} in executor[
+        "volumeMounts"
+    ]
+    assert executor["securityContext"] == {
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert template["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert template["spec"]["automountServiceAccountToken"] is False
+    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "keyorder-catchup"  # never a consumer
+    kubernetes_validate.validate(template, "1.30", strict=True)
+    kubernetes_validate.validate(job, "1.30", strict=True)

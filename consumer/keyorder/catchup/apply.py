@@ -1,27 +1,33 @@
 """Calling the user's handler on one Spark partition, in order, with the pod's retry/DLQ policy.
 
-Spark hands ``mapInPandas`` the rows of one Spark partition, sorted by (route, topic, partition,
-offset). ``ApplyHandler`` cuts each batch into runs of one route; a run's messages are handled one
-after another (a message is finished, handled or dead-lettered, before the next starts), so
-messages with the same key run in offset order, while up to ``task_workers`` runs proceed at
-once. Each message gets the same ``RetryPolicy`` as in a pod: a retry waits on its route's
-thread, and ``block`` after the last attempt fails the job, because a batch cannot park a key:
-nothing is committed and the live pods take the key over.
+Spark hands ``mapInPandas`` the rows of one Spark partition sorted by ``(progress, source,
+offset)``: every source partition's offsets increase, and the partitions and keys interleave
+as in a pod's poll batches. ``TaskRunner`` runs them like a pod does: each message joins its
+*lane* (its route: the key, or the partition) in the pod's own ``LaneScheduler``; up to
+``task_workers`` threads take any ready lane, run its head message and put the lane back. So a
+key's messages run one at a time in offset order, any free thread takes any ready key, and a hot
+key occupies one thread while every other key passes it: there is no batch barrier. The feeder
+reads ahead at most ``lookahead`` messages (backpressure into Spark's Arrow stream).
 
-A built-in check stops the job (before calling the handler) if a row arrives out of (route, topic,
-partition, offset) order; the per-partition counts come back to the driver, which audits them
-before committing anything.
+A failed attempt *parks* its lane until the retry's due time, holding no thread, exactly as in a
+pod; after the last attempt the message is dead-lettered (with the run id and wave as
+provenance headers) or, under ``block``, the task fails, because a batch job cannot park a key
+forever: nothing of the wave is committed and the live pods take the key over.
+
+A built-in check stops the task (before calling the handler) if a row of a source partition
+arrives at or below that partition's previous offset; the per-partition counts come back to the
+driver, which audits them before committing anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,61 +35,28 @@ import pandas
 
 from keyorder.adapters.dead_letters import KafkaDeadLetterSink
 from keyorder.adapters.handlers import LoadedHandler, load_handler
+from keyorder.catchup.datasource import route_of
 from keyorder.catchup.plan import COUNTS, PartitionCounts
 from keyorder.contracts import DeadLetterSink
+from keyorder.core.lanes import Delivery, LaneScheduler
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
 from keyorder.message import Message
 from keyorder.workers import call_sync_handler
 
-SUMMARY_SCHEMA = "topic string, partition int, " + ", ".join(f"{name} long" for name in COUNTS)
+SUMMARY_SCHEMA = (
+    "topic string, partition int, "
+    + ", ".join(f"{name} long" for name in COUNTS)
+    + ", task int, attempt int, dead_letter_offsets array<long>"
+)
 log = logging.getLogger(__name__)
 
 
 class OrderViolation(RuntimeError):
-    """A row arrived out of (route, topic, partition, offset) order: stop before handling it."""
+    """A row arrived at or below its partition's previous offset: stop before handling it."""
 
 
 class KeyBlocked(RuntimeError):
     """A message failed every attempt under ``on-exhausted=block``: the job stops without committing."""
-
-
-def handle_with_retry(
-    call: Callable[[Message], Any],
-    message: Message,
-    policy: RetryPolicy,
-    dead_letters: DeadLetterSink | None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> bool:
-    """Run ``call`` until it succeeds (returns False) or the message is dead-lettered (returns True)."""
-    failures = 0
-    while True:
-        try:
-            call(message)
-            return False
-        except Exception as error:
-            failures += 1
-            verdict, delay = policy.after_failure(failures)
-            if verdict is Verdict.RETRY:
-                log.warning(
-                    "%s[%d]@%d failed (attempt %d of %d), retrying in %.2fs: %s",
-                    message.topic,
-                    message.partition,
-                    message.offset,
-                    failures,
-                    policy.max_attempts,
-                    delay,
-                    error,
-                )
-                sleep(delay)
-                continue
-            if verdict is Verdict.DEAD_LETTER and dead_letters is not None:
-                dead_letters.publish(message, error, failures)
-                return True
-            raise KeyBlocked(
-                f"{message.topic}[{message.partition}]@{message.offset} failed {failures} times and "
-                f"on-exhausted is block: stopping without committing; last error: "
-                f"{type(error).__name__}: {error}"
-            ) from error
 
 
 class LazyDeadLetters:
@@ -106,26 +79,6 @@ class LazyDeadLetters:
             self._sink.close()
 
 
-@dataclass
-class OrderCheck:
-    """Counts rows that are not strictly after the previous one in (route, topic, partition, offset)."""
-
-    previous: tuple | None = None
-    violations: int = 0
-
-    @property
-    def previous_ok(self) -> str:
-        return "the start" if self.previous is None else f"{self.previous[1]}[{self.previous[2]}]@{self.previous[3]}"
-
-    def check(self, position: tuple) -> bool:
-        ok = self.previous is None or position > self.previous
-        if not ok:
-            self.violations += 1
-        else:
-            self.previous = position
-        return ok
-
-
 def _headers(value: Any) -> tuple[tuple[str, bytes | None], ...]:
     if _missing(value):
         return ()
@@ -136,40 +89,6 @@ def _headers(value: Any) -> tuple[tuple[str, bytes | None], ...]:
         else:
             result.append((item[0], item[1]))
     return tuple(result)
-
-
-def split_into_runs(frame: Any, counts: dict[Source, PartitionCounts], order: OrderCheck) -> list[Run]:
-    """One batch as runs of one route each, after the order check (which raises before anything runs);
-    end markers are counted into ``counts`` here."""
-    runs: list[Run] = []
-    current_route = None
-    for row in frame.itertuples(index=False):
-        source = (row.topic, int(row.partition))
-        if not _missing(row.marker_read):
-            entry = counts.setdefault(source, PartitionCounts())
-            entry.read += int(row.marker_read)
-            entry.splits += 1
-            continue
-        route = bytes(row.route)
-        if not order.check((route, row.topic, int(row.partition), int(row.offset))):
-            raise OrderViolation(
-                f"{row.topic}[{row.partition}]@{row.offset} arrived after {order.previous_ok}: "
-                "the job stops before handling it out of order"
-            )
-        message = Message(
-            topic=row.topic,
-            partition=int(row.partition),
-            offset=int(row.offset),
-            key=None if _missing(row.key) else bytes(row.key),
-            value=None if _missing(row.value) else bytes(row.value),
-            headers=_headers(row.headers),
-            timestamp=None if _missing(row.timestamp) else float(row.timestamp),
-        )
-        if route != current_route:
-            runs.append([])
-            current_route = route
-        runs[-1].append((source, message))
-    return runs
 
 
 def _missing(value: Any) -> bool:
@@ -199,27 +118,238 @@ def thread_safe_caller(loaded: LoadedHandler) -> tuple[Callable[[Message], None]
 
 
 Source = tuple[str, int]
-Run = list[tuple[Source, Message]]
-"""Consecutive messages of one route in a batch: handled one after another, in this order."""
+HEADER_RUN = "keyorder.catchup.run"
+HEADER_WAVE = "keyorder.catchup.wave"
+DEAD_LETTER_REFS = 1_000
+"""Most dead-lettered offsets a task reports per source partition (the count is always exact)."""
+
+
+def with_provenance(message: Message, run_id: str, wave: int) -> Message:
+    """The message as dead-lettered by a catch-up: its headers plus the run and the wave, so a rerun's
+    duplicate dead letters (same original offset, another run) can be told apart."""
+    headers = (*message.headers, (HEADER_RUN, run_id.encode()), (HEADER_WAVE, str(wave).encode()))
+    return dataclasses.replace(message, headers=headers)
+
+
+def _task_attempt() -> tuple[int, int]:
+    """Spark's (partition id, attempt number) of the running task ((0, 0) outside Spark). With
+    ``spark.task.maxFailures=1`` the attempt is above 0 only after an executor was lost."""
+    try:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+    except ImportError:  # pyspark missing (unit tests without Spark)
+        return 0, 0
+    return (context.partitionId(), context.attemptNumber()) if context is not None else (0, 0)
+
+
+class TaskRunner:
+    """One Spark task's handler loop: a feeder (the calling thread) and ``workers`` handler threads.
+
+    Threading: ``_lock`` guards the scheduler, the counts, ``_error`` and ``_input_done``. Handlers
+    run outside it. The feeder waits on ``_space`` for room below ``lookahead``; workers wait on
+    ``_work`` for a ready lane (with a timeout at the next parked lane's due time).
+    """
+
+    def __init__(
+        self,
+        call: Callable[[Message], Any],
+        policy: RetryPolicy,
+        dead_letters: DeadLetterSink | None,
+        sources: list[Source],
+        ordering: str,
+        workers: int,
+        lookahead: int,
+        run_id: str = "",
+        wave: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.call = call
+        self.policy = policy
+        self.dead_letters = dead_letters
+        self.sources = sources
+        self.ordering = ordering
+        self.workers = max(workers, 1)
+        self.lookahead = max(lookahead, 1)
+        self.run_id = run_id
+        self.wave = wave
+        self.clock = clock
+        self.counts: dict[int, PartitionCounts] = {}
+        self.dead_letter_offsets: dict[int, list[int]] = {}
+        self._scheduler = LaneScheduler(continue_first=True)  # a hot key's thread goes on with it
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._space = threading.Condition(self._lock)
+        self._error: BaseException | None = None
+        self._input_done = False
+        self._last_offset: dict[int, int] = {}
+
+    # -- the feeder (Spark's iterator of Arrow batches, on the calling thread) ------------------------
+    def run(self, frames: Iterator[Any]) -> None:
+        threads = [
+            threading.Thread(target=self._worker, name=f"keyorder-catchup-{index}", daemon=True)
+            for index in range(self.workers)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            for frame in frames:
+                deliveries = self._deliveries(frame)  # checked whole before any of it is handled
+                while deliveries:
+                    with self._lock:
+                        while self._error is None and len(self._scheduler) >= self.lookahead:
+                            self._space.wait()
+                        if self._error is not None:
+                            break
+                        room = self.lookahead - len(self._scheduler)
+                        chunk, deliveries = deliveries[:room], deliveries[room:]
+                        woken = self._scheduler.add(chunk)
+                        if woken:
+                            self._work.notify(woken)
+                if self._error is not None:
+                    break
+        except BaseException as error:
+            with self._lock:
+                if self._error is None:
+                    self._error = error
+                self._work.notify_all()
+        finally:
+            with self._lock:
+                self._input_done = True
+                self._work.notify_all()
+            for thread in threads:
+                thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def _deliveries(self, frame: Any) -> list[Delivery]:
+        deliveries = []
+        for row in frame.itertuples(index=False):
+            source = int(row.source)
+            if not _missing(row.marker_read):
+                with self._lock:  # the workers update the same counts
+                    entry = self.counts.setdefault(source, PartitionCounts())
+                    entry.read += int(row.marker_read)
+                    entry.splits += 1
+                continue
+            topic, partition = self.sources[source]
+            offset = int(row.offset)
+            previous = self._last_offset.get(source)
+            if previous is not None and offset <= previous:
+                with self._lock:
+                    self.counts.setdefault(source, PartitionCounts()).violations += 1
+                raise OrderViolation(
+                    f"{topic}[{partition}]@{offset} arrived after {topic}[{partition}]@{previous}: "
+                    "the job stops before handling it out of order"
+                )
+            self._last_offset[source] = offset
+            key = None if _missing(row.key) else bytes(row.key)
+            message = Message(
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                key=key,
+                value=None if _missing(row.value) else bytes(row.value),
+                headers=_headers(row.headers),
+                timestamp=None if _missing(row.timestamp) else float(row.timestamp),
+            )
+            lane = route_of(self.ordering, topic, partition, key)
+            deliveries.append(Delivery(message, lane, source, 0.0))
+        return deliveries
+
+    # -- the handler threads ------------------------------------------------------------------------
+    def _worker(self) -> None:
+        scheduler = self._scheduler
+        while True:
+            with self._lock:
+                while True:
+                    if self._error is not None:
+                        return
+                    taken = scheduler.take(self.clock())
+                    if taken:
+                        break
+                    if self._input_done and not len(scheduler):
+                        self._work.notify_all()
+                        return
+                    self._work.wait(scheduler.seconds_until_due(self.clock()))
+            delivery = taken[0]
+            try:
+                outcome, delay = self._attempt(delivery)
+            except BaseException as error:
+                with self._lock:
+                    if self._error is None:
+                        self._error = error
+                    self._work.notify_all()
+                    self._space.notify_all()
+                return
+            with self._lock:
+                if outcome == "retry":
+                    scheduler.park(delivery, self.clock() + delay)
+                    continue
+                scheduler.finished(delivery)
+                entry = self.counts.setdefault(delivery.partition, PartitionCounts())
+                if outcome == "dead_lettered":
+                    entry.dead_lettered += 1
+                    refs = self.dead_letter_offsets.setdefault(delivery.partition, [])
+                    if len(refs) < DEAD_LETTER_REFS:
+                        refs.append(delivery.message.offset)
+                else:
+                    entry.processed += 1
+                self._space.notify()
+                if self._input_done and not len(scheduler):
+                    self._work.notify_all()
+
+    def _attempt(self, delivery: Delivery) -> tuple[str, float]:
+        """One handler attempt: ``("processed" | "dead_lettered" | "retry", retry delay)``."""
+        message = delivery.message
+        try:
+            self.call(message)
+            return "processed", 0.0
+        except Exception as error:
+            delivery.attempts += 1
+            verdict, delay = self.policy.after_failure(delivery.attempts)
+            if verdict is Verdict.RETRY:
+                log.warning(
+                    "%s[%d]@%d failed (attempt %d of %d), retrying in %.2fs: %s",
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    delivery.attempts,
+                    self.policy.max_attempts,
+                    delay,
+                    error,
+                )
+                return "retry", delay
+            if verdict is Verdict.DEAD_LETTER and self.dead_letters is not None:
+                self.dead_letters.publish(with_provenance(message, self.run_id, self.wave), error, delivery.attempts)
+                return "dead_lettered", 0.0
+            raise KeyBlocked(
+                f"{message.topic}[{message.partition}]@{message.offset} failed {delivery.attempts} times and "
+                f"on-exhausted is block: stopping without committing this wave; last error: "
+                f"{type(error).__name__}: {error}"
+            ) from error
 
 
 @dataclass
 class ApplyHandler:
-    """The ``mapInPandas`` function (picklable: Spark ships it to the executors).
-
-    Each Arrow batch is split into runs of one route; up to ``task_workers`` runs are handled at
-    once, each strictly in order. The next batch starts only when every run of this one is done,
-    so a route that continues into the next batch keeps its order.
-    """
+    """The ``mapInPandas`` function (picklable: Spark ships it to the executors): one ``TaskRunner``
+    per Spark task, then one summary row per source partition the task saw."""
 
     handler: str
     policy: RetryPolicy
     dlq_topic: str
+    sources: list[Source] = field(default_factory=list)
+    """The plan's partitions: rows carry their index (``source``), not the topic name."""
+    ordering: str = "key"
     producer_properties: dict[str, str] = field(default_factory=dict)
     progress: Any = None
     """A Spark accumulator of ``{(topic, partition): finished}``, or None."""
     task_workers: int = 1
     """Threads per Spark task: distinct routes run in parallel, a route's messages one at a time."""
+    lookahead: int = 10_000
+    """Messages a task holds at most (queued, parked or running)."""
+    run_id: str = ""
+    wave: int = 0
 
     def __call__(self, frames: Iterator[Any]) -> Iterator[Any]:
         call, close_loops = thread_safe_caller(load_handler(self.handler))
@@ -228,40 +358,44 @@ class ApplyHandler:
             if self.policy.exhausted is ExhaustedPolicy.DLQ
             else None
         )
-        counts: dict[Source, PartitionCounts] = {}
-        order = OrderCheck()
-        pool = (
-            ThreadPoolExecutor(self.task_workers, thread_name_prefix="keyorder-catchup")
-            if self.task_workers > 1
-            else None
+        runner = TaskRunner(
+            call,
+            self.policy,
+            sink,
+            self.sources,
+            self.ordering,
+            self.task_workers,
+            self.lookahead,
+            self.run_id,
+            self.wave,
         )
-
-        def handle_run(run: Run) -> list[tuple[Source, bool]]:
-            return [(source, handle_with_retry(call, message, self.policy, sink)) for source, message in run]
-
         try:
-            for frame in frames:
-                runs = split_into_runs(frame, counts, order)
-                finished: dict[Source, int] = {}
-                for outcomes in pool.map(handle_run, runs) if pool is not None else map(handle_run, runs):
-                    for source, dead_lettered in outcomes:
-                        entry = counts.setdefault(source, PartitionCounts())
-                        if dead_lettered:
-                            entry.dead_lettered += 1
-                        else:
-                            entry.processed += 1
-                        finished[source] = finished.get(source, 0) + 1
-                if self.progress is not None and finished:
-                    self.progress.add(finished)
+            runner.run(frames)
         finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
             if sink is not None:
                 sink.close()
             close_loops()
+        if self.progress is not None:
+            finished = {
+                self.sources[source]: counts.processed + counts.dead_lettered
+                for source, counts in runner.counts.items()
+                if counts.processed + counts.dead_lettered
+            }
+            if finished:
+                self.progress.add(finished)
+        task, attempt = _task_attempt()
         rows = [
-            {"topic": topic, "partition": partition, **asdict(partition_counts)}
-            for (topic, partition), partition_counts in sorted(counts.items())
+            {
+                "topic": self.sources[source][0],
+                "partition": self.sources[source][1],
+                **asdict(counts),
+                "task": task,
+                "attempt": attempt,
+                "dead_letter_offsets": runner.dead_letter_offsets.get(source, []),
+            }
+            for source, counts in sorted(runner.counts.items())
         ]
         columns = {"topic": "object", "partition": "int32", **dict.fromkeys(COUNTS, "int64")}
-        yield pandas.DataFrame(rows, columns=list(columns)).astype(columns)
+        columns.update(task="int32", attempt="int32")
+        frame = pandas.DataFrame(rows, columns=[*columns, "dead_letter_offsets"])
+        yield frame.astype(columns)

@@ -1,8 +1,9 @@
 """``keyorder catchup``: parse the settings, print the plan, run the job, print and write the report.
 
 Exit status: 0 when every message in range was handled in order (and the fence committed when
-that was asked), 1 when the job or its audit failed (nothing was committed: run it again), 2 on
-invalid settings.
+that was asked), 1 when the job or a wave's audit failed (the waves before it stay committed; the
+failed one is not: run it again), 2 on invalid settings (a Spark session without the settings the
+job needs included).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ def add_catchup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plan",
         action="store_true",
-        help="print the plan (ranges, splits, key counts, hottest "
-        "keys, skew, achievable parallelism) and exit without handling anything",
+        help="print the plan (ranges, waves, splits, key counts, hottest "
+        "keys, skew, achievable parallelism) and exit without handling or committing anything "
+        "(also while the group has live members)",
     )
     add_settings_flags(parser, CatchupConfig)
 
@@ -55,7 +57,10 @@ def print_plan(plan: Any, statistics: Any, key_partitions: int, cores: int) -> N
     console.print(table)
     for note in plan.notes:
         console.print(f"note: {note}")
-    console.print(f"commit the fence after success: {'yes' if plan.commit else 'no'}")
+    console.print(
+        f"{len(plan.waves)} wave{'s' if len(plan.waves) != 1 else ''}; commit "
+        + ("each wave after its audit, the last one at the fence" if plan.commit else "nothing")
+    )
     if statistics is not None:
         hottest = statistics.hottest[0][1] if statistics.hottest else 0
         console.print(
@@ -97,12 +102,22 @@ def print_outcome(outcome: Any) -> None:
     )
     for problem in report["problems"]:
         console.print(f"[red]problem:[/red] {problem}")
+    if report["task_reruns"]:
+        console.print(
+            f"[yellow]note:[/yellow] {report['task_reruns']} handler task(s) were re-run after an executor was "
+            "lost: their keys may have been handled twice (see docs/catchup.md)"
+        )
     if outcome.error:
         console.print(f"[red]failed:[/red] {outcome.error}")
     if outcome.ok:
         console.print(
             f"fence {'committed' if outcome.committed else 'not committed (as asked)'}: "
             + ", ".join(f"{tp}={offset}" for tp, offset in report["fence"].items())
+        )
+    elif report["waves_committed"]:
+        console.print(
+            f"{report['waves_committed']} of {report['waves_planned']} waves committed; the failed wave was not: "
+            "fix the cause and run the job again, it resumes at the first uncommitted wave"
         )
     else:
         console.print("nothing was committed: fix the cause and run the job again (it is safe to rerun)")
@@ -119,7 +134,7 @@ def catchup_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_CONFIG
-    from keyorder.catchup.job import CatchupJob, SparkStartError
+    from keyorder.catchup.job import CatchupJob, SparkSettingsError, SparkStartError
     from keyorder.catchup.offsets import CatchupKafkaError
     from keyorder.catchup.plan import PlanError
     from keyorder.catchup.settings import CatchupConfig
@@ -138,9 +153,9 @@ def catchup_command(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     try:
         try:
-            plan = job.plan()
+            plan = job.plan(preview=args.plan)
             spark = job.spark
-        except (PlanError, CatchupKafkaError, SparkStartError) as error:
+        except (PlanError, CatchupKafkaError, SparkStartError, SparkSettingsError) as error:
             print(f"keyorder catchup: {error}", file=sys.stderr)
             return EXIT_FAILED if isinstance(error, CatchupKafkaError) else EXIT_CONFIG
         if args.plan:

@@ -6,26 +6,57 @@ the partition at ``start``, reads up to the fence ``end`` (excluded), and then e
 marker* row with the number of records it read, so the driver can prove every split reached its
 fence. Clients are created inside ``read()``: confluent-kafka objects do not pickle.
 
-Rows carry ``route``: the bytes that decide which messages must stay in order. In key ordering
-that is the key (keyless records fall back to their partition, as in the pods); in partition
-ordering it is the partition.
+Rows carry only fixed-width columns besides the record itself, so the shuffle hashes and the
+sort compares integers, never key bytes: ``lane`` (a stable 64-bit hash of the *route*, the bytes
+that decide which messages must stay in order: the key, or the partition for keyless records and
+in partition ordering, as in the pods), ``source`` (the partition's index in the plan, instead of
+its topic name) and ``progress`` (how far into its partition's range the record lies, scaled to
+``PROGRESS_SCALE``). Sorting a Spark partition by ``(progress, source, offset)`` keeps every
+partition's offsets increasing, hence every key's messages in order, while interleaving the
+partitions and keys as a pod sees them in its poll batches (see ``apply``).
+
+Transient read errors (a broker restart, a leader change) are retried inside the reader, as the
+pods' client does, within a bound; only a fatal or permanent error, or no record for
+``read_timeout`` seconds, fails the split. The consumer's pre-fetch is bounded
+(``PREFETCH_KBYTES``), so a split does not buffer tens of megabytes past its fence.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 SOURCE_NAME = "keyorder_kafka_ranges"
 ROW_SCHEMA = (
-    "route binary, topic string, partition int, offset long, key binary, value binary, "
+    "lane long, source int, progress long, offset long, key binary, value binary, "
     "headers array<struct<name: string, value: binary>>, timestamp double, marker_read long"
 )
 """``marker_read`` is null on records and set on a split's end marker (then key/value are null)."""
+PROGRESS_SCALE = 1 << 20
+"""``progress`` runs from 0 (the range's start) to PROGRESS_SCALE (its fence)."""
+PREFETCH_KBYTES = 4096
+"""librdkafka's pre-fetch queue per reader (its default is 64 MiB), unless the properties set it."""
+READ_ERROR_LIMIT = 30
+"""Consecutive transient errors without a record after which a split's read fails."""
+PERMANENT_ERRORS = frozenset(
+    {
+        "_AUTO_OFFSET_RESET",
+        "OFFSET_OUT_OF_RANGE",
+        "TOPIC_AUTHORIZATION_FAILED",
+        "GROUP_AUTHORIZATION_FAILED",
+        "CLUSTER_AUTHORIZATION_FAILED",
+        "_INVALID_ARG",
+        "_UNKNOWN_PARTITION",
+    }
+)
+"""Error names that retrying cannot fix: the split fails at once."""
+log = logging.getLogger(__name__)
 OPTION_SPLITS = "splits"
 OPTION_PROPERTIES = "kafka.properties.secret"  # "secret" in the name: Spark redacts it in plans and the UI
 OPTION_ORDERING = "ordering"
@@ -47,6 +78,16 @@ def route_of(ordering: str, topic: str, partition: int, key: bytes | None) -> by
     if ordering == "partition" or key is None:
         return partition_route(topic, partition)
     return key
+
+
+def lane_hash(route: bytes) -> int:
+    """A signed 64-bit hash of a route, the same in every process (Python's ``hash`` is salted)."""
+    return int.from_bytes(hashlib.blake2b(route, digest_size=8).digest(), "big", signed=True)
+
+
+def progress_of(offset: int, start: int, end: int) -> int:
+    """``offset``'s position in ``[start, end)`` scaled to ``[0, PROGRESS_SCALE)``: non-decreasing in offset."""
+    return (offset - start) * PROGRESS_SCALE // max(end - start, 1)
 
 
 class KafkaRangeDataSource(DataSource):
@@ -74,8 +115,8 @@ class KafkaRangeReader(DataSourceReader):
         return [InputPartition(split) for split in self.splits]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        topic, number, start, end = partition.value
-        yield from arrow_batches(read_split(self.properties, self.ordering, topic, number, start, end, self.timeout))
+        split = Split(*partition.value)
+        yield from arrow_batches(read_split(self.properties, self.ordering, split, self.timeout))
 
 
 ARROW_BATCH_ROWS = 2_000
@@ -86,9 +127,9 @@ def arrow_schema():
 
     return pyarrow.schema(
         [
-            ("route", pyarrow.binary()),
-            ("topic", pyarrow.string()),
-            ("partition", pyarrow.int32()),
+            ("lane", pyarrow.int64()),
+            ("source", pyarrow.int32()),
+            ("progress", pyarrow.int64()),
             ("offset", pyarrow.int64()),
             ("key", pyarrow.binary()),
             ("value", pyarrow.binary()),
@@ -120,26 +161,65 @@ def arrow_batches(rows: Iterator[tuple], size: int = ARROW_BATCH_ROWS) -> Iterat
         yield batch(columns)
 
 
-def read_split(
-    properties: dict[str, str], ordering: str, topic: str, partition: int, start: int, end: int, timeout: float
-) -> Iterator[tuple]:
-    """Rows of records at offsets ``start <= offset < end``, then the split's end marker."""
-    import logging
+class Split(NamedTuple):
+    """One input split as the driver ships it (a JSON list in this field order)."""
 
+    topic: str
+    partition: int
+    start: int
+    end: int
+    """The fence of this split (excluded)."""
+    source: int = 0
+    """The partition's index in the plan: the rows carry it instead of the topic name."""
+    range_start: int = -1
+    """The start of the partition's whole range in this wave (for ``progress``); -1: ``start``."""
+    range_end: int = -1
+    """The end of the partition's whole range in this wave; -1: ``end``."""
+
+
+def reader_config(properties: dict[str, str]) -> dict[str, Any]:
+    """The split reader's consumer settings: never a group member, bounded pre-fetch."""
+    return {
+        "queued.max.messages.kbytes": PREFETCH_KBYTES,
+        "queued.min.messages": 10_000,
+        **properties,
+        "group.id": "keyorder-catchup-reader",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+    }
+
+
+def _error_name(error: Any) -> str:
+    try:
+        return str(error.name())
+    except Exception:  # an error object without a name
+        return str(error.code())
+
+
+def read_split(
+    properties: dict[str, str],
+    ordering: str,
+    split: Split,
+    timeout: float,
+    consumer_factory: Any = None,
+    sleep: Any = time.sleep,
+) -> Iterator[tuple]:
+    """Rows of records at offsets ``start <= offset < end``, then the split's end marker.
+
+    Transient errors are logged and retried (librdkafka reconnects by itself) with a growing
+    pause, at most ``READ_ERROR_LIMIT`` in a row; a fatal or permanent error fails the split.
+    """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer(
-        {
-            **properties,
-            "group.id": "keyorder-catchup-reader",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "error",
-            "logger": logging.getLogger("keyorder.librdkafka"),
-        }
-    )
+    topic, partition, start, end = split.topic, split.partition, split.start, split.end
+    config = {**reader_config(properties), "logger": logging.getLogger("keyorder.librdkafka")}
+    consumer = (consumer_factory or Consumer)(config)
     read = 0
+    errors_in_a_row = 0
+    partition_lane = lane_hash(partition_route(topic, partition))
+    range_start, range_end = (split.range_start, split.range_end) if split.range_start >= 0 else (start, end)
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         position = start
@@ -152,7 +232,6 @@ def read_split(
                         f"{topic}[{partition}]: no records for {timeout}s at offset {position}, before the fence {end}"
                     )
                 continue
-            quiet_since = time.monotonic()
             for record in batch:
                 error = record.error()
                 if error is not None:
@@ -166,10 +245,31 @@ def read_split(
                                 f"{topic}[{partition}]: the log ends at {position}, before the fence {end}"
                             )
                         continue
-                    raise SplitReadError(f"{topic}[{partition}]: {error.str()}")
+                    if error.fatal() or _error_name(error) in PERMANENT_ERRORS:
+                        raise SplitReadError(f"{topic}[{partition}]: {error.str()}")
+                    errors_in_a_row += 1
+                    if errors_in_a_row > READ_ERROR_LIMIT:
+                        raise SplitReadError(
+                            f"{topic}[{partition}]: {errors_in_a_row} read errors in a row at offset {position}, "
+                            f"the last: {error.str()}"
+                        )
+                    pause = min(0.05 * 2 ** min(errors_in_a_row, 10), 2.0)
+                    log.warning(
+                        "%s[%d]: read error at offset %d (%d in a row, retrying in %.2fs): %s",
+                        topic,
+                        partition,
+                        position,
+                        errors_in_a_row,
+                        pause,
+                        error.str(),
+                    )
+                    sleep(pause)
+                    continue
                 offset = record.offset()
                 if offset is None:  # only error events lack one
                     raise SplitReadError(f"{topic}[{partition}]: record without an offset")
+                errors_in_a_row = 0
+                quiet_since = time.monotonic()
                 position = offset + 1
                 if offset >= end:
                     break
@@ -181,9 +281,9 @@ def read_split(
                 headers = [(name, value) for name, value in (record_headers or [])]
                 read += 1
                 yield (
-                    route_of(ordering, topic, partition, key),
-                    topic,
-                    partition,
+                    partition_lane if ordering == "partition" or key is None else lane_hash(key),
+                    split.source,
+                    progress_of(offset, range_start, range_end),
                     offset,
                     key,
                     record.value(),
@@ -193,5 +293,6 @@ def read_split(
                 )
     finally:
         consumer.close()
-    marker = MARKER_PREFIX + f"{topic}:{partition}:{start}".encode()
-    yield (marker, topic, partition, end, None, None, [], None, read)
+    # The marker sorts after every record of its range (progress = PROGRESS_SCALE).
+    marker_lane = lane_hash(MARKER_PREFIX + f"{topic}:{partition}:{start}".encode())
+    yield (marker_lane, split.source, PROGRESS_SCALE, end, None, None, [], None, read)

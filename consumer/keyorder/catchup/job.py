@@ -1,11 +1,18 @@
-"""The catch-up driver: plan on Kafka, run the ordered pipeline on Spark, audit, then commit.
+"""The catch-up driver: plan on Kafka, run the ordered pipeline on Spark wave by wave, audit, commit.
 
-The pipeline is ``read splits -> repartition(n, route) -> sortWithinPartitions(route, topic,
-partition, offset) -> mapInPandas(handler)``. The sort is what guarantees order: Spark's
-shuffle interleaves the splits of one partition, and only the sort puts a key's messages back in
-offset order. The driver commits the fence only after the audit proves that every split reached
-its fence and every record read was handled without an order violation. A failed job commits
-nothing, so running it again is safe (at-least-once, like a pod's crash).
+The range of every partition is cut into *waves* (``plan.cut_waves``). Each wave is one Spark
+job, ``read splits -> repartition(n, lane) -> sortWithinPartitions(progress, source, offset) ->
+mapInPandas(handler)``, audited on its own and, when the plan commits, committed at once: a
+failure re-runs only the current wave (the committed waves are done), progress is real (one line
+per committed wave) and a rerun handles again at most one wave. A key lives in one partition and
+waves run one after another, so a key's messages keep their order across waves; within a wave,
+the sort restores each partition's offset order after the shuffle, and the tasks run the lanes
+(``apply``). The fence is the last wave's end.
+
+Spark must never run a handler task twice: ``check_session`` refuses any session, created here or
+found running, without ``ENFORCED_SPARK_SETTINGS``. An executor lost to decommission or
+preemption still has its task re-run (Spark does not count that as a task failure): the report
+counts such re-runs per wave, and docs/catchup.md says what they can repeat.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +33,7 @@ from pyspark.accumulators import AccumulatorParam
 
 from keyorder.catchup.apply import SUMMARY_SCHEMA, ApplyHandler
 from keyorder.catchup.datasource import (
+    KEYLESS_PREFIX,
     OPTION_ORDERING,
     OPTION_PROPERTIES,
     OPTION_SPLITS,
@@ -44,22 +53,63 @@ from keyorder.catchup.plan import (
     TopicPartition,
     audit,
     commits_fence,
+    cut_waves,
     key_statistics,
     offsets_a_commit_would_skip,
     refuse_live_group,
     resolve_ranges,
     split_ranges,
 )
-from keyorder.catchup.settings import CatchupConfig
+from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, CatchupConfig
 from keyorder.config import consumer_properties, kafka_properties, producer_properties, redact
 from keyorder.progress import Progress
 
 log = logging.getLogger(__name__)
-TASKS_PER_CORE = 4
+TASKS_PER_CORE = 1
+SPARK_DEFAULTS = {
+    "spark.speculation": "false",
+    "spark.task.maxFailures": "4",
+    "spark.stage.maxConsecutiveAttempts": "4",
+}
+"""Spark's own defaults of the enforced settings: what a session that does not set them runs with."""
+_LOCAL_MASTER = re.compile(r"^local(\[(\*|\d+)\])?$")
+"""``local``, ``local[n]`` and ``local[*]`` run every task once whatever spark.task.maxFailures says."""
 
 
 class SparkStartError(RuntimeError):
     """The Spark session could not start; the message says what to check."""
+
+
+class SparkSettingsError(RuntimeError):
+    """The Spark session runs without a setting the job needs (it would run handler tasks twice)."""
+
+
+def session_problems(conf: Mapping[str, str], master: str) -> list[str]:
+    """The enforced settings a session with this configuration does not have (pure)."""
+    problems = []
+    for name, required in ENFORCED_SPARK_SETTINGS.items():
+        value = conf.get(name, SPARK_DEFAULTS[name]).strip().lower()
+        if name == "spark.task.maxFailures" and _LOCAL_MASTER.match(master):
+            value = "1"  # local mode's scheduler allows one attempt per task (local[n,f] sets f)
+        if value != required:
+            problems.append(f"{name}={value} (needs {required})")
+    return problems
+
+
+def check_session(session: Any) -> None:
+    """Refuse a session that could run a handler task twice; Spark reads these settings only when its
+    context starts, so they cannot be set on a running session."""
+    context = session.sparkContext
+    conf = dict(context.getConf().getAll())
+    problems = session_problems(conf, context.master)
+    if problems:
+        raise SparkSettingsError(
+            f"the Spark session runs with {', '.join(problems)}: a handler task could run twice. "
+            "These settings are read when the session starts and cannot be changed on a running one: "
+            "stop the existing session (or start it with them: "
+            + " ".join(f"--conf {name}={value}" for name, value in ENFORCED_SPARK_SETTINGS.items())
+            + ")"
+        )
 
 
 @dataclass
@@ -68,15 +118,58 @@ class Plan:
     splits: list[OffsetRange]
     notes: list[str]
     committed: dict[TopicPartition, int | None]
-    """The group's offsets at planning: the final commit refuses to run if they moved."""
+    """The group's offsets at planning: each wave's commit refuses to run if they moved."""
     commit: bool
+    waves: list[list[OffsetRange]] = field(default_factory=list)
+    """The ranges of each wave, in order (``plan.cut_waves``)."""
 
     @property
     def offsets(self) -> int:
         return sum(r.offsets for r in self.ranges)
 
+    @property
+    def sources(self) -> list[TopicPartition]:
+        """The partitions in plan order: rows carry an index into this list."""
+        return [(r.topic, r.partition) for r in self.ranges]
+
     def fence(self) -> dict[str, int]:
         return {f"{r.topic}:{r.partition}": r.end for r in self.ranges}
+
+
+@dataclass
+class WaveOutcome:
+    """One wave: what it covered, what its audit found, whether it was committed."""
+
+    index: int
+    ranges: list[OffsetRange]
+    seconds: float
+    audit: Audit | None = None
+    committed: bool = False
+    error: str | None = None
+    task_reruns: int = 0
+    """Handler tasks Spark ran again after an executor was lost (their keys may have been handled twice)."""
+    dead_letters: list[tuple[str, int, int]] = field(default_factory=list)
+    """(topic, partition, offset) of the dead-lettered messages (at most 1,000 per task and partition)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.audit is not None and self.audit.ok
+
+    def report(self, run_id: str) -> dict[str, Any]:
+        return {
+            "wave": self.index,
+            "run_id": run_id,
+            "ok": self.ok,
+            "committed": self.committed,
+            "error": self.error,
+            "seconds": round(self.seconds, 3),
+            "ranges": {f"{r.topic}:{r.partition}": [r.start, r.end] for r in self.ranges},
+            "planned_offsets": sum(r.offsets for r in self.ranges),
+            **{name: self.audit.total(name) if self.audit else 0 for name in ("read", "processed", "dead_lettered")},
+            "task_reruns": self.task_reruns,
+            "dead_letters": [{"topic": t, "partition": p, "offset": o} for t, p, o in self.dead_letters],
+            "problems": self.audit.problems if self.audit else [],
+        }
 
 
 @dataclass
@@ -88,6 +181,8 @@ class Outcome:
     error: str | None = None
     spark_ui: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    waves: list[WaveOutcome] = field(default_factory=list)
+    run_id: str = ""
 
     @property
     def ok(self) -> bool:
@@ -99,6 +194,7 @@ class Outcome:
             "ok": self.ok,
             "error": self.error,
             "committed": self.committed,
+            "run_id": self.run_id,
             "fence": self.plan.fence(),
             "seconds": round(self.seconds, 3),
             "messages_per_second": round(handled / self.seconds, 1) if self.seconds > 0 else None,
@@ -110,6 +206,10 @@ class Outcome:
             "problems": self.audit.problems if self.audit else [],
             "notes": self.plan.notes,
             "spark_ui": self.spark_ui,
+            "waves_planned": len(self.plan.waves),
+            "waves_committed": sum(wave.committed for wave in self.waves),
+            "task_reruns": sum(wave.task_reruns for wave in self.waves),
+            "waves": [wave.report(self.run_id) for wave in self.waves],
             "partitions": [
                 {
                     "topic": p.planned.topic,
@@ -127,7 +227,8 @@ class Outcome:
 
 
 def spark_session(config: CatchupConfig):
-    """A Spark session for the job: spark-submit's master if launched by it, else ``config.master`` or local[*]."""
+    """A Spark session for the job: spark-submit's master if launched by it, else ``config.master`` or
+    local[*]; refused (``SparkSettingsError``) if an existing session lacks the enforced settings."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run the driver's interpreter locally
@@ -194,6 +295,7 @@ class CatchupJob:
         log.info("Kafka properties: %s", redact(self.properties))
         self.offsets = KafkaOffsets(consumer_properties(config, self.properties), config.group_id)
         self._spark = spark
+        self._checked = False
         self._owns_spark = False
         self.progress = progress or Progress()
 
@@ -211,6 +313,9 @@ class CatchupJob:
                     f"{_first_line(error)}. Is a Java 17+ runtime installed (java -version, "
                     "JAVA_HOME)?"
                 ) from error
+        if not self._checked:
+            check_session(self._spark)  # created here or handed over: getOrCreate may return an old one
+            self._checked = True
         return self._spark
 
     def close(self) -> None:
@@ -218,7 +323,8 @@ class CatchupJob:
         if self._owns_spark and self._spark is not None:
             stop_spark(self._spark)
 
-    def plan(self) -> Plan:
+    def plan(self, preview: bool = False) -> Plan:
+        """The ranges, waves and splits; ``preview`` (``--plan``) notes a live group instead of refusing."""
         start, until = self.config.start_position(), self.config.until_position()
         snapshots = self.offsets.snapshot(self.config.topics, start, until)
         ranges, notes = resolve_ranges(snapshots, start, until)
@@ -230,18 +336,35 @@ class CatchupJob:
                 + "; ".join(skipped)
                 + "): start at or before the group's offsets, or --commit never"
             )
-        refuse_live_group(self.offsets.members() if commit else None, commit, self.config.group_id)
+        refusal = refuse_live_group(self.offsets.members() if commit else None, commit, self.config.group_id, preview)
+        if refusal:
+            notes.append(refusal)
+        waves = cut_waves(ranges, self.config.wave_offsets)
         return Plan(
             ranges=ranges,
-            splits=split_ranges(ranges, self.config.split_offsets),
+            splits=[split for wave in waves for split in split_ranges(wave, self.config.split_offsets)],
             notes=notes,
             committed={tp: snapshot.committed for tp, snapshot in snapshots.items()},
             commit=commit,
+            waves=waves,
         )
 
-    def _records(self, plan: Plan):
+    def _records(self, plan: Plan, wave: list[OffsetRange]):
         self.spark.dataSource.register(KafkaRangeDataSource)
-        splits = [[s.topic, s.partition, s.start, s.end] for s in plan.splits]
+        index = {tp: number for number, tp in enumerate(plan.sources)}
+        whole = {(r.topic, r.partition): r for r in wave}
+        splits = [
+            [
+                s.topic,
+                s.partition,
+                s.start,
+                s.end,
+                index[(s.topic, s.partition)],
+                whole[(s.topic, s.partition)].start,
+                whole[(s.topic, s.partition)].end,
+            ]
+            for s in split_ranges(wave, self.config.split_offsets)
+        ]
         reader_properties = {
             name: value for name, value in self.properties.items() if not name.startswith(("group.", "enable.auto."))
         }
@@ -261,9 +384,27 @@ class CatchupJob:
         """Messages per route over the whole range (one read pass, no handler)."""
         from pyspark.sql import functions
 
-        if not plan.splits:
+        busy = [r for r in plan.ranges if r.offsets]
+        if not busy:
             return key_statistics([])
-        counts = self._records(plan).where(functions.col("marker_read").isNull()).groupBy("route").count()
+        counts = (
+            self._records(plan, busy)
+            .where(functions.col("marker_read").isNull())
+            .groupBy("lane")
+            .agg(
+                functions.count("*").alias("count"),
+                functions.first("key").alias("key"),
+                functions.first("source").alias("source"),
+            )
+        )
+        sources = plan.sources
+
+        def name(row: Any) -> str:
+            if row["key"] is None or self.config.ordering.value == "partition":
+                topic, partition = sources[row["source"]]
+                return f"{topic}[{partition}] (partition lane)"
+            return _route_name(row["key"])
+
         rows = counts.collect() if plan.offsets <= 5_000_000 else None
         if rows is None:  # too many keys to ship to the driver: aggregate on Spark
             totals = counts.agg(functions.sum("count").alias("messages"), functions.count("*").alias("keys")).first()
@@ -271,98 +412,157 @@ class CatchupJob:
             return KeyStatistics(
                 messages=totals["messages"] or 0,
                 distinct_keys=totals["keys"],
-                hottest=[(_route_name(row["route"]), row["count"]) for row in hottest],
+                hottest=[(name(row), row["count"]) for row in hottest],
             )
-        return key_statistics(((_route_name(row["route"]), row["count"]) for row in rows), top=top)
+        return key_statistics(((name(row), row["count"]) for row in rows), top=top)
 
     def run(self, plan: Plan) -> Outcome:
-        """Handle every message of the plan in key order; commit the fence only after a clean audit."""
+        """Handle every message of the plan in key order, wave by wave; each wave is committed (when
+        the plan commits) only after its own clean audit, and a failed wave stops the run."""
         started = time.monotonic()
-        if not plan.splits:
-            outcome = Outcome(plan, audit(plan.ranges, plan.splits, []), 0.0)
-            return self._commit(outcome)
+        run_id = uuid.uuid4().hex[:12]
+        outcome = Outcome(plan, None, 0.0, run_id=run_id)
+        expected = dict(plan.committed)
+        summaries: list[TaskSummary] = []
+        done_splits: list[OffsetRange] = []
+        handled_before = 0
+        for index, wave in enumerate(plan.waves):
+            result, wave_summaries = self._run_wave(plan, index, wave, run_id, started, handled_before)
+            outcome.waves.append(result)
+            if result.ok:
+                summaries += wave_summaries
+                done_splits += split_ranges(wave, self.config.split_offsets)
+                handled_before += result.audit.total("processed") + result.audit.total("dead_lettered")  # type: ignore[union-attr]
+            if result.ok and plan.commit:
+                try:
+                    self.offsets.commit_fence(wave, expected)
+                except CatchupKafkaError as error:
+                    result.error = str(error)
+                else:
+                    result.committed = True
+                    expected.update({(r.topic, r.partition): r.end for r in wave})
+            self._show_wave(plan, result, started)
+            if not result.ok:
+                outcome.error = result.error or "; ".join(result.audit.problems if result.audit else [])
+                break
+        self.progress.done()
+        outcome.audit = audit(plan.ranges, plan.splits if outcome.error is None else done_splits, summaries)
+        outcome.seconds = time.monotonic() - started
+        outcome.spark_ui = self.spark.sparkContext.uiWebUrl if plan.waves else None
+        outcome.committed = plan.commit and outcome.ok and all(wave.committed for wave in outcome.waves)
+        if plan.commit and outcome.ok and not plan.waves:  # nothing to handle: commit the fence (= the start)
+            try:
+                self.offsets.commit_fence(plan.ranges, expected)
+            except CatchupKafkaError as error:
+                outcome.error = str(error)
+            else:
+                outcome.committed = True
+        return outcome
+
+    def _run_wave(
+        self, plan: Plan, index: int, wave: list[OffsetRange], run_id: str, started: float, handled_before: int
+    ) -> tuple[WaveOutcome, list[TaskSummary]]:
+        wave_started = time.monotonic()
         accumulator = self.spark.sparkContext.accumulator({}, _DictSum())
         handler = ApplyHandler(
             handler=self.config.handler,
             policy=self.config.retry_policy(),
             dlq_topic=self.config.dlq_topic,
+            sources=plan.sources,
+            ordering=self.config.ordering.value,
             producer_properties=producer_properties(self.properties),
             progress=accumulator,
             task_workers=self.config.task_workers,
+            lookahead=self.config.task_lookahead,
+            run_id=run_id,
+            wave=index,
         )
         ordered = (
-            self._records(plan)
-            .repartition(self.key_partitions(), "route")
-            .sortWithinPartitions("route", "topic", "partition", "offset")
+            self._records(plan, wave)
+            .repartition(self.key_partitions(), "lane")
+            .sortWithinPartitions("progress", "source", "offset")
+        )
+        self.spark.sparkContext.setJobGroup(
+            f"keyorder-catchup-{run_id}-wave-{index}", f"keyorder catch-up wave {index + 1}/{len(plan.waves)}"
         )
         stop = threading.Event()
         watcher = threading.Thread(
-            target=self._show_progress, args=(plan, accumulator, stop, started), name="catchup-progress", daemon=True
+            target=self._show_progress,
+            args=(plan, index, accumulator, stop, started, handled_before),
+            name="catchup-progress",
+            daemon=True,
         )
         watcher.start()
         try:
             rows = ordered.mapInPandas(handler, SUMMARY_SCHEMA).collect()
         except Exception as error:  # a task failed: the handler, Kafka, or a blocked key
-            return Outcome(
-                plan,
-                None,
-                time.monotonic() - started,
-                error=_first_line(error),
-                spark_ui=self.spark.sparkContext.uiWebUrl,
-            )
+            return WaveOutcome(index, wave, time.monotonic() - wave_started, error=_first_line(error)), []
         finally:
             stop.set()
             watcher.join()
-            self.progress.done()
         summaries = [
             TaskSummary(row["topic"], row["partition"], PartitionCounts(**{name: row[name] for name in COUNTS}))
             for row in rows
         ]
-        outcome = Outcome(
-            plan,
-            audit(plan.ranges, plan.splits, summaries),
-            time.monotonic() - started,
-            spark_ui=self.spark.sparkContext.uiWebUrl,
+        return (
+            WaveOutcome(
+                index,
+                wave,
+                time.monotonic() - wave_started,
+                audit=audit(wave, split_ranges(wave, self.config.split_offsets), summaries),
+                task_reruns=len({row["task"] for row in rows if row["attempt"]}),
+                dead_letters=[
+                    (row["topic"], row["partition"], offset)
+                    for row in rows
+                    for offset in row["dead_letter_offsets"] or []
+                ],
+            ),
+            summaries,
         )
-        return self._commit(outcome)
 
-    def _commit(self, outcome: Outcome) -> Outcome:
-        if not outcome.ok or not outcome.plan.commit:
-            return outcome
-        try:
-            self.offsets.commit_fence(outcome.plan.ranges, outcome.plan.committed)
-        except CatchupKafkaError as error:
-            outcome.error = str(error)
-            return outcome
-        outcome.committed = True
-        return outcome
+    def _show_wave(self, plan: Plan, wave: WaveOutcome, started: float) -> None:
+        handled = wave.audit.total("processed") + wave.audit.total("dead_lettered") if wave.audit else 0
+        state = "committed" if wave.committed else ("done" if wave.ok else f"failed: {wave.error or 'audit'}")
+        line = (
+            f"wave {wave.index + 1}/{len(plan.waves)} {state}: {handled:,} handled in {wave.seconds:.1f}s "
+            f"({handled / wave.seconds if wave.seconds else 0:,.0f} msg/s)"
+            + (f", {len(wave.dead_letters):,} dead-lettered" if wave.dead_letters else "")
+            + (f", {wave.task_reruns} task re-runs after a lost executor" if wave.task_reruns else "")
+            + f" · {time.monotonic() - started:.0f}s"
+        )
+        self.progress.done()
+        log.info("%s", line)
+        self.progress.show(line)
+        self.progress.done()
 
-    def _show_progress(self, plan: Plan, accumulator: Any, stop: threading.Event, started: float) -> None:
-        planned = {(r.topic, r.partition): r.offsets for r in plan.ranges if r.offsets}
-        total = sum(planned.values())
+    def _show_progress(
+        self, plan: Plan, index: int, accumulator: Any, stop: threading.Event, started: float, handled_before: int
+    ) -> None:
+        total = plan.offsets
         tracker = self.spark.sparkContext.statusTracker()
         while not stop.wait(0.5):
-            done_by_partition = dict(accumulator.value)
-            done = sum(done_by_partition.values())
-            slowest = min(done_by_partition.get(tp, 0) / offsets for tp, offsets in planned.items())
+            done = handled_before + sum(dict(accumulator.value).values())
             stages = []
             for stage_id in tracker.getActiveStageIds():
                 info = tracker.getStageInfo(stage_id)
                 if info is not None:
                     stages.append(f"stage {stage_id} {info.numCompletedTasks}/{info.numTasks} tasks")
             elapsed = time.monotonic() - started
+            last = " (the last)" if index == len(plan.waves) - 1 else ""
             self.progress.show(
-                f"catch-up {done:,}/{total:,} handled ({done / total:.0%}) · slowest of "
-                f"{len(planned)} partitions {slowest:.0%} · {' · '.join(stages) or 'starting'} · "
-                f"{done / elapsed:,.0f} msg/s · {elapsed:.0f}s"
+                f"catch-up wave {index + 1}/{len(plan.waves)}{last} · {done:,}/{total:,} handled "
+                f"({done / total:.0%}) · {' · '.join(stages) or 'starting'} · {done / elapsed:,.0f} msg/s · "
+                f"{elapsed:.0f}s"
             )
 
 
 def _route_name(route: bytes) -> str:
+    if bytes(route).startswith(KEYLESS_PREFIX):
+        return bytes(route)[len(KEYLESS_PREFIX) :].decode() + " (partition lane)"
     return bytes(route).decode("utf-8", "backslashreplace").replace("\x00", "")
 
 
-_PYTHON_ERROR = re.compile(r"^\s*([\w.]+(?:Error|Exception|Blocked|Crashed)): (.+)$")
+_PYTHON_ERROR = re.compile(r"^\s*([\w.]+(?:Error|Exception|Blocked|Crashed|Violation)): (.+)$")
 
 
 def _first_line(error: BaseException) -> str:

@@ -2,6 +2,8 @@
 
 * ``resolve_ranges`` turns what Kafka reported (earliest, end, committed, offsets for times) and
   the user's ``--from``/``--until`` into one ``OffsetRange`` per partition;
+* ``cut_waves`` cuts every range into the same number of consecutive windows, the *waves*: the
+  job handles and commits one wave after the other;
 * ``split_ranges`` cuts large ranges into sub-ranges, the Spark input splits;
 * ``key_statistics`` says how parallel a backlog can be (one key is always serial);
 * ``audit`` checks what the job reports against the plan, so the fence is committed only when
@@ -123,6 +125,28 @@ def split_ranges(ranges: Iterable[OffsetRange], max_offsets_per_split: int) -> l
     return splits
 
 
+def cut_waves(ranges: Iterable[OffsetRange], max_offsets_per_wave: int) -> list[list[OffsetRange]]:
+    """Cut every non-empty range into ``n`` consecutive windows of near-equal size, ``n`` being what
+    the largest range needs at ``max_offsets_per_wave`` (0: one wave). Wave ``i`` holds window ``i``
+    of every range, so each wave spreads over all partitions and ends at a committable offset of
+    each; a key lives in one partition, so handling wave after wave keeps its order."""
+    if max_offsets_per_wave < 0:
+        raise ValueError(f"max_offsets_per_wave must be >= 0, got {max_offsets_per_wave}")
+    busy = [r for r in ranges if r.offsets]
+    if not busy:
+        return []
+    largest = max(r.offsets for r in busy)
+    count = 1 if max_offsets_per_wave == 0 else -(-largest // max_offsets_per_wave)
+    waves: list[list[OffsetRange]] = [[] for _ in range(count)]
+    for r in busy:
+        pieces = min(count, r.offsets)
+        for index in range(pieces):
+            first = r.start + r.offsets * index // pieces
+            last = r.start + r.offsets * (index + 1) // pieces
+            waves[index].append(OffsetRange(r.topic, r.partition, first, last))
+    return waves
+
+
 class CommitMode(StrEnum):
     AUTO = "auto"
     """Commit the fence only when the range started at the group's committed offsets (a drain)."""
@@ -153,13 +177,19 @@ def offsets_a_commit_would_skip(
     return problems
 
 
-def refuse_live_group(members: int | None, commit: bool, group: str) -> None:
-    """A job that will commit must own the group: live members would handle the same keys concurrently."""
+def refuse_live_group(members: int | None, commit: bool, group: str, preview: bool = False) -> str | None:
+    """A job that will commit must own the group: live members would handle the same keys concurrently.
+
+    A preview (``--plan``) handles and commits nothing, so it only returns the refusal as a note."""
     if commit and members:
-        raise PlanError(
+        refusal = (
             f"group {group!r} has {members} active members: stop its consumers first (scale the "
             "OrderedConsumer to 0), or run with --commit never"
         )
+        if not preview:
+            raise PlanError(refusal)
+        return f"a run would refuse now: {refusal}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ from keyorder.config import HandlerSettings, KafkaConnectionSettings, name_value
 
 ENFORCED_SPARK_SETTINGS = {
     "spark.speculation": "false",  # a speculative copy of a task would handle the same keys at the same time
-    "spark.task.maxFailures": "1",  # a retried task re-handles its keys; rerun the whole job instead
+    "spark.task.maxFailures": "1",  # a retried task re-handles its keys; rerun the wave instead
+    "spark.stage.maxConsecutiveAttempts": "1",  # a fetch failure would re-run the handler stage
 }
-"""Spark settings the job always uses; ``--spark-conf`` cannot override them."""
+"""Spark settings the job always uses; ``--spark-conf`` cannot override them, and a session that
+was started without them (``getOrCreate`` on an existing one) is refused (``job.check_session``)."""
 
 
 class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
@@ -48,7 +50,7 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         ge=0,
         le=100_000,
         description="Spark partitions the keys are hashed into "
-        "(tasks of the handler stage); 0: 4 per core Spark reports.",
+        "(tasks of the handler stage); 0: one per core Spark reports (a task spreads its keys over its threads).",
     )
     task_workers: int = Field(
         16,
@@ -57,6 +59,19 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         description="Handler threads per Spark task: different keys "
         "run in parallel, each key's messages one after another (like a pod's key "
         "workers); raise it for I/O-bound handlers.",
+    )
+    task_lookahead: int = Field(
+        10_000,
+        ge=1,
+        le=10_000_000,
+        description="Messages a Spark task reads ahead of its slowest key (queued, retrying or running): "
+        "room for other keys to pass a hot one; bounds the task's memory.",
+    )
+    wave_offsets: int = Field(
+        1_000_000,
+        ge=0,
+        description="Most offsets per partition in one wave: the job handles, audits and commits the "
+        "range wave after wave, so a failure re-runs only its wave; 0: one wave.",
     )
     split_offsets: int = Field(
         100_000,

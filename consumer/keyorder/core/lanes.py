@@ -97,7 +97,12 @@ class LaneSummary:
 class LaneScheduler:
     """Per-lane FIFOs, one ready queue, and a heap of parked lanes by due time."""
 
-    def __init__(self) -> None:
+    def __init__(self, continue_first: bool = False) -> None:
+        self._continue_first = continue_first
+        """A lane that finished a delivery and has more goes to the *head* of the ready queue, not
+        the tail. The pods keep round-robin fairness (False). A batch (the Spark catch-up) wants
+        the shortest makespan, which is its longest lane's: that lane must never queue behind
+        light ones, so its worker goes on with it (True). Order within a lane is the same."""
         self._lanes: dict[Hashable, _Lane] = {}
         self._ready: deque[Hashable] = deque()
         self._due: list[tuple[float, int, Hashable]] = []  # (due, tie-breaker, lane id); stale entries skipped
@@ -190,10 +195,12 @@ class LaneScheduler:
         lane.running = False
         self._running -= 1
         lane.blocked = False
-        if lane.deliveries:
-            self._ready.append(lane_id)
-        else:
+        if not lane.deliveries:
             self._forget(lane_id)
+        elif self._continue_first:
+            self._ready.appendleft(lane_id)
+        else:
+            self._ready.append(lane_id)
 
     def park(self, delivery: Delivery, due: float, blocked: bool = False) -> None:
         """The running head failed: its lane waits until ``due`` (holding no worker), head first."""

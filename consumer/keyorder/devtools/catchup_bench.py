@@ -7,6 +7,11 @@ from this one invocation. Spark's fixed cost (session start plus a first small j
 JIT and the Python workers) is measured apart from its throughput on a warm session. The report
 gives both, and the *crossover*: the backlog above which catch-up finishes sooner than the pod,
 ``N* = startup x R_pod x R_spark / (R_spark - R_pod)`` (none when Spark is not faster).
+
+The *hot keys* scenario drains, on one warm ``local[2]`` session with the I/O handler, the same
+number of messages twice: once over uniform keys, once with 4 hot keys of 10,000 messages each
+among 10,000 light keys. Its ratio (hot over uniform throughput) shows whether a hot key collapses
+a task's thread parallelism (target: at least 0.7).
 """
 
 from __future__ import annotations
@@ -56,11 +61,26 @@ class Measurement:
         return self.messages / self.seconds if self.seconds else 0.0
 
 
+HOT_KEYS = 4
+HOT_KEY_TARGET = 0.7
+"""Hot-key throughput over uniform-key throughput, the issue's target."""
+
+
 @dataclass
 class CatchupBenchReport:
     parameters: dict
     spark_startup_seconds: float = 0.0
     measurements: list[Measurement] = field(default_factory=list)
+    hot_keys: list[Measurement] = field(default_factory=list)
+    """The hot-keys scenario: per task-worker setting, uniform keys then the hot keys, same size and session."""
+
+    def hot_key_ratios(self) -> dict[str, float]:
+        """Hot over uniform throughput per task-worker setting (the runner names end in ``W=<n>``)."""
+        ratios = {}
+        for uniform, hot in zip(self.hot_keys[::2], self.hot_keys[1::2], strict=True):
+            if uniform.rate:
+                ratios[uniform.runner.rsplit(" ", 1)[-1]] = hot.rate / uniform.rate
+        return ratios
 
     def crossover(self, profile: str) -> dict:
         """The backlog above which the fastest Spark setting beats the pod, start-up included."""
@@ -89,6 +109,11 @@ class CatchupBenchReport:
                 "spark_startup_seconds": round(self.spark_startup_seconds, 2),
                 "measurements": [{**asdict(m), "rate": round(m.rate, 1)} for m in self.measurements],
                 "crossover": {profile: self.crossover(profile) for profile in profiles},
+                "hot_keys": {
+                    "measurements": [{**asdict(m), "rate": round(m.rate, 1)} for m in self.hot_keys],
+                    "ratios": {workers: round(ratio, 3) for workers, ratio in self.hot_key_ratios().items()},
+                    "target": HOT_KEY_TARGET,
+                },
             },
             indent=2,
         )
@@ -159,7 +184,7 @@ def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, 
     )
 
 
-def bench_config(bootstrap: str, topic: str, profile: Profile, master: str):
+def bench_config(bootstrap: str, topic: str, profile: Profile, master: str, task_workers: int = 16):
     """The settings of one measured catch-up run (a fresh group, nothing committed)."""
     from keyorder.catchup.settings import CatchupConfig
 
@@ -171,13 +196,16 @@ def bench_config(bootstrap: str, topic: str, profile: Profile, master: str):
         master=master,
         commit="never",
         split_offsets=10_000,
+        task_workers=task_workers,
     )
 
 
-def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master: str) -> Measurement:
+def drain_with_spark(
+    spark, bootstrap: str, topic: str, profile: Profile, master: str, runner: str | None = None, task_workers: int = 16
+) -> Measurement:
     from keyorder.catchup.job import CatchupJob
 
-    job = CatchupJob(bench_config(bootstrap, topic, profile, master), spark=spark)
+    job = CatchupJob(bench_config(bootstrap, topic, profile, master, task_workers), spark=spark)
     try:
         plan = job.plan()
         started = time.monotonic()
@@ -191,11 +219,61 @@ def drain_with_spark(spark, bootstrap: str, topic: str, profile: Profile, master
     report = outcome.report()
     return Measurement(
         short(profile.handler),
-        f"spark {master}",
+        runner or f"spark {master}",
         report["processed"],
         round(seconds, 3),
         violations=report["violations"],
     )
+
+
+def hot_keys_scenario(bootstrap: str, partitions: int, quick: bool, progress: Progress) -> list[Measurement]:
+    """The same backlog size over uniform keys, then with ``HOT_KEYS`` hot keys, on one warm session, with
+    the default 16 task workers and (not with --quick) 8: a hot key's thread waits for the GIL after each
+    message, and fewer busy threads shorten that wait."""
+    per_hot, light_keys, per_light = (500, 500, 8) if quick else (10_000, 10_000, 8)
+    total = HOT_KEYS * per_hot + light_keys * per_light
+    profile = next(p for p in PROFILES if short(p.handler) == "io")
+    topics = {"uniform": "catchup-bench-uniform", "hot": "catchup-bench-hot"}
+    for name in topics.values():
+        create_topics(bootstrap, [name, f"{name}.dlq"], partitions)
+    produce_keyed(bootstrap, topics["uniform"], total, light_keys, extra_config=EXACT_END_OFFSETS)
+    produce_keyed(
+        bootstrap,
+        topics["hot"],
+        total,
+        light_keys + HOT_KEYS,
+        extra_config=EXACT_END_OFFSETS,
+        hot_key_share=HOT_KEYS * per_hot / total,
+        hot_keys=HOT_KEYS,
+        progress=lambda n: progress.show(f"preloading hot keys {n:,}/{total:,}"),
+    )
+    progress.done()
+    from keyorder.catchup.job import stop_spark
+
+    master = "local[2]"
+    spark, _ = spark_session(bench_config(bootstrap, topics["uniform"], profile, master))
+    try:
+        drain_with_spark(spark, bootstrap, topics["uniform"], profile, master)  # warm up
+        measurements = []
+        for workers in (16,) if quick else (16, 8):
+            runner = f"{master} %s W={workers}"
+            measurements.append(
+                drain_with_spark(spark, bootstrap, topics["uniform"], profile, master, runner % "uniform keys", workers)
+            )
+            measurements.append(
+                drain_with_spark(
+                    spark,
+                    bootstrap,
+                    topics["hot"],
+                    profile,
+                    master,
+                    runner % f"{HOT_KEYS} hot keys x {per_hot:,}",
+                    workers,
+                )
+            )
+        return measurements
+    finally:
+        stop_spark(spark)
 
 
 def spark_session(config) -> tuple[object, float]:
@@ -214,6 +292,8 @@ def plot(report: CatchupBenchReport, path: Path) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    if not report.measurements:
         return None
     profiles = sorted({m.profile for m in report.measurements})
     figure, axes = plt.subplots(1, len(profiles), figsize=(5 * len(profiles), 3.6))
@@ -244,6 +324,11 @@ def add_catchup_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--messages", type=int, help="backlog size [default: 40000; --quick 6000]")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys [default: 10000]")
     parser.add_argument("--partitions", type=int, default=4, help="partitions [default: 4]")
+    parser.add_argument(
+        "--only",
+        choices=("profiles", "hot-keys"),
+        help="run only the pod-vs-Spark profiles or only the hot-keys scenario [default: both]",
+    )
     parser.add_argument(
         "--output-dir",
         type=Path,
@@ -285,7 +370,7 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
         create_topics(broker.bootstrap, [warm_up_topic, f"{warm_up_topic}.dlq"], args.partitions)
         produce_keyed(broker.bootstrap, warm_up_topic, WARM_UP_MESSAGES, args.keys, extra_config=EXACT_END_OFFSETS)
         progress.done()
-        for profile in PROFILES:
+        for profile in PROFILES if args.only != "hot-keys" else ():
             report.measurements.append(drain_with_pod(broker.bootstrap, topic, profile, messages, progress))
             masters = ("local[2]",) if args.quick else profile.spark_masters
             for master in masters:  # local[n]: n tasks at once, so one session per setting
@@ -301,7 +386,11 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
                     f"  {m.profile:<4} {m.runner:<16} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s, "
                     f"violations {m.violations})"
                 )
-    report.spark_startup_seconds = sum(startups) / len(startups)
+        if args.only != "profiles":
+            report.hot_keys = hot_keys_scenario(broker.bootstrap, args.partitions, args.quick, progress)
+            for m in report.hot_keys:
+                print(f"  hot keys {m.runner:<34} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s)")
+    report.spark_startup_seconds = sum(startups) / len(startups) if startups else 0.0
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "report.json").write_text(report.to_json() + "\n")
     image = plot(report, args.output_dir / "catchup.png")
@@ -317,6 +406,11 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
             f"  {profile_name}: pod {found['pod_rate']:,.0f} msg/s, best Spark ({found['spark_runner']}) "
             f"{found['spark_rate']:,.0f} msg/s = {found['speedup']}x; {where}"
         )
+    for workers, ratio in report.hot_key_ratios().items():
+        print(
+            f"  hot keys, {workers} task workers: {ratio:.2f}x the uniform-keys throughput "
+            f"(target >= {HOT_KEY_TARGET}): " + ("met" if ratio >= HOT_KEY_TARGET else "missed")
+        )
     print(f"report: {args.output_dir / 'report.json'}" + (f", plot: {image}" if image else ""))
-    violations = sum(m.violations for m in report.measurements)
+    violations = sum(m.violations for m in [*report.measurements, *report.hot_keys])
     return 1 if violations else 0

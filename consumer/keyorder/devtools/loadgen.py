@@ -60,17 +60,19 @@ def produce_keyed(
     progress: Callable[[int], None] | None = None,
     extra_config: dict | None = None,
     hot_key_share: float = 0.0,
+    hot_keys: int = 1,
 ) -> ProducedLog:
     """Write ``messages`` JSON records over ``keys`` random keys; sequence numbers continue from
     ``start_sequences``. Waits for every acknowledgement and fails loudly on any delivery error.
 
     ``hot_key_share`` skews the distribution, as real traffic often is (one tenant, one busy
-    account): that share of the messages goes to ``key_name(0)``, the rest uniformly to the other
-    ``keys - 1`` keys. The default (0) keeps the uniform draw, and so the same data, as before."""
+    account): that share of the messages goes to ``key_name(0)`` (or, uniformly, to the first
+    ``hot_keys`` keys), the rest uniformly to the other keys. The default (0) keeps the uniform
+    draw, and so the same data, as before."""
     if not 0.0 <= hot_key_share < 1.0:
         raise ValueError(f"hot_key_share must be in [0, 1), got {hot_key_share}")
-    if hot_key_share and keys < 2:
-        raise ValueError("a hot key needs at least one other key")
+    if hot_key_share and keys <= hot_keys:
+        raise ValueError("hot keys need at least one other key")
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, **(extra_config or {})},
         logger=logging.getLogger("keyorder.librdkafka"),
@@ -90,9 +92,9 @@ def produce_keyed(
 
     for index in range(messages):
         if hot_key_share and rng.random() < hot_key_share:
-            key = key_name(0)
+            key = key_name(rng.randrange(hot_keys) if hot_keys > 1 else 0)
         elif hot_key_share:
-            key = key_name(1 + rng.randrange(keys - 1))
+            key = key_name(hot_keys + rng.randrange(keys - hot_keys))
         else:
             key = key_name(rng.randrange(keys))
         sequence = sequences.get(key, 0)
