@@ -262,9 +262,14 @@ def test_unreachable_broker_is_not_ready_is_measured_and_logs_once(tmp_path):
             started = time.monotonic()
             port = int(re.search(r"metrics and health on http://[^:]+:(\d+)", log_file.read_text())[1])
             base = f"http://127.0.0.1:{port}"
-            wait_until(lambda: _get(base + "/readyz")[0] == 503, 10, "/readyz 503")
-            status, body = _get(base + "/readyz")
-            assert status == 503 and json.loads(body)["reason"] == "no broker reachable", body
+            readiness: list[tuple[int, str]] = []
+
+            def unreachable_reported() -> bool:  # "not started" comes first, while the consumer starts
+                readiness.append(_get(base + "/readyz"))
+                return readiness[-1][0] == 503 and json.loads(readiness[-1][1])["reason"] == "no broker reachable"
+
+            wait_until(unreachable_reported, 15, "/readyz 503 with reason 'no broker reachable'")
+            assert all(status == 503 for status, _ in readiness), readiness  # never ready meanwhile
             assert _get(base + "/healthz")[0] == 200  # alive: a restart would not bring the broker back
             metrics = _get(base + "/metrics")[1]
             assert re.search(r"^keyorder_broker_reachable 0\.0$", metrics, re.M), metrics
