@@ -160,6 +160,7 @@ class ConsumerRuntime:
             self.source.close()
             raise
         self.source.subscribe(settings.topics, self._on_assign, self._on_revoke, self._on_lost)
+        self._publish_snapshot(self.clock())  # readiness must see the source's reachability, not a default
         self.started.set()
         log.info(
             "consuming %s with %d %s-ordered %s workers",
