@@ -8,6 +8,7 @@ exist, so both targets show their whole bootstrap, and resolve the `demo` extra 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -25,8 +26,17 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU 
 def planned_commands(target: str, tmp_path: Path) -> list[str]:
     """The commands `make <target>` would run on a fresh machine (its venv not created yet)."""
     venv = tmp_path / "fresh" / ".venv"
+    # Run as a top-level make: under `make test` (CI) the inherited MAKELEVEL/MAKEFLAGS would add
+    # "make[1]: Entering directory" lines and the outer make's flags.
+    environment = {key: value for key, value in os.environ.items() if key not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     result = subprocess.run(
-        ["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30
+        ["make", "--no-print-directory", "-n", target, f"VENV={venv}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+        env=environment,
     )
     return [line for line in result.stdout.splitlines() if line and not line.startswith("#")]
 
