@@ -11,8 +11,9 @@ the policy then keeps the current size rather than guessing.
 from __future__ import annotations
 
 import logging
+import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -59,13 +60,23 @@ class BackingOffLagSource:
     A resource whose Kafka is unreachable would otherwise spend the client's timeouts (seconds)
     on every poll, on the operator's shared handler threads, and enough such resources would hold
     up the healthy ones. After a failure, ``sample`` fails at once with the last reason for
-    ``first_seconds``, doubling up to ``longest_seconds`` while the failures go on; one success
-    resets it. Time comes from the caller (``now``), so the schedule is a plain unit test.
+    ``first_seconds``, doubling up to ``longest_seconds`` while the failures go on, each period
+    spread by up to ``jitter`` (resources that failed together must not all probe together); one
+    success resets it. Time comes from the caller (``now``) and the randomness from ``random``, so
+    the schedule is a plain unit test.
     """
 
-    def __init__(self, inner: LagSource, first_seconds: float = 5.0, longest_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        inner: LagSource,
+        first_seconds: float = 15.0,
+        longest_seconds: float = 120.0,
+        jitter: float = 0.25,
+        random: Callable[[], float] = random.random,
+    ) -> None:
         self.inner = inner
-        self.first_seconds, self.longest_seconds = first_seconds, longest_seconds
+        self.first_seconds, self.longest_seconds, self.jitter = first_seconds, longest_seconds, jitter
+        self._random = random
         self._retry_at: float | None = None
         self._delay = 0.0
         self._error = ""
@@ -77,7 +88,8 @@ class BackingOffLagSource:
             sample = self.inner.sample(topics, group, now)
         except LagUnavailable as error:
             self._delay = self.first_seconds if self._retry_at is None else min(self._delay * 2, self.longest_seconds)
-            self._retry_at, self._error = now + self._delay, str(error)
+            spread = 1.0 + self.jitter * (2 * self._random() - 1)
+            self._retry_at, self._error = now + self._delay * spread, str(error)
             raise
         self._retry_at, self._delay = None, 0.0
         return sample

@@ -533,8 +533,10 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         except InvalidSpec:
             return  # reported by reconcile_objects; nothing is scaled for an invalid spec
         previous = sample_from_status(status)
-        if previous is not None and now - previous.at < spec.scaling.poll_interval_seconds - 0.5:
-            return
+        last_poll = status.get("lastPollAt")
+        if isinstance(last_poll, int | float) and now - last_poll < spec.scaling.poll_interval_seconds - 0.5:
+            return  # every pollIntervalSeconds, whether or not the last poll could read the lag
+        patch.status["lastPollAt"] = now
         namespace, name = meta["namespace"], meta["name"]
         labels = (namespace, name)
         context.metrics.track(namespace, name)

@@ -43,8 +43,10 @@ def kubernetes_type(name: str) -> dict[str, Any]:
 
 # What the operator itself puts into the pods it generates: a template may not replace any of it
 # (builders.py uses these names; a unit test checks the generated pods against them).
-OPERATOR_VOLUMES = frozenset({"admin-token", "tmp", "kafka-properties"})
-OPERATOR_MOUNT_PATHS = frozenset({"/", "/tmp", "/etc/keyorder", "/etc/keyorder/admin", "/etc/keyorder/kafka"})
+OPERATOR_VOLUMES = frozenset({"admin-token", "tmp", "kafka-properties", "spark-templates"})
+OPERATOR_MOUNT_PATHS = frozenset(
+    {"/", "/tmp", "/etc/keyorder", "/etc/keyorder/admin", "/etc/keyorder/kafka", "/etc/keyorder/spark"}
+)
 OPERATOR_LABELS = frozenset(
     {
         "app.kubernetes.io/name",
@@ -53,7 +55,9 @@ OPERATOR_LABELS = frozenset(
         "app.kubernetes.io/component",
     }
 )
-OPERATOR_ANNOTATIONS = frozenset({"prometheus.io/scrape", "prometheus.io/port", "keyorder.dev/fence"})
+OPERATOR_ANNOTATIONS = frozenset(
+    {"prometheus.io/scrape", "prometheus.io/port", "keyorder.dev/fence", "keyorder.dev/executor-pod-template"}
+)
 OPERATOR_ENV = frozenset(
     {
         "KEYORDER_HANDLER",
@@ -75,6 +79,7 @@ OPERATOR_ENV = frozenset(
         "KEYORDER_ADMIN_TOKEN_FILE",
         "KEYORDER_EXECUTOR",
         "POD_IP",
+        "POD_NAME",
     }
 )
 HARDENING = "non-root, read-only root filesystem, no capabilities, seccomp RuntimeDefault"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import socket
 import threading
 import time
 
@@ -292,28 +291,3 @@ def test_deleted_and_edited_objects_are_restored_within_a_poll(kube, broker):
         wait_for(lambda: kube.get("v1/services", "repair-metrics"), 10, "the deleted Service back")
         wait_for(lambda: kube.get("policy/v1/poddisruptionbudgets", "repair"), 10, "the deleted PDB back")
         wait_for(lambda: handler_of_deployment() == "keyorder_example.ledger:handle", 10, "the edit undone")
-
-
-def test_resources_with_an_unreachable_kafka_do_not_hold_up_a_healthy_one(kube, broker):
-    """Eight resources point at a closed port, one at the real broker. kopf runs the handlers of
-    all resources on one small thread pool, and a probe of an unreachable cluster blocks a thread
-    for the client's timeout: without the per-resource back-off the eight would keep every thread
-    busy and the healthy resource would stop being observed."""
-    topic = "okc-isolated"
-    create_topics(broker.bootstrap, [topic], 2)
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{closed.getsockname()[1]}"
-    with operator(kube.url):
-        for index in range(8):
-            kube.create(CR, consumer_resource(f"dead-{index}", dead, f"nowhere-{index}"))
-        kube.create(CR, consumer_resource("healthy", broker.bootstrap, topic))
-        wait_for(lambda: condition(kube.get(CR, "dead-0"), "LagUnknown") == "True", 30, "the dead ones to fail once")
-        samples: set[float] = set()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            last = ((kube.get(CR, "healthy") or {}).get("status") or {}).get("lastSample") or {}
-            if last.get("at"):
-                samples.add(last["at"])
-            time.sleep(0.2)
-    assert len(samples) >= 8, f"the healthy resource was observed {len(samples)} times in 20 s (poll: 1 s)"

@@ -29,7 +29,7 @@ class ScriptedSource:
 
 def test_failures_back_off_doubling_and_one_success_resets():
     inner = ScriptedSource()
-    source = BackingOffLagSource(inner, first_seconds=5, longest_seconds=20)
+    source = BackingOffLagSource(inner, first_seconds=5, longest_seconds=20, jitter=0.0)
     asked_at = []
     for now in range(0, 60):
         try:
@@ -51,3 +51,18 @@ def test_failures_back_off_doubling_and_one_success_resets():
     assert inner.calls == calls, "the back-off starts again at the first period after a success"
     source.close()
     assert inner.closed
+
+
+def test_jitter_spreads_the_next_try_within_its_bounds():
+    draws = iter([0.0, 1.0])
+    inner = ScriptedSource()
+    early = BackingOffLagSource(inner, first_seconds=10, jitter=0.25, random=lambda: next(draws))
+    with pytest.raises(LagUnavailable):
+        early.sample(["t"], "g", 0.0)
+    with pytest.raises(LagUnavailable, match="not asked again for 8 s"):  # 10 s x 0.75
+        early.sample(["t"], "g", 0.0)
+    late = BackingOffLagSource(ScriptedSource(), first_seconds=10, jitter=0.25, random=lambda: next(draws))
+    with pytest.raises(LagUnavailable):
+        late.sample(["t"], "g", 0.0)
+    with pytest.raises(LagUnavailable, match="not asked again for 12 s"):  # 10 s x 1.25
+        late.sample(["t"], "g", 0.0)

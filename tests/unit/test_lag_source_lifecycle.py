@@ -35,13 +35,13 @@ def context() -> OperatorContext:
 def test_the_same_configuration_reuses_the_client(context):
     first = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092"})
     assert context.lag_source("ns", "a", {"bootstrap.servers": "k:9092"}) is first
-    assert len(RecordingSource.built) == 1 and not first.closed
+    assert len(RecordingSource.built) == 1 and not first.inner.closed
 
 
 def test_a_rotated_credential_closes_the_old_client(context):
     old = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092", "sasl.password": "old"})
     new = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092", "sasl.password": "new"})
-    assert new is not old and old.closed and not new.closed
+    assert new is not old and old.inner.closed and not new.inner.closed
 
 
 def test_resources_never_share_a_client_and_a_deleted_ones_is_closed(context):
@@ -49,7 +49,7 @@ def test_resources_never_share_a_client_and_a_deleted_ones_is_closed(context):
     b = context.lag_source("ns", "b", {"bootstrap.servers": "k:9092"})
     assert a is not b
     context.forget_lag_source("ns", "a")
-    assert a.closed and not b.closed
+    assert a.inner.closed and not b.inner.closed
     context.forget_lag_source("ns", "gone")  # nothing to close: no error
 
 
