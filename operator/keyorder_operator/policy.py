@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from keyorder_operator.pod_signals import BusiestLane, PodSignals
@@ -194,7 +194,6 @@ class Decision:
     """Set when scaling cannot help (or stopped where it stops helping)."""
     handler_seconds: float | None = None
     """Mean handler time per call the pods reported for the interval (for status)."""
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def scaled(self) -> bool:
