@@ -410,7 +410,7 @@ def bounds(observation: Observation, limits: ScalingLimits, state: ScalingState,
         return Bound(limited=limited)  # the rest of the lag still drives the size
     if pods is not None and pods.busiest is not None and lag >= limits.activation_lag:
         share = pods.busiest_share
-        if share >= HOT_KEY_SHARE:
+        if share >= HOT_KEY_SHARE and pods.queued >= pods.workers:  # a nearly empty queue is no hot key
             parallelism = pods.queued / pods.busiest.backlog
             cap = max(math.ceil(parallelism), current.capacity)
             message = (
