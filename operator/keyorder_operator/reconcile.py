@@ -79,8 +79,11 @@ from keyorder_operator.spec import (
     parse_spec,
 )
 from keyorder_operator.status import (
+    POLL_CONDITIONS,
+    SPEC_CONDITIONS,
     condition_is,
     limits_from_spec,
+    merge_owned_conditions,
     sample_from_status,
     sample_to_status,
     set_condition,
@@ -299,6 +302,27 @@ def _kafka_properties(context: OperatorContext, spec: OrderedConsumerSpec, names
         raise LagUnavailable(str(error)) from None
 
 
+def write_conditions(patch: kopf.Patch, conditions: list[dict[str, Any]], owned: frozenset[str]) -> None:
+    """Record a handler's conditions, changing only the ``owned`` types.
+
+    kopf applies the function to the freshest body and sends the difference as a JSON patch guarded by
+    the resourceVersion (retried on the next cycle if the resource changed meanwhile), so two handlers
+    never undo each other's conditions the way merge-patching whole lists would.
+    """
+
+    def apply(body: kopf.RawBody) -> None:
+        status = dict(body.get("status") or {})
+        status["conditions"] = merge_owned_conditions(list(status.get("conditions") or []), conditions, owned)
+        body["status"] = status
+
+    patch.fns.append(apply)
+
+
+def poll_conditions(patch: kopf.Patch, conditions: list[dict[str, Any]]) -> None:
+    """The poll's conditions (``POLL_CONDITIONS``); see ``write_conditions``."""
+    write_conditions(patch, conditions, POLL_CONDITIONS)
+
+
 def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     resource = (GROUP, VERSION, PLURAL)
 
@@ -316,10 +340,14 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                 c for c in conditions if c["type"] == "InvalidSpec"
             ).get("message") != str(error):
                 kopf.warn(body, reason="InvalidSpec", message=str(error))
-            patch.status["conditions"] = set_condition(conditions, "InvalidSpec", True, "InvalidSpec", str(error), now)
+            write_conditions(
+                patch, set_condition(conditions, "InvalidSpec", True, "InvalidSpec", str(error), now), SPEC_CONDITIONS
+            )
             return None
         if condition_is(conditions, "InvalidSpec"):
-            patch.status["conditions"] = set_condition(conditions, "InvalidSpec", False, "Valid", "spec is valid", now)
+            write_conditions(
+                patch, set_condition(conditions, "InvalidSpec", False, "Valid", "spec is valid", now), SPEC_CONDITIONS
+            )
         return spec
 
     @kopf.on.resume(*resource, registry=registry)
@@ -391,7 +419,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         )
         patch.status["catchup"] = run.to_status()
         patch.status["replicas"] = 0
-        patch.status["conditions"] = set_condition(conditions, "CatchingUp", True, "StoppingPods", trigger, now)
+        poll_conditions(patch, set_condition(conditions, "CatchingUp", True, "StoppingPods", trigger, now))
         patch.status["lastDecision"] = {"reason": f"catch-up: {trigger}", "time": timestamp(now)}
 
     def follow_catchup(
@@ -423,8 +451,11 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                     f"{left} consumer pods did not stop within {now - run.started_at:.0f} s; no Job was started",
                 )
             elif left:
-                patch.status["conditions"] = set_condition(
-                    conditions, "CatchingUp", True, "StoppingPods", f"waiting for {left} consumer pods to stop", now
+                poll_conditions(
+                    patch,
+                    set_condition(
+                        conditions, "CatchingUp", True, "StoppingPods", f"waiting for {left} consumer pods to stop", now
+                    ),
                 )
             else:
                 start_job(body, meta, spec, run, conditions, patch, now)
@@ -434,13 +465,16 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             return
         still_running = kube.pod_count(namespace, catchup_selector(run.job_name))
         if still_running:  # a deleted or failed Job's driver may still be handling messages
-            patch.status["conditions"] = set_condition(
-                conditions,
-                "CatchingUp",
-                True,
-                "Finishing",
-                f"Job {run.job_name} {outcome.value}; waiting for its {still_running} pods to stop",
-                now,
+            poll_conditions(
+                patch,
+                set_condition(
+                    conditions,
+                    "CatchingUp",
+                    True,
+                    "Finishing",
+                    f"Job {run.job_name} {outcome.value}; waiting for its {still_running} pods to stop",
+                    now,
+                ),
             )
             return
         if outcome is JobState.SUCCEEDED:
@@ -483,8 +517,16 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             return
         kopf.info(body, reason="CatchupRunning", message=f"pods stopped; Job {run.job_name} started")
         patch.status["catchup"] = run.running().to_status()
-        patch.status["conditions"] = set_condition(
-            conditions, "CatchingUp", True, "Running", f"Job {run.job_name} handles the backlog up to the fence", now
+        poll_conditions(
+            patch,
+            set_condition(
+                conditions,
+                "CatchingUp",
+                True,
+                "Running",
+                f"Job {run.job_name} handles the backlog up to the fence",
+                now,
+            ),
         )
 
     def finish_catchup(
@@ -514,9 +556,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             patch.status["catchupFailedGeneration"] = meta.get("generation")
         context.metrics.catchups.labels(namespace, name, outcome.value).inc()
         context.metrics.catching_up.labels(namespace, name).set(0)
-        patch.status["conditions"] = set_condition(
-            conditions, "CatchingUp", False, outcome.value.capitalize(), message, now
-        )
+        poll_conditions(patch, set_condition(conditions, "CatchingUp", False, outcome.value.capitalize(), message, now))
         patch.status["catchup"] = None
         patch.status["lastCatchupEndedAt"] = now  # the cooldown counts from here
         patch.status["catchupVotes"] = 0
@@ -551,10 +591,6 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         if replicas is None:
             return  # reconcile_objects has not created it yet
         conditions = list(status.get("conditions") or [])
-        if condition_is(conditions, "InvalidSpec"):
-            # this spec parsed: a True read here is stale (the fix raced this poll), and writing the
-            # list back must not restore it
-            conditions = set_condition(conditions, "InvalidSpec", False, "Valid", "spec is valid", now)
         run = CatchupRun.from_status(status)
         context.metrics.catching_up.labels(*labels).set(1 if run is not None else 0)
         if run is not None:
@@ -649,7 +685,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             "objects applied, lag measured" if ready else "; ".join(failures) or "lag unknown",
             now,
         )
-        patch.status["conditions"] = conditions
+        poll_conditions(patch, conditions)
         patch.status["replicas"] = target.replicas
         patch.status["workersPerPod"] = target.workers
         patch.status["podsUpdated"] = pushed

@@ -14,7 +14,10 @@ from keyorder_operator.observe import LagSample
 from keyorder_operator.policy import Limited, LimitKind, RateKind, RateLimit, ScalingLimits, ScalingState, Size
 from keyorder_operator.spec import OrderedConsumerSpec, Ordering, RatePolicySpec
 
-CONDITION_TYPES = ("Ready", "Scaling", "ScalingLimited", "LagUnknown", "InvalidSpec", "CatchingUp", "CatchupFailed")
+SPEC_CONDITIONS = frozenset({"InvalidSpec"})
+"""The conditions only the spec handlers (create, update, resume) write."""
+POLL_CONDITIONS = frozenset({"Ready", "Scaling", "ScalingLimited", "LagUnknown", "CatchingUp", "CatchupFailed"})
+"""The conditions only the poll (the timer, the catch-up hand-over included) writes."""
 
 
 def timestamp(now: float) -> str:
@@ -44,6 +47,20 @@ def set_condition(
             {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": timestamp(now)}
         )
     return updated
+
+
+def merge_owned_conditions(
+    stored: list[dict[str, Any]], mine: list[dict[str, Any]], owned: frozenset[str]
+) -> list[dict[str, Any]]:
+    """The conditions as ``stored`` now, with those of the ``owned`` types taken from ``mine``.
+
+    Each handler works from the body it was given, which another handler may have changed since;
+    writing its whole list back would undo that handler's conditions (a fixed spec's cleared
+    InvalidSpec coming back, say). So a handler writes only the types it owns, onto the freshest list.
+    """
+    replacements = {c["type"]: c for c in mine if c.get("type") in owned}
+    merged = [replacements.pop(c.get("type"), c) if c.get("type") in owned else c for c in stored]
+    return merged + list(replacements.values())
 
 
 def condition_is(conditions: list[dict[str, Any]], kind: str) -> bool:

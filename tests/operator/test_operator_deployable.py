@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -156,6 +157,12 @@ def test_a_fixed_spec_clears_invalid_spec_and_gets_its_objects(kube):
             "InvalidSpec to clear",
         )
         assert cleared["reason"] == "Valid"
+        # the poll (every tick, from its own copy of the resource) keeps its conditions and never
+        # writes the stale InvalidSpec back
+        wait_for(lambda: condition(kube, "fixme", "LagUnknown").get("status") == "True", 20, "the poll's LagUnknown")
+        for _ in range(10):
+            time.sleep(0.3)
+            assert condition(kube, "fixme", "InvalidSpec").get("status") == "False", "a stale InvalidSpec came back"
 
 
 def test_a_template_that_would_weaken_the_hardening_is_refused_by_field(kube):
