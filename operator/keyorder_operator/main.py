@@ -63,6 +63,13 @@ def add_operator_flags(parser: argparse.ArgumentParser) -> None:
         "[default with --peering: random, so replicas never tie (a tie pauses them all)]",
     )
     parser.add_argument(
+        "--handler-threads",
+        type=int,
+        default=32,
+        help="threads for the handlers of all resources (a poll waits on Kafka at most 2 s and on the pods "
+        "about 2 s; a cluster that does not answer is asked in the background) [default: 32]",
+    )
+    parser.add_argument(
         "--log-format",
         choices=("text", "json"),
         default="text",
@@ -87,6 +94,8 @@ def check_operator_args(args: argparse.Namespace) -> None:
             )
     if len(set(args.namespace)) != len(args.namespace):
         raise OperatorConfigError(f"--namespace is given twice for the same namespace: {args.namespace}")
+    if not 1 <= args.handler_threads <= 1024:
+        raise OperatorConfigError(f"--handler-threads must be between 1 and 1024, got {args.handler_threads}")
     if not 1 <= args.metrics_port <= 65535:
         raise OperatorConfigError(f"--metrics-port must be a TCP port (1-65535), got {args.metrics_port}")
     liveness = urlsplit(args.liveness)
@@ -205,7 +214,9 @@ def operator_command(args: argparse.Namespace) -> int:
         print(f"keyorder operator: {error}", file=sys.stderr)
         return EXIT_CONFIG
     configure_operator_logging(args.log_level, args.log_format)
-    context = OperatorContext(kube=Kube(kubernetes.client.ApiClient()), tick_seconds=args.tick)
+    context = OperatorContext(
+        kube=Kube(kubernetes.client.ApiClient()), tick_seconds=args.tick, handler_threads=args.handler_threads
+    )
     registry = operator_registry(context)
     try:
         start_http_server(args.metrics_port, registry=context.metrics.registry)

@@ -54,16 +54,29 @@ class LagSource(Protocol):
         """Release the client (its connections); a closed source is never sampled again."""
 
 
-class BackingOffLagSource:
-    """A lag source that stops asking a cluster that does not answer, for a while.
+def start_daemon_thread(probe: Callable[[], None]) -> None:
+    """Run ``probe`` on its own daemon thread (it only waits on Kafka's answer)."""
+    threading.Thread(target=probe, name="keyorder-lag-probe", daemon=True).start()
 
-    A resource whose Kafka is unreachable would otherwise spend the client's timeouts (seconds)
-    on every poll, on the operator's shared handler threads, and enough such resources would hold
-    up the healthy ones. After a failure, ``sample`` fails at once with the last reason for
-    ``first_seconds``, doubling up to ``longest_seconds`` while the failures go on, each period
-    spread by up to ``jitter`` (resources that failed together must not all probe together); one
-    success resets it. Time comes from the caller (``now``) and the randomness from ``random``, so
-    the schedule is a plain unit test.
+
+class BoundedLagSource:
+    """A lag source whose ``sample`` never holds the poll for long, and stops asking a cluster that
+    does not answer, for a while.
+
+    The poll runs on kopf's shared handler threads, and one Kafka request that does not answer costs
+    the client's timeouts (seconds). So every request runs on its own thread (``start_probe``), at most
+    one at a time per resource:
+
+    - while the cluster answers, ``sample`` waits for the answer up to ``wait_seconds``; an answer that
+      comes later is kept and returned by the next ``sample`` (a slow cluster's lag, one poll late);
+    - after a failure it backs off: ``sample`` fails at once with the last reason for ``first_seconds``,
+      doubling up to ``longest_seconds`` while the failures go on, each period spread by up to ``jitter``
+      (resources that failed together must not all probe together). A due probe is started in the
+      background and ``sample`` does not wait for it; one success ends the back-off.
+
+    So however many resources point at dead clusters, the threads stay free for the healthy ones. The
+    schedule takes time from the caller (``now``) and randomness from ``random``; a unit test passes a
+    ``start_probe`` that runs the probe inline.
     """
 
     def __init__(
@@ -72,27 +85,67 @@ class BackingOffLagSource:
         first_seconds: float = 15.0,
         longest_seconds: float = 120.0,
         jitter: float = 0.25,
+        wait_seconds: float = 2.0,
         random: Callable[[], float] = random.random,
+        start_probe: Callable[[Callable[[], None]], None] = start_daemon_thread,
     ) -> None:
         self.inner = inner
         self.first_seconds, self.longest_seconds, self.jitter = first_seconds, longest_seconds, jitter
+        self.wait_seconds = wait_seconds
         self._random = random
+        self._start_probe = start_probe
+        self._lock = threading.Lock()
         self._retry_at: float | None = None
         self._delay = 0.0
         self._error = ""
+        self._in_flight: threading.Event | None = None
+        self._in_flight_since = 0.0
+        self._answer: LagSample | None = None
 
     def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
-        if self._retry_at is not None and now < self._retry_at:
-            raise LagUnavailable(f"{self._error} (not asked again for {self._retry_at - now:.0f} s)")
+        with self._lock:
+            if self._answer is not None:  # a late answer (or the end of a back-off): use it
+                answer, self._answer = self._answer, None
+                return answer
+            if self._in_flight is not None:
+                waited = max(now - self._in_flight_since, 0.0)
+                raise LagUnavailable(f"{self._error or 'Kafka has not answered yet'} (asked {waited:.0f} s ago)")
+            backing_off = self._retry_at is not None
+            if backing_off and self._retry_at is not None and now < self._retry_at:
+                raise LagUnavailable(f"{self._error} (not asked again for {self._retry_at - now:.0f} s)")
+            done = self._in_flight = threading.Event()
+            self._in_flight_since = now
+        self._start_probe(lambda: self._probe(topics, group, now, done))
+        if not backing_off:
+            done.wait(self.wait_seconds)
+        with self._lock:
+            if self._in_flight is done:  # still unanswered
+                what = f"asked again in the background after: {self._error}" if backing_off else ""
+                raise LagUnavailable(
+                    what or f"Kafka has not answered within {self.wait_seconds:g} s (the answer is awaited)"
+                )
+            if self._answer is not None:
+                answer, self._answer = self._answer, None
+                return answer
+            raise LagUnavailable(self._error)
+
+    def _probe(self, topics: Sequence[str], group: str, now: float, done: threading.Event) -> None:
         try:
-            sample = self.inner.sample(topics, group, now)
-        except LagUnavailable as error:
-            self._delay = self.first_seconds if self._retry_at is None else min(self._delay * 2, self.longest_seconds)
-            spread = 1.0 + self.jitter * (2 * self._random() - 1)
-            self._retry_at, self._error = now + self._delay * spread, str(error)
-            raise
-        self._retry_at, self._delay = None, 0.0
-        return sample
+            answer = self.inner.sample(topics, group, now)
+        except Exception as error:  # on the probe thread: anything unexpected is a failure too
+            reason = str(error) if isinstance(error, LagUnavailable) else f"reading the lag failed: {error!r}"
+            with self._lock:
+                self._delay = (
+                    self.first_seconds if self._retry_at is None else min(self._delay * 2, self.longest_seconds)
+                )
+                spread = 1.0 + self.jitter * (2 * self._random() - 1)
+                self._retry_at, self._error = now + self._delay * spread, reason
+                self._in_flight = None
+        else:
+            with self._lock:
+                self._retry_at, self._delay, self._error, self._answer = None, 0.0, "", answer
+                self._in_flight = None
+        done.set()
 
     def close(self) -> None:
         self.inner.close()

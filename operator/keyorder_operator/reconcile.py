@@ -58,7 +58,7 @@ from keyorder_operator.catchup import (
 from keyorder_operator.kafka_config import operator_kafka_config
 from keyorder_operator.kube import JobConflict, Kube
 from keyorder_operator.observe import (
-    BackingOffLagSource,
+    BoundedLagSource,
     KafkaLagSource,
     LagSample,
     LagSource,
@@ -257,6 +257,12 @@ class OperatorContext:
     push: Callable[..., tuple[int, list[str]]] = push_workers
     fetch_reports: Callable[..., tuple[list[dict[str, Any]], list[str]]] = fetch_reports
     tick_seconds: float = 5.0
+    handler_threads: int = 32
+    """kopf's pool for the (synchronous) handlers: each poll waits on Kafka at most ``lag_wait_seconds``
+    and on the pods about 2 s, so a few dozen threads keep many resources on time."""
+    lag_wait_seconds: float = 2.0
+    lag_backoff_seconds: tuple[float, float] = (15.0, 120.0)
+    """A failing cluster is asked again after the first period, doubling up to the second."""
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     _lag_sources: dict[tuple[str, str], tuple[tuple[tuple[str, str], ...], LagSource]] = field(default_factory=dict)
     _lag_sources_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -270,7 +276,13 @@ class OperatorContext:
             current = self._lag_sources.get((namespace, name))
             if current is not None and current[0] == wanted:
                 return current[1]
-            source: LagSource = BackingOffLagSource(self.lag_source_for(properties))
+            first, longest = self.lag_backoff_seconds
+            source: LagSource = BoundedLagSource(
+                self.lag_source_for(properties),
+                first_seconds=first,
+                longest_seconds=longest,
+                wait_seconds=self.lag_wait_seconds,
+            )
             self._lag_sources[(namespace, name)] = (wanted, source)
         if current is not None:
             current[1].close()
@@ -325,6 +337,10 @@ def poll_conditions(patch: kopf.Patch, conditions: list[dict[str, Any]]) -> None
 
 def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     resource = (GROUP, VERSION, PLURAL)
+
+    @kopf.on.startup(registry=registry)
+    def size_the_handler_pool(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.execution.max_workers = context.handler_threads
 
     def validated(body: Any, patch: kopf.Patch, now: float) -> OrderedConsumerSpec | None:
         """The parsed spec, or None after reporting it (the name too: the CRD refuses a bad one, but an

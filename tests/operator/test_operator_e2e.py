@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import threading
 import time
 
@@ -55,10 +56,10 @@ def consumer_resource(name: str, bootstrap: str, topic: str, **overrides) -> dic
 
 
 @contextlib.contextmanager
-def operator(url: str):
+def operator(url: str, **settings):
     """The real handlers registered in a real kopf operator, with a short tick, talking to ``url``."""
     with api_client(url) as client:
-        context = OperatorContext(kube=Kube(client), tick_seconds=0.3)
+        context = OperatorContext(kube=Kube(client), tick_seconds=0.3, **settings)
         with run_kopf(url, lambda registry: register(registry, context)):
             yield context
 
@@ -297,3 +298,42 @@ def test_deleted_and_edited_objects_are_restored_within_a_poll(kube, broker):
         wait_for(lambda: kube.get("v1/services", "repair-metrics"), 10, "the deleted Service back")
         wait_for(lambda: kube.get("policy/v1/poddisruptionbudgets", "repair"), 10, "the deleted PDB back")
         wait_for(lambda: handler_of_deployment() == "keyorder_example.ledger:handle", 10, "the edit undone")
+
+
+def test_resources_on_an_unreachable_kafka_do_not_hold_up_a_healthy_one(kube, broker):
+    """Eight resources whose Kafka never answers (the real client, its real timeouts) share a small
+    handler pool with a healthy one on purpose: with 3 threads, probes that held the poll (5 s each,
+    every 2-4 s here) would starve it; bounded, backgrounded probes keep it polling on time."""
+    from keyorder.devtools.embedded import free_port
+
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    topic = "okc-isolated"
+    create_topics(broker.bootstrap, [topic], 2)
+    produce_keyed(broker.bootstrap, topic, 2_000, 100, extra_config=EXACT_END_OFFSETS)
+    commit_group(broker.bootstrap, f"g-{topic}", topic, {0: 0, 1: 0})
+    with operator(kube.url, handler_threads=3, lag_backoff_seconds=(2.0, 4.0)):
+        names = [f"dead-{index}" for index in range(8)]
+        for name in names:
+            spec = consumer_resource(name, dead, f"t-{name}")
+            kube.create(CR, spec)
+        wait_for(
+            lambda: all(condition(kube.get(CR, name), "LagUnknown") == "True" for name in names),
+            60,
+            "every resource on the unreachable Kafka to report LagUnknown",
+        )
+        kube.create(CR, consumer_resource("healthy", broker.bootstrap, topic))
+        wait_for(lambda: condition(kube.get(CR, "healthy"), "LagUnknown") == "False", 20, "the healthy lag")
+        polls: list[float] = []
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            at = (kube.get(CR, "healthy").get("status") or {}).get("lastPollAt")
+            if isinstance(at, int | float) and (not polls or at != polls[-1]):
+                polls.append(at)
+            time.sleep(0.1)
+        gaps = [later - earlier for earlier, later in itertools.pairwise(polls)]
+        print(f"healthy resource: {len(polls)} polls in 12 s, longest gap {max(gaps):.1f} s (interval 1 s)")
+        assert len(polls) >= 6, f"only {len(polls)} polls in 12 s at a 1 s interval"
+        assert max(gaps) < 4.0, f"a poll waited {max(gaps):.1f} s behind the unreachable resources"
+        assert condition(kube.get(CR, "healthy"), "LagUnknown") == "False"
+        still_unknown = [name for name in names if condition(kube.get(CR, name), "LagUnknown") == "True"]
+        assert still_unknown == names, "the unreachable resources must keep saying so"

@@ -59,6 +59,7 @@ def test_the_defaults_and_the_charts_flags_pass_the_checks() -> None:
         (["--namespace=a", "--namespace=a"], "twice"),
         (["--metrics-port=0"], "--metrics-port"),
         (["--metrics-port=70000"], "--metrics-port"),
+        (["--handler-threads=0"], "--handler-threads"),
         (["--liveness=localhost:8082"], "--liveness"),
         (["--liveness=https://0.0.0.0:8082/healthz"], "--liveness"),
         (["--liveness=http://0.0.0.0:notaport/healthz"], "--liveness"),
