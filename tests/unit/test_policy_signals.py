@@ -380,3 +380,15 @@ def test_a_hot_key_longer_than_the_target_sizes_the_rest_for_its_time():
         "scaling cannot help: key 'acct-17' holds about 100000 messages on orders[3], 16.7 min at 10.0 ms each, "
         "longer than the 5.0 min target; the rest of the backlog is sized to drain in that time"
     )
+
+
+def test_a_hot_keys_horizon_still_sizes_the_backlog_when_a_blocked_key_gives_the_reason():
+    """Both at once: 40,000 messages behind a blocked key (the reason shown) and the hot key of the
+    test above. The 2,960,000 that can drain are still sized for the hot key's 1,000 s (37
+    workers: 3 pods), not for the 300 s target (124 workers: 8 pods)."""
+    hot = BusiestLane(key="acct-17", where="orders[3]", backlog=1_000, partition_inflight=2_500, partition_lag=250_000)
+    held = (HeldPartition("orders[5]", blocked=True, lag=40_000),)
+    signals = pods(1, 16, ready=20, queued=10_000, busiest=hot, held=held)
+    decision = decide(Observation(lag=3_000_000, partitions=12, pods=signals), LIMITS, ScalingState(Size(1, 16)), 0)
+    assert decision.target == Size(3, 16)
+    assert decision.limited is not None and decision.limited.kind is LimitKind.BLOCKED_KEY
