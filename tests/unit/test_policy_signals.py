@@ -17,21 +17,11 @@ from keyorder_operator.policy import (
     Observation,
     RateKind,
     RateLimit,
-    ScalingLimits,
     ScalingState,
     Size,
     decide,
 )
-
-LIMITS = ScalingLimits(
-    min_replicas=1,
-    initial_workers=16,
-    max_workers=256,
-    target_drain_seconds=300,
-    activation_lag=100,
-    scale_up_window_seconds=0,
-    scale_down_window_seconds=300,
-)
+from tests.unit.policy_fixtures import LIMITS, ZERO
 
 
 def pods(
@@ -287,9 +277,6 @@ def test_fallback_after_consecutive_failed_observations():
     assert targets == [Size(5, 16), Size(5, 16), Size(2, 16), Size(2, 16)]
     recovered = decide(Observation(lag=0, partitions=12), limits, state, 60)
     assert recovered.state.failed_observations == 0
-
-
-ZERO = replace(LIMITS, min_replicas=0, scale_to_zero=True, scale_down_window_seconds=0)
 
 
 def test_a_lag_below_the_activation_threshold_still_wakes_a_group_at_zero():
