@@ -25,9 +25,9 @@ The algorithm, in order:
 4. **Required capacity** = drainable lag / target drain time + arrival rate, in workers. Lag that
    a blocked key pins (its partition's commit cannot move) is not drainable and is left out
    (KEDA's ``excludePersistentLag``).
-5. **Bounds: when scaling cannot help**, the size stops where it helps and the decision says why
-   (``Limited``): a blocked key holding the lag; one hot key holding most of the pods' queue (the
-   drain takes at least its backlog x the handler time, so workers beyond queue / longest lane
+5. **Bounds: when scaling cannot help** (all computed by ``bounds``), the size stops where it helps
+   and the decision says why (``Limited``): a blocked key holding the lag; one hot key holding most
+   of the pods' queue (the drain takes at least its backlog x the handler time, so workers beyond queue / longest lane
    add nothing: that is the parallelism bound), or whose estimated backlog alone takes longer
    than the target (then the rest of the backlog is sized to drain in that time, not faster); ``ordering:
    partition`` (one worker per partition is all that helps); lag on only some partitions (with
@@ -55,7 +55,7 @@ import statistics
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from keyorder_operator.pod_signals import BusiestLane, PodSignals
+from keyorder_operator.pod_signals import PodSignals
 
 
 class RateKind(StrEnum):
@@ -392,9 +392,11 @@ def hot_key_horizon(observation: Observation, handler_time: float | None, limits
     return seconds if seconds > limits.target_drain_seconds else None
 
 
-def bounds(observation: Observation, limits: ScalingLimits, state: ScalingState, needed: int, idle_polls: int) -> Bound:
-    """The first bound that binds, in order: blocked key, hot key, partition ordering, partitions
-    with lag, idle workers (``Bound()`` when scaling can help)."""
+def _first_limit(
+    observation: Observation, limits: ScalingLimits, state: ScalingState, needed: int, idle_polls: int
+) -> Bound:
+    """The first of these that binds, in order: blocked key, hot key, partition ordering, partitions
+    with lag, idle workers (``Bound()`` when none does)."""
     pods, current = observation.pods, state.current
     lag, partitions = observation.lag or 0, observation.partitions or 0
     if pods is not None and pods.blocked_lag >= max(limits.activation_lag, 1):
@@ -459,7 +461,7 @@ def cpu_use(observation: Observation, state: ScalingState, now: float) -> float 
     return used / seconds / pods.pods
 
 
-def cpu_bound(observation: Observation, limits: ScalingLimits, state: ScalingState, now: float) -> Bound:
+def cpu_bound(observation: Observation, state: ScalingState, now: float) -> Bound:
     """CPU bounds on workers per pod: a process executor gains nothing beyond the pod's cores; a
     thread or async one nothing beyond one core (the GIL) once its pods use it up."""
     pods = observation.pods
@@ -480,6 +482,123 @@ def workers_idle(observation: Observation, limits: ScalingLimits) -> bool:
     if pods is None or pods.workers == 0 or drainable_lag(observation) < max(limits.activation_lag, 1):
         return False
     return pods.lanes_ready == 0 and pods.busy < IDLE_SHARE * pods.workers and pods.queued < pods.workers
+
+
+def _cpu_limit(observation: Observation, cpu: Bound, size: Size) -> Limited:
+    pods = observation.pods
+    cores = pods.cores_per_pod if pods else 0.0
+    if cpu.cpu_use is None:
+        message = (
+            f"scaling cannot help beyond {size.replicas} pods x {size.workers} workers: the process executor "
+            f"gains nothing from more workers than each pod's {cores:g} cores"
+        )
+    else:
+        message = (
+            f"scaling cannot help beyond {size.replicas} pods x {size.workers} workers: the pods use "
+            f"{cpu.cpu_use:.2f} of their {cores:g} cores with a {pods.executor if pods else 'thread'} executor "
+            "(one core at most, the GIL); more workers per pod will not help (use --executor process or more "
+            "partitions)"
+        )
+    return Limited(LimitKind.CPU, message)
+
+
+def draining(observation: Observation, limits: ScalingLimits) -> bool:
+    """A backlog to drain (the drainable lag reached the activation lag), not just arrivals to keep up with."""
+    return drainable_lag(observation) >= limits.activation_lag
+
+
+def _hot_key_horizon_bound(
+    observation: Observation,
+    limits: ScalingLimits,
+    current: Size,
+    needed: int,
+    per_worker_rate: float | None,
+    handler_time: float | None,
+) -> Bound | None:
+    """The hot key's horizon as a bound: when that key alone takes longer than the target, the rest
+    of the backlog is sized to drain in that time (``None`` when that needs no fewer workers)."""
+    pods = observation.pods
+    horizon = hot_key_horizon(observation, handler_time, limits)
+    if horizon is None or pods is None or pods.busiest is None:
+        return None
+    for_horizon = replace(limits, target_drain_seconds=horizon)
+    within = max(required_capacity(drainable_lag(observation), observation, current, per_worker_rate, for_horizon), 1)
+    if within >= needed:
+        return None
+    busiest = pods.busiest
+    message = (
+        f"scaling cannot help: key '{busiest.key}' holds about {busiest.estimated_backlog} messages on "
+        f"{busiest.where}, {duration(horizon)} at {1000 * (handler_time or 0):.1f} ms each, longer than the "
+        f"{duration(limits.target_drain_seconds)} target; the rest of the backlog is sized to drain in that time"
+    )
+    return Bound(capacity=within, limited=Limited(LimitKind.HOT_KEY, message))
+
+
+def bounds(
+    observation: Observation,
+    limits: ScalingLimits,
+    state: ScalingState,
+    needed: int,
+    *,
+    idle_polls: int,
+    now: float,
+    per_worker_rate: float | None,
+    handler_time: float | None,
+) -> Bound:
+    """Every limit on what helps, in one place: how far ``needed`` workers may go, and why they stop.
+
+    While a backlog drains: the hot key's horizon first (no size drains sooner than that key, so
+    fewer workers are needed), then the first limit that binds (``_first_limit``), then the CPU's
+    bound on workers per pod, whose reason shows only when nothing else binds and it holds the size
+    below what is needed. Below the activation lag the size only keeps up with arrivals, and the
+    first limit only explains it (no horizon, no CPU bound)."""
+    if not draining(observation, limits):
+        return _first_limit(observation, limits, state, needed, idle_polls)
+    horizon = _hot_key_horizon_bound(observation, limits, state.current, needed, per_worker_rate, handler_time)
+    if horizon is not None and horizon.capacity is not None:
+        needed = horizon.capacity
+    first = _first_limit(observation, limits, state, needed, idle_polls)
+    caps = [bound.capacity for bound in (horizon, first) if bound is not None and bound.capacity is not None]
+    capacity = min(caps, default=None)
+    limited = first.limited or (horizon.limited if horizon is not None else None)
+    cpu = cpu_bound(observation, state, now)
+    if limited is None and cpu.workers_per_pod is not None:
+        allowed = needed if capacity is None else min(needed, capacity)
+        partitions = observation.partitions or 0
+        size = shape(allowed, limits, partitions, max_replicas=first.replicas, max_workers_per_pod=cpu.workers_per_pod)
+        if size.capacity < allowed:
+            limited = _cpu_limit(observation, cpu, size)
+    return Bound(capacity=capacity, replicas=first.replicas, limited=limited, workers_per_pod=cpu.workers_per_pod)
+
+
+# -- steps 6 and 7: the size -----------------------------------------------------------------------------
+def activation_size(
+    observation: Observation, limits: ScalingLimits, per_worker_rate: float | None, partitions: int
+) -> Size:
+    """Below the activation lag: what keeps up with arrivals, at least one pod while any lag or
+    arrival is pending, and zero (with ``scale_to_zero``) once nothing is left or arriving."""
+    arrivals = observation.arrival_rate or 0.0
+    nothing_left = observation.lag == 0 or is_marker_residue(observation)  # a blocked key's lag stays
+    if limits.scale_to_zero and nothing_left and arrivals <= 0:
+        return Size(0, limits.initial_workers)
+    keep_up = math.ceil(arrivals / per_worker_rate) if per_worker_rate else 0
+    pending = not nothing_left or arrivals > 0  # a blocked key's lag needs its pod too
+    size = shape(max(keep_up, 1 if pending else 0), limits, partitions)
+    if pending and size.replicas == 0:
+        return Size(1, size.workers)  # never strand a message below the activation lag
+    return size
+
+
+def bounded_size(needed: int, bound: Bound, limits: ScalingLimits, partitions: int) -> Size:
+    """The shape of ``needed`` workers within ``bound``; with ``ordering: partition``, no more
+    workers per pod than the pod has partitions."""
+    if bound.capacity is not None:
+        needed = min(needed, bound.capacity)
+    size = shape(needed, limits, partitions, max_replicas=bound.replicas, max_workers_per_pod=bound.workers_per_pod)
+    if limits.partition_ordering:
+        useful = max(math.ceil(partitions / max(size.replicas, 1)), limits.min_workers)
+        size = Size(size.replicas, min(size.workers, max(useful, 1)))
+    return size
 
 
 # -- step 8: stabilization and rate limits -------------------------------------------------------------
@@ -545,35 +664,6 @@ def _describe(before: Size, after: Size, observation: Observation, limits: Scali
     return f"scaled {', '.join(changes)}: {facts}"
 
 
-def _hot_key_horizon_limit(
-    busiest: BusiestLane, horizon: float, handler_time: float | None, limits: ScalingLimits
-) -> Limited:
-    message = (
-        f"scaling cannot help: key '{busiest.key}' holds about {busiest.estimated_backlog} messages on "
-        f"{busiest.where}, {duration(horizon)} at {1000 * (handler_time or 0):.1f} ms each, longer than the "
-        f"{duration(limits.target_drain_seconds)} target; the rest of the backlog is sized to drain in that time"
-    )
-    return Limited(LimitKind.HOT_KEY, message)
-
-
-def _cpu_limit(observation: Observation, cpu: Bound, size: Size) -> Limited:
-    pods = observation.pods
-    cores = pods.cores_per_pod if pods else 0.0
-    if cpu.cpu_use is None:
-        message = (
-            f"scaling cannot help beyond {size.replicas} pods x {size.workers} workers: the process executor "
-            f"gains nothing from more workers than each pod's {cores:g} cores"
-        )
-    else:
-        message = (
-            f"scaling cannot help beyond {size.replicas} pods x {size.workers} workers: the pods use "
-            f"{cpu.cpu_use:.2f} of their {cores:g} cores with a {pods.executor if pods else 'thread'} executor "
-            "(one core at most, the GIL); more workers per pod will not help (use --executor process or more "
-            "partitions)"
-        )
-    return Limited(LimitKind.CPU, message)
-
-
 def _kept(state: ScalingState, reason: str, new_state: ScalingState) -> Decision:
     return Decision(before=state.current, target=state.current, reason=reason, state=new_state)
 
@@ -614,47 +704,27 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         )
         return replace(held, limited=state.limit)
     partitions = observation.partitions
-    arrivals = observation.arrival_rate or 0.0
     handler_time = handler_seconds(pods, state.pod_totals)
     per_worker, samples = learn_rate(observation, state, limits, handler_time)
-    lag = drainable_lag(observation)
     idle = workers_idle(observation, limits) and clean_interval(observation, state)
     idle_polls = state.idle_polls + 1 if idle else 0
-    if lag < limits.activation_lag:
-        nothing_left = observation.lag == 0 or is_marker_residue(observation)  # a blocked key's lag stays
-        if limits.scale_to_zero and nothing_left and arrivals <= 0:
-            recommended = Size(0, limits.initial_workers)
-        else:
-            keep_up = math.ceil(arrivals / per_worker) if per_worker else 0
-            pending = not nothing_left or arrivals > 0  # a blocked key's lag needs its pod too
-            recommended = shape(max(keep_up, 1 if pending else 0), limits, partitions)
-            if pending and recommended.replicas == 0:
-                recommended = Size(1, recommended.workers)  # never strand a message below the activation lag
-        bound = bounds(observation, limits, state, recommended.capacity, idle_polls)
+    keep_up: Size | None = None  # below the activation lag: the size that keeps up (the bounds only explain it)
+    if draining(observation, limits):
+        needed = max(required_capacity(drainable_lag(observation), observation, current, per_worker, limits), 1)
     else:
-        needed = max(required_capacity(lag, observation, current, per_worker, limits), 1)
-        horizon = hot_key_horizon(observation, handler_time, limits)
-        if horizon is not None:
-            for_horizon = replace(limits, target_drain_seconds=horizon)
-            within_horizon = max(required_capacity(lag, observation, current, per_worker, for_horizon), 1)
-            if within_horizon < needed:  # the key's own time is what bounds the drain: size for it
-                needed = within_horizon
-            else:
-                horizon = None
-        bound = bounds(observation, limits, state, needed, idle_polls)
-        if horizon is not None and bound.limited is None and observation.pods and observation.pods.busiest:
-            bound = Bound(limited=_hot_key_horizon_limit(observation.pods.busiest, horizon, handler_time, limits))
-        if bound.capacity is not None:
-            needed = min(needed, bound.capacity)
-        cpu = cpu_bound(observation, limits, state, now)
-        recommended = shape(
-            needed, limits, partitions, max_replicas=bound.replicas, max_workers_per_pod=cpu.workers_per_pod
-        )
-        if bound.limited is None and cpu.workers_per_pod is not None and recommended.capacity < needed:
-            bound = replace(bound, limited=_cpu_limit(observation, cpu, recommended))
-        if limits.partition_ordering:
-            useful = max(math.ceil(partitions / max(recommended.replicas, 1)), limits.min_workers)
-            recommended = Size(recommended.replicas, min(recommended.workers, max(useful, 1)))
+        keep_up = activation_size(observation, limits, per_worker, partitions)
+        needed = keep_up.capacity
+    bound = bounds(
+        observation,
+        limits,
+        state,
+        needed,
+        idle_polls=idle_polls,
+        now=now,
+        per_worker_rate=per_worker,
+        handler_time=handler_time,
+    )
+    recommended = keep_up if keep_up is not None else bounded_size(needed, bound, limits, partitions)
     limited, gone = bound.limited, 0
     if limited is None and state.limit is not None and state.limit_gone_polls + 1 < LIMIT_CLEAR_POLLS:
         limited, gone = state.limit, state.limit_gone_polls + 1

@@ -19,6 +19,8 @@ import gc
 import importlib
 import json
 import logging
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -26,6 +28,7 @@ import urllib.error
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import kmock
@@ -51,6 +54,30 @@ def wait_for(probe: Callable[[], T], timeout: float, what: str, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
         time.sleep(interval)
+
+
+def write_kubeconfig(url: str, path: Path) -> Path:
+    """A kubeconfig for the emulator at ``url`` (its token is not checked), for an operator run as
+    users run it: a separate process that logs in the way kopf's ``login_via_client`` does."""
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: emulator, cluster: {{server: "{url.rstrip("/")}"}}}}]
+users: [{{name: tester, user: {{token: not-checked}}}}]
+contexts: [{{name: emulator, context: {{cluster: emulator, user: tester, namespace: default}}}}]
+current-context: emulator
+""")
+    return path
+
+
+def stop_process(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGTERM, then SIGKILL after 30 s; the process's ``(stdout, stderr)`` (empty where not piped)."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        output, errors = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, errors = process.communicate(timeout=10)
+    return output or "", errors or ""
 
 
 class ApiError(Exception):

@@ -7,6 +7,9 @@ each its own loopback address (127.0.0.N, so every pod listens on the CR's ``htt
 cluster), creates the Pod objects with ``podIP`` and the ``Ready`` condition from the process's
 ``/readyz``, and reports the Deployment's ``status`` (replicas, ready, updated). What it does not
 imitate: images, volumes (the admin token Secret is written to a file), probes' timing, restarts.
+
+The kubelet's steps are also functions (``write_admin_token``, ``create_pod``, ``report_pod_status``)
+for a test that runs a pod in-process and plays the kubelet for it by hand.
 """
 
 from __future__ import annotations
@@ -99,9 +102,7 @@ class LocalKubelet:
             ready = pod.process.poll() is None and _ready(pod.address, _port(deployment))
             if ready != pod.ready:
                 pod.ready = ready
-                condition = {"type": "Ready", "status": "True" if ready else "False"}
-                status = {"podIP": pod.address, "phase": "Running", "conditions": [condition]}
-                self.kube.patch("v1/pods", pod.name, {"status": status}, subresource="status")
+                report_pod_status(self.kube, pod.name, pod.address, ready)
         ready = sum(pod.ready for pod in self.pods)
         status = {"replicas": len(self.pods), "readyReplicas": ready, "updatedReplicas": len(self.pods)}
         if deployment.get("status") != {**(deployment.get("status") or {}), **status}:
@@ -113,9 +114,7 @@ class LocalKubelet:
         address = f"127.0.0.{10 + self.started}"
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         env = {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
-        token_file = self.workdir / f"{name}.token"
-        token_file.write_text(self._admin_token())
-        token_file.chmod(0o600)
+        token_file = write_admin_token(self.kube, self.name, self.workdir / f"{name}.token")
         env.update(
             {
                 "KEYORDER_HTTP_HOST": address,
@@ -134,13 +133,8 @@ class LocalKubelet:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        labels = deployment["spec"]["selector"]["matchLabels"]
-        self.kube.create(
-            "v1/pods",
-            {
-                "metadata": {"name": name, "namespace": "default", "labels": labels},
-                "spec": {"containers": [{"name": container["name"], "image": container["image"]}]},
-            },
+        create_pod(
+            self.kube, name, deployment["spec"]["selector"]["matchLabels"], container["name"], container["image"]
         )
         return LocalProcessPod(name, address, process, log_path)
 
@@ -155,11 +149,44 @@ class LocalKubelet:
                 pod.process.kill()
                 pod.process.wait(10)
 
-    def _admin_token(self) -> str:
-        secret = self.kube.get("v1/secrets", f"{self.name}-admin-token") or {}
-        if secret.get("stringData", {}).get("token"):
-            return secret["stringData"]["token"]
-        return base64.b64decode(secret.get("data", {}).get("token", "")).decode()
+
+# -- the kubelet's steps ----------------------------------------------------------------------------------
+def admin_token(kube: KubeHTTP, instance: str) -> str:
+    """The token in the operator's ``<instance>-admin-token`` Secret (empty while there is none)."""
+    secret = kube.get("v1/secrets", f"{instance}-admin-token") or {}
+    if secret.get("stringData", {}).get("token"):
+        return secret["stringData"]["token"]
+    return base64.b64decode(secret.get("data", {}).get("token", "")).decode()
+
+
+def write_admin_token(kube: KubeHTTP, instance: str, path: Path) -> Path:
+    """The admin token Secret as the pod's volume would hold it: a file only its owner reads."""
+    path.write_text(admin_token(kube, instance))
+    path.chmod(0o600)
+    return path
+
+
+def consumer_labels(instance: str) -> dict[str, str]:
+    """The labels of the pods of OrderedConsumer ``instance`` (its Deployment's selector)."""
+    return {"app.kubernetes.io/name": "keyorder-consumer", "app.kubernetes.io/instance": instance}
+
+
+def create_pod(kube: KubeHTTP, name: str, labels: dict[str, str], container: str, image: str) -> None:
+    """The Pod object of a pod (the selector's labels are what the operator finds it by)."""
+    kube.create(
+        "v1/pods",
+        {
+            "metadata": {"name": name, "namespace": "default", "labels": labels},
+            "spec": {"containers": [{"name": container, "image": image}]},
+        },
+    )
+
+
+def report_pod_status(kube: KubeHTTP, name: str, address: str, ready: bool) -> None:
+    """What the kubelet reports of a running pod: its IP and whether it is ready."""
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    status = {"podIP": address, "phase": "Running", "conditions": [condition]}
+    kube.patch("v1/pods", name, {"status": status}, subresource="status")
 
 
 def _port(deployment: dict[str, Any]) -> int:

@@ -13,6 +13,7 @@ import pytest
 
 from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tests.operator.harness import CR, wait_for
+from tests.operator.kubelet import consumer_labels, create_pod
 from tests.operator.test_operator_e2e import (
     EXACT_END_OFFSETS,
     commit_group,
@@ -92,17 +93,7 @@ def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
     with operator(kube.url):
         kube.create(CR, resource(broker, "payments", topic))
         # a consumer pod (the emulator runs no kubelet: the test creates it) that is slow to stop
-        kube.create(
-            "v1/pods",
-            {
-                "metadata": {
-                    "name": "payments-0",
-                    "namespace": "default",
-                    "labels": {"app.kubernetes.io/name": "keyorder-consumer", "app.kubernetes.io/instance": "payments"},
-                },
-                "spec": {"containers": [{"name": "consumer", "image": "x"}]},
-            },
-        )
+        create_pod(kube, "payments-0", consumer_labels("payments"), "consumer", "x")
         started = slow_workers_until_triggered(kube, "payments")
 
         assert started["fence"] == {f"{topic}:{p}": offset for p, offset in ends.items()}
@@ -170,13 +161,7 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
         job_name = started["jobName"]
         wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
         # the Job's driver pod is still terminating when the Job is marked Failed: the pods must wait for it
-        kube.create(
-            "v1/pods",
-            {
-                "metadata": {"name": f"{job_name}-driver", "namespace": "default", "labels": {"job-name": job_name}},
-                "spec": {"containers": [{"name": "catchup", "image": "x"}]},
-            },
-        )
+        create_pod(kube, f"{job_name}-driver", {"job-name": job_name}, "catchup", "x")
         finish_job(kube, job_name, "Failed")
         wait_for(
             lambda: condition_entry(kube.get(CR, "refunds"), "CatchingUp").get("reason") == "Finishing",

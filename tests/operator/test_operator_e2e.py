@@ -20,6 +20,7 @@ from keyorder.devtools.loadgen import create_topics, produce_keyed
 from keyorder_operator.kube import Kube
 from keyorder_operator.reconcile import OperatorContext, register
 from tests.operator.harness import CR, api_client, run_kopf, wait_for
+from tests.operator.kubelet import admin_token, consumer_labels, create_pod, report_pod_status, write_admin_token
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 EXACT_END_OFFSETS = {"batch.num.messages": 1}  # the test broker reports batch ends otherwise (TESTING.md)
@@ -209,34 +210,14 @@ def test_worker_count_reaches_a_running_pod_live(kube, broker, tmp_path, run_pod
     port = free_port()
     with operator(kube.url):
         kube.create(CR, consumer_resource("live", broker.bootstrap, topic, httpPort=port))
-        secret = wait_for(lambda: kube.get("v1/secrets", "live-admin-token"), 20, "the admin token Secret")
-        token = (
-            secret.get("stringData", {}).get("token")
-            or __import__("base64").b64decode(secret["data"]["token"]).decode()
-        )
-        token_file = tmp_path / "token"
-        token_file.write_text(token)
+        wait_for(lambda: admin_token(kube, "live"), 20, "the admin token Secret")
+        token_file = write_admin_token(kube, "live", tmp_path / "token")
         pod = run_pod(
             topic, Recorder(0.02, 0.04), group=f"g-{topic}", workers=4, http_port=port, admin_token_file=str(token_file)
         )
-        kube.create(
-            "v1/pods",
-            {
-                "metadata": {
-                    "name": "live-0",
-                    "namespace": "default",
-                    "labels": {"app.kubernetes.io/name": "keyorder-consumer", "app.kubernetes.io/instance": "live"},
-                },
-                "spec": {"containers": [{"name": "consumer", "image": "x"}]},
-            },
-        )
+        create_pod(kube, "live-0", consumer_labels("live"), "consumer", "x")
         # the emulator runs no kubelet: the test reports the (real, in-process) pod as ready on 127.0.0.1
-        kube.patch(
-            "v1/pods",
-            "live-0",
-            {"status": {"podIP": "127.0.0.1", "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-            subresource="status",
-        )
+        report_pod_status(kube, "live-0", "127.0.0.1", ready=True)
         # the push reaches the pod before the poll's status patch lands: wait until both say the same
         wait_for(
             lambda: (

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,21 +13,14 @@ from pathlib import Path
 import pytest
 
 from keyorder.devtools.embedded import free_port
-from tests.operator.harness import CR, wait_for
+from tests.operator.harness import CR, stop_process, wait_for, write_kubeconfig
 from tests.operator.test_operator_e2e import consumer_resource
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_json_logs_are_one_object_per_line_and_name_the_resource(kube, tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: emulator, cluster: {{server: "{kube.url.rstrip("/")}"}}}}]
-users: [{{name: tester, user: {{token: not-checked}}}}]
-contexts: [{{name: emulator, context: {{cluster: emulator, user: tester, namespace: default}}}}]
-current-context: emulator
-""")
+    kubeconfig = write_kubeconfig(kube.url, tmp_path / "kubeconfig")
     metrics_port, liveness_port = free_port(), free_port()
     operator = subprocess.Popen(
         [
@@ -50,12 +42,7 @@ current-context: emulator
         kube.create(CR, consumer_resource("ledger", "127.0.0.1:1", "payments"))
         wait_for(lambda: kube.get("apps/v1/deployments", "ledger"), 60, "the operator's Deployment")
     finally:
-        operator.send_signal(signal.SIGTERM)
-        try:
-            _, errors = operator.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            _, errors = operator.communicate(timeout=10)
+        _, errors = stop_process(operator)
     entries = [json.loads(line) for line in errors.splitlines()]  # a line that is not JSON fails here
     assert entries and all({"time", "level", "logger", "message"} <= entry.keys() for entry in entries)
     about_ledger = [entry for entry in entries if entry.get("object", {}).get("name") == "ledger"]

@@ -4,7 +4,6 @@ kopf's ``login_via_client`` reads it), reconciling a resource on the emulator an
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -13,21 +12,14 @@ from pathlib import Path
 import pytest
 
 from keyorder.devtools.embedded import free_port
-from tests.operator.harness import CR, wait_for
+from tests.operator.harness import CR, stop_process, wait_for, write_kubeconfig
 from tests.operator.test_operator_e2e import consumer_resource
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_the_operator_command_logs_in_reconciles_and_serves_metrics(kube, tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: emulator, cluster: {{server: "{kube.url.rstrip("/")}"}}}}]
-users: [{{name: tester, user: {{token: not-checked}}}}]
-contexts: [{{name: emulator, context: {{cluster: emulator, user: tester, namespace: default}}}}]
-current-context: emulator
-""")
+    kubeconfig = write_kubeconfig(kube.url, tmp_path / "kubeconfig")
     metrics_port, liveness_port = free_port(), free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}
     operator = subprocess.Popen(
@@ -64,10 +56,5 @@ current-context: emulator
         with urllib.request.urlopen(f"http://127.0.0.1:{liveness_port}/healthz", timeout=5) as response:
             assert response.status == 200
     finally:
-        operator.send_signal(signal.SIGTERM)
-        try:
-            output, _ = operator.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            output, _ = operator.communicate(timeout=10)
+        output, _ = stop_process(operator)
     assert "LoginError" not in output, output[-3000:]

@@ -7,17 +7,7 @@ from dataclasses import replace
 import pytest
 
 from keyorder_operator.policy import Observation, ScalingLimits, ScalingState, Size, decide, shape
-
-LIMITS = ScalingLimits(
-    min_replicas=1,
-    initial_workers=16,
-    max_workers=256,
-    target_drain_seconds=300,
-    activation_lag=100,
-    scale_up_window_seconds=0,
-    scale_down_window_seconds=300,
-)
-
+from tests.unit.policy_fixtures import LIMITS, ZERO
 
 PER_WORKER = 100.0  # messages/s one key worker handles in these scenarios
 
@@ -71,9 +61,7 @@ def test_drain_then_scale_down_only_after_the_window():
 
 
 def test_scale_down_is_stepwise_workers_before_pods():
-    limits = ScalingLimits(
-        initial_workers=16, max_workers=256, target_drain_seconds=300, activation_lag=100, scale_down_window_seconds=0
-    )
+    limits = replace(LIMITS, scale_down_window_seconds=0)
     shapes = run([(0, 9_000_000), (15, 3_000_000), (30, 1_200_000), (45, 300_000)], limits=limits, start=Size(4, 100))
     assert shapes == [Size(4, 75), Size(4, 25), Size(3, 16), Size(1, 16)]
 
@@ -85,9 +73,7 @@ def test_noisy_lag_does_not_flap():
 
 
 def test_noisy_spike_does_not_scale_up_within_an_up_window():
-    limits = ScalingLimits(
-        initial_workers=16, max_workers=256, target_drain_seconds=300, activation_lag=100, scale_up_window_seconds=60
-    )
+    limits = replace(LIMITS, scale_up_window_seconds=60)
     quiet, spike = 150_000, 1_200_000  # 500/s needed (1 pod), then 4,000/s (3 pods)
     targets = run([(0, quiet), (15, spike), (30, quiet), (45, spike)], limits=limits)
     assert set(targets) == {Size(1, 16)}
@@ -129,10 +115,7 @@ def test_bounds(limits, observation, expected):
 
 
 def test_scale_to_zero_and_back():
-    limits = ScalingLimits(
-        min_replicas=0, initial_workers=16, scale_to_zero=True, activation_lag=100, scale_down_window_seconds=0
-    )
-    targets = run([(0, 0), (10, 0), (20, 5_000)], limits=limits, start=Size(1, 16))
+    targets = run([(0, 0), (10, 0), (20, 5_000)], limits=ZERO, start=Size(1, 16))
     assert targets[:2] == [Size(0, 16), Size(0, 16)]
     assert targets[2].replicas >= 1, "a backlog above the activation lag must wake the group up"
 

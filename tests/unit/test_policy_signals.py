@@ -17,21 +17,11 @@ from keyorder_operator.policy import (
     Observation,
     RateKind,
     RateLimit,
-    ScalingLimits,
     ScalingState,
     Size,
     decide,
 )
-
-LIMITS = ScalingLimits(
-    min_replicas=1,
-    initial_workers=16,
-    max_workers=256,
-    target_drain_seconds=300,
-    activation_lag=100,
-    scale_up_window_seconds=0,
-    scale_down_window_seconds=300,
-)
+from tests.unit.policy_fixtures import LIMITS, ZERO
 
 
 def pods(
@@ -289,9 +279,6 @@ def test_fallback_after_consecutive_failed_observations():
     assert recovered.state.failed_observations == 0
 
 
-ZERO = replace(LIMITS, min_replicas=0, scale_to_zero=True, scale_down_window_seconds=0)
-
-
 def test_a_lag_below_the_activation_threshold_still_wakes_a_group_at_zero():
     decision = decide(Observation(lag=5, partitions=4, drain_rate=0.0), ZERO, ScalingState(Size(0, 16)), 0)
     assert decision.target.replicas == 1
@@ -380,3 +367,15 @@ def test_a_hot_key_longer_than_the_target_sizes_the_rest_for_its_time():
         "scaling cannot help: key 'acct-17' holds about 100000 messages on orders[3], 16.7 min at 10.0 ms each, "
         "longer than the 5.0 min target; the rest of the backlog is sized to drain in that time"
     )
+
+
+def test_a_hot_keys_horizon_still_sizes_the_backlog_when_a_blocked_key_gives_the_reason():
+    """Both at once: 40,000 messages behind a blocked key (the reason shown) and the hot key of the
+    test above. The 2,960,000 that can drain are still sized for the hot key's 1,000 s (37
+    workers: 3 pods), not for the 300 s target (124 workers: 8 pods)."""
+    hot = BusiestLane(key="acct-17", where="orders[3]", backlog=1_000, partition_inflight=2_500, partition_lag=250_000)
+    held = (HeldPartition("orders[5]", blocked=True, lag=40_000),)
+    signals = pods(1, 16, ready=20, queued=10_000, busiest=hot, held=held)
+    decision = decide(Observation(lag=3_000_000, partitions=12, pods=signals), LIMITS, ScalingState(Size(1, 16)), 0)
+    assert decision.target == Size(3, 16)
+    assert decision.limited is not None and decision.limited.kind is LimitKind.BLOCKED_KEY

@@ -15,8 +15,10 @@ import json
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.devtools.loadgen import OrderStream, create_topics
@@ -277,32 +279,79 @@ def pod_settings(bootstrap: str, group: str, options: DevOptions, **extra: str) 
     }
 
 
+@dataclass(frozen=True)
+class FixedGroupRun:
+    """What ``run_fixed_group`` saw of a group kept at one size."""
+
+    reached: Any = None
+    """The first lag sample that met the condition (``None``: none did in time, or a pod died)."""
+    reached_after: float | None = None
+    """Seconds from starting the pods to that sample."""
+    later: Any = None
+    """A sample taken ``then_wait`` seconds after ``reached`` (``None`` without ``then_wait``)."""
+    died: str | None = None
+    """Set when a pod process died: which, and its exit code."""
+
+
+def run_fixed_group(
+    workdir: Path,
+    settings: dict[str, str],
+    name: str,
+    replicas: int,
+    lag_source,
+    until: Callable[[Any], bool],
+    seconds: float,
+    interval: float,
+    then_wait: float = 0.0,
+) -> FixedGroupRun:
+    """Run ``replicas`` pods with ``settings`` and sample the group's lag every ``interval`` seconds
+    until a sample meets ``until`` (at most ``seconds``); with ``then_wait``, sample once more that
+    many seconds later. The pods are stopped before it returns. The comparisons of ``keyorder dev``
+    measure the autoscaled group against such fixed-size groups."""
+    group = settings["KEYORDER_GROUP_ID"]
+    pods = LocalPods(workdir, settings, name=name)
+    started = time.monotonic()
+    pods.scale(replicas)
+    try:
+        while time.monotonic() < started + seconds:
+            time.sleep(interval)
+            if pods.crashed():
+                return FixedGroupRun(died=f"a consumer process died: {pods.crashed()}")
+            try:
+                sample = lag_source.sample([TOPIC], group, time.time())
+            except Exception:  # LagUnavailable until the group's first commit
+                continue
+            if until(sample):
+                reached_after = time.monotonic() - started
+                if not then_wait:
+                    return FixedGroupRun(sample, reached_after)
+                time.sleep(then_wait)
+                return FixedGroupRun(sample, reached_after, later=lag_source.sample([TOPIC], group, time.time()))
+        return FixedGroupRun()
+    finally:
+        pods.stop_all()
+
+
 def measure_static_group(bootstrap: str, options: DevOptions, workdir: Path, lag_source, spike_end: int) -> dict:
     """A partition-ordered group at the partition cap (one worker per partition): its drain rate."""
-    pods = LocalPods(
+    run = run_fixed_group(
         workdir,
         pod_settings(
             bootstrap, "static-partition-ordered", options, KEYORDER_ORDERING="partition", KEYORDER_WORKERS="1"
         ),
-        name="static",
+        "static",
+        options.partitions,
+        lag_source,
+        until=lambda sample: sample.committed_total > 0,
+        seconds=90,
+        interval=0.5,
+        then_wait=options.compare_seconds,
     )
-    pods.scale(options.partitions)
-    try:
-        first = None
-        deadline = time.monotonic() + 90
-        while first is None and time.monotonic() < deadline:
-            try:
-                sample = lag_source.sample([TOPIC], "static-partition-ordered", time.time())
-                first = sample if sample.committed_total > 0 else None
-            except Exception:  # LagUnavailable until the group's first commit
-                first = None
-            time.sleep(0.5)
-        if first is None:
-            return {"error": "the static group never committed"}
-        time.sleep(options.compare_seconds)
-        last = lag_source.sample([TOPIC], "static-partition-ordered", time.time())
-    finally:
-        pods.stop_all()
+    if run.died:
+        return {"error": run.died}
+    first, last = run.reached, run.later
+    if first is None or last is None:
+        return {"error": "the static group never committed"}
     rate = (last.committed_total - first.committed_total) / (last.at - first.at)
     return {
         "pods": options.partitions,
@@ -318,34 +367,22 @@ def measure_right_sized_group(
 ) -> dict:
     """A keyorder group started at ``size`` (the autoscaler's peak) on the same topic from the
     beginning: how long it takes to drain the same spike. The autoscaler is judged against it."""
-    group = "static-right-sized"
-    pods = LocalPods(
+    run = run_fixed_group(
         workdir,
-        pod_settings(bootstrap, group, options, KEYORDER_WORKERS=str(size.workers)),
-        name="right-sized",
+        pod_settings(bootstrap, "static-right-sized", options, KEYORDER_WORKERS=str(size.workers)),
+        "right-sized",
+        size.replicas,
+        lag_source,
+        until=lambda sample: sample.committed_total >= spike_end,
+        seconds=options.timeout,
+        interval=0.25,
     )
-    started = time.monotonic()
-    pods.scale(size.replicas)
-    drained = None
-    try:
-        deadline = started + options.timeout
-        while time.monotonic() < deadline:
-            time.sleep(0.25)
-            if pods.crashed():
-                return {"error": f"a consumer process died: {pods.crashed()}"}
-            try:
-                sample = lag_source.sample([TOPIC], group, time.time())
-            except Exception:  # LagUnavailable until the group's first commit
-                continue
-            if sample.committed_total >= spike_end:
-                drained = time.monotonic() - started
-                break
-    finally:
-        pods.stop_all()
+    if run.died:
+        return {"error": run.died}
     return {
         "pods": size.replicas,
         "workers_per_pod": size.workers,
-        "spike_drained_seconds": round(drained, 1) if drained is not None else None,
+        "spike_drained_seconds": round(run.reached_after, 1) if run.reached_after is not None else None,
     }
 
 
