@@ -1,4 +1,5 @@
-"""Pure helpers for the OrderedConsumer status: conditions (API conventions) and the policy state.
+"""Helpers for the OrderedConsumer status: conditions (API conventions, one writer per type) and the
+policy state. Pure, except that ``write_conditions`` hands kopf a function to apply to the patch.
 
 The policy's memory (recent recommendations, learned per-worker rate, last lag sample) lives in
 the resource's status, so the operator itself is stateless: a restarted or failed-over operator
@@ -8,11 +9,14 @@ continues exactly where the previous one stopped.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keyorder_operator.observe import LagSample
 from keyorder_operator.policy import Limited, LimitKind, RateKind, RateLimit, ScalingLimits, ScalingState, Size
 from keyorder_operator.spec import OrderedConsumerSpec, Ordering, RatePolicySpec
+
+if TYPE_CHECKING:
+    import kopf
 
 SPEC_CONDITIONS = frozenset({"InvalidSpec"})
 """The conditions only the spec handlers (create, update, resume) write."""
@@ -61,6 +65,22 @@ def merge_owned_conditions(
     replacements = {c["type"]: c for c in mine if c.get("type") in owned}
     merged = [replacements.pop(c.get("type"), c) if c.get("type") in owned else c for c in stored]
     return merged + list(replacements.values())
+
+
+def write_conditions(patch: kopf.Patch, conditions: list[dict[str, Any]], owned: frozenset[str]) -> None:
+    """Record a handler's conditions, changing only the ``owned`` types.
+
+    kopf applies the function to the freshest body and sends the difference as a JSON patch guarded by
+    the resourceVersion (retried on the next cycle if the resource changed meanwhile), so two handlers
+    never undo each other's conditions the way merge-patching whole lists would.
+    """
+
+    def apply(body: kopf.RawBody) -> None:
+        status = dict(body.get("status") or {})
+        status["conditions"] = merge_owned_conditions(list(status.get("conditions") or []), conditions, owned)
+        body["status"] = status
+
+    patch.fns.append(apply)
 
 
 def condition_is(conditions: list[dict[str, Any]], kind: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from keyorder_operator.reconcile import OperatorMetrics
+from keyorder_operator.operator_metrics import OperatorMetrics
 from tests.packaging.conftest import CHART, ROOT, find
 
 NAME = re.compile(r"\bkeyorder_[a-z_]+\b")

@@ -1,0 +1,91 @@
+"""What the operator's handlers need from the outside world, in one object the tests can assemble.
+
+The Kubernetes client, the Kafka lag sources (one per resource, replaced when its credentials
+change), the pod admin calls, the clock, the metrics and the handler pool's size. The operator
+binary builds it from its flags; the tests build it around the API emulator and the real broker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from keyorder.config import ConfigError
+from keyorder_operator.kafka_config import operator_kafka_config
+from keyorder_operator.kube import Kube
+from keyorder_operator.observe import BoundedLagSource, KafkaLagSource, LagSource, LagUnavailable
+from keyorder_operator.operator_metrics import OperatorMetrics
+from keyorder_operator.pod_admin import fetch_reports, push_workers
+from keyorder_operator.spec import OrderedConsumerSpec
+
+
+@dataclass
+class OperatorContext:
+    """What the handlers need from the outside world; tests replace parts of it."""
+
+    kube: Kube
+    lag_source_for: Callable[[dict[str, str]], LagSource] = KafkaLagSource
+    clock: Callable[[], float] = time.time
+    push: Callable[..., tuple[int, list[str]]] = push_workers
+    fetch_reports: Callable[..., tuple[list[dict[str, Any]], list[str]]] = fetch_reports
+    tick_seconds: float = 5.0
+    handler_threads: int = 32
+    """kopf's pool for the (synchronous) handlers: each poll waits on Kafka at most ``lag_wait_seconds``
+    and on the pods about 2 s, so a few dozen threads keep many resources on time."""
+    lag_wait_seconds: float = 2.0
+    lag_backoff_seconds: tuple[float, float] = (15.0, 120.0)
+    """A failing cluster is asked again after the first period, doubling up to the second."""
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    _lag_sources: dict[tuple[str, str], tuple[tuple[tuple[str, str], ...], LagSource]] = field(default_factory=dict)
+    _lag_sources_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Guards ``_lag_sources``: kopf runs the handlers of different resources on different pool threads."""
+
+    def lag_source(self, namespace: str, name: str, properties: dict[str, str]) -> LagSource:
+        """The resource's lag source for ``properties``: one per resource, replaced (and the old one
+        closed) when its configuration changes, e.g. a rotated password. Raises ``LagUnavailable``."""
+        wanted = tuple(sorted(properties.items()))
+        with self._lag_sources_lock:
+            current = self._lag_sources.get((namespace, name))
+            if current is not None and current[0] == wanted:
+                return current[1]
+            first, longest = self.lag_backoff_seconds
+            source: LagSource = BoundedLagSource(
+                self.lag_source_for(properties),
+                first_seconds=first,
+                longest_seconds=longest,
+                wait_seconds=self.lag_wait_seconds,
+            )
+            self._lag_sources[(namespace, name)] = (wanted, source)
+        if current is not None:
+            current[1].close()
+        return source
+
+    def forget_lag_source(self, namespace: str, name: str) -> None:
+        """Close a deleted resource's lag source (its Kafka connections)."""
+        with self._lag_sources_lock:
+            current = self._lag_sources.pop((namespace, name), None)
+        if current is not None:
+            current[1].close()
+
+
+def kafka_properties(context: OperatorContext, spec: OrderedConsumerSpec, namespace: str) -> dict[str, str]:
+    """The operator's Kafka configuration for a resource (``kafka_config``); any failure is ``LagUnavailable``
+    naming the Secret or property (never a value)."""
+    reference = spec.kafka.properties_secret_ref
+    if reference is None:
+        return operator_kafka_config(spec.kafka.bootstrap_servers)
+    try:
+        secret = context.kube.read_secret(namespace, reference.name)
+        return operator_kafka_config(
+            spec.kafka.bootstrap_servers, secret, reference.key, f"{namespace}/{reference.name}"
+        )
+    except ApiException as error:
+        what = "does not exist" if error.status == 404 else f"cannot be read: {error.status} {error.reason}"
+        raise LagUnavailable(f"Secret {namespace}/{reference.name} (spec.kafka.propertiesSecretRef) {what}") from None
+    except ConfigError as error:
+        raise LagUnavailable(str(error)) from None

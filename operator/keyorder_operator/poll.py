@@ -1,0 +1,305 @@
+"""One poll of one OrderedConsumer: observe Kafka and the pods, decide the size, act on it, explain it.
+
+The kopf timer (``reconcile.register``) builds a ``Poll`` on every tick and calls ``run``, which does
+something every ``scaling.pollIntervalSeconds``. The steps are methods sharing the resource, its patch
+and the poll's own conditions (``status.POLL_CONDITIONS``, written once at the end). The decisions are
+pure and live elsewhere (``policy.decide``, ``catchup.catchup_verdict``); this module gathers their
+inputs and carries out their outputs: the Deployment's replicas, the pods' worker count, status,
+Events and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from keyorder_operator.builders import ADMIN_TOKEN_KEY, selector_labels
+from keyorder_operator.catchup import CatchupGate, CatchupRun, catchup_verdict
+from keyorder_operator.context import OperatorContext, kafka_properties
+from keyorder_operator.handover import CatchupHandover
+from keyorder_operator.objects import apply_owned_objects
+from keyorder_operator.observe import LagSample, LagUnavailable, observation_from
+from keyorder_operator.pod_signals import PodSignals, combine
+from keyorder_operator.policy import Decision, Limited, Observation, ScalingLimits, ScalingState, Size, decide
+from keyorder_operator.spec import PAUSE_ANNOTATION, OrderedConsumerSpec
+from keyorder_operator.status import (
+    POLL_CONDITIONS,
+    condition_is,
+    limits_from_spec,
+    sample_from_status,
+    sample_to_status,
+    set_condition,
+    state_from_status,
+    state_to_status,
+    timestamp,
+    write_conditions,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PodsRead:
+    """What this poll learned from the ready pods, and what it needs to push to them."""
+
+    token: str | None
+    addresses: list[str]
+    signals: PodSignals | None
+    failures: list[str]
+
+
+@dataclass(frozen=True)
+class Observed:
+    sample: LagSample | None
+    observation: Observation
+    pods: PodsRead
+
+
+@dataclass
+class Poll:
+    """One poll of one resource (see the module docstring)."""
+
+    context: OperatorContext
+    body: Any
+    meta: Any
+    spec: OrderedConsumerSpec
+    status: dict[str, Any]
+    patch: kopf.Patch
+    now: float
+    conditions: list[dict[str, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.conditions = list(self.status.get("conditions") or [])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.meta["namespace"])
+
+    @property
+    def name(self) -> str:
+        return str(self.meta["name"])
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+    def condition(self, kind: str, active: bool, reason: str, message: str) -> None:
+        self.conditions = set_condition(self.conditions, kind, active, reason, message, self.now)
+
+    def info(self, reason: str, message: str) -> None:
+        kopf.info(self.body, reason=reason, message=message)
+
+    def warn(self, reason: str, message: str) -> None:
+        kopf.warn(self.body, reason=reason, message=message)
+
+    def due(self) -> bool:
+        """Every pollIntervalSeconds, whether or not the last poll could read the lag."""
+        last_poll = self.status.get("lastPollAt")
+        interval = self.spec.scaling.poll_interval_seconds
+        return not (isinstance(last_poll, int | float) and self.now - last_poll < interval - 0.5)
+
+    def run(self) -> None:
+        if not self.due():
+            return
+        self.patch.status["lastPollAt"] = self.now
+        self.context.metrics.track(*self.labels)
+        self.repair_objects()
+        replicas = self.context.kube.deployment_replicas(self.namespace, self.name)
+        if replicas is None:
+            return  # the spec handlers have not created it yet
+        run = CatchupRun.from_status(self.status)
+        self.context.metrics.catching_up.labels(*self.labels).set(1 if run is not None else 0)
+        if run is not None:
+            CatchupHandover(self).follow(run, replicas)
+        else:
+            self.size(replicas)
+        write_conditions(self.patch, self.conditions, POLL_CONDITIONS)
+
+    def repair_objects(self) -> None:
+        """Re-apply the owned objects once they exist, so a deleted or edited one comes back (self-repair)."""
+        if self.status.get("observedGeneration") is None:
+            return  # not created yet: the spec handlers do it
+        try:
+            apply_owned_objects(self.context.kube, self.spec, self.meta, self.status)
+        except Exception as error:  # reported; the scaling still runs on what exists
+            self.context.metrics.errors.labels(*self.labels).inc()
+            log.warning("%s/%s: re-applying the owned objects failed: %s", self.namespace, self.name, error)
+
+    def size(self, replicas: int) -> None:
+        state = state_from_status(self.status, self.spec, replicas)
+        paused = str((self.meta.get("annotations") or {}).get(PAUSE_ANNOTATION, "")).lower() == "true"
+        observed = self.observe(state, replicas, paused)
+        limited = None
+        if self.spec.scaling.enabled:
+            limits = limits_from_spec(self.spec)
+            decision = decide(observed.observation, limits, state, self.now)
+            self.patch.status["autoscaler"] = state_to_status(decision.state)
+            if decision.handler_seconds is not None:
+                self.patch.status["pods"]["handlerMilliseconds"] = round(decision.handler_seconds * 1000, 3)
+            if self.hand_over(observed, decision, limits, paused, replicas):
+                return
+            target, reason, limited = decision.target, decision.reason, decision.limited
+        else:
+            target = Size(self.spec.replicas.min, self.spec.workers.initial)
+            reason = f"scaling disabled: {target.replicas} replicas x {target.workers} workers"
+        self.act(target, reason, limited, Size(replicas, state.current.workers), paused, observed.pods)
+
+    def observe(self, state: ScalingState, replicas: int, paused: bool) -> Observed:
+        """Lag from Kafka, reports from the pods; the status and metrics of what was seen."""
+        kube, status = self.context.kube, self.patch.status
+        try:
+            properties = kafka_properties(self.context, self.spec, self.namespace)
+            source = self.context.lag_source(self.namespace, self.name, properties)
+            sample: LagSample | None = source.sample(self.spec.kafka.topics, self.spec.kafka.group_id, self.now)
+        except LagUnavailable as error:
+            sample, reason = None, str(error)
+        pods = self.read_pods(replicas)
+        if sample is None:
+            self.context.metrics.lag_unknown.labels(*self.labels).inc()
+            if not condition_is(self.conditions, "LagUnknown"):
+                self.warn("LagUnknown", f"{reason}; keeping {state.current.replicas} replicas")
+            self.condition("LagUnknown", True, "LagUnavailable", reason)
+            observation = Observation(lag=None, partitions=None, paused=paused)
+        else:
+            observation = observation_from(
+                sample_from_status(self.status),
+                sample,
+                pods.signals,
+                kube.deployment_rolled_out(self.namespace, self.name),
+                paused,
+            )
+            drain, arrival = observation.drain_rate, observation.arrival_rate
+            self.condition("LagUnknown", False, "LagMeasured", "lag read from Kafka")
+            status["lastSample"] = sample_to_status(sample)
+            status["lag"] = sample.lag
+            status["partitions"] = sample.partitions
+            status["drainRate"] = round(drain, 3) if drain is not None else None
+            status["arrivalRate"] = round(arrival, 3) if arrival is not None else None
+            eta = sample.lag / drain if drain else None
+            status["drainEtaSeconds"] = round(eta) if eta is not None else None
+            self.context.metrics.observed(self.labels, sample, drain, arrival, limits_from_spec(self.spec))
+        status["pods"] = pods_to_status(pods.signals, pods.failures)
+        return Observed(sample, observation, pods)
+
+    def read_pods(self, replicas: int) -> PodsRead:
+        """The admin token, the ready pods' addresses and their summed reports (with what failed)."""
+        if not replicas:
+            return PodsRead(None, [], None, [])
+        kube = self.context.kube
+        try:
+            token = kube.read_secret_key(self.namespace, f"{self.name}-admin-token", ADMIN_TOKEN_KEY)
+            addresses = kube.ready_pod_ips(self.namespace, selector_labels(self.name))
+        except Exception as error:  # retried next poll; the decision goes on from Kafka's lag alone
+            return PodsRead(None, [], None, [f"reading the pods: {error}"])
+        reports, failures = self.context.fetch_reports(addresses, self.spec.http_port, token)
+        return PodsRead(token, addresses, combine(reports), failures)
+
+    def hand_over(
+        self, observed: Observed, decision: Decision, limits: ScalingLimits, paused: bool, replicas: int
+    ) -> bool:
+        """Count the catch-up votes; start the hand-over (True) when the verdict says so."""
+        spec, status = self.spec, self.status
+        armed = (
+            spec.catchup.enabled and not paused and status.get("catchupFailedGeneration") != self.meta.get("generation")
+        )
+        verdict = catchup_verdict(
+            catchup_gate(spec, armed),
+            observed.observation,
+            decision.state.per_worker_rate,
+            limits,
+            decision.limited,
+            int(status.get("catchupVotes") or 0),
+            status.get("lastCatchupEndedAt"),
+            self.now,
+        )
+        self.patch.status["catchupVotes"] = verdict.votes
+        self.patch.status["catchupWaiting"] = verdict.waiting
+        if verdict.start and observed.sample is not None:
+            CatchupHandover(self).start(verdict.start, observed.sample.end_offsets, replicas)
+            return True
+        return False
+
+    def act(
+        self, target: Size, reason: str, limited: Limited | None, current: Size, paused: bool, pods: PodsRead
+    ) -> None:
+        """Scale the Deployment, push the worker count, and say why in status, Events and metrics."""
+        metrics = self.context.metrics
+        if target.replicas != current.replicas:
+            self.context.kube.scale(self.namespace, self.name, target.replicas)
+        changed = target != current
+        if changed:
+            metrics.decisions.labels(*self.labels, "up" if target.capacity > current.capacity else "down").inc()
+            self.info("Scaled", reason)
+        metrics.replicas.labels(*self.labels).set(target.replicas)
+        metrics.workers.labels(*self.labels).set(target.workers)
+        metrics.paused.labels(*self.labels).set(1 if paused else 0)
+        metrics.limit(self.labels, limited.kind.value if limited else None)
+        self.explain_limit(limited)
+        pushed = 0
+        failures: list[str] = []
+        if target.replicas and pods.token is not None:
+            # pods that started after the read get the size on the next poll (the push is idempotent)
+            pushed, failures = self.context.push(pods.addresses, self.spec.http_port, pods.token, target.workers)
+        elif target.replicas and pods.failures:
+            failures = pods.failures
+        self.condition("Scaling", changed, "Paused" if paused else ("Scaled" if changed else "Stable"), reason)
+        ready = not condition_is(self.conditions, "LagUnknown") and not failures
+        self.condition(
+            "Ready",
+            ready,
+            "Reconciled" if ready else "Degraded",
+            "objects applied, lag measured" if ready else "; ".join(failures) or "lag unknown",
+        )
+        status = self.patch.status
+        status["replicas"] = target.replicas
+        status["workersPerPod"] = target.workers
+        status["podsUpdated"] = pushed
+        status["limit"] = limited.message if limited else None
+        status["lastDecision"] = {"reason": reason, "time": timestamp(self.now)}
+
+    def explain_limit(self, limited: Limited | None) -> None:
+        """The ScalingLimited condition, and an Event when it starts or its cause changes."""
+        before = next((c for c in self.conditions if c.get("type") == "ScalingLimited"), None)
+        if limited is None:
+            if before is not None:
+                self.condition("ScalingLimited", False, "ScalingHelps", "scaling can help")
+            return
+        if before is None or before.get("status") != "True" or before.get("reason") != limited.kind.reason:
+            self.warn("ScalingLimited", limited.message)
+        self.condition("ScalingLimited", True, limited.kind.reason, limited.message)
+
+
+def catchup_gate(spec: OrderedConsumerSpec, armed: bool) -> CatchupGate:
+    catchup = spec.catchup
+    return CatchupGate(
+        enabled=armed,
+        trigger_seconds=catchup.trigger_drain_seconds,
+        executors=catchup.executors,
+        executor_cores=catchup.executor_cores,
+        per_core_rate=catchup.per_core_rate,
+        task_workers=catchup.task_workers,
+        confirm_polls=catchup.confirm_polls,
+        cooldown_seconds=catchup.cooldown_seconds,
+    )
+
+
+def pods_to_status(signals: PodSignals | None, failures: list[str]) -> dict[str, Any]:
+    """What the pods reported, for ``kubectl get okc -o yaml``."""
+    if signals is None:
+        return {"reporting": 0, "failures": failures[:5]}
+    busiest = signals.busiest
+    return {
+        "reporting": signals.pods,
+        "workers": signals.workers,
+        "busy": signals.busy,
+        "lanesReady": signals.lanes_ready,
+        "queued": signals.queued,
+        "busiestKey": busiest.key if busiest else None,
+        "busiestKeyPartition": busiest.where if busiest else None,
+        "busiestKeyShare": round(signals.busiest_share, 3),
+        "blockedLag": signals.blocked_lag,
+        "failures": failures[:5],
+    }
