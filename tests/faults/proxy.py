@@ -59,6 +59,7 @@ class FaultProxy:
         self.address = f"127.0.0.1:{self.port}"
         self._forwarding = threading.Event()
         self._forwarding.set()
+        self._gate = threading.Lock()  # held while a pump reads, so black_hole() takes effect at once
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
@@ -91,13 +92,17 @@ class FaultProxy:
 
     def black_hole(self) -> None:
         """Forward nothing (connections stay open, new ones are accepted) until ``heal``."""
-        self._forwarding.clear()
+        with self._gate:
+            self._forwarding.clear()
 
     def refuse(self) -> int:
         """Cut every connection and stop listening (connections are refused) until ``heal``."""
         with self._lock:
             listener, self._listener = self._listener, None
         if listener is not None:
+            with contextlib.suppress(OSError):
+                # at once, even while the acceptor's select() still holds the socket
+                listener.shutdown(socket.SHUT_RDWR)
             listener.close()
         return self.cut()
 
@@ -174,7 +179,10 @@ class FaultProxy:
                 ready, _, _ = select.select([source], [], [], _TICK)
                 if not ready:
                     continue
-                data = source.recv(65536)
+                with self._gate:  # no byte is taken in once black_hole() has returned
+                    if not self._forwarding.is_set():
+                        continue
+                    data = source.recv(65536)
                 if not data:
                     break
                 target.sendall(data)

@@ -137,7 +137,7 @@ def start_pod_process(bootstrap: str, topic: str, group: str, record_file: Path)
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "KEYORDER_TEST_RECORD_FILE": str(record_file),
-        "KEYORDER_TEST_SLEEP": "0.004",
+        "KEYORDER_TEST_SLEEP": "0.01",  # handlers mostly mid-call, so the freeze catches some
         "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
         "KEYORDER_TOPICS": topic,
         "KEYORDER_GROUP_ID": group,
@@ -173,7 +173,7 @@ def test_a_frozen_pod_is_replaced_and_its_in_flight_work_is_redelivered(broker, 
     frozen one had in flight; the frozen one's late completions never let a commit pass an
     unhandled offset."""
     topic = make_topic(4, with_dlq=False)
-    produced = produce_keyed(broker.bootstrap, topic, 4_000, 200, seed=41)
+    produced = produce_keyed(broker.bootstrap, topic, 2_000, 200, seed=41)
     group = f"g-{topic}"
     records_file = tmp_path / "runs.txt"
     audit = commit_audit(broker.bootstrap, group, topic, 4)
@@ -184,7 +184,7 @@ def test_a_frozen_pod_is_replaced_and_its_in_flight_work_is_redelivered(broker, 
         def both_busy() -> bool:
             runs = read_timed(str(records_file))
             recent = time.monotonic() - 0.3
-            return len(runs) >= 800 and {p.pid for p in processes} <= {pid for *_, pid, _s, end in runs if end > recent}
+            return len(runs) >= 400 and {p.pid for p in processes} <= {pid for *_, pid, _s, end in runs if end > recent}
 
         wait_until(both_busy, 60, "both pods handling messages", interval=0.05)
         runs = read_timed(str(records_file))

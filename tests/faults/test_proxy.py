@@ -97,6 +97,7 @@ def test_black_hole_holds_every_byte_and_heal_delivers_them_intact(echo_port):
 def test_refuse_cuts_and_refuses_until_healed_on_the_same_port(echo_port):
     with FaultProxy(echo_port) as proxy:
         client = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        wait_until(lambda: proxy.open_connections == 1, 5, "the proxy to accept the connection")
         assert proxy.refuse() == 1
         assert client.recv(10) == b""
         client.close()
