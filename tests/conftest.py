@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from keyorder.config import RunConfig
+from keyorder.contracts import DeadLetterSink
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.devtools.loadgen import create_topics
 from keyorder.pod import Pod
@@ -98,9 +99,16 @@ def run_pod(broker: EmbeddedBroker) -> Iterator[Callable[..., Pod]]:
     """Start in-process pods on the test broker; every one is stopped at teardown."""
     running: list[tuple[Pod, threading.Event, threading.Thread]] = []
 
-    def start(topic: str, handler: Callable[[Any], Any] | str, group: str | None = None, **settings: Any) -> Pod:
+    def start(
+        topic: str,
+        handler: Callable[[Any], Any] | str,
+        group: str | None = None,
+        dead_letters: DeadLetterSink | None = None,
+        **settings: Any,
+    ) -> Pod:
         """``handler``: a callable, or a ``package.module:function`` path the pod imports itself (the
-        process executor's worker processes do)."""
+        process executor's worker processes do). ``dead_letters``: a sink instead of the pod's own
+        (the fault tests hand it one on another broker)."""
         values: dict[str, Any] = {
             "handler": handler if isinstance(handler, str) else "tests.conftest:Recorder",
             "topics": [topic],
@@ -112,7 +120,7 @@ def run_pod(broker: EmbeddedBroker) -> Iterator[Callable[..., Pod]]:
             "commit_interval": 0.2,
             **settings,
         }
-        pod = Pod(RunConfig(**values), handler=None if isinstance(handler, str) else handler)
+        pod = Pod(RunConfig(**values), handler=None if isinstance(handler, str) else handler, dead_letters=dead_letters)
         stop = threading.Event()
         thread = pod.start_in_thread(stop)
         pod.stop_event = stop  # type: ignore[attr-defined]

@@ -44,6 +44,8 @@ class RecordingSource:
         self.commits: list[tuple[dict[TopicPartitionId, tuple[int, str]], bool]] = []
         self.fail_next_commit: str | None = None
         self.paused: list[TopicPartitionId] = []
+        self.client_positions: dict[TopicPartitionId, int] = {}
+        """What ``positions`` reports (the client's position past skipped records); empty: unknown."""
 
     def subscribe(
         self, topics: Sequence[str], on_assign: RebalanceCallback, on_revoke: RebalanceCallback,
@@ -76,6 +78,9 @@ class RecordingSource:
 
     def high_watermark(self, partition: TopicPartitionId) -> int | None:
         return None
+
+    def positions(self, partitions: Sequence[TopicPartitionId]) -> dict[TopicPartitionId, int | None]:
+        return {pid: self.client_positions.get(pid) for pid in partitions}
 
     def close(self) -> None:
         pass

@@ -11,6 +11,10 @@ skips a message nor re-runs the finished ones. Commits are sent:
   mark again unless the broker already confirmed it, because an asynchronous commit still in
   flight may never arrive.
 
+Before each commit, partitions with nothing in flight learn the client's position
+(``Source.positions``), so a partition whose log ends in a transaction marker commits past it
+(``PartitionOffsets.passed_by_client``) and reaches a lag of 0.
+
 A failed commit (a whole request, or one partition's result) clears the partition's mark, so the
 next commit sends it again. Time is a parameter (``now``); the clock is injected. Runs on the
 poll-loop thread only, including ``record_outcomes`` (librdkafka calls it inside ``consume``).
@@ -72,6 +76,8 @@ class Committer:
         Partitions whose position and completed set are unchanged are skipped; ``only_if_moved``
         also skips those whose position did not move (early commits under backpressure).
         """
+        states = list(states)
+        self._learn_client_positions(states)
         offsets: dict[TopicPartitionId, tuple[int, str]] = {}
         marks = []
         for state in states:
@@ -99,6 +105,16 @@ class Committer:
         for state, mark in marks:
             state.last_committed = mark
         self.record_outcomes(outcomes)
+
+    def _learn_client_positions(self, states: list[PartitionState]) -> None:
+        """Idle partitions may commit past offsets the client read and never handed out (markers)."""
+        idle = {state.id: state for state in states if state.offsets.min_inflight is None}
+        if not idle:
+            return
+        for partition_id, position in self.source.positions(list(idle)).items():
+            state = idle.get(partition_id)
+            if state is not None:
+                state.offsets.passed_by_client(position)
 
     def record_outcomes(self, outcomes: list[CommitOutcome]) -> None:
         """Commit results: confirm positions, or force a resend on failure."""

@@ -307,3 +307,35 @@ def test_backpressure_bounds_what_a_blocked_key_holds_back(broker, make_topic, r
     assert handled_when_paused < bound + batch < produced.total
     time.sleep(1.0)  # observation window: a paused partition must deliver nothing during it
     assert recorder.count() == handled_when_paused, "a paused partition kept delivering"
+
+
+def test_a_transactional_topic_reaches_zero_lag(broker, make_topic, run_pod):
+    """Defect 7: each committed transaction leaves a commit marker the client never hands out. The
+    group's committed offset must reach the log end (past the last marker), yet never pass a record."""
+    topic = make_topic(1, with_dlq=False)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"tx-{topic}"})
+    producer.init_transactions(15)
+    sequences = {"a": 0, "b": 0}
+    for _transaction in range(20):
+        producer.begin_transaction()
+        for index in range(5):
+            key = "a" if index % 2 else "b"
+            producer.produce(topic, key=key.encode(), value=json.dumps({"key": key, "seq": sequences[key]}).encode())
+            sequences[key] += 1
+        producer.commit_transaction(15)
+    recorder = Recorder()
+    pod = run_pod(topic, recorder, workers=4)
+    wait_until(lambda: recorder.count() >= 100, 60, "every record handled")
+    offsets = sorted(offset for _key, _seq, _partition, offset, _at in recorder.details)
+    assert offsets[-1] == 100 - 1 + 20 - 1, "records at 0-4, 6-10, ...: one marker after each transaction"
+    log_end = offsets[-1] + 2  # past the last transaction's marker
+    wait_until(
+        lambda: group_committed(broker.bootstrap, f"g-{topic}", topic, 1) == {0: log_end},
+        15,
+        f"the committed offset to pass the last marker to {log_end}",
+        interval=0.3,
+    )
+    wait_until(lambda: [p.lag for p in pod.runtime.snapshot.partitions] == [0], 10, "lag 0 in the pod's view")
+    stop_pod(pod)
+    assert_key_order(recorder.records)
+    assert group_committed(broker.bootstrap, f"g-{topic}", topic, 1) == {0: log_end}

@@ -100,3 +100,23 @@ def test_a_synchronous_commit_resends_a_mark_the_broker_has_not_confirmed() -> N
     assert [asynchronous for _offsets, asynchronous in source.commits] == [True, False]
     committer.commit([state], asynchronous=False)
     assert len(source.commits) == 2, "confirmed by the synchronous commit: nothing to resend"
+
+
+def test_an_idle_partition_commits_the_clients_position_past_a_transaction_marker() -> None:
+    """FAKE source reporting the client's position: 0-9 handled, the marker at 10 passed by the client."""
+    source = RecordingSource()
+    state = PartitionState(PID, PartitionOffsets(0, set()))
+    for offset in range(10):
+        state.offsets.received(offset)
+    for offset in range(9):
+        state.offsets.completed(offset)
+    source.client_positions[PID] = 11
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    committer.periodic([state], now=0.0)
+    assert committed_positions(source) == [9], "offset 9 is still in flight: the client's position is not used"
+    state.offsets.completed(9)
+    committer.periodic([state], now=1.0)
+    assert committed_positions(source) == [9, 11], "idle: past the marker to the client's position"
+    del source.client_positions[PID]
+    committer.commit([state], asynchronous=False)
+    assert committed_positions(source)[-1] == 11, "a position once passed stays passed"

@@ -76,6 +76,9 @@ class FakeMetadataSource:
     def high_watermark(self, partition):
         return len(self.records[partition[1]])
 
+    def positions(self, partitions):
+        return {pid: self.position.get(pid[1]) for pid in partitions}
+
     def close(self):
         pass
 
@@ -220,3 +223,35 @@ def test_out_of_bounds_commit_metadata_is_ignored_with_a_warning(caplog):
     assert sorted(handled) == [5, 6, 7, 8, 9]
     assert runtime.snapshot.skipped == 0
     assert "t[0]: commit metadata ignored (3000000 offsets" in caplog.text
+
+
+class FakeTransactionalSource(FakeMetadataSource):
+    """FAKE: the log of partition 0 ends in ``log_end`` with offsets the client reads but never hands
+    out (an aborted transaction's records and markers under read_committed): once it has handed out
+    the last record, its position is the log end, as librdkafka's is. The real broker covers
+    committed transactions (tests/integration/test_pod_kafka.py); Tansu does not filter aborted
+    transactions under read_committed, so this path needs a fake."""
+
+    def __init__(self, records, log_end: int) -> None:
+        super().__init__(records, committed={})
+        self.log_end = log_end
+
+    def consume(self, max_messages, timeout):
+        out = super().consume(max_messages, timeout)
+        if self.position[0] == self.records[0][-1].offset + 1:
+            self.position[0] = self.log_end  # the client read past the trailing control records
+        return out
+
+    def high_watermark(self, partition):
+        return self.log_end
+
+
+def test_an_aborted_tail_the_client_skipped_is_committed_past():
+    """0-9 data; 10-12 an aborted transaction, 13 its abort marker: the group commits 14 (lag 0)."""
+    records = {0: [message(offset, f"k{offset % 3}") for offset in range(10)]}
+    source = FakeTransactionalSource(records, log_end=14)
+    handled: list[int] = []
+    runtime = run_until(source, handled, 10, committed=14)
+    assert sorted(handled) == list(range(10))
+    assert [offsets[("t", 0)][0] for offsets in source.commits][-1] == 14
+    assert [p.lag for p in runtime.snapshot.partitions] == [0]

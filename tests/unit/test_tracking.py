@@ -304,3 +304,78 @@ def test_uncommitted_window_shrinks_only_when_a_commit_is_confirmed() -> None:
     assert (first, second, tracker.uncommitted) == (7, 8, 2)
     tracker.commit_confirmed(first)  # a late, older confirmation never grows the window back
     assert tracker.uncommitted == 2
+
+
+def _idle_tracker(start: int = 0, last: int = 9) -> PartitionOffsets:
+    tracker = PartitionOffsets(start)
+    for offset in range(start, last + 1):
+        tracker.received(offset)
+        tracker.completed(offset)
+    return tracker
+
+
+def test_an_idle_partition_commits_past_offsets_the_client_skipped() -> None:
+    """Offsets 0-9 are data, 10 is a transaction's commit marker: the client's position is 11."""
+    tracker = _idle_tracker()
+    assert tracker.commit_position == 10
+    assert tracker.passed_by_client(11) is True
+    assert tracker.commit_position == 11, "lag 0: the marker is committed past"
+    assert tracker.passed_by_client(11) is False, "already there"
+    tracker.received(11)  # the next transaction's first record
+    assert tracker.commit_position == 11
+    tracker.completed(11)
+    assert tracker.commit_position == 12
+
+
+def test_a_marker_at_the_committed_offset_is_passed_before_anything_is_received() -> None:
+    tracker = PartitionOffsets(start=10)
+    assert tracker.passed_by_client(11) is True
+    assert tracker.commit_position == 11
+
+
+@pytest.mark.parametrize(
+    ("name", "position"),
+    [
+        ("position unknown (nothing consumed yet)", None),
+        ("position at the idle position", 10),
+        ("position behind it (a seek back)", 7),
+    ],
+)
+def test_the_client_position_never_moves_the_commit_position_back_or_from_nothing(
+    name: str, position: int | None
+) -> None:
+    tracker = _idle_tracker()
+    assert tracker.passed_by_client(position) is False, name
+    assert tracker.commit_position == 10, name
+
+
+def test_nothing_is_passed_while_a_message_is_in_flight() -> None:
+    tracker = _idle_tracker(last=8)
+    tracker.received(9)
+    assert tracker.passed_by_client(12) is False
+    assert tracker.commit_position == 9
+    tracker.completed(9)
+    assert tracker.commit_position == 10, "a position learned while busy is not kept"
+
+
+def test_nothing_is_passed_when_the_partition_is_unknown() -> None:
+    tracker = PartitionOffsets(start=None)
+    assert tracker.passed_by_client(5) is False
+    assert tracker.commit_position is None
+
+
+def test_a_record_below_the_passed_position_is_still_processed() -> None:
+    tracker = _idle_tracker()
+    tracker.passed_by_client(12)
+    assert tracker.received(10) is True, "only a seek back delivers it; it is processed, never dropped"
+    assert tracker.commit_position == 10
+    tracker.completed(10)
+    assert tracker.commit_position == 12
+
+
+def test_a_log_reset_forgets_the_passed_position() -> None:
+    tracker = PartitionOffsets(start=1000)
+    tracker.passed_by_client(1001)
+    tracker.received(998)  # reset below the committed offset
+    tracker.completed(998)
+    assert tracker.commit_position == 999, "the new log's 999 and 1000 were never received or passed"

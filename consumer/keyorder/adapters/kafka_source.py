@@ -346,5 +346,16 @@ class KafkaSource:
             return None
         return high if high >= 0 and high != OFFSET_INVALID else None
 
+    def positions(self, partitions: Sequence[TopicPartitionId]) -> dict[TopicPartitionId, int | None]:
+        """librdkafka's application position (last record consumed + 1, moved past control records)."""
+        if not partitions:
+            return {}
+        try:
+            found = self._consumer.position([TopicPartition(topic, partition) for topic, partition in partitions])
+        except KafkaException as error:
+            log.debug("client positions unavailable: %s", error)
+            return {}
+        return {(tp.topic, tp.partition): tp.offset if tp.error is None and tp.offset >= 0 else None for tp in found}
+
     def close(self) -> None:
         self._consumer.close()

@@ -12,6 +12,14 @@ under the pod (topic recreated or truncated, and the client reset its position b
 committed offset): the tracker re-bases at that offset (``reset_from``, counted in ``resets``)
 so the new records are processed and committed from there, never dropped.
 
+The one exception to "only offsets actually received": offsets the *client* passed without handing
+them out. A transaction's commit marker (and, under read_committed, an aborted transaction's
+records) occupies log offsets that librdkafka skips, so "last received + 1" would stop before a
+trailing marker forever (a lag of 1 on every transactional partition). The client's position
+(the offset after the last record it handed out, moved past the control records it skipped) is
+evidence that those offsets will never be delivered; ``passed_by_client`` lets an idle partition's
+commit position follow it, and nothing else moves the position past an unreceived offset.
+
 Completed offsets above the commit position are kept too: they go into the commit metadata
 (see ``offset_metadata``) so that a restart can skip what is already done.
 
@@ -40,6 +48,7 @@ class PartitionOffsets:
     """
 
     __slots__ = (
+        "_client_passed",
         "_committed_received",
         "_done",
         "_pending",
@@ -74,6 +83,7 @@ class PartitionOffsets:
         """The ``start`` before the last reset (``None`` if there was none)."""
         self._committed_received = 0  # received offsets below the last *confirmed* committed position
         self._sent: dict[int, int] = {}  # commit position sent, not yet confirmed -> received offsets below it
+        self._client_passed: int | None = None  # the client's position, when beyond the idle position
 
     def received(self, offset: int) -> bool:
         """Record a fetched offset; ``True`` if it must be processed.
@@ -109,6 +119,7 @@ class PartitionOffsets:
         self.start = offset
         self._prior_done.clear()  # finished offsets of the old log say nothing about the new one
         self._sent.clear()  # a late confirmation of an old-log position must not confirm new-log work
+        self._client_passed = None  # a position in the old log says nothing about the new one
         self.resets += 1
 
     def completed(self, offset: int) -> None:
@@ -127,12 +138,39 @@ class PartitionOffsets:
 
     @property
     def commit_position(self) -> int | None:
-        """The offset to commit: lowest unfinished, else last received + 1 (``None``: nothing known)."""
+        """The offset to commit: lowest unfinished, else the idle position (``None``: nothing known).
+
+        The idle position is last received + 1 (or ``start``), or the client's position when it
+        passed offsets it never handed out (``passed_by_client``)."""
         if self._pending:
             return self._pending[0]
-        if self.last_received is not None:
-            return self.last_received + 1
-        return self.start
+        received = self.last_received + 1 if self.last_received is not None else self.start
+        passed = self._client_passed
+        if passed is not None and received is not None and passed > received:
+            return passed
+        return received
+
+    def passed_by_client(self, position: int | None) -> bool:
+        """The client's position for this partition; ``True`` if the commit position moved to it.
+
+        The client's position is the offset after the last record it handed to the pod, moved
+        past the control records (transaction markers) and aborted records it skipped after it.
+        When nothing is in flight and that position is beyond the idle position, every offset in
+        between was read by the client and will never be delivered: the commit position may pass
+        them. Nothing happens while messages are in flight (the lowest unfinished one is the
+        commit position anyway), when the position is unknown (``None``), or when nothing is
+        known of the partition yet (no committed offset, nothing received).
+
+        Should a record below that position arrive after all (only a seek back would do that), it
+        is processed, and the commit position goes back to it until it is finished.
+        """
+        if position is None or self._pending:
+            return False
+        received = self.last_received + 1 if self.last_received is not None else self.start
+        if received is None or position <= max(received, self._client_passed or received):
+            return False
+        self._client_passed = position
+        return True
 
     @property
     def min_inflight(self) -> int | None:

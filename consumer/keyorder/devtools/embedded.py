@@ -45,11 +45,16 @@ def broker_binary() -> str:
 
 
 class EmbeddedBroker:
-    """One in-memory Tansu broker process. Use as a context manager."""
+    """One in-memory Tansu broker process. Use as a context manager.
 
-    def __init__(self, start_timeout: float = 30.0) -> None:
+    ``advertised_port``: the port the broker tells clients to connect to (its listener by default).
+    The fault tests put a TCP proxy there, so every client connection after the bootstrap one goes
+    through the proxy."""
+
+    def __init__(self, start_timeout: float = 30.0, advertised_port: int | None = None) -> None:
         self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
+        self.advertised_port = advertised_port if advertised_port is not None else self.port
         self._start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the broker
@@ -71,7 +76,7 @@ class EmbeddedBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                f"tcp://127.0.0.1:{self.advertised_port}",
                 "--storage-engine",
                 "memory://tansu/",
             ],
