@@ -213,7 +213,13 @@ def test_worker_count_reaches_a_running_pod_live(kube, broker, tmp_path, run_pod
         wait_for(lambda: admin_token(kube, "live"), 20, "the admin token Secret")
         token_file = write_admin_token(kube, "live", tmp_path / "token")
         pod = run_pod(
-            topic, Recorder(0.02, 0.04), group=f"g-{topic}", workers=4, http_port=port, admin_token_file=str(token_file)
+            topic,
+            Recorder(0.02, 0.04),
+            group=f"g-{topic}",
+            workers=4,
+            http_port=port,
+            admin_token_file=str(token_file),
+            shutdown_grace=1.0,  # the test ends with thousands in flight: do not drain them
         )
         create_pod(kube, "live-0", consumer_labels("live"), "consumer", "x")
         # the emulator runs no kubelet: the test reports the (real, in-process) pod as ready on 127.0.0.1
@@ -305,15 +311,15 @@ def test_resources_on_an_unreachable_kafka_do_not_hold_up_a_healthy_one(kube, br
         kube.create(CR, consumer_resource("healthy", broker.bootstrap, topic))
         wait_for(lambda: condition(kube.get(CR, "healthy"), "LagUnknown") == "False", 20, "the healthy lag")
         polls: list[float] = []
-        deadline = time.monotonic() + 12
+        deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
             at = (kube.get(CR, "healthy").get("status") or {}).get("lastPollAt")
             if isinstance(at, int | float) and (not polls or at != polls[-1]):
                 polls.append(at)
             time.sleep(0.1)
         gaps = [later - earlier for earlier, later in itertools.pairwise(polls)]
-        print(f"healthy resource: {len(polls)} polls in 12 s, longest gap {max(gaps):.1f} s (interval 1 s)")
-        assert len(polls) >= 6, f"only {len(polls)} polls in 12 s at a 1 s interval"
+        print(f"healthy resource: {len(polls)} polls in 8 s, longest gap {max(gaps):.1f} s (interval 1 s)")
+        assert len(polls) >= 4, f"only {len(polls)} polls in 8 s at a 1 s interval"
         assert max(gaps) < 4.0, f"a poll waited {max(gaps):.1f} s behind the unreachable resources"
         assert condition(kube.get(CR, "healthy"), "LagUnknown") == "False"
         still_unknown = [name for name in names if condition(kube.get(CR, name), "LagUnknown") == "True"]

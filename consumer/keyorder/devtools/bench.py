@@ -145,7 +145,7 @@ PRESETS = {
         keys=10_000,
         partitions=4,
         latency_ms=10,
-        run_seconds=4,
+        run_seconds=3,
         memory_check=False,
         runs=(
             *_sleep_runs([64], [256], 0, 4),
@@ -155,8 +155,8 @@ PRESETS = {
         scenarios=ScenarioSizes(
             few_keys_messages=6_000,
             resize_messages=20_000,
-            resize_before_seconds=2,
-            resize_after_seconds=5,
+            resize_before_seconds=1.5,
+            resize_after_seconds=4,
             hot_key_messages=6_000,
             hot_key_timeout=25,
         ),

@@ -17,6 +17,7 @@ a task's thread parallelism (target: at least 0.7).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import threading
@@ -226,7 +227,9 @@ def drain_with_spark(
     )
 
 
-def hot_keys_scenario(bootstrap: str, partitions: int, quick: bool, progress: Progress) -> list[Measurement]:
+def hot_keys_scenario(
+    bootstrap: str, partitions: int, quick: bool, progress: Progress, sessions: SparkSessions
+) -> list[Measurement]:
     """The same backlog size over uniform keys, then with ``HOT_KEYS`` hot keys, on one warm session, with
     the default 16 task workers and (not with --quick) 8: a hot key's thread waits for the GIL after each
     message, and fewer busy threads shorten that wait."""
@@ -248,41 +251,56 @@ def hot_keys_scenario(bootstrap: str, partitions: int, quick: bool, progress: Pr
         progress=lambda n: progress.show(f"preloading hot keys {n:,}/{total:,}"),
     )
     progress.done()
-    from keyorder.catchup.job import stop_spark
-
     master = "local[2]"
-    spark, _ = spark_session(bench_config(bootstrap, topics["uniform"], profile, master))
-    try:
-        drain_with_spark(spark, bootstrap, topics["uniform"], profile, master)  # warm up
-        measurements = []
-        for workers in (16,) if quick else (16, 8):
-            runner = f"{master} %s W={workers}"
-            measurements.append(
-                drain_with_spark(spark, bootstrap, topics["uniform"], profile, master, runner % "uniform keys", workers)
+    spark, _ = sessions.get(bench_config(bootstrap, topics["uniform"], profile, master))
+    drain_with_spark(spark, bootstrap, topics["uniform"], profile, master)  # warm up
+    measurements = []
+    for workers in (16,) if quick else (16, 8):
+        runner = f"{master} %s W={workers}"
+        measurements.append(
+            drain_with_spark(spark, bootstrap, topics["uniform"], profile, master, runner % "uniform keys", workers)
+        )
+        measurements.append(
+            drain_with_spark(
+                spark,
+                bootstrap,
+                topics["hot"],
+                profile,
+                master,
+                runner % f"{HOT_KEYS} hot keys x {per_hot:,}",
+                workers,
             )
-            measurements.append(
-                drain_with_spark(
-                    spark,
-                    bootstrap,
-                    topics["hot"],
-                    profile,
-                    master,
-                    runner % f"{HOT_KEYS} hot keys x {per_hot:,}",
-                    workers,
-                )
-            )
-        return measurements
-    finally:
-        stop_spark(spark)
+        )
+    return measurements
 
 
-def spark_session(config) -> tuple[object, float]:
-    """The job's own session (same enforced settings), and how long it took to start."""
-    from keyorder.catchup.job import spark_session as job_session
+class SparkSessions:
+    """One Spark session at a time (a JVM per process), kept while the runs ask for the same master:
+    with ``--quick`` every run is on ``local[2]``, so both profiles and the hot-keys scenario share one
+    session instead of starting three (about 15 s each)."""
 
-    started = time.monotonic()
-    session = job_session(config)
-    return session, time.monotonic() - started
+    def __init__(self) -> None:
+        self._current: tuple[str, object] | None = None
+
+    def get(self, config) -> tuple[object, float | None]:
+        """The job's own session (same enforced settings) for ``config.master``, and how long it took
+        to start (``None``: an existing one)."""
+        from keyorder.catchup.job import spark_session as job_session
+
+        if self._current is not None and self._current[0] == config.master:
+            return self._current[1], None
+        self.close()
+        started = time.monotonic()
+        session = job_session(config)
+        self._current = (config.master, session)
+        return session, time.monotonic() - started
+
+    def close(self) -> None:
+        from keyorder.catchup.job import stop_spark
+
+        if self._current is not None:
+            stop_spark(self._current[1])
+            self._current = None
 
 
 def plot(report: CatchupBenchReport, path: Path) -> Path | None:
@@ -352,10 +370,9 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
         }
     )
     print(f"keyorder catchup-bench: {messages:,} messages, {args.keys:,} keys, {args.partitions} partitions")
-    from keyorder.catchup.job import stop_spark
-
     startups = []
-    with EmbeddedBroker() as broker:
+    sessions = SparkSessions()
+    with EmbeddedBroker() as broker, contextlib.closing(sessions):
         topic = "catchup-bench"
         create_topics(broker.bootstrap, [topic, f"{topic}.dlq"], args.partitions)
         produce_keyed(
@@ -374,20 +391,18 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
             report.measurements.append(drain_with_pod(broker.bootstrap, topic, profile, messages, progress))
             masters = ("local[2]",) if args.quick else profile.spark_masters
             for master in masters:  # local[n]: n tasks at once, so one session per setting
-                spark, startup = spark_session(bench_config(broker.bootstrap, topic, profile, master))
-                try:
-                    warm_up = drain_with_spark(spark, broker.bootstrap, warm_up_topic, profile, master)
-                    startups.append(startup + warm_up.seconds)  # JVM, JIT and Python workers: paid once per job
-                    report.measurements.append(drain_with_spark(spark, broker.bootstrap, topic, profile, master))
-                finally:
-                    stop_spark(spark)
+                spark, startup = sessions.get(bench_config(broker.bootstrap, topic, profile, master))
+                warm_up = drain_with_spark(spark, broker.bootstrap, warm_up_topic, profile, master)
+                if startup is not None:  # JVM, JIT and Python workers: paid once per job
+                    startups.append(startup + warm_up.seconds)
+                report.measurements.append(drain_with_spark(spark, broker.bootstrap, topic, profile, master))
             for m in report.measurements[-1 - len(masters) :]:
                 print(
                     f"  {m.profile:<4} {m.runner:<16} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s, "
                     f"violations {m.violations})"
                 )
         if args.only != "profiles":
-            report.hot_keys = hot_keys_scenario(broker.bootstrap, args.partitions, args.quick, progress)
+            report.hot_keys = hot_keys_scenario(broker.bootstrap, args.partitions, args.quick, progress, sessions)
             for m in report.hot_keys:
                 print(f"  hot keys {m.runner:<34} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s)")
     report.spark_startup_seconds = sum(startups) / len(startups) if startups else 0.0
