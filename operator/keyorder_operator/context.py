@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 from keyorder.config import ConfigError
 from keyorder_operator.kafka_config import operator_kafka_config
 from keyorder_operator.kube import Kube
+from keyorder_operator.objects import AppliedObjects
 from keyorder_operator.observe import BoundedLagSource, KafkaLagSource, LagSource, LagUnavailable
 from keyorder_operator.operator_metrics import OperatorMetrics
 from keyorder_operator.pod_admin import fetch_reports, push_workers
@@ -41,6 +42,7 @@ class OperatorContext:
     lag_backoff_seconds: tuple[float, float] = (15.0, 120.0)
     """A failing cluster is asked again after the first period, doubling up to the second."""
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    applied: AppliedObjects = field(default_factory=AppliedObjects)
     _lag_sources: dict[tuple[str, str], tuple[tuple[tuple[str, str], ...], LagSource]] = field(default_factory=dict)
     _lag_sources_lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards ``_lag_sources``: kopf runs the handlers of different resources on different pool threads."""

@@ -34,9 +34,9 @@ APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 
 API_CALLS = {
     ("apps", "deployments"): {"get", "patch"},  # patch: server-side apply creates and updates
-    ("", "services"): {"patch"},
-    ("policy", "poddisruptionbudgets"): {"patch"},
-    ("", "serviceaccounts"): {"patch"},
+    ("", "services"): {"get", "patch"},  # get: has anyone changed it since the last apply?
+    ("policy", "poddisruptionbudgets"): {"get", "patch"},
+    ("", "serviceaccounts"): {"get", "patch"},
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list"},
     ("batch", "jobs"): {"get", "create"},
@@ -82,10 +82,20 @@ class Kube:
         }
         return table[kind]
 
-    def apply(self, desired: dict[str, Any], field_manager: str = FIELD_MANAGER) -> None:
-        """Server-side apply ``desired`` (created if missing), forcing ownership of every field in it."""
+    def _read_call(self, kind: str) -> Any:
+        table = {
+            "Deployment": self.apps.read_namespaced_deployment,
+            "Service": self.core.read_namespaced_service,
+            "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
+            "ServiceAccount": self.core.read_namespaced_service_account,
+        }
+        return table[kind]
+
+    def apply(self, desired: dict[str, Any], field_manager: str = FIELD_MANAGER) -> str:
+        """Server-side apply ``desired`` (created if missing), forcing ownership of every field in it;
+        returns the applied object's resourceVersion."""
         name, namespace = desired["metadata"]["name"], desired["metadata"]["namespace"]
-        self._apply_call(desired["kind"])(
+        applied = self._apply_call(desired["kind"])(
             name,
             namespace,
             desired,
@@ -93,6 +103,17 @@ class Kube:
             force=True,
             _content_type=APPLY_CONTENT_TYPE,
         )
+        return str(applied.metadata.resource_version)
+
+    def resource_version(self, kind: str, namespace: str, name: str) -> str | None:
+        """The resourceVersion of an object the operator applies (``None``: it does not exist)."""
+        try:
+            current = self._read_call(kind)(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return str(current.metadata.resource_version)
 
     def deployment_replicas(self, namespace: str, name: str) -> int | None:
         try:

@@ -1,14 +1,23 @@
 """The objects an OrderedConsumer owns, applied in one place: at create and update, and on every poll.
 
-Server-side apply of each (idempotent, fields owned by the operator's field manager), so the spec
-handlers and the poll's self-repair run the same code: a deleted or edited object comes back within
-one poll. A deleted admin Secret comes back with a new token, which the pods re-read from their
-mounted file (it is never rotated otherwise: ``Kube.ensure_secret``).
+Server-side apply of each (fields owned by the operator's field manager), so the spec handlers and
+the poll's self-repair run the same code: a deleted or edited object comes back within one poll. A
+deleted admin Secret comes back with a new token, which the pods re-read from their mounted file (it
+is never rotated otherwise: ``Kube.ensure_secret``).
+
+The poll does not write what nobody changed: ``AppliedObjects`` remembers, per object, what was last
+applied and the resourceVersion the API server gave it. An object still at that version, whose
+desired state is the same, needs only a read; any other change (an edit, a deletion, a new spec, a
+status update) gets the apply again. A restarted operator remembers nothing and applies everything
+once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
+import threading
 from typing import Any
 
 from keyorder_operator.builders import (
@@ -22,17 +31,52 @@ from keyorder_operator.builders import (
 from keyorder_operator.kube import Kube
 from keyorder_operator.spec import OrderedConsumerSpec
 
+ObjectKey = tuple[str, str, str]
+"""(namespace, owning resource's name, kind): a resource owns one object of each kind."""
 
-def apply_owned_objects(kube: Kube, spec: OrderedConsumerSpec, meta: Any, status: Any) -> None:
-    """Apply the admin Secret, ServiceAccount, Deployment, metrics Service and PodDisruptionBudget.
+
+class AppliedObjects:
+    """What the operator last applied per owned object: (fingerprint of the desired object, the
+    resourceVersion the apply returned). Shared by kopf's handler threads, hence the lock."""
+
+    def __init__(self) -> None:
+        self._applied: dict[ObjectKey, tuple[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def unchanged(self, key: ObjectKey, fingerprint: str, live_version: str | None) -> bool:
+        """True when the live object is the one last applied with this very desired state."""
+        with self._lock:
+            return live_version is not None and self._applied.get(key) == (fingerprint, live_version)
+
+    def record(self, key: ObjectKey, fingerprint: str, version: str) -> None:
+        with self._lock:
+            self._applied[key] = (fingerprint, version)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted resource's objects (their names may be reused by a new resource)."""
+        with self._lock:
+            for key in [key for key in self._applied if key[:2] == (namespace, name)]:
+                del self._applied[key]
+
+
+def fingerprint(desired: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(desired, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def apply_owned_objects(
+    kube: Kube, spec: OrderedConsumerSpec, meta: Any, status: Any, applied: AppliedObjects, always: bool
+) -> list[str]:
+    """Apply the admin Secret, ServiceAccount, Deployment, metrics Service and PodDisruptionBudget:
+    all of them when ``always`` (a new or changed spec), else only those changed since the last apply.
+    Returns the kinds that had to be created because they were missing.
 
     The Deployment keeps its current replicas (the poll owns them); a new or deleted one starts at the
     size last decided (``status.replicas``), else at the minimum.
     """
-    owner = {"metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]}}
+    namespace, name = meta["namespace"], meta["name"]
+    owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
     kube.ensure_secret(build_admin_secret(owner, secrets.token_urlsafe(32)), ADMIN_TOKEN_KEY)
-    kube.apply(build_service_account(owner))
-    replicas = kube.deployment_replicas(meta["namespace"], meta["name"])
+    replicas = kube.deployment_replicas(namespace, name)
     if replicas is None:
         decided = (status or {}).get("replicas")
         replicas = (
@@ -40,6 +84,20 @@ def apply_owned_objects(kube: Kube, spec: OrderedConsumerSpec, meta: Any, status
             if isinstance(decided, int)
             else (max(spec.replicas.min, 1) if spec.scaling.enabled or spec.replicas.min else 1)
         )
-    kube.apply(build_deployment(spec, owner, replicas))
-    kube.apply(build_service(spec, owner))
-    kube.apply(build_pdb(owner))
+    missing = []
+    for desired in (
+        build_service_account(owner),
+        build_deployment(spec, owner, replicas),
+        build_service(spec, owner),
+        build_pdb(owner),
+    ):
+        kind, object_name = desired["kind"], desired["metadata"]["name"]
+        key, wanted = (namespace, name, kind), fingerprint(desired)
+        if not always:
+            live = kube.resource_version(kind, namespace, object_name)
+            if applied.unchanged(key, wanted, live):
+                continue
+            if live is None:
+                missing.append(kind)
+        applied.record(key, wanted, kube.apply(desired))
+    return missing

@@ -119,11 +119,16 @@ class Poll:
         write_conditions(self.patch, self.conditions, POLL_CONDITIONS)
 
     def repair_objects(self) -> None:
-        """Re-apply the owned objects once they exist, so a deleted or edited one comes back (self-repair)."""
+        """Re-apply the owned objects changed since the last apply, so a deleted or edited one comes back
+        (self-repair); a recreated one gets a ``Restored`` Event."""
         if self.status.get("observedGeneration") is None:
             return  # not created yet: the spec handlers do it
         try:
-            apply_owned_objects(self.context.kube, self.spec, self.meta, self.status)
+            missing = apply_owned_objects(
+                self.context.kube, self.spec, self.meta, self.status, self.context.applied, always=False
+            )
+            if missing:
+                self.warn("Restored", f"recreated the {', '.join(missing)} that had been deleted")
         except Exception as error:  # reported; the scaling still runs on what exists
             self.context.metrics.errors.labels(*self.labels).inc()
             log.warning("%s/%s: re-applying the owned objects failed: %s", self.namespace, self.name, error)

@@ -10,7 +10,7 @@ tests (real kopf against an API emulator) run exactly the same code. Per resourc
   (self-repair), observes lag in Kafka and the pods' reports, decides, scales the Deployment, pushes
   the worker count to the ready pods and explains it in status, Events and metrics; or it advances a
   catch-up hand-over (``handover``);
-* on delete: forget the resource's metric series and close its Kafka client.
+* on delete: forget the resource's metric series and applied objects, and close its Kafka client.
 
 Each handler writes only the conditions it owns (``status.SPEC_CONDITIONS``, ``status.POLL_CONDITIONS``).
 """
@@ -45,16 +45,17 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         if spec is None:
             return
         try:
-            apply_owned_objects(context.kube, spec, meta, status)
+            apply_owned_objects(context.kube, spec, meta, status, context.applied, always=True)
         except Exception as error:
             context.metrics.errors.labels(meta["namespace"], meta["name"]).inc()
             raise kopf.TemporaryError(f"applying objects failed: {error}", delay=10) from error
         patch.status["observedGeneration"] = meta.get("generation")
 
     @kopf.on.delete(*resource, registry=registry, optional=True)  # optional: no finalizer is added for this
-    def forget_metrics(meta: Any, **_: Any) -> None:
+    def forget(meta: Any, **_: Any) -> None:
         context.metrics.forget(meta["namespace"], meta["name"])
         context.forget_lag_source(meta["namespace"], meta["name"])
+        context.applied.forget(meta["namespace"], meta["name"])
 
     @kopf.timer(*resource, interval=context.tick_seconds, registry=registry)
     def autoscale(body: Any, meta: Any, status: Any, patch: kopf.Patch, **_: Any) -> None:

@@ -253,7 +253,7 @@ def test_an_update_to_an_invalid_spec_leaves_the_objects_untouched(kube, broker)
 
 
 def test_deleted_and_edited_objects_are_restored_within_a_poll(kube, broker):
-    """Self-repair: the owned objects are re-applied every poll, so a deleted Service or PDB and a
+    """Self-repair: the owned objects are checked every poll, so a deleted Service or PDB and a
     Deployment edited behind the operator's back are as specified again within one poll."""
     topic = "okc-repair"
     create_topics(broker.bootstrap, [topic], 2)
@@ -285,6 +285,42 @@ def test_deleted_and_edited_objects_are_restored_within_a_poll(kube, broker):
         wait_for(lambda: kube.get("v1/services", "repair-metrics"), 10, "the deleted Service back")
         wait_for(lambda: kube.get("policy/v1/poddisruptionbudgets", "repair"), 10, "the deleted PDB back")
         wait_for(lambda: handler_of_deployment() == "keyorder_example.ledger:handle", 10, "the edit undone")
+        restored = wait_for(lambda: events(kube, "Restored"), 10, "a Restored Event")
+        assert any("Service" in text for text in restored) and any("PodDisruptionBudget" in text for text in restored)
+
+
+def test_a_steady_resource_costs_reads_not_writes(kube, broker):
+    """Objects nobody changed are not applied again: their resourceVersions (which the emulator bumps on
+    every write, as the API server does on every change) stay put over several polls."""
+    topic = "okc-steady"
+    create_topics(broker.bootstrap, [topic], 2)
+    with operator(kube.url):
+        kube.create(CR, consumer_resource("steady-state", broker.bootstrap, topic))
+        wait_for(lambda: condition(kube.get(CR, "steady-state"), "Ready") is not None, 20, "the first poll")
+        owned = [
+            ("v1/serviceaccounts", "steady-state"),
+            ("v1/services", "steady-state-metrics"),
+            ("policy/v1/poddisruptionbudgets", "steady-state"),
+        ]
+
+        def versions() -> list[str]:
+            return [kube.get(kind, name)["metadata"]["resourceVersion"] for kind, name in owned]
+
+        def polls_after(at: float) -> float:
+            return wait_for(
+                lambda: (
+                    ((kube.get(CR, "steady-state").get("status") or {}).get("lastPollAt") or 0) > at
+                    and kube.get(CR, "steady-state")["status"]["lastPollAt"]
+                ),
+                10,
+                "another poll",
+            )
+
+        last = polls_after(0)  # one poll after creation has recorded what it applied
+        before = versions()
+        for _ in range(3):
+            last = polls_after(last)
+        assert versions() == before, "a poll wrote objects nobody had changed"
 
 
 def test_resources_on_an_unreachable_kafka_do_not_hold_up_a_healthy_one(kube, broker):

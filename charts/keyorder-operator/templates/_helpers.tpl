@@ -103,15 +103,16 @@ and kopf's needs): every call allowed, nothing more.
   resources: ["deployments"]
   verbs: ["get", "patch"]
 # The consumers' headless metrics Service and their ServiceAccount (which gets no Role and no
-# token): server-side applied, so patch alone creates and updates them.
+# token): server-side applied (patch creates and updates them), and read on each poll to see
+# whether anyone changed or deleted them since (get).
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["patch"]
+  verbs: ["get", "patch"]
 # A PodDisruptionBudget per consumer group (at most one pod down by voluntary disruption):
-# server-side applied.
+# server-side applied, and read on each poll like the others.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["patch"]
+  verbs: ["get", "patch"]
 # Secrets: create each group's admin-token Secret once, then read it (to push worker counts) and
 # the Kafka client-properties Secret a resource names (to read its lag). No list, no watch.
 - apiGroups: [""]
