@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
@@ -49,6 +50,27 @@ def handled(recorder: Recorder) -> list[tuple[int, int, float]]:
     return [(partition, offset, at) for _key, _seq, partition, offset, at in list(recorder.details)]
 
 
+def wait_handled_and_committed(broker: Any, recorder: Recorder, produced: Any, group: str, topic: str) -> None:
+    """Until every produced message was handled and the group's commits reached the end offsets."""
+    wait_until(lambda: len(set(recorder.records)) >= produced.total, 60, "every message handled")
+    wait_until(
+        lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
+        30,
+        "the group's commits to reach the end offsets",
+        interval=0.3,
+    )
+
+
+def assert_guarantees(recorder: Recorder, produced: Any, audit: Any) -> int:
+    """Nothing lost, first processings in per-key order, one worker per key at a time, and no commit
+    sample past an unhandled message; returns the duplicates."""
+    duplicates = assert_at_least_once(recorder.records, produced.sequences)
+    assert_first_processing_in_order(recorder.records)
+    recorder.serial.assert_serial()
+    assert audit.assert_never_past_unhandled(handled(recorder)) >= 2, "too few commit samples to audit"
+    return duplicates
+
+
 def report(scenario: str, messages: int, duplicates: int, recovered: float, what: str) -> None:
     print(f"\nFAULT {scenario}: {messages} messages, {duplicates} duplicates, recovered in {recovered:.1f} s ({what})")
 
@@ -67,22 +89,13 @@ def test_connection_cuts_mid_stream_lose_nothing_and_commits_reach_the_end(broke
         wait_until(lambda share=share: recorder.count() >= share * produced.total, 60, f"{share:.0%} handled")
         cuts.append(broker.proxy.cut())
     last_cut = time.monotonic()
-    wait_until(lambda: len(set(recorder.records)) >= produced.total, 60, "every message handled")
-    wait_until(
-        lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
-        30,
-        "the group's commits to reach the end offsets",
-        interval=0.3,
-    )
+    wait_handled_and_committed(broker, recorder, produced, group, topic)
     recovered = time.monotonic() - last_cut
     for pod in pods:
         stop_pod(pod)
     audit.close()
     assert all(cut >= 1 for cut in cuts), f"a cut found no connection to cut: {cuts}"
-    duplicates = assert_at_least_once(recorder.records, produced.sequences)
-    assert_first_processing_in_order(recorder.records)
-    recorder.serial.assert_serial()
-    assert audit.assert_never_past_unhandled(handled(recorder)) >= 2, "too few commit samples to audit"
+    duplicates = assert_guarantees(recorder, produced, audit)
     report("connection cuts", produced.total, duplicates, recovered, f"{sum(cuts)} connections cut in 4 cuts; "
            "last cut -> every message handled and committed")  # fmt: skip
 
@@ -107,13 +120,7 @@ def test_a_silent_partition_past_the_session_timeout_rebalances_and_loses_nothin
     handled_in_partition = recorder.count()
     broker.proxy.heal()
     healed = time.monotonic()
-    wait_until(lambda: len(set(recorder.records)) >= produced.total, 60, "every message handled")
-    wait_until(
-        lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
-        30,
-        "the group's commits to reach the end offsets",
-        interval=0.3,
-    )
+    wait_handled_and_committed(broker, recorder, produced, group, topic)
     recovered = time.monotonic() - healed
     after = [pod.runtime.snapshot.rebalances for pod in pods]
     for pod in pods:
@@ -123,10 +130,7 @@ def test_a_silent_partition_past_the_session_timeout_rebalances_and_loses_nothin
     assert all(now > before for now, before in zip(after, rebalances, strict=True)), (
         f"the pods did not rebalance after the partition: {rebalances} -> {after}"
     )
-    duplicates = assert_at_least_once(recorder.records, produced.sequences)
-    assert_first_processing_in_order(recorder.records)
-    recorder.serial.assert_serial()
-    assert audit.assert_never_past_unhandled(handled(recorder)) >= 2, "too few commit samples to audit"
+    duplicates = assert_guarantees(recorder, produced, audit)
     report("silent partition", produced.total, duplicates, recovered,
            f"{SESSION_TIMEOUT + 2:.0f} s black hole; heal -> every message handled and committed")  # fmt: skip
 

@@ -66,7 +66,7 @@ QUICK = DevOptions(
     target_drain_seconds=15.0,
     poll_seconds=1.0,
     scale_down_window=5.0,
-    compare_seconds=12.0,
+    compare_seconds=6.0,
     max_workers=32,
 )
 """``--quick``: a smaller run (copied before the flags are applied to it)."""
