@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -47,6 +48,10 @@ class LagSample:
         return max(self.end_total - self.committed_total, 0)
 
 
+Request = tuple[tuple[str, ...], str]
+"""(topics, group): what a lag sample answers."""
+
+
 class LagSource(Protocol):
     def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample: ...
 
@@ -67,16 +72,21 @@ class BoundedLagSource:
     the client's timeouts (seconds). So every request runs on its own thread (``start_probe``), at most
     one at a time per resource:
 
-    - while the cluster answers, ``sample`` waits for the answer up to ``wait_seconds``; an answer that
-      comes later is kept and returned by the next ``sample`` (a slow cluster's lag, one poll late);
-    - after a failure it backs off: ``sample`` fails at once with the last reason for ``first_seconds``,
-      doubling up to ``longest_seconds`` while the failures go on, each period spread by up to ``jitter``
-      (resources that failed together must not all probe together). A due probe is started in the
-      background and ``sample`` does not wait for it; one success ends the back-off.
+    - while the cluster answers, ``sample`` waits for the answer up to ``wait_seconds``. An answer that
+      comes later is kept: the next ``sample`` starts the next request, waits for it as long, and
+      returns the kept answer if the new one is not there yet (a slow cluster's lag, every poll, one
+      poll late; a cluster fast again is current again). A kept answer is only returned for the same
+      topics and group;
+    - after a failure it backs off: ``sample`` fails at once with the last reason for ``first_seconds``
+      counted from the failure, doubling up to ``longest_seconds`` while the failures go on, each
+      period spread by up to ``jitter`` (resources that failed together must not all probe together).
+      A due probe is started in the background and ``sample`` does not wait for it; one success ends
+      the back-off.
 
     So however many resources point at dead clusters, the threads stay free for the healthy ones. The
-    schedule takes time from the caller (``now``) and randomness from ``random``; a unit test passes a
-    ``start_probe`` that runs the probe inline.
+    schedule takes time from the caller (``now``, plus how long a failed request took on
+    ``monotonic``) and randomness from ``random``; a unit test passes a ``start_probe`` that runs the
+    probe inline.
     """
 
     def __init__(
@@ -88,26 +98,34 @@ class BoundedLagSource:
         wait_seconds: float = 2.0,
         random: Callable[[], float] = random.random,
         start_probe: Callable[[Callable[[], None]], None] = start_daemon_thread,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
         self.first_seconds, self.longest_seconds, self.jitter = first_seconds, longest_seconds, jitter
         self.wait_seconds = wait_seconds
         self._random = random
         self._start_probe = start_probe
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._retry_at: float | None = None
         self._delay = 0.0
         self._error = ""
         self._in_flight: threading.Event | None = None
         self._in_flight_since = 0.0
-        self._answer: LagSample | None = None
+        self._answer: tuple[Request, LagSample] | None = None
+
+    def _take_answer(self, request: Request) -> LagSample | None:
+        """The kept answer, if it answers ``request`` (the lock is held); it is used once."""
+        kept, self._answer = self._answer, None
+        return kept[1] if kept is not None and kept[0] == request else None
 
     def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
+        request: Request = (tuple(topics), group)
         with self._lock:
-            if self._answer is not None:  # a late answer (or the end of a back-off): use it
-                answer, self._answer = self._answer, None
-                return answer
+            kept = self._take_answer(request)
             if self._in_flight is not None:
+                if kept is not None:
+                    return kept
                 waited = max(now - self._in_flight_since, 0.0)
                 raise LagUnavailable(f"{self._error or 'Kafka has not answered yet'} (asked {waited:.0f} s ago)")
             backing_off = self._retry_at is not None
@@ -115,35 +133,47 @@ class BoundedLagSource:
                 raise LagUnavailable(f"{self._error} (not asked again for {self._retry_at - now:.0f} s)")
             done = self._in_flight = threading.Event()
             self._in_flight_since = now
-        self._start_probe(lambda: self._probe(topics, group, now, done))
+        try:
+            self._start_probe(lambda: self._probe(request, now, done))
+        except Exception as error:  # no thread to run it (the process is out of threads): never stuck in flight
+            with self._lock:
+                if self._in_flight is done:
+                    self._in_flight = None
+            if kept is not None:
+                return kept
+            raise LagUnavailable(f"a request to Kafka could not be started: {error}") from None
         if not backing_off:
             done.wait(self.wait_seconds)
         with self._lock:
             if self._in_flight is done:  # still unanswered
+                if kept is not None:
+                    return kept
                 what = f"asked again in the background after: {self._error}" if backing_off else ""
                 raise LagUnavailable(
                     what or f"Kafka has not answered within {self.wait_seconds:g} s (the answer is awaited)"
                 )
-            if self._answer is not None:
-                answer, self._answer = self._answer, None
-                return answer
+            fresh = self._take_answer(request)
+            if fresh is not None:
+                return fresh
             raise LagUnavailable(self._error)
 
-    def _probe(self, topics: Sequence[str], group: str, now: float, done: threading.Event) -> None:
+    def _probe(self, request: Request, now: float, done: threading.Event) -> None:
+        started = self._monotonic()
         try:
-            answer = self.inner.sample(topics, group, now)
+            answer = self.inner.sample(list(request[0]), request[1], now)
         except Exception as error:  # on the probe thread: anything unexpected is a failure too
             reason = str(error) if isinstance(error, LagUnavailable) else f"reading the lag failed: {error!r}"
+            failed_at = now + max(self._monotonic() - started, 0.0)  # the back-off counts from the failure
             with self._lock:
                 self._delay = (
                     self.first_seconds if self._retry_at is None else min(self._delay * 2, self.longest_seconds)
                 )
                 spread = 1.0 + self.jitter * (2 * self._random() - 1)
-                self._retry_at, self._error = now + self._delay * spread, reason
+                self._retry_at, self._error = failed_at + self._delay * spread, reason
                 self._in_flight = None
         else:
             with self._lock:
-                self._retry_at, self._delay, self._error, self._answer = None, 0.0, "", answer
+                self._retry_at, self._delay, self._error, self._answer = None, 0.0, "", (request, answer)
                 self._in_flight = None
         done.set()
 
