@@ -77,7 +77,10 @@ class Committer:
         also skips those whose position did not move (early commits under backpressure).
         """
         states = list(states)
-        self._learn_client_positions(states)
+        # Only the poll loop's commits learn the client's positions: a revoke's commit runs inside
+        # consume(), where an older librdkafka may already count a batch it has not handed out.
+        if asynchronous:
+            self._learn_client_positions(states)
         offsets: dict[TopicPartitionId, tuple[int, str]] = {}
         marks = []
         for state in states:
