@@ -32,6 +32,8 @@ class OperatorContext:
     kube: Kube
     lag_source_for: Callable[[dict[str, str]], LagSource] = KafkaLagSource
     clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    """For durations (a poll's): never goes back when the wall clock is set."""
     push: Callable[..., tuple[int, list[str]]] = push_workers
     fetch_reports: Callable[..., tuple[list[dict[str, Any]], list[str]]] = fetch_reports
     tick_seconds: float = 5.0

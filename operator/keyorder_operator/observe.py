@@ -207,9 +207,11 @@ def observation_from(
     pods: PodSignals | None = None,
     rollout_settled: bool = True,
     paused: bool = False,
+    pods_expected: int | None = None,
 ) -> Observation:
-    """The policy's input from two lag samples and the pods' reports (the operator and ``keyorder
-    dev`` build it the same way)."""
+    """The policy's input from two lag samples and the pods' reports (the operator, ``keyorder
+    dev`` and ``keyorder simulate`` build it the same way). ``pods_expected``: the ready pods asked
+    for a report (``pods`` sums those that answered)."""
     drain, arrival = rates(previous, sample)
     return Observation(
         lag=sample.lag,
@@ -220,6 +222,7 @@ def observation_from(
         pods=pods,
         rollout_settled=rollout_settled,
         paused=paused,
+        pods_expected=pods_expected,
     )
 
 

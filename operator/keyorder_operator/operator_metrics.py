@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from keyorder_operator.catchup import largest_size
 from keyorder_operator.observe import LagSample
-from keyorder_operator.policy import LimitKind, ScalingLimits
+from keyorder_operator.policy import Cause, Decision, LimitKind, RateSource, ScalingLimits, net_drain_seconds
 
 CATCHUP_OUTCOMES = ("started", "succeeded", "failed", "missing")
 
@@ -69,7 +69,7 @@ class OperatorMetrics:
 
         self.lag_seconds = Gauge(
             "keyorder_operator_lag_seconds",
-            "Lag divided by the drain rate: the drain ETA at the current rate (absent while nothing drains).",
+            "Lag divided by the net drain rate (drain - arrivals): the drain ETA; +Inf while the lag does not shrink.",
             labels,
             registry=self.registry,
         )
@@ -104,6 +104,52 @@ class OperatorMetrics:
             labels,
             registry=self.registry,
         )
+        self.decision_causes = Counter(
+            "keyorder_operator_decisions_by_cause",
+            "Every decision by its cause (scale_up, scale_down, steady, within_tolerance, stabilizing, "
+            "lag_growing, rebalancing, waiting_for_rate, paused, lag_unknown, fallback, reshape).",
+            [*labels, "cause"],
+            registry=self.registry,
+        )
+        self.recommended_replicas = Gauge(
+            "keyorder_operator_recommended_replicas",
+            "Replicas the policy recommended before stabilization, tolerance and rate limits (applied: "
+            "keyorder_operator_replicas).",
+            labels,
+            registry=self.registry,
+        )
+        self.recommended_workers = Gauge(
+            "keyorder_operator_recommended_workers_per_pod",
+            "Workers per pod the policy recommended before stabilization, tolerance and rate limits.",
+            labels,
+            registry=self.registry,
+        )
+        self.per_worker_rate = Gauge(
+            "keyorder_operator_per_worker_rate",
+            "Messages/s one key worker is taken to handle, by where it came from (handler_time, drain, kept); "
+            "one source at a time.",
+            [*labels, "source"],
+            registry=self.registry,
+        )
+        self.poll_duration = Histogram(
+            "keyorder_operator_poll_duration_seconds",
+            "Time one poll took (Kafka, the pods, the API writes).",
+            labels,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.last_poll = Gauge(
+            "keyorder_operator_last_poll_timestamp_seconds",
+            "When the last poll ran (Unix time): time() - this is the poll's age.",
+            labels,
+            registry=self.registry,
+        )
+        self.pod_report_failures = Counter(
+            "keyorder_operator_pod_report_failures",
+            "Ready pods whose scaling report could not be read (no answer, refused, not a report).",
+            labels,
+            registry=self.registry,
+        )
 
     def observed(
         self,
@@ -117,15 +163,31 @@ class OperatorMetrics:
         self.lag.labels(*labels).set(sample.lag)
         if drain is not None:
             self.drain_rate.labels(*labels).set(drain)
-            if drain > 0:
-                self.lag_seconds.labels(*labels).set(sample.lag / drain)
-            else:
-                with contextlib.suppress(KeyError):
-                    self.lag_seconds.remove(*labels)
+            eta = net_drain_seconds(sample.lag, drain, arrival)
+            if eta is not None:  # +Inf while the lag does not shrink: the series stays when the group is stuck
+                self.lag_seconds.labels(*labels).set(eta)
         if arrival is not None:
             self.arrival_rate.labels(*labels).set(arrival)
         self.target_drain_seconds.labels(*labels).set(limits.target_drain_seconds)
         self.ceiling_workers.labels(*labels).set(largest_size(limits, sample.partitions).capacity)
+
+    def decided(self, labels: tuple[str, str], decision: Decision) -> None:
+        """What one decision recommended and from which rate, and its cause."""
+        self.decision_causes.labels(*labels, decision.cause.value).inc()
+        if decision.recommended is not None:
+            self.recommended_replicas.labels(*labels).set(decision.recommended.replicas)
+            self.recommended_workers.labels(*labels).set(decision.recommended.workers)
+        state = decision.state
+        for source in RateSource:
+            if source is state.rate_source and state.per_worker_rate is not None:
+                self.per_worker_rate.labels(*labels, source.value).set(state.per_worker_rate)
+            else:
+                with contextlib.suppress(KeyError):
+                    self.per_worker_rate.remove(*labels, source.value)
+
+    def polled(self, labels: tuple[str, str], seconds: float, now: float) -> None:
+        self.poll_duration.labels(*labels).observe(seconds)
+        self.last_poll.labels(*labels).set(now)
 
     def limit(self, labels: tuple[str, str], kind: str | None) -> None:
         """Exactly one reason at 1 while scaling is limited; all at 0 otherwise."""
@@ -140,7 +202,9 @@ class OperatorMetrics:
             (self.lag_unknown, ()),
             (self.errors, ()),
             (self.catching_up, ()),
+            (self.pod_report_failures, ()),
             *((self.catchups, (outcome,)) for outcome in CATCHUP_OUTCOMES),
+            *((self.decision_causes, (cause.value,)) for cause in Cause),
         ]
 
     def track(self, namespace: str, name: str) -> None:
@@ -160,8 +224,13 @@ class OperatorMetrics:
             self.target_drain_seconds,
             self.ceiling_workers,
             self.paused,
+            self.recommended_replicas,
+            self.recommended_workers,
+            self.poll_duration,
+            self.last_poll,
         ]
         limited = [(self.scaling_limited, (kind.value,)) for kind in LimitKind]
+        limited += [(self.per_worker_rate, (source.value,)) for source in RateSource]
         for metric, extra in [*self._series(), *((gauge, ()) for gauge in gauges), *limited]:
             with contextlib.suppress(KeyError):
                 metric.remove(namespace, name, *extra)

@@ -1,51 +1,54 @@
 """The scaling policy: how many pods and how many key workers per pod, and when scaling cannot help.
 
 Pure: ``decide(observation, limits, state, now)`` does no I/O and reads no clock, so every scaling
-behaviour is a table test. The operator's reconcile loop observes lag (Kafka admin API) and the
-pods' own reports (``pod_signals``), calls ``decide``, then applies the result and explains it in
-status, Events and metrics.
+behaviour is a table test, and ``keyorder simulate`` drives it poll by poll through hours of a
+simulated group. The operator's poll observes lag (Kafka admin API) and the pods' own reports
+(``pod_signals``), calls ``decide``, then applies the result and explains it in status, Events and
+metrics. The Kubernetes HPA and KEDA are the reference for every rule they share.
 
 The algorithm, in order:
 
-1. **Unknown lag** (broker down, group missing) never scales: keep the current size, flag it;
-   after ``fallback`` failed observations in a row, go to the fallback size (KEDA's fallback).
-2. **Paused** (an annotation): keep the current size, learn nothing (KEDA's paused annotation).
-   **Rebalancing** (a pod joined, left or rebalanced since the last poll): keep the size and the
-   last limit until the pods report a settled view again (their queues were just refilled).
-3. **One worker's rate.** Before any measurement, it is estimated from the handler time the pods
-   report (a busy worker handles about 0.8/handler-time messages per second), so the first poll of
-   a spike jumps straight to the needed size; while the pods are still starting and no report has
-   come, the size waits for it rather than guess (a wrong pod count costs a rebalance). Pods that
-   run but do not report (an older release) grow stepwise, doubling per poll. The rate is then
-   measured as drain rate / the workers the pods *report*, but only from a *clean* interval: the
-   size did not just change, the Deployment is rolled out, every pod answered, no pod rebalanced,
-   and the workers were the limit (a key waited for a worker, or most workers were busy). The
-   rate used is the median of the last three measurements, and a new one may move it at most 2x:
-   one bad interval moves the size by at most one step.
-4. **Required capacity** = drainable lag / target drain time + arrival rate, in workers. Lag that
-   a blocked key pins (its partition's commit cannot move) is not drainable and is left out
+1. **Paused** (an annotation) wins over everything: keep the size, learn nothing (KEDA's paused
+   annotation wins over its fallback too).
+2. **Unknown lag** (broker down, group missing) never scales: keep the current size, flag it; after
+   ``fallback`` failed observations in a row, go to the fallback size (KEDA's fallback).
+3. **Rebalancing**: a pod joined, left or rebalanced since the last poll, or a partition has no
+   reporting pod: keep the size for at most ``HOLD_POLLS`` polls in a row (the pods' queues were just
+   refilled, their view says nothing yet). After that the poll decides on Kafka's lag and the pods
+   that do report, and says so (``PodsNotReporting``): one silent pod never freezes scaling.
+4. **One worker's rate** = efficiency / handler time. The handler time is the mean the pods report
+   for the interval (a slowdown lowers the rate on the next poll); the efficiency is the share of
+   its time a saturated worker spends in the handler, learned from busy workers' time (handler
+   seconds / interval / workers, on clean intervals where keys waited for a worker), the median of
+   the last three, between 0.5 and 1 (0.8 before any): so the rate is always bounded by the handler
+   time from both sides, and is never the group's drain divided by all workers (idle workers would
+   bias it low). A new workload (image, handler, template) starts learning again. Pods that do not
+   report at all (an older release) fall back to the drain rate per decided worker.
+5. **Required workers** = (drainable lag / target drain time + arrivals / target utilisation) /
+   rate. Arrivals are the median of the last three intervals, so a burst that landed within one
+   poll is counted once (in the lag), not twice. Lag that a blocked key pins is not drainable
    (KEDA's ``excludePersistentLag``).
-5. **Bounds: when scaling cannot help** (all computed by ``bounds``), the size stops where it helps
-   and the decision says why (``Limited``): a blocked key holding the lag; one hot key holding most
-   of the pods' queue (the drain takes at least its backlog x the handler time, so workers beyond queue / longest lane
-   add nothing: that is the parallelism bound), or whose estimated backlog alone takes longer
-   than the target (then the rest of the backlog is sized to drain in that time, not faster); ``ordering:
-   partition`` (one worker per partition is all that helps); lag on only some partitions (with
-   ``limit_to_partitions_with_lag``, like KEDA's option); workers idle with lag on two polls in a
-   row (the limit is before the workers: fetching, CPU or the broker); the CPU: a process
-   executor gains nothing from more workers than its pod's cores, and a thread or async one
-   whose pods use up their one core (the GIL) gains nothing from more workers per pod (more pods
-   still help, up to the partitions).
-6. **Shape**: pods first, each with the initial worker count, up to min(max replicas,
-   partitions); only at that cap do workers per pod grow. Shrinking walks back the same path.
-7. **Activation and zero**: below ``activation_lag`` only what keeps up with arrivals, but any
-   lag or arrival keeps at least one pod (nothing is stranded); with ``scale_to_zero`` an empty
-   backlog with no arrivals scales to zero. A lag of at most 1 per partition that neither moves
-   nor is held by any pod is a transaction's commit marker, not a message, and counts as zero.
-8. **Stabilization** (like the Kubernetes HPA): a scale-up takes the *smallest* recommendation of
-   the scale-up window, a scale-down the *largest* of the scale-down window; then the HPA-style
-   rate limits (pods or percent per period) cap the change of replicas, workers per pod making
-   up the capacity where the pods are held back.
+6. **Bounds: when scaling cannot help** (all computed by ``bounds``), the size stops where it helps
+   and the decision says why (``Limited``): a blocked key; one hot key holding most of the pods'
+   queue, or whose estimated backlog alone takes longer than the target (then the rest of the
+   backlog is sized to drain in that time); ``ordering: partition``; lag on only some partitions
+   (``limit_to_partitions_with_lag``); workers idle with lag on two polls in a row; the CPU (a
+   process executor gains nothing beyond the pod's cores, a thread or async one nothing beyond one
+   core once its pods use it up). The CPU bound caps workers per pod on every path.
+7. **Tolerance** (HPA's 10%): a change of fewer workers than ``tolerance`` x the current ones is
+   not made, so noise at a capacity boundary does not resize the group.
+8. **Shape**: pods first, each with the initial worker count, up to min(max replicas, partitions);
+   only at that cap do workers per pod grow. Shrinking walks back the same path.
+9. **Activation and zero**: below ``activation_lag`` only what keeps up with arrivals, but any lag
+   or arrival keeps at least one pod; with ``scale_to_zero`` an empty backlog with no arrivals
+   scales to zero (``activation_lag: 0``: any lag wakes, zero lag sleeps). A lag of at most 1 per
+   partition that neither moves nor is held by any pod is a transaction's commit marker.
+10. **Stabilization** (as the HPA does, over the recommended *replicas*, and separately over the
+    recommended capacity, which sets the workers per pod): a scale-up takes the smallest
+    recommendation of the scale-up window, a scale-down the largest of the scale-down window. No
+    scale-down while the lag grows. Then the rate limits (HPA's default: the larger of 4 pods or
+    100% per 15 s) cap the change of replicas, workers per pod making up the capacity where the
+    pods are held back, within the CPU bound.
 """
 
 from __future__ import annotations
@@ -97,6 +100,12 @@ class ScalingLimits:
     fallback_after: int = 0
     """Failed observations in a row before the fallback size; 0: no fallback."""
     fallback_replicas: int = 0
+    tolerance: float = 0.1
+    """A change of fewer workers than this share of the current capacity is not made (HPA's tolerance)."""
+    target_utilization: float = 0.8
+    """The share of the workers' capacity steady arrivals may use (the rest is headroom for noise)."""
+    workload: str = ""
+    """A fingerprint of what the pods run (image, handler, executor, template): learning restarts when it changes."""
 
 
 class LimitKind(StrEnum):
@@ -139,6 +148,8 @@ class Observation:
     rollout_settled: bool = True
     """The Deployment has all its pods updated and ready (False while pods start or roll)."""
     paused: bool = False
+    pods_expected: int | None = None
+    """Ready pods asked for a report this poll (``None``: not known); ``pods.pods`` of them answered."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,49 @@ class Size:
         return self.replicas * self.workers
 
 
+class RateSource(StrEnum):
+    """Where the per-worker rate of a decision came from (a label of the operator's metric)."""
+
+    HANDLER_TIME = "handler_time"
+    """The handler time the pods report, times the learned (or default) efficiency."""
+    DRAIN = "drain"
+    """The drain rate per decided worker (pods that do not report)."""
+    KEPT = "kept"
+    """The last known rate (no pod reported a handler time this poll)."""
+    NONE = "none"
+
+
+class Cause(StrEnum):
+    """Why a decision came out as it did, in one word (a label of the operator's decisions metric)."""
+
+    SCALE_UP = "scale_up"
+    SCALE_DOWN = "scale_down"
+    RESHAPE = "reshape"
+    """The same capacity with another split between pods and workers (a bound moved)."""
+    STEADY = "steady"
+    """The recommendation is the current size."""
+    WITHIN_TOLERANCE = "within_tolerance"
+    STABILIZING = "stabilizing"
+    """A change held back by a stabilization window."""
+    LAG_GROWING = "lag_growing"
+    """A scale-down refused because the lag grows."""
+    REBALANCING = "rebalancing"
+    WAITING_FOR_RATE = "waiting_for_rate"
+    """Pods starting: no rate known yet, the size waits for their first report."""
+    PAUSED = "paused"
+    LAG_UNKNOWN = "lag_unknown"
+    FALLBACK = "fallback"
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """Something the decision had to do without (shown as the Scaling condition's reason and an Event)."""
+
+    reason: str
+    """CamelCase, e.g. ``PodsNotReporting``."""
+    message: str
+
+
 @dataclass(frozen=True)
 class ScalingState:
     """What the policy remembers between reconciles (kept in the CR status)."""
@@ -160,25 +214,44 @@ class ScalingState:
     recommendations: tuple[tuple[float, int, int], ...] = ()
     """Recent ``(time, replicas, workers)`` recommendations, for the stabilization windows."""
     per_worker_rate: float | None = None
-    """Messages/s of one key worker in use (measured, else estimated from the handler time)."""
+    """Messages/s of one key worker in use (the last decision's)."""
+    rate_source: RateSource = RateSource.NONE
     rate_samples: tuple[float, ...] = ()
-    """The last clean per-worker measurements (the rate is their median)."""
+    """Per-worker drain rates measured without pod reports (their median is the rate then)."""
+    efficiency_samples: tuple[float, ...] = ()
+    """Busy workers' share of their time in the handler, from saturated clean intervals."""
+    handler_time: float | None = None
+    """The last interval's mean handler seconds per call."""
+    arrival_samples: tuple[float, ...] = ()
+    """The last intervals' arrival rates (their median is the arrival rate used)."""
+    drainable_lag: int | None = None
+    """The drainable lag at the last poll (to tell a growing lag)."""
     settled: bool = True
     """False right after a resize: the next drain rate still reflects the old size."""
     pod_totals: tuple[int, float, int, int, float] | None = None
     """The pods' ``(handler calls, handler seconds, rebalances, pods, CPU seconds)`` at the last poll."""
     pod_totals_at: float | None = None
-    """When ``pod_totals`` were read (for the CPU rate)."""
+    """When ``pod_totals`` were read (for interval rates)."""
     idle_polls: int = 0
     """Polls in a row with lag and idle workers."""
     failed_observations: int = 0
     """Polls in a row whose lag could not be measured (for the fallback)."""
+    held_polls: int = 0
+    """Polls in a row held for a rebalance (at most ``HOLD_POLLS``)."""
+    silent_polls: int = 0
+    """Polls in a row on which some ready pod did not report."""
     replica_changes: tuple[tuple[float, int], ...] = ()
     """Recent ``(time, replicas before)`` changes of the replicas, for the rate limits."""
     limit: Limited | None = None
     """The limit of the last decision (kept while a rebalance hides the pods' view)."""
     limit_gone_polls: int = 0
     """Polls in a row on which the kept limit no longer held (it clears after ``LIMIT_CLEAR_POLLS``)."""
+    workload: str = ""
+    """The workload the rate was learned for (``ScalingLimits.workload``)."""
+    cpu_workers_per_pod: int | None = None
+    """The last CPU bound on workers per pod the pods' reports gave (kept while they are silent)."""
+    polled_at: float | None = None
+    """When the last poll with a lag was decided (the interval the growth of the lag is over)."""
 
 
 @dataclass(frozen=True)
@@ -189,11 +262,16 @@ class Decision:
     """One line with the numbers, for the Event and the status ("scaled replicas 2->4: lag ...")."""
     state: ScalingState
     """The state to keep for the next reconcile."""
+    cause: Cause = Cause.STEADY
     lag_unknown: bool = False
     limited: Limited | None = None
     """Set when scaling cannot help (or stopped where it stops helping)."""
+    caveat: Caveat | None = None
+    """Set when the decision was made without part of its inputs (pods not reporting)."""
     handler_seconds: float | None = None
     """Mean handler time per call the pods reported for the interval (for status)."""
+    recommended: Size | None = None
+    """The size recommended before stabilization, tolerance and rate limits."""
 
     @property
     def scaled(self) -> bool:
@@ -203,8 +281,6 @@ class Decision:
 SATURATION_SECONDS = 1.0
 """Without pod reports: a backlog worth at least this many seconds at the measured drain rate
 means the workers were busy the whole interval (with a trickle they idle and would look slow)."""
-BUSY_SHARE = 0.8
-"""Most workers busy: the workers were the limit in the interval (with pod reports)."""
 IDLE_SHARE = 0.5
 HOT_KEY_SHARE = 0.5
 """The longest lane holds at least this share of the pods' queue: a hot key. (Below it the bound,
@@ -212,17 +288,27 @@ computed over the pods' look-ahead window only, would be too uncertain to stop s
 IDLE_POLLS = 2
 MIN_HANDLER_CALLS = 20
 """Handler calls needed before their mean time counts as an estimate."""
-HANDLER_EFFICIENCY = 0.8
-"""A worker spends about this share of its time inside the handler (the rest: dispatch, commits,
-the poll thread's share of the CPU); only for the estimate before a rate is measured."""
-RATE_SAMPLES = 3
+DEFAULT_EFFICIENCY = 0.8
+"""Before any is learned: a busy worker spends about this share of its time inside the handler
+(the rest: dispatch, commits, the poll thread's share of the CPU)."""
+EFFICIENCY_RANGE = (0.5, 1.0)
+"""A learned efficiency is kept within these: the handler time bounds the rate from both sides."""
+SAMPLES = 3
+"""Learned efficiencies, arrival rates and drain rates are the median of the last three."""
 MAX_RATE_STEP = 2.0
-"""A new measurement moves the learned per-worker rate by at most this factor."""
+"""Without reports, a new drain measurement moves the per-worker rate by at most this factor."""
+HOLD_POLLS = 2
+"""Polls in a row a rebalance may hold the size; then the poll decides on what it has."""
 LIMIT_CLEAR_POLLS = 2
 """A limit clears only when absent on this many polls in a row: one poll of refilling queues must
 not flip the condition and send an Event each way."""
 MARKER_LAG = 1
 """A transaction's commit marker occupies one offset per partition."""
+GROWTH_SHARE = 0.025
+"""The lag grows when it rose by more than this share of the interval's arrivals (plus half the
+activation lag): then no scale-down is made."""
+DEFAULT_SCALE_UP_RATES = (RateLimit(RateKind.PODS, 4, 15.0), RateLimit(RateKind.PERCENT, 100, 15.0))
+"""HPA's default scale-up policy: the larger of 4 pods or 100% per 15 s."""
 
 
 def duration(seconds: float) -> str:
@@ -262,15 +348,31 @@ def shape(
     return Size(cap, workers)
 
 
-# -- step 3: one worker's rate ------------------------------------------------------------------------
-def handler_seconds(pods: PodSignals | None, previous: tuple[int, float, int, int, float] | None) -> float | None:
-    """Mean handler time per call: over the interval when enough calls ran in it, else since the pods started."""
+# -- steps 3 and 4: rebalances and one worker's rate ----------------------------------------------------
+def same_pods(observation: Observation, state: ScalingState) -> bool:
+    """The same pods answered as at the last poll and none rebalanced: interval figures are exact."""
+    pods, previous = observation.pods, state.pod_totals
+    return (
+        pods is not None
+        and previous is not None
+        and pods.rebalances_total == previous[2]
+        and pods.pods == previous[3]
+        and pods.handler_calls_total >= previous[0]
+    )
+
+
+def handler_seconds(observation: Observation, state: ScalingState) -> float | None:
+    """Mean handler time per call: over the interval when the same pods ran enough calls in it, else
+    the last interval's (the pods changed), else since the pods started."""
+    pods, previous = observation.pods, state.pod_totals
     if pods is None:
         return None
-    if previous is not None:
+    if previous is not None and same_pods(observation, state):
         calls, seconds = pods.handler_calls_total - previous[0], pods.handler_seconds_total - previous[1]
         if calls >= MIN_HANDLER_CALLS and seconds > 0:
             return seconds / calls
+    if state.handler_time is not None:
+        return state.handler_time
     if pods.handler_calls_total >= MIN_HANDLER_CALLS and pods.handler_seconds_total > 0:
         return pods.handler_seconds_total / pods.handler_calls_total
     return None
@@ -281,16 +383,23 @@ def clean_interval(observation: Observation, state: ScalingState) -> bool:
     pods = observation.pods
     if not (state.settled and observation.rollout_settled and pods is not None and pods.workers > 0):
         return False
-    if pods.pods != state.current.replicas:
+    if pods.pods != state.current.replicas or not reports_complete(observation):
         return False
-    previous = state.pod_totals
-    return previous is not None and pods.rebalances_total == previous[2] and pods.pods == previous[3]
+    return same_pods(observation, state)
 
 
-def rebalancing(observation: Observation, state: ScalingState) -> bool:
-    """A pod joined, left or rebalanced since the last poll, or some partition has no reporting
-    pod: the pods' queues were just emptied and are refilling, so their view (blocked keys, hot
-    keys, idle workers) says nothing yet."""
+def reports_complete(observation: Observation) -> bool:
+    """Every ready pod asked for a report answered (unknown counts as complete)."""
+    expected, pods = observation.pods_expected, observation.pods
+    if expected is None:
+        return True
+    return (pods.pods if pods is not None else 0) >= expected
+
+
+def membership_changed(observation: Observation, state: ScalingState) -> bool:
+    """A pod joined, left or rebalanced since the last poll, or some partition has no reporting pod:
+    the pods' queues were just emptied and are refilling, so their view (blocked keys, hot keys, idle
+    workers) says nothing yet."""
     pods, previous = observation.pods, state.pod_totals
     if pods is None or previous is None:
         return False
@@ -298,41 +407,96 @@ def rebalancing(observation: Observation, state: ScalingState) -> bool:
     return unassigned or pods.rebalances_total != previous[2] or pods.pods != previous[3]
 
 
-def measured_per_worker_rate(observation: Observation, state: ScalingState, limits: ScalingLimits) -> float | None:
-    """One worker's rate measured in the last interval, or ``None`` when the interval cannot tell."""
-    drain = observation.drain_rate or 0.0
-    if drain <= 0:
+def silent_pods_caveat(observation: Observation, silent_polls: int) -> Caveat | None:
+    """``PodsNotReporting`` once some ready pods have not answered on ``HOLD_POLLS`` polls in a row."""
+    if silent_polls < HOLD_POLLS:
         return None
-    pods = observation.pods
-    if pods is None:  # no reports (old pods): today's rule, by the decided capacity
-        lag = observation.lag or 0
-        loaded = lag >= limits.activation_lag and lag >= drain * SATURATION_SECONDS
-        capacity = state.current.capacity
-        return drain / capacity if state.settled and loaded and capacity > 0 else None
+    expected = observation.pods_expected or 0
+    answered = observation.pods.pods if observation.pods is not None else 0
+    if answered:
+        message = (
+            f"{expected - answered} of {expected} ready pods did not report on {silent_polls} polls in a row: "
+            f"sizing on Kafka's lag and the {answered} pods that report"
+        )
+    else:
+        message = (
+            f"none of the {expected} ready pods reported on {silent_polls} polls in a row: sizing on Kafka's lag "
+            "and the last known rate per worker"
+        )
+    return Caveat("PodsNotReporting", message)
+
+
+def measured_efficiency(observation: Observation, state: ScalingState, now: float) -> float | None:
+    """Busy workers' share of their time in the handler over the interval, when the workers were the
+    limit in it (a key waited for a worker) and the interval was clean; ``None`` otherwise."""
+    pods, previous, since = observation.pods, state.pod_totals, state.pod_totals_at
+    if pods is None or previous is None or since is None or now <= since or pods.lanes_ready <= 0:
+        return None
     if not clean_interval(observation, state):
         return None
-    saturated = pods.lanes_ready > 0 or pods.busy >= BUSY_SHARE * pods.workers
-    return drain / pods.workers if saturated else None
+    busy_seconds = pods.handler_seconds_total - previous[1]
+    if busy_seconds <= 0:
+        return None
+    share = busy_seconds / (now - since) / pods.workers
+    return min(max(share, EFFICIENCY_RANGE[0]), EFFICIENCY_RANGE[1])
 
 
-def learn_rate(
-    observation: Observation, state: ScalingState, limits: ScalingLimits, handler_time: float | None
-) -> tuple[float | None, tuple[float, ...]]:
-    """``(per-worker rate, samples)``: the median of the last clean measurements, else the handler estimate."""
-    samples = state.rate_samples
-    measured = measured_per_worker_rate(observation, state, limits)
-    if measured is not None:
-        anchor = state.per_worker_rate or measured
-        measured = min(max(measured, anchor / MAX_RATE_STEP), anchor * MAX_RATE_STEP)
-        samples = (*samples, measured)[-RATE_SAMPLES:]
-    if samples:
-        return statistics.median(samples), samples
+def measured_drain_rate(observation: Observation, state: ScalingState, limits: ScalingLimits) -> float | None:
+    """Without any pod report (an older release): one worker's rate as the drain rate per decided
+    worker, only when the backlog kept every worker busy through a settled interval."""
+    drain = observation.drain_rate or 0.0
+    lag = observation.lag or 0
+    capacity = state.current.capacity
+    loaded = lag >= max(limits.activation_lag, 1) and lag >= drain * SATURATION_SECONDS
+    if drain <= 0 or not state.settled or not loaded or capacity <= 0:
+        return None
+    return drain / capacity
+
+
+@dataclass(frozen=True)
+class Rate:
+    """One worker's rate and how it was found."""
+
+    per_worker: float | None
+    source: RateSource
+    handler_time: float | None
+    efficiency_samples: tuple[float, ...]
+    rate_samples: tuple[float, ...]
+
+
+def learn_rate(observation: Observation, state: ScalingState, limits: ScalingLimits, now: float) -> Rate:
+    """One worker's rate: the learned efficiency over the handler time; without reports, the measured
+    drain per worker; without either, the last known rate."""
+    handler_time = handler_seconds(observation, state)
+    efficiencies = state.efficiency_samples
     if handler_time:
-        return HANDLER_EFFICIENCY / handler_time, samples
-    return state.per_worker_rate, samples
+        efficiency = measured_efficiency(observation, state, now)
+        if efficiency is not None:
+            efficiencies = (*efficiencies, efficiency)[-SAMPLES:]
+        learned = statistics.median(efficiencies) if efficiencies else DEFAULT_EFFICIENCY
+        return Rate(learned / handler_time, RateSource.HANDLER_TIME, handler_time, efficiencies, state.rate_samples)
+    samples = state.rate_samples
+    if observation.pods is None:
+        measured = measured_drain_rate(observation, state, limits)
+        if measured is not None:
+            anchor = state.per_worker_rate or measured
+            samples = (*samples, min(max(measured, anchor / MAX_RATE_STEP), anchor * MAX_RATE_STEP))[-SAMPLES:]
+            return Rate(statistics.median(samples), RateSource.DRAIN, None, efficiencies, samples)
+    if state.per_worker_rate:
+        return Rate(state.per_worker_rate, RateSource.KEPT, state.handler_time, efficiencies, samples)
+    return Rate(None, RateSource.NONE, None, efficiencies, samples)
 
 
-# -- steps 4 and 5: what is needed, and what can help ------------------------------------------------
+def smoothed_arrivals(observation: Observation, state: ScalingState) -> tuple[float, tuple[float, ...]]:
+    """The arrival rate to keep up with: the median of the last ``SAMPLES`` intervals, so a burst
+    that landed within one poll counts once (in the lag), not also as a lasting rate."""
+    samples = state.arrival_samples
+    if observation.arrival_rate is not None:
+        samples = (*samples, observation.arrival_rate)[-SAMPLES:]
+    return (statistics.median(samples) if samples else 0.0), samples
+
+
+# -- steps 5 and 6: what is needed, and what can help ------------------------------------------------
 def drainable_lag(observation: Observation) -> int:
     """The lag minus what blocked keys pin; a lag of commit markers only counts as zero."""
     lag = observation.lag or 0
@@ -355,10 +519,16 @@ def is_marker_residue(observation: Observation) -> bool:
 
 
 def required_capacity(
-    lag: int, observation: Observation, current: Size, per_worker_rate: float | None, limits: ScalingLimits
+    lag: int,
+    arrivals: float,
+    current: Size,
+    per_worker_rate: float | None,
+    limits: ScalingLimits,
+    observation: Observation,
 ) -> int:
-    """Workers needed to drain ``lag`` within the target, keeping up with arrivals."""
-    needed_rate = lag / limits.target_drain_seconds + (observation.arrival_rate or 0.0)
+    """Workers needed to drain ``lag`` within the target while keeping up with ``arrivals`` at the
+    target utilisation."""
+    needed_rate = lag / limits.target_drain_seconds + arrivals / max(limits.target_utilization, 0.01)
     if needed_rate <= 0:
         return 0
     if per_worker_rate:
@@ -452,7 +622,9 @@ CPU_BUSY_SHARE = 0.85
 def cpu_use(observation: Observation, state: ScalingState, now: float) -> float | None:
     """Cores the pods used per pod over the interval (``None``: not measurable)."""
     pods, previous = observation.pods, state.pod_totals
-    if pods is None or previous is None or len(previous) < 5 or state.pod_totals_at is None or not pods.pods:
+    if pods is None or previous is None or state.pod_totals_at is None or not pods.pods:
+        return None
+    if not same_pods(observation, state):
         return None
     seconds = now - state.pod_totals_at
     used = pods.cpu_seconds_total - previous[4]
@@ -465,7 +637,9 @@ def cpu_bound(observation: Observation, state: ScalingState, now: float) -> Boun
     """CPU bounds on workers per pod: a process executor gains nothing beyond the pod's cores; a
     thread or async one nothing beyond one core (the GIL) once its pods use it up."""
     pods = observation.pods
-    if pods is None or not pods.cpu_cores:
+    if pods is None:
+        return Bound(workers_per_pod=state.cpu_workers_per_pod)  # silent pods: the last known bound holds
+    if not pods.cpu_cores:
         return Bound()
     cores = pods.cores_per_pod
     if pods.executor == "process":
@@ -503,8 +677,10 @@ def _cpu_limit(observation: Observation, cpu: Bound, size: Size) -> Limited:
 
 
 def draining(observation: Observation, limits: ScalingLimits) -> bool:
-    """A backlog to drain (the drainable lag reached the activation lag), not just arrivals to keep up with."""
-    return drainable_lag(observation) >= limits.activation_lag
+    """A backlog to drain (the drainable lag reached the activation lag), not just arrivals to keep up
+    with; with ``activation_lag: 0`` any lag is one, and none is not."""
+    lag = drainable_lag(observation)
+    return lag > 0 and lag >= limits.activation_lag
 
 
 def _hot_key_horizon_bound(
@@ -514,6 +690,7 @@ def _hot_key_horizon_bound(
     needed: int,
     per_worker_rate: float | None,
     handler_time: float | None,
+    arrivals: float,
 ) -> Bound | None:
     """The hot key's horizon as a bound: when that key alone takes longer than the target, the rest
     of the backlog is sized to drain in that time (``None`` when that needs no fewer workers)."""
@@ -522,7 +699,8 @@ def _hot_key_horizon_bound(
     if horizon is None or pods is None or pods.busiest is None:
         return None
     for_horizon = replace(limits, target_drain_seconds=horizon)
-    within = max(required_capacity(drainable_lag(observation), observation, current, per_worker_rate, for_horizon), 1)
+    lag = drainable_lag(observation)
+    within = max(required_capacity(lag, arrivals, current, per_worker_rate, for_horizon, observation), 1)
     if within >= needed:
         return None
     busiest = pods.busiest
@@ -544,6 +722,7 @@ def bounds(
     now: float,
     per_worker_rate: float | None,
     handler_time: float | None,
+    arrivals: float,
 ) -> Bound:
     """Every limit on what helps, in one place: how far ``needed`` workers may go, and why they stop.
 
@@ -554,7 +733,9 @@ def bounds(
     first limit only explains it (no horizon, no CPU bound)."""
     if not draining(observation, limits):
         return _first_limit(observation, limits, state, needed, idle_polls)
-    horizon = _hot_key_horizon_bound(observation, limits, state.current, needed, per_worker_rate, handler_time)
+    horizon = _hot_key_horizon_bound(
+        observation, limits, state.current, needed, per_worker_rate, handler_time, arrivals
+    )
     if horizon is not None and horizon.capacity is not None:
         needed = horizon.capacity
     first = _first_limit(observation, limits, state, needed, idle_polls)
@@ -571,49 +752,95 @@ def bounds(
     return Bound(capacity=capacity, replicas=first.replicas, limited=limited, workers_per_pod=cpu.workers_per_pod)
 
 
-# -- steps 6 and 7: the size -----------------------------------------------------------------------------
+# -- steps 8 and 9: the size ---------------------------------------------------------------------------
 def activation_size(
-    observation: Observation, limits: ScalingLimits, per_worker_rate: float | None, partitions: int
+    observation: Observation, limits: ScalingLimits, per_worker_rate: float | None, arrivals: float, partitions: int
 ) -> Size:
     """Below the activation lag: what keeps up with arrivals, at least one pod while any lag or
     arrival is pending, and zero (with ``scale_to_zero``) once nothing is left or arriving."""
-    arrivals = observation.arrival_rate or 0.0
     nothing_left = observation.lag == 0 or is_marker_residue(observation)  # a blocked key's lag stays
-    if limits.scale_to_zero and nothing_left and arrivals <= 0:
+    arriving = (observation.arrival_rate or 0.0) > 0 or arrivals > 0
+    if limits.scale_to_zero and nothing_left and not arriving:
         return Size(0, limits.initial_workers)
-    keep_up = math.ceil(arrivals / per_worker_rate) if per_worker_rate else 0
-    pending = not nothing_left or arrivals > 0  # a blocked key's lag needs its pod too
+    keep_up = math.ceil(arrivals / limits.target_utilization / per_worker_rate) if per_worker_rate else 0
+    pending = not nothing_left or arriving  # a blocked key's lag needs its pod too
     size = shape(max(keep_up, 1 if pending else 0), limits, partitions)
     if pending and size.replicas == 0:
         return Size(1, size.workers)  # never strand a message below the activation lag
     return size
 
 
+def fitted(size: Size, bound: Bound, limits: ScalingLimits, partitions: int) -> Size:
+    """``size`` within what can help: the replica cap and bound, the workers' range, the CPU's bound
+    on workers per pod, and with ``ordering: partition`` no more workers than the pod's partitions."""
+    cap = replica_cap(limits, partitions)
+    if bound.replicas is not None:
+        cap = max(min(cap, bound.replicas), limits.min_replicas, 1)
+    replicas = min(size.replicas, cap)
+    most = limits.max_workers
+    if bound.workers_per_pod is not None:
+        most = max(min(most, bound.workers_per_pod), limits.min_workers)
+    if limits.partition_ordering and replicas:
+        most = max(min(most, math.ceil(partitions / replicas)), limits.min_workers)
+    return Size(replicas, min(max(size.workers, limits.min_workers), most))
+
+
 def bounded_size(needed: int, bound: Bound, limits: ScalingLimits, partitions: int) -> Size:
-    """The shape of ``needed`` workers within ``bound``; with ``ordering: partition``, no more
-    workers per pod than the pod has partitions."""
+    """The shape of ``needed`` workers within ``bound``."""
     if bound.capacity is not None:
         needed = min(needed, bound.capacity)
     size = shape(needed, limits, partitions, max_replicas=bound.replicas, max_workers_per_pod=bound.workers_per_pod)
-    if limits.partition_ordering:
-        useful = max(math.ceil(partitions / max(size.replicas, 1)), limits.min_workers)
-        size = Size(size.replicas, min(size.workers, max(useful, 1)))
-    return size
+    return fitted(size, bound, limits, partitions)
 
 
-# -- step 8: stabilization and rate limits -------------------------------------------------------------
-def _stabilized(
+def within_tolerance(needed: int, current: Size, bound: Bound, limits: ScalingLimits, partitions: int) -> bool:
+    """The needed workers differ from the current ones by no more than the tolerance, and the current
+    size is one the bounds allow: keep it (HPA's tolerance)."""
+    if current.replicas == 0 or current.capacity == 0 or needed <= 0:
+        return False
+    if fitted(current, bound, limits, partitions) != current or current.replicas < limits.min_replicas:
+        return False
+    natural = shape(
+        current.capacity, limits, partitions, max_replicas=bound.replicas, max_workers_per_pod=bound.workers_per_pod
+    )
+    if natural.replicas != current.replicas:
+        return False  # a rate-limited step (workers standing in for pods held back): grow into the shape
+    return abs(needed / current.capacity - 1) <= limits.tolerance
+
+
+# -- step 10: stabilization and rate limits ------------------------------------------------------------
+def _stabilized_value(
+    recommended: int, current: int, history: list[tuple[float, int]], now: float, limits: ScalingLimits
+) -> int:
+    """One dimension, as the HPA does: up to the smallest recommendation of the up-window, down to
+    the largest of the down-window, never past the current value the other way."""
+    if recommended > current:
+        window = [value for at, value in history if now - at <= limits.scale_up_window_seconds]
+        return max(min([recommended, *window]), current)
+    if recommended < current:
+        window = [value for at, value in history if now - at <= limits.scale_down_window_seconds]
+        return min(max([recommended, *window]), current)
+    return recommended
+
+
+def stabilized(
     recommended: Size, current: Size, history: tuple[tuple[float, int, int], ...], now: float, limits: ScalingLimits
 ) -> Size:
-    if recommended.capacity > current.capacity:
-        window = [Size(r, w) for at, r, w in history if now - at <= limits.scale_up_window_seconds]
-        smallest = min([recommended, *window], key=lambda size: size.capacity)
-        return smallest if smallest.capacity > current.capacity else current
-    if recommended.capacity < current.capacity:
-        window = [Size(r, w) for at, r, w in history if now - at <= limits.scale_down_window_seconds]
-        largest = max([recommended, *window], key=lambda size: size.capacity)
-        return largest if largest.capacity < current.capacity else current
-    return recommended
+    """Replicas and capacity stabilized separately (a reshape of the same capacity into fewer pods is
+    a scale-down of pods, and waits for the down-window); the workers per pod then carry the capacity.
+    With no history (a new resource, a restarted memory) a scale-down waits for one window from now."""
+    shrinking = recommended.replicas < current.replicas or recommended.capacity < current.capacity
+    if not history and shrinking and limits.scale_down_window_seconds > 0:
+        history = ((now, current.replicas, current.workers),)
+    replicas = _stabilized_value(recommended.replicas, current.replicas, [(at, r) for at, r, _ in history], now, limits)
+    capacity = _stabilized_value(
+        recommended.capacity, current.capacity, [(at, r * w) for at, r, w in history], now, limits
+    )
+    if replicas == 0:
+        return Size(0, recommended.workers)
+    if replicas == recommended.replicas and capacity == recommended.capacity:
+        return recommended
+    return Size(replicas, max(math.ceil(capacity / replicas), 1))
 
 
 def replicas_at(changes: tuple[tuple[float, int], ...], current: int, since: float) -> int:
@@ -623,16 +850,20 @@ def replicas_at(changes: tuple[tuple[float, int], ...], current: int, since: flo
 
 
 def rate_limited(target: Size, state: ScalingState, limits: ScalingLimits, now: float) -> Size:
-    """Cap the change of replicas by the HPA-style rate limits; workers make up the capacity."""
+    """Cap the change of replicas by the HPA-style rate limits; workers make up the capacity (the
+    caller fits the result within the bounds again)."""
     current = state.current
-    if target.replicas > current.replicas and limits.scale_up_rates:
+    up_rates = limits.scale_up_rates or DEFAULT_SCALE_UP_RATES
+    if target.replicas > current.replicas:
         allowed = max(
             _limit(rate, replicas_at(state.replica_changes, current.replicas, now - rate.period_seconds), +1)
-            for rate in limits.scale_up_rates
+            for rate in up_rates
         )
+        if current.replicas == 0:
+            allowed = max(allowed, 1)  # waking up always starts a pod (a percentage of zero is zero)
         if target.replicas > allowed:
-            replicas = max(allowed, current.replicas)
-            workers = min(max(math.ceil(target.capacity / replicas), target.workers), limits.max_workers)
+            replicas = max(allowed, current.replicas, 1)
+            workers = max(math.ceil(target.capacity / replicas), target.workers)
             return Size(replicas, workers)
     if target.replicas < current.replicas and limits.scale_down_rates:
         allowed = min(
@@ -649,11 +880,47 @@ def _limit(rate: RateLimit, start: int, direction: int) -> int:
     return max(start + direction * step, 0)
 
 
-def _describe(before: Size, after: Size, observation: Observation, limits: ScalingLimits) -> str:
+def lag_growing(observation: Observation, state: ScalingState, limits: ScalingLimits, now: float) -> bool:
+    """The drainable lag rose since the last poll by more than a small share of what arrived meanwhile."""
+    previous = state.drainable_lag
+    if previous is None or state.polled_at is None or now <= state.polled_at:
+        return False
+    lag = drainable_lag(observation)
+    if lag < max(limits.activation_lag, 1):
+        return False
+    arrived = (observation.arrival_rate or 0.0) * (now - state.polled_at)
+    return lag - previous > GROWTH_SHARE * arrived + limits.activation_lag / 2
+
+
+def drain_eta(observation: Observation, arrivals: float) -> str:
+    """How long the lag takes at the net drain (drain - arrivals): ``growing`` when it does not drain."""
     lag = observation.lag or 0
-    drain = observation.drain_rate or 0.0
-    eta = duration(lag / drain) if drain > 0 else "unknown (no drain measured yet)"
-    facts = f"lag {lag}, drain ETA {eta}, target {duration(limits.target_drain_seconds)}"
+    drain = observation.drain_rate
+    if lag == 0:
+        return "drained"
+    if drain is None:
+        return "unknown (no drain measured yet)"
+    net = drain - arrivals
+    if net <= 0:
+        return f"growing (arrivals {arrivals:.0f}/s, drain {drain:.0f}/s)"
+    return duration(lag / net)
+
+
+def net_drain_seconds(lag: int, drain: float | None, arrivals: float | None) -> float | None:
+    """Seconds until the lag is gone at the net drain; ``inf`` while it does not shrink; ``None``: unknown."""
+    if lag == 0:
+        return 0.0
+    if drain is None:
+        return None
+    net = drain - (arrivals or 0.0)
+    return lag / net if net > 0 else math.inf
+
+
+def _describe(before: Size, after: Size, observation: Observation, limits: ScalingLimits, arrivals: float) -> str:
+    facts = (
+        f"lag {observation.lag or 0}, drain ETA {drain_eta(observation, arrivals)}, "
+        f"target {duration(limits.target_drain_seconds)}"
+    )
     changes = []
     if after.replicas != before.replicas:
         changes.append(f"replicas {before.replicas}\u2192{after.replicas}")
@@ -664,55 +931,107 @@ def _describe(before: Size, after: Size, observation: Observation, limits: Scali
     return f"scaled {', '.join(changes)}: {facts}"
 
 
-def _kept(state: ScalingState, reason: str, new_state: ScalingState) -> Decision:
-    return Decision(before=state.current, target=state.current, reason=reason, state=new_state)
+def relearned(state: ScalingState, limits: ScalingLimits) -> ScalingState:
+    """The state for ``limits.workload``: what was learned for another workload is dropped."""
+    if state.workload == limits.workload:
+        return state
+    return replace(
+        state,
+        workload=limits.workload,
+        per_worker_rate=None,
+        rate_source=RateSource.NONE,
+        rate_samples=(),
+        efficiency_samples=(),
+        handler_time=None,
+        cpu_workers_per_pod=None,
+    )
+
+
+def _kept(state: ScalingState, reason: str, new_state: ScalingState, cause: Cause) -> Decision:
+    return Decision(before=state.current, target=state.current, reason=reason, state=new_state, cause=cause)
+
+
+def _size_words(size: Size) -> str:
+    return f"{size.replicas} replicas x {size.workers} workers"
 
 
 def decide(observation: Observation, limits: ScalingLimits, state: ScalingState, now: float) -> Decision:
     """The size the consumer group should have now, and why."""
+    state = relearned(state, limits)
     current = state.current
-    if observation.lag is None or not observation.partitions:
-        failures = state.failed_observations + 1
-        if limits.fallback_after and failures >= limits.fallback_after and current.replicas != limits.fallback_replicas:
-            target = Size(limits.fallback_replicas, current.workers)
-            reason = (
-                f"lag unknown on {failures} polls in a row: fallback to {target.replicas} replicas "
-                f"(was {current.replicas})"
-            )
-            new_state = replace(state, current=target, failed_observations=failures, settled=False)
-            return Decision(before=current, target=target, reason=reason, state=new_state, lag_unknown=True)
-        decision = _kept(
-            state,
-            f"lag unknown: keeping {current.replicas} replicas x {current.workers} workers",
-            replace(state, failed_observations=failures),
-        )
-        return replace(decision, lag_unknown=True)
     pods = observation.pods
     totals = pods.totals() if pods is not None else None
-    if observation.paused:
+    if observation.paused:  # pause wins over the fallback, the catch-up and everything else
+        lag = "unknown" if observation.lag is None else str(observation.lag)
         return _kept(
             state,
-            f"paused: keeping {current.replicas} replicas x {current.workers} workers (lag {observation.lag})",
-            replace(state, failed_observations=0, pod_totals=totals, pod_totals_at=now, settled=False),
+            f"paused: keeping {_size_words(current)} (lag {lag})",
+            replace(state, pod_totals=totals, pod_totals_at=now if totals else None, settled=False),
+            Cause.PAUSED,
         )
-    if rebalancing(observation, state):
+    if observation.lag is None or not observation.partitions:
+        return _lag_unknown(state, limits)
+    silent_polls = 0 if reports_complete(observation) else state.silent_polls + 1
+    changed = membership_changed(observation, state)
+    if changed and state.held_polls < HOLD_POLLS:
         held = _kept(
             state,
-            f"pods rebalancing: keeping {current.replicas} replicas x {current.workers} workers until they "
-            f"report again (lag {observation.lag})",
-            replace(state, failed_observations=0, pod_totals=totals, pod_totals_at=now),
+            f"pods rebalancing: keeping {_size_words(current)} until they report a settled view "
+            f"(lag {observation.lag}, poll {state.held_polls + 1} of at most {HOLD_POLLS})",
+            replace(
+                state,
+                failed_observations=0,
+                pod_totals=totals,
+                pod_totals_at=now if totals else None,
+                held_polls=state.held_polls + 1,
+                silent_polls=silent_polls,
+            ),
+            Cause.REBALANCING,
         )
         return replace(held, limited=state.limit)
-    partitions = observation.partitions
-    handler_time = handler_seconds(pods, state.pod_totals)
-    per_worker, samples = learn_rate(observation, state, limits, handler_time)
+    # held long enough (a silent pod, a partition nobody reports): decide on what there is, and do not
+    # hold again until the pods have shown one settled view
+    held_polls = state.held_polls if changed else 0
+    return _sized(observation, limits, replace(state, held_polls=held_polls), now, silent_polls)
+
+
+def _lag_unknown(state: ScalingState, limits: ScalingLimits) -> Decision:
+    current = state.current
+    failures = state.failed_observations + 1
+    if limits.fallback_after and failures >= limits.fallback_after and current.replicas != limits.fallback_replicas:
+        target = Size(limits.fallback_replicas, current.workers)
+        reason = (
+            f"lag unknown on {failures} polls in a row: fallback to {target.replicas} replicas (was {current.replicas})"
+        )
+        new_state = replace(state, current=target, failed_observations=failures, settled=False)
+        return Decision(
+            before=current, target=target, reason=reason, state=new_state, cause=Cause.FALLBACK, lag_unknown=True
+        )
+    decision = _kept(
+        state,
+        f"lag unknown: keeping {_size_words(current)}",
+        replace(state, failed_observations=failures),
+        Cause.LAG_UNKNOWN,
+    )
+    return replace(decision, lag_unknown=True)
+
+
+def _sized(
+    observation: Observation, limits: ScalingLimits, state: ScalingState, now: float, silent_polls: int
+) -> Decision:
+    """The decision of a poll that has a lag and is not held: need, bounds, tolerance, windows, limits."""
+    current, pods = state.current, observation.pods
+    partitions = observation.partitions or 0
+    rate = learn_rate(observation, state, limits, now)
+    arrivals, arrival_samples = smoothed_arrivals(observation, state)
     idle = workers_idle(observation, limits) and clean_interval(observation, state)
     idle_polls = state.idle_polls + 1 if idle else 0
     keep_up: Size | None = None  # below the activation lag: the size that keeps up (the bounds only explain it)
+    lag = drainable_lag(observation)
     if draining(observation, limits):
-        needed = max(required_capacity(drainable_lag(observation), observation, current, per_worker, limits), 1)
+        needed = max(required_capacity(lag, arrivals, current, rate.per_worker, limits, observation), 1)
     else:
-        keep_up = activation_size(observation, limits, per_worker, partitions)
+        keep_up = activation_size(observation, limits, rate.per_worker, arrivals, partitions)
         needed = keep_up.capacity
     bound = bounds(
         observation,
@@ -721,46 +1040,106 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
         needed,
         idle_polls=idle_polls,
         now=now,
-        per_worker_rate=per_worker,
-        handler_time=handler_time,
+        per_worker_rate=rate.per_worker,
+        handler_time=rate.handler_time,
+        arrivals=arrivals,
     )
-    recommended = keep_up if keep_up is not None else bounded_size(needed, bound, limits, partitions)
+    if keep_up is not None:
+        recommended = fitted(keep_up, replace(bound, capacity=None, replicas=None), limits, partitions)
+    else:
+        recommended = bounded_size(needed, bound, limits, partitions)
+    cause = Cause.STEADY
+    wanted = min(needed, bound.capacity) if bound.capacity is not None else needed
+    if recommended != current and keep_up is None and within_tolerance(wanted, current, bound, limits, partitions):
+        recommended, cause = current, Cause.WITHIN_TOLERANCE
+    waiting = rate.per_worker is None and keep_up is None and recommended == current
     limited, gone = bound.limited, 0
     if limited is None and state.limit is not None and state.limit_gone_polls + 1 < LIMIT_CLEAR_POLLS:
         limited, gone = state.limit, state.limit_gone_polls + 1
     keep_since = now - max(limits.scale_up_window_seconds, limits.scale_down_window_seconds)
     history = tuple(item for item in state.recommendations if item[0] >= keep_since)
-    target = _stabilized(recommended, current, history, now, limits)
-    target = rate_limited(target, state, limits, now)
+    target = stabilized(recommended, current, history, now, limits)
+    if target != recommended and cause is Cause.STEADY:
+        cause = Cause.STABILIZING
+    # after the windows, only the hard limits apply (a bound on how many pods help is a recommendation:
+    # fewer pods for the same capacity is a scale-down of pods, and waits for its window)
+    hard = replace(bound, replicas=None)
+    growing = lag_growing(observation, state, limits, now)
+    if growing and (target.replicas < current.replicas or target.capacity < current.capacity):
+        # never shrink while the lag grows; only the CPU's bound may still take surplus workers away
+        target, cause = fitted(current, hard, limits, partitions), Cause.LAG_GROWING
+    target = fitted(rate_limited(target, state, limits, now), hard, limits, partitions)
+    if target.replicas < limits.min_replicas and not (limits.scale_to_zero and target.replicas == 0):
+        target = Size(limits.min_replicas, target.workers)
+    if target != current:
+        if target.capacity > current.capacity:
+            cause = Cause.SCALE_UP
+        elif target.capacity < current.capacity or target.replicas < current.replicas:
+            cause = Cause.SCALE_DOWN
+        else:
+            cause = Cause.RESHAPE
+    elif waiting:
+        cause = Cause.WAITING_FOR_RATE
     longest_period = max(
-        (rate.period_seconds for rate in (*limits.scale_up_rates, *limits.scale_down_rates)), default=0
+        (rate.period_seconds for rate in (*limits.scale_up_rates, *limits.scale_down_rates, *DEFAULT_SCALE_UP_RATES)),
+        default=0,
     )
     changes = tuple(item for item in state.replica_changes if item[0] >= now - longest_period)
     if target.replicas != current.replicas:
         changes = (*changes, (now, current.replicas))
+    cpu_cap = cpu_bound(observation, state, now).workers_per_pod if pods is not None else state.cpu_workers_per_pod
     new_state = replace(
         state,
         current=target,
         settled=target == current,
-        per_worker_rate=per_worker,
-        rate_samples=samples,
+        per_worker_rate=rate.per_worker,
+        rate_source=rate.source,
+        rate_samples=rate.rate_samples,
+        efficiency_samples=rate.efficiency_samples,
+        handler_time=rate.handler_time,
+        arrival_samples=arrival_samples,
+        drainable_lag=lag,
         recommendations=(*history, (now, recommended.replicas, recommended.workers)),
-        pod_totals=totals,
-        pod_totals_at=now if totals is not None else None,
+        pod_totals=pods.totals() if pods is not None else None,
+        pod_totals_at=now if pods is not None else None,
         idle_polls=idle_polls,
         failed_observations=0,
+        silent_polls=silent_polls,
+        polled_at=now,
         replica_changes=changes,
         limit=limited,
         limit_gone_polls=gone,
+        cpu_workers_per_pod=cpu_cap if (pods is None or pods.executor == "process") else None,
     )
-    reason = _describe(current, target, observation, limits)
+    reason = _describe(current, target, observation, limits, arrivals)
+    if cause is Cause.LAG_GROWING:
+        reason = f"{reason}; no scale-down while the lag grows"
+    elif cause is Cause.WITHIN_TOLERANCE:
+        reason = f"{reason}; {needed} workers needed is within the {limits.tolerance:.0%} tolerance"
+    elif cause is Cause.STABILIZING:
+        reason = f"{reason}; {_size_words(recommended)} recommended, held by the stabilization window"
+    elif cause is Cause.WAITING_FOR_RATE:
+        reason = f"{reason}; waiting for the pods' first report (their handler time gives the rate)"
     if limited is not None and not (target.capacity > current.capacity):
         reason = f"{reason}; {limited.message}"
+    caveat = silent_pods_caveat(observation, silent_polls)
+    if caveat is not None:
+        reason = f"{reason}; {caveat.message}"
     return Decision(
         before=current,
         target=target,
         reason=reason,
         state=new_state,
+        cause=cause,
         limited=limited,
-        handler_seconds=handler_time,
+        caveat=caveat,
+        handler_seconds=rate.handler_time,
+        recommended=recommended,
     )
+
+
+def unapplied(state: ScalingState, current: Size) -> ScalingState:
+    """The state to keep after a decision that was only recommended (``scaling.mode: recommend``): the
+    group kept its size, so nothing was resized, and no replica change counts against the rate limits."""
+    changes = tuple(change for change in state.replica_changes if change[0] != state.polled_at)
+    return replace(state, current=current, settled=True, replica_changes=changes)

@@ -11,6 +11,7 @@ Events and metrics.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +24,19 @@ from keyorder_operator.handover import CatchupHandover
 from keyorder_operator.objects import apply_owned_objects
 from keyorder_operator.observe import LagSample, LagUnavailable, observation_from
 from keyorder_operator.pod_signals import PodSignals, combine
-from keyorder_operator.policy import Decision, Limited, Observation, ScalingLimits, ScalingState, Size, decide
-from keyorder_operator.spec import PAUSE_ANNOTATION, OrderedConsumerSpec
+from keyorder_operator.policy import (
+    Caveat,
+    Decision,
+    Limited,
+    Observation,
+    ScalingLimits,
+    ScalingState,
+    Size,
+    decide,
+    net_drain_seconds,
+    unapplied,
+)
+from keyorder_operator.spec import PAUSE_ANNOTATION, OrderedConsumerSpec, ScalingMode
 from keyorder_operator.status import (
     POLL_CONDITIONS,
     condition_is,
@@ -101,22 +113,51 @@ class Poll:
         interval = self.spec.scaling.poll_interval_seconds
         return not (isinstance(last_poll, int | float) and self.now - last_poll < interval - 0.5)
 
+    @property
+    def paused(self) -> bool:
+        return str((self.meta.get("annotations") or {}).get(PAUSE_ANNOTATION, "")).lower() == "true"
+
     def run(self) -> None:
+        """One poll when due. Whatever fails inside is reported (the ``ReconcileFailed`` condition, an
+        Event when it starts, ``keyorder_operator_reconcile_errors_total``) and retried on the next tick;
+        the conditions are written either way."""
         if not self.due():
             return
         self.patch.status["lastPollAt"] = self.now
-        self.context.metrics.track(*self.labels)
+        metrics = self.context.metrics
+        metrics.track(*self.labels)
+        started = self.context.monotonic()
+        try:
+            self.poll_once()
+        except Exception as error:
+            metrics.errors.labels(*self.labels).inc()
+            log.exception("%s/%s: the poll failed", self.namespace, self.name)
+            message = f"the poll failed and is retried every poll: {type(error).__name__}: {error}"[:1000]
+            if not condition_is(self.conditions, "ReconcileFailed"):
+                self.warn("ReconcileFailed", message)
+            self.condition("ReconcileFailed", True, type(error).__name__, message)
+        else:
+            if condition_is(self.conditions, "ReconcileFailed"):
+                self.condition("ReconcileFailed", False, "PollSucceeded", "the last poll succeeded")
+        finally:
+            metrics.polled(self.labels, self.context.monotonic() - started, self.now)
+            write_conditions(self.patch, self.conditions, POLL_CONDITIONS)
+
+    def poll_once(self) -> None:
         self.repair_objects()
         replicas = self.context.kube.deployment_replicas(self.namespace, self.name)
         if replicas is None:
             return  # the spec handlers have not created it yet
         run = CatchupRun.from_status(self.status)
         self.context.metrics.catching_up.labels(*self.labels).set(1 if run is not None else 0)
-        if run is not None:
+        if run is not None and self.paused:  # pause wins: the hand-over waits where it is
+            self.condition(
+                "CatchingUp", True, "Paused", f"paused: the catch-up hand-over waits in phase {run.phase.value}"
+            )
+        elif run is not None:
             CatchupHandover(self).follow(run, replicas)
         else:
             self.size(replicas)
-        write_conditions(self.patch, self.conditions, POLL_CONDITIONS)
 
     def repair_objects(self) -> None:
         """Re-apply the owned objects changed since the last apply, so a deleted or edited one comes back
@@ -135,22 +176,48 @@ class Poll:
 
     def size(self, replicas: int) -> None:
         state = state_from_status(self.status, self.spec, replicas)
-        paused = str((self.meta.get("annotations") or {}).get(PAUSE_ANNOTATION, "")).lower() == "true"
+        paused = self.paused
         observed = self.observe(state, replicas, paused)
-        limited = None
-        if self.spec.scaling.enabled:
-            limits = limits_from_spec(self.spec)
-            decision = decide(observed.observation, limits, state, self.now)
-            self.patch.status["autoscaler"] = state_to_status(decision.state)
-            if decision.handler_seconds is not None:
-                self.patch.status["pods"]["handlerMilliseconds"] = round(decision.handler_seconds * 1000, 3)
-            if self.hand_over(observed, decision, limits, paused, replicas):
-                return
-            target, reason, limited = decision.target, decision.reason, decision.limited
-        else:
+        current = Size(replicas, state.current.workers)
+        metrics = self.context.metrics
+        if not self.spec.scaling.enabled:
             target = Size(self.spec.replicas.min, self.spec.workers.initial)
             reason = f"scaling disabled: {target.replicas} replicas x {target.workers} workers"
-        self.act(target, reason, limited, Size(replicas, state.current.workers), paused, observed.pods)
+            self.act(target, reason, None, None, current, paused, observed.pods)
+            return
+        limits = limits_from_spec(self.spec)
+        decision = decide(observed.observation, limits, state, self.now)
+        metrics.decided(self.labels, decision)
+        if decision.handler_seconds is not None:
+            self.patch.status["pods"]["handlerMilliseconds"] = round(decision.handler_seconds * 1000, 3)
+        self.explain_caveat(decision.caveat)
+        if self.spec.scaling.mode is ScalingMode.RECOMMEND:
+            self.patch.status["autoscaler"] = state_to_status(unapplied(decision.state, current))
+            self.recommend(decision, current, paused, observed.pods)
+            return
+        self.patch.status["autoscaler"] = state_to_status(decision.state)
+        if self.status.get("recommendation") is not None:
+            self.patch.status["recommendation"] = None  # the mode went back to apply
+        if self.hand_over(observed, decision, limits, paused, replicas):
+            return
+        self.act(decision.target, decision.reason, decision.limited, decision.caveat, current, paused, observed.pods)
+
+    def recommend(self, decision: Decision, current: Size, paused: bool, pods: PodsRead) -> None:
+        """``scaling.mode: recommend``: publish the decision (status, an Event when it changes, metrics)
+        and change nothing; the pods keep their size and worker count."""
+        target = decision.target
+        recommendation = {
+            "replicas": target.replicas,
+            "workersPerPod": target.workers,
+            "reason": decision.reason,
+            "cause": decision.cause.value,
+            "time": timestamp(self.now),
+        }
+        before = self.status.get("recommendation") or {}
+        if (before.get("replicas"), before.get("workersPerPod")) != (target.replicas, target.workers):
+            self.info("Recommended", f"recommend only (nothing applied): {decision.reason}")
+        self.patch.status["recommendation"] = recommendation
+        self.act(current, decision.reason, decision.limited, decision.caveat, current, paused, pods, recommend=True)
 
     def observe(self, state: ScalingState, replicas: int, paused: bool) -> Observed:
         """Lag from Kafka, reports from the pods; the status and metrics of what was seen."""
@@ -175,6 +242,7 @@ class Poll:
                 pods.signals,
                 kube.deployment_rolled_out(self.namespace, self.name),
                 paused,
+                pods_expected=len(pods.addresses) if pods.token is not None else None,
             )
             drain, arrival = observation.drain_rate, observation.arrival_rate
             self.condition("LagUnknown", False, "LagMeasured", "lag read from Kafka")
@@ -183,8 +251,9 @@ class Poll:
             status["partitions"] = sample.partitions
             status["drainRate"] = round(drain, 3) if drain is not None else None
             status["arrivalRate"] = round(arrival, 3) if arrival is not None else None
-            eta = sample.lag / drain if drain else None
-            status["drainEtaSeconds"] = round(eta) if eta is not None else None
+            eta = net_drain_seconds(sample.lag, drain, arrival)
+            # net of arrivals; -1 while the lag does not shrink (JSON has no infinity)
+            status["drainEtaSeconds"] = None if eta is None else (-1 if math.isinf(eta) else round(eta))
             self.context.metrics.observed(self.labels, sample, drain, arrival, limits_from_spec(self.spec))
         status["pods"] = pods_to_status(pods.signals, pods.failures)
         return Observed(sample, observation, pods)
@@ -200,6 +269,8 @@ class Poll:
         except Exception as error:  # retried next poll; the decision goes on from Kafka's lag alone
             return PodsRead(None, [], None, [f"reading the pods: {error}"])
         reports, failures = self.context.fetch_reports(addresses, self.spec.http_port, token)
+        if failures:
+            self.context.metrics.pod_report_failures.labels(*self.labels).inc(len(failures))
         return PodsRead(token, addresses, combine(reports), failures)
 
     def hand_over(
@@ -228,7 +299,16 @@ class Poll:
         return False
 
     def act(
-        self, target: Size, reason: str, limited: Limited | None, current: Size, paused: bool, pods: PodsRead
+        self,
+        target: Size,
+        reason: str,
+        limited: Limited | None,
+        caveat: Caveat | None,
+        current: Size,
+        paused: bool,
+        pods: PodsRead,
+        *,
+        recommend: bool = False,
     ) -> None:
         """Scale the Deployment, push the worker count, and say why in status, Events and metrics."""
         metrics = self.context.metrics
@@ -245,12 +325,22 @@ class Poll:
         self.explain_limit(limited)
         pushed = 0
         failures: list[str] = []
-        if target.replicas and pods.token is not None:
+        if recommend:
+            failures = pods.failures
+        elif target.replicas and pods.token is not None:
             # pods that started after the read get the size on the next poll (the push is idempotent)
             pushed, failures = self.context.push(pods.addresses, self.spec.http_port, pods.token, target.workers)
         elif target.replicas and pods.failures:
             failures = pods.failures
-        self.condition("Scaling", changed, "Paused" if paused else ("Scaled" if changed else "Stable"), reason)
+        if paused:
+            scaling_reason = "Paused"
+        elif recommend:
+            scaling_reason = "RecommendOnly"
+        elif changed:
+            scaling_reason = "Scaled"
+        else:
+            scaling_reason = caveat.reason if caveat is not None else "Stable"
+        self.condition("Scaling", changed, scaling_reason, reason)
         ready = not condition_is(self.conditions, "LagUnknown") and not failures
         self.condition(
             "Ready",
@@ -264,6 +354,12 @@ class Poll:
         status["podsUpdated"] = pushed
         status["limit"] = limited.message if limited else None
         status["lastDecision"] = {"reason": reason, "time": timestamp(self.now)}
+
+    def explain_caveat(self, caveat: Caveat | None) -> None:
+        """A Warning Event when a decision starts being made without part of its inputs."""
+        before = next((c for c in self.conditions if c.get("type") == "Scaling"), {})
+        if caveat is not None and before.get("reason") != caveat.reason:
+            self.warn(caveat.reason, caveat.message)
 
     def explain_limit(self, limited: Limited | None) -> None:
         """The ScalingLimited condition, and an Event when it starts or its cause changes."""

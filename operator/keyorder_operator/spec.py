@@ -277,8 +277,18 @@ class FallbackSpec(_Model):
     replicas: int = Field(ge=0, description="Pods to run while the lag cannot be measured.")
 
 
+class ScalingMode(StrEnum):
+    APPLY = "apply"
+    RECOMMEND = "recommend"
+
+
 class ScalingSpec(_Model):
     enabled: bool = Field(True, description="false: manual size (replicas.min pods, workers.initial workers).")
+    mode: ScalingMode = Field(
+        ScalingMode.APPLY,
+        description="apply: scale the pods; recommend: compute and publish each decision (status.recommendation, "
+        "Events, metrics) and change nothing, to watch the autoscaler beside another one before trusting it.",
+    )
     target_drain_seconds: int = Field(300, ge=1, description="Drain the backlog within this many seconds.")
     activation_lag: int = Field(100, ge=0, description="Below this lag, no more than the minimum size.")
     poll_interval_seconds: int = Field(15, ge=1, description="Seconds between lag observations.")
@@ -288,6 +298,20 @@ class ScalingSpec(_Model):
     scale_down_stabilization_seconds: int = Field(
         300, ge=0, description="Scale down to the largest recommendation of this window."
     )
+    tolerance: float = Field(
+        0.1,
+        ge=0,
+        le=0.9,
+        description="A change of fewer workers than this share of the current ones is not made (HPA's tolerance): "
+        "noise at a capacity boundary does not resize the group.",
+    )
+    target_utilization_percent: int = Field(
+        80,
+        ge=10,
+        le=100,
+        description="The share of the workers' measured capacity that steady arrivals may use; the rest is "
+        "headroom for noise (like an HPA utilisation target).",
+    )
     scale_to_zero: bool = Field(False, description="Allow zero pods while the lag is zero.")
     limit_to_partitions_with_lag: bool = Field(
         False, description="No more pods than partitions with lag (like KEDA's limitToPartitionsWithLag)."
@@ -295,7 +319,7 @@ class ScalingSpec(_Model):
     scale_up_policies: list[RatePolicySpec] = Field(
         default_factory=list,
         description="HPA-style limits on adding pods (the most permissive applies; workers make up the "
-        "capacity meanwhile). Empty: no limit.",
+        "capacity meanwhile). Empty: HPA's default, the larger of 4 pods or 100% per 15 s.",
     )
     scale_down_policies: list[RatePolicySpec] = Field(
         default_factory=list,
@@ -405,6 +429,9 @@ class OrderedConsumerSpec(_Model):
     def _zero_needs_scale_to_zero(self) -> OrderedConsumerSpec:
         if self.replicas.min == 0 and not self.scaling.scale_to_zero:
             raise ValueError("replicas.min 0 needs scaling.scaleToZero: true")
+        fallback = self.scaling.fallback
+        if fallback is not None and fallback.replicas == 0 and not self.scaling.scale_to_zero:
+            raise ValueError("scaling.fallback.replicas 0 needs scaling.scaleToZero: true (it stops every pod)")
         return self
 
 

@@ -8,11 +8,22 @@ continues exactly where the previous one stopped.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from keyorder_operator.observe import LagSample
-from keyorder_operator.policy import Limited, LimitKind, RateKind, RateLimit, ScalingLimits, ScalingState, Size
+from keyorder_operator.policy import (
+    Limited,
+    LimitKind,
+    RateKind,
+    RateLimit,
+    RateSource,
+    ScalingLimits,
+    ScalingState,
+    Size,
+)
 from keyorder_operator.spec import OrderedConsumerSpec, Ordering, RatePolicySpec
 
 if TYPE_CHECKING:
@@ -20,7 +31,9 @@ if TYPE_CHECKING:
 
 SPEC_CONDITIONS = frozenset({"InvalidSpec"})
 """The conditions only the spec handlers (create, update, resume) write."""
-POLL_CONDITIONS = frozenset({"Ready", "Scaling", "ScalingLimited", "LagUnknown", "CatchingUp", "CatchupFailed"})
+POLL_CONDITIONS = frozenset(
+    {"Ready", "Scaling", "ScalingLimited", "LagUnknown", "CatchingUp", "CatchupFailed", "ReconcileFailed"}
+)
 """The conditions only the poll (the timer, the catch-up hand-over included) writes."""
 
 
@@ -111,20 +124,52 @@ def limits_from_spec(spec: OrderedConsumerSpec) -> ScalingLimits:
         scale_down_rates=_rates(scaling.scale_down_policies),
         fallback_after=fallback.failure_threshold if fallback else 0,
         fallback_replicas=fallback.replicas if fallback else 0,
+        tolerance=scaling.tolerance,
+        target_utilization=scaling.target_utilization_percent / 100,
+        workload=workload_fingerprint(spec),
     )
 
 
+def workload_fingerprint(spec: OrderedConsumerSpec) -> str:
+    """A short digest of what the pods run (handler, image, executor, env, resources, template): the
+    autoscaler's learned rate belongs to one workload and restarts when this changes."""
+    relevant = {
+        "handler": spec.handler.model_dump(mode="json"),
+        "ordering": spec.ordering.value,
+        "template": spec.template.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _floats(data: Any) -> tuple[float, ...]:
+    return tuple(float(value) for value in data or () if isinstance(value, int | float))
+
+
+def _optional_float(data: Any) -> float | None:
+    return float(data) if isinstance(data, int | float) and not isinstance(data, bool) else None
+
+
 def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replicas: int | None) -> ScalingState:
-    """The policy state kept in status (or the starting state of a new resource)."""
+    """The policy state kept in status (or the starting state of a new resource). Fields written by
+    an older release are read where they mean the same, and dropped (learned again) where not."""
     memory = status.get("autoscaler") or {}
     workers = status.get("workersPerPod") or spec.workers.initial
     current = Size(replicas if replicas is not None else max(spec.replicas.min, 1), workers)
     totals = memory.get("podTotals")
+    try:
+        source = RateSource(memory.get("rateSource") or RateSource.NONE.value)
+    except ValueError:
+        source = RateSource.NONE
     return ScalingState(
         current=current,
         recommendations=tuple(tuple(item) for item in memory.get("recommendations", [])),
-        per_worker_rate=memory.get("perWorkerRate"),
-        rate_samples=tuple(memory.get("rateSamples") or ()),
+        per_worker_rate=_optional_float(memory.get("perWorkerRate")),
+        rate_source=source,
+        rate_samples=_floats(memory.get("rateSamples")),
+        efficiency_samples=_floats(memory.get("efficiencySamples")),
+        handler_time=_optional_float(memory.get("handlerSeconds")),
+        arrival_samples=_floats(memory.get("arrivalSamples")),
+        drainable_lag=int(memory["drainableLag"]) if isinstance(memory.get("drainableLag"), int) else None,
         settled=memory.get("settled", True),
         pod_totals=(
             (
@@ -140,9 +185,16 @@ def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replica
         pod_totals_at=memory.get("podTotalsAt"),
         idle_polls=int(memory.get("idlePolls") or 0),
         failed_observations=int(memory.get("failedObservations") or 0),
+        held_polls=int(memory.get("heldPolls") or 0),
+        silent_polls=int(memory.get("silentPolls") or 0),
         replica_changes=tuple((float(at), int(replicas)) for at, replicas in memory.get("replicaChanges") or ()),
         limit=_limit_from_status(memory.get("limit")),
         limit_gone_polls=int(memory.get("limitGonePolls") or 0),
+        workload=str(memory.get("workload") or ""),
+        cpu_workers_per_pod=int(memory["cpuWorkersPerPod"])
+        if isinstance(memory.get("cpuWorkersPerPod"), int)
+        else None,
+        polled_at=_optional_float(memory.get("polledAt")),
     )
 
 
@@ -159,15 +211,25 @@ def state_to_status(state: ScalingState) -> dict[str, Any]:
     return {
         "recommendations": [list(item) for item in state.recommendations],
         "perWorkerRate": state.per_worker_rate,
+        "rateSource": state.rate_source.value,
         "rateSamples": list(state.rate_samples),
+        "efficiencySamples": list(state.efficiency_samples),
+        "handlerSeconds": state.handler_time,
+        "arrivalSamples": list(state.arrival_samples),
+        "drainableLag": state.drainable_lag,
         "settled": state.settled,
         "podTotals": list(state.pod_totals) if state.pod_totals else None,
         "podTotalsAt": state.pod_totals_at,
         "idlePolls": state.idle_polls,
         "failedObservations": state.failed_observations,
+        "heldPolls": state.held_polls,
+        "silentPolls": state.silent_polls,
         "replicaChanges": [list(item) for item in state.replica_changes],
         "limit": [state.limit.kind.value, state.limit.message] if state.limit else None,
         "limitGonePolls": state.limit_gone_polls,
+        "workload": state.workload,
+        "cpuWorkersPerPod": state.cpu_workers_per_pod,
+        "polledAt": state.polled_at,
     }
 
 

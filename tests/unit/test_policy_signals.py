@@ -12,11 +12,13 @@ import pytest
 
 from keyorder_operator.pod_signals import BusiestLane, HeldPartition, PodSignals
 from keyorder_operator.policy import (
+    Cause,
     Limited,
     LimitKind,
     Observation,
     RateKind,
     RateLimit,
+    RateSource,
     ScalingState,
     Size,
     decide,
@@ -91,21 +93,30 @@ def test_while_the_first_pods_start_the_size_waits_for_their_report():
 LEARNED = ScalingState(
     Size(12, 16),
     per_worker_rate=100.0,
-    rate_samples=(100.0, 100.0, 100.0),
-    pod_totals=(100_000, 1_000.0, 0, 12),
+    rate_source=RateSource.HANDLER_TIME,
+    efficiency_samples=(1.0, 1.0, 1.0),
+    handler_time=0.010,
+    pod_totals=(100_000, 1_000.0, 0, 12, 0.0),
+    pod_totals_at=0.0,
 )
-"""12 pods x 16 workers that measured 100 msg/s per worker on three clean intervals."""
+"""12 pods x 16 workers whose busy workers spent all their time in a 10 ms handler: 100 msg/s each."""
 BACKLOG = 12 * 16 * 100 * 300  # exactly what 12 x 16 drains in the 300 s target
 
 
+def interval(calls: int, handler_ms: float, **signals) -> PodSignals:
+    """12 pods x 16 workers after ``LEARNED``'s totals plus ``calls`` calls of ``handler_ms`` each."""
+    report = pods(12, 16, calls=LEARNED.pod_totals[0] + calls, **signals)
+    return replace(report, handler_seconds_total=LEARNED.pod_totals[1] + calls * handler_ms / 1000)
+
+
 def test_a_rebalance_interval_is_not_learned_from():
-    """The issue's case: one 15 s rebalance drains 20 msg/s. Learning 20 / 192 = 0.1 msg/s per
-    worker would jump the group to 12 x 256 and fire catch-up; the interval is skipped instead."""
-    rebalanced = pods(12, 16, rebalances=12, calls=110_000)
+    """The issue's case: one 15 s rebalance drains 20 msg/s. Nothing is learned from it, and the size
+    is held while the pods refill their queues."""
+    rebalanced = replace(interval(28_800, 10.0), rebalances_total=12)
     observation = Observation(lag=BACKLOG, partitions=12, drain_rate=20.0, pods=rebalanced)
     decision = decide(observation, LIMITS, LEARNED, 15)
-    assert decision.state.rate_samples == LEARNED.rate_samples
-    assert decision.state.per_worker_rate == 100.0
+    assert decision.state.efficiency_samples == LEARNED.efficiency_samples
+    assert decision.cause is Cause.REBALANCING
     assert decision.target == Size(12, 16)
 
 
@@ -113,42 +124,72 @@ def test_a_rebalance_interval_is_not_learned_from():
     "unclean",
     [
         {"rollout_settled": False},  # pods starting or rolling
-        {"pods": pods(11, 16, calls=110_000)},  # a pod did not answer
+        {"pods_expected": 13},  # a ready pod did not answer
     ],
 )
 def test_unclean_intervals_are_not_learned_from(unclean):
-    observation = Observation(lag=BACKLOG, partitions=12, drain_rate=20.0, pods=pods(12, 16, calls=110_000))
+    """Half the workers' time in the handler, on an interval that does not measure the group as decided."""
+    observation = Observation(lag=BACKLOG, partitions=12, drain_rate=20.0, pods=interval(14_400, 10.0))
     decision = decide(replace(observation, **unclean), LIMITS, LEARNED, 15)
-    assert decision.state.per_worker_rate == 100.0
-    assert decision.target == Size(12, 16)
+    assert decision.state.efficiency_samples == LEARNED.efficiency_samples
+    assert decision.state.per_worker_rate == pytest.approx(100.0)
 
 
-def test_an_undetected_dip_moves_the_size_by_at_most_one_step():
-    """A dip nothing flagged (clean, saturated): the median of three ignores one bad sample, and a
-    sample never moves the rate more than 2x, so the size moves by at most one doubling."""
-    observation = Observation(lag=BACKLOG, partitions=12, drain_rate=20.0, pods=pods(12, 16, calls=110_000))
-    decision = decide(observation, LIMITS, LEARNED, 15)
-    assert decision.state.rate_samples[-1] == 50.0, "a sample is clamped to half the learned rate"
-    assert decision.state.per_worker_rate == 100.0, "the median of (100, 100, 50)"
-    assert decision.target == Size(12, 16)
-    fresh = replace(LEARNED, rate_samples=(100.0,))
-    decision = decide(observation, LIMITS, fresh, 15)
-    assert decision.target.capacity <= 2 * LEARNED.current.capacity
+def test_a_handler_slowdown_lowers_the_rate_at_once_and_a_speedup_waits_for_the_window():
+    """The handler goes from 10 to 100 ms: the interval's handler time bounds the rate (10 msg/s per
+    worker) on the very next poll, whatever was learned; back at 10 ms the smaller recommendation waits
+    for the scale-down window (the issue's scale-down into a slowdown cannot happen)."""
+    slow = Observation(lag=BACKLOG, partitions=12, drain_rate=1_920.0, pods=interval(28_800, 100.0))
+    decision = decide(slow, LIMITS, LEARNED, 15)
+    assert decision.state.per_worker_rate == pytest.approx(10.0)
+    assert decision.target.capacity >= 10 * LEARNED.current.capacity * 0.9
+    fast_again = replace(decision.state, pod_totals=interval(28_800, 100.0).totals(), pod_totals_at=15.0, settled=True)
+    totals = fast_again.pod_totals
+    assert totals is not None
+    quick = replace(interval(0, 10.0), handler_calls_total=totals[0] + 288_000, handler_seconds_total=totals[1] + 2_880)
+    later = decide(replace(slow, pods=quick), LIMITS, fast_again, 30)
+    assert later.state.per_worker_rate == pytest.approx(100.0)
+    assert later.target == decision.target, "the speed-up waits for the scale-down window"
+    assert later.cause is Cause.STABILIZING
 
 
-def test_the_rate_is_divided_by_the_workers_the_pods_report():
-    """Pods still at 8 workers although 16 were decided (a push not yet applied): 19,200 msg/s
-    over 12 x 8 reported workers is 200 msg/s each, not 100."""
-    state = ScalingState(Size(12, 16), pod_totals=(100_000, 1_000.0, 0, 12))
-    observation = Observation(lag=BACKLOG, partitions=12, drain_rate=19_200.0, pods=pods(12, 8, calls=110_000))
-    assert decide(observation, LIMITS, state, 15).state.per_worker_rate == pytest.approx(200.0)
+def test_the_rate_comes_from_busy_workers_time_not_from_all_workers():
+    """A hot key holds a partition's commit, so the group's commits move at 20 msg/s; yet the busy
+    workers spent 90% of the interval in a 10 ms handler with keys waiting: 90 msg/s per worker."""
+    busy = interval(round(12 * 16 * 15 * 0.9 / 0.010), 10.0)
+    state = replace(LEARNED, efficiency_samples=())
+    decision = decide(Observation(lag=BACKLOG, partitions=12, drain_rate=20.0, pods=busy), LIMITS, state, 15)
+    assert decision.state.efficiency_samples == pytest.approx((0.9,))
+    assert decision.state.per_worker_rate == pytest.approx(90.0)
+    assert decision.state.rate_source is RateSource.HANDLER_TIME
+
+
+def test_a_learned_efficiency_stays_within_the_handler_times_bounds():
+    """Workers idle a third of a saturated interval (the poll thread starved them): the efficiency is
+    kept at 0.5 at least, so the rate never falls below half of what the handler time allows."""
+    starved = interval(round(12 * 16 * 15 * 0.3 / 0.010), 10.0)
+    decision = decide(Observation(lag=BACKLOG, partitions=12, pods=starved), LIMITS, LEARNED, 15)
+    assert decision.state.efficiency_samples[-1] == 0.5
+    assert decision.state.per_worker_rate == pytest.approx(100.0), "the median of (1, 1, 0.5)"
+
+
+def test_a_new_workload_learns_again():
+    """A new image: what was learned for the old one is dropped; the handler time gives the rate again
+    with the default efficiency."""
+    renewed = replace(LIMITS, workload="new-image")
+    observation = Observation(lag=BACKLOG, partitions=12, pods=interval(28_800, 10.0, ready=0))
+    decision = decide(observation, renewed, replace(LEARNED, workload="old-image"), 15)
+    assert decision.state.workload == "new-image"
+    assert decision.state.efficiency_samples == ()
+    assert decision.state.per_worker_rate == pytest.approx(80.0)
 
 
 def test_idle_workers_do_not_measure_a_worker():
-    """Workers not the limit (no key waiting, few busy): the drain says nothing about their speed."""
-    idle = pods(12, 16, busy=20, ready=0, calls=110_000)
+    """Workers not the limit (no key waiting, few busy): their share of time in the handler says
+    nothing about a saturated worker."""
+    idle = interval(3_000, 10.0, busy=20, ready=0)
     observation = Observation(lag=BACKLOG, partitions=12, drain_rate=2_000.0, pods=idle)
-    assert decide(observation, LIMITS, LEARNED, 15).state.rate_samples == LEARNED.rate_samples
+    assert decide(observation, LIMITS, LEARNED, 15).state.efficiency_samples == LEARNED.efficiency_samples
 
 
 HOT = BusiestLane(key="acct-17", where="orders[3]", backlog=3_050)
@@ -379,3 +420,95 @@ def test_a_hot_keys_horizon_still_sizes_the_backlog_when_a_blocked_key_gives_the
     decision = decide(Observation(lag=3_000_000, partitions=12, pods=signals), LIMITS, ScalingState(Size(1, 16)), 0)
     assert decision.target == Size(3, 16)
     assert decision.limited is not None and decision.limited.kind is LimitKind.BLOCKED_KEY
+
+
+def test_a_silent_pod_holds_the_size_for_two_polls_at_most_then_the_lag_decides():
+    """One of two pods stops answering (CPU-starved): its partitions have no reporting pod. The first
+    two polls hold the size; the third sizes on Kafka's lag and the pod that reports, and says so."""
+    limits = LIMITS
+    state = ScalingState(Size(2, 16), pod_totals=(76_000, 760.0, 0, 2, 0.0), pod_totals_at=-15.0)
+    reporting = replace(pods(1, 16), partitions_assigned=6)
+    decisions = []
+    for poll in range(4):
+        calls = 100_000 + poll * 24_000
+        signals = replace(reporting, handler_calls_total=calls, handler_seconds_total=calls * 0.010)
+        observation = Observation(lag=3_000_000 + poll * 150_000, partitions=12, pods=signals, pods_expected=2)
+        decision = decide(observation, limits, state, 15.0 * poll)
+        state = replace(decision.state, settled=True)
+        decisions.append(decision)
+    assert [d.cause for d in decisions[:2]] == [Cause.REBALANCING, Cause.REBALANCING]
+    assert decisions[2].scaled, "a silent pod froze scaling"
+    assert decisions[2].target.capacity >= 3_000_000 / 300 / 80
+    assert decisions[2].caveat is not None and decisions[2].caveat.reason == "PodsNotReporting"
+    assert "1 of 2 ready pods did not report" in decisions[2].caveat.message
+
+
+def test_waking_from_zero_with_a_percent_policy_starts_pods():
+    """The issue's crash: a Percent scale-up policy at 0 replicas divided by zero on every poll."""
+    limits = replace(ZERO, scale_up_rates=(RateLimit(RateKind.PERCENT, 100, 15),))
+    decision = decide(Observation(lag=50_000, partitions=12), limits, ScalingState(Size(0, 16)), 0)
+    assert decision.target.replicas >= 1
+
+
+def test_the_default_scale_up_policy_is_hpas_4_pods_or_100_percent_per_15_s():
+    limits = replace(LIMITS, scale_up_rates=())
+    observation = Observation(lag=6_000_000, partitions=24, pods=replace(pods(1, 16), partitions_assigned=24))
+    first = decide(observation, limits, ScalingState(Size(1, 16)), 0)
+    assert first.target.replicas == 5, "1 + 4 pods"
+    second = decide(observation, limits, replace(first.state, settled=True), 16)
+    assert second.target.replicas == 10, "5 + 100%"
+
+
+def test_with_activation_lag_zero_any_lag_wakes_and_zero_lag_sleeps():
+    limits = replace(ZERO, activation_lag=0)
+    empty = Observation(lag=0, partitions=4, drain_rate=0.0, arrival_rate=0.0)
+    assert decide(empty, limits, ScalingState(Size(1, 16)), 0).target.replicas == 0
+    one = Observation(lag=1, partitions=4, drain_rate=0.0, arrival_rate=0.0, partition_lags=(0, 0, 0, 1))
+    assert decide(replace(one, drain_rate=None), limits, ScalingState(Size(0, 16)), 0).target.replicas == 1
+
+
+def test_pause_wins_over_the_fallback():
+    limits = replace(LIMITS, fallback_after=1, fallback_replicas=4)
+    decision = decide(Observation(lag=None, partitions=None, paused=True), limits, ScalingState(Size(2, 16)), 0)
+    assert decision.target == Size(2, 16) and decision.cause is Cause.PAUSED
+
+
+def test_a_small_excess_within_the_tolerance_does_not_add_a_pod():
+    """3 pods x 16 at 80 msg/s handle 3,840/s; steady arrivals of 3,100/s at 80% utilisation need
+    48.4 workers: 1% more than 48, within the 10% tolerance (no rebalance for noise)."""
+    state = ScalingState(Size(3, 16), arrival_samples=(3_100.0, 3_100.0))
+    observation = Observation(lag=2_000, partitions=12, drain_rate=3_100.0, arrival_rate=3_100.0, pods=pods(3, 16))
+    decision = decide(observation, LIMITS, state, 0)
+    assert decision.target == Size(3, 16) and decision.cause is Cause.WITHIN_TOLERANCE
+
+
+def test_a_burst_within_one_poll_is_counted_once():
+    """1 M messages landed within one 15 s poll on top of 500/s: that interval's 67k/s is not an
+    arrival rate to keep up with (the median of the last three is); the lag carries the burst."""
+    state = ScalingState(Size(1, 16), arrival_samples=(500.0, 500.0))
+    observation = Observation(lag=1_000_000, partitions=12, drain_rate=500.0, arrival_rate=67_000.0, pods=pods(1, 16))
+    decision = decide(observation, LIMITS, state, 0)
+    needed = (1_000_000 / 300 + 500 / 0.8) / 80  # 50 workers at the default efficiency
+    assert decision.target.capacity <= 16 * (needed // 16 + 1)
+
+
+def test_lag_on_a_few_partitions_for_one_poll_does_not_reshape_the_group():
+    """limitToPartitionsWithLag and lag on 3 of 12 partitions for one poll: 12 pods stay (a scale-down
+    of pods waits for the down-window), the workers carry the capacity."""
+    limits = replace(LIMITS, limit_to_partitions_with_lag=True)
+    lags = (700_000, 700_000, 700_000) + (0,) * 9
+    observation = Observation(lag=2_100_000, partitions=12, partition_lags=lags, pods=pods(12, 16))
+    decision = decide(observation, limits, ScalingState(Size(12, 16)), 0)
+    assert decision.target.replicas == 12
+
+
+def test_no_scale_down_while_the_lag_grows():
+    """Over-provisioned on paper (the learned rate says 2 pods suffice) but the lag rose by 30,000 in the
+    interval: the group keeps its size."""
+    state = replace(LEARNED, drainable_lag=100_000, polled_at=0.0, recommendations=())
+    limits = replace(LIMITS, scale_down_window_seconds=0)
+    observation = Observation(
+        lag=130_000, partitions=12, drain_rate=1_000.0, arrival_rate=3_000.0, pods=interval(28_800, 10.0)
+    )
+    decision = decide(observation, limits, state, 15)
+    assert decision.target == LEARNED.current and decision.cause is Cause.LAG_GROWING
