@@ -79,7 +79,13 @@ VALIDATIONS: dict[type[BaseModel], list[dict[str, str]]] = {
             "(has(self.scaling) && has(self.scaling.scaleToZero) && self.scaling.scaleToZero)",
             "message": "replicas.min 0 needs scaling.scaleToZero: true",
             "fieldPath": ".replicas.min",
-        }
+        },
+        {
+            "rule": "!(has(self.scaling) && has(self.scaling.fallback) && self.scaling.fallback.replicas == 0) || "
+            "(has(self.scaling.scaleToZero) && self.scaling.scaleToZero)",
+            "message": "scaling.fallback.replicas 0 needs scaling.scaleToZero: true (it stops every pod)",
+            "fieldPath": ".scaling.fallback.replicas",
+        },
     ],
 }
 """CEL restatements of the models' ``model_validator`` rules (a test checks every validator has one)."""

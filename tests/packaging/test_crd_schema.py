@@ -299,11 +299,18 @@ BROKEN_BY_RULES = {
     "replicas min above max": changed("replicas", {"min": 5, "max": 2}),
     "zero replicas without scaleToZero": changed("replicas", {"min": 0}),
     "zero replicas, scaleToZero false": changed("scaling", {"scaleToZero": False}, replicas={"min": 0}),
+    "zero fallback replicas without scaleToZero": changed(
+        "scaling", {"fallback": {"failureThreshold": 3, "replicas": 0}}
+    ),
 }
 """Resources that pass the OpenAPI schema and only the CEL rules (and the models' validators) refuse."""
 
 ACCEPTED_BY_RULES = {
     "zero replicas with scaleToZero": changed("scaling", {"scaleToZero": True}, replicas={"min": 0}),
+    "zero fallback replicas with scaleToZero": changed(
+        "scaling", {"scaleToZero": True, "fallback": {"failureThreshold": 3, "replicas": 0}}
+    ),
+    "recommend-only mode": changed("scaling", {"mode": "recommend", "tolerance": 0.2, "targetUtilizationPercent": 70}),
     "replicas max equal to min": changed("replicas", {"min": 3, "max": 3}),
     "explicit null max is unset": changed("replicas", {"min": 3, "max": None}),
     "workers all equal": changed("workers", {"min": 8, "initial": 8, "max": 8}),

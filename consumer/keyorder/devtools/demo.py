@@ -417,7 +417,16 @@ def dev_command(args: argparse.Namespace) -> int:
     from keyorder_operator.observe import KafkaLagSource, LagUnavailable, observation_from
     from keyorder_operator.pod_admin import fetch_reports, push_workers
     from keyorder_operator.pod_signals import combine
-    from keyorder_operator.policy import LimitKind, Observation, ScalingLimits, ScalingState, Size, decide
+    from keyorder_operator.policy import (
+        LimitKind,
+        Observation,
+        RateKind,
+        RateLimit,
+        ScalingLimits,
+        ScalingState,
+        Size,
+        decide,
+    )
 
     configure_logging("WARNING")
     options = _apply_flags(args)
@@ -446,6 +455,12 @@ def dev_command(args: argparse.Namespace) -> int:
         target_drain_seconds=options.target_drain_seconds,
         activation_lag=50,
         scale_down_window_seconds=options.scale_down_window,
+        # the demo compresses time (a 60 s target, 2 s polls): HPA's default scale-up policy (4 pods or
+        # 100% per 15 s) per poll instead of per 15 s
+        scale_up_rates=(
+            RateLimit(RateKind.PODS, 4, options.poll_seconds),
+            RateLimit(RateKind.PERCENT, 100, options.poll_seconds),
+        ),
     )
     timeline = Timeline()
     limits_hit: list[dict] = []
@@ -506,7 +521,9 @@ def dev_command(args: argparse.Namespace) -> int:
                 if sample is None:
                     observation = Observation(lag=None, partitions=None, pods=signals)
                 else:
-                    observation = observation_from(previous, sample, signals, len(addresses) == pods.replicas)
+                    observation = observation_from(
+                        previous, sample, signals, len(addresses) == pods.replicas, pods_expected=len(addresses)
+                    )
                 decision = decide(observation, limits, state, time.time())
                 state = decision.state
                 target = decision.target
