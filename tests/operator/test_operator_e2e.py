@@ -360,3 +360,82 @@ def test_resources_on_an_unreachable_kafka_do_not_hold_up_a_healthy_one(kube, br
         assert condition(kube.get(CR, "healthy"), "LagUnknown") == "False"
         still_unknown = [name for name in names if condition(kube.get(CR, name), "LagUnknown") == "True"]
         assert still_unknown == names, "the unreachable resources must keep saying so"
+
+
+def last_poll_after(kube, name: str, at: float) -> float:
+    """Wait until the operator has polled ``name`` after ``at`` (proof that a tick ran); its time."""
+    return wait_for(
+        lambda: (
+            (((kube.get(CR, name) or {}).get("status") or {}).get("lastPollAt") or 0) > at
+            and kube.get(CR, name)["status"]["lastPollAt"]
+        ),
+        10,
+        f"a poll of {name} after {at}",
+    )
+
+
+def test_recommend_only_mode_publishes_the_decision_and_changes_nothing(kube, broker):
+    """``scaling.mode: recommend`` beside (say) KEDA: the decision an ``apply`` resource would act on is in
+    status, an Event and a metric; the Deployment keeps its replicas and no worker count is pushed."""
+    topic = "okc-recommend"
+    create_topics(broker.bootstrap, [topic], 4)
+    produce_keyed(broker.bootstrap, topic, 4_000, 100, extra_config=EXACT_END_OFFSETS)
+    commit_group(broker.bootstrap, f"g-{topic}", topic, dict.fromkeys(range(4), 0))
+    pushes: list[int] = []
+
+    def record_push(addresses, port, token, workers):
+        pushes.append(workers)
+        return len(addresses), []
+
+    scaling = {"mode": "recommend", "pollIntervalSeconds": 1, "targetDrainSeconds": 10, "activationLag": 10}
+    with operator(kube.url, push=record_push) as context, rollout_reported_done(kube, "advisor"):
+        kube.create(CR, consumer_resource("advisor", broker.bootstrap, topic, scaling=scaling))
+        wait_for(
+            lambda: ((kube.get(CR, "advisor").get("status") or {}).get("recommendation") or {}).get("replicas", 0) > 1,
+            30,
+            "a recommendation above the current size",
+        )
+        last = 0.0
+        for _ in range(3):
+            last = last_poll_after(kube, "advisor", last)
+        status = kube.get(CR, "advisor")["status"]
+        assert replicas(kube, "advisor") == 1, "recommend-only mode scaled the Deployment"
+        assert status["replicas"] == 1 and status["workersPerPod"] == 4
+        assert status["recommendation"]["cause"] in ("scale_up", "reshape")
+        assert pushes == [], "recommend-only mode pushed a worker count"
+        assert condition_entry(kube.get(CR, "advisor"), "Scaling")["reason"] == "RecommendOnly"
+        assert any("recommend only (nothing applied)" in message for message in events(kube, "Recommended"))
+        assert not events(kube, "Scaled")
+        recommended = context.metrics.registry.get_sample_value(
+            "keyorder_operator_recommended_replicas", {"namespace": "default", "name": "advisor"}
+        )
+        assert recommended is not None and recommended > 1
+
+
+def test_a_failing_poll_sets_reconcile_failed_until_a_poll_succeeds(kube, broker):
+    """A poll that raises (here a worker push that fails in a way the operator does not expect: a FAKE
+    push) is reported in the ReconcileFailed condition, an Event and the errors metric, not only a log
+    line; the next successful poll clears it."""
+    topic = "okc-failing"
+    create_topics(broker.bootstrap, [topic], 2)
+    broken = threading.Event()
+    broken.set()
+
+    def push(addresses, port, token, workers):
+        if broken.is_set():
+            raise RuntimeError("the push client is broken")
+        return len(addresses), []
+
+    with operator(kube.url, push=push) as context:
+        kube.create(CR, consumer_resource("fragile", broker.bootstrap, topic))
+        wait_for(lambda: condition(kube.get(CR, "fragile"), "ReconcileFailed") == "True", 30, "ReconcileFailed")
+        entry = condition_entry(kube.get(CR, "fragile"), "ReconcileFailed")
+        assert entry["reason"] == "RuntimeError" and "the push client is broken" in entry["message"]
+        assert any("the push client is broken" in message for message in events(kube, "ReconcileFailed"))
+        errors = context.metrics.registry.get_sample_value(
+            "keyorder_operator_reconcile_errors_total", {"namespace": "default", "name": "fragile"}
+        )
+        assert errors is not None and errors >= 1
+        broken.clear()
+        wait_for(lambda: condition(kube.get(CR, "fragile"), "ReconcileFailed") == "False", 30, "recovery")
+        assert condition_entry(kube.get(CR, "fragile"), "ReconcileFailed")["reason"] == "PollSucceeded"
