@@ -428,10 +428,13 @@ def silent_pods_caveat(observation: Observation, silent_polls: int) -> Caveat | 
 
 def measured_efficiency(observation: Observation, state: ScalingState, now: float) -> float | None:
     """Busy workers' share of their time in the handler over the interval, when the workers were the
-    limit in it (a key waited for a worker) and the interval was clean; ``None`` otherwise."""
+    limit in it (a key waited for a worker, or every worker was busy) and the interval was clean;
+    ``None`` otherwise."""
     pods, previous, since = observation.pods, state.pod_totals, state.pod_totals_at
-    if pods is None or previous is None or since is None or now <= since or pods.lanes_ready <= 0:
+    if pods is None or previous is None or since is None or now <= since:
         return None
+    if pods.lanes_ready <= 0 and pods.busy < pods.workers:
+        return None  # no key waited for a worker: the workers were not the limit
     if not clean_interval(observation, state):
         return None
     busy_seconds = pods.handler_seconds_total - previous[1]

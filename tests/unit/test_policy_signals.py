@@ -177,7 +177,7 @@ def test_a_new_workload_learns_again():
     """A new image: what was learned for the old one is dropped; the handler time gives the rate again
     with the default efficiency."""
     renewed = replace(LIMITS, workload="new-image")
-    observation = Observation(lag=BACKLOG, partitions=12, pods=interval(28_800, 10.0, ready=0))
+    observation = Observation(lag=BACKLOG, partitions=12, pods=interval(28_800, 10.0, ready=0, busy=100))
     decision = decide(observation, renewed, replace(LEARNED, workload="old-image"), 15)
     assert decision.state.workload == "new-image"
     assert decision.state.efficiency_samples == ()
