@@ -41,7 +41,9 @@ class DevOptions:
     initial_workers: int = 4
     max_workers: int = 64
     poll_seconds: float = 2.0
-    scale_down_window: float = 15.0
+    scale_down_window: float = 60.0
+    """As long as the target drain time (as the operator's defaults, 300 s and 300 s): a shorter window
+    shrinks the group mid-drain, as the need falls with the lag, and each shrink is a rebalance."""
     timeout: float = 900.0
     compare: bool = True
     compare_seconds: float = 30.0
@@ -65,7 +67,7 @@ QUICK = DevOptions(
     rate=20.0,
     target_drain_seconds=15.0,
     poll_seconds=1.0,
-    scale_down_window=5.0,
+    scale_down_window=15.0,
     compare_seconds=6.0,
     max_workers=32,
 )
