@@ -65,9 +65,9 @@ QUICK = DevOptions(
     partitions=4,
     spike=12_000,
     rate=20.0,
-    target_drain_seconds=15.0,
+    target_drain_seconds=5.0,
     poll_seconds=1.0,
-    scale_down_window=15.0,
+    scale_down_window=5.0,
     compare_seconds=6.0,
     max_workers=32,
 )
