@@ -107,7 +107,7 @@ class OperatorMetrics:
         self.decision_causes = Counter(
             "keyorder_operator_decisions_by_cause",
             "Every decision by its cause (scale_up, scale_down, steady, within_tolerance, stabilizing, "
-            "lag_growing, rebalancing, waiting_for_rate, paused, lag_unknown, fallback, reshape).",
+            "lag_growing, pods_not_reporting, rebalancing, waiting_for_rate, paused, lag_unknown, fallback, reshape).",
             [*labels, "cause"],
             registry=self.registry,
         )

@@ -189,6 +189,9 @@ class Cause(StrEnum):
     """A change held back by a stabilization window."""
     LAG_GROWING = "lag_growing"
     """A scale-down refused because the lag grows."""
+    PODS_NOT_REPORTING = "pods_not_reporting"
+    """A scale-down of pods refused while ready pods do not report (a silent pod misses the worker
+    push that fewer pods would need)."""
     REBALANCING = "rebalancing"
     WAITING_FOR_RATE = "waiting_for_rate"
     """Pods starting: no rate known yet, the size waits for their first report."""
@@ -252,6 +255,8 @@ class ScalingState:
     """The last CPU bound on workers per pod the pods' reports gave (kept while they are silent)."""
     polled_at: float | None = None
     """When the last poll with a lag was decided (the interval the growth of the lag is over)."""
+    saturated: bool = False
+    """The workers were the limit at the last poll (a key waited for a worker, or every worker was busy)."""
 
 
 @dataclass(frozen=True)
@@ -282,15 +287,17 @@ SATURATION_SECONDS = 1.0
 """Without pod reports: a backlog worth at least this many seconds at the measured drain rate
 means the workers were busy the whole interval (with a trickle they idle and would look slow)."""
 IDLE_SHARE = 0.5
+SATURATED_SHARE = 0.9
+"""At least this share of the workers busy, with keys waiting: the workers are the limit."""
 HOT_KEY_SHARE = 0.5
 """The longest lane holds at least this share of the pods' queue: a hot key. (Below it the bound,
 computed over the pods' look-ahead window only, would be too uncertain to stop scaling on.)"""
 IDLE_POLLS = 2
 MIN_HANDLER_CALLS = 20
 """Handler calls needed before their mean time counts as an estimate."""
-DEFAULT_EFFICIENCY = 0.8
+DEFAULT_EFFICIENCY = 0.9
 """Before any is learned: a busy worker spends about this share of its time inside the handler
-(the rest: dispatch, commits, the poll thread's share of the CPU)."""
+(the rest: dispatch, commits, the poll thread's share of the CPU; tens of microseconds a message)."""
 EFFICIENCY_RANGE = (0.5, 1.0)
 """A learned efficiency is kept within these: the handler time bounds the rate from both sides."""
 SAMPLES = 3
@@ -326,6 +333,17 @@ def replica_cap(limits: ScalingLimits, partitions: int) -> int:
     return max(cap, limits.min_replicas, 1)
 
 
+def workers_for(capacity: int, replicas: int, partitions: int) -> int:
+    """Workers per pod so that the busiest pod (the one with the most partitions) keeps up with its
+    partitions' share of ``capacity`` workers: the group is only as fast as that pod."""
+    if replicas <= 0:
+        return 0
+    if partitions <= 0:
+        return math.ceil(capacity / replicas)
+    busiest = math.ceil(partitions / min(replicas, partitions))
+    return math.ceil(capacity * busiest / partitions)
+
+
 def shape(
     capacity: int,
     limits: ScalingLimits,
@@ -333,19 +351,31 @@ def shape(
     max_replicas: int | None = None,
     max_workers_per_pod: int | None = None,
 ) -> Size:
-    """Pods first (with the initial workers), up to the partition cap; then workers per pod."""
+    """Pods first (with the initial workers), up to the partition cap; then workers per pod. The
+    pods spread the partitions evenly: 11 pods on 12 partitions leave one pod with two, which then
+    needs twice the workers of the others (the group drains only as fast as that pod), so the same
+    work takes 6 pods with two partitions each, or 12 with one (like KEDA's
+    ``ensureEvenDistributionOfPartitions``)."""
     cap = replica_cap(limits, partitions)
     if max_replicas is not None:
         cap = max(min(cap, max_replicas), limits.min_replicas, 1)
     most_workers = limits.max_workers
     if max_workers_per_pod is not None:
         most_workers = max(min(most_workers, max_workers_per_pod), limits.min_workers)
-    workers = min(max(limits.initial_workers, limits.min_workers), most_workers)
-    replicas = max(math.ceil(capacity / workers), limits.min_replicas)
-    if replicas <= cap:
-        return Size(replicas, workers)
-    workers = min(max(math.ceil(capacity / cap), workers), most_workers)
-    return Size(cap, workers)
+    initial = min(max(limits.initial_workers, limits.min_workers), most_workers)
+    wanted = min(max(math.ceil(capacity / initial), limits.min_replicas), cap)
+    if wanted <= 0:
+        return Size(0, initial)
+    if partitions <= 0:
+        return Size(wanted, min(max(math.ceil(capacity / wanted), initial), most_workers))
+    # the fewest pods that give the busiest pod as few partitions as ``wanted`` pods would (or fewer)
+    busiest = math.ceil(partitions / wanted)
+    while True:
+        replicas = min(max(math.ceil(partitions / busiest), limits.min_replicas), cap)
+        workers = max(workers_for(capacity, replicas, partitions), initial)
+        if workers <= most_workers or replicas >= cap:
+            return Size(replicas, min(workers, most_workers))
+        busiest -= 1  # more workers per pod than allowed: spread over more pods
 
 
 # -- steps 3 and 4: rebalances and one worker's rate ----------------------------------------------------
@@ -426,15 +456,24 @@ def silent_pods_caveat(observation: Observation, silent_polls: int) -> Caveat | 
     return Caveat("PodsNotReporting", message)
 
 
+def saturated(pods: PodSignals | None) -> bool:
+    """The group's workers are the limit right now: keys wait for a worker and (nearly) every worker is
+    busy. (Keys waiting on one pod while the others idle say nothing about a saturated worker.)"""
+    return (
+        pods is not None and pods.workers > 0 and pods.lanes_ready > 0 and pods.busy >= SATURATED_SHARE * pods.workers
+    )
+
+
 def measured_efficiency(observation: Observation, state: ScalingState, now: float) -> float | None:
     """Busy workers' share of their time in the handler over the interval, when the workers were the
-    limit in it (a key waited for a worker, or every worker was busy) and the interval was clean;
-    ``None`` otherwise."""
+    limit at both of its ends (keys waited for a worker and nearly every worker was busy) and the interval
+    was clean; ``None`` otherwise. (Saturated at one end only, the workers may have emptied their
+    queues early and idled: the share would then be the load, not the efficiency.)"""
     pods, previous, since = observation.pods, state.pod_totals, state.pod_totals_at
     if pods is None or previous is None or since is None or now <= since:
         return None
-    if pods.lanes_ready <= 0 and pods.busy < pods.workers:
-        return None  # no key waited for a worker: the workers were not the limit
+    if not (state.saturated and saturated(pods)):
+        return None  # the workers were not the limit at both ends of the interval: not throughout it
     if not clean_interval(observation, state):
         return None
     busy_seconds = pods.handler_seconds_total - previous[1]
@@ -479,7 +518,8 @@ def learn_rate(observation: Observation, state: ScalingState, limits: ScalingLim
         learned = statistics.median(efficiencies) if efficiencies else DEFAULT_EFFICIENCY
         return Rate(learned / handler_time, RateSource.HANDLER_TIME, handler_time, efficiencies, state.rate_samples)
     samples = state.rate_samples
-    if observation.pods is None:
+    never_reported = state.rate_source in (RateSource.NONE, RateSource.DRAIN)
+    if observation.pods is None and never_reported:  # pods that went silent keep their last known rate
         measured = measured_drain_rate(observation, state, limits)
         if measured is not None:
             anchor = state.per_worker_rate or measured
@@ -827,7 +867,12 @@ def _stabilized_value(
 
 
 def stabilized(
-    recommended: Size, current: Size, history: tuple[tuple[float, int, int], ...], now: float, limits: ScalingLimits
+    recommended: Size,
+    current: Size,
+    history: tuple[tuple[float, int, int], ...],
+    now: float,
+    limits: ScalingLimits,
+    partitions: int,
 ) -> Size:
     """Replicas and capacity stabilized separately (a reshape of the same capacity into fewer pods is
     a scale-down of pods, and waits for the down-window); the workers per pod then carry the capacity.
@@ -843,7 +888,7 @@ def stabilized(
         return Size(0, recommended.workers)
     if replicas == recommended.replicas and capacity == recommended.capacity:
         return recommended
-    return Size(replicas, max(math.ceil(capacity / replicas), 1))
+    return Size(replicas, max(workers_for(capacity, replicas, partitions), 1))
 
 
 def replicas_at(changes: tuple[tuple[float, int], ...], current: int, since: float) -> int:
@@ -852,7 +897,7 @@ def replicas_at(changes: tuple[tuple[float, int], ...], current: int, since: flo
     return later[0] if later else current
 
 
-def rate_limited(target: Size, state: ScalingState, limits: ScalingLimits, now: float) -> Size:
+def rate_limited(target: Size, state: ScalingState, limits: ScalingLimits, now: float, partitions: int) -> Size:
     """Cap the change of replicas by the HPA-style rate limits; workers make up the capacity (the
     caller fits the result within the bounds again)."""
     current = state.current
@@ -866,7 +911,7 @@ def rate_limited(target: Size, state: ScalingState, limits: ScalingLimits, now: 
             allowed = max(allowed, 1)  # waking up always starts a pod (a percentage of zero is zero)
         if target.replicas > allowed:
             replicas = max(allowed, current.replicas, 1)
-            workers = max(math.ceil(target.capacity / replicas), target.workers)
+            workers = max(workers_for(target.capacity, replicas, partitions), target.workers)
             return Size(replicas, workers)
     if target.replicas < current.replicas and limits.scale_down_rates:
         allowed = min(
@@ -895,28 +940,41 @@ def lag_growing(observation: Observation, state: ScalingState, limits: ScalingLi
     return lag - previous > GROWTH_SHARE * arrived + limits.activation_lag / 2
 
 
-def drain_eta(observation: Observation, arrivals: float) -> str:
-    """How long the lag takes at the net drain (drain - arrivals): ``growing`` when it does not drain."""
-    lag = observation.lag or 0
-    drain = observation.drain_rate
-    if lag == 0:
-        return "drained"
-    if drain is None:
-        return "unknown (no drain measured yet)"
-    net = drain - arrivals
-    if net <= 0:
-        return f"growing (arrivals {arrivals:.0f}/s, drain {drain:.0f}/s)"
-    return duration(lag / net)
+STEADY_BAND = 0.02
+"""Drain and arrivals within this share of each other: the group keeps up, and the lag is only what
+is in flight (it holds at its level)."""
 
 
 def net_drain_seconds(lag: int, drain: float | None, arrivals: float | None) -> float | None:
-    """Seconds until the lag is gone at the net drain; ``inf`` while it does not shrink; ``None``: unknown."""
+    """Seconds until the lag is worked off, net of arrivals: ``lag / (drain - arrivals)`` while the lag
+    shrinks; ``lag / drain`` while the group just keeps up (the lag is what is in flight); ``inf``
+    while the lag grows; ``None`` before a drain rate is measured."""
     if lag == 0:
         return 0.0
     if drain is None:
         return None
-    net = drain - (arrivals or 0.0)
-    return lag / net if net > 0 else math.inf
+    arriving = arrivals or 0.0
+    net = drain - arriving
+    band = STEADY_BAND * max(drain, arriving)
+    if net > band:
+        return lag / net
+    if net >= -band and drain > 0:
+        return lag / drain
+    return math.inf
+
+
+def drain_eta(observation: Observation, arrivals: float) -> str:
+    """The drain ETA in words: ``growing`` (with both rates) when the lag does not shrink."""
+    lag = observation.lag or 0
+    drain = observation.drain_rate
+    if lag == 0:
+        return "drained"
+    seconds = net_drain_seconds(lag, drain, arrivals)
+    if seconds is None or drain is None:
+        return "unknown (no drain measured yet)"
+    if math.isinf(seconds):
+        return f"growing (arrivals {arrivals:.0f}/s, drain {drain:.0f}/s)"
+    return duration(seconds)
 
 
 def _describe(before: Size, after: Size, observation: Observation, limits: ScalingLimits, arrivals: float) -> str:
@@ -988,6 +1046,7 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
                 pod_totals_at=now if totals else None,
                 held_polls=state.held_polls + 1,
                 silent_polls=silent_polls,
+                saturated=False,
             ),
             Cause.REBALANCING,
         )
@@ -1053,7 +1112,9 @@ def _sized(
         recommended = bounded_size(needed, bound, limits, partitions)
     cause = Cause.STEADY
     wanted = min(needed, bound.capacity) if bound.capacity is not None else needed
-    if recommended != current and keep_up is None and within_tolerance(wanted, current, bound, limits, partitions):
+    growing = lag_growing(observation, state, limits, now)
+    tolerated = recommended != current and recommended.replicas and not (growing and wanted > current.capacity)
+    if tolerated and within_tolerance(wanted, current, bound, limits, partitions):
         recommended, cause = current, Cause.WITHIN_TOLERANCE
     waiting = rate.per_worker is None and keep_up is None and recommended == current
     limited, gone = bound.limited, 0
@@ -1061,17 +1122,19 @@ def _sized(
         limited, gone = state.limit, state.limit_gone_polls + 1
     keep_since = now - max(limits.scale_up_window_seconds, limits.scale_down_window_seconds)
     history = tuple(item for item in state.recommendations if item[0] >= keep_since)
-    target = stabilized(recommended, current, history, now, limits)
+    target = stabilized(recommended, current, history, now, limits, partitions)
     if target != recommended and cause is Cause.STEADY:
         cause = Cause.STABILIZING
     # after the windows, only the hard limits apply (a bound on how many pods help is a recommendation:
     # fewer pods for the same capacity is a scale-down of pods, and waits for its window)
     hard = replace(bound, replicas=None)
-    growing = lag_growing(observation, state, limits, now)
+    caveat = silent_pods_caveat(observation, silent_polls)
     if growing and (target.replicas < current.replicas or target.capacity < current.capacity):
         # never shrink while the lag grows; only the CPU's bound may still take surplus workers away
         target, cause = fitted(current, hard, limits, partitions), Cause.LAG_GROWING
-    target = fitted(rate_limited(target, state, limits, now), hard, limits, partitions)
+    elif caveat is not None and target.replicas < current.replicas:
+        target, cause = fitted(current, hard, limits, partitions), Cause.PODS_NOT_REPORTING
+    target = fitted(rate_limited(target, state, limits, now, partitions), hard, limits, partitions)
     if target.replicas < limits.min_replicas and not (limits.scale_to_zero and target.replicas == 0):
         target = Size(limits.min_replicas, target.workers)
     if target != current:
@@ -1109,6 +1172,7 @@ def _sized(
         failed_observations=0,
         silent_polls=silent_polls,
         polled_at=now,
+        saturated=saturated(pods),
         replica_changes=changes,
         limit=limited,
         limit_gone_polls=gone,
@@ -1123,9 +1187,10 @@ def _sized(
         reason = f"{reason}; {_size_words(recommended)} recommended, held by the stabilization window"
     elif cause is Cause.WAITING_FOR_RATE:
         reason = f"{reason}; waiting for the pods' first report (their handler time gives the rate)"
+    elif cause is Cause.PODS_NOT_REPORTING:
+        reason = f"{reason}; no scale-down of pods while pods do not report"
     if limited is not None and not (target.capacity > current.capacity):
         reason = f"{reason}; {limited.message}"
-    caveat = silent_pods_caveat(observation, silent_polls)
     if caveat is not None:
         reason = f"{reason}; {caveat.message}"
     return Decision(

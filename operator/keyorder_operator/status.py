@@ -195,6 +195,7 @@ def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replica
         if isinstance(memory.get("cpuWorkersPerPod"), int)
         else None,
         polled_at=_optional_float(memory.get("polledAt")),
+        saturated=bool(memory.get("saturated", False)),
     )
 
 
@@ -230,6 +231,7 @@ def state_to_status(state: ScalingState) -> dict[str, Any]:
         "workload": state.workload,
         "cpuWorkersPerPod": state.cpu_workers_per_pod,
         "polledAt": state.polled_at,
+        "saturated": state.saturated,
     }
 
 

@@ -31,11 +31,13 @@ def run(steps, limits=LIMITS, start=ONE_POD):
     ("capacity", "partitions", "expected"),
     [
         (0, 4, Size(1, 16)),  # the minimum
-        (40, 4, Size(3, 16)),  # pods first
+        (40, 4, Size(2, 20)),  # pods first, spreading the partitions evenly (3 pods: one would hold two)
         (64, 4, Size(4, 16)),  # exactly at the partition cap
         (200, 4, Size(4, 50)),  # at the cap: workers grow
         (10_000, 4, Size(4, 256)),  # workers capped
         (40, 2, Size(2, 20)),  # fewer partitions than pods wanted
+        (176, 12, Size(6, 30)),  # 11 pods would leave one with two partitions: 6 with two each do as much
+        (60, 7, Size(4, 18)),  # 7 partitions: 4 pods (two each at most), the busiest needing 2/7 of 60
     ],
 )
 def test_shape_scales_pods_first_then_workers(capacity, partitions, expected):
@@ -44,13 +46,13 @@ def test_shape_scales_pods_first_then_workers(capacity, partitions, expected):
 
 def test_spike_scales_to_the_partition_cap_then_grows_workers():
     targets = run([(0, 1_200_000), (15, 6_000_000)])  # 4,000 then 20,000 msg/s needed
-    assert targets == [Size(3, 16), Size(4, 50)]
+    assert targets == [Size(2, 20), Size(4, 50)]
 
 
 def test_reason_carries_the_numbers():
     decision = decide(Observation(lag=1_200_000, partitions=4, drain_rate=1_600), LIMITS, ScalingState(Size(1, 16)), 0)
     assert decision.scaled
-    assert decision.reason == "scaled replicas 1\u21923: lag 1200000, drain ETA 12.5 min, target 5.0 min"
+    assert decision.reason == "scaled replicas 1\u21922, workers/pod 16\u219220: lag 1200000, drain ETA 12.5 min, target 5.0 min"
 
 
 def test_drain_then_scale_down_only_after_the_window():
@@ -63,13 +65,13 @@ def test_drain_then_scale_down_only_after_the_window():
 def test_scale_down_is_stepwise_workers_before_pods():
     limits = replace(LIMITS, scale_down_window_seconds=0)
     shapes = run([(0, 9_000_000), (15, 3_000_000), (30, 1_200_000), (45, 300_000)], limits=limits, start=Size(4, 100))
-    assert shapes == [Size(4, 75), Size(4, 25), Size(3, 16), Size(1, 16)]
+    assert shapes == [Size(4, 75), Size(4, 25), Size(2, 20), Size(1, 16)]
 
 
 def test_noisy_lag_does_not_flap():
     targets = run([(t, 1_200_000 if i % 2 == 0 else 300_000) for i, t in enumerate(range(0, 200, 15))])
-    assert targets[0] == Size(3, 16)
-    assert set(targets) == {Size(3, 16)}, f"flapped: {targets}"
+    assert targets[0] == Size(2, 20)
+    assert set(targets) == {Size(2, 20)}, f"flapped: {targets}"
 
 
 def test_noisy_spike_does_not_scale_up_within_an_up_window():
@@ -78,7 +80,7 @@ def test_noisy_spike_does_not_scale_up_within_an_up_window():
     targets = run([(0, quiet), (15, spike), (30, quiet), (45, spike)], limits=limits)
     assert set(targets) == {Size(1, 16)}
     sustained = run([(0, quiet), (15, spike), (30, spike), (76, spike)], limits=limits)
-    assert sustained == [Size(1, 16), Size(1, 16), Size(1, 16), Size(3, 16)]
+    assert sustained == [Size(1, 16), Size(1, 16), Size(1, 16), Size(2, 20)]
 
 
 def test_unknown_lag_never_scales():

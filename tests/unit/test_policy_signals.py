@@ -67,13 +67,13 @@ def pods(
 
 
 def test_first_poll_of_a_spike_sizes_from_the_handler_time():
-    """No drain measured yet: 10 ms per message in the handler is about 80 msg/s per worker (0.8
-    of its time in the handler), so 1.2 M in 300 s (4,000 msg/s) needs 50 workers at once, not a
-    doubling per poll."""
+    """No drain measured yet: 10 ms per message in the handler is about 90 msg/s per worker (0.9
+    of its time in the handler), so 1.2 M in 300 s (4,000 msg/s) needs 45 workers at once (3 pods
+    of 16, four partitions each), not a doubling per poll."""
     observation = Observation(lag=1_200_000, partitions=12, pods=pods(1, 16))
     decision = decide(observation, LIMITS, ScalingState(Size(1, 16)), 0)
-    assert decision.target == Size(4, 16)
-    assert decision.state.per_worker_rate == pytest.approx(80.0)
+    assert decision.target == Size(3, 16)
+    assert decision.state.per_worker_rate == pytest.approx(90.0)
     assert decision.handler_seconds == pytest.approx(0.010)
 
 
@@ -98,8 +98,10 @@ LEARNED = ScalingState(
     handler_time=0.010,
     pod_totals=(100_000, 1_000.0, 0, 12, 0.0),
     pod_totals_at=0.0,
+    saturated=True,
 )
-"""12 pods x 16 workers whose busy workers spent all their time in a 10 ms handler: 100 msg/s each."""
+"""12 pods x 16 workers whose busy workers spent all their time in a 10 ms handler: 100 msg/s each
+(and keys waited for a worker at the last poll)."""
 BACKLOG = 12 * 16 * 100 * 300  # exactly what 12 x 16 drains in the 300 s target
 
 
@@ -175,13 +177,13 @@ def test_a_learned_efficiency_stays_within_the_handler_times_bounds():
 
 def test_a_new_workload_learns_again():
     """A new image: what was learned for the old one is dropped; the handler time gives the rate again
-    with the default efficiency."""
+    with the default efficiency (0.9)."""
     renewed = replace(LIMITS, workload="new-image")
     observation = Observation(lag=BACKLOG, partitions=12, pods=interval(28_800, 10.0, ready=0, busy=100))
     decision = decide(observation, renewed, replace(LEARNED, workload="old-image"), 15)
     assert decision.state.workload == "new-image"
     assert decision.state.efficiency_samples == ()
-    assert decision.state.per_worker_rate == pytest.approx(80.0)
+    assert decision.state.per_worker_rate == pytest.approx(90.0)
 
 
 def test_idle_workers_do_not_measure_a_worker():
@@ -221,7 +223,7 @@ def test_a_key_with_less_than_half_of_the_queue_does_not_stop_scaling():
     warm = pods(1, 16, ready=30, queued=5_000, busiest=replace(HOT, backlog=2_000))
     decision = decide(Observation(lag=1_200_000, partitions=12, pods=warm), LIMITS, ScalingState(Size(1, 16)), 0)
     assert decision.limited is None
-    assert decision.target == Size(4, 16)
+    assert decision.target == Size(3, 16)
 
 
 def test_a_blocked_key_pinning_the_lag_gives_no_scaling():
@@ -234,11 +236,11 @@ def test_a_blocked_key_pinning_the_lag_gives_no_scaling():
 
 
 def test_lag_a_blocked_key_pins_is_left_out_of_the_size():
-    """1.2 M of the lag drains; 4.8 M behind a blocked key does not: size for the 1.2 M (50 workers)."""
+    """1.2 M of the lag drains; 4.8 M behind a blocked key does not: size for the 1.2 M (45 workers)."""
     held = (HeldPartition("orders[3]", blocked=True, lag=4_800_000),)
     observation = Observation(lag=6_000_000, partitions=12, pods=pods(1, 16, held=held))
     decision = decide(observation, LIMITS, ScalingState(Size(1, 16)), 0)
-    assert decision.target == Size(4, 16)
+    assert decision.target == Size(3, 16)
     assert decision.limited is not None and decision.limited.kind is LimitKind.BLOCKED_KEY
 
 
@@ -393,15 +395,15 @@ def test_a_cpu_bound_thread_executor_grows_pods_not_workers():
 def test_a_hot_key_longer_than_the_target_sizes_the_rest_for_its_time():
     """The pod holds 1,000 messages of one key among 2,500 in flight from a partition whose lag is
     250,000: about 100,000 messages of that key, 1,000 s at 10 ms each. No size drains the backlog
-    sooner, so the 3,000,000 are sized to drain in those 1,000 s (38 workers at 80 msg/s: 3 pods),
-    not in the 300 s target (125 workers: 8 pods)."""
+    sooner, so the 3,000,000 are sized to drain in those 1,000 s (34 workers at 90 msg/s: 3 pods),
+    not in the 300 s target (112 workers: 6 pods of 19, two partitions each)."""
     hot = BusiestLane(key="acct-17", where="orders[3]", backlog=1_000, partition_inflight=2_500, partition_lag=250_000)
     signals = pods(1, 16, ready=20, queued=10_000, busiest=hot)
     observation = Observation(lag=3_000_000, partitions=12, pods=signals)
     assert hot.estimated_backlog == 100_000
     decision = decide(observation, LIMITS, ScalingState(Size(1, 16)), 0)
     without = decide(replace(observation, pods=replace(signals, busiest=None)), LIMITS, ScalingState(Size(1, 16)), 0)
-    assert without.target == Size(8, 16)
+    assert without.target == Size(6, 19)
     assert decision.target == Size(3, 16)
     assert decision.limited is not None and decision.limited.kind is LimitKind.HOT_KEY
     assert decision.limited.message == (
@@ -474,10 +476,10 @@ def test_pause_wins_over_the_fallback():
 
 
 def test_a_small_excess_within_the_tolerance_does_not_add_a_pod():
-    """3 pods x 16 at 80 msg/s handle 3,840/s; steady arrivals of 3,100/s at 80% utilisation need
-    48.4 workers: 1% more than 48, within the 10% tolerance (no rebalance for noise)."""
-    state = ScalingState(Size(3, 16), arrival_samples=(3_100.0, 3_100.0))
-    observation = Observation(lag=2_000, partitions=12, drain_rate=3_100.0, arrival_rate=3_100.0, pods=pods(3, 16))
+    """3 pods x 16 at 90 msg/s; steady arrivals of 3,500/s at 80% utilisation need 48.6 workers: 1%
+    more than 48, within the 10% tolerance (no rebalance for noise)."""
+    state = ScalingState(Size(3, 16), arrival_samples=(3_500.0, 3_500.0))
+    observation = Observation(lag=2_000, partitions=12, drain_rate=3_500.0, arrival_rate=3_500.0, pods=pods(3, 16))
     decision = decide(observation, LIMITS, state, 0)
     assert decision.target == Size(3, 16) and decision.cause is Cause.WITHIN_TOLERANCE
 
