@@ -84,6 +84,13 @@ COMMANDS: dict[str, Subcommand] = {
         "keyorder.devtools.catchup_bench:add_catchup_bench_flags",
         "keyorder.devtools.catchup_bench:catchup_bench_command",
     ),
+    "simulate": Subcommand(
+        "the autoscaler on a simulated consumer group: named scenarios, criteria, plots",
+        "Drive the operator's own scaling policy poll by poll through a simulated group (spikes, noise, "
+        "slow handlers, silent pods, hot and blocked keys, ...); print each scenario's criteria and plot it.",
+        "keyorder.devtools.groupsim.command:add_simulate_flags",
+        "keyorder.devtools.groupsim.command:simulate_command",
+    ),
     "crd": Subcommand(
         "print the OrderedConsumer CRD generated from the spec models",
         "Print (or write) the OrderedConsumer CustomResourceDefinition.",

@@ -52,7 +52,9 @@ def test_spike_scales_to_the_partition_cap_then_grows_workers():
 def test_reason_carries_the_numbers():
     decision = decide(Observation(lag=1_200_000, partitions=4, drain_rate=1_600), LIMITS, ScalingState(Size(1, 16)), 0)
     assert decision.scaled
-    assert decision.reason == "scaled replicas 1\u21922, workers/pod 16\u219220: lag 1200000, drain ETA 12.5 min, target 5.0 min"
+    assert decision.reason == (
+        "scaled replicas 1\u21922, workers/pod 16\u219220: lag 1200000, drain ETA 12.5 min, target 5.0 min"
+    )
 
 
 def test_drain_then_scale_down_only_after_the_window():

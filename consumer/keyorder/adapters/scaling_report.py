@@ -3,7 +3,7 @@
 Served as JSON by ``GET /admin/scaling`` (bearer token required: it names the busiest key, which
 is business data that metric labels never carry). It is built from the same sources as the
 metrics (the poll loop's snapshot, the lane summary, the workers' counters) at request time, so
-nothing on the hot path changes. The operator (``keyorder_operator.pod_reports``) parses it;
+nothing on the hot path changes. The operator (``keyorder_operator.pod_signals``) parses it;
 ``REPORT_VERSION`` changes when a field changes meaning.
 
 Counters are totals since the pod started: the operator turns two reports into rates, and a pod
@@ -12,12 +12,13 @@ that restarted (totals went down) simply gives no rate for that interval.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from keyorder.adapters.cpu import pod_cpu_cores, pod_cpu_seconds
-from keyorder.runtime import ConsumerRuntime
-from keyorder.workers import WorkerPool
+from keyorder.core.lanes import LaneSummary
+from keyorder.runtime import ConsumerRuntime, RuntimeSnapshot
+from keyorder.workers import WorkerPool, WorkerStats
 
 REPORT_VERSION = 1
 KEY_TEXT_LIMIT = 80
@@ -39,9 +40,33 @@ def lane_name(lane: Hashable | None) -> str | None:
 
 def scaling_report(runtime: ConsumerRuntime, pool: WorkerPool) -> dict[str, Any]:
     """The report as a JSON-ready dict (see the module docstring)."""
-    snapshot = runtime.snapshot
-    lanes = pool.lane_summary()
-    stats = pool.stats()
+    return build_report(
+        runtime.snapshot,
+        pool.lane_summary(),
+        pool.stats(),
+        ordering=runtime.ordering.value,
+        executor=pool.executor,
+        workers=pool.size,
+        cpu_cores=pod_cpu_cores(),
+        cpu_seconds=pod_cpu_seconds(pool.worker_pids()),
+        worker_processes=len(pool.worker_pids()),
+    )
+
+
+def build_report(
+    snapshot: RuntimeSnapshot,
+    lanes: LaneSummary,
+    stats: Sequence[WorkerStats],
+    *,
+    ordering: str,
+    executor: str,
+    workers: int,
+    cpu_cores: float,
+    cpu_seconds: float,
+    worker_processes: int,
+) -> dict[str, Any]:
+    """The report from what a pod knows at one moment: pure, so ``keyorder simulate`` builds its
+    simulated pods' reports with exactly this code."""
     held = {(state.id, offset): blocked for state, offset, blocked in lanes.parked_heads}
     partitions = []
     for part in snapshot.partitions:
@@ -67,8 +92,8 @@ def scaling_report(runtime: ConsumerRuntime, pool: WorkerPool) -> dict[str, Any]
         }
     return {
         "version": REPORT_VERSION,
-        "ordering": runtime.ordering.value,
-        "workers": pool.size,
+        "ordering": ordering,
+        "workers": workers,
         "workersBusy": sum(1 for worker in stats if worker.busy),
         "handlerCallsTotal": sum(worker.handler_seconds.count for worker in stats),
         "handlerSecondsTotal": round(sum(worker.handler_seconds.total for worker in stats), 6),
@@ -87,8 +112,8 @@ def scaling_report(runtime: ConsumerRuntime, pool: WorkerPool) -> dict[str, Any]
         "partitions": partitions,
         # the cores the pod may use and has used: a process executor scales up to cpuCores workers;
         # a thread or async one whose CPU use nears one core is GIL-bound (more workers cannot help)
-        "executor": pool.executor,
-        "cpuCores": round(pod_cpu_cores(), 3),
-        "cpuSecondsTotal": round(pod_cpu_seconds(pool.worker_pids()), 3),
-        "workerProcesses": len(pool.worker_pids()),
+        "executor": executor,
+        "cpuCores": round(cpu_cores, 3),
+        "cpuSecondsTotal": round(cpu_seconds, 3),
+        "workerProcesses": worker_processes,
     }

@@ -1,0 +1,214 @@
+"""The operator's poll against a simulated group: what ``Poll.size`` does, with the group in place of
+Kafka, the pods and the API server.
+
+Every ``scaling.pollIntervalSeconds`` of simulated time: the spec is parsed as the operator parses a
+resource, the policy's memory comes back from the status dict (through JSON, as the API server
+stores it), the lag sample and the ready pods' reports (built by the pods' report code, parsed and
+summed by the operator's) become the ``Observation`` through ``observation_from``, ``decide`` runs,
+and its target is applied: the Deployment's replicas, and the worker count pushed to the ready pods
+that answer. Everything is recorded in the run's timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from keyorder.devtools.groupsim.model import TOPIC, SimPod, SimulatedGroup
+from keyorder.devtools.groupsim.scenarios import Scenario
+from keyorder_operator.observe import LagSample, observation_from
+from keyorder_operator.pod_signals import combine, parse_report
+from keyorder_operator.policy import Decision, Observation, Size, decide, unapplied
+from keyorder_operator.spec import OrderedConsumerSpec, ScalingMode, parse_spec
+from keyorder_operator.status import (
+    limits_from_spec,
+    sample_from_status,
+    sample_to_status,
+    state_from_status,
+    state_to_status,
+)
+
+EPOCH = 1_700_000_000.0
+"""Simulated second 0 as a Unix time (the policy stores times; they must look like real ones)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """The group after one step."""
+
+    t: float
+    lag: float
+    arrival_rate: float
+    """Messages/s produced in the step (noise and bursts included)."""
+    drain_rate: float
+    """Messages/s committed in the step."""
+    replicas: int
+    """Decided (the Deployment's)."""
+    ready: int
+    """Pods in the group."""
+    workers: int
+    """Decided workers per pod."""
+    capacity: float
+    """Messages/s the group's pods can handle (the ground truth; rebalance pauses aside)."""
+    per_worker_rate: float
+    """Messages/s one busy worker handles (the ground truth)."""
+    paused: bool
+    lag_unknown: bool
+
+
+@dataclass(frozen=True)
+class PollRecord:
+    t: float
+    before: Size
+    target: Size
+    recommended: Size | None
+    cause: str
+    reason: str
+    limited: str | None
+    caveat: str | None
+    exception: str | None = None
+
+
+@dataclass
+class Run:
+    """A scenario's timeline: one point per step, one record per poll."""
+
+    scenario: Scenario
+    seed: int
+    points: list[Point] = field(default_factory=list)
+    polls: list[PollRecord] = field(default_factory=list)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def run(scenario: Scenario, seed: int = 1, progress: Callable[[float], None] | None = None) -> Run:
+    """Simulate ``scenario`` with the random ``seed``; ``progress(t)`` is called every simulated minute."""
+    rng = random.Random(seed)
+    spec = parse_spec(scenario.spec_at(0.0))
+    group = SimulatedGroup(
+        settings=scenario.group,
+        workloads=dict(scenario.workloads),
+        workload=spec.handler.image,
+        rng=rng,
+        replicas=scenario.initial_replicas,
+        initial_workers=spec.workers.initial,
+    )
+    for partition, share in scenario.hot_keys:
+        group.partitions[partition].hot_share = share
+    if scenario.initial_backlog:
+        group.add_arrivals(scenario.initial_backlog, scenario.weights_at(0.0))
+    status: dict[str, Any] = {"workersPerPod": spec.workers.initial}
+    result = Run(scenario, seed)
+    next_poll = spec.scaling.poll_interval_seconds
+    dt = scenario.step_seconds
+    t = 0.0
+    committed_before = sum(partition.last_commit for partition in group.partitions)
+    while t < scenario.duration - 1e-9:
+        new_spec = parse_spec(scenario.spec_at(t))
+        if new_spec.handler.image != spec.handler.image:
+            group.roll_out(new_spec.handler.image)
+        spec = new_spec
+        produced = scenario.arrivals(t) * dt
+        if scenario.noise:
+            produced *= 1.0 + rng.uniform(-scenario.noise, scenario.noise)
+        produced += sum(size for at, size in scenario.bursts if t <= at < t + dt)
+        group.add_arrivals(produced, scenario.weights_at(t))
+        for partition, at in scenario.blocked_keys:
+            if t <= at < t + dt:
+                group.partitions[partition].blocked_at = group.partitions[partition].end
+        group.step(dt)
+        t = round(t + dt, 6)
+        if t >= next_poll - 1e-9:
+            _poll(scenario, spec, group, status, result, t)
+            next_poll += spec.scaling.poll_interval_seconds
+        committed = sum(partition.last_commit for partition in group.partitions)
+        result.points.append(
+            Point(
+                t=t,
+                lag=group.lag(),
+                arrival_rate=produced / dt,
+                drain_rate=max(committed - committed_before, 0.0) / dt,
+                replicas=group.replicas,
+                ready=sum(1 for pod in group.pods if pod.joined),
+                workers=int(status.get("workersPerPod") or spec.workers.initial),
+                capacity=group.ready_capacity(),
+                per_worker_rate=group.true_rate(),
+                paused=scenario.paused_at(t),
+                lag_unknown=scenario.lag_unknown_at(t),
+            )
+        )
+        committed_before = committed
+        if progress is not None and int(t) % 60 == 0 and abs(t - int(t)) < 1e-9:
+            progress(t)
+    return result
+
+
+def _poll(
+    scenario: Scenario, spec: OrderedConsumerSpec, group: SimulatedGroup, status: dict[str, Any], result: Run, t: float
+) -> None:
+    """One operator poll (``Poll.size``) at simulated second ``t``."""
+    now = EPOCH + t
+    limits = limits_from_spec(spec)
+    state = state_from_status(status, spec, group.replicas)
+    paused = scenario.paused_at(t)
+
+    def answers(pod: SimPod) -> bool:
+        return not scenario.silent_at(t, pod.name, group)
+
+    if scenario.lag_unknown_at(t):
+        observation = Observation(lag=None, partitions=None, paused=paused)
+    else:
+        lags = tuple(int(partition.end) - int(partition.last_commit) for partition in group.partitions)
+        sample = LagSample(
+            at=now,
+            partitions=len(group.partitions),
+            end_total=sum(int(partition.end) for partition in group.partitions),
+            committed_total=sum(int(partition.last_commit) for partition in group.partitions),
+            partition_lags=lags,
+            end_offsets=tuple((TOPIC, p.index, int(p.end)) for p in group.partitions),
+        )
+        ready = [pod for pod in group.pods if pod.joined]
+        reports = [parse_report(_json(group.report(pod))) for pod in ready if answers(pod)]
+        observation = observation_from(
+            sample_from_status(status),
+            sample,
+            combine(reports),
+            group.rollout_settled,
+            paused,
+            pods_expected=len(ready),
+        )
+        status["lastSample"] = sample_to_status(sample)
+    current = state.current
+    try:
+        decision: Decision = decide(observation, limits, state, now)
+    except Exception as error:  # a criterion: every exception is recorded, and the size is kept
+        result.polls.append(
+            PollRecord(t, current, current, None, "exception", "", None, None, f"{type(error).__name__}: {error}")
+        )
+        return
+    target = decision.target
+    if spec.scaling.mode is ScalingMode.RECOMMEND:
+        status["autoscaler"] = _json(state_to_status(unapplied(decision.state, current)))
+        target = current
+    else:
+        status["autoscaler"] = _json(state_to_status(decision.state))
+        status["workersPerPod"] = target.workers
+        group.scale(target.replicas)
+        group.push_workers(target.workers, answers)
+    result.polls.append(
+        PollRecord(
+            t=t,
+            before=current,
+            target=target,
+            recommended=decision.recommended,
+            cause=decision.cause.value,
+            reason=decision.reason,
+            limited=decision.limited.kind.value if decision.limited else None,
+            caveat=decision.caveat.reason if decision.caveat else None,
+        )
+    )

@@ -1,0 +1,400 @@
+"""The simulated consumer group: partitions, pods and their workers, one step of simulated time at a time.
+
+A fluid model (messages are counts, not objects), so hours of a group take well under a second:
+
+- **Partitions** receive arrivals. Each has a normal progress offset (every message below it that
+  is not the hot key's is handled), a **hot key** share (its messages run one at a time, and its
+  oldest unhandled message holds the partition's commit), and possibly a **blocked key** (a message
+  that fails forever under ``onExhausted: block``: the commit stays there). A pod looks ahead at
+  most ``inflight_per_pod`` offsets past the commit (split over its partitions), as the pod's flow
+  control does, so a hot or blocked key starves the rest of its partition once the window is full.
+- **Pods** are created by the Deployment's replicas, become ready after ``start_delay``, and join
+  the group: every membership change is a **rebalance** that pauses every pod (eager) or only the
+  pods whose partitions moved (incremental) for ``rebalance_pause`` seconds. Partitions are spread
+  in contiguous ranges (librdkafka's range assignor); a pod beyond the partition count gets none.
+- **Workers**: a pod handles at most ``W x dt / (handler time + overhead)`` messages in a step, and
+  no more than its CPU allows when the handler costs CPU (one core for threads, the pod's cores for
+  processes; contention then shows as a longer handler time, as the GIL does).
+
+The pods' reports are built from this state by the pods' own report code (``build_report``); the
+model only supplies what a pod would know. Nothing here reads a clock or uses global randomness.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from keyorder.adapters.scaling_report import build_report
+from keyorder.core.lanes import LaneSummary
+from keyorder.runtime import PartitionSnapshot, RuntimeSnapshot
+from keyorder.workers import WorkerStats
+
+TOPIC = "orders"
+HOT_KEY = "acct-hot"
+BLOCKED_KEY = "acct-poison"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the pods run (an image): its handler time over time, per-message overhead and CPU cost."""
+
+    name: str
+    handler_seconds: Callable[[float], float]
+    """Mean handler seconds per message at simulated second ``t`` (from the run's start)."""
+    overhead_seconds: float = 0.0002
+    """Per message outside the handler (dispatch, commit bookkeeping)."""
+    cpu_per_message: float = 0.0
+    """CPU seconds per message (0: the handler waits on I/O and costs no CPU)."""
+    spread: float = 0.2
+    """Relative spread of a step's mean handler time (log-normal)."""
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    partitions: int = 12
+    start_delay: float = 30.0
+    """Seconds from a pod's creation to ready (image pull, start-up, readiness)."""
+    rebalance_pause: float = 5.0
+    """Seconds a rebalance stops the pods it involves."""
+    incremental: bool = False
+    """Cooperative (incremental) rebalancing: only pods whose partitions moved pause."""
+    inflight_per_pod: int = 10_000
+    cores_per_pod: float = 1.0
+    executor: str = "thread"
+    ordering: str = "key"
+    keys_per_partition: int = 2_000
+    """Distinct keys a partition's window holds (how many lanes can run at once)."""
+
+
+@dataclass
+class SimPartition:
+    index: int
+    end: float = 0.0
+    done: float = 0.0
+    """Normal progress: every offset below it that is not the hot key's is handled."""
+    hot_share: float = 0.0
+    hot_total: float = 0.0
+    hot_done: float = 0.0
+    blocked_at: float | None = None
+    last_commit: float = 0.0
+    """The offset the pods last committed (they commit every step, as a pod does every second): what
+    Kafka reports, one step behind the pods' own progress."""
+
+    @property
+    def hot_position(self) -> float:
+        """Offset of the hot key's oldest unhandled message (inf when it has none)."""
+        if self.hot_share <= 0 or self.hot_done >= self.hot_total - 1e-9:
+            return math.inf
+        return self.hot_done / self.hot_share
+
+    @property
+    def committed(self) -> float:
+        committed = min(self.done, self.hot_position, self.end)
+        return min(committed, self.blocked_at) if self.blocked_at is not None else committed
+
+    @property
+    def lag(self) -> float:
+        """End offset minus the last commit: the lag Kafka reports."""
+        return max(self.end - self.last_commit, 0.0)
+
+
+@dataclass
+class SimPod:
+    name: str
+    created: float
+    ready_at: float
+    workload: str
+    workers: int
+    partitions: tuple[int, ...] = ()
+    joined: bool = False
+    rebalances: int = 0
+    paused_until: float = 0.0
+    calls: float = 0.0
+    handler_total: float = 0.0
+    cpu_seconds: float = 0.0
+    busy_share: float = 0.0
+    saturated: bool = False
+
+
+@dataclass(frozen=True)
+class _PartitionId:
+    """What the pod's report reads from a partition's runtime state: its ``id``."""
+
+    id: tuple[str, int]
+
+
+@dataclass
+class SimulatedGroup:
+    """The group: ``step`` advances it, ``reports`` and ``lag_sample`` are what the operator reads."""
+
+    settings: GroupSettings
+    workloads: dict[str, Workload]
+    workload: str
+    rng: random.Random
+    replicas: int = 1
+    initial_workers: int = 16
+    now: float = 0.0
+    partitions: list[SimPartition] = field(default_factory=list)
+    pods: list[SimPod] = field(default_factory=list)
+    rebalances: int = 0
+    _names: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.partitions:
+            self.partitions = [SimPartition(index) for index in range(self.settings.partitions)]
+        for _ in range(self.replicas):
+            self._create_pod(ready_now=True)
+        self._rebalance()
+
+    # -- the Deployment -----------------------------------------------------------------------------
+    def _create_pod(self, ready_now: bool = False) -> None:
+        self._names += 1
+        delay = 0.0 if ready_now else self.settings.start_delay
+        self.pods.append(
+            SimPod(
+                name=f"pod-{self._names:03d}",
+                created=self.now,
+                ready_at=self.now + delay,
+                workload=self.workload,
+                workers=self.initial_workers,
+            )
+        )
+
+    def scale(self, replicas: int) -> None:
+        """The Deployment's replicas: new pods start (ready after the delay); removed pods leave at once
+        (not-ready and newest first, as a ReplicaSet picks them)."""
+        self.replicas = replicas
+        current = [pod for pod in self.pods if pod.workload == self.workload]
+        while len(current) < replicas:
+            self._create_pod()
+            current = [pod for pod in self.pods if pod.workload == self.workload]
+        if len(current) > replicas:
+            doomed = sorted(current, key=lambda pod: (pod.joined, -pod.created))[: len(current) - replicas]
+            left_group = any(pod.joined for pod in doomed)
+            self.pods = [pod for pod in self.pods if pod not in doomed]
+            if left_group:
+                self._rebalance()
+
+    def roll_out(self, workload: str) -> None:
+        """A new image: pods are replaced one at a time (a new one starts; once ready, an old one leaves)."""
+        self.workload = workload
+
+    def push_workers(self, workers: int, reachable: Callable[[SimPod], bool]) -> None:
+        """The operator's worker push reaches the ready pods that answer (live: no restart, no rebalance)."""
+        for pod in self.pods:
+            if pod.joined and reachable(pod):
+                pod.workers = workers
+
+    @property
+    def rollout_settled(self) -> bool:
+        """Every pod of the Deployment is updated and ready."""
+        updated = [pod for pod in self.pods if pod.workload == self.workload]
+        return len(updated) == self.replicas == len(self.pods) and all(pod.joined for pod in self.pods)
+
+    # -- the group ----------------------------------------------------------------------------------------
+    def _rebalance(self) -> None:
+        members = sorted((pod for pod in self.pods if pod.joined or pod.ready_at <= self.now), key=lambda p: p.name)
+        count, total = len(members), self.settings.partitions
+        self.rebalances += 1
+        start = 0
+        for position, pod in enumerate(members):
+            size = total // count + (1 if position < total % count else 0) if count else 0
+            assigned = tuple(range(start, start + size))
+            start += size
+            moved = assigned != pod.partitions or not pod.joined
+            pod.joined = True
+            pod.partitions = assigned
+            pod.rebalances += 1
+            if moved or not self.settings.incremental:  # incremental: unmoved pods keep consuming
+                pod.paused_until = self.now + self.settings.rebalance_pause
+
+    def _roll(self) -> None:
+        """One step of a rolling update: surge one new pod; when it is ready, retire one old pod."""
+        old = [pod for pod in self.pods if pod.workload != self.workload]
+        if not old:
+            return
+        new = [pod for pod in self.pods if pod.workload == self.workload]
+        starting = [pod for pod in new if not pod.joined]
+        if not starting and len(new) < self.replicas:
+            self._create_pod()
+        elif not starting and new:
+            self.pods.remove(old[0])
+            self._rebalance()
+        elif not new:
+            self._create_pod()
+
+    # -- time -----------------------------------------------------------------------------------------------
+    def add_arrivals(self, messages: float, weights: tuple[float, ...] | None = None) -> None:
+        """``messages`` produced, spread over the partitions by ``weights`` (even by default)."""
+        total = self.settings.partitions
+        shares = weights or (1.0,) * total
+        norm = sum(shares)
+        for partition, share in zip(self.partitions, shares, strict=True):
+            arrived = messages * share / norm
+            partition.end += arrived
+            partition.hot_total += arrived * partition.hot_share
+
+    def true_rate(self, workload: str | None = None) -> float:
+        """Messages/s one busy worker handles now (the ground truth the policy estimates)."""
+        load = self.workloads[workload or self.workload]
+        return 1.0 / (load.handler_seconds(self.now) + load.overhead_seconds)
+
+    def pod_capacity(self, pod: SimPod) -> float:
+        """Messages/s the pod can handle when its workers have work (its CPU bound included)."""
+        load = self.workloads[pod.workload]
+        rate = pod.workers / (load.handler_seconds(self.now) + load.overhead_seconds)
+        return min(rate, self._cpu_cap(pod))
+
+    def _cpu_cap(self, pod: SimPod) -> float:
+        load = self.workloads[pod.workload]
+        if load.cpu_per_message <= 0:
+            return math.inf
+        cores = self.settings.cores_per_pod
+        usable = min(cores, 1.0) if self.settings.executor in ("thread", "async") else min(cores, pod.workers)
+        return usable / load.cpu_per_message
+
+    def ready_capacity(self) -> float:
+        """Messages/s the joined pods can handle of load spread evenly over the partitions (rebalance
+        pauses aside): the pod with the least capacity per partition sets the pace for all."""
+        members = [pod for pod in self.pods if pod.joined and pod.partitions]
+        if sum(len(pod.partitions) for pod in members) < self.settings.partitions:
+            return 0.0
+        total = self.settings.partitions
+        return min((self.pod_capacity(pod) * total / len(pod.partitions) for pod in members), default=0.0)
+
+    def step(self, dt: float) -> None:
+        """Advance ``dt`` seconds: pods start and join, roll, and handle what their windows hold."""
+        self.now += dt
+        for partition in self.partitions:
+            partition.last_commit = partition.committed
+        if any(not pod.joined and pod.ready_at <= self.now for pod in self.pods):
+            self._rebalance()
+        self._roll()
+        for pod in self.pods:
+            self._handle(pod, dt)
+
+    def _window(self, pod: SimPod) -> float:
+        return self.settings.inflight_per_pod / max(len(pod.partitions), 1)
+
+    def _handle(self, pod: SimPod, dt: float) -> None:
+        if not pod.joined or not pod.partitions or pod.paused_until > self.now:
+            pod.busy_share, pod.saturated = 0.0, False
+            return
+        load = self.workloads[pod.workload]
+        handler = load.handler_seconds(self.now) * math.exp(self.rng.gauss(0.0, load.spread) - load.spread**2 / 2)
+        per_worker = dt / (handler + load.overhead_seconds)
+        capacity = min(pod.workers * per_worker, self._cpu_cap(pod) * dt)
+        window = self._window(pod)
+        available: list[tuple[SimPartition, float, float]] = []
+        for index in pod.partitions:
+            partition = self.partitions[index]
+            limit = min(partition.end, partition.committed + window)
+            normal = max(limit - partition.done, 0.0) * (1.0 - partition.hot_share)
+            hot = 0.0
+            if partition.hot_share > 0 and partition.hot_position < limit:
+                hot = min((limit - partition.hot_position) * partition.hot_share, per_worker)  # one worker
+            available.append((partition, normal, hot))
+        wanted = sum(normal + hot for _, normal, hot in available)
+        fraction = min(1.0, capacity / wanted) if wanted > 0 else 0.0
+        handled = 0.0
+        for partition, normal, hot in available:
+            take_normal, take_hot = normal * fraction, hot * fraction
+            if take_normal > 0:
+                partition.done += take_normal / (1.0 - partition.hot_share)
+            partition.hot_done += take_hot
+            handled += take_normal + take_hot
+        pod.calls += handled
+        cpu_bound = capacity < pod.workers * per_worker
+        busy = min(handled / per_worker, pod.workers) if per_worker > 0 else 0.0
+        # a CPU-bound pod's workers wait for the CPU inside their handler: its wall time stretches
+        pod.handler_total += busy * dt if cpu_bound else handled * handler
+        pod.cpu_seconds += handled * load.cpu_per_message + 0.02 * dt
+        pod.busy_share = busy / pod.workers if pod.workers else 0.0
+        pod.saturated = wanted > capacity
+
+    # -- what the operator reads ------------------------------------------------------------------------------
+    def lag(self) -> float:
+        return sum(partition.lag for partition in self.partitions)
+
+    def report(self, pod: SimPod) -> dict[str, Any]:
+        """The pod's ``GET /admin/scaling`` answer, built by the pods' own report code."""
+        window = self._window(pod)
+        snapshots, parked = [], []
+        queued = inflight_total = 0
+        runnable_keys = 0
+        busiest: tuple[float, str, int] | None = None
+        for index in pod.partitions:
+            partition = self.partitions[index]
+            committed = int(partition.committed)
+            limit = min(partition.end, partition.committed + window)
+            normal = max(limit - partition.done, 0.0) * (1.0 - partition.hot_share)
+            hot = max(limit - partition.hot_position, 0.0) * partition.hot_share if partition.hot_share else 0.0
+            inflight = max(int(limit) - committed, 0)
+            queued += int(normal + hot)
+            inflight_total += inflight
+            runnable_keys += min(self.settings.keys_per_partition, int(normal)) + (1 if hot >= 1 else 0)
+            if hot >= 1 and (busiest is None or hot > busiest[0]):
+                busiest = (hot, HOT_KEY, index)
+            blocked = partition.blocked_at is not None and committed >= int(partition.blocked_at)
+            if blocked:
+                parked.append((_PartitionId((TOPIC, index)), committed, True))
+                runnable_keys = max(runnable_keys - 1, 0)
+            snapshots.append(
+                PartitionSnapshot(
+                    topic=TOPIC,
+                    partition=index,
+                    committed=int(partition.last_commit),
+                    high_watermark=int(partition.end),
+                    min_inflight=committed if inflight > 0 else None,
+                    oldest_inflight_age=0.0,
+                    inflight=inflight,
+                    uncommitted=inflight,
+                    paused=inflight >= window,
+                    completed=int(partition.done),
+                )
+            )
+        if busiest is None and queued > 0 and pod.partitions:
+            per_key = max(1, math.ceil(queued / max(runnable_keys, 1)))
+            busiest = (per_key, "acct-1", pod.partitions[0])
+        workers = pod.workers
+        busy = min(workers, round(pod.busy_share * workers))
+        ready = max(runnable_keys - workers, 0) if pod.saturated else 0
+        lanes = LaneSummary(
+            ready=ready,
+            running=busy,
+            parked=len(parked),
+            blocked=len(parked),
+            queued=queued,
+            longest_backlog=int(busiest[0]) if busiest else 0,
+            active=runnable_keys,
+            parked_heads=frozenset(parked),
+            longest_lane=busiest[1] if busiest else None,
+            longest_lane_partition=_PartitionId((TOPIC, busiest[2])) if busiest else None,
+        )
+        stats = [WorkerStats() for _ in range(max(workers, 1))]
+        stats[0].handler_seconds.count = int(pod.calls)
+        stats[0].handler_seconds.total = pod.handler_total
+        for worker in stats[:busy]:
+            worker.busy = True
+        snapshot = RuntimeSnapshot(
+            partitions=tuple(snapshots),
+            inflight=inflight_total,
+            workers=workers,
+            rebalances=pod.rebalances,
+            assigned_partitions=len(pod.partitions),
+        )
+        return build_report(
+            snapshot,
+            lanes,
+            stats,
+            ordering=self.settings.ordering,
+            executor=self.settings.executor,
+            workers=workers,
+            cpu_cores=self.settings.cores_per_pod,
+            cpu_seconds=pod.cpu_seconds,
+            worker_processes=workers if self.settings.executor == "process" else 0,
+        )

@@ -1,0 +1,52 @@
+"""The autoscaler judged over hours of a simulated group: every scenario of ``keyorder simulate``, on
+two seeds, must meet its criteria (``keyorder.devtools.groupsim``): the backlog within target in
+time, no overshoot, no minutes below the arrivals while the lag grows, few replica changes at steady
+load, never a scale-down while the lag grows, never an exception, and each scenario's own checks.
+
+Pure: the simulated group, the pods' own report code, the operator's parser and ``decide``; a few
+seconds in all. ``keyorder simulate NAME`` plots any of them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from keyorder.devtools.groupsim.criteria import failures, measure
+from keyorder.devtools.groupsim.driver import run
+from keyorder.devtools.groupsim.scenarios import SCENARIOS
+
+SEEDS = (1, 7)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda scenario: scenario.name)
+def test_every_criterion_holds(scenario, seed):
+    measured = measure(run(scenario, seed=seed))
+    assert failures(measured) == [], f"{scenario.name} (seed {seed}): {scenario.summary}"
+    assert measured.run.polls, "the policy was never asked"
+
+
+def test_the_scenarios_cover_what_the_issue_names():
+    """Each situation the autoscaler was found failing in has a scenario (names are the contract of
+    ``keyorder simulate NAME`` and of the docs' plots)."""
+    names = {scenario.name for scenario in SCENARIOS}
+    assert {
+        "spike",
+        "burst",
+        "slow-ramp",
+        "noisy-steady",
+        "noisy-boundary",
+        "handler-slowdown",
+        "one-silent-pod",
+        "all-pods-silent",
+        "lag-unknown",
+        "hot-key",
+        "blocked-key",
+        "lag-on-few-partitions",
+        "scale-to-zero",
+        "pause-during-spike",
+        "fallback",
+        "new-image-mid-drain",
+        "cpu-bound-process",
+    } <= names
+    assert len(names) == len(SCENARIOS), "two scenarios share a name"
