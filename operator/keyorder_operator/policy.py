@@ -309,6 +309,8 @@ HOLD_POLLS = 2
 LIMIT_CLEAR_POLLS = 2
 """A limit clears only when absent on this many polls in a row: one poll of refilling queues must
 not flip the condition and send an Event each way."""
+SEED_AGE = 0.001
+"""How long ago the seed of an empty history was 'recommended' (outside a zero-length up-window)."""
 MARKER_LAG = 1
 """A transaction's commit marker occupies one offset per partition."""
 GROWTH_SHARE = 0.025
@@ -876,10 +878,7 @@ def stabilized(
 ) -> Size:
     """Replicas and capacity stabilized separately (a reshape of the same capacity into fewer pods is
     a scale-down of pods, and waits for the down-window); the workers per pod then carry the capacity.
-    With no history (a new resource, a restarted memory) a scale-down waits for one window from now."""
-    shrinking = recommended.replicas < current.replicas or recommended.capacity < current.capacity
-    if not history and shrinking and limits.scale_down_window_seconds > 0:
-        history = ((now, current.replicas, current.workers),)
+    (``_sized`` seeds an empty history with the current size, so a new resource waits a window too.)"""
     replicas = _stabilized_value(recommended.replicas, current.replicas, [(at, r) for at, r, _ in history], now, limits)
     capacity = _stabilized_value(
         recommended.capacity, current.capacity, [(at, r * w) for at, r, w in history], now, limits
@@ -1122,6 +1121,11 @@ def _sized(
         limited, gone = state.limit, state.limit_gone_polls + 1
     keep_since = now - max(limits.scale_up_window_seconds, limits.scale_down_window_seconds)
     history = tuple(item for item in state.recommendations if item[0] >= keep_since)
+    shrinking = recommended.replicas < current.replicas or recommended.capacity < current.capacity
+    if not history and shrinking and limits.scale_down_window_seconds > 0:
+        # no memory (a new resource, a status from another release): the current size stands as if
+        # recommended a moment ago, so a scale-down waits one whole window (the seed is kept with the rest)
+        history = ((now - SEED_AGE, current.replicas, current.workers),)
     target = stabilized(recommended, current, history, now, limits, partitions)
     if target != recommended and cause is Cause.STEADY:
         cause = Cause.STABILIZING
