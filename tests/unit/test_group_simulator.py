@@ -76,23 +76,46 @@ def test_a_new_pod_joins_after_its_start_delay_and_the_rebalance_pauses_every_po
     assert simulated.lag() < paused_at
 
 
-@pytest.mark.parametrize(("incremental", "first_pod_pauses"), [(False, True), (True, False)])
-def test_an_incremental_rebalance_pauses_only_the_pods_whose_partitions_move(incremental, first_pod_pauses):
-    """4 partitions, 2 pods -> 3: the first pod keeps partitions 0 and 1. Eager, it stops with the rest;
-    incremental, it goes on."""
+@pytest.mark.parametrize("incremental", [False, True])
+def test_an_incremental_rebalance_stops_only_the_partitions_that_change_owner(incremental):
+    """4 partitions, 2 pods -> 3: the first pod keeps partitions 0 and 1 either way. Eager, every
+    partition stops; incremental (cooperative-sticky), only partition 3 (moving to the new pod) does."""
     simulated = group(incremental=incremental, start_delay=0.0, partitions=4, rebalance_pause=5.0)
     simulated.scale(2)
     simulated.step(1.0)
     simulated.step(10.0)  # past the first rebalance's pause
-    first = simulated.pods[0]
-    assert first.partitions == (0, 1)
+    first, second = simulated.pods[0], simulated.pods[1]
+    assert (first.partitions, second.partitions) == ((0, 1), (2, 3))
     simulated.add_arrivals(100_000)
     simulated.scale(3)
     simulated.step(1.0)
     assert first.partitions == (0, 1)
-    assert (first.paused_until > simulated.now) is first_pod_pauses
-    handled = simulated.partitions[0].committed
-    assert (handled == 0) is first_pod_pauses
+    stopped = [index for index, partition in enumerate(simulated.partitions) if partition.paused_until > simulated.now]
+    assert stopped == ([3] if incremental else [0, 1, 2, 3])
+    assert (simulated.partitions[0].committed > 0) is incremental
+    assert simulated.partitions[3].committed == 0
+
+
+def test_the_pods_of_the_start_were_consuming_before_it_and_do_not_pause():
+    simulated = group(rebalance_pause=5.0)
+    simulated.add_arrivals(12_000)
+    simulated.step(1.0)
+    assert all(partition.committed > 0 for partition in simulated.partitions)
+
+
+def test_the_sticky_assignment_is_as_even_as_the_range_one_and_moves_the_fewest_partitions():
+    from keyorder.devtools.groupsim.model import range_assignment, sticky_assignment
+
+    before = range_assignment([(f"p{n}", ()) for n in range(5)], 12)
+    members = [(name, held) for name, held in before.items()] + [("p5", ())]
+    after = sticky_assignment(members, 12)
+    assert sorted(len(held) for held in after.values()) == [2] * 6
+    assert sorted(p for held in after.values() for p in held) == list(range(12))
+    moved = sum(len(set(held) - set(before.get(name, ()))) for name, held in after.items())
+    assert moved == 2, after
+    shrunk = sticky_assignment([(name, held) for name, held in after.items() if name != "p0"], 12)
+    assert sorted(p for held in shrunk.values() for p in held) == list(range(12))
+    assert all(set(after[name]) <= set(held) for name, held in shrunk.items())
 
 
 def test_partitions_are_spread_in_ranges_and_an_extra_pod_gets_none():
@@ -170,3 +193,10 @@ def test_keyorder_simulate_lists_runs_plots_and_refuses_an_unknown_name(tmp_path
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "PASS: every criterion held" in ran.stdout
     assert picture.read_bytes()[:4] == b"\x89PNG"
+    shorter = subprocess.run(
+        [*command, "burst", "--hours", "0.3", "--no-plot"], capture_output=True, text=True, timeout=120
+    )
+    assert shorter.returncode == 0, shorter.stdout + shorter.stderr
+    assert "simulated 15 of 18 min" in shorter.stdout and "peak / needed replicas" in shorter.stdout
+    negative = subprocess.run([*command, "burst", "--hours", "-1"], capture_output=True, text=True, timeout=60)
+    assert negative.returncode == 2 and "--hours must be above 0" in negative.stderr

@@ -7,6 +7,7 @@ exit status is 0 when every criterion held, 1 when one did not, 2 for bad input 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -18,9 +19,22 @@ def add_simulate_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the scenarios and what each shows")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the noise (default 1)")
     parser.add_argument(
+        "--hours", type=_positive_hours, help="simulated hours to run (default: the scenario's own duration)"
+    )
+    parser.add_argument(
         "--output", type=Path, help="the PNG to write (default simulate-results/NAME.png; with 'all', a folder)"
     )
     parser.add_argument("--no-plot", action="store_true", help="print the criteria only")
+
+
+def _positive_hours(text: str) -> float:
+    try:
+        hours = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--hours must be a number of hours, got {text!r}") from None
+    if not 0 < hours <= 48:
+        raise argparse.ArgumentTypeError(f"--hours must be above 0 and at most 48, got {text}")
+    return hours
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -41,6 +55,8 @@ def simulate_command(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     chosen = SCENARIOS if args.scenario == "all" else (by_name(args.scenario),)
+    if args.hours is not None:  # the same scenario over a shorter or longer run, with the same thresholds
+        chosen = tuple(dataclasses.replace(scenario, duration=args.hours * 3600) for scenario in chosen)
     failed = 0
     for scenario in chosen:
         print(f"{scenario.name}: {scenario.summary}", flush=True)
@@ -89,6 +105,13 @@ def _table(measured: object, missed: list[str]) -> str:
             if measured.overshoot is None
             else f"{measured.peak_workers} / {measured.needed_workers} = {measured.overshoot:.2f}x",
             f"<= {criteria.max_overshoot}x" if criteria.max_overshoot is not None else "-",
+        ),
+        (
+            "peak / needed replicas",
+            "-"
+            if measured.replica_overshoot is None
+            else f"{measured.peak_replicas} / {measured.needed_replicas} = {measured.replica_overshoot:.2f}x",
+            "(reported)",
         ),
         (
             "under-provisioned while lag grew",

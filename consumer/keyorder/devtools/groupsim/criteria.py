@@ -33,6 +33,11 @@ class Measured:
     """Peak decided workers / the workers that were needed (``None``: nothing was needed)."""
     peak_workers: int
     needed_workers: int
+    replica_overshoot: float | None
+    """Peak decided replicas / the replicas the needed workers take (pods first); reported, not judged
+    (more pods with fewer workers each is a shape, not waste)."""
+    peak_replicas: int
+    needed_replicas: int
     underprovisioned_minutes: float
     replica_changes_per_hour: float | None
     scale_downs_while_growing: list[str]
@@ -65,11 +70,15 @@ def measure(run: Run) -> Measured:
         want = math.ceil((point.lag / target + scenario.arrivals(point.t)) / rate) if rate else 0
         needed = max(needed, want)
     partitions = scenario.group.partitions
-    needed_shaped = shape(max(needed, 1), limits, partitions).capacity if needed else 0
+    needed_size = shape(max(needed, 1), limits, partitions)
+    needed_shaped = needed_size.capacity if needed else 0
     polls = [p for p in run.polls if p.t >= scenario.disturbance]
     peak = max((p.target.capacity for p in polls), default=0)
-    minimum = shape(0, limits, partitions).capacity
-    overshoot = peak / max(needed_shaped, minimum) if needed_shaped else None
+    peak_replicas = max((p.target.replicas for p in polls), default=0)
+    smallest = shape(0, limits, partitions)
+    overshoot = peak / max(needed_shaped, smallest.capacity) if needed_shaped else None
+    needed_replicas = max(needed_size.replicas, smallest.replicas, 1) if needed else 0
+    replica_overshoot = peak_replicas / needed_replicas if needed_replicas else None
 
     by_time = {round(p.t, 6): p for p in run.points}
     under = 0.0
@@ -104,6 +113,9 @@ def measure(run: Run) -> Measured:
         overshoot=overshoot,
         peak_workers=peak,
         needed_workers=needed_shaped,
+        replica_overshoot=replica_overshoot,
+        peak_replicas=peak_replicas,
+        needed_replicas=needed_replicas,
         underprovisioned_minutes=under,
         replica_changes_per_hour=changes,
         scale_downs_while_growing=shrinks,

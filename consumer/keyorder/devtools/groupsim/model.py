@@ -9,9 +9,12 @@ A fluid model (messages are counts, not objects), so hours of a group take well 
   most ``inflight_per_pod`` offsets past the commit (split over its partitions), as the pod's flow
   control does, so a hot or blocked key starves the rest of its partition once the window is full.
 - **Pods** are created by the Deployment's replicas, become ready after ``start_delay``, and join
-  the group: every membership change is a **rebalance** that pauses every pod (eager) or only the
-  pods whose partitions moved (incremental) for ``rebalance_pause`` seconds. Partitions are spread
-  in contiguous ranges (librdkafka's range assignor); a pod beyond the partition count gets none.
+  the group: every membership change is a **rebalance** that stops consumption for
+  ``rebalance_pause`` seconds. Eager: every partition stops, and the partitions are spread in
+  contiguous ranges (the range assignor). Incremental (cooperative-sticky): each pod keeps as many
+  of its partitions as an even spread allows, and only the partitions that change owner stop.
+  A pod beyond the partition count gets none. The pods of the run's start were consuming before
+  it: they do not pause.
 - **Workers**: a pod handles at most ``W x dt / (handler time + overhead)`` messages in a step, and
   no more than its CPU allows when the handler costs CPU (one core for threads, the pod's cores for
   processes; contention then shows as a longer handler time, as the GIL does).
@@ -83,6 +86,8 @@ class SimPartition:
     last_commit: float = 0.0
     """The offset the pods last committed (they commit every step, as a pod does every second): what
     Kafka reports, one step behind the pods' own progress."""
+    paused_until: float = 0.0
+    """No pod consumes the partition before this (a rebalance moved it, or stopped every partition)."""
 
     @property
     def hot_position(self) -> float:
@@ -112,7 +117,6 @@ class SimPod:
     partitions: tuple[int, ...] = ()
     joined: bool = False
     rebalances: int = 0
-    paused_until: float = 0.0
     calls: float = 0.0
     handler_total: float = 0.0
     cpu_seconds: float = 0.0
@@ -149,6 +153,8 @@ class SimulatedGroup:
         for _ in range(self.replicas):
             self._create_pod(ready_now=True)
         self._rebalance()
+        for partition in self.partitions:  # the group was consuming before the run started
+            partition.paused_until = 0.0
 
     # -- the Deployment -----------------------------------------------------------------------------
     def _create_pod(self, ready_now: bool = False) -> None:
@@ -198,19 +204,20 @@ class SimulatedGroup:
     # -- the group ----------------------------------------------------------------------------------------
     def _rebalance(self) -> None:
         members = sorted((pod for pod in self.pods if pod.joined or pod.ready_at <= self.now), key=lambda p: p.name)
-        count, total = len(members), self.settings.partitions
         self.rebalances += 1
-        start = 0
-        for position, pod in enumerate(members):
-            size = total // count + (1 if position < total % count else 0) if count else 0
-            assigned = tuple(range(start, start + size))
-            start += size
-            moved = assigned != pod.partitions or not pod.joined
+        incremental = self.settings.incremental
+        assignment = (sticky_assignment if incremental else range_assignment)(
+            [(pod.name, pod.partitions) for pod in members], self.settings.partitions
+        )
+        for pod in members:
+            assigned = assignment[pod.name]
+            kept = set(pod.partitions) if pod.joined else set()
             pod.joined = True
             pod.partitions = assigned
             pod.rebalances += 1
-            if moved or not self.settings.incremental:  # incremental: unmoved pods keep consuming
-                pod.paused_until = self.now + self.settings.rebalance_pause
+            for index in assigned:
+                if not incremental or index not in kept:  # incremental: a partition that stays keeps flowing
+                    self.partitions[index].paused_until = self.now + self.settings.rebalance_pause
 
     def _roll(self) -> None:
         """One step of a rolling update: surge one new pod; when it is ready, retire one old pod."""
@@ -281,7 +288,8 @@ class SimulatedGroup:
         return self.settings.inflight_per_pod / max(len(pod.partitions), 1)
 
     def _handle(self, pod: SimPod, dt: float) -> None:
-        if not pod.joined or not pod.partitions or pod.paused_until > self.now:
+        flowing = [index for index in pod.partitions if self.partitions[index].paused_until <= self.now]
+        if not pod.joined or not flowing:
             pod.busy_share, pod.saturated = 0.0, False
             return
         load = self.workloads[pod.workload]
@@ -290,7 +298,7 @@ class SimulatedGroup:
         capacity = min(pod.workers * per_worker, self._cpu_cap(pod) * dt)
         window = self._window(pod)
         available: list[tuple[SimPartition, float, float]] = []
-        for index in pod.partitions:
+        for index in flowing:
             partition = self.partitions[index]
             limit = min(partition.end, partition.committed + window)
             normal = max(limit - partition.done, 0.0) * (1.0 - partition.hot_share)
@@ -398,3 +406,32 @@ class SimulatedGroup:
             cpu_seconds=pod.cpu_seconds,
             worker_processes=workers if self.settings.executor == "process" else 0,
         )
+
+
+def range_assignment(members: list[tuple[str, tuple[int, ...]]], partitions: int) -> dict[str, tuple[int, ...]]:
+    """The range assignor (eager): contiguous blocks in member order, the first ones one larger."""
+    count, start, assignment = len(members), 0, {}
+    for position, (name, _) in enumerate(members):
+        size = partitions // count + (1 if position < partitions % count else 0)
+        assignment[name] = tuple(range(start, start + size))
+        start += size
+    return assignment
+
+
+def sticky_assignment(members: list[tuple[str, tuple[int, ...]]], partitions: int) -> dict[str, tuple[int, ...]]:
+    """The cooperative-sticky assignor: as even a spread as the range one, moving the fewest partitions
+    (the members holding the most keep the larger shares; each keeps its lowest partitions up to its
+    share; what is left over goes, lowest first, to the members below theirs)."""
+    count = len(members)
+    if not count:
+        return {}
+    base, extra = divmod(partitions, count)
+    by_holding = sorted(members, key=lambda member: (-len(member[1]), member[0]))
+    share = {name: base + (1 if rank < extra else 0) for rank, (name, _) in enumerate(by_holding)}
+    kept = {name: sorted(p for p in held if p < partitions)[: share[name]] for name, held in members}
+    taken = {p for held in kept.values() for p in held}
+    free = [p for p in range(partitions) if p not in taken]
+    for name, _ in members:
+        while len(kept[name]) < share[name]:
+            kept[name].append(free.pop(0))
+    return {name: tuple(sorted(held)) for name, held in kept.items()}
