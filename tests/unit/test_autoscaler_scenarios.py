@@ -37,6 +37,7 @@ def test_the_scenarios_cover_what_the_issue_names():
         "noisy-steady",
         "noisy-boundary",
         "handler-slowdown",
+        "handler-slowdown-needs-more",
         "one-silent-pod",
         "all-pods-silent",
         "lag-unknown",

@@ -352,6 +352,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         checks=(replicas_at(1500, 12),),
     ),
     Scenario(
+        name="handler-slowdown-needs-more",
+        summary="3 pods keep up with 3,000/s until the handler slows 10 -> 100 ms: grow to the new need at once",
+        spec=spec(),
+        duration=1.5 * HOUR,
+        arrivals=constant(3_000),
+        initial_replicas=3,
+        disturbance=1200,
+        workloads={APP: Workload(APP, steps((0, 0.010), (1200, 0.100), (3000, 0.010)))},
+        criteria=Criteria(within_target_seconds=300, max_underprovisioned_minutes=2, max_overshoot=1.6),
+    ),
+    Scenario(
         name="one-silent-pod",
         summary="one of 2 pods stops answering its report (CPU-starved) as arrivals go from 2,000 to 12,000/s",
         spec=spec(),
