@@ -356,10 +356,12 @@ class Poll:
         status["lastDecision"] = {"reason": reason, "time": timestamp(self.now)}
 
     def explain_caveat(self, caveat: Caveat | None) -> None:
-        """A Warning Event when a decision starts being made without part of its inputs."""
-        before = next((c for c in self.conditions if c.get("type") == "Scaling"), {})
-        if caveat is not None and before.get("reason") != caveat.reason:
+        """A Warning Event when decisions start being made without part of their inputs
+        (``status.caveat`` remembers the reason, so the Event is sent once per episode)."""
+        reason = caveat.reason if caveat is not None else None
+        if caveat is not None and self.status.get("caveat") != reason:
             self.warn(caveat.reason, caveat.message)
+        self.patch.status["caveat"] = reason
 
     def explain_limit(self, limited: Limited | None) -> None:
         """The ScalingLimited condition, and an Event when it starts or its cause changes."""
