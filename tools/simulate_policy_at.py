@@ -36,9 +36,10 @@ def main(argv: list[str]) -> int:
     import keyorder_operator.observe as old_observe
     import keyorder_operator.policy as old_policy
     import keyorder_operator.spec as old_spec
+    import keyorder_operator.status as old_status
 
-    if not hasattr(old_policy, "unapplied"):
-        old_policy.unapplied = lambda state, current: state  # type: ignore[attr-defined]
+    if not hasattr(old_status, "memory_after"):  # no recommend-only mode then: the decision's state
+        old_status.memory_after = lambda decision, spec: old_status.state_to_status(decision.state)  # type: ignore[attr-defined]
     if not hasattr(old_spec, "ScalingMode"):
         old_spec.ScalingMode = types.SimpleNamespace(RECOMMEND="recommend")  # type: ignore[attr-defined]
         old_spec.ScalingSpec.mode = "apply"  # type: ignore[attr-defined]
@@ -65,7 +66,6 @@ def main(argv: list[str]) -> int:
 
     driver.decide = lambda *args: Decision(old_policy.decide(*args))  # type: ignore[assignment]
     driver.observation_from = observation_from  # type: ignore[assignment]
-    driver.unapplied = old_policy.unapplied
     held = 0
     chosen = [scenario for scenario in SCENARIOS if not names or scenario.name in names]
     for scenario in chosen:

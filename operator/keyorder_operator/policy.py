@@ -19,8 +19,8 @@ The algorithm, in order:
 4. **One worker's rate** = efficiency / handler time. The handler time is the mean the pods report
    for the interval (a slowdown lowers the rate on the next poll); the efficiency is the share of
    its time a saturated worker spends in the handler, learned from busy workers' time (handler
-   seconds / interval / workers, on clean intervals where keys waited for a worker), the median of
-   the last three, between 0.5 and 1 (0.8 before any): so the rate is always bounded by the handler
+   seconds / interval / workers, on clean intervals at both ends of which keys waited for a worker),
+   the median of the last three, between 0.5 and 1 (0.9 before any): so the rate is always bounded by the handler
    time from both sides, and is never the group's drain divided by all workers (idle workers would
    bias it low). A new workload (image, handler, template) starts learning again. Pods that do not
    report at all (an older release) fall back to the drain rate per decided worker.
@@ -256,7 +256,7 @@ class ScalingState:
     polled_at: float | None = None
     """When the last poll with a lag was decided (the interval the growth of the lag is over)."""
     saturated: bool = False
-    """The workers were the limit at the last poll (a key waited for a worker, or every worker was busy)."""
+    """The workers were the limit at the last poll (``saturated``: keys waited and nearly every worker was busy)."""
 
 
 @dataclass(frozen=True)
@@ -900,11 +900,10 @@ def rate_limited(target: Size, state: ScalingState, limits: ScalingLimits, now: 
     """Cap the change of replicas by the HPA-style rate limits; workers make up the capacity (the
     caller fits the result within the bounds again)."""
     current = state.current
-    up_rates = limits.scale_up_rates or DEFAULT_SCALE_UP_RATES
     if target.replicas > current.replicas:
         allowed = max(
             _limit(rate, replicas_at(state.replica_changes, current.replicas, now - rate.period_seconds), +1)
-            for rate in up_rates
+            for rate in scale_up_rates(limits)
         )
         if current.replicas == 0:
             allowed = max(allowed, 1)  # waking up always starts a pod (a percentage of zero is zero)
@@ -920,6 +919,11 @@ def rate_limited(target: Size, state: ScalingState, limits: ScalingLimits, now: 
         if target.replicas < allowed:
             return Size(min(allowed, current.replicas), target.workers)
     return target
+
+
+def scale_up_rates(limits: ScalingLimits) -> tuple[RateLimit, ...]:
+    """The scale-up rate limits in force: the spec's, else HPA's default."""
+    return limits.scale_up_rates or DEFAULT_SCALE_UP_RATES
 
 
 def _limit(rate: RateLimit, start: int, direction: int) -> int:
@@ -1151,8 +1155,7 @@ def _sized(
     elif waiting:
         cause = Cause.WAITING_FOR_RATE
     longest_period = max(
-        (rate.period_seconds for rate in (*limits.scale_up_rates, *limits.scale_down_rates, *DEFAULT_SCALE_UP_RATES)),
-        default=0,
+        (limit.period_seconds for limit in (*scale_up_rates(limits), *limits.scale_down_rates)), default=0
     )
     changes = tuple(item for item in state.replica_changes if item[0] >= now - longest_period)
     if target.replicas != current.replicas:

@@ -34,18 +34,17 @@ from keyorder_operator.policy import (
     Size,
     decide,
     net_drain_seconds,
-    unapplied,
 )
 from keyorder_operator.spec import PAUSE_ANNOTATION, OrderedConsumerSpec, ScalingMode
 from keyorder_operator.status import (
     POLL_CONDITIONS,
     condition_is,
     limits_from_spec,
+    memory_after,
     sample_from_status,
     sample_to_status,
     set_condition,
     state_from_status,
-    state_to_status,
     timestamp,
     write_conditions,
 )
@@ -191,11 +190,10 @@ class Poll:
         if decision.handler_seconds is not None:
             self.patch.status["pods"]["handlerMilliseconds"] = round(decision.handler_seconds * 1000, 3)
         self.explain_caveat(decision.caveat)
+        self.patch.status["autoscaler"] = memory_after(decision, self.spec)
         if self.spec.scaling.mode is ScalingMode.RECOMMEND:
-            self.patch.status["autoscaler"] = state_to_status(unapplied(decision.state, current))
             self.recommend(decision, current, paused, observed.pods)
             return
-        self.patch.status["autoscaler"] = state_to_status(decision.state)
         if self.status.get("recommendation") is not None:
             self.patch.status["recommendation"] = None  # the mode went back to apply
         if self.hand_over(observed, decision, limits, paused, replicas):

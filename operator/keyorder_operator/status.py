@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from keyorder_operator.observe import LagSample
 from keyorder_operator.policy import (
+    Decision,
     Limited,
     LimitKind,
     RateKind,
@@ -23,8 +24,9 @@ from keyorder_operator.policy import (
     ScalingLimits,
     ScalingState,
     Size,
+    unapplied,
 )
-from keyorder_operator.spec import OrderedConsumerSpec, Ordering, RatePolicySpec
+from keyorder_operator.spec import OrderedConsumerSpec, Ordering, RatePolicySpec, ScalingMode
 
 if TYPE_CHECKING:
     import kopf
@@ -149,6 +151,10 @@ def _optional_float(data: Any) -> float | None:
     return float(data) if isinstance(data, int | float) and not isinstance(data, bool) else None
 
 
+def _optional_int(data: Any) -> int | None:
+    return data if isinstance(data, int) and not isinstance(data, bool) else None
+
+
 def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replicas: int | None) -> ScalingState:
     """The policy state kept in status (or the starting state of a new resource). Fields written by
     an older release are read where they mean the same, and dropped (learned again) where not."""
@@ -169,7 +175,7 @@ def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replica
         efficiency_samples=_floats(memory.get("efficiencySamples")),
         handler_time=_optional_float(memory.get("handlerSeconds")),
         arrival_samples=_floats(memory.get("arrivalSamples")),
-        drainable_lag=int(memory["drainableLag"]) if isinstance(memory.get("drainableLag"), int) else None,
+        drainable_lag=_optional_int(memory.get("drainableLag")),
         settled=memory.get("settled", True),
         pod_totals=(
             (
@@ -191,9 +197,7 @@ def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replica
         limit=_limit_from_status(memory.get("limit")),
         limit_gone_polls=int(memory.get("limitGonePolls") or 0),
         workload=str(memory.get("workload") or ""),
-        cpu_workers_per_pod=int(memory["cpuWorkersPerPod"])
-        if isinstance(memory.get("cpuWorkersPerPod"), int)
-        else None,
+        cpu_workers_per_pod=_optional_int(memory.get("cpuWorkersPerPod")),
         polled_at=_optional_float(memory.get("polledAt")),
         saturated=bool(memory.get("saturated", False)),
     )
@@ -233,6 +237,16 @@ def state_to_status(state: ScalingState) -> dict[str, Any]:
         "polledAt": state.polled_at,
         "saturated": state.saturated,
     }
+
+
+def memory_after(decision: Decision, spec: OrderedConsumerSpec) -> dict[str, Any]:
+    """The policy's memory to keep in status after ``decision``: in recommend-only mode the group kept
+    its size, so the memory says nothing was applied (``policy.unapplied``). The operator's poll and
+    ``keyorder simulate`` both store it through here."""
+    state = decision.state
+    if spec.scaling.mode is ScalingMode.RECOMMEND:
+        state = unapplied(state, decision.before)
+    return state_to_status(state)
 
 
 def sample_from_status(status: dict[str, Any]) -> LagSample | None:

@@ -21,14 +21,14 @@ from keyorder.devtools.groupsim.model import TOPIC, SimPod, SimulatedGroup
 from keyorder.devtools.groupsim.scenarios import Scenario
 from keyorder_operator.observe import LagSample, observation_from
 from keyorder_operator.pod_signals import combine, parse_report
-from keyorder_operator.policy import Decision, Observation, Size, decide, unapplied
+from keyorder_operator.policy import Decision, Observation, Size, decide
 from keyorder_operator.spec import OrderedConsumerSpec, ScalingMode, parse_spec
 from keyorder_operator.status import (
     limits_from_spec,
+    memory_after,
     sample_from_status,
     sample_to_status,
     state_from_status,
-    state_to_status,
 )
 
 EPOCH = 1_700_000_000.0
@@ -192,11 +192,10 @@ def _poll(
         )
         return
     target = decision.target
+    status["autoscaler"] = _json(memory_after(decision, spec))
     if spec.scaling.mode is ScalingMode.RECOMMEND:
-        status["autoscaler"] = _json(state_to_status(unapplied(decision.state, current)))
         target = current
     else:
-        status["autoscaler"] = _json(state_to_status(decision.state))
         status["workersPerPod"] = target.workers
         group.scale(target.replicas)
         group.push_workers(target.workers, answers)
