@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from keyorder.config import RunConfig
 from keyorder.contracts import DeadLetterSink
@@ -19,6 +18,9 @@ from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.devtools.loadgen import create_topics
 from keyorder.pod import Pod
 from tests.guarantees import SerialPerKey
+from tests.support import group_committed, wait_for
+
+__all__ = ["Recorder", "group_committed", "stop_pod", "wait_until"]
 
 
 @pytest.fixture(scope="session")
@@ -38,22 +40,9 @@ def make_topic(broker: EmbeddedBroker) -> Callable[..., str]:
     return create
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def group_committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    """The group's committed offsets as the broker reports them (not the pod's view)."""
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        found = reader.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
-        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
-    finally:
-        reader.close()
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> None:
+    """``tests.support.wait_for`` without its value (kept for the many callers)."""
+    wait_for(predicate, timeout, what, interval)
 
 
 class Recorder:

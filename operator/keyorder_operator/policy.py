@@ -309,6 +309,9 @@ HOLD_POLLS = 2
 LIMIT_CLEAR_POLLS = 2
 """A limit clears only when absent on this many polls in a row: one poll of refilling queues must
 not flip the condition and send an Event each way."""
+SEEN_BY_PODS = frozenset({LimitKind.BLOCKED_KEY, LimitKind.HOT_KEY, LimitKind.IDLE_WORKERS, LimitKind.CPU})
+"""Limits only the pods' reports show: while some pods are silent or rebalancing, their absence is no
+evidence, so they neither clear nor count towards clearing."""
 SEED_AGE = 0.001
 """How long ago the seed of an empty history was 'recommended' (outside a zero-length up-window)."""
 MARKER_LAG = 1
@@ -1057,7 +1060,8 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
     # held long enough (a silent pod, a partition nobody reports): decide on what there is, and do not
     # hold again until the pods have shown one settled view
     held_polls = state.held_polls if changed else 0
-    return _sized(observation, limits, replace(state, held_polls=held_polls), now, silent_polls)
+    settled = not changed and silent_polls == 0
+    return _sized(observation, limits, replace(state, held_polls=held_polls), now, silent_polls, settled)
 
 
 def _lag_unknown(state: ScalingState, limits: ScalingLimits) -> Decision:
@@ -1082,9 +1086,15 @@ def _lag_unknown(state: ScalingState, limits: ScalingLimits) -> Decision:
 
 
 def _sized(
-    observation: Observation, limits: ScalingLimits, state: ScalingState, now: float, silent_polls: int
+    observation: Observation,
+    limits: ScalingLimits,
+    state: ScalingState,
+    now: float,
+    silent_polls: int,
+    settled: bool,
 ) -> Decision:
-    """The decision of a poll that has a lag and is not held: need, bounds, tolerance, windows, limits."""
+    """The decision of a poll that has a lag and is not held: need, bounds, tolerance, windows, limits.
+    ``settled``: every pod reported and none rebalanced, so a limit only the pods show may clear."""
     current, pods = state.current, observation.pods
     partitions = observation.partitions or 0
     rate = learn_rate(observation, state, limits, now)
@@ -1121,8 +1131,11 @@ def _sized(
         recommended, cause = current, Cause.WITHIN_TOLERANCE
     waiting = rate.per_worker is None and keep_up is None and recommended == current
     limited, gone = bound.limited, 0
-    if limited is None and state.limit is not None and state.limit_gone_polls + 1 < LIMIT_CLEAR_POLLS:
-        limited, gone = state.limit, state.limit_gone_polls + 1
+    if limited is None and state.limit is not None:
+        if not settled and state.limit.kind in SEEN_BY_PODS:
+            limited, gone = state.limit, state.limit_gone_polls  # no evidence either way
+        elif state.limit_gone_polls + 1 < LIMIT_CLEAR_POLLS:
+            limited, gone = state.limit, state.limit_gone_polls + 1
     keep_since = now - max(limits.scale_up_window_seconds, limits.scale_down_window_seconds)
     history = tuple(item for item in state.recommendations if item[0] >= keep_since)
     shrinking = recommended.replicas < current.replicas or recommended.capacity < current.capacity

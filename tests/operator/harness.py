@@ -44,18 +44,6 @@ CR = "keyorder.dev/v1alpha1/orderedconsumers"
 """The OrderedConsumer resource, in the ``group/version/plural`` notation the helpers below take."""
 
 
-def wait_for(probe: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``probe`` until it returns something truthy (returned); AssertionError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
-        time.sleep(interval)
-
-
 def write_kubeconfig(url: str, path: Path) -> Path:
     """A kubeconfig for the emulator at ``url`` (its token is not checked), for an operator run as
     users run it: a separate process that logs in the way kopf's ``login_via_client`` does."""

@@ -3,8 +3,8 @@
 The API emulator stores Deployments but runs nothing. This stand-in (a fake, named as one) does
 what the Deployment controller and the kubelet would: it keeps ``spec.replicas`` real
 ``keyorder run`` processes running with the Deployment's own ``KEYORDER_*`` environment, gives
-each its own loopback address (127.0.0.N, so every pod listens on the CR's ``httpPort`` as in a
-cluster), creates the Pod objects with ``podIP`` and the ``Ready`` condition from the process's
+each its own loopback address (127.0.W.N, W one per pytest-xdist worker, so every pod listens on
+the CR's ``httpPort`` as in a cluster and parallel test workers never share an address), creates the Pod objects with ``podIP`` and the ``Ready`` condition from the process's
 ``/readyz``, and reports the Deployment's ``status`` (replicas, ready, updated). What it does not
 imitate: images, volumes (the admin token Secret is written to a file), probes' timing, restarts.
 
@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from keyorder.devtools.embedded import FAST_GROUP_JOIN
+
+LOOPBACK_NET = 1 + int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+"""The third byte of this test process's pod addresses (127.0.0.0/8 is all loopback on Linux)."""
 from tests.operator.harness import ApiError, KubeHTTP
 
 
@@ -111,7 +114,7 @@ class LocalKubelet:
     def _start(self, deployment: dict[str, Any]) -> LocalProcessPod:
         self.started += 1
         name = f"{self.name}-{self.started}"
-        address = f"127.0.0.{10 + self.started}"
+        address = f"127.0.{LOOPBACK_NET}.{10 + self.started}"
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         env = {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
         token_file = write_admin_token(self.kube, self.name, self.workdir / f"{name}.token")

@@ -21,9 +21,9 @@ from keyorder_operator.kube import Kube
 from keyorder_operator.reconcile import OperatorContext, register
 from tests.operator.harness import CR, api_client, run_kopf, wait_for
 from tests.operator.kubelet import admin_token, consumer_labels, create_pod, report_pod_status, write_admin_token
+from tests.support import EXACT_END_OFFSETS
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
-EXACT_END_OFFSETS = {"batch.num.messages": 1}  # the test broker reports batch ends otherwise (TESTING.md)
 
 
 def commit_group(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:

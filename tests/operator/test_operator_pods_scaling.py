@@ -20,9 +20,9 @@ from keyorder_operator.spec import PAUSE_ANNOTATION
 from tests.operator.harness import CR, wait_for
 from tests.operator.kubelet import LocalKubelet
 from tests.operator.test_operator_e2e import condition, condition_entry, consumer_resource, events, operator
+from tests.support import EXACT_END_OFFSETS
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(240)]
-EXACT_END_OFFSETS = {"batch.num.messages": 1}
 HTTP_PORT = 18_431
 
 

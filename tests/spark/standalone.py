@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -20,13 +19,9 @@ from pathlib import Path
 
 import pyspark
 
+from tests.support import free_port
+
 SPARK_HOME = Path(pyspark.__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def spark_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -27,9 +27,9 @@ from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tests.conftest import group_committed
 from tests.guarantees import assert_at_least_once, assert_first_processing_in_order, assert_key_order
 from tests.spark.handlers import read_records
+from tests.support import EXACT_END_OFFSETS
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
-EXACT_END_OFFSETS = {"batch.num.messages": 1}  # the test broker reports exact end offsets only for 1-record batches
 REPO = Path(__file__).resolve().parents[2]
 
 

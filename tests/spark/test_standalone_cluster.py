@@ -27,9 +27,9 @@ from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tests.conftest import group_committed
 from tests.guarantees import assert_key_order
 from tests.spark.standalone import SPARK_HOME, StandaloneCluster, spark_env
+from tests.support import EXACT_END_OFFSETS
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(480)]
-EXACT_END_OFFSETS = {"batch.num.messages": 1}
 
 HANDLER = textwrap.dedent(
     '''

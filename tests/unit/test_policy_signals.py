@@ -267,6 +267,23 @@ def test_a_limit_clears_only_after_two_polls_without_it():
     assert second.limited is None
 
 
+def test_a_limit_the_pods_show_does_not_clear_while_pods_are_silent():
+    """Past the rebalance hold, a pod that does not report may be the one holding the blocked key:
+    its absence from the reports is no evidence the key was unblocked."""
+    blocked = Limited(LimitKind.BLOCKED_KEY, "scaling cannot help: a blocked key holds ...")
+    state = ScalingState(Size(2, 16), pod_totals=(1_000, 10.0, 3, 1), limit=blocked)
+    one_of_two = Observation(lag=1_000, partitions=12, pods=pods(1, 16, calls=1_100, rebalances=3), pods_expected=2)
+    for poll in range(4):
+        decision = decide(one_of_two, LIMITS, state, poll * 15)
+        assert decision.limited == blocked, f"poll {poll}: {decision.reason}"
+        state = replace(decision.state, current=Size(2, 16))
+    both = Observation(lag=1_000, partitions=12, pods=pods(2, 16, calls=1_200, rebalances=3), pods_expected=2)
+    cleared = [decide(both, LIMITS, state, 60)]
+    cleared.append(decide(both, LIMITS, replace(cleared[0].state, current=Size(2, 16)), 75))
+    cleared.append(decide(both, LIMITS, replace(cleared[1].state, current=Size(2, 16)), 90))
+    assert [item.limited for item in cleared][-1] is None, "all pods report without it: it clears"
+
+
 def test_partition_ordering_stops_at_one_worker_per_partition():
     limits = replace(LIMITS, partition_ordering=True)
     observation = Observation(lag=12_000_000, partitions=4, pods=pods(1, 16, ordering="partition"))
