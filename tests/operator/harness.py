@@ -36,6 +36,7 @@ import kopf
 import kubernetes
 
 from tests.operator.emulator import Emulator, load_builtin_resources, register_crd
+from tests.support import wait_for as wait_for  # the operator tests import it from here
 
 T = TypeVar("T")
 Register = Callable[[kopf.OperatorRegistry], None] | str
