@@ -431,13 +431,17 @@ def reports_complete(observation: Observation) -> bool:
     return (pods.pods if pods is not None else 0) >= expected
 
 
-def membership_changed(observation: Observation, state: ScalingState) -> bool:
+def membership_changed(observation: Observation, state: ScalingState, limits: ScalingLimits) -> bool:
     """A pod joined, left or rebalanced since the last poll, or some partition has no reporting pod:
     the pods' queues were just emptied and are refilling, so their view (blocked keys, hot keys, idle
-    workers) says nothing yet."""
+    workers) says nothing yet. The first report the operator sees counts as such a change when the pods
+    hold fewer messages than workers while a backlog worth scaling for waits in Kafka: they have just
+    started and their look-ahead is still filling (a hot key's share is not visible yet)."""
     pods, previous = observation.pods, state.pod_totals
-    if pods is None or previous is None:
+    if pods is None:
         return False
+    if previous is None:
+        return pods.queued < pods.workers and drainable_lag(observation) >= max(limits.activation_lag, 1)
     unassigned = bool(observation.partitions) and pods.partitions_assigned < (observation.partitions or 0)
     return unassigned or pods.rebalances_total != previous[2] or pods.pods != previous[3]
 
@@ -1039,7 +1043,7 @@ def decide(observation: Observation, limits: ScalingLimits, state: ScalingState,
     if observation.lag is None or not observation.partitions:
         return _lag_unknown(state, limits)
     silent_polls = 0 if reports_complete(observation) else state.silent_polls + 1
-    changed = membership_changed(observation, state)
+    changed = membership_changed(observation, state, limits)
     if changed and state.held_polls < HOLD_POLLS:
         held = _kept(
             state,

@@ -531,3 +531,17 @@ def test_no_scale_down_while_the_lag_grows():
     )
     decision = decide(observation, limits, state, 15)
     assert decision.target == LEARNED.current and decision.cause is Cause.LAG_GROWING
+
+
+def test_the_first_report_of_pods_still_filling_their_queue_holds_one_poll():
+    """A new group's first report: 1 pod x 16 workers holding 3 messages while 600,000 wait in Kafka.
+    Its look-ahead is still filling, so a hot key is not visible yet: sizing on that view would add
+    pods for a backlog one key holds. The poll holds; the next one sees the hot key and bounds."""
+    filling = Observation(lag=600_000, partitions=4, pods=pods(1, 16, busy=3, ready=0, queued=3, calls=50))
+    first = decide(filling, LIMITS, ScalingState(Size(1, 16)), 0)
+    assert first.target == Size(1, 16) and first.cause is Cause.REBALANCING, first.reason
+    hot = BusiestLane("k-0000", "orders[2]", backlog=900, partition_inflight=1_000, partition_lag=500_000)
+    filled = replace(filling, pods=pods(1, 16, queued=1_000, calls=150, busiest=hot))
+    second = decide(filled, LIMITS, replace(first.state, current=Size(1, 16)), 15)
+    assert second.limited is not None and second.limited.kind is LimitKind.HOT_KEY, second.reason
+    assert second.target == Size(1, 16), second.reason
