@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -11,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from keyorder.config import RunConfig
 from keyorder.contracts import DeadLetterSink
@@ -21,6 +23,13 @@ from tests.guarantees import SerialPerKey
 from tests.support import group_committed, wait_for
 
 __all__ = ["Recorder", "group_committed", "stop_pod", "wait_until"]
+
+# Hypothesis: in CI (CI=true, set by .ci/run) the examples are derandomised, so a red run is the same run
+# again; elsewhere they are random and remembered in .hypothesis/. Both print the reproduction blob of a
+# failing example (paste it into @reproduce_failure, or store the example with @example in the test).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None)
+settings.register_profile("dev", print_blob=True, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") == "true" else "dev")
 
 
 @pytest.fixture(scope="session")

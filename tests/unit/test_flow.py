@@ -128,7 +128,7 @@ def test_default_limits() -> None:
     )
 
 
-@settings(deadline=None, database=None, max_examples=200)
+@settings(max_examples=200)
 @given(steps=st.lists(st.dictionaries(st.sampled_from(["p0", "p1", "p2"]), st.integers(0, 40)), max_size=40))
 def test_decide_invariants(steps: list[dict[str, int]]) -> None:
     """Whatever the counts: at the bound -> paused; low-water and no saturation -> running;
