@@ -19,6 +19,7 @@ import gc
 import importlib
 import json
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -73,6 +75,84 @@ class ApiError(Exception):
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"HTTP {status}: {body}")
         self.status, self.body = status, body
+
+
+def last_poll_at(kube: KubeHTTP, name: str, namespace: str = "default") -> float | None:
+    """``status.lastPollAt`` of OrderedConsumer ``name``: when the operator last polled it (None: never, or gone)."""
+    at = ((kube.get(CR, name, namespace) or {}).get("status") or {}).get("lastPollAt")
+    return at if isinstance(at, int | float) else None
+
+
+def wait_for_polls(
+    kube: KubeHTTP, name: str, count: int, namespace: str = "default", timeout_per_poll: float = 20.0
+) -> float:
+    """Wait until the operator has polled OrderedConsumer ``name`` ``count`` more times (``status.lastPollAt``
+    moved ``count`` times; each move is at least one poll) and return the last ``lastPollAt``.
+
+    The proof a "nothing happened" check needs: the thing that could have acted did act. The first move
+    may come from a poll already running at the call, so ``count`` >= 2 guarantees at least one poll that
+    started after it. ``timeout_per_poll`` is a hang guard (a poll that never comes), not a time bound.
+    """
+    last = last_poll_at(kube, name, namespace)
+    for seen in range(1, count + 1):
+        before = last
+        last = wait_for(
+            lambda before=before: (at := last_poll_at(kube, name, namespace)) is not None and at != before and at,
+            timeout_per_poll,
+            f"poll {seen} of {count} of {namespace}/{name} (lastPollAt was {before})",
+        )
+    assert last is not None
+    return last
+
+
+class TimerRuns(logging.Handler):
+    """Counts the finished runs of one kopf timer per resource, from kopf's own per-object log line
+    (``Timer 'register.<locals>.autoscale' succeeded.``): proof that the operator ticked on a resource
+    whose poll writes nothing (an invalid spec is not polled, so its ``status.lastPollAt`` never moves).
+
+    Use it as a context manager around ``run_kopf``: it listens on kopf's ``kopf.objects`` logger, at
+    INFO for the while (the level kopf logs a timer's success at)."""
+
+    def __init__(self, handler_id: str = "autoscale") -> None:
+        super().__init__(logging.INFO)
+        # kopf names a handler by its function's qualified name: 'register.<locals>.autoscale'
+        self.message = re.compile(rf"Timer '(?:[\w<>]+\.)*{re.escape(handler_id)}' succeeded\.")
+        self._runs: Counter[tuple[str, str]] = Counter()
+        self._counting = threading.Lock()
+        self._logger = logging.getLogger("kopf.objects")
+        self._level = self._logger.level
+
+    def emit(self, record: logging.LogRecord) -> None:
+        reference = getattr(record, "k8s_ref", None)
+        if reference and self.message.fullmatch(record.getMessage()):
+            with self._counting:
+                self._runs[(str(reference.get("namespace")), str(reference.get("name")))] += 1
+
+    def runs(self, name: str, namespace: str = "default") -> int:
+        with self._counting:
+            return self._runs[(namespace, name)]
+
+    def wait_for_runs(self, name: str, count: int, namespace: str = "default", timeout_per_run: float = 20.0) -> int:
+        """Wait until the timer has run ``count`` more times on ``namespace/name`` (the first may have started
+        before the call: ``count`` >= 2 guarantees one that started after it); the total. ``timeout_per_run``
+        is a hang guard."""
+        wanted = self.runs(name, namespace) + count
+        return wait_for(
+            lambda: (total := self.runs(name, namespace)) >= wanted and total,
+            timeout_per_run * count,
+            f"{count} more successful runs of the kopf timer ({self.message.pattern}) on {namespace}/{name}",
+        )
+
+    def __enter__(self) -> TimerRuns:
+        self._level = self._logger.level
+        if not self._logger.isEnabledFor(logging.INFO):
+            self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
 
 
 def resource_path(

@@ -7,12 +7,10 @@ operator's part (trigger, fence, scale to 0, Job spec, resume, conditions, Event
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from keyorder.devtools.loadgen import create_topics, produce_keyed
-from tests.operator.harness import CR, wait_for
+from tests.operator.harness import CR, wait_for, wait_for_polls
 from tests.operator.kubelet import consumer_labels, create_pod
 from tests.operator.test_operator_e2e import (
     EXACT_END_OFFSETS,
@@ -33,6 +31,8 @@ CATCHUP = {
     "master": "local[4]",
     "resources": {"requests": {"cpu": "4"}},
 }
+CATCHUP_CONFIRM_POLLS = 3
+"""spec.catchup.confirmPolls by default: polls in a row a hand-over must win before it starts."""
 
 
 def backlog(broker, topic: str) -> dict[int, int]:
@@ -42,12 +42,12 @@ def backlog(broker, topic: str) -> dict[int, int]:
     return produced.end_offsets
 
 
-def resource(broker, name: str, topic: str) -> dict:
+def resource(broker, name: str, topic: str, **catchup) -> dict:
     return consumer_resource(
         name,
         broker.bootstrap,
         topic,
-        catchup=CATCHUP,
+        catchup={**CATCHUP, **catchup},
         workers={"min": 1, "initial": 1, "max": 2},
         replicas={"min": 1, "max": 2},
     )
@@ -57,19 +57,30 @@ def catchup_status(kube, name: str) -> dict:
     return (kube.get(CR, name).get("status") or {}).get("catchup") or {}
 
 
+def learned_rate(kube, name: str) -> float | None:
+    """The per-worker rate the operator's policy keeps in status (``None`` until it knows one)."""
+    return ((kube.get(CR, name).get("status") or {}).get("autoscaler") or {}).get("perWorkerRate")
+
+
+def teach_slow_workers(kube, name: str) -> None:
+    """Report a learned 1 msg/s per worker, as slow pods would have taught the policy (once it has a memory)."""
+    if (kube.get(CR, name).get("status") or {}).get("autoscaler") is not None:
+        kube.patch(CR, name, {"status": {"autoscaler": {"perWorkerRate": 1.0}}}, subresource="status")
+
+
 def slow_workers_until_triggered(kube, name: str) -> dict:
-    """Report a learned 1 msg/s per worker (as slow pods would have taught the policy) until catch-up starts.
+    """Teach slow workers until catch-up starts; its ``status.catchup``.
 
     Repeated because the operator's own status patches may overwrite the first one.
     """
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline:
-        if catchup_status(kube, name):
-            return catchup_status(kube, name)
-        if (kube.get(CR, name).get("status") or {}).get("autoscaler") is not None:
-            kube.patch(CR, name, {"status": {"autoscaler": {"perWorkerRate": 1.0}}}, subresource="status")
-        time.sleep(0.2)
-    raise AssertionError("catch-up never started")
+
+    def started() -> dict:
+        found = catchup_status(kube, name)
+        if not found:
+            teach_slow_workers(kube, name)
+        return found
+
+    return wait_for(started, 40, f"catch-up of {name} to start", interval=0.2)
 
 
 def finish_job(kube, job_name: str, condition_type: str) -> None:
@@ -106,8 +117,9 @@ def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
             20,
             "CatchingUp to wait for the consumer pod",
         )
-        time.sleep(1.0)  # observation window: no Job while a consumer pod may still consume
+        wait_for_polls(kube, "payments", 3)  # polls that saw the pod: none may start the Job
         assert kube.get("batch/v1/jobs", started["jobName"]) is None
+        assert "waiting for 1 consumer pods" in condition_entry(kube.get(CR, "payments"), "CatchingUp")["message"]
         kube.delete("v1/pods", "payments-0")
         assert any(
             "would take 33.3 min, over the catch-up trigger 60 s" in message
@@ -139,8 +151,9 @@ def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
         assert job["metadata"]["ownerReferences"][0]["name"] == "payments"
         wait_for(lambda: catchup_status(kube, "payments").get("phase") == "Running", 20, "phase Running")
         assert condition(kube.get(CR, "payments"), "CatchingUp") == "True"
-        time.sleep(1.0)  # observation window: while the Job runs, the pods stay at 0
+        wait_for_polls(kube, "payments", 3)  # polls while the Job runs: the pods stay at 0
         assert replicas(kube, "payments") == 0
+        assert catchup_status(kube, "payments")["phase"] == "Running"
 
         commit_group(broker.bootstrap, f"g-{topic}", topic, ends)  # what keyorder catchup commits on success
         finish_job(kube, job_name, "Complete")
@@ -156,7 +169,8 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
     topic = "okc-catchup-fail"
     backlog(broker, topic)
     with operator(kube.url):
-        kube.create(CR, resource(broker, "refunds", topic))
+        # no cooldown: only the failed spec generation may keep a second hand-over from starting
+        kube.create(CR, resource(broker, "refunds", topic, cooldownSeconds=0))
         started = slow_workers_until_triggered(kube, "refunds")
         job_name = started["jobName"]
         wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
@@ -168,7 +182,7 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
             20,
             "CatchingUp Finishing",
         )
-        time.sleep(1.0)  # observation window: several ticks while the driver pod exists
+        wait_for_polls(kube, "refunds", 3)  # polls while the driver pod exists
         assert replicas(kube, "refunds") == 0, "the pods resumed while the Job's driver still ran"
         kube.delete("v1/pods", f"{job_name}-driver")
 
@@ -184,10 +198,19 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
         wait_for(lambda: (kube.get(CR, "refunds").get("status") or {}).get("lastSample"), 20, "a new observation")
         assert kube.get(CR, "refunds")["status"]["lag"] == 8_000
 
-        for _ in range(10):  # the backlog still looks hopeless, but the same spec is not retried
-            kube.patch(CR, "refunds", {"status": {"autoscaler": {"perWorkerRate": 1.0}}}, subresource="status")
-            time.sleep(0.2)
-        assert catchup_status(kube, "refunds") == {}
+        # The backlog still looks hopeless (slow workers, no cooldown: see above) on more polls than
+        # confirmPolls, but the same spec is not retried: no votes, no hand-over.
+        polls_with_slow_workers = 0
+        for _ in range(20):  # bounded: the operator's own patches may overwrite the taught rate now and then
+            if polls_with_slow_workers > CATCHUP_CONFIRM_POLLS:
+                break
+            wait_for(lambda: teach_slow_workers(kube, "refunds") or learned_rate(kube, "refunds") == 1.0, 20, "1 msg/s")
+            wait_for_polls(kube, "refunds", 2)  # the second one started after the rate was in status
+            if learned_rate(kube, "refunds") == 1.0:  # and it kept it: it decided with it
+                polls_with_slow_workers += 1
+            status = kube.get(CR, "refunds")["status"]
+            assert (status.get("catchup"), status.get("catchupVotes")) == (None, 0), "a failed spec was retried"
+        assert polls_with_slow_workers > CATCHUP_CONFIRM_POLLS, "the slow workers were not in force long enough"
         assert [
             job["metadata"]["name"]
             for job in kube.list("batch/v1/jobs", "default")

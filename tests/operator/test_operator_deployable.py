@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 from keyorder_operator.kube import Kube
 from keyorder_operator.observe import KafkaLagSource, LagSample, LagUnavailable
 from keyorder_operator.reconcile import OperatorContext, register
-from tests.operator.harness import CR, api_client, run_kopf, wait_for
+from tests.operator.harness import CR, api_client, run_kopf, wait_for, wait_for_polls
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,8 +159,8 @@ def test_a_fixed_spec_clears_invalid_spec_and_gets_its_objects(kube):
         # the poll (every tick, from its own copy of the resource) keeps its conditions and never
         # writes the stale InvalidSpec back
         wait_for(lambda: condition(kube, "fixme", "LagUnknown").get("status") == "True", 20, "the poll's LagUnknown")
-        for _ in range(10):
-            time.sleep(0.3)
+        for _ in range(4):
+            wait_for_polls(kube, "fixme", 1)
             assert condition(kube, "fixme", "InvalidSpec").get("status") == "False", "a stale InvalidSpec came back"
 
 

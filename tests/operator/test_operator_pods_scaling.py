@@ -17,7 +17,7 @@ import pytest
 
 from keyorder.devtools.loadgen import create_topics, key_name, produce_keyed
 from keyorder_operator.spec import PAUSE_ANNOTATION
-from tests.operator.harness import CR, wait_for
+from tests.operator.harness import CR, wait_for, wait_for_polls
 from tests.operator.kubelet import LocalKubelet
 from tests.operator.test_operator_e2e import condition, condition_entry, consumer_resource, events, operator
 from tests.support import EXACT_END_OFFSETS
@@ -137,7 +137,7 @@ def test_a_blocked_poison_key_gives_scaling_limited_and_no_catchup(kube, broker,
                 60,
                 "ScalingLimited with reason BlockedKey",
             )
-            time.sleep(2.0)  # more polls: none may start a catch-up
+            wait_for_polls(kube, "poison", 3)  # more polls (confirmPolls is 1): none may start a catch-up
             resource_now = kube.get(CR, "poison")
             assert not kubelet.crashed(), kubelet.crashed()
     limited = condition_entry(resource_now, "ScalingLimited")
