@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, free_port
 from keyorder.devtools.loadgen import create_topics, produce_keyed
+from tests.support import wait_for
 from tools import image
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(1200)]
@@ -119,11 +120,12 @@ def test_the_runtime_image_runs_keyorder_as_65532_and_processes_a_topic(images, 
             pod = subprocess.Popen(command, env=image.ENV, stdout=output, stderr=subprocess.STDOUT)
         inside: list[int] = []
         try:
-            deadline = time.monotonic() + 90
-            while committed(broker.bootstrap, group, topic, 2) != produced.end_offsets:
+
+            def all_committed() -> bool:
                 assert pod.poll() is None, f"keyorder run exited {pod.returncode}: {log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, f"not every message committed in 90 s: {log.read_text()[-3000:]}"
-                time.sleep(0.5)
+                return committed(broker.bootstrap, group, topic, 2) == produced.end_offsets
+
+            wait_for(all_committed, 90, "every message committed", interval=0.5)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
                 metrics = response.read().decode()
             processed = sum(

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from keyorder_operator.observe import BoundedLagSource, LagSample, LagUnavailable
+from tests.support import wait_for
 
 SAMPLE = LagSample(at=0.0, partitions=1, end_total=10, committed_total=5)
 
@@ -207,17 +208,18 @@ def test_a_due_probe_while_backing_off_never_holds_the_poll():
     started = time.monotonic()
     with pytest.raises(LagUnavailable, match="asked again in the background after: Kafka: all brokers are down"):
         source.sample(["t"], "g", 10.5)  # due: the failure took a moment, the back-off counts from its end
+    # hang guard: the probe blocks until released, so waiting for it would take the whole wait_seconds (30)
     assert time.monotonic() - started < 10, "the poll waited for the background probe"
     assert inner.calls == 2
     inner.release.set()
-    deadline = time.monotonic() + 10
-    while True:  # its success ends the back-off; the next poll's own request answers at once
+
+    def answered() -> bool:  # its success ends the back-off; the next poll's own request answers at once
         try:
-            assert source.sample(["t"], "g", 12.0).at == 12.0
-            break
+            return source.sample(["t"], "g", 12.0).at == 12.0
         except LagUnavailable:
-            assert time.monotonic() < deadline, "the background answer never came"
-            time.sleep(0.01)
+            return False
+
+    wait_for(answered, 10, "the background answer", interval=0.01)
 
 
 def test_an_unexpected_error_on_the_probe_thread_is_a_failure_that_backs_off():
