@@ -4,9 +4,10 @@ The API emulator stores Deployments but runs nothing. This stand-in (a fake, nam
 what the Deployment controller and the kubelet would: it keeps ``spec.replicas`` real
 ``keyorder run`` processes running with the Deployment's own ``KEYORDER_*`` environment, gives
 each its own loopback address (127.0.W.N, W one per pytest-xdist worker, so every pod listens on
-the CR's ``httpPort`` as in a cluster and parallel test workers never share an address), creates the Pod objects with ``podIP`` and the ``Ready`` condition from the process's
-``/readyz``, and reports the Deployment's ``status`` (replicas, ready, updated). What it does not
-imitate: images, volumes (the admin token Secret is written to a file), probes' timing, restarts.
+the CR's ``httpPort`` as in a cluster and parallel test workers never share an address), creates
+the Pod objects with ``podIP`` and the ``Ready`` condition from the process's ``/readyz``, and
+reports the Deployment's ``status`` (replicas, ready, updated). What it does not imitate: images,
+volumes (the admin token Secret is written to a file), probes' timing, restarts.
 
 The kubelet's steps are also functions (``write_admin_token``, ``create_pod``, ``report_pod_status``)
 for a test that runs a pod in-process and plays the kubelet for it by hand.
@@ -28,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from keyorder.devtools.embedded import FAST_GROUP_JOIN
+from tests.operator.harness import ApiError, KubeHTTP
 
 LOOPBACK_NET = 1 + int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 """The third byte of this test process's pod addresses (127.0.0.0/8 is all loopback on Linux)."""
-from tests.operator.harness import ApiError, KubeHTTP
 
 
 @dataclass
@@ -44,14 +45,27 @@ class LocalProcessPod:
 
 
 class LocalKubelet:
-    """Runs the pods of Deployment ``name`` until ``stop()``; ``peak`` is the most pods it ran at once."""
+    """Runs the pods of Deployment ``name`` until ``stop()``; ``peak`` is the most pods it ran at once.
+
+    Used as a context manager, its exit fails the test (AssertionError) when its loop met errors (an API
+    call that failed, a pod it could not start): such a kubelet did not do its part, so whatever the test
+    saw of the operator is suspect. A test that provokes such errors says so with ``expect_errors=True``
+    and reads ``errors`` itself.
+    """
 
     def __init__(
-        self, kube: KubeHTTP, name: str, workdir: Path, extra_env: dict[str, str] | None = None, period: float = 0.2
+        self,
+        kube: KubeHTTP,
+        name: str,
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+        period: float = 0.2,
+        expect_errors: bool = False,
     ) -> None:
         self.kube, self.name, self.workdir = kube, name, workdir
         self.extra_env = dict(extra_env or {})
         self.period = period
+        self.expect_errors = expect_errors
         self.pods: list[LocalProcessPod] = []
         self.peak = 0
         self.started = 0
@@ -63,8 +77,15 @@ class LocalKubelet:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, failure: BaseException | None, traceback: object) -> None:
         self.stop()
+        if not self.errors or self.expect_errors:
+            return
+        report = f"the fake kubelet of {self.name} met {len(self.errors)} errors: {self.errors[:5]}"
+        if failure is not None:  # the test failed already: keep its error, add what the kubelet saw
+            failure.add_note(report)
+            return
+        raise AssertionError(report)
 
     def stop(self) -> None:
         self._stop.set()
@@ -88,8 +109,8 @@ class LocalKubelet:
         while not self._stop.wait(self.period):
             try:
                 self._sync()
-            except (ApiError, OSError) as error:  # the emulator is going away, or a transient error
-                self.errors.append(str(error))
+            except Exception as error:  # kept going; the exit fails the test with it (see the class)
+                self.errors.append(f"{type(error).__name__}: {error}")
 
     def _sync(self) -> None:
         deployment = self.kube.get("apps/v1/deployments", self.name)

@@ -165,6 +165,22 @@ def test_handlers_of_a_plain_module_are_registered_on_the_runs_own_registry(
     assert [handler.id for handler in operator.registry._changing.get_all_handlers()] == ["mark"]
 
 
+def test_the_fake_kubelet_fails_the_test_when_it_could_not_do_its_part(kube: RunningEmulator, tmp_path: Any) -> None:
+    """A kubelet whose loop met errors ran no pods: its exit says so unless the test expects the errors."""
+    from tests.operator.kubelet import LocalKubelet
+
+    no_template = {"metadata": {"name": "broken"}, "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}}}}
+    kube.create("apps/v1/deployments", no_template)
+    with (
+        pytest.raises(AssertionError, match=r"the fake kubelet of broken met \d+ errors: .*KeyError: 'template'"),
+        LocalKubelet(kube, "broken", tmp_path, period=0.05) as kubelet,
+    ):
+        wait_for(lambda: kubelet.errors, 10, "the kubelet's first error")
+    with LocalKubelet(kube, "broken", tmp_path, period=0.05, expect_errors=True) as expecting:
+        wait_for(lambda: expecting.errors, 10, "the kubelet's first error")
+    assert expecting.errors[0] == "KeyError: 'template'" and not expecting.pods
+
+
 # The emulator's contract, over plain HTTP and without kopf (fast).
 
 
