@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 import urllib.request
 from typing import Any
 
@@ -13,7 +12,7 @@ import kopf
 import kubernetes
 import pytest
 
-from tests.operator.harness import CR, ApiError, RunningEmulator, api_client, run_kopf, serve_emulator, wait_for
+from tests.operator.harness import CR, ApiError, RunningEmulator, api_client, run_kopf, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -103,32 +102,25 @@ def test_kopfs_finalizer_is_added_before_the_handlers_and_released_after_the_del
 
 
 def test_the_harness_starts_and_stops_twice_in_a_row_without_hanging(kube: RunningEmulator) -> None:
-    durations = []
     for attempt in range(2):
-        started = time.monotonic()
         # The second run loads the handlers by their import path ("module:function").
         register = register_toy if attempt == 0 else f"{__name__}:register_toy"
+        # stop_timeout is the hang guard: run_kopf raises when kopf has not stopped by then
         with run_kopf(kube.url, register, stop_timeout=15) as operator:
             kube.create(CR, orderedconsumer(f"run-{attempt}"))
             wait_for(lambda name=f"run-{attempt}": kube.get("v1/configmaps", name), 20, "the ConfigMap")
-            stopping = time.monotonic()
-        durations.append((stopping - started, time.monotonic() - stopping))
         assert operator.thread is not None and not operator.thread.is_alive()
         assert operator.error is None
-    assert all(stop < 10 for _, stop in durations), durations
     assert not [thread.name for thread in threading.enumerate() if thread.name.startswith("kopf-")]
 
 
-def test_the_emulator_stops_promptly_even_while_kopf_still_watches_it() -> None:
-    started = time.monotonic()
-    kube = serve_emulator().__enter__()
-    with run_kopf(kube.url, register_toy):
+def test_the_emulator_stops_even_while_kopf_still_watches_it() -> None:
+    kube = RunningEmulator(stop_timeout=10).__enter__()  # hang guard: __exit__ raises if it has not stopped by then
+    with run_kopf(kube.url, register_toy) as operator:
         kube.create(CR, orderedconsumer("early"))
         wait_for(lambda: kube.get("v1/configmaps", "early"), 20, "the ConfigMap")
-        stopping = time.monotonic()
         kube.__exit__(None, None, None)  # the wrong order: kopf's watch streams are still open
-        assert time.monotonic() - stopping < 5
-    assert time.monotonic() - started < 30
+    assert not operator.alive  # and kopf, its API gone, still stopped when asked
 
 
 def test_an_operator_that_dies_is_reported_when_the_run_ends() -> None:
@@ -257,16 +249,22 @@ def test_delete_with_finalizers_marks_then_removes_when_they_are_cleared(kube: R
     assert kube.get(CR, "d") is None
 
 
+def next_line(stream: Any) -> bytes:
+    """The next non-blank line of a watch stream. At its end (the server closed it) an AssertionError at
+    once: ``readline`` returns ``b""`` there forever, and waiting on it would spin until the test's timeout."""
+    while line := stream.readline():
+        if line.strip():
+            return line
+    raise AssertionError("the watch stream ended before the next event")
+
+
 def test_watch_streams_the_snapshot_then_every_change(kube: RunningEmulator) -> None:
     kube.create(CR, orderedconsumer("w1"))
     url = kube.url + "/apis/keyorder.dev/v1alpha1/orderedconsumers?watch=true"
     with urllib.request.urlopen(url, timeout=10) as stream:
 
         def next_event() -> tuple[str, str, int]:
-            line = b""
-            while not line.strip():
-                line = stream.readline()
-            event = json.loads(line)
+            event = json.loads(next_line(stream))
             meta = event["object"]["metadata"]
             return event["type"], meta["name"], int(meta["resourceVersion"])
 
@@ -285,8 +283,5 @@ def test_watch_streams_the_snapshot_then_every_change(kube: RunningEmulator) -> 
     assert int(version) > int(patched["metadata"]["resourceVersion"])  # the delete got a version of its own
     with urllib.request.urlopen(f"{url}&resourceVersion={version}", timeout=10) as stream:
         kube.patch(CR, "w1", {"metadata": {"labels": {"after": "list"}}})
-        line = b""
-        while not line.strip():
-            line = stream.readline()
-        event = json.loads(line)
+        event = json.loads(next_line(stream))
         assert (event["type"], event["object"]["metadata"]["labels"]) == ("MODIFIED", {"after": "list"})
