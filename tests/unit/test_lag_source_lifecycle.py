@@ -11,13 +11,12 @@ from keyorder_operator.reconcile import OperatorContext
 
 
 class RecordingSource:
-    """A stand-in LagSource that records whether it was closed (no broker: only the lifecycle is tested)."""
+    """A stand-in LagSource that records whether it was closed (no broker: only the lifecycle is tested).
+    Each one is added to ``built``, a list of the test's own (no state shared between tests)."""
 
-    built: list[RecordingSource] = []
-
-    def __init__(self, properties: dict[str, str]) -> None:
+    def __init__(self, properties: dict[str, str], built: list[RecordingSource]) -> None:
         self.properties, self.closed = properties, False
-        RecordingSource.built.append(self)
+        built.append(self)
 
     def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
         raise LagUnavailable("not sampled here")
@@ -27,27 +26,34 @@ class RecordingSource:
 
 
 @pytest.fixture
-def context() -> OperatorContext:
-    RecordingSource.built = []
-    return OperatorContext(kube=None, lag_source_for=RecordingSource)  # type: ignore[arg-type]
+def built() -> list[RecordingSource]:
+    """The sources this test's context built, in order."""
+    return []
 
 
-def test_the_same_configuration_reuses_the_client(context):
+@pytest.fixture
+def context(built: list[RecordingSource]) -> OperatorContext:
+    return OperatorContext(kube=None, lag_source_for=lambda properties: RecordingSource(properties, built))  # type: ignore[arg-type]
+
+
+def test_the_same_configuration_reuses_the_client(context, built):
     first = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092"})
     assert context.lag_source("ns", "a", {"bootstrap.servers": "k:9092"}) is first
-    assert len(RecordingSource.built) == 1 and not first.inner.closed
+    assert built == [first.inner] and not first.inner.closed
 
 
-def test_a_rotated_credential_closes_the_old_client(context):
+def test_a_rotated_credential_closes_the_old_client(context, built):
     old = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092", "sasl.password": "old"})
     new = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092", "sasl.password": "new"})
     assert new is not old and old.inner.closed and not new.inner.closed
+    assert built == [old.inner, new.inner]
+    assert new.inner.properties["sasl.password"] == "new"
 
 
-def test_resources_never_share_a_client_and_a_deleted_ones_is_closed(context):
+def test_resources_never_share_a_client_and_a_deleted_ones_is_closed(context, built):
     a = context.lag_source("ns", "a", {"bootstrap.servers": "k:9092"})
     b = context.lag_source("ns", "b", {"bootstrap.servers": "k:9092"})
-    assert a is not b
+    assert a is not b and built == [a.inner, b.inner]
     context.forget_lag_source("ns", "a")
     assert a.inner.closed and not b.inner.closed
     context.forget_lag_source("ns", "gone")  # nothing to close: no error
