@@ -292,3 +292,117 @@ def test_k8s_executors_get_the_handler_env_the_kafka_secret_and_the_hardened_con
     assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "keyorder-catchup"  # never a consumer
     kubernetes_validate.validate(template, "1.30", strict=True)
     kubernetes_validate.validate(job, "1.30", strict=True)
+
+
+KUBELET_FIELDS = {"POD_IP": "10.1.2.3", "POD_NAME": "orders-catchup-1700000000-abcde"}
+"""What the kubelet resolves the Job's ``fieldRef`` variables to (any values do)."""
+
+
+def as_the_kubelet_starts_it(container: dict) -> tuple[list[str], dict[str, str]]:
+    """The container's arguments and environment as the process gets them: ``fieldRef`` variables
+    resolved and ``$(NAME)`` in the arguments expanded, as the kubelet does."""
+    env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
+    fields = [item["name"] for item in container["env"] if "fieldRef" in item.get("valueFrom", {})]
+    env |= {name: KUBELET_FIELDS[name] for name in fields}
+    args = list(container["args"])
+    for name, value in env.items():
+        args = [arg.replace(f"$({name})", value) for arg in args]
+    return args, env
+
+
+@pytest.mark.parametrize(
+    "catchup",
+    [
+        {"enabled": True, "master": "local[4]", "taskWorkers": 32},
+        {
+            "enabled": True,
+            "master": "spark://spark-master:7077",
+            "executors": 6,
+            "keyPartitions": 96,
+            "sparkConf": {"spark.sql.shuffle.partitions": "256"},
+        },
+        {
+            "enabled": True,
+            "master": "k8s://https://kubernetes.default.svc",
+            "image": "reg/spark:1",
+            "serviceAccountName": "spark-driver",
+        },
+    ],
+    ids=["local", "standalone", "k8s"],
+)
+def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(catchup) -> None:
+    """The contract between the operator and ``keyorder catchup`` (the pods' side has one with
+    ``load_run_config``): the Job's arguments and environment, run through the image's entrypoint and the
+    real parser and settings model, give the job the spec's range, commit mode, Spark settings, Kafka
+    and handler settings. A flag renamed on either side, or a setting the job would ignore, fails here."""
+    from keyorder.catchup.entrypoint import spark_command
+    from keyorder.catchup.plan import CommitMode
+    from keyorder.catchup.positions import Position, PositionKind
+    from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, CatchupConfig
+    from keyorder.cli import build_parser
+    from keyorder.config import env_name, load_config
+
+    spec = parse_spec(
+        {
+            "kafka": {
+                "bootstrapServers": "kafka-0:9092,kafka-1:9092",
+                "topics": ["orders", "refunds"],
+                "groupId": "orders-g",
+                "propertiesSecretRef": {"name": "kafka-client"},
+            },
+            "handler": {
+                "image": "reg/orders:1",
+                "handler": "orders.handler:handle",
+                "env": [{"name": "ORDERS_DB", "value": "db:5432"}],
+            },
+            "ordering": "key",
+            "retry": {"maxAttempts": 7, "initialBackoffSeconds": 0.5, "onExhausted": "dlq", "dlqTopic": "orders.dlq"},
+            "catchup": catchup,
+        }
+    )
+    fence = fence_from_end_offsets((("orders", 0, 10), ("orders", 1, 20), ("refunds", 0, 5)))
+    owner = {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
+    job = build_catchup_job(spec, owner, catchup_job_name("orders", 1700000000), fence_argument(fence))
+    args, env = as_the_kubelet_starts_it(job["spec"]["template"]["spec"]["containers"][0])
+
+    assert spark_command(args, env) is None, "the catch-up image's entrypoint would not hand this to keyorder"
+    parsed = build_parser("catchup").parse_args(args)
+    assert parsed.command == "catchup" and not parsed.plan
+    config = load_config(CatchupConfig, vars(parsed), environ=env)
+
+    assert config.start_position() == Position(PositionKind.COMMITTED)
+    assert config.until_position() == Position(
+        PositionKind.OFFSETS, offsets={("orders", 0): 10, ("orders", 1): 20, ("refunds", 0): 5}
+    )
+    assert config.commit is CommitMode.AUTO  # the fence is committed: the pods resume from it
+    assert config.master == spec.catchup.master
+    assert config.key_partitions == spec.catchup.key_partitions
+    assert config.task_workers == spec.catchup.task_workers
+    spark = config.spark_settings()
+    assert {key: spark[key] for key in spec.catchup.spark_conf} == spec.catchup.spark_conf
+    assert {key: spark[key] for key in ENFORCED_SPARK_SETTINGS} == ENFORCED_SPARK_SETTINGS
+    if spec.catchup.master.startswith("local"):
+        assert "spark.executor.instances" not in spark
+    else:
+        assert spark["spark.executor.instances"] == str(spec.catchup.executors)
+    if spec.catchup.master.startswith("k8s://"):
+        assert spark["spark.kubernetes.container.image"] == "reg/spark:1"
+        assert spark["spark.kubernetes.namespace"] == "shop"
+        assert spark["spark.driver.host"] == KUBELET_FIELDS["POD_IP"]
+        assert spark["spark.kubernetes.driver.pod.name"] == KUBELET_FIELDS["POD_NAME"]
+        assert spark["spark.kubernetes.authenticate.driver.serviceAccountName"] == "spark-driver"
+    elif spec.catchup.master.startswith("spark://"):
+        assert spark["spark.executorEnv.ORDERS_DB"] == "db:5432"  # standalone executors get the handler's env
+
+    assert (config.topics, config.group_id, config.bootstrap_servers) == (
+        ["orders", "refunds"],
+        "orders-g",
+        "kafka-0:9092,kafka-1:9092",
+    )
+    assert str(config.kafka_properties_file) == "/etc/keyorder/kafka/client.properties"
+    assert (config.handler, config.ordering.value) == ("orders.handler:handle", "key")
+    assert (config.max_attempts, config.retry_initial_backoff) == (7, 0.5)
+    assert (config.on_exhausted.value, config.dlq_topic) == ("dlq", "orders.dlq")
+    settings = {env_name(field) for field in CatchupConfig.model_fields}
+    ignored = sorted(name for name in env if name.startswith("KEYORDER_") and name not in settings)
+    assert ignored == [], f"the Job sets variables keyorder catchup ignores: {ignored}"
