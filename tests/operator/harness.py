@@ -64,10 +64,10 @@ def stop_process(process: subprocess.Popen[str]) -> tuple[str, str]:
     """SIGTERM, then SIGKILL after 30 s; the process's ``(stdout, stderr)`` (empty where not piped)."""
     process.send_signal(signal.SIGTERM)
     try:
-        output, errors = process.communicate(timeout=30)
+        output, errors = process.communicate(timeout=30)  # hang guard
     except subprocess.TimeoutExpired:
         process.kill()
-        output, errors = process.communicate(timeout=10)
+        output, errors = process.communicate(timeout=10)  # hang guard
     return output or "", errors or ""
 
 
@@ -287,7 +287,7 @@ class RunningEmulator(KubeHTTP):
 
     def __enter__(self) -> RunningEmulator:
         self._thread.start()
-        if not self._started.wait(self.start_timeout):
+        if not self._started.wait(self.start_timeout):  # hang guard
             raise RuntimeError(f"the emulator did not start within {self.start_timeout}s")
         if self._error is not None:
             raise RuntimeError("the emulator failed to start") from self._error
@@ -296,7 +296,7 @@ class RunningEmulator(KubeHTTP):
     def __exit__(self, *exc_info: object) -> None:
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(self.stop_timeout)
+        self._thread.join(self.stop_timeout)  # hang guard
         if self._thread.is_alive():
             raise RuntimeError(f"the emulator did not stop within {self.stop_timeout}s")
         if self._error is not None:
@@ -417,7 +417,7 @@ def run_kopf(
     run.thread = threading.Thread(target=target, name="kopf-operator", daemon=True)
     run.thread.start()
     try:
-        deadline = time.monotonic() + start_timeout
+        deadline = time.monotonic() + start_timeout  # hang guard
         while not run.ready.wait(0.02):
             if not run.thread.is_alive():
                 raise RuntimeError("kopf exited before it was ready") from run.error
@@ -430,11 +430,11 @@ def run_kopf(
                 failure.add_note(f"the kopf operator had died meanwhile: {run.error!r}")
             raise
     finally:
-        run.loop_ready.wait(stop_timeout)
+        run.loop_ready.wait(stop_timeout)  # hang guard
         if run.loop is not None and run.stop_flag is not None and run.thread.is_alive():
             with contextlib.suppress(RuntimeError):  # the loop closed in the meantime
                 run.loop.call_soon_threadsafe(run.stop_flag.set)
-        run.thread.join(stop_timeout)
+        run.thread.join(stop_timeout)  # hang guard
         if run.thread.is_alive():
             raise RuntimeError(f"kopf did not stop within {stop_timeout}s")
         # A timer still running at shutdown is orphaned by kopf with its aiohttp session unclosed; collect
@@ -449,7 +449,7 @@ def run_kopf(
             name="kopf-executor-shutdown",
         )
         closer.start()
-        closer.join(stop_timeout)
+        closer.join(stop_timeout)  # hang guard
         if closer.is_alive():
             raise RuntimeError(f"a sync kopf handler was still running {stop_timeout}s after the stop")
     if run.error is not None:

@@ -89,16 +89,16 @@ class LocalKubelet:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(30)
+        self._thread.join(30)  # hang guard
         for pod in self.pods:
             with contextlib.suppress(ProcessLookupError):
                 pod.process.send_signal(signal.SIGTERM)
         for pod in self.pods:
             try:
-                pod.process.wait(30)
+                pod.process.wait(30)  # hang guard
             except subprocess.TimeoutExpired:
                 pod.process.kill()
-                pod.process.wait(10)
+                pod.process.wait(10)  # hang guard
         self.pods.clear()
 
     def crashed(self) -> list[str]:
@@ -168,10 +168,10 @@ class LocalKubelet:
         if pod.process.poll() is None:
             pod.process.send_signal(signal.SIGTERM)
             try:
-                pod.process.wait(30)
+                pod.process.wait(30)  # hang guard
             except subprocess.TimeoutExpired:
                 pod.process.kill()
-                pod.process.wait(10)
+                pod.process.wait(10)  # hang guard
 
 
 # -- the kubelet's steps ----------------------------------------------------------------------------------
