@@ -32,6 +32,21 @@ settings.register_profile("dev", print_blob=True, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") == "true" else "dev")
 
 
+SLOW_FIXTURES = frozenset({"broker", "kube"})
+"""A test that needs a broker (group joins take seconds) or the API emulator with kopf (about 2 s to
+start) is ``slow``, and one that needs the broker is ``broker``: marked here from the fixtures it uses,
+so no module can forget (``make test-fast`` runs the rest)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "broker" in fixtures and item.get_closest_marker("broker") is None:
+            item.add_marker(pytest.mark.broker)
+        if fixtures & SLOW_FIXTURES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def broker() -> Iterator[EmbeddedBroker]:
     """A real Tansu broker process on a free port, stopped by PID at the end of the session."""

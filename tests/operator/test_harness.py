@@ -123,6 +123,7 @@ def test_the_emulator_stops_even_while_kopf_still_watches_it() -> None:
     assert not operator.alive  # and kopf, its API gone, still stopped when asked
 
 
+@pytest.mark.slow
 def test_an_operator_that_dies_is_reported_when_the_run_ends() -> None:
     def one_retry(settings: kopf.OperatorSettings) -> None:
         settings.networking.error_backoffs = [0.05]

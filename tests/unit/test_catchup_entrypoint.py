@@ -95,6 +95,7 @@ def test_the_installed_entrypoint_passes_keyorder_commands_through() -> None:
     assert result.returncode == 0 and "keyorder" in (result.stdout + result.stderr).lower()
 
 
+@pytest.mark.slow
 def test_the_installed_entrypoint_starts_a_real_executor_jvm(tmp_path: Path) -> None:
     """The executor command runs the real backend class from pyspark's jars: it parses Spark's arguments
     and tries to reach the driver (here none listens), instead of `keyorder executor` exiting at once."""

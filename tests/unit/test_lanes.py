@@ -229,6 +229,7 @@ def test_drain_returns_everything_not_running() -> None:
     assert len(scheduler) == 0 and take_one(scheduler, 100.0) is None
 
 
+@pytest.mark.slow
 @settings(max_examples=100)
 @given(data=st.data())
 def test_random_workers_failures_and_revokes_keep_lanes_serial_in_order_and_lose_nothing(
