@@ -7,9 +7,11 @@ binary builds it from its flags; the tests build it around the API emulator and 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,9 @@ from keyorder_operator.observe import BoundedLagSource, KafkaLagSource, LagSourc
 from keyorder_operator.operator_metrics import OperatorMetrics
 from keyorder_operator.pod_admin import fetch_reports, push_workers
 from keyorder_operator.spec import OrderedConsumerSpec
+
+DELETED_REMEMBERED = 10_000
+"""Deleted resources' UIDs kept: a poll in flight at a delete is bounded in time, so the newest suffice."""
 
 
 @dataclass
@@ -48,6 +53,37 @@ class OperatorContext:
     _lag_sources: dict[tuple[str, str], tuple[tuple[tuple[str, str], ...], LagSource]] = field(default_factory=dict)
     _lag_sources_lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards ``_lag_sources``: kopf runs the handlers of different resources on different pool threads."""
+    _deleted: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    """UIDs of deleted resources (the newest ``DELETED_REMEMBERED``): a poll still in flight writes nothing."""
+    _deleted_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @contextlib.contextmanager
+    def polling(self, uid: str, namespace: str, name: str) -> Iterator[bool]:
+        """Around a poll of a resource: yields False once it was deleted (no poll then); a poll that was
+        already running when the delete came is cleaned up after, so it leaves no metric series, no
+        applied-object memory and no Kafka client behind (kopf runs the delete handler while a timer's
+        last run may still be in flight)."""
+        with self._deleted_lock:
+            alive = uid not in self._deleted
+        yield alive
+        with self._deleted_lock:
+            deleted_meanwhile = alive and uid in self._deleted
+        if deleted_meanwhile:
+            self._let_go(namespace, name)
+
+    def forget(self, uid: str, namespace: str, name: str) -> None:
+        """A deleted resource: drop its metric series and applied objects, close its Kafka client, and
+        let no poll of it run again."""
+        with self._deleted_lock:
+            self._deleted[uid] = None
+            while len(self._deleted) > DELETED_REMEMBERED:
+                self._deleted.popitem(last=False)
+        self._let_go(namespace, name)
+
+    def _let_go(self, namespace: str, name: str) -> None:
+        self.metrics.forget(namespace, name)
+        self.forget_lag_source(namespace, name)
+        self.applied.forget(namespace, name)
 
     def lag_source(self, namespace: str, name: str, properties: dict[str, str]) -> LagSource:
         """The resource's lag source for ``properties``: one per resource, replaced (and the old one

@@ -10,7 +10,8 @@ tests (real kopf against an API emulator) run exactly the same code. Per resourc
   (self-repair), observes lag in Kafka and the pods' reports, decides, scales the Deployment, pushes
   the worker count to the ready pods and explains it in status, Events and metrics; or it advances a
   catch-up hand-over (``handover``);
-* on delete: forget the resource's metric series and applied objects, and close its Kafka client.
+* on delete: forget the resource's metric series and applied objects, and close its Kafka client;
+  no poll of it runs again, and one in flight at the delete is cleaned up after it ends.
 
 Each handler writes only the conditions it owns (``status.SPEC_CONDITIONS``, ``status.POLL_CONDITIONS``).
 """
@@ -53,9 +54,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
 
     @kopf.on.delete(*resource, registry=registry, optional=True)  # optional: no finalizer is added for this
     def forget(meta: Any, **_: Any) -> None:
-        context.metrics.forget(meta["namespace"], meta["name"])
-        context.forget_lag_source(meta["namespace"], meta["name"])
-        context.applied.forget(meta["namespace"], meta["name"])
+        context.forget(str(meta.get("uid") or ""), meta["namespace"], meta["name"])
 
     @kopf.timer(*resource, interval=context.tick_seconds, registry=registry)
     def autoscale(body: Any, meta: Any, status: Any, patch: kopf.Patch, **_: Any) -> None:
@@ -63,7 +62,9 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             spec = parse_spec(dict(body.get("spec") or {}))
         except InvalidSpec:
             return  # reported by reconcile_objects; nothing is scaled for an invalid spec
-        Poll(context, body, meta, spec, dict(status or {}), patch, context.clock()).run()
+        with context.polling(str(meta.get("uid") or ""), meta["namespace"], meta["name"]) as alive:
+            if alive:
+                Poll(context, body, meta, spec, dict(status or {}), patch, context.clock()).run()
 
 
 def validated(body: Any, patch: kopf.Patch, now: float) -> OrderedConsumerSpec | None:
