@@ -54,7 +54,7 @@ class OperatorContext:
     _lag_sources_lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards ``_lag_sources``: kopf runs the handlers of different resources on different pool threads."""
     _deleted: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    """UIDs of deleted resources (the newest ``DELETED_REMEMBERED``): a poll still in flight writes nothing."""
+    """UIDs of deleted resources (the newest ``DELETED_REMEMBERED``): none of them is polled again."""
     _deleted_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @contextlib.contextmanager
