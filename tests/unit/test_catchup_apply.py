@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pandas
 import pytest
 
@@ -83,9 +81,7 @@ def test_a_hot_key_takes_one_thread_while_the_other_keys_pass_it() -> None:
     hot = [b"hot"] * 150
     light = [f"light{index}".encode() for index in range(300)]
     messages = [item for pair in zip(hot, light[:150], strict=True) for item in pair] + light[150:]
-    started = time.monotonic()
     summaries = list(apply("slow", 8, sources=3)(iter(sorted_partition(messages, batch_rows=50, sources=3))))
-    elapsed = time.monotonic() - started
 
     assert sum(summaries[0]["processed"]) == 450
     assert_key_order(catchup_handlers.RECORDS)
@@ -94,7 +90,6 @@ def test_a_hot_key_takes_one_thread_while_the_other_keys_pass_it() -> None:
     last_light = max(index for index, key in enumerate(finished) if key != "hot")
     hot_done_by_then = finished[: last_light + 1].count("hot")
     assert hot_done_by_then < 120, hot_done_by_then  # the light keys did not wait for the hot key
-    assert elapsed < 150 * 0.002 * 3  # about the hot key's own serial time, not the sum of all
 
 
 def test_an_out_of_order_row_stops_the_task_before_its_handler_runs() -> None:

@@ -13,6 +13,7 @@ import pytest
 from keyorder.adapters.dead_letters import KafkaDeadLetterSink
 from keyorder.contracts import DeadLetterError
 from keyorder.message import Message
+from tests.support import wait_for
 
 SHORT = 0.2  # the sink's timeout in these tests (it waits at most twice that)
 
@@ -27,6 +28,7 @@ class FakeProducer:
         self._callbacks: list[Callable[[Any, Any], None]] = []
         self._outcomes: dict[int, Any] = {}  # record index -> error (None: delivered)
         self._served: set[int] = set()
+        self.reported: set[int] = set()  # records whose delivery callback has returned
         self._lock = threading.Lock()
 
     def produce(self, topic: str, key: bytes | None = None, on_delivery: Any = None, **_: Any) -> None:
@@ -45,6 +47,7 @@ class FakeProducer:
             outstanding = len(self._callbacks) - len(self._served)
         for index, error in ready:
             self._callbacks[index](error, None)
+            self.reported.add(index)
         return outstanding
 
     def poll(self, timeout: float) -> int:
@@ -74,13 +77,6 @@ def sink() -> Iterator[tuple[KafkaDeadLetterSink, FakeProducer]]:
     dead_letters = KafkaDeadLetterSink({}, "{topic}.dlq", timeout=SHORT, producer_factory=factory)
     yield dead_letters, made[0]
     dead_letters.close()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 def test_delivery_timeout_matches_the_publish_timeout(sink: tuple[KafkaDeadLetterSink, FakeProducer]) -> None:
@@ -124,7 +120,7 @@ def test_a_waiting_publish_does_not_block_another_workers_publish() -> None:
 
     first = threading.Thread(target=stuck, daemon=True)
     first.start()
-    wait_for(lambda: len(fake.produced) == 1)
+    wait_for(lambda: len(fake.produced) == 1, 10, "the first record produced")
 
     done = threading.Event()
 
@@ -133,11 +129,11 @@ def test_a_waiting_publish_does_not_block_another_workers_publish() -> None:
         done.set()
 
     threading.Thread(target=other, daemon=True).start()
-    started = time.monotonic()
-    wait_for(lambda: len(fake.produced) == 2, timeout=1.0)  # produced without waiting for the first
+    wait_for(
+        lambda: len(fake.produced) == 2, 10, "the second record produced"
+    )  # produced without waiting for the first
     fake.complete(1)
-    assert done.wait(1.0), "the second publish waited behind the first one's undelivered record"
-    assert time.monotonic() - started < 1.0
+    assert done.wait(SHORT * 10), "the second publish waited behind the first one's undelivered record"
     assert first.is_alive() and not stuck_outcome  # the first is still waiting for its own record
     fake.complete(0)
     first.join(2.0)
@@ -159,7 +155,9 @@ def test_retry_waits_for_the_pending_record_instead_of_producing_a_copy(
     assert len(fake.produced) == 1
 
     fake.complete(0)  # the first copy is finally delivered
-    time.sleep(0.1)
+    wait_for(
+        lambda: 0 in fake.reported, 10, "the first record's delivery report"
+    )  # its report arrived before the next attempt
     dead_letters.publish(poison, ValueError("bad"), 5)  # success, from the first copy's report
     assert fake.produced == [("orders.dlq", b"k")]
 
@@ -191,7 +189,7 @@ def test_retry_produces_again_once_the_pending_record_definitively_failed(
     assert len(fake.produced) == 1
 
     def deliver_second() -> None:
-        wait_for(lambda: len(fake.produced) == 2)
+        wait_for(lambda: len(fake.produced) == 2, 10, "a second record produced")
         fake.complete(1)
 
     threading.Thread(target=deliver_second, daemon=True).start()
@@ -235,5 +233,5 @@ def test_close_flushes_and_stops_the_poll_thread() -> None:
         dead_letters.publish(message(1), ValueError("bad"), 5)
     started = time.monotonic()
     dead_letters.close()  # the record is never delivered: the flush is bounded by the timeout
-    assert time.monotonic() - started < SHORT + 1.0
+    assert time.monotonic() - started < SHORT + 1.0  # hang guard: close must not wait for an undelivered record
     assert not any(thread.name == "keyorder-dlq-poll" and thread.is_alive() for thread in threading.enumerate())
