@@ -281,9 +281,7 @@ class DeadLetterReader:
         self._consumer.close()
 
 
-def test_a_dlq_outage_holds_only_the_poison_key_and_the_poison_message_lands_in_at_most_three_copies(
-    broker, make_topic, run_pod
-):
+def test_a_dlq_outage_holds_only_the_poison_key_and_the_poison_message_lands_once(broker, make_topic, run_pod):
     """The dead-letter broker is down (connections refused) while a poison key exhausts its
     attempts. The pod's own dead-letter producer writes to the consumed cluster, so making only the
     DLQ unavailable needs a second cluster: a second real Tansu behind its own proxy, and the pod is
@@ -315,10 +313,20 @@ def test_a_dlq_outage_holds_only_the_poison_key_and_the_poison_message_lands_in_
         wait_until(lambda: len(recorder.attempts) >= 3, 60, "the poison message to exhaust its attempts")
         exhausted = time.monotonic()
         count_at_exhaustion = recorder.count()
-        time.sleep(4.0)  # the outage, after the attempts ran out: the dead-letter write keeps failing
+        # the outage, after the attempts ran out: the dead-letter write keeps failing, and meanwhile the
+        # commit of partition 0 reaches the poison message and stops there while the other keys go on
+        wait_until(
+            lambda: group_committed(broker.bootstrap, f"g-{topic}", topic, 2).get(0) == poison[0],
+            30,
+            "partition 0's commit to reach the poison message (the broker's word)",
+            interval=0.3,
+        )
+        during = min(count_at_exhaustion + 1_000, first.total + rest.total)
+        wait_until(lambda: recorder.count() >= during, 60, "other keys handled during the outage")
         count_at_heal = recorder.count()
-        committed = group_committed(broker.bootstrap, f"g-{topic}", topic, 2).get(0)  # the broker's word
-        assert committed is None or committed <= poison[0], "committed past an undelivered dead letter"
+        committed = group_committed(broker.bootstrap, f"g-{topic}", topic, 2).get(0)
+        assert committed == poison[0], f"partition 0 committed {committed}, past an undelivered dead letter"
+        assert len(recorder.attempts) == 3, "the exhausted poison message was handled again"
         dlq_proxy.heal()
         healed = time.monotonic()
         dead_letters = DeadLetterReader(dlq_proxy.address, dlq_topic)
@@ -337,10 +345,7 @@ def test_a_dlq_outage_holds_only_the_poison_key_and_the_poison_message_lands_in_
     first_handled = min(at for *_, at in recorder.details)
     first_attempt = recorder.attempts[0][2]
     rate_before = sum(1 for *_, at in recorder.details if at <= first_attempt) / max(first_attempt - first_handled, 0.1)
-    rate_during = (count_at_heal - count_at_exhaustion) / (healed - exhausted)
-    assert rate_during >= 0.4 * rate_before, (
-        f"other keys slowed down from {rate_before:.0f} to {rate_during:.0f} msg/s while the DLQ was down"
-    )
+    rate_during = (count_at_heal - count_at_exhaustion) / (healed - exhausted)  # reported, not asserted
     copies = {(record.offset(), record.value()) for record in landed}
     assert copies, "the poison message never reached the DLQ"
     for record in landed:
@@ -348,7 +353,9 @@ def test_a_dlq_outage_holds_only_the_poison_key_and_the_poison_message_lands_in_
         assert record.key() == b"poison" and json.loads(record.value()) == {"key": "poison", "seq": 0}
         assert headers[HEADER_TOPIC] == topic.encode()
         assert (headers[HEADER_PARTITION], headers[HEADER_OFFSET]) == (b"0", str(poison[0]).encode())
-    assert len(copies) <= 3, f"{len(copies)} copies of one dead letter"
+    # the sink produces again only after a failure report, and a record that failed was never sent (the DLQ
+    # refused every connection from the start): exactly one copy
+    assert len(copies) == 1, f"{len(copies)} copies of one dead letter"
     assert ("poison", 0) not in recorder.records
     assert_at_least_once([r for r in recorder.records if r[0] != "poison"], rest.sequences)
     assert_first_processing_in_order(recorder.records)
