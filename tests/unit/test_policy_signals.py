@@ -288,8 +288,7 @@ def test_partition_ordering_stops_at_one_worker_per_partition():
     limits = replace(LIMITS, partition_ordering=True)
     observation = Observation(lag=12_000_000, partitions=4, pods=pods(1, 16, ordering="partition"))
     decision = decide(observation, limits, ScalingState(Size(1, 16)), 0)
-    assert decision.target.capacity <= 4 * 1 or decision.target.workers <= 4
-    assert decision.target.replicas * min(decision.target.workers, 4) >= 4
+    assert decision.target == Size(1, 4), "one worker per partition (4), on the fewest pods"
     assert decision.limited is not None and decision.limited.kind is LimitKind.PARTITION_ORDERING
     assert "at most 4 workers" in decision.limited.message
 
