@@ -16,14 +16,20 @@ from keyorder.message import Message
 
 
 class FakeClock:
-    """FAKE monotonic clock: ``sleep`` advances it instantly (thread-safe)."""
+    """FAKE monotonic clock: ``sleep`` advances it instantly (thread-safe). With ``step``, every reading
+    also moves it on by that much, so code that waits for a deadline by reading the clock (a parked
+    lane becoming due) gets there without anybody sleeping."""
 
-    def __init__(self, start: float = 1000.0) -> None:
+    def __init__(self, start: float = 1000.0, step: float = 0.0) -> None:
         self.now = start
+        self.step = step
         self.slept = 0.0
         self._lock = threading.Lock()
 
     def __call__(self) -> float:
+        if self.step:
+            with self._lock:
+                self.now += self.step
         return self.now
 
     def sleep(self, seconds: float) -> None:

@@ -30,6 +30,7 @@ from keyorder.catchup.positions import Position, PositionError, PositionKind, pa
 from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
+from tests.fakes import FakeClock
 
 COMMITTED, EARLIEST, END = (Position(PositionKind(kind)) for kind in ("committed", "earliest", "end"))
 
@@ -235,17 +236,10 @@ def record_rows(keys: list[bytes]) -> list[tuple]:
     return [*rows, (0, 0, 1 << 20, len(keys), None, None, [], None, len(keys))]
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 0.001  # time moves on by itself, so a parked lane becomes due without sleeping
-        return self.now
-
-
 def runner(call, policy: RetryPolicy, sink=None, workers: int = 4, lookahead: int = 100) -> TaskRunner:
-    return TaskRunner(call, policy, sink, [("t", 0)], "key", workers, lookahead, "run1", 3, clock=FakeClock())
+    return TaskRunner(
+        call, policy, sink, [("t", 0)], "key", workers, lookahead, "run1", 3, clock=FakeClock(start=0.0, step=0.001)
+    )
 
 
 def test_a_failed_attempt_parks_its_key_while_the_others_go_on_then_succeeds() -> None:

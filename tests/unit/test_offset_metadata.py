@@ -38,7 +38,7 @@ def base_and_done(draw: st.DrawFn, max_span: int = 5000, max_size: int = 300) ->
     return base, sorted(base + delta for delta in above)
 
 
-@settings(deadline=None, database=None, max_examples=300)
+@settings(max_examples=300)
 @given(base_and_done())
 def test_round_trip(case: tuple[int, list[int]]) -> None:
     base, done = case
@@ -104,7 +104,7 @@ def test_10000_inflight_behind_one_stuck_offset_fits_in_4096(pattern: str) -> No
         assert len(decoded) < len(done)  # ~25 kB of runs: must have been truncated
 
 
-@settings(deadline=None, database=None, max_examples=150)
+@settings(max_examples=150)
 @given(case=base_and_done(max_span=20_000, max_size=2000), limit=st.integers(64, 600))
 def test_truncation_respects_the_limit_and_keeps_the_lowest_offsets(case: tuple[int, list[int]], limit: int) -> None:
     base, done = case
@@ -221,7 +221,7 @@ def test_a_sparse_set_over_a_huge_span_never_builds_the_bitset(monkeypatch: pyte
     assert built and max(built) <= 500, "the bitset is built only when it is the smaller payload"
 
 
-@settings(deadline=None, database=None, max_examples=150)
+@settings(max_examples=150)
 @given(
     base=st.integers(0, 10**15),
     gaps=st.lists(st.integers(1, 10**9), max_size=200),

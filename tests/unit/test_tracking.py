@@ -38,7 +38,7 @@ def _check(tracker: PartitionOffsets, received: list[int], done: set[int]) -> No
     assert tracker.completed_above_position() == sorted(offset for offset in done if offset > position)
 
 
-@settings(deadline=None, database=None, max_examples=300)
+@settings(max_examples=300)
 @given(received_and_completion_order())
 def test_commit_position_is_the_lowest_unfinished_offset_after_every_completion(
     case: tuple[int, list[int], list[int]],
@@ -59,7 +59,7 @@ def test_commit_position_is_the_lowest_unfinished_offset_after_every_completion(
     assert tracker.completed_above_position() == []
 
 
-@settings(deadline=None, database=None, max_examples=150)
+@settings(max_examples=150)
 @given(data=st.data())
 def test_interleaved_receives_and_completions_keep_the_invariant(data: st.DataObject) -> None:
     """Batches arrive while earlier messages are still finishing, as in the poll loop."""
@@ -261,7 +261,7 @@ def test_oldest_age_follows_the_min_offset_forward_and_idle_forgets_marks() -> N
     assert times.oldest_age(30, now=10.0) == pytest.approx(1.0)
 
 
-@settings(deadline=None, database=None, max_examples=200)
+@settings(max_examples=200)
 @given(case=received_and_completion_order(), data=st.data())
 def test_prior_done_offsets_never_hold_back_the_position(
     case: tuple[int, list[int], list[int]], data: st.DataObject
