@@ -36,6 +36,7 @@ from tests.conftest import Recorder, group_committed, stop_pod, wait_until
 from tests.faults.proxy import FaultProxy
 from tests.guarantees import assert_at_least_once, assert_first_processing_in_order
 from tests.integration.file_handler import read_timed
+from tests.support import wait_for_commits
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -53,12 +54,7 @@ def handled(recorder: Recorder) -> list[tuple[int, int, float]]:
 def wait_handled_and_committed(broker: Any, recorder: Recorder, produced: Any, group: str, topic: str) -> None:
     """Until every produced message was handled and the group's commits reached the end offsets."""
     wait_until(lambda: len(set(recorder.records)) >= produced.total, 60, "every message handled")
-    wait_until(
-        lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
-        30,
-        "the group's commits to reach the end offsets",
-        interval=0.3,
-    )
+    wait_for_commits(broker.bootstrap, group, topic, produced.end_offsets, 30)
 
 
 def assert_guarantees(recorder: Recorder, produced: Any, audit: Any) -> int:
@@ -228,12 +224,7 @@ def test_a_frozen_pod_is_replaced_and_its_in_flight_work_is_redelivered(broker, 
             "every message handled",
             interval=0.2,
         )
-        wait_until(
-            lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
-            30,
-            "the group's commits to reach the end offsets",
-            interval=0.3,
-        )
+        wait_for_commits(broker.bootstrap, group, topic, produced.end_offsets, 30)
         recovered = time.monotonic() - resumed
     finally:
         outputs = [stop_process(process) for process in processes]
@@ -333,12 +324,7 @@ def test_a_dlq_outage_holds_only_the_poison_key_and_the_poison_message_lands_onc
         wait_until(lambda: dead_letters.read(0.2), 30, "the poison message in the DLQ", interval=0)
         recovered = time.monotonic() - healed
         wait_until(lambda: recorder.count() >= rest.total, 60, "every other message handled")  # rest counts first
-        wait_until(
-            lambda: group_committed(broker.bootstrap, f"g-{topic}", topic, 2) == end_offsets,
-            30,
-            "the commit to pass the dead-lettered message",
-            interval=0.3,
-        )
+        wait_for_commits(broker.bootstrap, f"g-{topic}", topic, end_offsets, 30)
         stop_pod(pod)
         landed = dead_letters.read(2.0)  # and any late copy
         dead_letters.close()

@@ -21,7 +21,7 @@ from tests.guarantees import (
     assert_first_processing_in_order,
     assert_key_order,
 )
-from tests.support import wait_for
+from tests.support import wait_for, wait_for_commits
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
@@ -229,12 +229,7 @@ def test_rebalance_when_a_second_pod_joins(broker, make_topic, run_pod):
     wait_until(lambda: recorder.count() >= 2_000, 60, "the first pod to make progress")
     second = run_pod(topic, recorder, group=group, workers=8)
     wait_until(lambda: len(set(recorder.records)) >= produced.total, 120, "every message handled once")
-    wait_until(
-        lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
-        30,
-        "the group's commits to reach the end",
-        interval=0.5,
-    )
+    wait_for_commits(broker.bootstrap, group, topic, produced.end_offsets, 30)
     assert first.runtime.snapshot.rebalances >= 2 and second.runtime.snapshot.rebalances >= 1
     assert second.runtime.snapshot.partitions, "the second pod got no partitions"
     duplicates = assert_at_least_once(recorder.records, produced.sequences)

@@ -21,6 +21,7 @@ from keyorder.devtools.loadgen import produce_keyed
 from tests.conftest import group_committed, wait_until
 from tests.guarantees import assert_at_least_once, assert_first_processing_in_order
 from tests.integration.file_handler import read_records
+from tests.support import wait_for_commits
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 REPO = Path(__file__).resolve().parents[2]
@@ -96,12 +97,7 @@ def test_kill_9_then_restart_loses_nothing_and_keeps_key_order(broker, make_topi
             120,
             "every message processed after the restart",
         )
-        wait_until(
-            lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
-            30,
-            "commits to reach the end offsets",
-            interval=0.5,
-        )
+        wait_for_commits(broker.bootstrap, group, topic, produced.end_offsets, 30)
     finally:
         output = stop(second)
     records = [(key, seq) for key, seq, _, _ in read_records(str(records_file))]

@@ -26,6 +26,7 @@ from tests.guarantees import (
 from tests.integration.file_handler import read_records, read_timed
 from tests.integration.test_pod_kafka import metric_value, metrics_text, read_topic
 from tests.integration.test_pod_process import start_consumer, stop
+from tests.support import wait_for_commits
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 HANDLER = "tests.integration.file_handler:handle_timed"
@@ -46,12 +47,7 @@ def test_worker_processes_keep_key_order_run_keys_serially_and_commit_to_the_end
     produced = produce_keyed(broker.bootstrap, topic, 6_000, 200, seed=21)
     pod = run_pod(topic, HANDLER, executor="process", workers=3)
     wait_until(lambda: len(read_timed(record_file)) >= produced.total, 120, "every message handled", interval=0.1)
-    wait_until(
-        lambda: group_committed(broker.bootstrap, f"g-{topic}", topic, 4) == produced.end_offsets,
-        30,
-        "commits to reach the end offsets",
-        interval=0.5,
-    )
+    wait_for_commits(broker.bootstrap, f"g-{topic}", topic, produced.end_offsets, 30)
     text = metrics_text(pod)
     stop_pod(pod)
     runs = sorted(read_timed(record_file), key=lambda run: run[5])
@@ -77,12 +73,7 @@ def test_a_worker_process_killed_with_sigkill_mid_message_loses_nothing_and_keep
         victim = int(file.read())
     assert victim in pod.pool.worker_pids()
     os.kill(victim, signal.SIGKILL)
-    wait_until(
-        lambda: group_committed(broker.bootstrap, f"g-{topic}", topic, 2) == produced.end_offsets,
-        120,
-        "commits to reach the end offsets after the crash",
-        interval=0.5,
-    )
+    wait_for_commits(broker.bootstrap, f"g-{topic}", topic, produced.end_offsets, 120)
     assert victim not in pod.pool.worker_pids() and len(pod.pool.worker_pids()) == 2, "not replaced"
     text = metrics_text(pod)
     stop_pod(pod)
@@ -104,12 +95,7 @@ def test_a_poison_key_is_dead_lettered_from_a_worker_process_while_the_other_key
     poisoned = produced.sequences[POISON_KEY]
     pod = run_pod(topic, HANDLER, executor="process", workers=2, max_attempts=2, retry_initial_backoff=0.01)
     dead = read_topic(broker.bootstrap, f"{topic}.dlq", poisoned, linger=1.0)
-    wait_until(
-        lambda: group_committed(broker.bootstrap, f"g-{topic}", topic, 2) == produced.end_offsets,
-        60,
-        "commits to reach the end offsets",
-        interval=0.5,
-    )
+    wait_for_commits(broker.bootstrap, f"g-{topic}", topic, produced.end_offsets, 60)
     stop_pod(pod)
     assert len(dead) == poisoned
     errors = {dict(record.headers())["keyorder.error"].decode() for record in dead}
@@ -128,12 +114,7 @@ def test_a_second_pod_joining_revokes_partitions_from_worker_processes_without_l
     first = run_pod(topic, HANDLER, group=group, executor="process", workers=2)
     wait_until(lambda: len(read_timed(record_file)) >= 600, 60, "the first pod to make progress", interval=0.1)
     second = run_pod(topic, HANDLER, group=group, executor="process", workers=2)
-    wait_until(
-        lambda: group_committed(broker.bootstrap, group, topic, 4) == produced.end_offsets,
-        120,
-        "the group's commits to reach the end",
-        interval=0.5,
-    )
+    wait_for_commits(broker.bootstrap, group, topic, produced.end_offsets, 120)
     assert first.runtime.snapshot.rebalances >= 2 and second.runtime.snapshot.rebalances >= 1
     assert second.runtime.snapshot.partitions, "the second pod got no partitions"
     stop_pod(second)
