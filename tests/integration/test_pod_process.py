@@ -239,6 +239,7 @@ def _get(url: str) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+@pytest.mark.slow
 def test_unreachable_broker_is_not_ready_is_measured_and_logs_once(tmp_path):
     """A pod pointed at a closed port: /readyz 503 naming the reason, the metric 0, and librdkafka's
     ~20 "Connection refused" lines a second collapsed (the first once, then a count per 10 s)."""
