@@ -3,7 +3,7 @@
 Why: on a shared 2-core machine a timed assertion fails for a slow neighbour, not for a defect, and a
 red CI must mean a defect. Speed is measured by ``keyorder bench`` and ``keyorder catchup-bench``
 (docs/performance.md). A time bound may stay only as a hang guard, and then it says so: ``# hang
-guard`` on the assertion or in a comment line right above it (or a name containing ``hang_guard``),
+guard`` on the assertion or in the comment right above it (or a name containing ``hang_guard``),
 so ``grep -rn "hang guard" tests`` lists them all. ``wait_for``/``wait_until`` timeouts are hang
 guards by definition and are not asserts.
 
@@ -61,11 +61,9 @@ def timed_assertions(path: Path) -> list[str]:
         for node in ast.walk(function):
             if not isinstance(node, ast.Assert) or not _compares_time(node.test, timed):
                 continue
-            first = (
-                node.lineno - 2
-                if node.lineno > 1 and lines[node.lineno - 2].strip().startswith("#")
-                else node.lineno - 1
-            )
+            first = node.lineno - 1
+            while first > 0 and lines[first - 1].strip().startswith("#"):  # the comment block right above
+                first -= 1
             text = "\n".join(lines[first : (node.end_lineno or node.lineno)])
             if "hang guard" not in text and "hang_guard" not in text:
                 found.append(f"{path.relative_to(TESTS.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
