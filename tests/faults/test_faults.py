@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -129,6 +130,65 @@ def test_a_silent_partition_past_the_session_timeout_rebalances_and_loses_nothin
     duplicates = assert_guarantees(recorder, produced, audit)
     report("silent partition", produced.total, duplicates, recovered,
            f"{SESSION_TIMEOUT + 2:.0f} s black hole; heal -> every message handled and committed")  # fmt: skip
+
+
+def test_a_lost_assignment_commits_nothing_for_the_lost_partitions(broker, make_topic, run_pod, commit_audit, caplog):
+    """The network goes silent past the session timeout while handlers are mid-call: the client
+    declares its assignment lost. The handlers then finish, but another member may own those
+    partitions already, so the pod must commit none of them until it is assigned them again (README:
+    "on a lost assignment nothing is committed"). A spy on the real source's ``commit`` (it calls
+    through) records every commit the pod makes."""
+    topic = make_topic(2, with_dlq=False)
+    produced = produce_keyed(broker.bootstrap, topic, 2_000, 100, seed=47)
+    group = f"g-{topic}"
+    audit = commit_audit(broker.bootstrap, group, topic, 2)
+    hold, release = threading.Event(), threading.Event()
+    recorder = Recorder(0.001, 0.003)
+
+    def handler(message: Any) -> None:
+        if hold.is_set():
+            release.wait(60)  # hang guard
+        recorder(message)
+
+    pod = run_pod(topic, handler, group=group, workers=4, **WINDOW)
+    commits: list[tuple[float, set]] = []
+    source, commit = pod.runtime.source, pod.runtime.source.commit
+
+    def recording_commit(offsets: Any, asynchronous: bool) -> Any:
+        commits.append((time.time(), set(offsets)))
+        return commit(offsets, asynchronous)
+
+    source.commit = recording_commit  # type: ignore[method-assign]
+    wait_until(lambda: recorder.count() >= 300, 60, "some progress")
+    wait_until(lambda: pod.runtime.snapshot.assigned_partitions == 2, 30, "both partitions assigned")
+    caplog.set_level(logging.INFO, logger="keyorder.runtime")
+    hold.set()
+    wait_until(lambda: pod.runtime.snapshot.inflight > 0, 10, "handlers held mid-call")
+    broker.proxy.black_hole()
+
+    def lost_at() -> float | None:
+        return next((r.created for r in caplog.records if r.getMessage().startswith("lost partitions")), None)
+
+    wait_until(lambda: lost_at() is not None, SESSION_TIMEOUT * 5, "the client to declare its assignment lost")
+    release.set()  # the held handlers finish after the loss
+    wait_until(lambda: pod.runtime.snapshot.inflight == 0, 30, "the held handlers to finish")
+    broker.proxy.heal()
+    wait_until(lambda: recorder.count() >= produced.total, 60, "every message handled")
+    wait_for_commits(broker.bootstrap, group, topic, produced.end_offsets, 30)
+    stop_pod(pod)
+    audit.close()
+    lost = lost_at()
+    assert lost is not None
+    reassigned = min(
+        (r.created for r in caplog.records if r.created > lost and r.getMessage().startswith("assigned ")),
+        default=float("inf"),
+    )
+    between = [partitions for at, partitions in commits if lost <= at < reassigned]
+    assert not any(partition[0] == topic for partitions in between for partition in partitions), (
+        f"committed lost partitions before they were assigned again: {between}"
+    )
+    assert any(at >= reassigned for at, _ in commits), "no commit after the partitions came back"
+    assert_guarantees(recorder, produced, audit)
 
 
 def start_pod_process(bootstrap: str, topic: str, group: str, record_file: Path) -> subprocess.Popen:
