@@ -1,7 +1,8 @@
 """Helpers every test directory shares: one wait, one commit check, one set of broker settings.
 
 Why a module of its own: the suite had four wait loops, five copies of the producer setting that
-makes the test broker report exact end offsets, two ``free_port`` functions and three versions of the
+makes the test broker report exact end offsets (now ``keyorder.devtools.loadgen``'s, which the
+catch-up bench uses too), two ``free_port`` functions and three versions of the
 "every message handled, the group's commits reached the end offsets" check. They live here once.
 
 Waits poll an observable condition; their timeouts are hang guards, never performance assertions.
@@ -16,14 +17,11 @@ from typing import TypeVar
 from confluent_kafka import Consumer, TopicPartition
 
 from keyorder.devtools.embedded import free_port
+from keyorder.devtools.loadgen import EXACT_END_OFFSETS
 
 __all__ = ["EXACT_END_OFFSETS", "free_port", "group_committed", "wait_for", "wait_for_commits"]
 
 T = TypeVar("T")
-
-EXACT_END_OFFSETS = {"batch.num.messages": 1}
-"""Producer setting: the embedded broker reports exact end offsets only for one-record batches
-(TESTING.md), so tests that compare commits with end offsets produce with it."""
 
 
 def wait_for(probe: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:

@@ -10,11 +10,11 @@ from keyorder_operator.observe import KafkaLagSource, LagSample, LagUnavailable
 from keyorder_operator.reconcile import OperatorContext
 
 
-class RecordingSource:
+class ClosableLagSource:
     """A stand-in LagSource that records whether it was closed (no broker: only the lifecycle is tested).
     Each one is added to ``built``, a list of the test's own (no state shared between tests)."""
 
-    def __init__(self, properties: dict[str, str], built: list[RecordingSource]) -> None:
+    def __init__(self, properties: dict[str, str], built: list[ClosableLagSource]) -> None:
         self.properties, self.closed = properties, False
         built.append(self)
 
@@ -26,14 +26,14 @@ class RecordingSource:
 
 
 @pytest.fixture
-def built() -> list[RecordingSource]:
+def built() -> list[ClosableLagSource]:
     """The sources this test's context built, in order."""
     return []
 
 
 @pytest.fixture
-def context(built: list[RecordingSource]) -> OperatorContext:
-    return OperatorContext(kube=None, lag_source_for=lambda properties: RecordingSource(properties, built))  # type: ignore[arg-type]
+def context(built: list[ClosableLagSource]) -> OperatorContext:
+    return OperatorContext(kube=None, lag_source_for=lambda properties: ClosableLagSource(properties, built))  # type: ignore[arg-type]
 
 
 def test_the_same_configuration_reuses_the_client(context, built):

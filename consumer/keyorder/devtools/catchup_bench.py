@@ -27,11 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
-from keyorder.devtools.loadgen import create_topics, produce_keyed
+from keyorder.devtools.loadgen import EXACT_END_OFFSETS, create_topics, produce_keyed
 from keyorder.logs import configure_logging
 from keyorder.progress import Progress
 
-EXACT_END_OFFSETS = {"batch.num.messages": 1}  # the embedded broker reports exact end offsets only for these
 WARM_UP_MESSAGES = 2_000
 """A first small job per Spark session: its time (JVM start, JIT, Python workers) counts as start-up."""
 

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+EXACT_END_OFFSETS = {"batch.num.messages": 1}
+"""Producer setting: the embedded broker (Tansu) reports exact end offsets only for one-record batches
+(a multi-record batch's end reads as its base offset + 1), so whatever compares commits with end
+offsets on it produces with this. Real Kafka needs nothing of the kind."""
+
 
 def create_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeout: float = 30.0) -> None:
     """Create topics (idempotent: an existing topic is fine)."""
