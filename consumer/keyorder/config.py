@@ -605,9 +605,19 @@ def blame_kafka_property(error: Exception, origins: Mapping[str, str], client: s
     return error
 
 
+CONSUMER_DEFAULTS = {
+    # a new group starts at the oldest message rather than skipping the backlog
+    "auto.offset.reset": "earliest",
+    # incremental rebalancing (KIP-429): a member joining or leaving moves only the partitions that
+    # change owner; the others keep running (librdkafka's default, range,roundrobin, stops every member)
+    "partition.assignment.strategy": "cooperative-sticky",
+}
+"""keyorder's consumer defaults; any of them is overridden by the user's Kafka properties."""
+
+
 def consumer_properties(config: KafkaConnectionSettings, properties: Mapping[str, str]) -> dict[str, str]:
     """Consumer settings: keyorder's defaults, overridden by the user's properties."""
-    return {"auto.offset.reset": "earliest", **properties, "group.id": config.group_id}
+    return {**CONSUMER_DEFAULTS, **properties, "group.id": config.group_id}
 
 
 def producer_properties(properties: Mapping[str, str]) -> dict[str, str]:

@@ -100,6 +100,12 @@ class RuntimeSnapshot:
     """Why no broker is reachable (the source's last error), None while one is."""
     assigned_partitions: int = 0
     """Partitions assigned to this pod and not revoked (0 is normal for a pod beyond the partition count)."""
+    partitions_revoked: int = 0
+    """Partitions taken from this pod by rebalances (revoked or lost); an eager rebalance takes all of them,
+    a cooperative one only those that change owner."""
+    rebalance_idle_seconds: float = 0.0
+    """Seconds this pod held no partition between a rebalance that took its last one and the next that gave
+    it some back: the stop an eager rebalance costs each member (a cooperative one leaves it at 0)."""
 
 
 class ConsumerRuntime:
@@ -133,7 +139,9 @@ class ConsumerRuntime:
         self.last_iteration = clock()
         self._requested_workers = pool.size
         self._closing = False
-        self._rebalances = self._skipped = 0
+        self._rebalances = self._skipped = self._partitions_revoked = 0
+        self._rebalance_idle = 0.0
+        self._emptied_at: float | None = None  # when a rebalance took the last partition, until one is assigned
 
     # -- called from other threads ---------------------------------------------------------------
     def request_resize(self, workers: int) -> int:
@@ -271,6 +279,9 @@ class ConsumerRuntime:
     # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
     def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:
         self._rebalances += 1
+        if partition_ids and self._emptied_at is not None:
+            self._rebalance_idle += self.clock() - self._emptied_at
+            self._emptied_at = None
         committed = self._committed_with_retries(partition_ids) if partition_ids else {}
         for partition_id in partition_ids:
             offset, metadata = committed.get(partition_id, (None, None))
@@ -348,6 +359,9 @@ class ConsumerRuntime:
             state = self.partitions.pop(pid, None)
             if state is not None:
                 state.revoked = state.dropped = True
+                self._partitions_revoked += 1
+        if partition_ids and not self.partitions and not self._closing:
+            self._emptied_at = self.clock()
         self._hand_back(self.pool.withdraw(lambda delivery: delivery.partition.dropped))
         # librdkafka keeps a partition's pause flag across rebalances: clear it, or a later
         # re-assignment of the same partition to this pod would never fetch
@@ -406,6 +420,8 @@ class ConsumerRuntime:
             commits=self.committer.commits,
             commit_failures=self.committer.failures,
             rebalances=self._rebalances,
+            partitions_revoked=self._partitions_revoked,
+            rebalance_idle_seconds=self._rebalance_idle,
             skipped=self._skipped,
             # optional on a Source: fakes and other brokers' adapters without it count as reachable
             broker_reachable=self.source.broker_reachable,

@@ -546,10 +546,13 @@ def test_consumer_properties_defaults_and_forced_group() -> None:
     config = load()
     assert consumer_properties(config, {"bootstrap.servers": "b"}) == {
         "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
         "bootstrap.servers": "b",
         "group.id": "g1",
     }
     assert consumer_properties(config, {"auto.offset.reset": "latest"})["auto.offset.reset"] == "latest"
+    eager = consumer_properties(config, {"partition.assignment.strategy": "range"})
+    assert eager["partition.assignment.strategy"] == "range"
 
 
 def test_producer_properties_drop_consumer_only_keys() -> None:

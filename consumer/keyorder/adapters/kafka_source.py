@@ -53,6 +53,15 @@ _SUSPECT_CODES = (KafkaError._TRANSPORT, KafkaError._RESOLVE)
 _VOLATILE_SUFFIX = re.compile(r" \(after \d+ms in state [A-Z_]+(?:, \d+ identical error\(s\) suppressed)?\)$")
 
 
+MIXED_PROTOCOLS = (
+    "the group refused this member (%s): its other members use an assignment strategy of the other "
+    "protocol (eager: range, roundrobin; cooperative: cooperative-sticky), and one group cannot mix "
+    "them. This pod keeps retrying and joins once the others have left. To move a group between them, "
+    "stop every old member before the new ones start (docs/rebalancing.md), or set "
+    "partition.assignment.strategy to the group's current one."
+)
+"""Logged when the broker refuses the join because eager and cooperative members would mix."""
+
 LIBRDKAFKA_LOGGER = "keyorder.librdkafka"
 """The logger every librdkafka client of the pod logs through (this consumer and the dead-letter producer)."""
 
@@ -181,6 +190,8 @@ class KafkaSource:
             self._mark_unreachable(error.str())
         elif code in _SUSPECT_CODES:
             self._suspect = True  # the next due probe decides; one broker of several down is not "no broker"
+        elif code == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+            log.error("%s", MIXED_PROTOCOLS % error.str())
         elif error.fatal():
             log.error("fatal Kafka client error: %s", error.str())
 
@@ -290,6 +301,9 @@ class KafkaSource:
             return
         if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             log.warning("subscribed topic not available yet: %s", error.str())
+            return
+        if error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+            log.error("%s", MIXED_PROTOCOLS % error.str())
             return
         log.warning("Kafka consumer error (the client retries): %s", error.str())
 

@@ -168,6 +168,16 @@ class KeyorderCollector(Collector):
         yield CounterMetricFamily(
             "keyorder_rebalances", "Partition assignments, revocations and losses.", value=snapshot.rebalances
         )
+        yield CounterMetricFamily(
+            "keyorder_partitions_revoked",
+            "Partitions taken from this pod by rebalances (eager: all of them; cooperative: those that move).",
+            value=snapshot.partitions_revoked,
+        )
+        yield CounterMetricFamily(
+            "keyorder_rebalance_idle_seconds",
+            "Seconds this pod held no partition between a rebalance that took its last one and the next assignment.",
+            value=snapshot.rebalance_idle_seconds,
+        )
         yield from self._executor_families(stats)
         yield _histogram(
             "keyorder_handler_duration_seconds",

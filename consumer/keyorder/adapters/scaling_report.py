@@ -98,6 +98,8 @@ def build_report(
         "handlerCallsTotal": sum(worker.handler_seconds.count for worker in stats),
         "handlerSecondsTotal": round(sum(worker.handler_seconds.total for worker in stats), 6),
         "rebalancesTotal": snapshot.rebalances,
+        "partitionsRevokedTotal": snapshot.partitions_revoked,
+        "rebalanceIdleSecondsTotal": round(snapshot.rebalance_idle_seconds, 3),
         "partitionsAssigned": snapshot.assigned_partitions,
         "inflight": snapshot.inflight,
         "lanes": {
