@@ -30,6 +30,7 @@ import pytest
 from confluent_kafka import Producer
 
 from keyorder.adapters import http_server
+from keyorder.devtools.embedded import FAST_GROUP_JOIN
 from keyorder.devtools.loadgen import produce_keyed
 from tests.conftest import Recorder, stop_pod
 from tests.guarantees import assert_key_order
@@ -122,12 +123,15 @@ def test_healthz_fails_while_the_poll_loop_stalls_and_recovers_when_it_turns(bro
         recorder(message)
 
     group = f"g-{topic}"
-    first = run_pod(topic, handler, group=group, workers=2, revoke_drain_timeout=30)
+    # eager (range): a join revokes every partition, the stuck handler's too (a cooperative join may
+    # move only the other one, and then nothing waits)
+    eager = [*FAST_GROUP_JOIN, "partition.assignment.strategy=range"]
+    first = run_pod(topic, handler, group=group, workers=2, revoke_drain_timeout=30, kafka_property=eager)
     wait_for(entered.is_set, 30, "the stuck handler to start")
     assert healthz(first.http_port) == 200
     # a second member joins: the eager rebalance revokes every partition, and the revoke waits for the
     # running handler, so the poll loop stops turning
-    second = run_pod(topic, Recorder(), group=group, workers=2)
+    second = run_pod(topic, Recorder(), group=group, workers=2, kafka_property=eager)
     wait_for(lambda: healthz(first.http_port) == 503, 30, "/healthz 503 while the poll loop is stuck in the revoke")
     release.set()
     wait_for(lambda: healthz(first.http_port) == 200, 30, "/healthz 200 once the poll loop turns again")

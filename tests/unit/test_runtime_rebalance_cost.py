@@ -23,7 +23,13 @@ def runtime_and_clock() -> tuple[ConsumerRuntime, FakeClock]:
     completions: deque = deque()
     pool = ThreadWorkerPool(lambda message: None, 2, RetryPolicy(), None, completions, clock=clock)
     runtime = ConsumerRuntime(
-        RuntimeSettings(topics=("t",)), RecordingSource({P0: 0, P1: 0}), pool, Ordering.KEY, completions, clock, clock.sleep
+        RuntimeSettings(topics=("t",)),
+        RecordingSource({P0: 0, P1: 0}),
+        pool,
+        Ordering.KEY,
+        completions,
+        clock,
+        clock.sleep,
     )
     return runtime, clock
 
