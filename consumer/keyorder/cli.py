@@ -76,6 +76,14 @@ COMMANDS: dict[str, Subcommand] = {
         "keyorder.devtools.bench:add_bench_flags",
         "keyorder.devtools.bench:bench_command",
     ),
+    "rebalance-bench": Subcommand(
+        "benchmark what a scale step costs the group, eager against cooperative rebalancing",
+        "Grow a group of keyorder pods under a backlog (1 -> 2 -> 4 -> 8) once per assignment strategy, "
+        "on the embedded broker; report per step the group-wide stall, the stall of pods that kept "
+        "partitions and the longest partition wait.",
+        "keyorder.devtools.rebalance_bench:add_rebalance_bench_flags",
+        "keyorder.devtools.rebalance_bench:rebalance_bench_command",
+    ),
     "catchup-bench": Subcommand(
         "benchmark catch-up on Spark against a live pod",
         "Drain one backlog with a "

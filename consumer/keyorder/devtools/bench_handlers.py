@@ -25,12 +25,12 @@ CPU_LOOP = 2_000
 RECORDS_DIR_VARIABLE = "KEYORDER_BENCH_RECORDS_DIR"
 LATENCY_VARIABLE = "KEYORDER_BENCH_LATENCY_SECONDS"
 
-_records: list[tuple[bytes, int, float]] = []  # list.append is atomic: thread workers share it
+_records: list[tuple[bytes, int, float, int]] = []  # list.append is atomic: thread workers share it
 _latency: list[float] = []
 
 
 def _note(message: Message, started: float) -> None:
-    _records.append((message.key or b"", json.loads(message.value or b"{}")["seq"], started))
+    _records.append((message.key or b"", json.loads(message.value or b"{}")["seq"], started, message.partition))
 
 
 def cpu(message: Message) -> None:
@@ -50,9 +50,9 @@ def sleep(message: Message) -> None:
 
 
 def save() -> None:
-    """The tear-down hook: this process's records, one ``key-hex seq started`` line each."""
+    """The tear-down hook: this process's records, one ``key-hex seq started partition`` line each."""
     directory = Path(os.environ[RECORDS_DIR_VARIABLE])
-    lines = [f"{key.hex()} {seq} {started!r}" for key, seq, started in _records]
+    lines = [f"{key.hex()} {seq} {started!r} {partition}" for key, seq, started, partition in _records]
     (directory / f"{os.getpid()}-{time.monotonic_ns()}.txt").write_text("\n".join(lines) + "\n")
     _records.clear()
 
@@ -75,10 +75,16 @@ def order_violations(directory: Path) -> tuple[int, int]:
 
 
 def _parse(lines: Iterable[str]) -> Iterable[tuple[float, str, int]]:
+    for started, key, seq, _partition in read_records(lines):
+        yield started, key, seq
+
+
+def read_records(lines: Iterable[str]) -> Iterable[tuple[float, str, int, int]]:
+    """``(started, key-hex, seq, partition)`` per line ``save`` wrote."""
     for line in lines:
         if line:
-            key, seq, started = line.split()
-            yield float(started), key, int(seq)
+            key, seq, started, partition = line.split()
+            yield float(started), key, int(seq), int(partition)
 
 
 def noop(message: Message) -> None:
