@@ -30,8 +30,8 @@ from keyorder.core.routing import Ordering
 
 ENV_PREFIX = "KEYORDER_"
 RDKAFKA_ENV_PREFIX = "KEYORDER_RDKAFKA_"
-HANDLER_ENV_PREFIXES = ("KEYORDER_EXAMPLE_", "KEYORDER_TEST_")
-"""``KEYORDER_*`` prefixes read by the example and test handlers, not by ``keyorder run``."""
+HANDLER_ENV_PREFIXES = ("KEYORDER_EXAMPLE_", "KEYORDER_TEST_", "KEYORDER_BENCH_")
+"""``KEYORDER_*`` prefixes read by the example, test and bench handlers, not by ``keyorder run``."""
 SERVICE_LINK = re.compile(r"_SERVICE_HOST$|_SERVICE_PORT(_[A-Z0-9_]+)?$|_PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?$")
 """Variables Kubernetes injects for a Service (one named ``keyorder...`` yields ``KEYORDER_..._SERVICE_HOST``)."""
 SAFE_TO_SHOW = frozenset(

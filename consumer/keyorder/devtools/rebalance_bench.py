@@ -17,10 +17,10 @@ Per step, over the window from the scale call to the next one (``step_figures``,
 - **partition wait**: the longest time any one partition went without a call (what a moved
   partition waits for its new owner; eager rebalances make every partition wait);
 
-and per strategy, over the whole run, re-deliveries (calls of a ``(key, seq)`` already handled)
-and order violations (a key's first calls out of sequence). The figures are compared as ratios
-within one run (the machine is shared); ``--output-dir`` gets the JSON report, a markdown table and
-a plot of each pod's calls per second with the steps marked.
+and per strategy, over the steps (not the pods' shutdown at the end), re-deliveries (calls of a
+``(key, seq)`` already handled) and order violations (a key's first calls out of sequence). The
+figures are compared as ratios within one run (the machine is shared); ``--output-dir`` gets the
+JSON report, a markdown table and a plot of the group's and each pod's calls per second.
 """
 
 from __future__ import annotations
@@ -200,9 +200,10 @@ def run_strategy(bootstrap: str, name: str, options: Options, workdir: Path, pro
             steps.append((now, size))
             deadline = now + options.step_seconds
             while time.monotonic() < deadline:
-                crashed = pods.crashed()
-                if crashed:
-                    raise RuntimeError(f"a pod died: {crashed}; see the logs in {workdir}")
+                if pods.crashed():
+                    dead = next(pod for pod in pods.pods if pod.process.poll() is not None)
+                    tail = dead.log_path.read_text().strip().splitlines()[-5:]
+                    raise RuntimeError(f"a pod died: {pods.crashed()}; its log ends:\n" + "\n".join(tail))
                 progress.show(
                     f"[{name}] {size} pods ({strategy}), {deadline - time.monotonic():4.1f} s left in the step"
                 )
@@ -217,9 +218,10 @@ def run_strategy(bootstrap: str, name: str, options: Options, workdir: Path, pro
     pods_started = {str(pid): at for pid, at in started_at.items()}
     first = steps[0][0]
     run = StrategyRun(name, strategy, step_figures(calls_by_pod, pods_started, steps, end))
-    every_call = [call for calls in calls_by_pod.values() for call in calls]
-    run.calls = len(every_call)
-    run.redeliveries, run.order_violations = delivery_audit(every_call)
+    # the steps only: stopping the pods at the end is a cascade of leaves, not a scale step
+    during_steps = [call for calls in calls_by_pod.values() for call in calls if call[0] <= end]
+    run.calls = len(during_steps)
+    run.redeliveries, run.order_violations = delivery_audit(during_steps)
     run.per_pod = {
         pod: sorted(call[0] - first for call in calls if call[0] <= end) for pod, calls in calls_by_pod.items()
     }
@@ -274,7 +276,7 @@ def comparison(runs: Sequence[StrategyRun]) -> dict[str, float | None]:
 
 
 def plot(runs: Sequence[StrategyRun], path: Path, bin_seconds: float = 0.25) -> Path:
-    """Each pod's handler calls per second over time, one panel per strategy, the scale steps marked."""
+    """The group's and each pod's handler calls per second, one panel per strategy, the scale steps marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -284,24 +286,23 @@ def plot(runs: Sequence[StrategyRun], path: Path, bin_seconds: float = 0.25) -> 
     for panel, run in zip(axes[:, 0], runs, strict=True):
         horizon = max((times[-1] for times in run.per_pod.values() if times), default=1.0)
         bins = int(horizon / bin_seconds) + 1
+        moments = [i * bin_seconds for i in range(bins)]
+        group = [0] * bins
         for index, (_pod, times) in enumerate(sorted(run.per_pod.items(), key=lambda item: item[1][:1] or [0.0])):
             counts = [0] * bins
             for t in times:
                 if t >= 0:
                     counts[int(t / bin_seconds)] += 1
-            panel.plot(
-                [i * bin_seconds for i in range(bins)],
-                [c / bin_seconds for c in counts],
-                linewidth=0.7,
-                label=f"pod {index + 1}",
-            )
+                    group[int(t / bin_seconds)] += 1
+            panel.plot(moments, [c / bin_seconds for c in counts], linewidth=0.6, alpha=0.7, label=f"pod {index + 1}")
+        panel.plot(moments, [c / bin_seconds for c in group], color="black", linewidth=1.2, label="the group")
         for at in run.step_times:
             panel.axvline(at, color="0.5", linestyle=":", linewidth=0.8)
         panel.set_title(f"{run.strategy} ({run.assignment_strategy})", fontsize=9)
-        panel.set_ylabel("calls/s per pod")
+        panel.set_ylabel("handler calls/s")
         panel.legend(loc="upper right", fontsize=7, ncol=4)
     axes[-1, 0].set_xlabel("seconds since the first pod started (dotted: a scale step)")
-    figure.suptitle("keyorder rebalance-bench: each pod's handler calls while the group grows", fontsize=10)
+    figure.suptitle("keyorder rebalance-bench: the group's and each pod's handler calls while it grows", fontsize=10)
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
