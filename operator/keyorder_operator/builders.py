@@ -15,12 +15,17 @@ import json
 from typing import Any
 
 from keyorder_operator.kafka_config import MOUNT_DIR
-from keyorder_operator.spec import GROUP, KIND, VERSION, Executor, OrderedConsumerSpec
+from keyorder_operator.spec import GROUP, KIND, VERSION, AssignmentStrategy, Executor, OrderedConsumerSpec
 
 ADMIN_TOKEN_KEY = "token"
 ADMIN_TOKEN_DIR = "/etc/keyorder/admin"
 KAFKA_PROPERTIES_DIR = MOUNT_DIR  # where kafka_config expects the pods' copy of the properties Secret
 CONTAINER_NAME = "consumer"
+ASSIGNMENT_STRATEGY_VARIABLE = "KEYORDER_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY"
+"""The pods' ``partition.assignment.strategy`` (a Kafka property variable of ``keyorder run``)."""
+ROLLING_UPDATE = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
+CUT_OVER = {"type": "Recreate"}
+"""Every old pod stops (finishes, commits, leaves the group) before a new one starts."""
 
 
 def labels(name: str) -> dict[str, str]:
@@ -96,6 +101,7 @@ def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, Any]]:
         "KEYORDER_SHUTDOWN_GRACE": str(grace),
         "KEYORDER_HTTP_PORT": str(spec.http_port),
         "KEYORDER_ADMIN_TOKEN_FILE": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
+        ASSIGNMENT_STRATEGY_VARIABLE: spec.kafka.assignment_strategy.value,
     }
     if spec.handler.executor is not Executor.AUTO:  # pods only: a catch-up Job runs the handler on Spark
         env["KEYORDER_EXECUTOR"] = spec.handler.executor.value
@@ -167,7 +173,48 @@ def _with_template(
     return merged_metadata, merged
 
 
-def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas: int) -> dict[str, Any]:
+def live_assignment_strategy(deployment: dict[str, Any]) -> AssignmentStrategy | None:
+    """The strategy the Deployment's pods were given; ``None`` for pods of an operator from before the
+    setting (their keyorder used librdkafka's eager default) or with a value this one does not know."""
+    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or [{}]
+    for variable in containers[0].get("env") or []:
+        if variable.get("name") == ASSIGNMENT_STRATEGY_VARIABLE:
+            try:
+                return AssignmentStrategy(variable.get("value"))
+            except ValueError:
+                return None
+    return None
+
+
+def _rolled_out(deployment: dict[str, Any]) -> bool:
+    """The Deployment controller has seen the latest spec and no pod of an older template is left."""
+    status = deployment.get("status") or {}
+    generation = deployment.get("metadata", {}).get("generation", 0)
+    return status.get("observedGeneration", 0) >= generation and status.get("replicas", 0) <= status.get(
+        "updatedReplicas", 0
+    )
+
+
+def update_strategy(spec: OrderedConsumerSpec, live: dict[str, Any] | None) -> dict[str, Any]:
+    """How the Deployment replaces its pods: a rolling update, except when the pods move between an
+    eager and a cooperative assignment strategy. One group cannot mix the two (the broker refuses
+    the new pods' joins while old ones are in it), so that change is a cut-over (``Recreate``: every
+    old pod finishes, commits and leaves before a new one starts), kept until no old pod is left.
+    """
+    if live is None:
+        return ROLLING_UPDATE
+    before = live_assignment_strategy(live)
+    cooperative_before = before is not None and before.cooperative
+    if cooperative_before != spec.kafka.assignment_strategy.cooperative:
+        return CUT_OVER
+    cutting_over = (live.get("spec", {}).get("strategy") or {}).get("type") == CUT_OVER["type"]
+    return CUT_OVER if cutting_over and not _rolled_out(live) else ROLLING_UPDATE
+
+
+def build_deployment(
+    spec: OrderedConsumerSpec, owner: dict[str, Any], replicas: int, strategy: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The pods' Deployment; ``strategy`` is its update strategy (``update_strategy``; a rolling update if None)."""
     name = owner["metadata"]["name"]
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
     volumes: list[dict[str, Any]] = [
@@ -215,6 +262,7 @@ def build_deployment(spec: OrderedConsumerSpec, owner: dict[str, Any], replicas:
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(name)},
+            "strategy": strategy or ROLLING_UPDATE,
             "template": {"metadata": pod_metadata, "spec": pod},
         },
     }

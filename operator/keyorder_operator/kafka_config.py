@@ -42,6 +42,12 @@ FILE_PROPERTIES = frozenset(
 )
 """librdkafka properties that name a file (or a library) on the client's filesystem."""
 
+SET_BY_SPEC = {
+    "partition.assignment.strategy": "spec.kafka.assignmentStrategy (the operator must know it to move the group "
+    "between eager and cooperative rebalancing without mixing the two)",
+}
+"""Pod properties the operator sets from the spec; the Secret may not set them (the spec would win unseen)."""
+
 POD_ONLY_PREFIXES = ("group.", "enable.auto")
 """Consumer-group settings of the pods: meaningless to (and refused by) an admin client."""
 
@@ -67,6 +73,9 @@ def operator_kafka_config(
         if key not in secret:
             raise CredentialsError(f"Secret {secret_name} has no key {key!r} (spec.kafka.propertiesSecretRef.key)")
         properties = parse_properties(secret[key], where)
+        for name, instead in SET_BY_SPEC.items():
+            if name in properties:
+                raise CredentialsError(f"{where}: {name} is set by {instead}; remove it from the Secret")
         for name in [name for name in properties if name in FILE_PROPERTIES]:
             path = properties.pop(name)
             pem = PEM_FOR_LOCATION.get(name)
@@ -88,7 +97,11 @@ def operator_kafka_config(
                 )
             properties[pem] = secret[path[len(MOUNT_DIR) + 1 :]]
     properties["bootstrap.servers"] = bootstrap_servers
-    return {name: value for name, value in properties.items() if not name.startswith(POD_ONLY_PREFIXES)}
+    return {
+        name: value
+        for name, value in properties.items()
+        if not name.startswith(POD_ONLY_PREFIXES) and name not in SET_BY_SPEC
+    }
 
 
 def redact(message: str, properties: Mapping[str, str]) -> str:

@@ -95,6 +95,8 @@ class Kube:
         """Server-side apply ``desired`` (created if missing), forcing ownership of every field in it;
         returns the applied object's resourceVersion."""
         name, namespace = desired["metadata"]["name"], desired["metadata"]["namespace"]
+        if desired["kind"] == "Deployment" and desired["spec"].get("strategy", {}).get("type") == "Recreate":
+            self._drop_rolling_update(namespace, name)
         applied = self._apply_call(desired["kind"])(
             name,
             namespace,
@@ -105,6 +107,22 @@ class Kube:
         )
         return str(applied.metadata.resource_version)
 
+    def _drop_rolling_update(self, namespace: str, name: str) -> None:
+        """Remove ``spec.strategy.rollingUpdate`` before a switch to ``Recreate``, which refuses it. A
+        Deployment first applied without a strategy got it by defaulting, owned by no field manager,
+        so an apply that leaves it out would keep it; a merge patch's null removes it either way."""
+        try:
+            self.apps.patch_namespaced_deployment(
+                name,
+                namespace,
+                {"spec": {"strategy": {"type": "Recreate", "rollingUpdate": None}}},
+                field_manager=FIELD_MANAGER,
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as error:
+            if error.status != 404:  # a missing Deployment is created by the apply that follows
+                raise
+
     def resource_version(self, kind: str, namespace: str, name: str) -> str | None:
         """The resourceVersion of an object the operator applies (``None``: it does not exist)."""
         try:
@@ -114,6 +132,16 @@ class Kube:
                 return None
             raise
         return str(current.metadata.resource_version)
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The live Deployment as a plain dict (``None`` when it does not exist)."""
+        try:
+            deployment = self.apps.read_namespaced_deployment(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return self.client.sanitize_for_serialization(deployment)
 
     def deployment_replicas(self, namespace: str, name: str) -> int | None:
         try:

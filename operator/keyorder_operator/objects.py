@@ -27,6 +27,7 @@ from keyorder_operator.builders import (
     build_pdb,
     build_service,
     build_service_account,
+    update_strategy,
 )
 from keyorder_operator.kube import Kube
 from keyorder_operator.spec import OrderedConsumerSpec
@@ -71,12 +72,14 @@ def apply_owned_objects(
     Returns the kinds that had to be created because they were missing.
 
     The Deployment keeps its current replicas (the poll owns them); a new or deleted one starts at the
-    size last decided (``status.replicas``), else at the minimum.
+    size last decided (``status.replicas``), else at the minimum. Its update strategy is a cut-over
+    while the pods move between an eager and a cooperative assignment strategy (``update_strategy``).
     """
     namespace, name = meta["namespace"], meta["name"]
     owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
     kube.ensure_secret(build_admin_secret(owner, secrets.token_urlsafe(32)), ADMIN_TOKEN_KEY)
-    replicas = kube.deployment_replicas(namespace, name)
+    live_deployment = kube.deployment(namespace, name)
+    replicas = live_deployment.get("spec", {}).get("replicas") if live_deployment is not None else None
     if replicas is None:
         decided = (status or {}).get("replicas")
         replicas = (
@@ -87,17 +90,17 @@ def apply_owned_objects(
     missing = []
     for desired in (
         build_service_account(owner),
-        build_deployment(spec, owner, replicas),
+        build_deployment(spec, owner, replicas, update_strategy(spec, live_deployment)),
         build_service(spec, owner),
         build_pdb(owner),
     ):
         kind, object_name = desired["kind"], desired["metadata"]["name"]
         key, wanted = (namespace, name, kind), fingerprint(desired)
         if not always:
-            live = kube.resource_version(kind, namespace, object_name)
-            if applied.unchanged(key, wanted, live):
+            live_version = kube.resource_version(kind, namespace, object_name)
+            if applied.unchanged(key, wanted, live_version):
                 continue
-            if live is None:
+            if live_version is None:
                 missing.append(kind)
         applied.record(key, wanted, kube.apply(desired))
     return missing

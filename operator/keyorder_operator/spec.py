@@ -107,6 +107,18 @@ class Executor(StrEnum):
     PROCESS = "process"
 
 
+class AssignmentStrategy(StrEnum):
+    """librdkafka's ``partition.assignment.strategy`` for the pods; eager and cooperative cannot mix in one group."""
+
+    COOPERATIVE_STICKY = "cooperative-sticky"
+    RANGE = "range"
+    ROUNDROBIN = "roundrobin"
+
+    @property
+    def cooperative(self) -> bool:
+        return self is AssignmentStrategy.COOPERATIVE_STICKY
+
+
 class SecretKeyRef(_Model):
     name: str = Field(min_length=1, description="Name of a Secret in the resource's namespace.")
     key: str = Field(
@@ -122,6 +134,13 @@ class KafkaSpec(_Model):
     group_id: str = Field(min_length=1, description="Consumer group id (the operator reads its lag).")
     properties_secret_ref: SecretKeyRef | None = Field(
         None, description="Secret with client properties; mounted into the pods, read by the operator. Never logged."
+    )
+    assignment_strategy: AssignmentStrategy = Field(
+        AssignmentStrategy.COOPERATIVE_STICKY,
+        description="How the group hands out partitions when pods join or leave: cooperative-sticky moves only the "
+        "partitions that change owner (the others keep running); range and roundrobin (eager) stop every pod. A "
+        "change between eager and cooperative is rolled out by stopping every pod before the new ones start "
+        "(the two cannot share a group).",
     )
 
 

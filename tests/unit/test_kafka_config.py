@@ -71,6 +71,11 @@ def test_inline_pem_and_the_system_ca_store_are_kept():
         ("ssl.keystore.location=/etc/keyorder/kafka/k.p12", {"k.p12": "x"}, "ssl.keystore.location names a file"),
         ("sasl.kerberos.keytab=/etc/krb5.keytab", {}, "sasl.kerberos.keytab names a file"),
         ("= no name", {}, "line 1: expected name=value"),
+        (
+            "partition.assignment.strategy=range",
+            {},
+            "partition.assignment.strategy is set by spec.kafka.assignmentStrategy",
+        ),
     ],
 )
 def test_what_cannot_work_in_the_operator_is_refused_with_what_to_do(properties, files, expected):

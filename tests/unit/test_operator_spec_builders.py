@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder_operator.builders import build_deployment, build_pdb, build_service, build_service_account
-from keyorder_operator.spec import InvalidSpec, parse_spec
+from keyorder_operator.builders import (
+    ASSIGNMENT_STRATEGY_VARIABLE as STRATEGY,
+)
+from keyorder_operator.builders import (
+    build_deployment,
+    build_pdb,
+    build_service,
+    build_service_account,
+    update_strategy,
+)
+from keyorder_operator.spec import AssignmentStrategy, InvalidSpec, parse_spec
 
 MINIMAL = {
     "kafka": {"bootstrapServers": "kafka:9092", "topics": ["payments"], "groupId": "ledger"},
@@ -108,3 +117,67 @@ def test_the_executor_reaches_the_pods_as_keyorder_executor(executor, variable):
 def test_an_unknown_executor_is_refused_naming_the_field():
     with pytest.raises(InvalidSpec, match=r"spec\.handler\.executor"):
         parse_spec(with_("handler.executor", "gpu"))
+
+
+# --- the assignment strategy and the cut-over between eager and cooperative ----------------------
+
+
+def live(strategy: str | None, update: str = "RollingUpdate", generation: int = 2, status: dict | None = None) -> dict:
+    """A live Deployment as the API server returns it (its first container's env, strategy and status)."""
+    built = build_deployment(parse_spec(MINIMAL), OWNER, 3)
+    env = [item for item in built["spec"]["template"]["spec"]["containers"][0]["env"] if item["name"] != STRATEGY]
+    if strategy is not None:
+        env.append({"name": STRATEGY, "value": strategy})
+    built["spec"]["template"]["spec"]["containers"][0]["env"] = env
+    built["spec"]["strategy"] = {"type": update}
+    built["metadata"]["generation"] = generation
+    built["status"] = status if status is not None else {"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3}
+    return built
+
+
+def test_pods_get_cooperative_sticky_by_default_and_the_spec_can_choose_an_eager_strategy():
+    env = {
+        item["name"]: item["value"]
+        for item in build_deployment(parse_spec(MINIMAL), OWNER, 1)["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env[STRATEGY] == "cooperative-sticky"
+    eager = parse_spec(with_("kafka.assignmentStrategy", "range"))
+    assert eager.kafka.assignment_strategy is AssignmentStrategy.RANGE
+    with pytest.raises(InvalidSpec, match=r"spec\.kafka\.assignmentStrategy"):
+        parse_spec(with_("kafka.assignmentStrategy", "range,cooperative-sticky"))
+
+
+@pytest.mark.parametrize(
+    ("desired", "live_deployment", "expected"),
+    [
+        ("cooperative-sticky", None, "RollingUpdate"),  # a new Deployment: no old pods to mix with
+        ("cooperative-sticky", live("cooperative-sticky"), "RollingUpdate"),
+        ("range", live("roundrobin"), "RollingUpdate"),  # eager to eager: they share a group
+        ("range", live("cooperative-sticky"), "Recreate"),
+        ("cooperative-sticky", live("range"), "Recreate"),
+        ("cooperative-sticky", live(None), "Recreate"),  # pods of an older operator: librdkafka's eager default
+        # the cut-over keeps Recreate until no pod of the old template is left ...
+        (
+            "cooperative-sticky",
+            live(
+                "cooperative-sticky", "Recreate", status={"observedGeneration": 2, "replicas": 3, "updatedReplicas": 1}
+            ),
+            "Recreate",
+        ),
+        (
+            "cooperative-sticky",
+            live(
+                "cooperative-sticky", "Recreate", status={"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3}
+            ),
+            "Recreate",
+        ),
+        # ... and then goes back to rolling updates
+        ("cooperative-sticky", live("cooperative-sticky", "Recreate"), "RollingUpdate"),
+    ],
+)
+def test_a_move_between_eager_and_cooperative_is_a_cut_over(desired, live_deployment, expected):
+    spec = parse_spec(with_("kafka.assignmentStrategy", desired))
+    strategy = update_strategy(spec, live_deployment)
+    assert strategy["type"] == expected
+    assert ("rollingUpdate" in strategy) == (expected == "RollingUpdate"), "Recreate refuses rollingUpdate"
+    assert build_deployment(spec, OWNER, 3, strategy)["spec"]["strategy"] == strategy

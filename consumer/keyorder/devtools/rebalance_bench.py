@@ -251,7 +251,7 @@ def markdown(runs: Sequence[StrategyRun]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def comparison(runs: Sequence[StrategyRun]) -> dict[str, float | None]:
+def comparison(runs: Sequence[StrategyRun]) -> dict[str, float | int | None]:
     """Eager ÷ cooperative, over the steps that changed an existing group (one run: ratios)."""
     by_name = {run.strategy: run for run in runs}
     if set(by_name) != set(STRATEGIES):
@@ -272,6 +272,10 @@ def comparison(runs: Sequence[StrategyRun]) -> dict[str, float | None]:
         "worst_kept_pod_stall_cooperative_s": worst(cooperative, "kept_pod_stall"),
         "worst_partition_wait_eager_s": worst(eager, "partition_wait"),
         "worst_partition_wait_cooperative_s": worst(cooperative, "partition_wait"),
+        # the work done over the same steps: what the stalls and the waits cost together
+        "calls_cooperative_over_eager": round(cooperative.calls / eager.calls, 2) if eager.calls else None,
+        "redeliveries_eager": eager.redeliveries,
+        "redeliveries_cooperative": cooperative.redeliveries,
     }
 
 
