@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from keyorder.devtools.embedded import EmbeddedBroker
 from keyorder.devtools.loadgen import create_topics, produce_keyed
+from keyorder_operator.builders import ASSIGNMENT_STRATEGY_VARIABLE
 from keyorder_operator.kube import Kube
 from keyorder_operator.reconcile import OperatorContext, register
 from tests.operator.harness import CR, TimerRuns, api_client, last_poll_at, run_kopf, wait_for, wait_for_polls
@@ -432,3 +433,40 @@ def test_a_failing_poll_sets_reconcile_failed_until_a_poll_succeeds(kube, broker
         broken.clear()
         wait_for(lambda: condition(kube.get(CR, "fragile"), "ReconcileFailed") == "False", 30, "recovery")
         assert condition_entry(kube.get(CR, "fragile"), "ReconcileFailed")["reason"] == "PollSucceeded"
+
+
+def test_a_move_to_an_eager_strategy_is_a_cut_over_until_no_old_pod_is_left(kube, broker):
+    """One group cannot mix eager and cooperative members, so the operator rolls such a change out
+    with ``Recreate`` and goes back to rolling updates once the Deployment reports no old pod. The
+    Deployment's status is written here, standing in for the Deployment controller (a fake, named
+    as one): the emulator runs no controllers."""
+    topic = "okc-cut-over"
+    create_topics(broker.bootstrap, [topic], 2)
+
+    def deployment() -> dict:
+        return kube.get("apps/v1/deployments", "cutover")
+
+    def strategy_variable() -> str:
+        container = deployment()["spec"]["template"]["spec"]["containers"][0]
+        return next(item["value"] for item in container["env"] if item["name"] == ASSIGNMENT_STRATEGY_VARIABLE)
+
+    def report_rollout(replicas: int, updated: int) -> None:
+        generation = deployment()["metadata"]["generation"]
+        status = {"observedGeneration": generation, "replicas": replicas, "updatedReplicas": updated}
+        kube.patch("apps/v1/deployments", "cutover", {"status": status}, subresource="status")
+
+    with operator(kube.url):
+        kube.create(CR, consumer_resource("cutover", broker.bootstrap, topic))
+        wait_for(lambda: kube.get("apps/v1/deployments", "cutover"), 20, "the Deployment")
+        assert strategy_variable() == "cooperative-sticky"
+        assert deployment()["spec"]["strategy"]["type"] == "RollingUpdate"
+        kube.patch(CR, "cutover", {"spec": {"kafka": {"assignmentStrategy": "range"}}})
+        wait_for(lambda: strategy_variable() == "range", 20, "the eager strategy in the pod template")
+        cut_over = deployment()["spec"]["strategy"]
+        assert cut_over == {"type": "Recreate"}, "Recreate refuses rollingUpdate; the defaulted one must go"
+        report_rollout(replicas=2, updated=1)  # an old pod is still there
+        wait_for_polls(kube, "cutover", 2)
+        assert deployment()["spec"]["strategy"]["type"] == "Recreate", "went back to rolling while old pods ran"
+        report_rollout(replicas=1, updated=1)
+        wait_for(lambda: deployment()["spec"]["strategy"]["type"] == "RollingUpdate", 20, "rolling updates again")
+        assert strategy_variable() == "range"
