@@ -58,7 +58,7 @@ def test_nothing_is_lost_the_commit_never_passes_the_end_and_never_goes_back():
 
 
 def test_a_new_pod_joins_after_its_start_delay_and_the_rebalance_pauses_every_pod():
-    simulated = group(start_delay=30.0, rebalance_pause=5.0)
+    simulated = group(start_delay=30.0, rebalance_pause=5.0, incremental=False)
     simulated.add_arrivals(100_000)
     simulated.scale(2)
     for _ in range(29):
@@ -80,7 +80,7 @@ def test_a_new_pod_joins_after_its_start_delay_and_the_rebalance_pauses_every_po
 def test_an_incremental_rebalance_stops_only_the_partitions_that_change_owner(incremental):
     """4 partitions, 2 pods -> 3: the first pod keeps partitions 0 and 1 either way. Eager, every
     partition stops; incremental (cooperative-sticky), only partition 3 (moving to the new pod) does."""
-    simulated = group(incremental=incremental, start_delay=0.0, partitions=4, rebalance_pause=5.0)
+    simulated = group(incremental=incremental, start_delay=0.0, partitions=4, rebalance_pause=5.0, move_pause=8.0)
     simulated.scale(2)
     simulated.step(1.0)
     simulated.step(10.0)  # past the first rebalance's pause
@@ -90,8 +90,10 @@ def test_an_incremental_rebalance_stops_only_the_partitions_that_change_owner(in
     simulated.scale(3)
     simulated.step(1.0)
     assert first.partitions == (0, 1)
-    stopped = [index for index, partition in enumerate(simulated.partitions) if partition.paused_until > simulated.now]
-    assert stopped == ([3] if incremental else [0, 1, 2, 3])
+    stopped = {index: partition.paused_until - simulated.now for index, partition in enumerate(simulated.partitions)}
+    stopped = {index: left for index, left in stopped.items() if left > 0}
+    # eager: every partition for the rebalance pause; incremental: the moving one for the move pause
+    assert stopped == ({3: 8.0} if incremental else dict.fromkeys(range(4), 5.0))
     assert (simulated.partitions[0].committed > 0) is incremental
     assert simulated.partitions[3].committed == 0
 

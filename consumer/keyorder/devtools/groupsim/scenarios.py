@@ -274,14 +274,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         checks=(no_flap_within(300),),
     ),
     Scenario(
-        name="spike-incremental",
-        summary="the spike with cooperative (incremental) rebalances: only the partitions that change owner pause",
+        name="spike-eager",
+        summary="the spike with eager rebalances (range): every partition pauses on every membership change",
         spec=spec(),
         duration=1.5 * HOUR,
         arrivals=steps((0, 1_000), (600, 31_000), (660, 1_000)),
         disturbance=600,
         workloads=TEN_MS,
-        group=GroupSettings(incremental=True),
+        group=GroupSettings(incremental=False),
         criteria=Criteria(within_target_seconds=540, max_overshoot=1.6, max_underprovisioned_minutes=2),
     ),
     Scenario(
