@@ -78,6 +78,7 @@ OPERATOR_ENV = frozenset(
         "KEYORDER_HTTP_PORT",
         "KEYORDER_ADMIN_TOKEN_FILE",
         "KEYORDER_EXECUTOR",
+        "KEYORDER_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY",  # spec.kafka.assignmentStrategy
         "POD_IP",
         "POD_NAME",
     }
