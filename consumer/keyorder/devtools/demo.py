@@ -55,6 +55,8 @@ class DevOptions:
     poison_key: bool = False
     """One order (``order-poison``) whose events always fail: retried, then dead-lettered (or blocked)."""
     on_exhausted: str = "dlq"
+    assignment_strategy: str = "cooperative-sticky"
+    """The pods' ``partition.assignment.strategy`` (keyorder's default; ``range`` for eager rebalances)."""
     handler: str | None = None
     """Your own ``pkg.module:function`` instead of the order example (the audit then cannot run)."""
     ui: bool = True
@@ -103,6 +105,12 @@ def add_dev_flags(parser: argparse.ArgumentParser) -> None:
         help="one order whose events always fail (retried, then dead-lettered or, with --on-exhausted block, blocked)",
     )
     parser.add_argument("--on-exhausted", choices=["dlq", "block"], help="after the last attempt [default: dlq]")
+    parser.add_argument(
+        "--assignment-strategy",
+        choices=["cooperative-sticky", "range", "roundrobin"],
+        help="the pods' partition.assignment.strategy: cooperative (incremental) or eager rebalances "
+        "[default: cooperative-sticky]",
+    )
     parser.add_argument(
         "--handler", help="run your own handler (pkg.module:function) on the order events instead of the example"
     )
@@ -273,7 +281,9 @@ def pod_settings(bootstrap: str, group: str, options: DevOptions, **extra: str) 
         "KEYORDER_WORKERS": str(options.initial_workers),
         "KEYORDER_MAX_WORKERS": str(max(options.max_workers, 1)),
         "KEYORDER_SHUTDOWN_GRACE": "10",
-        "KEYORDER_KAFKA_PROPERTY": ",".join(FAST_GROUP_JOIN),
+        "KEYORDER_KAFKA_PROPERTY": ",".join(
+            [*FAST_GROUP_JOIN, f"partition.assignment.strategy={options.assignment_strategy}"]
+        ),
         "KEYORDER_EXAMPLE_LATENCY_MIN_MS": str(options.latency_min_ms),
         "KEYORDER_EXAMPLE_LATENCY_MAX_MS": str(options.latency_max_ms),
         "KEYORDER_LOG_LEVEL": "WARNING",
@@ -406,6 +416,7 @@ def _apply_flags(args: argparse.Namespace) -> DevOptions:
         "hot_key_share",
         "poison_key",
         "on_exhausted",
+        "assignment_strategy",
         "handler",
         "output_dir",
     ):
@@ -448,7 +459,8 @@ def dev_command(args: argparse.Namespace) -> int:
     print(
         f"keyorder dev: spike of {options.spike:,} order events on {options.partitions} partitions, then "
         f"{options.rate:g}/s; {shape_of_keys}; handler {options.handler or EXAMPLE_HANDLER} "
-        f"({options.latency_min_ms:g}-{options.latency_max_ms:g} ms in the example); work dir {workdir}"
+        f"({options.latency_min_ms:g}-{options.latency_max_ms:g} ms in the example); "
+        f"{options.assignment_strategy} rebalances; work dir {workdir}"
     )
     limits = ScalingLimits(
         min_replicas=1,
