@@ -81,6 +81,11 @@ class PodSignals:
     """Cores the pods may use, summed (0: not reported)."""
     cpu_seconds_total: float = 0.0
     """CPU the pods used since they started (their worker processes included), summed."""
+    partitions_revoked_total: int = 0
+    """Partitions rebalances took from the pods since they started, summed (0: not reported)."""
+    rebalance_idle_seconds_total: float = 0.0
+    """Seconds the pods held no partition between a rebalance and their next assignment, summed: what
+    eager rebalances cost (cooperative ones leave pods that keep partitions at 0)."""
 
     @property
     def busiest_share(self) -> float:
@@ -187,6 +192,8 @@ def combine(reports: Sequence[Mapping[str, Any]]) -> PodSignals | None:
         executor=executors.pop() if len(executors) == 1 else "mixed",
         cpu_cores=sum(_number(report, "cpuCores") for report in reports),
         cpu_seconds_total=sum(_number(report, "cpuSecondsTotal") for report in reports),
+        partitions_revoked_total=int(sum(_number(report, "partitionsRevokedTotal") for report in reports)),
+        rebalance_idle_seconds_total=sum(_number(report, "rebalanceIdleSecondsTotal") for report in reports),
         pods=len(reports),
         workers=sum(report["workers"] for report in reports),
         busy=sum(report["workersBusy"] for report in reports),

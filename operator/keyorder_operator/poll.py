@@ -402,5 +402,8 @@ def pods_to_status(signals: PodSignals | None, failures: list[str]) -> dict[str,
         "busiestKeyPartition": busiest.where if busiest else None,
         "busiestKeyShare": round(signals.busiest_share, 3),
         "blockedLag": signals.blocked_lag,
+        # what rebalances cost the reporting pods since they started (docs/rebalancing.md)
+        "partitionsRevokedTotal": signals.partitions_revoked_total,
+        "rebalanceIdleSecondsTotal": round(signals.rebalance_idle_seconds_total, 3),
         "failures": failures[:5],
     }

@@ -41,6 +41,14 @@ def test_reports_are_summed_and_the_longest_lane_wins():
     assert signals.totals() == (2_000, 20.0, 2, 2, 0.0)
 
 
+def test_the_pods_rebalance_costs_are_summed_and_older_pods_count_zero():
+    eager = {**copy.deepcopy(REPORT), "partitionsRevokedTotal": 4, "rebalanceIdleSecondsTotal": 3.5}
+    cooperative = {**copy.deepcopy(REPORT), "partitionsRevokedTotal": 1, "rebalanceIdleSecondsTotal": 0.0}
+    signals = combine([parse_report(eager), parse_report(cooperative), parse_report(REPORT)])  # REPORT: older pod
+    assert signals is not None
+    assert (signals.partitions_revoked_total, signals.rebalance_idle_seconds_total) == (5, 3.5)
+
+
 def test_no_report_is_no_signal():
     assert combine([]) is None
 
