@@ -616,8 +616,15 @@ CONSUMER_DEFAULTS = {
 
 
 def consumer_properties(config: KafkaConnectionSettings, properties: Mapping[str, str]) -> dict[str, str]:
-    """Consumer settings: keyorder's defaults, overridden by the user's properties."""
-    return {**CONSUMER_DEFAULTS, **properties, "group.id": config.group_id}
+    """Consumer settings: keyorder's defaults, overridden by the user's properties.
+
+    With ``group.protocol=consumer`` (KIP-848) the broker assigns the partitions and librdkafka
+    refuses a client-side ``partition.assignment.strategy``, so that default is left out.
+    """
+    defaults = dict(CONSUMER_DEFAULTS)
+    if properties.get("group.protocol", "").strip().lower() == "consumer":
+        del defaults["partition.assignment.strategy"]
+    return {**defaults, **properties, "group.id": config.group_id}
 
 
 def producer_properties(properties: Mapping[str, str]) -> dict[str, str]:

@@ -13,6 +13,7 @@ import logging
 
 import pytest
 
+from keyorder.adapters import kafka_source
 from keyorder.adapters.kafka_source import MIXED_PROTOCOLS
 from keyorder.devtools.embedded import FAST_GROUP_JOIN
 from keyorder.devtools.loadgen import produce_keyed
@@ -69,3 +70,18 @@ def test_a_cooperative_pod_in_an_eager_group_says_why_it_cannot_join(broker, mak
         wait_for(lambda: any(refused in record.getMessage() for record in caplog.records), 60, "the refusal")
     assert cooperative.runtime.snapshot.assigned_partitions == 0
     assert eager.runtime.snapshot.assigned_partitions == 2, "the refused join moved nothing"
+
+
+def test_group_protocol_consumer_on_a_broker_without_kip848_says_so(broker, make_topic, run_pod, caplog, monkeypatch):
+    """The embedded broker (Tansu 0.6.0) has no ConsumerGroupHeartbeat API: librdkafka then waits
+    without an error, so the pod says what is wrong once the broker has answered for a while (the
+    30 s silence shortened here)."""
+    monkeypatch.setattr(kafka_source, "BROKER_ASSIGNS_SILENCE", 2.0)
+    topic = make_topic(2)
+    with caplog.at_level(logging.ERROR, logger=kafka_source.__name__):
+        # no session timeout here: librdkafka refuses it with this protocol (the broker owns it)
+        pod = run_pod(topic, Recorder(), kafka_property=["group.protocol=consumer"])
+        wait_for(lambda: any("KIP-848" in record.getMessage() for record in caplog.records), 60, "the explanation")
+    assert pod.runtime.snapshot.assigned_partitions == 0
+    said = [record for record in caplog.records if "KIP-848" in record.getMessage()]
+    assert len(said) == 1, "said once, not on every poll"

@@ -553,6 +553,8 @@ def test_consumer_properties_defaults_and_forced_group() -> None:
     assert consumer_properties(config, {"auto.offset.reset": "latest"})["auto.offset.reset"] == "latest"
     eager = consumer_properties(config, {"partition.assignment.strategy": "range"})
     assert eager["partition.assignment.strategy"] == "range"
+    # KIP-848: the broker assigns; librdkafka refuses a client-side strategy with this protocol
+    assert "partition.assignment.strategy" not in consumer_properties(config, {"group.protocol": "consumer"})
 
 
 def test_producer_properties_drop_consumer_only_keys() -> None:

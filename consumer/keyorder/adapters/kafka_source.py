@@ -45,6 +45,9 @@ PROBE_INTERVAL = 5.0
 """Seconds between metadata probes while the broker is suspect or unreachable."""
 PROBE_TIMEOUT = 0.5
 """Seconds one probe may block the poll loop (only while no broker is known to be reachable)."""
+BROKER_ASSIGNS_SILENCE = 30.0
+"""Seconds without any assignment, with ``group.protocol=consumer`` and a broker that answers, before the
+pod says the broker may not support KIP-848 (librdkafka then waits without a word)."""
 
 _NOT_CONTACTED = "no broker contacted yet"
 _UNREACHABLE_CODES = (KafkaError._ALL_BROKERS_DOWN,)
@@ -166,6 +169,12 @@ class KafkaSource:
         self._suspect = True  # probe at the next consume
         self._next_probe = clock()
         self._topics: list[str] = []
+        self.broker_assigns_silence = BROKER_ASSIGNS_SILENCE
+        # KIP-848: with group.protocol=consumer the broker assigns; one that lacks the protocol never
+        # answers the heartbeat and librdkafka says nothing, so the pod watches for the first assignment
+        self._broker_assigns = str(config.get("group.protocol", "")).strip().lower() == "consumer"
+        self._subscribed_at: float | None = None
+        self._ever_assigned = False
         librdkafka_logger = logging.getLogger(LIBRDKAFKA_LOGGER)
         self.librdkafka_log = CollapsingFilter.install(librdkafka_logger, log_collapse_interval, clock)
         full_config = dict(config)
@@ -251,9 +260,11 @@ class KafkaSource:
 
         def assigned(partitions: list[TopicPartition]) -> None:
             self._mark_reachable()  # the group coordinator answered
+            self._ever_assigned = True  # an empty assignment counts: a member beyond the partition count
             on_assign(ids(partitions))
 
         self._topics = list(topics)
+        self._subscribed_at = self.clock()
         self._consumer.subscribe(
             list(topics),
             on_assign=lambda _consumer, partitions: assigned(partitions),
@@ -265,6 +276,8 @@ class KafkaSource:
         self._probe_if_due()
         records = self._consumer.consume(max_messages, timeout)
         self.librdkafka_log.flush()
+        if self._broker_assigns and not self._ever_assigned:
+            self._check_broker_assigns()
         messages: list[Message] = []
         append = messages.append
         for record in records:
@@ -292,6 +305,21 @@ class KafkaSource:
             )
         # A record is no proof of a live broker: librdkafka hands out records it prefetched earlier.
         return messages
+
+    def _check_broker_assigns(self) -> None:
+        """Say once, as an error, that a broker which answers has given no assignment under KIP-848."""
+        if self._subscribed_at is None or not self.broker_reachable:
+            return
+        if self.clock() - self._subscribed_at < self.broker_assigns_silence:
+            return
+        self._ever_assigned = True  # said once
+        log.error(
+            "no partition assignment %.0f s after subscribing with group.protocol=consumer, although the broker "
+            "answers: it may not support KIP-848's consumer group protocol (ConsumerGroupHeartbeat, Apache Kafka "
+            "4.0 and later), and librdkafka then waits without an error. Remove group.protocol=consumer to use "
+            "the classic protocol (keyorder's default, with cooperative-sticky rebalancing); docs/rebalancing.md",
+            self.broker_assigns_silence,
+        )
 
     @staticmethod
     def _consume_error(error: KafkaError) -> None:
