@@ -15,7 +15,15 @@ import json
 from typing import Any
 
 from keyorder_operator.kafka_config import MOUNT_DIR
-from keyorder_operator.spec import GROUP, KIND, VERSION, AssignmentStrategy, Executor, OrderedConsumerSpec
+from keyorder_operator.spec import (
+    GROUP,
+    KIND,
+    VERSION,
+    AssignmentStrategy,
+    Executor,
+    GroupProtocol,
+    OrderedConsumerSpec,
+)
 
 ADMIN_TOKEN_KEY = "token"
 ADMIN_TOKEN_DIR = "/etc/keyorder/admin"
@@ -23,6 +31,8 @@ KAFKA_PROPERTIES_DIR = MOUNT_DIR  # where kafka_config expects the pods' copy of
 CONTAINER_NAME = "consumer"
 ASSIGNMENT_STRATEGY_VARIABLE = "KEYORDER_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY"
 """The pods' ``partition.assignment.strategy`` (a Kafka property variable of ``keyorder run``)."""
+GROUP_PROTOCOL_VARIABLE = "KEYORDER_RDKAFKA_GROUP_PROTOCOL"
+"""The pods' ``group.protocol``, set only for KIP-848's ``consumer`` (classic is librdkafka's default)."""
 ROLLING_UPDATE = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
 CUT_OVER = {"type": "Recreate"}
 """Every old pod stops (finishes, commits, leaves the group) before a new one starts."""
@@ -101,8 +111,11 @@ def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, Any]]:
         "KEYORDER_SHUTDOWN_GRACE": str(grace),
         "KEYORDER_HTTP_PORT": str(spec.http_port),
         "KEYORDER_ADMIN_TOKEN_FILE": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
-        ASSIGNMENT_STRATEGY_VARIABLE: spec.kafka.assignment_strategy.value,
     }
+    if spec.kafka.group_protocol is GroupProtocol.CONSUMER:  # the broker assigns: no client-side strategy
+        env[GROUP_PROTOCOL_VARIABLE] = GroupProtocol.CONSUMER.value
+    else:
+        env[ASSIGNMENT_STRATEGY_VARIABLE] = spec.kafka.assignment_strategy.value
     if spec.handler.executor is not Executor.AUTO:  # pods only: a catch-up Job runs the handler on Spark
         env["KEYORDER_EXECUTOR"] = spec.handler.executor.value
     return _env_list(env, spec)
@@ -173,17 +186,26 @@ def _with_template(
     return merged_metadata, merged
 
 
-def live_assignment_strategy(deployment: dict[str, Any]) -> AssignmentStrategy | None:
-    """The strategy the Deployment's pods were given; ``None`` for pods of an operator from before the
-    setting (their keyorder used librdkafka's eager default) or with a value this one does not know."""
+def _rebalancing(spec: OrderedConsumerSpec) -> str:
+    """How the spec's pods rebalance: ``eager``, ``cooperative`` or ``consumer`` (KIP-848). Members of
+    two different kinds cannot share a group."""
+    if spec.kafka.group_protocol is GroupProtocol.CONSUMER:
+        return "consumer"
+    return "cooperative" if spec.kafka.assignment_strategy.cooperative else "eager"
+
+
+def live_rebalancing(deployment: dict[str, Any]) -> str:
+    """How the live Deployment's pods rebalance, from their environment. Pods of an operator from before
+    the setting (or with a value this one does not know) count as eager: librdkafka's default."""
     containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or [{}]
-    for variable in containers[0].get("env") or []:
-        if variable.get("name") == ASSIGNMENT_STRATEGY_VARIABLE:
-            try:
-                return AssignmentStrategy(variable.get("value"))
-            except ValueError:
-                return None
-    return None
+    variables = {item.get("name"): item.get("value") for item in containers[0].get("env") or []}
+    if variables.get(GROUP_PROTOCOL_VARIABLE) == GroupProtocol.CONSUMER.value:
+        return "consumer"
+    try:
+        strategy = AssignmentStrategy(str(variables.get(ASSIGNMENT_STRATEGY_VARIABLE)))
+    except ValueError:
+        return "eager"
+    return "cooperative" if strategy.cooperative else "eager"
 
 
 def _rolled_out(deployment: dict[str, Any]) -> bool:
@@ -196,16 +218,15 @@ def _rolled_out(deployment: dict[str, Any]) -> bool:
 
 
 def update_strategy(spec: OrderedConsumerSpec, live: dict[str, Any] | None) -> dict[str, Any]:
-    """How the Deployment replaces its pods: a rolling update, except when the pods move between an
-    eager and a cooperative assignment strategy. One group cannot mix the two (the broker refuses
-    the new pods' joins while old ones are in it), so that change is a cut-over (``Recreate``: every
-    old pod finishes, commits and leaves before a new one starts), kept until no old pod is left.
+    """How the Deployment replaces its pods: a rolling update, except when the pods move between eager,
+    cooperative and KIP-848 rebalancing. One group cannot mix eager and cooperative members (the
+    broker refuses the new pods' joins while old ones are in it; KIP-848's own upgrade path is not
+    relied on), so that change is a cut-over (``Recreate``: every old pod finishes, commits and
+    leaves before a new one starts), kept until no old pod is left.
     """
     if live is None:
         return ROLLING_UPDATE
-    before = live_assignment_strategy(live)
-    cooperative_before = before is not None and before.cooperative
-    if cooperative_before != spec.kafka.assignment_strategy.cooperative:
+    if live_rebalancing(live) != _rebalancing(spec):
         return CUT_OVER
     cutting_over = (live.get("spec", {}).get("strategy") or {}).get("type") == CUT_OVER["type"]
     return CUT_OVER if cutting_over and not _rolled_out(live) else ROLLING_UPDATE

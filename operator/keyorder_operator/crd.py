@@ -44,6 +44,7 @@ from keyorder_operator.spec import (
     SHORT_NAME,
     VERSION,
     EnvVar,
+    KafkaSpec,
     OrderedConsumerSpec,
     ReplicasSpec,
     WorkersSpec,
@@ -73,6 +74,13 @@ VALIDATIONS: dict[type[BaseModel], list[dict[str, str]]] = {
     ],
     ReplicasSpec: [{"rule": "!has(self.max) || self.min <= self.max", "message": "min must be <= max"}],
     EnvVar: [{"rule": "!(has(self.value) && has(self.valueFrom))", "message": "set value or valueFrom, not both"}],
+    KafkaSpec: [
+        {
+            "rule": "!(has(self.groupProtocol) && self.groupProtocol == 'consumer' && has(self.assignmentStrategy))",
+            "message": "assignmentStrategy applies to groupProtocol classic only; with consumer the broker assigns",
+            "fieldPath": ".assignmentStrategy",
+        }
+    ],
     OrderedConsumerSpec: [
         {
             "rule": "!(has(self.replicas) && has(self.replicas.min) && self.replicas.min == 0) || "

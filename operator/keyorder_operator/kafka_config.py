@@ -45,6 +45,7 @@ FILE_PROPERTIES = frozenset(
 SET_BY_SPEC = {
     "partition.assignment.strategy": "spec.kafka.assignmentStrategy (the operator must know it to move the group "
     "between eager and cooperative rebalancing without mixing the two)",
+    "group.protocol": "spec.kafka.groupProtocol (the operator must know it to roll a change out safely)",
 }
 """Pod properties the operator sets from the spec; the Secret may not set them (the spec would win unseen)."""
 

@@ -79,6 +79,7 @@ OPERATOR_ENV = frozenset(
         "KEYORDER_ADMIN_TOKEN_FILE",
         "KEYORDER_EXECUTOR",
         "KEYORDER_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY",  # spec.kafka.assignmentStrategy
+        "KEYORDER_RDKAFKA_GROUP_PROTOCOL",  # spec.kafka.groupProtocol
         "POD_IP",
         "POD_NAME",
     }
@@ -120,6 +121,13 @@ class AssignmentStrategy(StrEnum):
         return self is AssignmentStrategy.COOPERATIVE_STICKY
 
 
+class GroupProtocol(StrEnum):
+    """The consumer group protocol: classic (client-side assignment) or KIP-848's (the broker assigns)."""
+
+    CLASSIC = "classic"
+    CONSUMER = "consumer"
+
+
 class SecretKeyRef(_Model):
     name: str = Field(min_length=1, description="Name of a Secret in the resource's namespace.")
     key: str = Field(
@@ -143,6 +151,21 @@ class KafkaSpec(_Model):
         "change between eager and cooperative is rolled out by stopping every pod before the new ones start "
         "(the two cannot share a group).",
     )
+    group_protocol: GroupProtocol = Field(
+        GroupProtocol.CLASSIC,
+        description="classic, or consumer (KIP-848: the broker assigns partitions incrementally; Apache Kafka 4.0 "
+        "and later). With consumer, assignmentStrategy does not apply. A change rolls out like a change between "
+        "eager and cooperative: every pod stops before the new ones start.",
+    )
+
+    @model_validator(mode="after")
+    def _strategy_only_for_classic(self) -> KafkaSpec:
+        if self.group_protocol is GroupProtocol.CONSUMER and "assignment_strategy" in self.model_fields_set:
+            raise ValueError(
+                "assignmentStrategy applies to groupProtocol classic only; with groupProtocol consumer the broker "
+                "assigns the partitions"
+            )
+        return self
 
 
 class EnvVar(_Model):

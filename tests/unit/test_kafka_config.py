@@ -76,6 +76,7 @@ def test_inline_pem_and_the_system_ca_store_are_kept():
             {},
             "partition.assignment.strategy is set by spec.kafka.assignmentStrategy",
         ),
+        ("group.protocol=consumer", {}, "group.protocol is set by spec.kafka.groupProtocol"),
     ],
 )
 def test_what_cannot_work_in_the_operator_is_refused_with_what_to_do(properties, files, expected):

@@ -8,6 +8,9 @@ from keyorder_operator.builders import (
     ASSIGNMENT_STRATEGY_VARIABLE as STRATEGY,
 )
 from keyorder_operator.builders import (
+    GROUP_PROTOCOL_VARIABLE as GROUP_PROTOCOL,
+)
+from keyorder_operator.builders import (
     build_deployment,
     build_pdb,
     build_service,
@@ -181,3 +184,26 @@ def test_a_move_between_eager_and_cooperative_is_a_cut_over(desired, live_deploy
     assert strategy["type"] == expected
     assert ("rollingUpdate" in strategy) == (expected == "RollingUpdate"), "Recreate refuses rollingUpdate"
     assert build_deployment(spec, OWNER, 3, strategy)["spec"]["strategy"] == strategy
+
+
+def kip848(spec_dict: dict) -> dict:
+    kafka = {**spec_dict["kafka"], "groupProtocol": "consumer"}
+    return {**spec_dict, "kafka": kafka}
+
+
+def test_kip848_pods_get_the_consumer_protocol_and_no_client_side_strategy():
+    spec = parse_spec(kip848(MINIMAL))
+    container = build_deployment(spec, OWNER, 1)["spec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env[GROUP_PROTOCOL] == "consumer" and STRATEGY not in env, "librdkafka refuses a strategy with it"
+    with pytest.raises(InvalidSpec, match=r"assignmentStrategy applies to groupProtocol classic only"):
+        parse_spec(kip848(with_("kafka.assignmentStrategy", "cooperative-sticky")))
+
+
+def test_a_move_to_or_from_kip848_is_a_cut_over_too():
+    consumer = parse_spec(kip848(MINIMAL))
+    assert update_strategy(consumer, live("cooperative-sticky"))["type"] == "Recreate"
+    consumer_pods = build_deployment(consumer, OWNER, 3)
+    consumer_pods["status"] = {"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3}
+    assert update_strategy(consumer, consumer_pods)["type"] == "RollingUpdate"
+    assert update_strategy(parse_spec(MINIMAL), consumer_pods)["type"] == "Recreate"
