@@ -202,7 +202,7 @@ def test_a_poll_in_flight_when_the_resource_is_deleted_leaves_no_metric_series_b
     topic = "okc-delete-in-flight"
     create_topics_with_backlog(broker, topic)
     built: list[ClosingRecorded] = []
-    with operator(
+    with TimerRuns() as ticks, operator(
         kube.url, lag_source_for=lambda properties: HeldSamples(properties, built), lag_wait_seconds=60
     ) as context:
         kube.create(CR, consumer_resource("in-flight", broker.bootstrap, topic))
@@ -212,7 +212,10 @@ def test_a_poll_in_flight_when_the_resource_is_deleted_leaves_no_metric_series_b
         wait_for(source.entered.is_set, 20, "a poll waiting on its sample")
         kube.delete(CR, "in-flight")
         wait_for(lambda: source.closed_by_owner, 20, "the delete handler to run (it closes the Kafka client)")
+        runs_before = ticks.runs("in-flight")
         source.release.set()
+        # the held poll has ended (kopf logs its timer run), so whatever it wrote is in the registry now
+        wait_for(lambda: ticks.runs("in-flight") > runs_before, 30, "the held poll to end")
         wait_for(lambda: kube.get(CR, "in-flight") is None, 30, "the resource gone (kopf's finalizer released)")
         assert series_of(context, "in-flight") == [], "the last poll wrote back series of the deleted resource"
 
