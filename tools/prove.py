@@ -63,7 +63,7 @@ def prove(name: str, node: str, timeout: float) -> tuple[bool, str]:
                 )
             except subprocess.TimeoutExpired:
                 return False, f"the test did not finish within {timeout:.0f} s"
-            tail = [line for line in run.stdout.splitlines() if line.startswith(("E ", "FAILED", "ERROR"))][:3]
+            tail = [line[:200] for line in run.stdout.splitlines() if line.startswith(("E ", "FAILED", "ERROR"))][:3]
             if run.returncode == 1:
                 return True, "; ".join(tail) or "failed"
             if run.returncode == 0:
