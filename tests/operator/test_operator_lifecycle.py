@@ -202,9 +202,12 @@ def test_a_poll_in_flight_when_the_resource_is_deleted_leaves_no_metric_series_b
     topic = "okc-delete-in-flight"
     create_topics_with_backlog(broker, topic)
     built: list[ClosingRecorded] = []
-    with TimerRuns() as ticks, operator(
-        kube.url, lag_source_for=lambda properties: HeldSamples(properties, built), lag_wait_seconds=60
-    ) as context:
+    with (
+        TimerRuns() as ticks,
+        operator(
+            kube.url, lag_source_for=lambda properties: HeldSamples(properties, built), lag_wait_seconds=60
+        ) as context,
+    ):
         kube.create(CR, consumer_resource("in-flight", broker.bootstrap, topic))
         wait_for(lambda: (kube.get(CR, "in-flight").get("status") or {}).get("lag"), 20, "the lag measured")
         [source] = built
