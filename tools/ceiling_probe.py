@@ -1,0 +1,172 @@
+"""Where a pod with a fast handler spends its time (the poll-thread issue's measurements), on one machine.
+
+A development probe, not a benchmark: it starts the embedded broker, preloads a topic, and either
+reads it with a plain confluent-kafka loop (``plain``: the raw ceiling) or drains it with a real
+``keyorder run`` process and a no-op handler (``pod``), reporting the pod's rate over a 5 s window
+from its own metrics, its CPU from ``/proc``, and optionally:
+
+* ``--count``: every ``consume`` call the pod makes (how many returned fewer messages than asked,
+  and the time spent in those), and its pause/resume calls, by wrapping ``KafkaSource`` in the pod
+  process (``tools/ceiling_counting/sitecustomize.py``, loaded through ``PYTHONPATH``);
+* ``--profile``: a py-spy sample of every thread of the pod (py-spy from PyPI, a development tool:
+  ``.venv/bin/pip install py-spy``), summarised per thread and per innermost frame.
+
+    .venv/bin/python -m tools.ceiling_probe plain
+    .venv/bin/python -m tools.ceiling_probe pod --workers 16 --count
+    .venv/bin/python -m tools.ceiling_probe pod --workers 16 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from confluent_kafka import Consumer
+
+from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker, free_port
+from keyorder.devtools.loadgen import create_topics, produce_keyed
+
+COUNTING = Path(__file__).resolve().parent / "ceiling_counting"
+WINDOW = 5.0
+
+
+def plain(bootstrap: str, messages: int) -> None:
+    properties = dict(item.split("=", 1) for item in FAST_GROUP_JOIN)
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "plain", "auto.offset.reset": "earliest", **properties}
+    )
+    consumer.subscribe(["t"])
+    handled = short = calls = 0
+    short_seconds, start = 0.0, None
+    while handled < messages:
+        began = time.perf_counter()
+        records = consumer.consume(500, 0.1)
+        took = time.perf_counter() - began
+        if records and start is None:
+            start = time.monotonic()
+        if start is None:
+            continue
+        calls += 1
+        if len(records) < 500:
+            short, short_seconds = short + 1, short_seconds + took
+        for record in records:
+            if record.error() is None:
+                json.loads(record.value() or b"{}")
+                handled += 1
+    elapsed = time.monotonic() - (start or time.monotonic())
+    consumer.close()
+    print(
+        f"plain consume(500, 0.1) + json.loads: {handled / elapsed:,.0f} msg/s over {elapsed:.1f} s; "
+        f"{calls} calls, {short} returned fewer than 500 ({short_seconds:.2f} s in them)"
+    )
+
+
+def pod(bootstrap: str, workers: int, count: bool, profile: bool) -> None:
+    port, workdir = free_port(), Path(tempfile.mkdtemp(prefix="keyorder-ceiling-"))
+    environment = {
+        **os.environ,
+        "KEYORDER_HANDLER": "keyorder.devtools.bench_handlers:noop",
+        "KEYORDER_TOPICS": "t",
+        "KEYORDER_GROUP_ID": "pod",
+        "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
+        "KEYORDER_WORKERS": str(workers),
+        "KEYORDER_HTTP_PORT": str(port),
+        "KEYORDER_HTTP_HOST": "127.0.0.1",
+        "KEYORDER_LOG_LEVEL": "WARNING",
+        "KEYORDER_KAFKA_PROPERTY": ",".join(FAST_GROUP_JOIN),
+    }
+    if count:
+        environment["PYTHONPATH"] = os.pathsep.join([str(COUNTING), environment.get("PYTHONPATH", "")])
+        environment["CEILING_PROBE_COUNTS"] = str(workdir)
+    process = subprocess.Popen([sys.executable, "-m", "keyorder.cli", "run"], env=environment)
+
+    def handled() -> float:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return 0.0
+        prefix = "keyorder_partition_completed_messages_total{"
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+    def cpu_seconds() -> float:
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    try:
+        deadline = time.monotonic() + 60
+        while handled() == 0 and time.monotonic() < deadline:  # hang guard: the group join
+            if process.poll() is not None:
+                raise SystemExit(f"the pod exited with {process.returncode} before handling anything")
+            time.sleep(0.2)
+        began, done_before, cpu_before = time.monotonic(), handled(), cpu_seconds()
+        sampler = None
+        if profile:
+            sampler = subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(process.pid), "-d", str(int(WINDOW)),
+                 "-r", "200", "-f", "raw", "-o", str(workdir / "profile.txt"), "--threads", "--idle", "--nonblocking"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        time.sleep(WINDOW)
+        elapsed, done, cpu = time.monotonic() - began, handled() - done_before, cpu_seconds() - cpu_before
+        if sampler is not None:
+            sampler.wait(60)
+        print(
+            f"keyorder run, no-op handler, W={workers}: {done / elapsed:,.0f} msg/s over {elapsed:.1f} s; "
+            f"pod CPU {cpu / elapsed:.2f} cores, {1e6 * cpu / max(done, 1):.1f} us/msg"
+        )
+    finally:
+        process.terminate()
+        process.wait(30)
+    if count:
+        for path in workdir.glob("counts-*.txt"):
+            print("  consume calls, whole run:", ast.literal_eval(path.read_text()))
+    if profile:
+        summarise(workdir / "profile.txt")
+
+
+def summarise(path: Path) -> None:
+    """Per thread: the share of samples per innermost frame (py-spy's raw format)."""
+    leaves: dict[str, Counter[str]] = defaultdict(Counter)
+    for line in path.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        frames = stack.split(";")
+        name = frames[0].split(": ", 1)[-1]
+        group = "key workers" if name.startswith("keyorder-worker") else name
+        leaves[group][frames[-1].split(" (")[0]] += int(samples)
+    for group, counter in leaves.items():
+        total = sum(counter.values())
+        top = ", ".join(f"{frame} {share / total:.0%}" for frame, share in counter.most_common(4))
+        print(f"  {group}: {top}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.ceiling_probe", description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=["plain", "pod"])
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--count", action="store_true", help="count the pod's consume and pause/resume calls")
+    parser.add_argument("--profile", action="store_true", help="sample the pod with py-spy")
+    args = parser.parse_args()
+    with EmbeddedBroker() as broker:
+        create_topics(broker.bootstrap, ["t"], 4)
+        produce_keyed(broker.bootstrap, "t", args.messages, 10_000)
+        if args.mode == "plain":
+            plain(broker.bootstrap, args.messages)
+        else:
+            pod(broker.bootstrap, args.workers, args.count, args.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
