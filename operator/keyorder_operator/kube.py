@@ -133,24 +133,23 @@ class Kube:
             raise
         return str(current.metadata.resource_version)
 
+    def _read(self, read: Any, namespace: str, name: str) -> dict[str, Any] | None:
+        """An object as a plain dict, through the client's ``read_namespaced_*`` call (``None`` when missing)."""
+        try:
+            found = read(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return self.client.sanitize_for_serialization(found)
+
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The live Deployment as a plain dict (``None`` when it does not exist)."""
-        try:
-            deployment = self.apps.read_namespaced_deployment(name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return self.client.sanitize_for_serialization(deployment)
+        return self._read(self.apps.read_namespaced_deployment, namespace, name)
 
     def deployment_replicas(self, namespace: str, name: str) -> int | None:
-        try:
-            deployment = self.apps.read_namespaced_deployment(name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return deployment.spec.replicas
+        deployment = self.deployment(namespace, name)
+        return None if deployment is None else (deployment.get("spec") or {}).get("replicas")
 
     def scale(self, namespace: str, name: str, replicas: int) -> None:
         """Set a Deployment's replicas (server-side apply of that one field, by the scaler's own manager)."""
@@ -206,23 +205,12 @@ class Kube:
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Job as a plain dict (``None`` when it does not exist)."""
-        try:
-            job = self.batch.read_namespaced_job(name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return self.client.sanitize_for_serialization(job)
+        return self._read(self.batch.read_namespaced_job, namespace, name)
 
     def deployment_pods_reported(self, namespace: str, name: str) -> int:
         """``status.replicas`` of a Deployment: pods its ReplicaSets still have (0 when absent)."""
-        try:
-            deployment = self.apps.read_namespaced_deployment(name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return 0
-            raise
-        return (deployment.status.replicas or 0) if deployment.status else 0
+        deployment = self.deployment(namespace, name)
+        return int(((deployment or {}).get("status") or {}).get("replicas") or 0)
 
     def pod_count(self, namespace: str, selector: dict[str, str]) -> int:
         """Pods matching ``selector`` that still exist in any phase (terminating ones included)."""
@@ -253,15 +241,12 @@ class Kube:
 
     def deployment_rolled_out(self, namespace: str, name: str) -> bool:
         """All of the Deployment's pods are updated and ready (False while pods start, roll or are missing)."""
-        try:
-            deployment = self.apps.read_namespaced_deployment(name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        wanted = deployment.spec.replicas or 0
-        status = deployment.status
-        if status is None:
+        deployment = self.deployment(namespace, name)
+        if deployment is None:
+            return False
+        wanted = (deployment.get("spec") or {}).get("replicas") or 0
+        status = deployment.get("status")
+        if not status:
             return wanted == 0
-        ready, updated = status.ready_replicas or 0, status.updated_replicas or 0
-        return ready >= wanted and updated >= wanted and (status.replicas or 0) <= wanted
+        ready, updated = status.get("readyReplicas") or 0, status.get("updatedReplicas") or 0
+        return ready >= wanted and updated >= wanted and (status.get("replicas") or 0) <= wanted
