@@ -304,7 +304,12 @@ class RunningEmulator(KubeHTTP):
 
 
 def serve_emulator(setup: Callable[[Emulator], None] | None = None) -> RunningEmulator:
-    """Context manager: the emulator (built-in resources + the OrderedConsumer CRD) on a free port."""
+    """Context manager: the emulator (built-in resources + the OrderedConsumer CRD) on a free port.
+
+    Its HTTP server's access log (aiohttp's, a line per request) is off: no test reads it, and a line
+    logged from the server thread after a test's captured stream was closed printed a "Logging error"
+    traceback into the run's output."""
+    logging.getLogger("aiohttp.access").disabled = True
     return RunningEmulator(setup)
 
 
