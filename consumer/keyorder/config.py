@@ -621,8 +621,10 @@ def consumer_properties(config: KafkaConnectionSettings, properties: Mapping[str
     With ``group.protocol=consumer`` (KIP-848) the broker assigns the partitions and librdkafka
     refuses a client-side ``partition.assignment.strategy``, so that default is left out.
     """
+    from keyorder.adapters.kafka_source import broker_assigns  # here: only a consumer needs the Kafka client
+
     defaults = dict(CONSUMER_DEFAULTS)
-    if properties.get("group.protocol", "").strip().lower() == "consumer":
+    if broker_assigns(properties):
         del defaults["partition.assignment.strategy"]
     return {**defaults, **properties, "group.id": config.group_id}
 

@@ -65,6 +65,13 @@ MIXED_PROTOCOLS = (
 )
 """Logged when the broker refuses the join because eager and cooperative members would mix."""
 
+
+def broker_assigns(properties: Mapping[str, Any]) -> bool:
+    """Whether ``properties`` choose KIP-848's consumer group protocol (``group.protocol=consumer``), where
+    the broker assigns the partitions and a client-side assignment strategy does not apply."""
+    return str(properties.get("group.protocol", "")).strip().lower() == "consumer"
+
+
 LIBRDKAFKA_LOGGER = "keyorder.librdkafka"
 """The logger every librdkafka client of the pod logs through (this consumer and the dead-letter producer)."""
 
@@ -172,9 +179,9 @@ class KafkaSource:
         self.broker_assigns_silence = BROKER_ASSIGNS_SILENCE
         # KIP-848: with group.protocol=consumer the broker assigns; one that lacks the protocol never
         # answers the heartbeat and librdkafka says nothing, so the pod watches for the first assignment
-        self._broker_assigns = str(config.get("group.protocol", "")).strip().lower() == "consumer"
+        # (until one comes, or it has said so)
+        self._awaiting_broker_assignment = broker_assigns(config)
         self._subscribed_at: float | None = None
-        self._ever_assigned = False
         librdkafka_logger = logging.getLogger(LIBRDKAFKA_LOGGER)
         self.librdkafka_log = CollapsingFilter.install(librdkafka_logger, log_collapse_interval, clock)
         full_config = dict(config)
@@ -260,7 +267,7 @@ class KafkaSource:
 
         def assigned(partitions: list[TopicPartition]) -> None:
             self._mark_reachable()  # the group coordinator answered
-            self._ever_assigned = True  # an empty assignment counts: a member beyond the partition count
+            self._awaiting_broker_assignment = False  # an empty one counts: a member beyond the partition count
             on_assign(ids(partitions))
 
         self._topics = list(topics)
@@ -276,7 +283,7 @@ class KafkaSource:
         self._probe_if_due()
         records = self._consumer.consume(max_messages, timeout)
         self.librdkafka_log.flush()
-        if self._broker_assigns and not self._ever_assigned:
+        if self._awaiting_broker_assignment:
             self._check_broker_assigns()
         messages: list[Message] = []
         append = messages.append
@@ -312,7 +319,7 @@ class KafkaSource:
             return
         if self.clock() - self._subscribed_at < self.broker_assigns_silence:
             return
-        self._ever_assigned = True  # said once
+        self._awaiting_broker_assignment = False  # said once
         log.error(
             "no partition assignment %.0f s after subscribing with group.protocol=consumer, although the broker "
             "answers: it may not support KIP-848's consumer group protocol (ConsumerGroupHeartbeat, Apache Kafka "
