@@ -12,6 +12,7 @@ template that would).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from keyorder_operator.kafka_config import MOUNT_DIR
@@ -186,26 +187,23 @@ def _with_template(
     return merged_metadata, merged
 
 
-def _rebalancing(spec: OrderedConsumerSpec) -> str:
-    """How the spec's pods rebalance: ``eager``, ``cooperative`` or ``consumer`` (KIP-848). Members of
-    two different kinds cannot share a group."""
-    if spec.kafka.group_protocol is GroupProtocol.CONSUMER:
-        return "consumer"
-    return "cooperative" if spec.kafka.assignment_strategy.cooperative else "eager"
-
-
-def live_rebalancing(deployment: dict[str, Any]) -> str:
-    """How the live Deployment's pods rebalance, from their environment. Pods of an operator from before
-    the setting (or with a value this one does not know) count as eager: librdkafka's default."""
-    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or [{}]
-    variables = {item.get("name"): item.get("value") for item in containers[0].get("env") or []}
-    if variables.get(GROUP_PROTOCOL_VARIABLE) == GroupProtocol.CONSUMER.value:
+def rebalancing(env: Mapping[str, Any]) -> str:
+    """How pods with this environment rebalance: ``eager``, ``cooperative`` or ``consumer`` (KIP-848).
+    Members of two different kinds cannot share a group. Read from the variables ``consumer_env``
+    renders, so the spec's pods and the live ones are judged alike; pods of an operator from before
+    those variables (or with a value this one does not know) count as eager: librdkafka's default."""
+    if env.get(GROUP_PROTOCOL_VARIABLE) == GroupProtocol.CONSUMER.value:
         return "consumer"
     try:
-        strategy = AssignmentStrategy(str(variables.get(ASSIGNMENT_STRATEGY_VARIABLE)))
+        strategy = AssignmentStrategy(str(env.get(ASSIGNMENT_STRATEGY_VARIABLE)))
     except ValueError:
         return "eager"
     return "cooperative" if strategy.cooperative else "eager"
+
+
+def _variables(env: list[dict[str, Any]]) -> dict[str, Any]:
+    """A container's ``env`` list as name -> literal value."""
+    return {str(item.get("name")): item.get("value") for item in env}
 
 
 def _rolled_out(deployment: dict[str, Any]) -> bool:
@@ -226,7 +224,9 @@ def update_strategy(spec: OrderedConsumerSpec, live: dict[str, Any] | None) -> d
     """
     if live is None:
         return ROLLING_UPDATE
-    if live_rebalancing(live) != _rebalancing(spec):
+    live_containers = live.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or [{}]
+    live_env = _variables(live_containers[0].get("env") or [])
+    if rebalancing(live_env) != rebalancing(_variables(consumer_env(spec))):
         return CUT_OVER
     cutting_over = (live.get("spec", {}).get("strategy") or {}).get("type") == CUT_OVER["type"]
     return CUT_OVER if cutting_over and not _rolled_out(live) else ROLLING_UPDATE

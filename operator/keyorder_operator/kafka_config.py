@@ -98,11 +98,7 @@ def operator_kafka_config(
                 )
             properties[pem] = secret[path[len(MOUNT_DIR) + 1 :]]
     properties["bootstrap.servers"] = bootstrap_servers
-    return {
-        name: value
-        for name, value in properties.items()
-        if not name.startswith(POD_ONLY_PREFIXES) and name not in SET_BY_SPEC
-    }
+    return {name: value for name, value in properties.items() if not name.startswith(POD_ONLY_PREFIXES)}
 
 
 def redact(message: str, properties: Mapping[str, str]) -> str:
