@@ -131,6 +131,8 @@ def pod(bootstrap: str, workers: int, count: bool, profile: bool) -> None:
     if count:
         for path in workdir.glob("counts-*.txt"):
             print("  consume calls, whole run:", ast.literal_eval(path.read_text()))
+        for path in workdir.glob("timeline-*.txt"):
+            print("  timeline of consume, pause and resume calls:", path)
     if profile:
         summarise(workdir / "profile.txt")
 

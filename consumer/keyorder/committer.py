@@ -31,7 +31,7 @@ from keyorder.core.partitions import PartitionState
 
 log = logging.getLogger(__name__)
 
-EARLY_COMMIT_SPACING = 0.1
+EARLY_COMMIT_SPACING = 0.02
 """Seconds between commits made early because the uncommitted window is half full (each commit
 encodes metadata and is a broker request: once per poll batch would be wasteful)."""
 

@@ -10,7 +10,6 @@ import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,7 +34,7 @@ from keyorder.core.flow import FlowLimits
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.process_workers import ProcessWorkerPool
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool, WorkerPool
+from keyorder.workers import AsyncWorkerPool, Completions, ThreadWorkerPool, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ class Pod:
         dead_letters: DeadLetterSink | None = None,
     ) -> None:
         self.config = config
-        self.completions: deque = deque()
+        self.completions = Completions()
         make_pool = self._pool_factory(config, handler)  # the handler first: a bad path is the likeliest mistake
         properties, origins = kafka_properties_with_origins(config, environ)
         admin_token = read_admin_token(config)

@@ -34,6 +34,10 @@ from keyorder.workers import Completions, WorkerCrashed, WorkerPool
 
 log = logging.getLogger(__name__)
 
+PARTLY_PAUSED_TIMEOUT = 0.005
+"""Seconds a ``consume`` may wait for messages while some partitions are paused: their resumes
+must not wait out the poll timeout of the partitions that are fetching."""
+
 
 @dataclass(frozen=True)
 class RuntimeSettings:
@@ -185,11 +189,7 @@ class ConsumerRuntime:
                 if self.pool.health.crashed:
                     raise WorkerCrashed(self.pool.health.crashed)
                 self._apply_resize()
-                capacity = self._apply_flow()
-                if capacity:
-                    messages = self.source.consume(min(settings.poll_batch, capacity), settings.poll_timeout)
-                else:  # every partition is paused: this call only serves rebalance callbacks
-                    messages = self.source.consume(1, 0.01)
+                messages = self._read()
                 if messages:
                     self._dispatch(messages, self.clock())
                 now = self.clock()
@@ -199,6 +199,31 @@ class ConsumerRuntime:
                     next_snapshot = now + settings.snapshot_interval
         finally:
             self._shutdown()
+
+    def _read(self) -> list:
+        """Take what the client has; or, while flow control holds or pauses, wait for the workers.
+
+        While a partition (or the pod) is full within its hold, the loop does not call the client:
+        its prefetched messages stay queued there, and reading goes on as soon as enough messages
+        have finished. While every partition is paused, a non-blocking call serves the client's
+        rebalance callbacks. Either way the loop then waits for the completions that can end the
+        hold or a pause, not a fixed poll timeout: the workers must not run dry meanwhile. While
+        only some partitions are paused, a short timeout keeps their resumes prompt.
+        """
+        settings = self.settings
+        capacity, hold = self._apply_flow()
+        all_paused = self.flow.all_paused(len(self.partitions))
+        if hold is None and capacity and not all_paused:
+            timeout = min(settings.poll_timeout, PARTLY_PAUSED_TIMEOUT) if self.flow.paused else settings.poll_timeout
+            return self.source.consume(min(settings.poll_batch, capacity), timeout)
+        if all_paused:
+            messages = self.source.consume(1, 0)
+            if messages:  # librdkafka dropped the paused partitions' prefetch: rare, but never lose one
+                return messages
+        loads, pod = self._loads()
+        wait = settings.poll_timeout if hold is None else min(settings.poll_timeout, hold)
+        self.completions.wait(self.flow.completions_to_resume(loads, pod), wait)
+        return []
 
     def _dispatch(self, messages: list, now: float) -> None:
         partitions = self.partitions
@@ -264,17 +289,18 @@ class ConsumerRuntime:
         loads = {pid: Load(state.offsets.inflight, state.offsets.uncommitted) for pid, state in self.partitions.items()}
         return loads, Load(self.inflight, sum(load.uncommitted for load in loads.values()))
 
-    def _apply_flow(self) -> int:
-        """Pause/resume partitions by their loads; returns how many messages may be taken now."""
+    def _apply_flow(self) -> tuple[int, float | None]:
+        """Pause/resume partitions by their loads; how many messages may be taken now, and the hold."""
         loads, pod = self._loads()
-        if self.committer.early(self.partitions.values(), self.clock(), self.flow.commit_pressure(loads, pod)):
+        now = self.clock()
+        if self.committer.early(self.partitions.values(), now, self.flow.commit_pressure(loads, pod)):
             loads, pod = self._loads()
-        to_pause, to_resume = self.flow.decide(loads, pod)
-        if to_pause:
-            self.source.pause(to_pause)
-        if to_resume:
-            self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in to_resume})
-        return self.flow.capacity(pod)
+        decision = self.flow.decide(loads, pod, now)
+        if decision.to_pause:
+            self.source.pause(decision.to_pause)
+        if decision.to_resume:
+            self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in decision.to_resume})
+        return self.flow.capacity(pod), decision.hold
 
     # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
     def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:
@@ -368,7 +394,7 @@ class ConsumerRuntime:
         still_paused = [pid for pid in partition_ids if pid in self.flow.paused]
         if still_paused:
             self.source.resume(dict.fromkeys(still_paused))
-        self.flow.paused.difference_update(partition_ids)
+        self.flow.forget(partition_ids)
         log.info("released %s", ", ".join(f"{topic}[{partition}]" for topic, partition in partition_ids))
 
     # -- shutdown -------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ message at a time. Lanes are never bound to workers, so a resize only starts or 
 Threading contract: the poll-loop thread calls ``submit``/``withdraw``/``resize``/``stop``; the
 scheduler is touched only under ``_lock``; each worker writes only its own ``WorkerStats`` (metrics
 read them under the lock). Finished deliveries are handed back to the poll loop through the
-shared ``completions`` deque (``append`` and ``popleft`` are atomic).
+shared ``Completions`` deque (``append`` and ``popleft`` are atomic), which wakes a poll loop
+that waits for them.
 """
 
 from __future__ import annotations
@@ -68,7 +69,38 @@ LATENCY_BUCKETS = (
 )
 """Histogram bucket bounds (seconds) for handler duration and end-to-end processing latency."""
 
-Completions = deque  # of (Delivery, handled: bool); handled=False means handed back unprocessed
+
+class Completions(deque[tuple["Delivery", bool]]):
+    """Finished deliveries on their way from the workers to the poll loop, and the loop's wake-up.
+
+    Workers append ``(Delivery, handled)`` (``handled=False``: handed back unprocessed) and then
+    ``signal``; the poll loop pops them. When the loop has nothing to read (every partition paused
+    by flow control) it ``wait``s here for the completions that could lift a pause, rather than
+    inside the Kafka client for a fixed timeout: the workers must not idle while the loop sleeps.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wanted = 0  # completions the waiting loop asked for; 0 while it does not wait
+        self._arrived = threading.Event()
+
+    def signal(self) -> None:
+        """After appending: wake the poll loop if it waits for this many."""
+        wanted = self._wanted
+        if wanted and len(self) >= wanted:
+            self._arrived.set()
+
+    def wait(self, at_least: int, timeout: float) -> bool:
+        """Block until ``at_least`` completions are queued or ``timeout`` seconds passed; True if they are."""
+        if len(self) >= at_least:
+            return True
+        self._arrived.clear()
+        self._wanted = max(at_least, 1)
+        # a worker appending after this check reads _wanted after its append, so it signals
+        if len(self) < at_least:
+            self._arrived.wait(timeout)
+        self._wanted = 0
+        return len(self) >= at_least
 
 
 class WorkerCrashed(RuntimeError):
@@ -367,6 +399,8 @@ class _PoolBase:
             else:
                 scheduler.finished(outcome.delivery)
                 self.completions.append((outcome.delivery, outcome.kind is FINISHED))
+        if outcomes:
+            self.completions.signal()
         if self._inbox:
             self._fold_inbox()
         if worker.retiring or self.stopping:
@@ -459,12 +493,13 @@ class _PoolBase:
             self._fold_inbox()
             for delivery in self._scheduler.drain():
                 self.completions.append((delivery, False))
+            self.completions.signal()
 
 
 EXIT = -1.0
 """``_turn``'s answer to a retiring or stopping worker."""
 
-MAX_LANES_PER_TURN = 8
+MAX_LANES_PER_TURN = 64
 """Most lanes a thread worker takes in one lock round trip (only when ready lanes outnumber workers)."""
 FAST_HANDLER_SECONDS = 0.0005
 """Below this recent handler time, a lock round trip per message is a real cost: batch the turns.

@@ -13,7 +13,6 @@ import logging
 import threading
 import urllib.error
 import urllib.request
-from collections import deque
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from keyorder.adapters.metrics import build_registry
 from keyorder.core.retry import RetryPolicy
 from keyorder.core.routing import Ordering
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings, RuntimeSnapshot
-from keyorder.workers import ThreadWorkerPool
+from keyorder.workers import Completions, ThreadWorkerPool
 from tests.fakes import FakeClock, RecordingSource
 
 REFUSED = (
@@ -210,7 +209,7 @@ def test_an_assignment_proves_the_broker_reachable(source) -> None:
 
 # -- the snapshot, /readyz, the metrics ----------------------------------------------------------------
 def runtime_with(source: Any) -> ConsumerRuntime:
-    completions: deque = deque()
+    completions = Completions()
     pool = ThreadWorkerPool(lambda _message: None, 2, RetryPolicy(), None, completions)
     clock = FakeClock()
     return ConsumerRuntime(RuntimeSettings(topics=("t",)), source, pool, Ordering.KEY, completions, clock=clock)
@@ -259,7 +258,7 @@ def test_readyz_says_why(snapshot: RuntimeSnapshot, status: int, reason: str | N
 
 
 def test_readyz_over_http_and_the_metrics() -> None:
-    pool = ThreadWorkerPool(lambda _message: None, 2, RetryPolicy(), None, deque())
+    pool = ThreadWorkerPool(lambda _message: None, 2, RetryPolicy(), None, Completions())
     runtime = _Runtime(RuntimeSnapshot(broker_reachable=False, broker_error="1/1 brokers are down"))
     runtime.pool = pool  # type: ignore[attr-defined]
     registry = build_registry(runtime, pool)  # type: ignore[arg-type]

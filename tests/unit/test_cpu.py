@@ -56,19 +56,18 @@ def test_cpu_seconds_count_this_process_and_live_children():
 
 
 def test_the_scaling_report_tells_the_operator_the_executor_and_the_pods_cores_and_cpu_use():
-    from collections import deque
 
     from keyorder.adapters.scaling_report import scaling_report
     from keyorder.core.retry import RetryPolicy
     from keyorder.core.routing import Ordering
     from keyorder.runtime import RuntimeSnapshot
-    from keyorder.workers import ThreadWorkerPool
+    from keyorder.workers import Completions, ThreadWorkerPool
 
     class Runtime:  # FAKE: only what the report reads
         snapshot = RuntimeSnapshot()
         ordering = Ordering.KEY
 
-    pool = ThreadWorkerPool(lambda _message: None, 2, RetryPolicy(), None, deque())
+    pool = ThreadWorkerPool(lambda _message: None, 2, RetryPolicy(), None, Completions())
     report = scaling_report(Runtime(), pool)  # type: ignore[arg-type]
     assert report["executor"] == "thread" and report["workerProcesses"] == 0
     assert report["cpuCores"] == round(pod_cpu_cores(), 3) and report["cpuCores"] > 0

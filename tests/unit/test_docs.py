@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections import deque
 from pathlib import Path
 
 from keyorder.adapters.metrics import KeyorderCollector
@@ -11,7 +10,7 @@ from keyorder.core.lanes import Delivery
 from keyorder.core.retry import RetryPolicy
 from keyorder.message import Message
 from keyorder.runtime import PartitionSnapshot, RuntimeSnapshot
-from keyorder.workers import ThreadWorkerPool
+from keyorder.workers import Completions, ThreadWorkerPool
 from tools.docs_tables import generated_tables, render_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +53,7 @@ class _Partition:
 def _pool() -> ThreadWorkerPool:
     """A real pool, never started (no threads): 3 messages of a hot key, 1 of another, the min-offset
     message 10 of the hot key parked for a retry, the other one ready."""
-    pool = ThreadWorkerPool(lambda _message: None, 4, RetryPolicy(), None, deque())
+    pool = ThreadWorkerPool(lambda _message: None, 4, RetryPolicy(), None, Completions())
     partition = _Partition()
     scheduler = pool._scheduler  # the pool's own scheduler, filled and parked as a failing worker would
     scheduler.add(

@@ -1,4 +1,7 @@
-"""FlowControl: per-partition and pod-wide pause/resume with hysteresis, and FlowLimits validation."""
+"""FlowControl: per-partition and pod-wide holds and pauses with hysteresis, and FlowLimits validation.
+
+Most tests use ``pause_after=0`` (a full partition is paused at once) to pin the hysteresis; the
+hold tests at the end give it time."""
 
 from __future__ import annotations
 
@@ -10,12 +13,15 @@ from keyorder.core.flow import FlowControl, FlowLimits, Load
 
 # Per partition: pause at >= 10, resume at <= 5. Pod: pause all at >= 100, resume at <= 50.
 # The uncommitted bound is set far away here, so these tests exercise the in-flight bounds.
-LIMITS = FlowLimits(max_inflight=100, max_inflight_per_partition=10, max_uncommitted=10_000, resume_ratio=0.5)
+LIMITS = FlowLimits(
+    max_inflight=100, max_inflight_per_partition=10, max_uncommitted=10_000, resume_ratio=0.5, pause_after=0
+)
 
 
-def decide(flow: FlowControl, counts: dict[str, int], pod_inflight: int):
+def decide(flow: FlowControl, counts: dict[str, int], pod_inflight: int, now: float = 0.0):
     """In-flight counts only (uncommitted = in flight: nothing finished behind an unfinished offset)."""
-    return FlowControl.decide(flow, {p: Load(n, n) for p, n in counts.items()}, Load(pod_inflight, pod_inflight))
+    decision = flow.decide({p: Load(n, n) for p, n in counts.items()}, Load(pod_inflight, pod_inflight), now)
+    return decision.to_pause, decision.to_resume
 
 
 # One partition's in-flight count over time -> paused afterwards, and the change reported.
@@ -111,6 +117,9 @@ def test_capacity(pod_inflight: int, capacity: int) -> None:
         {"resume_ratio": 1.0},
         {"resume_ratio": -0.5},
         {"resume_ratio": 1.5},
+        {"pause_after": -0.1},
+        {"pause_after": float("inf")},
+        {"pause_after": float("nan")},
     ],
 )
 def test_invalid_limits_raise(kwargs: dict[str, float]) -> None:
@@ -120,12 +129,13 @@ def test_invalid_limits_raise(kwargs: dict[str, float]) -> None:
 
 def test_default_limits() -> None:
     limits = FlowLimits()
-    assert (limits.max_inflight, limits.max_inflight_per_partition, limits.max_uncommitted, limits.resume_ratio) == (
-        10_000,
-        5_000,
-        50_000,
-        0.5,
-    )
+    assert (
+        limits.max_inflight,
+        limits.max_inflight_per_partition,
+        limits.max_uncommitted,
+        limits.resume_ratio,
+        limits.pause_after,
+    ) == (10_000, 5_000, 50_000, 0.5, 0.5)
 
 
 @settings(max_examples=200)
@@ -134,7 +144,9 @@ def test_decide_invariants(steps: list[dict[str, int]]) -> None:
     """Whatever the counts: at the bound -> paused; low-water and no saturation -> running;
     between the marks the previous state holds; the returned lists describe the state change."""
     flow = FlowControl(
-        FlowLimits(max_inflight=60, max_inflight_per_partition=20, max_uncommitted=6_000, resume_ratio=0.5)
+        FlowLimits(
+            max_inflight=60, max_inflight_per_partition=20, max_uncommitted=6_000, resume_ratio=0.5, pause_after=0
+        )
     )
     for counts in steps:
         pod = sum(counts.values())
@@ -142,6 +154,7 @@ def test_decide_invariants(steps: list[dict[str, int]]) -> None:
         was_saturated = flow.pod_saturated
         to_pause, to_resume = decide(flow, counts, pod)
         assert len(set(to_pause)) == len(to_pause) and len(set(to_resume)) == len(to_resume)
+        before &= set(counts)  # a partition that left is forgotten, not resumed
         assert flow.paused == (before | set(to_pause)) - set(to_resume)
         assert not set(to_pause) & before and set(to_resume) <= before
         assert flow.paused <= set(counts)
@@ -155,7 +168,9 @@ def test_decide_invariants(steps: list[dict[str, int]]) -> None:
 
 
 def test_partition_bound_is_capped_at_a_fair_share_of_the_pod_bound() -> None:
-    control = FlowControl(FlowLimits(max_inflight=10_000, max_inflight_per_partition=5_000, resume_ratio=0.5))
+    control = FlowControl(
+        FlowLimits(max_inflight=10_000, max_inflight_per_partition=5_000, resume_ratio=0.5, pause_after=0)
+    )
     assert control.partition_bound(1) == Load(5_000, 50_000)
     assert control.partition_bound(4) == Load(2_500, 12_500)
     assert control.partition_bound(20_000) == Load(1, 2)
@@ -164,28 +179,30 @@ def test_partition_bound_is_capped_at_a_fair_share_of_the_pod_bound() -> None:
     assert sorted(to_pause) == ["p0", "p1"] and not control.pod_saturated
 
 
-UNCOMMITTED = FlowLimits(max_inflight=100, max_inflight_per_partition=100, max_uncommitted=400, resume_ratio=0.5)
+UNCOMMITTED = FlowLimits(
+    max_inflight=100, max_inflight_per_partition=100, max_uncommitted=400, resume_ratio=0.5, pause_after=5.0
+)
 
 
 def test_uncommitted_bound_pauses_a_partition_with_few_messages_in_flight() -> None:
     """A stuck head offset: 1 message in flight, 200 finished behind it but not committable."""
     flow = FlowControl(UNCOMMITTED)  # 2 partitions: uncommitted share 200 each
-    to_pause, _ = flow.decide({"p0": Load(1, 200), "p1": Load(1, 10)}, Load(2, 210))
-    assert to_pause == ["p0"]
-    _, to_resume = flow.decide({"p0": Load(1, 150), "p1": Load(1, 10)}, Load(2, 160))
-    assert to_resume == [], "above the uncommitted low-water mark (100): stays paused"
-    _, to_resume = flow.decide({"p0": Load(1, 100), "p1": Load(1, 10)}, Load(2, 110))
-    assert to_resume == ["p0"]
+    decision = flow.decide({"p0": Load(1, 200), "p1": Load(1, 10)}, Load(2, 210), 0.0)
+    assert decision.to_pause == ["p0"] and decision.hold is None, "an uncommitted bound pauses at once, never holds"
+    decision = flow.decide({"p0": Load(1, 150), "p1": Load(1, 10)}, Load(2, 160), 1.0)
+    assert decision.to_resume == [], "above the uncommitted low-water mark (100): stays paused"
+    decision = flow.decide({"p0": Load(1, 100), "p1": Load(1, 10)}, Load(2, 110), 2.0)
+    assert decision.to_resume == ["p0"]
 
 
 def test_resume_needs_both_counts_at_low_water() -> None:
     flow = FlowControl(UNCOMMITTED)
-    flow.decide({"p0": Load(100, 100)}, Load(100, 100))
+    flow.decide({"p0": Load(100, 400)}, Load(100, 400), 0.0)
     assert flow.paused == {"p0"} and flow.pod_saturated
-    _, to_resume = flow.decide({"p0": Load(10, 300)}, Load(10, 300))
-    assert to_resume == [] and flow.pod_saturated, "in flight is low but uncommitted is not"
-    _, to_resume = flow.decide({"p0": Load(10, 150)}, Load(10, 150))
-    assert to_resume == ["p0"] and not flow.pod_saturated
+    decision = flow.decide({"p0": Load(10, 300)}, Load(10, 300), 1.0)
+    assert decision.to_resume == [] and flow.pod_saturated, "in flight is low but uncommitted is not"
+    decision = flow.decide({"p0": Load(10, 150)}, Load(10, 150), 2.0)
+    assert decision.to_resume == ["p0"] and not flow.pod_saturated
 
 
 @pytest.mark.parametrize(
@@ -199,3 +216,79 @@ def test_commit_pressure_at_half_the_uncommitted_bound() -> None:
     flow = FlowControl(UNCOMMITTED)
     assert not flow.commit_pressure({"p0": Load(1, 99), "p1": Load(0, 0)}, Load(1, 99))
     assert flow.commit_pressure({"p0": Load(1, 100), "p1": Load(0, 0)}, Load(1, 100))
+
+
+# -- holds: a full partition first stops the reading, and is paused only if it stays full ------------
+
+HOLDING = FlowLimits(
+    max_inflight=100, max_inflight_per_partition=10, max_uncommitted=10_000, resume_ratio=0.5, pause_after=0.5
+)
+
+
+def step(flow: FlowControl, counts: dict[str, int], now: float):
+    return flow.decide(
+        {p: Load(n, n) for p, n in counts.items()}, Load(sum(counts.values()), sum(counts.values())), now
+    )
+
+
+def test_a_full_partition_holds_the_reading_and_is_not_paused_when_it_drains_in_time() -> None:
+    flow = FlowControl(HOLDING)
+    decision = step(flow, {"p0": 10, "p1": 2}, now=0.0)
+    assert decision.to_pause == [] and decision.hold == pytest.approx(0.5)
+    decision = step(flow, {"p0": 7, "p1": 2}, now=0.2)
+    assert decision.to_pause == [] and decision.hold == pytest.approx(0.3), "above low water: still holding"
+    decision = step(flow, {"p0": 5, "p1": 2}, now=0.3)
+    assert (decision.to_pause, decision.to_resume, decision.hold) == ([], [], None)
+    assert flow.paused == set()
+
+
+def test_a_partition_still_full_after_the_hold_is_paused_and_the_others_are_read() -> None:
+    flow = FlowControl(HOLDING)
+    step(flow, {"p0": 10, "p1": 2}, now=0.0)
+    decision = step(flow, {"p0": 9, "p1": 0}, now=0.5)
+    assert decision.to_pause == ["p0"] and decision.hold is None, "paused; p1 is read past it"
+    decision = step(flow, {"p0": 5, "p1": 3}, now=2.0)
+    assert decision.to_resume == ["p0"] and decision.hold is None
+
+
+def test_a_partition_that_outlasted_a_hold_is_paused_at_once_until_it_drains_in_time_again() -> None:
+    flow = FlowControl(HOLDING)
+    step(flow, {"p0": 10}, now=0.0)
+    step(flow, {"p0": 10}, now=0.6)  # outlasted the hold: paused, remembered as slow
+    step(flow, {"p0": 4}, now=3.0)  # resumed
+    decision = step(flow, {"p0": 10}, now=4.0)
+    assert decision.to_pause == ["p0"] and decision.hold is None, "slow: no hold this time"
+    step(flow, {"p0": 5}, now=4.2)  # drained within pause_after: fast again
+    decision = step(flow, {"p0": 10}, now=5.0)
+    assert decision.to_pause == [] and decision.hold == pytest.approx(0.5)
+
+
+def test_the_full_pod_holds_then_pauses_every_partition() -> None:
+    flow = FlowControl(
+        FlowLimits(max_inflight=30, max_inflight_per_partition=30, max_uncommitted=10_000, pause_after=0.5)
+    )
+    decision = step(flow, {"p0": 10, "p1": 10, "p2": 10}, now=0.0)
+    assert flow.pod_saturated and decision.to_pause == [] and decision.hold == pytest.approx(0.5)
+    decision = step(flow, {"p0": 10, "p1": 10, "p2": 9}, now=0.5)
+    assert sorted(decision.to_pause) == ["p0", "p1", "p2"] and decision.hold is None
+    decision = step(flow, {"p0": 5, "p1": 5, "p2": 5}, now=0.7)
+    assert sorted(decision.to_resume) == ["p0", "p1", "p2"] and not flow.pod_saturated
+
+
+def test_completions_to_resume_is_what_brings_the_fullest_hold_to_its_low_water_mark() -> None:
+    flow = FlowControl(HOLDING)
+    loads = {"p0": Load(10, 10), "p1": Load(12, 12), "p2": Load(1, 1)}
+    flow.decide(loads, Load(23, 23), 0.0)
+    assert flow.completions_to_resume(loads, Load(23, 23)) == 5, "p0 needs 5 to reach 5; p1 needs 7"
+    assert FlowControl(HOLDING).completions_to_resume({}, Load(0, 0)) == 1
+
+
+def test_forgetting_a_partition_clears_its_hold_and_slowness() -> None:
+    flow = FlowControl(HOLDING)
+    step(flow, {"p0": 10}, now=0.0)
+    step(flow, {"p0": 10}, now=1.0)
+    assert flow.paused == {"p0"}
+    flow.forget(["p0"])
+    assert flow.paused == set()
+    decision = step(flow, {"p0": 10}, now=2.0)
+    assert decision.to_pause == [] and decision.hold == pytest.approx(0.5), "re-assigned: a fresh hold"

@@ -11,7 +11,6 @@ import functools
 import os
 import signal
 import time
-from collections import deque
 
 import pytest
 
@@ -20,7 +19,7 @@ from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
 from keyorder.process_workers import ProcessWorkerPool
-from keyorder.workers import AsyncWorkerPool, HandlerSetupError, Lifecycle, ThreadWorkerPool
+from keyorder.workers import AsyncWorkerPool, Completions, HandlerSetupError, Lifecycle, ThreadWorkerPool
 from tests.conftest import wait_until
 from tests.guarantees import assert_key_order, assert_serial_in_order_per_key
 from tests.unit import process_handlers
@@ -53,7 +52,7 @@ def keyed(keys: list[str]) -> list[Delivery]:
 def process_pool(
     handler: str,
     workers: int,
-    completions: deque,
+    completions: Completions,
     setup: str | None = None,
     teardown: str | None = None,
     retry: RetryPolicy | None = None,
@@ -88,7 +87,7 @@ def live_children(pool: ProcessWorkerPool) -> set[int]:
 
 def test_keys_run_serially_and_in_order_across_worker_processes_with_batches(record_file, monkeypatch):
     """Many keys and a fast handler (batched round trips), then a slow one: order and seriality per key."""
-    completions: deque = deque()
+    completions = Completions()
     pool = process_pool("record", 3, completions)
     pool.start()
     try:
@@ -109,7 +108,7 @@ def test_keys_run_serially_and_in_order_across_worker_processes_with_batches(rec
 
 def test_a_worker_process_killed_mid_message_is_replaced_and_its_message_retried_in_order(record_file, monkeypatch):
     monkeypatch.setenv("KEYORDER_TEST_STALL_KEY", "victim")
-    completions: deque = deque()
+    completions = Completions()
     pool = process_pool("stall_once", 2, completions)
     pool.start()
     try:
@@ -135,7 +134,7 @@ def test_a_worker_process_killed_mid_message_is_replaced_and_its_message_retried
 
 def test_a_message_past_the_handler_timeout_has_its_process_killed_and_is_retried(record_file, monkeypatch):
     monkeypatch.setenv("KEYORDER_TEST_STALL_KEY", "slow")
-    completions: deque = deque()
+    completions = Completions()
     pool = process_pool("stall_once", 1, completions, handler_timeout=0.5)
     pool.start()
     try:
@@ -151,7 +150,7 @@ def test_a_message_past_the_handler_timeout_has_its_process_killed_and_is_retrie
 
 
 def test_a_handler_error_in_a_process_is_retried_then_dead_lettered_under_its_own_name(record_file):
-    completions: deque = deque()
+    completions = Completions()
     sink = FakeDeadLetters()
     retry = RetryPolicy(max_attempts=2, initial_backoff=0.0, max_backoff=0.01, exhausted=ExhaustedPolicy.DLQ)
     pool = process_pool("fail_value_error", 1, completions, retry=retry, sink=sink)
@@ -166,7 +165,7 @@ def test_a_handler_error_in_a_process_is_retried_then_dead_lettered_under_its_ow
 
 
 def test_each_worker_process_runs_the_hooks_and_a_resize_changes_the_number_of_processes(record_file):
-    completions: deque = deque()
+    completions = Completions()
     pool = process_pool("record", 2, completions, setup="setup", teardown="teardown")
     pool.start()
     try:
@@ -188,7 +187,7 @@ def test_each_worker_process_runs_the_hooks_and_a_resize_changes_the_number_of_p
 
 
 def test_a_failing_set_up_stops_the_pool_from_starting_and_leaves_no_process(record_file):
-    pool = process_pool("record", 2, deque(), setup="failing_setup")
+    pool = process_pool("record", 2, Completions(), setup="failing_setup")
     with pytest.raises(HandlerSetupError, match="database unreachable") as raised:
         pool.start()
     assert raised.value.bad_input is False
@@ -196,7 +195,7 @@ def test_a_failing_set_up_stops_the_pool_from_starting_and_leaves_no_process(rec
 
 
 def test_a_handler_path_a_worker_process_cannot_import_is_bad_input(record_file):
-    pool = process_pool("no_such_handler", 1, deque())
+    pool = process_pool("no_such_handler", 1, Completions())
     with pytest.raises(HandlerSetupError, match="has no attribute 'no_such_handler'") as raised:
         pool.start()
     assert raised.value.bad_input is True
@@ -211,7 +210,7 @@ def test_thread_and_async_pools_run_the_hooks_once_around_the_messages(record_fi
         )
     else:
         handler, hooks = process_handlers.record, Lifecycle(process_handlers.setup, process_handlers.teardown)
-    completions: deque = deque()
+    completions = Completions()
     pool = pool_type(handler, 4, RetryPolicy(max_attempts=1), None, completions, lifecycle=hooks)
     pool.start()
     try:
@@ -229,7 +228,7 @@ def test_stop_waits_for_the_grace_period_then_kills_a_process_still_in_the_handl
     record_file, monkeypatch
 ):
     monkeypatch.setenv("KEYORDER_TEST_STALL_KEY", "slow")
-    completions: deque = deque()
+    completions = Completions()
     pool = process_pool("stall_once", 2, completions, teardown="teardown")
     pool.start()
     children = live_children(pool)
@@ -268,7 +267,7 @@ def test_a_fresh_progress_block_shows_no_running_message():
 @pytest.mark.parametrize("pool_type", [ThreadWorkerPool, AsyncWorkerPool])
 def test_a_failing_set_up_hook_stops_a_thread_or_async_pool_from_starting(pool_type):
     hooks = Lifecycle(setup=process_handlers.failing_setup)
-    pool = pool_type(process_handlers.record, 2, RetryPolicy(), None, deque(), lifecycle=hooks)
+    pool = pool_type(process_handlers.record, 2, RetryPolicy(), None, Completions(), lifecycle=hooks)
     with pytest.raises(HandlerSetupError, match="set-up hook failed: RuntimeError: database unreachable"):
         pool.start()
     assert pool.stats()[1:] == [], "no worker may start after a failed set-up"

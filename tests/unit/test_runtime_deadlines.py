@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.routing import Ordering
 from keyorder.message import Message
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import ThreadWorkerPool
+from keyorder.workers import Completions, ThreadWorkerPool
 from tests.conftest import wait_until
 from tests.fakes import FakeClock, RecordingSource
 
@@ -31,7 +30,7 @@ class Scenario:
         self.started: list[int] = []
         self.clock = FakeClock()
         self.source = RecordingSource({PID: 0})
-        completions: deque = deque()
+        completions = Completions()
         retry = RetryPolicy(max_attempts=5, initial_backoff=60.0, max_backoff=60.0, exhausted=ExhaustedPolicy.BLOCK)
         self.pool = ThreadWorkerPool(self.handle, 2, retry, None, completions, clock=self.clock)
         settings = RuntimeSettings(

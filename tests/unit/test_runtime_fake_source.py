@@ -11,14 +11,13 @@ from __future__ import annotations
 import base64
 import threading
 import zlib
-from collections import deque
 
 from keyorder.core import offset_metadata
 from keyorder.core.retry import RetryPolicy
 from keyorder.core.routing import Ordering
 from keyorder.message import Message
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import ThreadWorkerPool
+from keyorder.workers import Completions, ThreadWorkerPool
 from tests.conftest import wait_until
 
 
@@ -88,7 +87,7 @@ def message(offset: int, key: str) -> Message:
 
 
 def run_until(source, handled, expected_count, committed=10):
-    completions: deque = deque()
+    completions = Completions()
     pool = ThreadWorkerPool(lambda m: handled.append(m.offset), 4, RetryPolicy(), None, completions)
     runtime = ConsumerRuntime(
         RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool, Ordering.KEY, completions
@@ -98,7 +97,7 @@ def run_until(source, handled, expected_count, committed=10):
     thread.start()
     try:
         wait_until(
-            lambda: len(handled) >= expected_count and source.committed_offsets[0][0] == committed,
+            lambda: len(handled) >= expected_count and source.committed_offsets.get(0, (None, None))[0] == committed,
             10,
             "the backlog to be handled and committed",
         )
@@ -138,7 +137,7 @@ def test_commits_carry_completed_offsets_above_a_stuck_one():
         handled.append(m.offset)
 
     source = FakeMetadataSource(records, committed={})
-    completions: deque = deque()
+    completions = Completions()
     pool = ThreadWorkerPool(handler, 8, RetryPolicy(), None, completions)
     runtime = ConsumerRuntime(
         RuntimeSettings(topics=("t",), commit_interval=0.01), source, pool, Ordering.KEY, completions
@@ -158,7 +157,7 @@ def test_commits_carry_completed_offsets_above_a_stuck_one():
         )
         assert source.committed_offsets[0][0] == 0, "the commit passed an unfinished offset"
         release.set()
-        wait_until(lambda: source.committed_offsets[0][0] == 10, 10, "the commit to move past the released offset")
+        wait_until(lambda: source.committed_offsets.get(0, (None, None))[0] == 10, 10, "the commit to move past the released offset")
     finally:
         release.set()
         stop.set()

@@ -7,12 +7,10 @@ callbacks with different partition lists, so both are driven here by calling the
 
 from __future__ import annotations
 
-from collections import deque
-
 from keyorder.core.retry import RetryPolicy
 from keyorder.core.routing import Ordering
 from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import ThreadWorkerPool
+from keyorder.workers import Completions, ThreadWorkerPool
 from tests.fakes import FakeClock, RecordingSource
 
 P0, P1 = ("t", 0), ("t", 1)
@@ -20,7 +18,7 @@ P0, P1 = ("t", 0), ("t", 1)
 
 def runtime_and_clock() -> tuple[ConsumerRuntime, FakeClock]:
     clock = FakeClock()
-    completions: deque = deque()
+    completions = Completions()
     pool = ThreadWorkerPool(lambda message: None, 2, RetryPolicy(), None, completions, clock=clock)
     runtime = ConsumerRuntime(
         RuntimeSettings(topics=("t",)),

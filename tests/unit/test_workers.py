@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 
 import pytest
 
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
-from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool
+from keyorder.workers import AsyncWorkerPool, Completions, ThreadWorkerPool
 from tests.conftest import wait_until
 from tests.guarantees import SerialPerKey
 
@@ -45,7 +44,7 @@ def deliveries(offsets, lane=b"k"):
 
 
 def run_pool(pool_type, handler, offsets, sink):
-    completions: deque = deque()
+    completions = Completions()
     pool = pool_type(
         handler,
         1,
@@ -115,7 +114,7 @@ def test_a_failing_dead_letter_sink_keeps_the_message_in_flight_and_retries_only
         calls.append(message.offset)
         raise ValueError("bad message")
 
-    completions: deque = deque()
+    completions = Completions()
     sink = FlakySink()
     pool = ThreadWorkerPool(
         handler, 1, RetryPolicy(max_attempts=1, initial_backoff=0.0, max_backoff=0.3), sink, completions
@@ -159,7 +158,7 @@ def test_a_hot_key_holds_one_worker_and_the_other_keys_pass_it(pool_type):
             finished.append(message.key)
     else:
         handler = record
-    completions: deque = deque()
+    completions = Completions()
     pool = pool_type(handler, 2, RetryPolicy(), None, completions)
     pool.start()
     try:
@@ -194,7 +193,7 @@ def test_live_resize_under_a_backlog_keeps_every_key_serial_and_in_order_and_tak
             serial.leave(message.key)
 
     keys = [f"k{i % 16}".encode() for i in range(600)]
-    completions: deque = deque()
+    completions = Completions()
     pool = pool_type(handler, 2, RetryPolicy(), None, completions)
     pool.start()
     try:

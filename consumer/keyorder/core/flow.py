@@ -11,18 +11,37 @@ poll loop pauses individual partitions, bounding two different resources:
   ``max_uncommitted`` per pod. A blocked key therefore cannot make the pod read the rest of its
   partition.
 
-A partition is paused when either of its counts reaches its bound and resumes when both are at
-or below the low-water mark (``resume_ratio`` of the bound), so pause/resume does not flap. A
-partition's bounds are capped at its fair share of the pod bounds (pod bound / assigned
-partitions): otherwise the first partitions fetched would take the whole pod budget and the
-others would starve. The pod-wide bounds pause everything as a last resort.
+A partition is *full* when either of its counts reaches its bound, until both are at or below
+the low-water mark (``resume_ratio`` of the bound). A partition's bounds are capped at its fair
+share of the pod bounds (pod bound / assigned partitions): otherwise the first partitions fetched
+would take the whole pod budget and the others would starve. The pod is full at the pod bounds.
 
-Pure: it is told the counts and answers with the partitions whose state must change.
+What fullness does comes in two steps, because pausing is not free: librdkafka drops a paused
+partition's prefetched messages, and after the resume the partition waits a fetch round trip, or
+up to ``fetch.queue.backoff.ms``, before it delivers again. With a fast handler the bounds are
+reached many times a second, and pausing each time left the workers idle most of the time.
+
+1. **Hold**: while a partition (or the pod) is full, the poll loop stops reading and waits for
+   the workers; the Kafka client's prefetch queue is the buffer meanwhile. Reading goes on the
+   moment the counts are back at the low-water mark, from messages already fetched.
+2. **Pause**: a partition still full in flight after ``pause_after`` seconds is paused, so the
+   others can be read past it (a hot or blocked key, a slow handler), and stays paused until its
+   low-water mark. It is remembered as slow and paused at once the next time it fills, until it
+   drains within ``pause_after`` again. A pod still full after ``pause_after`` pauses every
+   partition. A full uncommitted count pauses at once: only a commit confirmed by the broker
+   lowers it, the client reports those only while it is called, and a blocked head offset can
+   keep it full for long.
+
+Holds are bounded by ``pause_after``, so the loop still calls the client (rebalance callbacks,
+``max.poll.interval.ms``) at least that often.
+
+Pure: it is told the counts and the time, and answers with the partitions whose state must
+change and whether the loop may read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -37,6 +56,8 @@ class FlowLimits:
     """Messages at or above the committed offsets per pod (the crash re-delivery bound)."""
     resume_ratio: float = 0.5
     """A paused partition (or pod) resumes when its counts fall to this fraction of the bounds."""
+    pause_after: float = 0.5
+    """Seconds a full partition (or the full pod) may hold up reading before it is paused (0: at once)."""
 
     def __post_init__(self) -> None:
         if min(self.max_inflight, self.max_inflight_per_partition, self.max_uncommitted) < 1:
@@ -45,6 +66,8 @@ class FlowLimits:
             raise ValueError(f"max_uncommitted ({self.max_uncommitted}) must be >= max_inflight ({self.max_inflight})")
         if not 0 < self.resume_ratio < 1:
             raise ValueError(f"resume_ratio must be in (0, 1), got {self.resume_ratio}")
+        if not 0 <= self.pause_after < float("inf"):
+            raise ValueError(f"pause_after must be a finite number of seconds >= 0, got {self.pause_after}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,26 +77,38 @@ class Load:
     inflight: int
     uncommitted: int
 
-    def reaches(self, bound: Load) -> bool:
-        return self.inflight >= bound.inflight or self.uncommitted >= bound.uncommitted
-
-    def within(self, bound: Load, ratio: float) -> bool:
-        return self.inflight <= bound.inflight * ratio and self.uncommitted <= bound.uncommitted * ratio
-
 
 PartitionKey = TypeVar("PartitionKey", bound=Hashable)
 """How the caller names a partition (the runtime uses ``(topic, partition)``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class FlowDecision(Generic[PartitionKey]):
+    """What the poll loop does next."""
+
+    to_pause: list[PartitionKey]
+    to_resume: list[PartitionKey]
+    hold: float | None
+    """Seconds the loop should not read (a full partition or pod within its hold), at most; None: read."""
+
+
 class FlowControl(Generic[PartitionKey]):
-    """Hysteresis state for the pod and each partition."""
+    """Hold and pause state for the pod and each partition."""
 
     def __init__(self, limits: FlowLimits) -> None:
         self.limits = limits
         self.pod_bound = Load(limits.max_inflight, limits.max_uncommitted)
-        self.pod_saturated = False
-        self._full: set[PartitionKey] = set()
+        self._pod_inflight_full_since: float | None = None
+        self._pod_uncommitted_full = False
+        self._inflight_full: dict[PartitionKey, float] = {}  # partitions full in flight, and since when
+        self._uncommitted_full: set[PartitionKey] = set()
+        self._slow: set[PartitionKey] = set()  # outlasted a hold: paused at once when full again
         self.paused: set[PartitionKey] = set()
+
+    @property
+    def pod_saturated(self) -> bool:
+        """The pod holds its bound of either count (until both are at the low-water mark)."""
+        return self._pod_inflight_full_since is not None or self._pod_uncommitted_full
 
     def partition_bound(self, partitions: int) -> Load:
         """Per-partition bounds with ``partitions`` assigned: the configured ones, capped at a fair share."""
@@ -100,25 +135,90 @@ class FlowControl(Generic[PartitionKey]):
         threshold = self.partition_bound(len(partitions)).uncommitted * ratio
         return any(load.uncommitted >= threshold for load in partitions.values())
 
-    def decide(
-        self, partitions: Mapping[PartitionKey, Load], pod: Load
-    ) -> tuple[list[PartitionKey], list[PartitionKey]]:
-        """``(to_pause, to_resume)`` for the current loads; updates ``paused``."""
+    def all_paused(self, partitions: int) -> bool:
+        """True when ``partitions`` (the assigned count, at least one) are all paused: nothing to read."""
+        return partitions > 0 and len(self.paused) >= partitions
+
+    def completions_to_resume(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> int:
+        """The fewest finished messages after which a hold or a pause may end (at least 1).
+
+        A partition (or the pod) full in flight is released when its in-flight count falls to the
+        low-water mark; the poll loop waits for that many completions rather than for a fixed time.
+        An uncommitted bound is released by committing instead, which the loop does when it wakes.
+        """
         ratio = self.limits.resume_ratio
-        if pod.reaches(self.pod_bound):
-            self.pod_saturated = True
-        elif pod.within(self.pod_bound, ratio):
-            self.pod_saturated = False
+        needed = []
+        if self._pod_inflight_full_since is not None:
+            needed.append(pod.inflight - int(self.pod_bound.inflight * ratio))
+        low_water = int(self.partition_bound(len(partitions)).inflight * ratio)
+        needed.extend(partitions[key].inflight - low_water for key in self._inflight_full if key in partitions)
+        return max(1, min(needed, default=1))
+
+    def forget(self, partitions: Iterable[PartitionKey]) -> None:
+        """Partitions no longer assigned: a later re-assignment starts with a clean state."""
+        for partition in partitions:
+            self._inflight_full.pop(partition, None)
+            self._uncommitted_full.discard(partition)
+            self._slow.discard(partition)
+            self.paused.discard(partition)
+
+    def decide(self, partitions: Mapping[PartitionKey, Load], pod: Load, now: float) -> FlowDecision[PartitionKey]:
+        """Hold, pause and resume for the current loads at time ``now``; updates ``paused``.
+
+        Each count has its own hysteresis (full at its bound, released at its low-water mark). A
+        full uncommitted count pauses at once: only a commit releases it, and a blocked head offset
+        may hold it for long. A full in-flight count holds reading for up to ``pause_after`` first.
+        """
+        limits, ratio = self.limits, self.limits.resume_ratio
+        pod_bound = self.pod_bound
+        if pod.inflight >= pod_bound.inflight:
+            if self._pod_inflight_full_since is None:
+                self._pod_inflight_full_since = now
+        elif pod.inflight <= pod_bound.inflight * ratio:
+            self._pod_inflight_full_since = None
+        if pod.uncommitted >= pod_bound.uncommitted:
+            self._pod_uncommitted_full = True
+        elif pod.uncommitted <= pod_bound.uncommitted * ratio:
+            self._pod_uncommitted_full = False
+
+        self.forget([partition for partition in self._tracked() if partition not in partitions])
         bound = self.partition_bound(len(partitions))
-        full = self._full
+        inflight_full, uncommitted_full = self._inflight_full, self._uncommitted_full
         for partition, load in partitions.items():
-            if load.reaches(bound):
-                full.add(partition)
-            elif load.within(bound, ratio):
-                full.discard(partition)
-        full.intersection_update(partitions)
-        wanted = set(partitions) if self.pod_saturated else full
+            if load.inflight >= bound.inflight:
+                inflight_full.setdefault(partition, now)
+            elif (
+                load.inflight <= bound.inflight * ratio
+                and partition in inflight_full
+                and now - inflight_full.pop(partition) < limits.pause_after
+            ):
+                self._slow.discard(partition)  # drained within a hold: fast again
+            if load.uncommitted >= bound.uncommitted:
+                uncommitted_full.add(partition)
+            elif load.uncommitted <= bound.uncommitted * ratio:
+                uncommitted_full.discard(partition)
+
+        holds: list[float] = []
+        wanted = set(uncommitted_full)
+        for partition, since in inflight_full.items():
+            left = since + limits.pause_after - now
+            if partition in self._slow or left <= 0:
+                self._slow.add(partition)
+                wanted.add(partition)
+            else:
+                holds.append(left)
+        if self._pod_uncommitted_full:
+            wanted = set(partitions)
+        elif self._pod_inflight_full_since is not None:
+            left = self._pod_inflight_full_since + limits.pause_after - now
+            if left <= 0:
+                wanted = set(partitions)
+            else:
+                holds.append(left)
         to_pause = [partition for partition in wanted if partition not in self.paused]
         to_resume = [partition for partition in self.paused if partition not in wanted]
-        self.paused = set(wanted)
-        return to_pause, to_resume
+        self.paused = wanted
+        return FlowDecision(to_pause, to_resume, min(holds) if holds and len(wanted) < len(partitions) else None)
+
+    def _tracked(self) -> set[PartitionKey]:
+        return {*self._inflight_full, *self._uncommitted_full, *self._slow, *self.paused}

@@ -29,7 +29,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -61,6 +60,7 @@ from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.devtools.loadgen import ProducedLog, create_topics, key_name, produce_keyed
 from keyorder.logs import configure_logging
 from keyorder.progress import Progress
+from keyorder.workers import Completions
 
 CPU_LOOP = 2_000
 STEADY_STATE_FRACTION = 0.9
@@ -636,7 +636,7 @@ class _HopPartition:
     revoked = False
 
 
-def _pool_seconds(pool: Any, completions: deque, keys: int, messages: int) -> float:
+def _pool_seconds(pool: Any, completions: Completions, keys: int, messages: int) -> float:
     """Seconds for ``pool`` (one worker) to run ``messages`` no-op messages spread over ``keys`` keys."""
     from keyorder.core.lanes import Delivery
     from keyorder.message import Message
@@ -689,7 +689,7 @@ def process_hop_figures(progress: Progress) -> dict:
     }
     load = functools.partial(load_for_worker_process, "keyorder.devtools.bench_handlers:noop", None, None)
     for executor in ("thread", "process"):
-        completions: deque = deque()
+        completions = Completions()
         pool: Any = (
             ThreadWorkerPool(bench_handlers.noop, 1, RetryPolicy(), None, completions)
             if executor == "thread"
