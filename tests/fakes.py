@@ -82,6 +82,9 @@ class RecordingSource:
             return []
         return [(pid, offset, None) for pid, (offset, _metadata) in offsets.items()]
 
+    def fetch_queue(self, partition: TopicPartitionId) -> int | None:
+        return None
+
     def high_watermark(self, partition: TopicPartitionId) -> int | None:
         return None
 

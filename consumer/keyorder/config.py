@@ -300,10 +300,10 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
     max_inflight: int = Field(
         10_000,
         ge=1,
-        description="Unfinished messages per pod before every partition is paused (bounds payload memory).",
+        description="Unfinished messages per pod before the pod stops reading (bounds payload memory).",
     )
     max_inflight_per_partition: int = Field(
-        5_000, ge=1, description="Unfinished messages per partition before that partition is paused."
+        5_000, ge=1, description="Unfinished messages per partition before the pod stops reading it."
     )
     max_uncommitted: int = Field(
         50_000,
@@ -313,7 +313,19 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         "re-delivers.",
     )
     resume_ratio: float = Field(
-        0.5, gt=0, lt=1, description="Paused partitions resume when in-flight falls to this fraction of the bound."
+        0.5,
+        gt=0,
+        lt=1,
+        description="Held or paused partitions are read again when their counts fall to this fraction of the bounds.",
+    )
+    pause_after: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        allow_inf_nan=False,
+        description="Seconds a partition (or the pod) at its in-flight bound only stops the reading, keeping "
+        "the client's prefetched messages, before it is paused so that the others are read past it "
+        "(0: pause at once).",
     )
     poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
     commit_interval: float = Field(
@@ -611,6 +623,8 @@ CONSUMER_DEFAULTS = {
     # incremental rebalancing (KIP-429): a member joining or leaving moves only the partitions that
     # change owner; the others keep running (librdkafka's default, range,roundrobin, stops every member)
     "partition.assignment.strategy": "cooperative-sticky",
+    # the client's statistics every 5 s: each partition's fetch queue (keyorder_partition_fetch_queue_messages)
+    "statistics.interval.ms": "5000",
 }
 """keyorder's consumer defaults; any of them is overridden by the user's Kafka properties."""
 

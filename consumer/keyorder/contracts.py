@@ -68,6 +68,11 @@ class Source(Protocol):
         self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool
     ) -> list[CommitOutcome]: ...
     def high_watermark(self, partition: TopicPartitionId) -> int | None: ...
+    def fetch_queue(self, partition: TopicPartitionId) -> int | None:
+        """Messages the client has fetched for the partition and not yet handed out, from its latest
+        statistics; ``None`` where unknown. May be read from another thread."""
+        ...
+
     def positions(self, partitions: Sequence[TopicPartitionId]) -> dict[TopicPartitionId, int | None]:
         """The client's position in each partition: the offset after the last record it handed out,
         moved past the records it skipped without handing them out (transaction markers, and aborted

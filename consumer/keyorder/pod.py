@@ -74,7 +74,11 @@ class Pod:
         settings = RuntimeSettings(
             topics=tuple(config.topics),
             flow=FlowLimits(
-                config.max_inflight, config.max_inflight_per_partition, config.max_uncommitted, config.resume_ratio
+                config.max_inflight,
+                config.max_inflight_per_partition,
+                config.max_uncommitted,
+                config.resume_ratio,
+                config.pause_after,
             ),
             poll_batch=config.poll_batch,
             commit_interval=config.commit_interval,

@@ -79,6 +79,10 @@ class PartitionSnapshot:
     completed: int
     resets: int = 0
     """Times the log was found reset below the committed offset (re-based there) since the assignment."""
+    pauses: int = 0
+    """Times flow control paused the partition since the assignment."""
+    fetch_queue: int | None = None
+    """Messages the client has fetched and not yet handed out (its latest statistics; None: unknown)."""
 
     @property
     def lag(self) -> int | None:
@@ -110,6 +114,14 @@ class RuntimeSnapshot:
     rebalance_idle_seconds: float = 0.0
     """Seconds this pod held no partition between a rebalance that took its last one and the next that gave
     it some back: the stop an eager rebalance costs each member (a cooperative one leaves it at 0)."""
+    poll_loop_seconds: float = 0.0
+    """Seconds the poll loop has run; split below into reading and waiting, the rest is its own work."""
+    reading_seconds: float = 0.0
+    """Seconds the poll loop spent inside the client's ``consume`` (fetching, or waiting for messages)."""
+    waiting_seconds: float = 0.0
+    """Seconds the poll loop waited for the workers while flow control held or paused every partition."""
+    holds: int = 0
+    """Times a full partition (or pod) made the poll loop stop reading (flow control's first step)."""
 
 
 class ConsumerRuntime:
@@ -146,6 +158,10 @@ class ConsumerRuntime:
         self._rebalances = self._skipped = self._partitions_revoked = 0
         self._rebalance_idle = 0.0
         self._emptied_at: float | None = None  # when a rebalance took the last partition, until one is assigned
+        self._loop_started: float | None = None
+        self._reading = self._waiting = 0.0
+        self._holds = 0
+        self._holding = False
 
     # -- called from other threads ---------------------------------------------------------------
     def request_resize(self, workers: int) -> int:
@@ -181,7 +197,7 @@ class ConsumerRuntime:
             self.ordering.value,
             self.pool.executor,
         )
-        next_snapshot = self.clock()
+        next_snapshot = self._loop_started = self.clock()
         try:
             while not stop.is_set():
                 self.last_iteration = self.clock()
@@ -210,19 +226,27 @@ class ConsumerRuntime:
         hold or a pause, not a fixed poll timeout: the workers must not run dry meanwhile. While
         only some partitions are paused, a short timeout keeps their resumes prompt.
         """
-        settings = self.settings
+        settings, clock = self.settings, self.clock
         capacity, hold = self._apply_flow()
+        if hold is not None and not self._holding:
+            self._holds += 1
+        self._holding = hold is not None
         all_paused = self.flow.all_paused(len(self.partitions))
+        started = clock()
         if hold is None and capacity and not all_paused:
             timeout = min(settings.poll_timeout, PARTLY_PAUSED_TIMEOUT) if self.flow.paused else settings.poll_timeout
-            return self.source.consume(min(settings.poll_batch, capacity), timeout)
+            messages = self.source.consume(min(settings.poll_batch, capacity), timeout)
+            self._reading += clock() - started
+            return messages
         if all_paused:
             messages = self.source.consume(1, 0)
             if messages:  # librdkafka dropped the paused partitions' prefetch: rare, but never lose one
+                self._reading += clock() - started
                 return messages
         loads, pod = self._loads()
         wait = settings.poll_timeout if hold is None else min(settings.poll_timeout, hold)
         self.completions.wait(self.flow.completions_to_resume(loads, pod), wait)
+        self._waiting += clock() - started
         return []
 
     def _dispatch(self, messages: list, now: float) -> None:
@@ -297,6 +321,8 @@ class ConsumerRuntime:
             loads, pod = self._loads()
         decision = self.flow.decide(loads, pod, now)
         if decision.to_pause:
+            for pid in decision.to_pause:
+                self.partitions[pid].pauses += 1
             self.source.pause(decision.to_pause)
         if decision.to_resume:
             self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in decision.to_resume})
@@ -437,6 +463,8 @@ class ConsumerRuntime:
                     paused=state.id in paused,
                     completed=state.completed,
                     resets=state.resets,
+                    pauses=state.pauses,
+                    fetch_queue=self.source.fetch_queue(state.id),
                 )
             )
         self.snapshot = RuntimeSnapshot(
@@ -449,6 +477,10 @@ class ConsumerRuntime:
             partitions_revoked=self._partitions_revoked,
             rebalance_idle_seconds=self._rebalance_idle,
             skipped=self._skipped,
+            poll_loop_seconds=now - self._loop_started if self._loop_started is not None else 0.0,
+            reading_seconds=self._reading,
+            waiting_seconds=self._waiting,
+            holds=self._holds,
             # optional on a Source: fakes and other brokers' adapters without it count as reachable
             broker_reachable=self.source.broker_reachable,
             broker_error=self.source.broker_error,

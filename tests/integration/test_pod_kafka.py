@@ -318,6 +318,44 @@ def test_metrics_and_health_endpoints(broker, make_topic, run_pod):
     wait_until(lambda: metric_value(metrics_text(pod), lag_series) == 0, 15, "lag 0 at the end")
     assert len(pod.runtime.snapshot.partitions) == 2
     assert "key-" not in text, "metrics must never carry message keys"
+    reading = metric_value(text, 'keyorder_poll_loop_seconds_total{activity="reading"}')
+    assert reading is not None and reading > 0, "the poll loop's time inside consume"
+    assert metric_value(text, f'keyorder_partition_pauses_total{{partition="0",topic="{topic}"}}') == 0
+    fetch_queue = f'keyorder_partition_fetch_queue_messages{{partition="0",topic="{topic}"}}'
+    wait_until(  # librdkafka's statistics come every 5 s
+        lambda: metric_value(metrics_text(pod), fetch_queue) == 0, 15, "the drained partition's fetch queue"
+    )
+
+
+def test_a_fast_handler_at_the_bounds_holds_the_reading_without_pausing(broker, make_topic, run_pod):
+    """The bounds are reached all the time, yet the workers keep up: the pod stops reading while they
+    catch up (a hold) and never pauses, so the client's prefetched messages are never dropped."""
+    topic = make_topic(2)
+    produced = produce_keyed(broker.bootstrap, topic, 6_000, 300, seed=12)
+    recorder = Recorder()
+    bound = 100
+    pod = run_pod(
+        topic,
+        recorder,
+        workers=4,
+        max_inflight=2 * bound,
+        max_inflight_per_partition=bound,
+        poll_batch=50,
+        pause_after=30,  # a hold on a loaded machine must not turn into a pause here
+    )
+    wait_until(lambda: recorder.count() >= produced.total, 60, "every message handled")
+    wait_until(
+        lambda: {p.partition: p.committed for p in pod.runtime.snapshot.partitions} == produced.end_offsets,
+        30,
+        "commits to reach the end offsets",
+    )
+    snapshot = pod.runtime.snapshot
+    stop_pod(pod)
+    assert snapshot.holds > 0, "6,000 messages through a 100-message window must have reached it"
+    assert [part.pauses for part in snapshot.partitions] == [0, 0]
+    assert snapshot.waiting_seconds > 0, "the loop waited for the workers during the holds"
+    assert_key_order(recorder.records)
+    assert recorder.count() == produced.total
 
 
 def test_backpressure_bounds_what_a_blocked_key_holds_back(broker, make_topic, run_pod):

@@ -145,6 +145,8 @@ def test_empty_list_flag_counts_as_not_given() -> None:
         ("max_inflight", "20000", 20_000),
         ("max_inflight_per_partition", "100", 100),
         ("resume_ratio", "0.25", 0.25),
+        ("pause_after", "0", 0.0),
+        ("pause_after", "2.5", 2.5),
         ("poll_batch", "1000", 1000),
         ("commit_interval", "2.5", 2.5),
         ("max_attempts", "9", 9),
@@ -230,6 +232,9 @@ def test_defaults() -> None:
         ("max_inflight", "0"),
         ("resume_ratio", "1.5"),
         ("resume_ratio", "0"),
+        ("pause_after", "-1"),
+        ("pause_after", "61"),
+        ("pause_after", "nan"),
         ("poll_batch", "100001"),
         ("commit_interval", "0"),
         ("ordering", "random"),
@@ -547,6 +552,7 @@ def test_consumer_properties_defaults_and_forced_group() -> None:
     assert consumer_properties(config, {"bootstrap.servers": "b"}) == {
         "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky",
+        "statistics.interval.ms": "5000",
         "bootstrap.servers": "b",
         "group.id": "g1",
     }

@@ -75,6 +75,9 @@ class FakeMetadataSource:
     def high_watermark(self, partition):
         return len(self.records[partition[1]])
 
+    def fetch_queue(self, partition):
+        return None
+
     def positions(self, partitions):
         return {pid: self.position.get(pid[1]) for pid in partitions}
 
@@ -157,7 +160,11 @@ def test_commits_carry_completed_offsets_above_a_stuck_one():
         )
         assert source.committed_offsets[0][0] == 0, "the commit passed an unfinished offset"
         release.set()
-        wait_until(lambda: source.committed_offsets.get(0, (None, None))[0] == 10, 10, "the commit to move past the released offset")
+        wait_until(
+            lambda: source.committed_offsets.get(0, (None, None))[0] == 10,
+            10,
+            "the commit to move past the released offset",
+        )
     finally:
         release.set()
         stop.set()

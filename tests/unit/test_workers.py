@@ -212,3 +212,30 @@ def test_live_resize_under_a_backlog_keeps_every_key_serial_and_in_order_and_tak
     assert all(sequence == list(range(len(sequence))) for sequence in seen.values()), "a key ran out of order"
     assert all(handled for _delivery, handled in completions)
     assert sum(stats.processed for stats in pool.stats()) == 600, "retired workers' counts are kept"
+
+
+# -- Completions: the poll loop's wake-up -----------------------------------------------------------------
+
+
+def test_completions_wait_returns_once_enough_have_arrived_from_another_thread() -> None:
+    import threading
+
+    completions = Completions()
+    arrived = threading.Event()
+
+    def workers() -> None:
+        for index in range(5):
+            completions.append((index, True))  # type: ignore[arg-type]
+            completions.signal()
+        arrived.set()
+
+    threading.Timer(0.05, workers).start()
+    assert completions.wait(5, timeout=30), "5 completions arrived: the wait must end with them"
+    assert arrived.wait(5) and len(completions) == 5
+
+
+def test_completions_wait_gives_up_at_its_timeout_and_reports_it() -> None:
+    completions = Completions()
+    completions.append((0, True))  # type: ignore[arg-type]
+    assert completions.wait(1, timeout=0), "already there: no wait"
+    assert not completions.wait(2, timeout=0.01), "only one of two: the timeout ends the wait"

@@ -25,6 +25,7 @@ and then summarised once per ``LOG_COLLAPSE_INTERVAL``.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -182,6 +183,7 @@ class KafkaSource:
         # (until one comes, or it has said so)
         self._awaiting_broker_assignment = broker_assigns(config)
         self._subscribed_at: float | None = None
+        self._fetch_queues: dict[TopicPartitionId, int] = {}  # replaced whole by each statistics callback
         librdkafka_logger = logging.getLogger(LIBRDKAFKA_LOGGER)
         self.librdkafka_log = CollapsingFilter.install(librdkafka_logger, log_collapse_interval, clock)
         full_config = dict(config)
@@ -190,6 +192,7 @@ class KafkaSource:
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "on_commit": self._committed_callback,
+                "stats_cb": self._statistics,
                 "error_cb": self._error_callback,
             }
         )
@@ -387,6 +390,24 @@ class KafkaSource:
         except KafkaException as error:
             raise CommitError(error.args[0].str()) from error
         return self._outcomes(None, result)
+
+    def _statistics(self, text: str) -> None:
+        """librdkafka's statistics (every ``statistics.interval.ms``, inside ``consume``): the fetch queues."""
+        try:
+            topics = json.loads(text).get("topics", {})
+            queues = {
+                (topic, int(partition)): int(figures["fetchq_cnt"])
+                for topic, topic_figures in topics.items()
+                for partition, figures in topic_figures.get("partitions", {}).items()
+                if partition != "-1" and "fetchq_cnt" in figures
+            }
+        except (ValueError, TypeError, AttributeError) as error:  # a client version with another layout
+            log.debug("librdkafka statistics not understood: %s", error)
+            return
+        self._fetch_queues = queues
+
+    def fetch_queue(self, partition: TopicPartitionId) -> int | None:
+        return self._fetch_queues.get(partition)
 
     def high_watermark(self, partition: TopicPartitionId) -> int | None:
         try:

@@ -59,6 +59,18 @@ class KeyorderCollector(Collector):
             "Messages of the partition finished (handled or dead-lettered).",
             labels=labels,
         )
+        pauses = CounterMetricFamily(
+            "keyorder_partition_pauses",
+            "Times flow control paused fetching from the partition (a partition full past "
+            "--pause-after, or an uncommitted bound); each pause drops the client's prefetched messages.",
+            labels=labels,
+        )
+        fetch_queue = GaugeMetricFamily(
+            "keyorder_partition_fetch_queue_messages",
+            "Messages the Kafka client has fetched for the partition and not yet handed to the pod "
+            "(librdkafka statistics, every statistics.interval.ms).",
+            labels=labels,
+        )
         resets = CounterMetricFamily(
             "keyorder_partition_offset_resets",
             "Times the partition's log was found reset below the committed offset (topic recreated or "
@@ -85,10 +97,34 @@ class KeyorderCollector(Collector):
             families["keyorder_partition_uncommitted_messages"].add_metric(value, part.uncommitted)
             families["keyorder_partition_paused"].add_metric(value, 1 if part.paused else 0)
             completed.add_metric(value, part.completed)
+            pauses.add_metric(value, part.pauses)
+            if part.fetch_queue is not None:
+                fetch_queue.add_metric(value, part.fetch_queue)
             resets.add_metric(value, part.resets)
         yield from families.values()
         yield completed
         yield resets
+        yield pauses
+        yield fetch_queue
+        loop = CounterMetricFamily(
+            "keyorder_poll_loop_seconds",
+            "Seconds of the poll loop by activity: reading (inside the Kafka client's consume), waiting "
+            "(for the workers, while flow control holds or pauses every partition) and working (the rest: "
+            "tracking offsets, routing, committing). Mostly waiting: the workers are the limit; mostly "
+            "reading: the broker or the client is; mostly working: the poll thread itself is.",
+            labels=["activity"],
+        )
+        reading, waiting = snapshot.reading_seconds, snapshot.waiting_seconds
+        loop.add_metric(["reading"], reading)
+        loop.add_metric(["waiting"], waiting)
+        loop.add_metric(["working"], max(snapshot.poll_loop_seconds - reading - waiting, 0.0))
+        yield loop
+        yield CounterMetricFamily(
+            "keyorder_flow_holds",
+            "Times a full partition (or the full pod) stopped the reading while the workers caught up "
+            "(flow control's first step; the client keeps its prefetched messages).",
+            value=snapshot.holds,
+        )
 
         stats = self.pool.stats()
         busy = sum(1 for worker in stats if worker.busy)

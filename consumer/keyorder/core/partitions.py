@@ -20,6 +20,7 @@ class PartitionState:
         "last_committed",
         "offsets",
         "outstanding",
+        "pauses",
         "receive_times",
         "revoked",
         "skipped_counted",
@@ -33,6 +34,8 @@ class PartitionState:
         """Set when the partition is being revoked: workers skip its messages that have not started."""
         self.dropped = False
         """Set once the pod has let the partition go: late completions no longer touch its offsets."""
+        self.pauses = 0
+        """Times flow control paused the partition (holds, which leave it fetching, are not counted)."""
         self.outstanding = 0
         """Deliveries handed to workers and not yet returned (finished or handed back)."""
         self.last_committed: tuple[int, int] | None = None
