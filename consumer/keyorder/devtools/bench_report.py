@@ -261,12 +261,18 @@ def histogram_percentile(buckets: Sequence[int], quantile: float) -> float | Non
     return LATENCY_BUCKETS[-1]
 
 
+FAST_HANDLER_LATENCY = 0.0003
+"""Seconds the ``fast`` handler sleeps: a handler of a few hundred microseconds that waits on IO (a
+cache write, a produce), where the pod's own per-message cost decides the throughput."""
+
+
 def fill_ratios(runs: list[RunResult], active_keys: int, latency: float) -> None:
     """Ratio of every run to the baseline with the same handler family, and to its ideal."""
     baselines = {run.handler.replace("async-", ""): run for run in runs if run.mode == "partition"}
+    latencies = {"sleep": latency, "async-sleep": latency, "fast": FAST_HANDLER_LATENCY}
     for run in runs:
-        if run.handler in ("sleep", "async-sleep"):
-            run.ideal_rate = ideal_rate(run.workers, active_keys, latency)
+        if run.handler in latencies:
+            run.ideal_rate = ideal_rate(run.workers, active_keys, latencies[run.handler])
             if run.ideal_rate:
                 run.ratio_to_ideal = run.rate / run.ideal_rate
         baseline = baselines.get(run.handler.replace("async-", ""))
