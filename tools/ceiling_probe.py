@@ -150,6 +150,36 @@ def summarise(path: Path) -> None:
         total = sum(counter.values())
         top = ", ".join(f"{frame} {share / total:.0%}" for frame, share in counter.most_common(4))
         print(f"  {group}: {top}")
+    stages: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        thread, *frames = stack.split(";")
+        frames = [frame.split(" (")[0] for frame in frames]
+        if not frames or frames[-1] in IDLE_FRAMES:
+            continue
+        if not thread.split(": ", 1)[-1].startswith(("keyorder-worker", "MainThread")):
+            continue
+        stage = next((name for name, marker in STAGES if any(marker in frame for frame in frames)), "other")
+        stages[stage] += int(samples)
+    busy = sum(stages.values())
+    if busy:
+        print("  busy samples by stage: " + ", ".join(f"{name} {n / busy:.0%}" for name, n in stages.most_common()))
+
+
+IDLE_FRAMES = {"Condition.wait", "Event.wait", "_PollLikeSelector.select", "Condition.__enter__"}
+"""Innermost frames of a thread that waits (a lock, a condition, a socket): not CPU the pod spends."""
+STAGES = (
+    ("handler", "bench_handlers."),
+    ("reading (librdkafka consume, Message objects)", "KafkaSource.consume"),
+    ("routing and offset tracking", "ConsumerRuntime._dispatch"),
+    ("completions", "ConsumerRuntime._collect_completions"),
+    ("flow control and commits", "ConsumerRuntime._apply_flow"),
+    ("lane scheduler", "LaneScheduler."),
+    ("lane scheduler", "._turn"),
+    ("thread hand-offs (locks, wake-ups)", "Condition."),
+    ("worker bookkeeping", "ThreadWorkerPool._execute"),
+)
+"""The pod's per-message stages, by the first frame of each that appears in a sample's stack."""
 
 
 def main() -> int:
