@@ -233,9 +233,10 @@ class ConsumerRuntime:
         self._holding = hold is not None
         all_paused = self.flow.all_paused(len(self.partitions))
         started = clock()
-        if hold is None and capacity and not all_paused:
+        # without a partition the call only serves the group join, whatever handlers a revoke left running
+        if not self.partitions or (hold is None and capacity and not all_paused):
             timeout = min(settings.poll_timeout, PARTLY_PAUSED_TIMEOUT) if self.flow.paused else settings.poll_timeout
-            messages = self.source.consume(min(settings.poll_batch, capacity), timeout)
+            messages = self.source.consume(max(1, min(settings.poll_batch, capacity)), timeout)
             self._reading += clock() - started
             return messages
         if all_paused:
