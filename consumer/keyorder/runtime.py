@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from keyorder.committer import Committer
 from keyorder.contracts import CommitOutcome, Source, SourceError, TopicPartitionId
 from keyorder.core import offset_metadata
-from keyorder.core.flow import FlowControl, FlowLimits, Load
+from keyorder.core.flow import FlowControl, FlowDecision, FlowLimits, Load
 from keyorder.core.lanes import Delivery
 from keyorder.core.partitions import PartitionState
 from keyorder.core.routing import Ordering, lane_function
@@ -227,7 +227,8 @@ class ConsumerRuntime:
         only some partitions are paused, a short timeout keeps their resumes prompt.
         """
         settings, clock = self.settings, self.clock
-        capacity, hold = self._apply_flow()
+        capacity, decision = self._apply_flow()
+        hold = decision.hold
         if hold is not None and not self._holding:
             self._holds += 1
         self._holding = hold is not None
@@ -244,9 +245,8 @@ class ConsumerRuntime:
             if messages:  # librdkafka dropped the paused partitions' prefetch: rare, but never lose one
                 self._reading += clock() - started
                 return messages
-        loads, pod = self._loads()
         wait = settings.poll_timeout if hold is None else min(settings.poll_timeout, hold)
-        self.completions.wait(self.flow.completions_to_resume(loads, pod), wait)
+        self.completions.wait(decision.release_after, wait)
         self._waiting += clock() - started
         return []
 
@@ -314,8 +314,8 @@ class ConsumerRuntime:
         loads = {pid: Load(state.offsets.inflight, state.offsets.uncommitted) for pid, state in self.partitions.items()}
         return loads, Load(self.inflight, sum(load.uncommitted for load in loads.values()))
 
-    def _apply_flow(self) -> tuple[int, float | None]:
-        """Pause/resume partitions by their loads; how many messages may be taken now, and the hold."""
+    def _apply_flow(self) -> tuple[int, FlowDecision[TopicPartitionId]]:
+        """Pause/resume partitions by their loads; how many messages may be taken now, and the decision."""
         loads, pod = self._loads()
         now = self.clock()
         if self.committer.early(self.partitions.values(), now, self.flow.commit_pressure(loads, pod)):
@@ -327,7 +327,7 @@ class ConsumerRuntime:
             self.source.pause(decision.to_pause)
         if decision.to_resume:
             self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in decision.to_resume})
-        return self.flow.capacity(pod), decision.hold
+        return self.flow.capacity(pod), decision
 
     # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
     def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:

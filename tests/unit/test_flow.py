@@ -275,12 +275,12 @@ def test_the_full_pod_holds_then_pauses_every_partition() -> None:
     assert sorted(decision.to_resume) == ["p0", "p1", "p2"] and not flow.pod_saturated
 
 
-def test_completions_to_resume_is_what_brings_the_fullest_hold_to_its_low_water_mark() -> None:
+def test_release_after_is_what_brings_the_fullest_hold_to_its_low_water_mark() -> None:
     flow = FlowControl(HOLDING)
     loads = {"p0": Load(10, 10), "p1": Load(12, 12), "p2": Load(1, 1)}
-    flow.decide(loads, Load(23, 23), 0.0)
-    assert flow.completions_to_resume(loads, Load(23, 23)) == 5, "p0 needs 5 to reach 5; p1 needs 7"
-    assert FlowControl(HOLDING).completions_to_resume({}, Load(0, 0)) == 1
+    decision = flow.decide(loads, Load(23, 23), 0.0)
+    assert decision.release_after == 5, "p0 needs 5 to reach 5; p1 needs 7"
+    assert FlowControl(HOLDING).decide({}, Load(0, 0), 0.0).release_after == 1
 
 
 def test_forgetting_a_partition_clears_its_hold_and_slowness() -> None:

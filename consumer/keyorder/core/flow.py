@@ -90,6 +90,9 @@ class FlowDecision(Generic[PartitionKey]):
     to_resume: list[PartitionKey]
     hold: float | None
     """Seconds the loop should not read (a full partition or pod within its hold), at most; None: read."""
+    release_after: int
+    """The fewest finished messages after which a hold or a pause may end (at least 1): a loop that
+    does not read waits for that many completions rather than for a fixed time."""
 
 
 class FlowControl(Generic[PartitionKey]):
@@ -139,13 +142,10 @@ class FlowControl(Generic[PartitionKey]):
         """True when ``partitions`` (the assigned count, at least one) are all paused: nothing to read."""
         return partitions > 0 and len(self.paused) >= partitions
 
-    def completions_to_resume(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> int:
-        """The fewest finished messages after which a hold or a pause may end (at least 1).
-
-        A partition (or the pod) full in flight is released when its in-flight count falls to the
-        low-water mark; the poll loop waits for that many completions rather than for a fixed time.
-        An uncommitted bound is released by committing instead, which the loop does when it wakes.
-        """
+    def _release_after(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> int:
+        """``FlowDecision.release_after``. A partition (or the pod) full in flight is released when its
+        in-flight count falls to the low-water mark; an uncommitted bound is released by committing
+        instead, which the loop does when it wakes."""
         ratio = self.limits.resume_ratio
         needed = []
         if self._pod_inflight_full_since is not None:
@@ -218,7 +218,8 @@ class FlowControl(Generic[PartitionKey]):
         to_pause = [partition for partition in wanted if partition not in self.paused]
         to_resume = [partition for partition in self.paused if partition not in wanted]
         self.paused = wanted
-        return FlowDecision(to_pause, to_resume, min(holds) if holds and len(wanted) < len(partitions) else None)
+        hold = min(holds) if holds and len(wanted) < len(partitions) else None
+        return FlowDecision(to_pause, to_resume, hold, self._release_after(partitions, pod))
 
     def _tracked(self) -> set[PartitionKey]:
         return {*self._inflight_full, *self._uncommitted_full, *self._slow, *self.paused}
