@@ -65,6 +65,11 @@ def _pod_metadata(pod: V1Pod) -> V1ObjectMeta:
     return pod.metadata
 
 
+def replicas_of(deployment: dict[str, Any] | None) -> int | None:
+    """A Deployment's ``spec.replicas`` (``None`` for a missing Deployment, or one without the field)."""
+    return None if deployment is None else (deployment.get("spec") or {}).get("replicas")
+
+
 class Kube:
     def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
         self.client = api_client
@@ -148,8 +153,7 @@ class Kube:
         return self._read(self.apps.read_namespaced_deployment, namespace, name)
 
     def deployment_replicas(self, namespace: str, name: str) -> int | None:
-        deployment = self.deployment(namespace, name)
-        return None if deployment is None else (deployment.get("spec") or {}).get("replicas")
+        return replicas_of(self.deployment(namespace, name))
 
     def scale(self, namespace: str, name: str, replicas: int) -> None:
         """Set a Deployment's replicas (server-side apply of that one field, by the scaler's own manager)."""

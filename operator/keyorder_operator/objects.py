@@ -29,7 +29,7 @@ from keyorder_operator.builders import (
     build_service_account,
     update_strategy,
 )
-from keyorder_operator.kube import Kube
+from keyorder_operator.kube import Kube, replicas_of
 from keyorder_operator.spec import OrderedConsumerSpec
 
 ObjectKey = tuple[str, str, str]
@@ -79,7 +79,7 @@ def apply_owned_objects(
     owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
     kube.ensure_secret(build_admin_secret(owner, secrets.token_urlsafe(32)), ADMIN_TOKEN_KEY)
     live_deployment = kube.deployment(namespace, name)
-    replicas = live_deployment.get("spec", {}).get("replicas") if live_deployment is not None else None
+    replicas = replicas_of(live_deployment)
     if replicas is None:
         decided = (status or {}).get("replicas")
         replicas = (
