@@ -138,29 +138,24 @@ def pod(bootstrap: str, workers: int, count: bool, profile: bool) -> None:
 
 
 def summarise(path: Path) -> None:
-    """Per thread: the share of samples per innermost frame (py-spy's raw format)."""
+    """Per thread: the share of samples per innermost frame (py-spy's raw format); then the busy samples
+    of the poll thread and the key workers by stage (``STAGES``)."""
     leaves: dict[str, Counter[str]] = defaultdict(Counter)
+    stages: Counter[str] = Counter()
     for line in path.read_text().splitlines():
-        stack, _, samples = line.rpartition(" ")
-        frames = stack.split(";")
-        name = frames[0].split(": ", 1)[-1]
+        stack, _, count = line.rpartition(" ")
+        thread, *frames = stack.split(";")
+        frames = [frame.split(" (")[0] for frame in frames]
+        name, samples = thread.split(": ", 1)[-1], int(count)
         group = "key workers" if name.startswith("keyorder-worker") else name
-        leaves[group][frames[-1].split(" (")[0]] += int(samples)
+        leaves[group][frames[-1] if frames else ""] += samples
+        if frames and frames[-1] not in IDLE_FRAMES and name.startswith(("keyorder-worker", "MainThread")):
+            stage = next((stage for stage, marker in STAGES if any(marker in frame for frame in frames)), "other")
+            stages[stage] += samples
     for group, counter in leaves.items():
         total = sum(counter.values())
         top = ", ".join(f"{frame} {share / total:.0%}" for frame, share in counter.most_common(4))
         print(f"  {group}: {top}")
-    stages: Counter[str] = Counter()
-    for line in path.read_text().splitlines():
-        stack, _, samples = line.rpartition(" ")
-        thread, *frames = stack.split(";")
-        frames = [frame.split(" (")[0] for frame in frames]
-        if not frames or frames[-1] in IDLE_FRAMES:
-            continue
-        if not thread.split(": ", 1)[-1].startswith(("keyorder-worker", "MainThread")):
-            continue
-        stage = next((name for name, marker in STAGES if any(marker in frame for frame in frames)), "other")
-        stages[stage] += int(samples)
     busy = sum(stages.values())
     if busy:
         print("  busy samples by stage: " + ", ".join(f"{name} {n / busy:.0%}" for name, n in stages.most_common()))
