@@ -111,6 +111,9 @@ class RuntimeSnapshot:
     partitions_revoked: int = 0
     """Partitions taken from this pod by rebalances (revoked or lost); an eager rebalance takes all of them,
     a cooperative one only those that change owner."""
+    assignment_age: float | None = None
+    """Seconds since this pod's partitions last changed (an assign, a revoke or a loss); ``None`` before
+    any. The operator takes the group's smallest to time a scale step until every partition is owned."""
     rebalance_idle_seconds: float = 0.0
     """Seconds this pod held no partition between a rebalance that took its last one and the next that gave
     it some back: the stop an eager rebalance costs each member (a cooperative one leaves it at 0)."""
@@ -158,6 +161,7 @@ class ConsumerRuntime:
         self._rebalances = self._skipped = self._partitions_revoked = 0
         self._rebalance_idle = 0.0
         self._emptied_at: float | None = None  # when a rebalance took the last partition, until one is assigned
+        self._assignment_changed_at: float | None = None
         self._loop_started: float | None = None
         self._reading = self._waiting = 0.0
         self._holds = 0
@@ -332,6 +336,8 @@ class ConsumerRuntime:
     # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
     def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:
         self._rebalances += 1
+        if partition_ids:
+            self._assignment_changed_at = self.clock()
         if partition_ids and self._emptied_at is not None:
             self._rebalance_idle += self.clock() - self._emptied_at
             self._emptied_at = None
@@ -413,6 +419,8 @@ class ConsumerRuntime:
             if state is not None:
                 state.revoked = state.dropped = True
                 self._partitions_revoked += 1
+        if partition_ids:
+            self._assignment_changed_at = self.clock()
         if partition_ids and not self.partitions and not self._closing:
             self._emptied_at = self.clock()
         self._hand_back(self.pool.withdraw(lambda delivery: delivery.partition.dropped))
@@ -477,6 +485,7 @@ class ConsumerRuntime:
             rebalances=self._rebalances,
             partitions_revoked=self._partitions_revoked,
             rebalance_idle_seconds=self._rebalance_idle,
+            assignment_age=None if self._assignment_changed_at is None else now - self._assignment_changed_at,
             skipped=self._skipped,
             poll_loop_seconds=now - self._loop_started if self._loop_started is not None else 0.0,
             reading_seconds=self._reading,

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from keyorder_operator.catchup import largest_size
 from keyorder_operator.observe import LagSample
-from keyorder_operator.policy import Cause, Decision, LimitKind, RateSource, ScalingLimits, net_drain_seconds
+from keyorder_operator.policy import Cause, Decision, LimitKind, RateSource, ScalingLimits, net_drain_seconds, step_cost
 
 CATCHUP_OUTCOMES = ("started", "succeeded", "failed", "missing")
 
@@ -107,7 +107,8 @@ class OperatorMetrics:
         self.decision_causes = Counter(
             "keyorder_operator_decisions_by_cause",
             "Every decision by its cause (scale_up, scale_down, steady, within_tolerance, stabilizing, "
-            "lag_growing, pods_not_reporting, rebalancing, waiting_for_rate, paused, lag_unknown, fallback, reshape).",
+            "lag_growing, pods_not_reporting, rebalancing, waiting_for_rate, paused, lag_unknown, fallback, reshape, "
+            "step_cost).",
             [*labels, "cause"],
             registry=self.registry,
         )
@@ -129,6 +130,14 @@ class OperatorMetrics:
             "Messages/s one key worker is taken to handle, by where it came from (handler_time, drain, kept); "
             "one source at a time.",
             [*labels, "source"],
+            registry=self.registry,
+        )
+        self.scale_step = Gauge(
+            "keyorder_operator_scale_step_seconds",
+            "What a change of replicas took to settle on this group, the median of the last three: from the "
+            "decision until every pod reports and every partition has an owner again. The policy adds no pod "
+            "while the backlog drains sooner than this.",
+            labels,
             registry=self.registry,
         )
         self.poll_duration = Histogram(
@@ -178,6 +187,9 @@ class OperatorMetrics:
             self.recommended_replicas.labels(*labels).set(decision.recommended.replicas)
             self.recommended_workers.labels(*labels).set(decision.recommended.workers)
         state = decision.state
+        cost = step_cost(state)
+        if cost is not None:
+            self.scale_step.labels(*labels).set(cost)
         for source in RateSource:
             if source is state.rate_source and state.per_worker_rate is not None:
                 self.per_worker_rate.labels(*labels, source.value).set(state.per_worker_rate)
@@ -226,6 +238,7 @@ class OperatorMetrics:
             self.paused,
             self.recommended_replicas,
             self.recommended_workers,
+            self.scale_step,
             self.poll_duration,
             self.last_poll,
         ]

@@ -86,6 +86,9 @@ class PodSignals:
     rebalance_idle_seconds_total: float = 0.0
     """Seconds the pods held no partition between a rebalance and their next assignment, summed: what
     eager rebalances cost (cooperative ones leave pods that keep partitions at 0)."""
+    assignment_age: float | None = None
+    """Seconds since the group's latest change of partitions (the smallest any pod reports; ``None``:
+    none reported one): when the last rebalance ended, to time a scale step."""
 
     @property
     def busiest_share(self) -> float:
@@ -188,7 +191,11 @@ def combine(reports: Sequence[Mapping[str, Any]]) -> PodSignals | None:
                     )
                 )
     executors = {str(report.get("executor") or "thread") for report in reports}
+    ages = [
+        _number(report, "assignmentAgeSeconds") for report in reports if report.get("assignmentAgeSeconds") is not None
+    ]
     return PodSignals(
+        assignment_age=min(ages) if ages else None,
         executor=executors.pop() if len(executors) == 1 else "mixed",
         cpu_cores=sum(_number(report, "cpuCores") for report in reports),
         cpu_seconds_total=sum(_number(report, "cpuSecondsTotal") for report in reports),

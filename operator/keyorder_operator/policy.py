@@ -49,6 +49,11 @@ The algorithm, in order:
     scale-down while the lag grows. Then the rate limits (HPA's default: the larger of 4 pods or
     100% per 15 s) cap the change of replicas, workers per pod making up the capacity where the
     pods are held back, within the CPU bound.
+11. **The cost of a step**: every change of replicas is timed from the decision until every pod
+    reports and every partition has an owner again (new pods starting, then the rebalance; the pods
+    report when their partitions last changed). While the backlog drains at the current size sooner
+    than the median of the last three steps took, no pod is added (``step_cost``): the workers per
+    pod grow instead, a live resize that moves no partition.
 """
 
 from __future__ import annotations
@@ -198,6 +203,8 @@ class Cause(StrEnum):
     PAUSED = "paused"
     LAG_UNKNOWN = "lag_unknown"
     FALLBACK = "fallback"
+    STEP_COST = "step_cost"
+    """More pods held back: the backlog drains at the current size before a scale step would settle."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +264,11 @@ class ScalingState:
     """When the last poll with a lag was decided (the interval the growth of the lag is over)."""
     saturated: bool = False
     """The workers were the limit at the last poll (``saturated``: keys waited and nearly every worker was busy)."""
+    step_started_at: float | None = None
+    """When the last change of replicas was decided, until the group settles after it."""
+    step_seconds: tuple[float, ...] = ()
+    """The last scale steps' durations: from the decision until every pod reports and every partition
+    has an owner again (new pods starting, then the rebalance). Their median is what a step costs."""
 
 
 @dataclass(frozen=True)
@@ -546,6 +558,49 @@ def smoothed_arrivals(observation: Observation, state: ScalingState) -> tuple[fl
     if observation.arrival_rate is not None:
         samples = (*samples, observation.arrival_rate)[-SAMPLES:]
     return (statistics.median(samples) if samples else 0.0), samples
+
+
+# -- the cost of a scale step ------------------------------------------------------------------------
+def step_cost(state: ScalingState) -> float | None:
+    """Seconds a change of replicas takes to settle, as measured on this group (``None``: not yet)."""
+    return statistics.median(state.step_seconds) if state.step_seconds else None
+
+
+def group_settled(observation: Observation, state: ScalingState) -> bool:
+    """Every decided pod runs the current template, reports, and every partition has an owner."""
+    pods = observation.pods
+    return (
+        pods is not None
+        and observation.rollout_settled
+        and reports_complete(observation)
+        and pods.pods == state.current.replicas
+        and pods.partitions_assigned >= (observation.partitions or 0)
+    )
+
+
+def timed_step(observation: Observation, state: ScalingState, now: float) -> ScalingState:
+    """The state with the step in progress timed once the group settled: it ended at the group's latest
+    change of partitions (the pods report its age), or at this poll when they do not say."""
+    started = state.step_started_at
+    if started is None or not group_settled(observation, state):
+        return state
+    age = observation.pods.assignment_age if observation.pods is not None else None
+    ended = now - age if age is not None else now
+    seconds = max(ended - started, 0.0)
+    return replace(state, step_started_at=None, step_seconds=(*state.step_seconds, round(seconds, 3))[-SAMPLES:])
+
+
+def step_outlasts_backlog(
+    observation: Observation, lag: int, arrivals: float, cost: float | None, growing: bool
+) -> float | None:
+    """Seconds the backlog still needs at the current size when that is less than a scale step costs
+    (so more pods would only pause the partitions they take over); ``None`` otherwise."""
+    if cost is None or growing:
+        return None
+    seconds = net_drain_seconds(lag, observation.drain_rate, arrivals)
+    if seconds is None or math.isinf(seconds) or (observation.drain_rate or 0) <= arrivals:
+        return None
+    return seconds if seconds < cost else None
 
 
 # -- steps 5 and 6: what is needed, and what can help ------------------------------------------------
@@ -1028,7 +1083,7 @@ def _size_words(size: Size) -> str:
 
 def decide(observation: Observation, limits: ScalingLimits, state: ScalingState, now: float) -> Decision:
     """The size the consumer group should have now, and why."""
-    state = relearned(state, limits)
+    state = timed_step(observation, relearned(state, limits), now)
     current = state.current
     pods = observation.pods
     totals = pods.totals() if pods is not None else None
@@ -1162,6 +1217,15 @@ def _sized(
     target = fitted(rate_limited(target, state, limits, now, partitions), hard, limits, partitions)
     if target.replicas < limits.min_replicas and not (limits.scale_to_zero and target.replicas == 0):
         target = Size(limits.min_replicas, target.workers)
+    cost = step_cost(state)
+    outlasted = None
+    if target.replicas > current.replicas > 0:
+        outlasted = step_outlasts_backlog(observation, lag, arrivals, cost, growing)
+    if outlasted is not None:
+        # the pods in place finish the backlog before new ones would own a partition: grow the workers
+        # per pod instead (a live resize, no rebalance), within the bounds
+        workers = max(workers_for(target.capacity, current.replicas, partitions), current.workers)
+        target = fitted(Size(current.replicas, workers), hard, limits, partitions)
     if target != current:
         if target.capacity > current.capacity:
             cause = Cause.SCALE_UP
@@ -1171,12 +1235,16 @@ def _sized(
             cause = Cause.RESHAPE
     elif waiting:
         cause = Cause.WAITING_FOR_RATE
+    if outlasted is not None and target.capacity <= current.capacity:
+        cause = Cause.STEP_COST
     longest_period = max(
         (limit.period_seconds for limit in (*scale_up_rates(limits), *limits.scale_down_rates)), default=0
     )
     changes = tuple(item for item in state.replica_changes if item[0] >= now - longest_period)
+    step_started_at = state.step_started_at
     if target.replicas != current.replicas:
         changes = (*changes, (now, current.replicas))
+        step_started_at = now
     cpu_cap = cpu_bound(observation, state, now).workers_per_pod if pods is not None else state.cpu_workers_per_pod
     new_state = replace(
         state,
@@ -1201,6 +1269,7 @@ def _sized(
         limit=limited,
         limit_gone_polls=gone,
         cpu_workers_per_pod=cpu_cap if (pods is None or pods.executor == "process") else None,
+        step_started_at=step_started_at,
     )
     reason = _describe(current, target, observation, limits, arrivals)
     if cause is Cause.LAG_GROWING:
@@ -1213,6 +1282,12 @@ def _sized(
         reason = f"{reason}; waiting for the pods' first report (their handler time gives the rate)"
     elif cause is Cause.PODS_NOT_REPORTING:
         reason = f"{reason}; no scale-down of pods while pods do not report"
+    if outlasted is not None:
+        reason = (
+            f"{reason}; no more pods: the backlog drains in {duration(outlasted)} at this size, sooner than a "
+            f"scale step settles here ({duration(cost or 0)}, measured), and new pods would only pause the "
+            "partitions they take over"
+        )
     if limited is not None and not (target.capacity > current.capacity):
         reason = f"{reason}; {limited.message}"
     if caveat is not None:
@@ -1234,4 +1309,5 @@ def unapplied(state: ScalingState, current: Size) -> ScalingState:
     """The state to keep after a decision that was only recommended (``scaling.mode: recommend``): the
     group kept its size, so nothing was resized, and no replica change counts against the rate limits."""
     changes = tuple(change for change in state.replica_changes if change[0] != state.polled_at)
-    return replace(state, current=current, settled=True, replica_changes=changes)
+    started = None if state.step_started_at == state.polled_at else state.step_started_at
+    return replace(state, current=current, settled=True, replica_changes=changes, step_started_at=started)

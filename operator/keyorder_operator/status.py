@@ -200,6 +200,8 @@ def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replica
         cpu_workers_per_pod=_optional_int(memory.get("cpuWorkersPerPod")),
         polled_at=_optional_float(memory.get("polledAt")),
         saturated=bool(memory.get("saturated", False)),
+        step_started_at=_optional_float(memory.get("stepStartedAt")),
+        step_seconds=_floats(memory.get("stepSeconds")),
     )
 
 
@@ -236,6 +238,8 @@ def state_to_status(state: ScalingState) -> dict[str, Any]:
         "cpuWorkersPerPod": state.cpu_workers_per_pod,
         "polledAt": state.polled_at,
         "saturated": state.saturated,
+        "stepStartedAt": state.step_started_at,
+        "stepSeconds": list(state.step_seconds),
     }
 
 

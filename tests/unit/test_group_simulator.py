@@ -138,11 +138,17 @@ def test_the_reports_are_the_pods_own_and_parse_as_the_operator_reads_them():
     simulated.scale(2)
     for _ in range(10):
         simulated.step(1.0)
+    moving = combine([parse_report(simulated.report(pod)) for pod in simulated.pods])
+    assert moving is not None and moving.partitions_assigned == 6  # the moved half waits for its new owner
+    for _ in range(5):
+        simulated.step(1.0)
     reports = [parse_report(json.loads(json.dumps(simulated.report(pod)))) for pod in simulated.pods]
     signals = combine(reports)
     assert signals is not None
     assert signals.pods == 2 and signals.workers == 32
     assert signals.partitions_assigned == 12
+    # the newcomer's partitions arrived move_pause (13 s) after the step at t=0: the latest change is 2 s old
+    assert signals.assignment_age == pytest.approx(2.0, abs=1.0)
     assert signals.handler_calls_total > 0
     assert signals.handler_seconds_total / signals.handler_calls_total == pytest.approx(0.010, rel=0.2)
     assert signals.busiest is not None and signals.busiest.key == "acct-hot" and signals.busiest.where == "orders[0]"

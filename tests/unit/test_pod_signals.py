@@ -78,3 +78,14 @@ def test_the_busiest_key_is_estimated_over_its_whole_partition():
     assert signals is not None and signals.busiest is not None
     assert (signals.busiest.partition_inflight, signals.busiest.partition_lag) == (600, 7_000)
     assert signals.busiest.estimated_backlog == 5_833
+
+
+def test_the_groups_latest_change_of_partitions_is_the_smallest_age_any_pod_reports() -> None:
+    older, newer = (
+        {**copy.deepcopy(REPORT), "assignmentAgeSeconds": 40.0},
+        {**copy.deepcopy(REPORT), "assignmentAgeSeconds": 2.5},
+    )
+    signals = combine([parse_report(older), parse_report(newer), parse_report(REPORT)])  # REPORT: an older pod
+    assert signals is not None and signals.assignment_age == 2.5
+    none_said = combine([parse_report(REPORT)])
+    assert none_said is not None and none_said.assignment_age is None

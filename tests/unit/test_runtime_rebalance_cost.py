@@ -69,3 +69,16 @@ def test_lost_partitions_count_as_taken_and_an_unassigned_pod_is_idle_only_after
     runtime._on_assign([P0])
     snapshot = published(runtime, clock)
     assert (snapshot.partitions_revoked, snapshot.rebalance_idle_seconds) == (1, 2.0)
+
+
+def test_the_age_of_the_last_change_of_partitions_counts_assigns_and_revokes_but_not_empty_rounds() -> None:
+    runtime, clock = runtime_and_clock()
+    assert published(runtime, clock).assignment_age is None  # no partition yet: nothing to time
+    runtime._on_assign([P0, P1])
+    clock.sleep(4)
+    assert published(runtime, clock).assignment_age == 4.0
+    runtime._on_revoke([P1])
+    clock.sleep(2)
+    runtime._on_assign([])  # the incremental second round that gives this pod nothing
+    clock.sleep(1)
+    assert published(runtime, clock).assignment_age == 3.0

@@ -101,6 +101,8 @@ def build_report(
         "partitionsRevokedTotal": snapshot.partitions_revoked,
         "rebalanceIdleSecondsTotal": round(snapshot.rebalance_idle_seconds, 3),
         "partitionsAssigned": snapshot.assigned_partitions,
+        # seconds since this pod's partitions last changed: the operator times a scale step with it
+        "assignmentAgeSeconds": None if snapshot.assignment_age is None else round(snapshot.assignment_age, 3),
         "inflight": snapshot.inflight,
         "lanes": {
             "ready": lanes.ready,

@@ -127,6 +127,9 @@ class SimPod:
     cpu_seconds: float = 0.0
     busy_share: float = 0.0
     saturated: bool = False
+    partitions_changed_at: tuple[float, ...] = ()
+    """When this pod's partitions changed (a revoke at once, an assignment after its pause), as the
+    pod reports it: the operator times a scale step with the latest that has happened."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,8 @@ class SimulatedGroup:
         self._rebalance()
         for partition in self.partitions:  # the group was consuming before the run started
             partition.paused_until = 0.0
+        for pod in self.pods:
+            pod.partitions_changed_at = (0.0,)
 
     # -- the Deployment -----------------------------------------------------------------------------
     def _create_pod(self, ready_now: bool = False) -> None:
@@ -214,9 +219,16 @@ class SimulatedGroup:
         assignment = (sticky_assignment if incremental else range_assignment)(
             [(pod.name, pod.partitions) for pod in members], self.settings.partitions
         )
+        pause = self.settings.move_pause if incremental else self.settings.rebalance_pause
         for pod in members:
             assigned = assignment[pod.name]
             kept = set(pod.partitions) if pod.joined else set()
+            changes = []
+            if not incremental or set(assigned) - kept:
+                changes.append(self.now + pause)
+            if set(pod.partitions) - set(assigned):
+                changes.append(self.now)
+            pod.partitions_changed_at = (*pod.partitions_changed_at, *changes)[-4:]
             pod.joined = True
             pod.partitions = assigned
             pod.rebalances += 1
@@ -400,7 +412,9 @@ class SimulatedGroup:
             inflight=inflight_total,
             workers=workers,
             rebalances=pod.rebalances,
-            assigned_partitions=len(pod.partitions),
+            # a partition on its way to this pod (paused by the rebalance) is not assigned yet
+            assigned_partitions=sum(1 for index in pod.partitions if self.partitions[index].paused_until <= self.now),
+            assignment_age=min((self.now - at for at in pod.partitions_changed_at if at <= self.now), default=None),
         )
         return build_report(
             snapshot,
