@@ -99,6 +99,13 @@ COMMANDS: dict[str, Subcommand] = {
         "keyorder.devtools.groupsim.command:add_simulate_flags",
         "keyorder.devtools.groupsim.command:simulate_command",
     ),
+    "key-digest": Subcommand(
+        "name a message key as an OrderedConsumer's status and Events do",
+        "Print the keyed digest (key:...) that status and Events show instead of a key, given the "
+        "resource's admin token (see docs/operator.md, 'Keys in status').",
+        "keyorder_operator.key_names:add_key_digest_flags",
+        "keyorder_operator.key_names:key_digest_command",
+    ),
     "crd": Subcommand(
         "print the OrderedConsumer CRD generated from the spec models",
         "Print (or write) the OrderedConsumer CustomResourceDefinition.",

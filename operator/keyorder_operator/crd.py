@@ -106,6 +106,7 @@ FALLBACK_DESCRIPTIONS = {
     "spec.scaling": "The lag-driven autoscaler.",
     "spec.retry": "Handler retries and what happens after the last attempt.",
     "spec.catchup": "Spark catch-up of a backlog too large for the pods to drain in time.",
+    "spec.observability": "What status and Events may show: message keys are named by a digest unless showKeys.",
     "spec.handler.env[]": "An environment variable.",
     "spec.kafka.topics[]": "A topic name.",
     "spec.scaling.scaleUpPolicies[]": "At most `value` pods (or percent of the pods) added per `periodSeconds`.",

@@ -21,6 +21,7 @@ from keyorder_operator.builders import ADMIN_TOKEN_KEY, selector_labels
 from keyorder_operator.catchup import CatchupGate, CatchupRun, catchup_verdict
 from keyorder_operator.context import OperatorContext, kafka_properties
 from keyorder_operator.handover import CatchupHandover
+from keyorder_operator.key_names import with_key_digests
 from keyorder_operator.objects import apply_owned_objects
 from keyorder_operator.observe import LagSample, LagUnavailable, observation_from
 from keyorder_operator.pod_signals import PodSignals, combine
@@ -269,7 +270,10 @@ class Poll:
         reports, failures = self.context.fetch_reports(addresses, self.spec.http_port, token)
         if failures:
             self.context.metrics.pod_report_failures.labels(*self.labels).inc(len(failures))
-        return PodsRead(token, addresses, combine(reports), failures)
+        signals = combine(reports)
+        if not self.spec.observability.show_keys:
+            signals = with_key_digests(signals, token)
+        return PodsRead(token, addresses, signals, failures)
 
     def hand_over(
         self, observed: Observed, decision: Decision, limits: ScalingLimits, paused: bool, replicas: int

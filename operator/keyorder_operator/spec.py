@@ -454,6 +454,14 @@ class CatchupSpec(_Model):
     )
 
 
+class ObservabilitySpec(_Model):
+    show_keys: bool = Field(
+        False,
+        description="Name message keys in status and Events as they are; by default they are named by a keyed "
+        "digest (key:...), because keys are often customer or account ids and status is readable by the view role.",
+    )
+
+
 class OrderedConsumerSpec(_Model):
     """spec of an OrderedConsumer."""
 
@@ -466,6 +474,7 @@ class OrderedConsumerSpec(_Model):
     retry: RetrySpec = Field(default_factory=RetrySpec)
     catchup: CatchupSpec = Field(default_factory=CatchupSpec)
     template: PodTemplate = Field(default_factory=PodTemplate)
+    observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
     http_port: int = Field(8080, ge=1024, le=65535, description="Pods' metrics/health/admin port.")
 
     @model_validator(mode="after")
