@@ -233,9 +233,11 @@ def update_strategy(spec: OrderedConsumerSpec, live: dict[str, Any] | None) -> d
 
 
 def build_deployment(
-    spec: OrderedConsumerSpec, owner: dict[str, Any], replicas: int, strategy: dict[str, Any] | None = None
+    spec: OrderedConsumerSpec, owner: dict[str, Any], replicas: int | None, strategy: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The pods' Deployment; ``strategy`` is its update strategy (``update_strategy``; a rolling update if None)."""
+    """The pods' Deployment; ``strategy`` is its update strategy (``update_strategy``; a rolling update if None).
+    ``replicas`` only to create it: afterwards they belong to the scaler's field manager alone, so the
+    object's apply leaves them out (``objects.apply_owned_objects``)."""
     name = owner["metadata"]["name"]
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
     volumes: list[dict[str, Any]] = [
@@ -281,7 +283,7 @@ def build_deployment(
         "kind": "Deployment",
         "metadata": _metadata(name, owner),
         "spec": {
-            "replicas": replicas,
+            **({"replicas": replicas} if replicas is not None else {}),
             "selector": {"matchLabels": selector_labels(name)},
             "strategy": strategy or ROLLING_UPDATE,
             "template": {"metadata": pod_metadata, "spec": pod},

@@ -70,6 +70,16 @@ def replicas_of(deployment: dict[str, Any] | None) -> int | None:
     return None if deployment is None else (deployment.get("spec") or {}).get("replicas")
 
 
+def scaler_owns_replicas(deployment: dict[str, Any] | None) -> bool:
+    """The scaler's field manager owns the Deployment's ``spec.replicas`` (``metadata.managedFields``)."""
+    for entry in ((deployment or {}).get("metadata") or {}).get("managedFields") or ():
+        if entry.get("manager") == SCALE_FIELD_MANAGER and "f:replicas" in (
+            (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        ):
+            return True
+    return False
+
+
 class Kube:
     def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
         self.client = api_client
@@ -155,9 +165,10 @@ class Kube:
     def deployment_replicas(self, namespace: str, name: str) -> int | None:
         return replicas_of(self.deployment(namespace, name))
 
-    def scale(self, namespace: str, name: str, replicas: int) -> None:
-        """Set a Deployment's replicas (server-side apply of that one field, by the scaler's own manager)."""
-        self.apply(
+    def scale(self, namespace: str, name: str, replicas: int) -> str:
+        """Set a Deployment's replicas (server-side apply of that one field, by the scaler's own manager,
+        the only one that writes it); returns the resourceVersion."""
+        return self.apply(
             {
                 "apiVersion": "apps/v1",
                 "kind": "Deployment",

@@ -29,7 +29,7 @@ from keyorder_operator.builders import (
     build_service_account,
     update_strategy,
 )
-from keyorder_operator.kube import Kube, replicas_of
+from keyorder_operator.kube import Kube, replicas_of, scaler_owns_replicas
 from keyorder_operator.spec import OrderedConsumerSpec
 
 ObjectKey = tuple[str, str, str]
@@ -71,22 +71,31 @@ def apply_owned_objects(
     all of them when ``always`` (a new or changed spec), else only those changed since the last apply.
     Returns the kinds that had to be created because they were missing.
 
-    The Deployment keeps its current replicas (the poll owns them); a new or deleted one starts at the
-    size last decided (``status.replicas``), else at the minimum. Its update strategy is a cut-over
-    while the pods move between an eager and a cooperative assignment strategy (``update_strategy``).
+    One owner per field: the Deployment's ``spec.replicas`` belong to the scaler's field manager
+    alone. A new (or deleted) Deployment is created with the size last decided (``status.replicas``,
+    else the minimum), which the scaler then applies too; every later apply of the object leaves
+    replicas out, so the object's manager never writes a stale size over the scaler's, and a
+    Deployment from an older release (replicas owned by the object's manager) has them handed to the
+    scaler first, at their current value. Its update strategy is a cut-over while the pods move
+    between an eager and a cooperative assignment strategy (``update_strategy``).
     """
     namespace, name = meta["namespace"], meta["name"]
     owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
     kube.ensure_secret(build_admin_secret(owner, secrets.token_urlsafe(32)), ADMIN_TOKEN_KEY)
     live_deployment = kube.deployment(namespace, name)
-    replicas = replicas_of(live_deployment)
-    if replicas is None:
+    live_replicas = replicas_of(live_deployment)
+    creating = live_deployment is None
+    if creating:
         decided = (status or {}).get("replicas")
-        replicas = (
+        replicas: int | None = (
             decided
             if isinstance(decided, int)
             else (max(spec.replicas.min, 1) if spec.scaling.enabled or spec.replicas.min else 1)
         )
+    else:
+        replicas = None
+        if not scaler_owns_replicas(live_deployment):  # an older release's Deployment: hand them over first
+            kube.scale(namespace, name, live_replicas if live_replicas is not None else 1)
     missing = []
     for desired in (
         build_service_account(owner),
@@ -102,5 +111,8 @@ def apply_owned_objects(
                 continue
             if live_version is None:
                 missing.append(kind)
-        applied.record(key, wanted, kube.apply(desired))
+        version = kube.apply(desired)
+        if kind == "Deployment" and replicas is not None:
+            version = kube.scale(namespace, name, replicas)  # the scaler owns them from the start
+        applied.record(key, wanted, version)
     return missing

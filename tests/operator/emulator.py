@@ -54,6 +54,8 @@ class Emulator(kmock.KubernetesEmulator):
     committed: int = attrs.field(default=0, init=False)  # the last one whose write completed (lists report it)
     _write_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     applied: dict[tuple[Any, str | None, str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
+    owned: dict[tuple[Any, str | None, str, str], set[Any]] = attrs.field(factory=dict, init=False)
+    """The fields each field manager owns, per object (``server_side_apply.field_paths``)."""
     """(resource, namespace, name, field manager) -> what that manager last server-side applied."""
     _closing: bool = attrs.field(default=False, init=False)
 
@@ -111,6 +113,8 @@ class Emulator(kmock.KubernetesEmulator):
     def _forget_applied(self, resource: Any, namespace: str | None, name: str | None) -> None:
         for key in [key for key in self.applied if key[:3] == (resource, namespace, name)]:
             del self.applied[key]
+        for key in [key for key in self.owned if key[:3] == (resource, namespace, name)]:
+            del self.owned[key]
 
     def _server_side_apply(self, request: kmock.Request) -> None:
         """Turn the apply, in place, into the CREATE (object missing) or merge-patch UPDATE that has SSA's result.
@@ -120,10 +124,6 @@ class Emulator(kmock.KubernetesEmulator):
         manager = request.params.get("fieldManager")
         if not manager:
             raise kmock.KubernetesError(422, "Invalid", "fieldManager is required for apply requests")
-        if request.params.get("force") != "true":
-            raise kmock.KubernetesError(
-                409, "Conflict", "this emulator imitates only forced applies (it does not track field ownership)"
-            )
         body = request.data if isinstance(request.data, dict) else yaml.safe_load(request.text or "")
         if not isinstance(body, dict):
             raise kmock.KubernetesError(400, "BadRequest", "an apply body must be an object")
@@ -132,17 +132,40 @@ class Emulator(kmock.KubernetesEmulator):
             raise kmock.KubernetesError(400, "BadRequest", "the body's name and namespace must match the URL")
         live = self._live(request.resource, request.namespace, request.name)
         key = (request.resource, request.namespace, request.name, manager)
+        paths = server_side_apply.field_paths(body, server_side_apply.Schema.of(body))
         if live is None:
             self._forget_applied(request.resource, request.namespace, request.name)
-            self.applied[key] = copy.deepcopy(body)
+            self.applied[key], self.owned[key] = copy.deepcopy(body), paths
             created = server_side_apply.apply(None, None, body)
             created.setdefault("metadata", {}).update(name=request.name, namespace=request.namespace)
+            created["metadata"]["managedFields"] = self._managed_fields(key[:3], body)
             object.__setattr__(request, "action", kmock.action.CREATE)  # kmock's Request is frozen
             object.__setattr__(request, "data", created)
             return
-        desired = server_side_apply.apply(live.raw, self.applied.get(key), body)
-        self.applied[key] = copy.deepcopy(body)
+        others = {other[3]: owned for other, owned in self.owned.items() if other[:3] == key[:3] and other != key}
+        conflicts = server_side_apply.conflicts(live.raw, body, others)
+        if conflicts and request.params.get("force") != "true":
+            raise kmock.KubernetesError(
+                409,
+                "Conflict",
+                f"Apply failed with {len(conflicts)} conflict{'s' if len(conflicts) > 1 else ''}: conflict with "
+                + "; ".join(conflicts),
+            )
+        for owned in others.values():  # forced: the applier takes the fields it changes
+            owned -= {
+                path
+                for path in paths
+                if server_side_apply.value_at(live.raw, path) != server_side_apply.value_at(body, path)
+            }
+        kept = frozenset().union(*others.values()) if others else frozenset()
+        desired = server_side_apply.apply(live.raw, self.applied.get(key), body, kept)
+        self.applied[key], self.owned[key] = copy.deepcopy(body), paths
+        desired.setdefault("metadata", {})["managedFields"] = self._managed_fields(key[:3], body)
         object.__setattr__(request, "data", server_side_apply.merge_patch(live.raw, desired))
+
+    def _managed_fields(self, obj: tuple[Any, str | None, str], body: dict[str, Any]) -> list[dict[str, Any]]:
+        owners = {key[3]: owned for key, owned in self.owned.items() if key[:3] == obj and owned}
+        return server_side_apply.managed_fields(owners, str(body.get("apiVersion", "")), _now())
 
     def _next_revision(self) -> str:
         self.revision += 1

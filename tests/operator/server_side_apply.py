@@ -15,8 +15,13 @@ A strategic merge patch (what a plain ``patch`` of the ``kubernetes`` client sen
 of the Kubernetes types by the same keys and never removes an item it does not name (``strategic_merge``):
 that is why a client-side patch of the whole object leaves removed env vars, ports and volumes behind.
 
-Not imitated: ownership conflicts (the operator always forces) and managedFields. The list keys come
-from the real Kubernetes schemas bundled with kubernetes-validate.
+Field ownership, as the API server tracks it for applies (``field_paths``, ``conflicts``): each
+manager owns the fields of its last apply. A field another manager also owns is not removed when one
+of them leaves it out; applying a value that differs from the live one in a field another manager owns
+is a conflict (409 without ``force``; with it, ownership moves to the applier); ``managed_fields``
+renders the ownership as ``metadata.managedFields`` (FieldsV1). Not imitated: ownership taken by plain
+updates (a merge patch or PUT changes the fields but not their owners). The list keys come from the
+real Kubernetes schemas bundled with kubernetes-validate.
 """
 
 from __future__ import annotations
@@ -102,23 +107,129 @@ def _key(item: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(item.get(key, DEFAULT_KEY_VALUES.get(key)) for key in keys)
 
 
-def _remove(live: Any, previous: Any, current: Any, schema: Schema) -> Any:
-    """``live`` without what ``previous`` applied and ``current`` no longer does."""
+FieldPath = tuple[Any, ...]
+"""A field's path: map keys, and for an item of a keyed list ``("k", ((key, value), ...))``."""
+
+NOBODY_ELSE: frozenset[FieldPath] = frozenset()
+
+
+def _item_segment(item: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
+    return ("k", tuple(zip(keys, _key(item, keys), strict=True)))
+
+
+def field_paths(config: Any, schema: Schema, prefix: FieldPath = ()) -> set[FieldPath]:
+    """The leaf fields an applied configuration sets: what its manager owns after the apply."""
+    paths: set[FieldPath] = set()
+    if not isinstance(config, dict):
+        return {prefix} if prefix else paths
+    for name, value in config.items():
+        child, path = schema.field(name), (*prefix, name)
+        keys = child.list_keys()
+        if isinstance(value, dict) and value:
+            paths |= field_paths(value, child, path)
+        elif isinstance(value, list) and keys:
+            for item in value:
+                segment = (*path, _item_segment(item, keys))
+                paths |= field_paths(item, child.items(), segment) if isinstance(item, dict) and item else {segment}
+        else:
+            paths.add(path)
+    return paths
+
+
+def value_at(obj: Any, path: FieldPath) -> Any:
+    """The value at ``path`` (``None`` when absent)."""
+    for segment in path:
+        if isinstance(segment, tuple) and isinstance(obj, list):
+            wanted = dict(segment[1])
+            obj = next(
+                (
+                    item
+                    for item in obj
+                    if isinstance(item, dict)
+                    and all(item.get(k, DEFAULT_KEY_VALUES.get(k)) == v for k, v in wanted.items())
+                ),
+                None,
+            )
+        elif isinstance(obj, dict):
+            obj = obj.get(segment)
+        else:
+            return None
+    return obj
+
+
+def conflicts(live: dict[str, Any], applied: dict[str, Any], others: dict[str, set[FieldPath]]) -> list[str]:
+    """``manager: .path`` for every field ``applied`` would change that another manager owns."""
+    found = []
+    for path in sorted(field_paths(applied, Schema.of(applied)), key=str):
+        if value_at(live, path) == value_at(applied, path):
+            continue  # the same value: both managers own it, no conflict
+        found += [f'"{manager}": {render_path(path)}' for manager, owned in sorted(others.items()) if path in owned]
+    return found
+
+
+def render_path(path: FieldPath) -> str:
+    parts = []
+    for segment in path:
+        if isinstance(segment, tuple):
+            parts.append("[" + ",".join(f"{k}={v}" for k, v in segment[1]) + "]")
+        else:
+            parts.append(f".{segment}")
+    return "".join(parts)
+
+
+def managed_fields(owners: dict[str, set[FieldPath]], api_version: str, time: str) -> list[dict[str, Any]]:
+    """``metadata.managedFields`` for these owners (operation Apply, FieldsV1)."""
+    entries = []
+    for manager, owned in sorted(owners.items()):
+        tree: dict[str, Any] = {}
+        for path in owned:
+            node = tree
+            for segment in path:
+                name = "k:" + json_text(dict(segment[1])) if isinstance(segment, tuple) else f"f:{segment}"
+                node = node.setdefault(name, {})
+        entries.append(
+            {
+                "manager": manager,
+                "operation": "Apply",
+                "apiVersion": api_version,
+                "time": time,
+                "fieldsType": "FieldsV1",
+                "fieldsV1": tree,
+            }
+        )
+    return entries
+
+
+def json_text(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _remove(
+    live: Any,
+    previous: Any,
+    current: Any,
+    schema: Schema,
+    kept: frozenset[FieldPath] = NOBODY_ELSE,
+    prefix: FieldPath = (),
+) -> Any:
+    """``live`` without what ``previous`` applied and ``current`` no longer does, except the fields
+    another manager owns too (``kept``)."""
     if isinstance(previous, dict) and isinstance(live, dict):
         result = dict(live)
         current_map = current if isinstance(current, dict) else {}
         for name, value in previous.items():
             if name not in result:
                 continue
+            path, child = (*prefix, name), schema.field(name)
             if name not in current_map:
                 if isinstance(value, dict) and isinstance(result[name], dict):
-                    result[name] = _remove(result[name], value, {}, schema.field(name))
-                elif isinstance(value, list) and isinstance(result[name], list) and schema.field(name).list_keys():
-                    result[name] = _remove(result[name], value, [], schema.field(name))
-                else:
+                    result[name] = _remove(result[name], value, {}, child, kept, path)
+                elif isinstance(value, list) and isinstance(result[name], list) and child.list_keys():
+                    result[name] = _remove(result[name], value, [], child, kept, path)
+                elif path not in kept:
                     del result[name]
             else:
-                result[name] = _remove(result[name], value, current_map[name], schema.field(name))
+                result[name] = _remove(result[name], value, current_map[name], child, kept, path)
         return result
     keys = schema.list_keys()
     if isinstance(previous, list) and isinstance(live, list) and keys:
@@ -127,10 +238,12 @@ def _remove(live: Any, previous: Any, current: Any, schema: Schema) -> Any:
         result_list = []
         for item in live:
             key = _key(item, keys)
-            if key in previous_items and key not in current_items:
-                continue  # the manager dropped this item
+            segment = (*prefix, _item_segment(item, keys))
+            shared = any(path[: len(segment)] == segment for path in kept)
+            if key in previous_items and key not in current_items and not shared:
+                continue  # the manager dropped this item, and nobody else owns any of it
             if key in previous_items:
-                item = _remove(item, previous_items[key], current_items[key], schema.items())
+                item = _remove(item, previous_items[key], current_items.get(key, {}), schema.items(), kept, segment)
             result_list.append(item)
         return result_list
     return live
@@ -160,12 +273,18 @@ def _merge(live: Any, applied: Any, schema: Schema) -> Any:
     return copy.deepcopy(applied)
 
 
-def apply(live: dict[str, Any] | None, previous: dict[str, Any] | None, applied: dict[str, Any]) -> dict[str, Any]:
-    """The object after a manager whose last apply was ``previous`` applies ``applied``."""
+def apply(
+    live: dict[str, Any] | None,
+    previous: dict[str, Any] | None,
+    applied: dict[str, Any],
+    others: frozenset[FieldPath] = NOBODY_ELSE,
+) -> dict[str, Any]:
+    """The object after a manager whose last apply was ``previous`` applies ``applied``; ``others``:
+    the fields other managers own (they stay when this manager leaves them out)."""
     schema = Schema.of(applied)
     if live is None:
         return copy.deepcopy(applied)
-    base = _remove(copy.deepcopy(live), previous or {}, applied, schema)
+    base = _remove(copy.deepcopy(live), previous or {}, applied, schema, others)
     return _merge(base, applied, schema)
 
 

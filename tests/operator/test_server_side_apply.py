@@ -9,9 +9,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from keyorder_operator.kube import FIELD_MANAGER, SCALE_FIELD_MANAGER, Kube
 from tests.operator import server_side_apply
-from tests.operator.harness import api_client
+from tests.operator.emulator import APPLY_PATCH
+from tests.operator.harness import ApiError, api_client
 
 
 def deployment(env: list[dict[str, Any]], port: int, volumes: list[str]) -> dict[str, Any]:
@@ -108,3 +111,53 @@ def test_kube_apply_converges_through_the_emulator_and_keeps_other_writers_field
         lambda: sorted(key[3] for key in kube.emulator.applied if key[2] == "c")  # type: ignore[union-attr]
     )
     assert managers == sorted([FIELD_MANAGER, SCALE_FIELD_MANAGER])
+
+
+DEPLOYMENT_PATH = "/apis/apps/v1/namespaces/default/deployments/c"
+
+
+def http_apply(kube, manager: str, body: dict[str, Any], force: bool) -> Any:
+    query = f"?fieldManager={manager}" + ("&force=true" if force else "")
+    return kube.call("PATCH", DEPLOYMENT_PATH + query, body, content_type=APPLY_PATCH)
+
+
+def replicas_only(replicas: int) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "c"}, "spec": {"replicas": replicas}}
+
+
+def test_field_ownership_conflicts_forced_takeover_shared_fields_and_managed_fields(kube):
+    """As the Kubernetes docs specify server-side apply (kubernetes.io/docs/reference/using-api/server-side-apply):
+    a manager that applies a different value to a field another manager owns gets 409 unless it forces;
+    forcing moves the ownership; a field two managers applied with the same value is shared, and stays
+    when one of them stops applying it; ``metadata.managedFields`` shows who owns what."""
+    http_apply(kube, "objects", deployment([], 8080, []), force=False)  # creates it, replicas 2
+    with pytest.raises(ApiError) as conflict:
+        http_apply(kube, "scaler", replicas_only(3), force=False)
+    assert conflict.value.status == 409
+    assert '"objects": .spec.replicas' in str(conflict.value.body)
+    http_apply(kube, "scaler", replicas_only(2), force=False)  # the same value: no conflict, now shared
+    without = deployment([], 8080, [])
+    del without["spec"]["replicas"]
+    http_apply(kube, "objects", without, force=False)  # "objects" lets go; "scaler" still owns it
+    assert kube.get("apps/v1/deployments", "c")["spec"]["replicas"] == 2
+    http_apply(kube, "scaler", replicas_only(4), force=False)  # sole owner now: no conflict
+    with pytest.raises(ApiError):
+        http_apply(kube, "objects", deployment([], 8080, []), force=False)  # applies 2 over the scaler's 4
+    http_apply(kube, "objects", deployment([], 8080, []), force=True)  # forced: takes replicas back
+    stored = kube.get("apps/v1/deployments", "c")
+    assert stored["spec"]["replicas"] == 2
+    owners = {entry["manager"]: entry for entry in stored["metadata"]["managedFields"]}
+    assert owners["objects"]["operation"] == "Apply" and owners["objects"]["fieldsType"] == "FieldsV1"
+    assert "f:replicas" in owners["objects"]["fieldsV1"]["f:spec"]
+    assert "scaler" not in owners or "f:replicas" not in owners["scaler"]["fieldsV1"].get("f:spec", {})
+    containers = owners["objects"]["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"]
+    assert 'k:{"name":"consumer"}' in containers
+
+
+def test_a_field_only_the_leaving_manager_owned_is_removed():
+    live = server_side_apply.apply(None, None, deployment([], 8080, []))
+    without = deployment([], 8080, [])
+    del without["spec"]["replicas"]
+    assert "replicas" not in server_side_apply.apply(live, deployment([], 8080, []), without)["spec"]
+    shared = frozenset({("spec", "replicas")})
+    assert server_side_apply.apply(live, deployment([], 8080, []), without, shared)["spec"]["replicas"] == 2
