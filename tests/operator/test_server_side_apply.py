@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from keyorder_operator.builders import build_deployment
 from keyorder_operator.kube import FIELD_MANAGER, SCALE_FIELD_MANAGER, Kube
+from keyorder_operator.objects import AppliedObjects, apply_owned_objects
+from keyorder_operator.spec import parse_spec
 from tests.operator import server_side_apply
 from tests.operator.emulator import APPLY_PATCH
 from tests.operator.harness import ApiError, api_client
@@ -161,3 +164,43 @@ def test_a_field_only_the_leaving_manager_owned_is_removed():
     assert "replicas" not in server_side_apply.apply(live, deployment([], 8080, []), without)["spec"]
     shared = frozenset({("spec", "replicas")})
     assert server_side_apply.apply(live, deployment([], 8080, []), without, shared)["spec"]["replicas"] == 2
+
+
+def replica_owners(stored: dict[str, Any]) -> list[str]:
+    return sorted(
+        entry["manager"]
+        for entry in stored["metadata"].get("managedFields") or ()
+        if "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {})
+    )
+
+
+def test_replicas_have_one_owner_and_re_applying_the_objects_never_resets_them(kube):
+    """The scaler (or a person's ``kubectl scale``, which the poll then takes as the current size) sets
+    the replicas; the operator re-applying its objects (a spec change, a repair) leaves them alone, and
+    a Deployment an older release created (replicas owned by the objects' manager) is handed over."""
+    spec = parse_spec(
+        {
+            "kafka": {"bootstrapServers": "kafka:9092", "topics": ["t"], "groupId": "g"},
+            "handler": {"image": "img:1", "handler": "m:f"},
+        }
+    )
+    meta = {"name": "owned", "namespace": "default", "uid": "uid-1"}
+    with api_client(kube.url) as client:
+        operator = Kube(client)
+        apply_owned_objects(operator, spec, meta, {}, AppliedObjects(), always=True)
+        created = kube.get("apps/v1/deployments", "owned")
+        # created with the size by both managers (shared); the objects' next apply lets go of it
+        assert created["spec"]["replicas"] == 1
+        assert replica_owners(created) == sorted([FIELD_MANAGER, SCALE_FIELD_MANAGER])
+        operator.scale("default", "owned", 5)
+        apply_owned_objects(operator, spec, meta, {"replicas": 2}, AppliedObjects(), always=True)
+        stored = kube.get("apps/v1/deployments", "owned")
+        assert stored["spec"]["replicas"] == 5 and replica_owners(stored) == [SCALE_FIELD_MANAGER]
+
+        older = build_deployment(spec, {"metadata": {**meta, "name": "older"}}, 3)
+        operator.apply(older)  # an older release applied replicas with the objects' manager
+        assert replica_owners(kube.get("apps/v1/deployments", "older")) == [FIELD_MANAGER]
+        apply_owned_objects(operator, spec, {**meta, "name": "older"}, {}, AppliedObjects(), always=True)
+        handed = kube.get("apps/v1/deployments", "older")
+    assert handed["spec"]["replicas"] == 3, "the hand-over kept the size"
+    assert replica_owners(handed) == [SCALE_FIELD_MANAGER]
