@@ -307,7 +307,11 @@ def build_service(spec: OrderedConsumerSpec, owner: dict[str, Any]) -> dict[str,
 
 
 def build_pdb(owner: dict[str, Any]) -> dict[str, Any]:
-    """At most one pod down by voluntary disruption: a drain never stops a whole consumer group."""
+    """At most one pod down by voluntary disruption: a drain stops at most one pod's partitions at a time.
+    At one replica (the default minimum, and the idle size) that is the whole group: the eviction is
+    allowed (a PDB that refused it would block node drains for as long as the group idles), and the
+    group waits for the replacement pod. ``replicas.min: 2`` keeps a group running through drains
+    (docs/install.md)."""
     name = owner["metadata"]["name"]
     return {
         "apiVersion": "policy/v1",

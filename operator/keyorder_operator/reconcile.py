@@ -52,7 +52,9 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             raise kopf.TemporaryError(f"applying objects failed: {error}", delay=10) from error
         patch.status["observedGeneration"] = meta.get("generation")
 
-    @kopf.on.delete(*resource, registry=registry, optional=True)  # optional: no finalizer is added for this
+    # optional: this handler adds no finalizer of its own; kopf still puts one on every OrderedConsumer for
+    # the timer below (a timer needs it to stop cleanly), so uninstall order matters (docs/install.md)
+    @kopf.on.delete(*resource, registry=registry, optional=True)
     def forget(meta: Any, **_: Any) -> None:
         context.forget(str(meta.get("uid") or ""), meta["namespace"], meta["name"])
 
