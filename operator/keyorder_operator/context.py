@@ -1,8 +1,9 @@
 """What the operator's handlers need from the outside world, in one object the tests can assemble.
 
 The Kubernetes client, the Kafka lag sources (one per resource, replaced when its credentials
-change), the pod admin calls, the clock, the metrics and the handler pool's size. The operator
-binary builds it from its flags; the tests build it around the API emulator and the real broker.
+change, on an admin client shared by the resources with the same Kafka configuration), the pod
+admin calls, the clock, the metrics and the handler pool's size. The operator binary builds it from
+its flags; the tests build it around the API emulator and the real broker.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from keyorder.config import ConfigError
 from keyorder_operator.kafka_config import operator_kafka_config
 from keyorder_operator.kube import Kube
 from keyorder_operator.objects import AppliedObjects
-from keyorder_operator.observe import BoundedLagSource, KafkaLagSource, LagSource, LagUnavailable
+from keyorder_operator.observe import AdminClients, BoundedLagSource, KafkaLagSource, LagSource, LagUnavailable
 from keyorder_operator.operator_metrics import OperatorMetrics
 from keyorder_operator.pod_admin import fetch_reports, push_workers
 from keyorder_operator.spec import OrderedConsumerSpec
@@ -35,7 +36,10 @@ class OperatorContext:
     """What the handlers need from the outside world; tests replace parts of it."""
 
     kube: Kube
-    lag_source_for: Callable[[dict[str, str]], LagSource] = KafkaLagSource
+    lag_source_for: Callable[[dict[str, str]], LagSource] | None = None
+    """Builds a resource's lag source from its Kafka configuration (default: a ``KafkaLagSource`` on the
+    admin client its configuration shares with other resources, ``admin_clients``)."""
+    admin_clients: AdminClients = field(default_factory=AdminClients)
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     """For durations (a poll's): never goes back when the wall clock is set."""
@@ -95,7 +99,7 @@ class OperatorContext:
                 return current[1]
             first, longest = self.lag_backoff_seconds
             source: LagSource = BoundedLagSource(
-                self.lag_source_for(properties),
+                self._build_lag_source(properties),
                 first_seconds=first,
                 longest_seconds=longest,
                 wait_seconds=self.lag_wait_seconds,
@@ -104,6 +108,11 @@ class OperatorContext:
         if current is not None:
             current[1].close()
         return source
+
+    def _build_lag_source(self, properties: dict[str, str]) -> LagSource:
+        if self.lag_source_for is not None:
+            return self.lag_source_for(properties)
+        return KafkaLagSource(properties, clients=self.admin_clients)
 
     def forget_lag_source(self, namespace: str, name: str) -> None:
         """Close a deleted resource's lag source (its Kafka connections)."""

@@ -16,6 +16,7 @@ import math
 import os
 import re
 import sys
+from typing import Any
 from urllib.parse import urlsplit
 
 from keyorder.logs import JsonFormatter
@@ -31,6 +32,10 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 class OperatorConfigError(Exception):
     """A flag or the Kubernetes credentials are unusable; the message names which and why."""
+
+
+API_POOL_SPARE = 4
+"""Connections beyond one per handler thread (the pushes and reports do not use the API pool)."""
 
 
 def add_operator_flags(parser: argparse.ArgumentParser) -> None:
@@ -172,6 +177,17 @@ def load_kubernetes_credentials() -> None:
         ) from error
 
 
+def api_configuration(handler_threads: int) -> Any:
+    """The loaded credentials, with a connection pool for every handler thread (and kopf's own calls):
+    the client's default of 4 (urllib3's 10) makes threads open and drop connections ("Connection pool
+    is full, discarding connection") once more polls run at once than it holds."""
+    import kubernetes
+
+    configuration = kubernetes.client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = handler_threads + API_POOL_SPARE
+    return configuration
+
+
 def operator_registry(context):
     """The handler registry of the real operator: keyorder's handlers plus kopf's standard login
     (in-cluster ServiceAccount or kubeconfig, through the ``kubernetes`` client). A bare
@@ -215,7 +231,9 @@ def operator_command(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     configure_operator_logging(args.log_level, args.log_format)
     context = OperatorContext(
-        kube=Kube(kubernetes.client.ApiClient()), tick_seconds=args.tick, handler_threads=args.handler_threads
+        kube=Kube(kubernetes.client.ApiClient(api_configuration(args.handler_threads))),
+        tick_seconds=args.tick,
+        handler_threads=args.handler_threads,
     )
     registry = operator_registry(context)
     try:

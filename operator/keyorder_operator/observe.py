@@ -226,47 +226,110 @@ def observation_from(
     )
 
 
-class KafkaLagSource:
-    """Reads offsets with confluent-kafka's AdminClient, built from one resource's configuration.
+CONSUMER_ONLY = frozenset({"auto.offset.reset"})
+"""Properties a lag sample reads but an admin client does not use: resources that differ only in
+these share one client."""
 
-    Every failure, building the client included (a bad property, a wrong PEM), is a ``LagUnavailable``
-    whose message carries no property value. Metadata requests name only the resource's topics. The
-    owner calls ``close`` when the resource or its credentials change: the client is dropped, and
-    librdkafka destroys it (connections and threads) once a sample still using it returns.
-    Thread-safety: ``sample`` and ``close`` may run on different threads (kopf's handler pool).
+
+def describe_kafka_error(error: BaseException, properties: Mapping[str, str]) -> str:
+    from confluent_kafka import KafkaException
+
+    text = error.args[0].str() if isinstance(error, KafkaException) and error.args else str(error)
+    return redact(text, properties)
+
+
+class AdminClients:
+    """One confluent-kafka AdminClient per distinct Kafka configuration, shared by every resource that
+    uses it, and destroyed when the last of them lets go.
+
+    An AdminClient costs about 1 MB and a few threads (librdkafka's main thread plus one per broker);
+    resources of one cluster with the same credentials usually have the same configuration, so 500
+    resources on one cluster hold one client, not 500. Thread-safe (kopf's handler pool).
     """
 
-    def __init__(self, properties: Mapping[str, str], timeout: float = 5.0) -> None:
-        self._properties = dict(properties)
-        self._timeout = timeout
-        self._admin: AdminClient | None = None
-        self._closed = False
+    def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._clients: dict[tuple[tuple[str, str], ...], tuple[AdminClient | None, int]] = {}
 
-    def _client(self) -> AdminClient:
+    @staticmethod
+    def key(properties: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((name, value) for name, value in properties.items() if name not in CONSUMER_ONLY))
+
+    def acquire(self, properties: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """Count one more user of this configuration's client (built on first use); returns its key."""
+        key = self.key(properties)
+        with self._lock:
+            client, users = self._clients.get(key, (None, 0))
+            self._clients[key] = (client, users + 1)
+        return key
+
+    def client(self, key: tuple[tuple[str, str], ...]) -> AdminClient:
+        """The shared client of an acquired configuration; ``LagUnavailable`` if it cannot be built."""
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         with self._lock:
-            if self._closed:
+            if key not in self._clients:
                 raise LagUnavailable("the Kafka client was closed (the resource or its credentials changed)")
-            if self._admin is None:  # kept referenced: an unreferenced AdminClient can hang a call
+            client, users = self._clients[key]
+            if client is None:  # kept referenced here: an unreferenced AdminClient can hang a call
+                properties = dict(key)
                 try:
-                    self._admin = AdminClient({**self._properties}, logger=logging.getLogger("keyorder.librdkafka"))
+                    client = AdminClient({**properties}, logger=logging.getLogger("keyorder.librdkafka"))
                 except (KafkaException, ValueError, TypeError) as error:
-                    raise LagUnavailable(f"the Kafka client could not be built: {self._describe(error)}") from None
-            return self._admin
+                    reason = describe_kafka_error(error, properties)
+                    raise LagUnavailable(f"the Kafka client could not be built: {reason}") from None
+                self._clients[key] = (client, users)
+            return client
+
+    def release(self, key: tuple[tuple[str, str], ...]) -> None:
+        """One user fewer; the last one drops the client (librdkafka destroys it once no call uses it)."""
+        with self._lock:
+            client, users = self._clients.get(key, (None, 0))
+            if users <= 1:
+                self._clients.pop(key, None)
+            else:
+                self._clients[key] = (client, users - 1)
+
+    def __len__(self) -> int:
+        """Distinct configurations in use (for tests and the operator's metrics)."""
+        with self._lock:
+            return len(self._clients)
+
+
+class KafkaLagSource:
+    """Reads offsets for one resource with the AdminClient its configuration shares (``AdminClients``).
+
+    Every failure, building the client included (a bad property, a wrong PEM), is a ``LagUnavailable``
+    whose message carries no property value. Metadata requests name only the resource's topics. The
+    owner calls ``close`` when the resource or its credentials change: its share of the client is given
+    back. Thread-safety: ``sample`` and ``close`` may run on different threads (kopf's handler pool).
+    """
+
+    def __init__(
+        self, properties: Mapping[str, str], timeout: float = 5.0, clients: AdminClients | None = None
+    ) -> None:
+        self._properties = dict(properties)
+        self._timeout = timeout
+        self._clients = clients if clients is not None else AdminClients()
+        self._key: tuple[tuple[str, str], ...] | None = self._clients.acquire(self._properties)
+        self._lock = threading.Lock()
+
+    def _client(self) -> AdminClient:
+        with self._lock:
+            key = self._key
+        if key is None:
+            raise LagUnavailable("the Kafka client was closed (the resource or its credentials changed)")
+        return self._clients.client(key)
 
     def _describe(self, error: BaseException) -> str:
-        from confluent_kafka import KafkaException
-
-        text = error.args[0].str() if isinstance(error, KafkaException) and error.args else str(error)
-        return redact(text, self._properties)
+        return describe_kafka_error(error, self._properties)
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
-            self._admin = None
+            key, self._key = self._key, None
+        if key is not None:
+            self._clients.release(key)
 
     def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
         from confluent_kafka import (
@@ -292,23 +355,31 @@ class KafkaLagSource:
                     raise
                 ids = sorted(partition.id for partition in description.partitions)
                 partitions += [TopicPartition(topic, partition) for partition in ids]
-            ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=timeout)
-            starts = admin.list_offsets({tp: OffsetSpec.earliest() for tp in partitions}, request_timeout=timeout)
-            end = {(tp.topic, tp.partition): future.result(timeout=timeout).offset for tp, future in ends.items()}
-            start = {(tp.topic, tp.partition): future.result(timeout=timeout).offset for tp, future in starts.items()}
             request = [ConsumerGroupTopicPartitions(group, partitions)]
-            result = admin.list_consumer_group_offsets(request, request_timeout=timeout)[group].result(timeout=timeout)
+            groups = admin.list_consumer_group_offsets(request, request_timeout=timeout)
+            ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, request_timeout=timeout)
+            result = groups[group].result(timeout=timeout)
+            committed = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions}
+            end = {(tp.topic, tp.partition): future.result(timeout=timeout).offset for tp, future in ends.items()}
+            from_latest = self._properties.get("auto.offset.reset", "earliest") in ("latest", "largest", "end")
+            # the log start matters only where the group has not committed and starts from the earliest
+            # offset: once it has committed everywhere, a poll asks for no earliest offsets at all
+            unstarted = [tp for tp in partitions if committed.get((tp.topic, tp.partition), -1) < 0]
+            start: dict[tuple[str, int], int] = {}
+            if unstarted and not from_latest:
+                starts = admin.list_offsets({tp: OffsetSpec.earliest() for tp in unstarted}, request_timeout=timeout)
+                start = {
+                    (tp.topic, tp.partition): future.result(timeout=timeout).offset for tp, future in starts.items()
+                }
         except KafkaException as error:
             raise LagUnavailable(f"Kafka: {self._describe(error)}") from error
         except TimeoutError as error:
             raise LagUnavailable(f"Kafka did not answer within {timeout}s") from error
-        committed = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions}
-        from_latest = self._properties.get("auto.offset.reset", "earliest") in ("latest", "largest", "end")
         end_total = committed_total = 0
         partition_lags, end_offsets = [], []
         for tp in partitions:
             key = (tp.topic, tp.partition)
-            end_offset, start_offset = end[key], start[key]
+            end_offset, start_offset = end[key], start.get(key, 0)
             end_total += end_offset
             consumed = starting_position(committed.get(key, -1), start_offset, end_offset, from_latest)
             committed_total += consumed

@@ -108,7 +108,9 @@ class Poll:
         kopf.warn(self.body, reason=reason, message=message)
 
     def due(self) -> bool:
-        """Every pollIntervalSeconds, whether or not the last poll could read the lag."""
+        """Every pollIntervalSeconds, whether or not the last poll could read the lag, counted from the last
+        poll's start. The timer ticks every ``--tick`` seconds on a fixed grid (kopf's sharp timer), so an
+        interval is rounded up to a whole number of ticks."""
         last_poll = self.status.get("lastPollAt")
         interval = self.spec.scaling.poll_interval_seconds
         return not (isinstance(last_poll, int | float) and self.now - last_poll < interval - 0.5)

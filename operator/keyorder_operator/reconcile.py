@@ -58,7 +58,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     def forget(meta: Any, **_: Any) -> None:
         context.forget(str(meta.get("uid") or ""), meta["namespace"], meta["name"])
 
-    @kopf.timer(*resource, interval=context.tick_seconds, registry=registry)
+    # sharp: ticks on a fixed grid, start to start, so a poll's own duration does not delay the next one
+    @kopf.timer(*resource, interval=context.tick_seconds, sharp=True, registry=registry)
     def autoscale(body: Any, meta: Any, status: Any, patch: kopf.Patch, **_: Any) -> None:
         try:
             spec = parse_spec(dict(body.get("spec") or {}))

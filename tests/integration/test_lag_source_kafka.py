@@ -29,3 +29,42 @@ def test_lag_counts_only_the_resources_topics_and_names_a_missing_one(broker):
             source.sample(["lag-mine", "lag-missing"], "lag-g", 2.0)
     finally:
         source.close()
+
+
+class RecordingAdmin:
+    """The real AdminClient, with the ListOffsets specs each call asked for recorded (a recording proxy,
+    not a fake: every call still goes to the broker)."""
+
+    def __init__(self, admin) -> None:
+        self.admin, self.asked = admin, []
+
+    def list_offsets(self, specs, **kwargs):
+        self.asked.append(sorted({type(spec).__name__ for spec in specs.values()}))
+        return self.admin.list_offsets(specs, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.admin, name)
+
+
+def test_the_log_start_is_asked_only_for_partitions_the_group_has_not_committed(broker):
+    """A group that committed everywhere costs two offset requests per poll (end and committed), not
+    three; a partition without a commit still counts from the log start (auto.offset.reset earliest)."""
+    create_topics(broker.bootstrap, ["lag-start"], 2)
+    produced = produce_keyed(broker.bootstrap, "lag-start", 200, 20, extra_config={"batch.num.messages": 1})
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "lag-s", "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition("lag-start", 0, 0)], asynchronous=False)  # partition 1: none
+        source = KafkaLagSource({"bootstrap.servers": broker.bootstrap})
+        recording = RecordingAdmin(source._client())
+        source._client = lambda: recording  # type: ignore[method-assign]
+        try:
+            assert source.sample(["lag-start"], "lag-s", 1.0).lag == produced.total
+            assert len(recording.asked) == 2, recording.asked  # the end offsets, then the log start of partition 1
+            consumer.commit(offsets=[TopicPartition("lag-start", 1, 0)], asynchronous=False)
+            recording.asked.clear()
+            assert source.sample(["lag-start"], "lag-s", 2.0).lag == produced.total
+            assert len(recording.asked) == 1, recording.asked  # committed everywhere: the end offsets only
+        finally:
+            source.close()
+    finally:
+        consumer.close()

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from keyorder_operator.observe import KafkaLagSource, LagSample, LagUnavailable
+from keyorder_operator.observe import AdminClients, KafkaLagSource, LagSample, LagUnavailable
 from keyorder_operator.reconcile import OperatorContext
 
 
@@ -73,3 +73,30 @@ def test_a_bad_property_is_lag_unavailable_without_its_value():
     message = str(error.value)
     assert "could not be built" in message and "security.protocol" in message, message
     assert "NOT-A-PROTOCOL-xyz" not in message, message
+
+
+def test_resources_with_one_kafka_configuration_share_one_admin_client():
+    """An AdminClient is about 1 MB and a few threads: 500 resources on one cluster must not hold 500.
+    A consumer-only property (auto.offset.reset) does not split them; other credentials do."""
+    clients = AdminClients()
+    first = KafkaLagSource({"bootstrap.servers": "127.0.0.1:9"}, clients=clients)
+    second = KafkaLagSource({"bootstrap.servers": "127.0.0.1:9", "auto.offset.reset": "latest"}, clients=clients)
+    other = KafkaLagSource({"bootstrap.servers": "127.0.0.1:9", "client.id": "elsewhere"}, clients=clients)
+    assert len(clients) == 2
+    assert first._client() is second._client()
+    assert first._client() is not other._client()
+    first.close()
+    assert len(clients) == 2 and second._client() is not None  # still used by the second
+    second.close()
+    other.close()
+    assert len(clients) == 0
+
+
+def test_the_context_builds_lag_sources_on_its_shared_clients():
+    context = OperatorContext(kube=None)  # type: ignore[arg-type]
+    a = context.lag_source("ns", "a", {"bootstrap.servers": "127.0.0.1:9"})
+    context.lag_source("ns", "b", {"bootstrap.servers": "127.0.0.1:9"})
+    assert len(context.admin_clients) == 1
+    context.forget_lag_source("ns", "a")
+    context.forget_lag_source("ns", "b")
+    assert len(context.admin_clients) == 0 and a is not None
