@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import kubernetes
@@ -23,7 +25,12 @@ from keyorder.config import decode_properties
 if TYPE_CHECKING:
     from kubernetes.client import V1ObjectMeta, V1Pod
 
+    from keyorder_operator.cache import OwnedObjectsCache
+
 log = logging.getLogger(__name__)
+
+SECRET_SECONDS = 60.0
+"""A Secret read is reused this long: a rotated Kafka password reaches the operator within a minute."""
 
 FIELD_MANAGER = "keyorder-operator"
 """The field manager of everything the operator applies (``metadata.managedFields`` shows it)."""
@@ -80,9 +87,37 @@ def scaler_owns_replicas(deployment: dict[str, Any] | None) -> bool:
     return False
 
 
+def ready_addresses(pods: list[dict[str, Any]], selector: dict[str, str]) -> list[str]:
+    """IPs of the ready, not terminating pods among ``pods`` that match ``selector`` (filtered here too:
+    not every API server filters)."""
+    addresses = []
+    for pod in pods:
+        metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+        labels = metadata.get("labels") or {}
+        if any(labels.get(key) != value for key, value in selector.items()):
+            continue
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        if ready and status.get("podIP") and metadata.get("deletionTimestamp") is None:
+            addresses.append(status["podIP"])
+    return addresses
+
+
 class Kube:
-    def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
+    """The operator's Kubernetes calls. With a ``cache`` (``cache.OwnedObjectsCache``, fed by watches),
+    reads of the owned objects and the consumer pods go through it, and applies write through it."""
+
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient,
+        cache: OwnedObjectsCache | None = None,
+        secret_seconds: float = SECRET_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = api_client
+        self.cache = cache
+        self.secret_seconds = secret_seconds
+        self._monotonic = monotonic
+        self._secrets: dict[tuple[str, str], tuple[float, Any]] = {}
         self.apps = kubernetes.client.AppsV1Api(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.policy = kubernetes.client.PolicyV1Api(api_client)
@@ -120,6 +155,8 @@ class Kube:
             force=True,
             _content_type=APPLY_CONTENT_TYPE,
         )
+        if self.cache is not None:  # write-through: the next check sees this version, not a stale event
+            self.cache.put(desired["kind"], self.client.sanitize_for_serialization(applied))
         return str(applied.metadata.resource_version)
 
     def _drop_rolling_update(self, namespace: str, name: str) -> None:
@@ -140,13 +177,19 @@ class Kube:
 
     def resource_version(self, kind: str, namespace: str, name: str) -> str | None:
         """The resourceVersion of an object the operator applies (``None``: it does not exist)."""
-        try:
-            current = self._read_call(kind)(name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return str(current.metadata.resource_version)
+        found = self.owned(kind, namespace, name)
+        return None if found is None else str((found.get("metadata") or {}).get("resourceVersion"))
+
+    def owned(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """An owned object as a plain dict, from the cache or else the API (``None`` when it does not exist)."""
+        if self.cache is not None:
+            cached = self.cache.get(kind, namespace, name)
+            if cached is not None:
+                return cached
+        found = self._read(self._read_call(kind), namespace, name)
+        if found is not None and self.cache is not None:
+            self.cache.put(kind, found)
+        return found
 
     def _read(self, read: Any, namespace: str, name: str) -> dict[str, Any] | None:
         """An object as a plain dict, through the client's ``read_namespaced_*`` call (``None`` when missing)."""
@@ -160,7 +203,7 @@ class Kube:
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The live Deployment as a plain dict (``None`` when it does not exist)."""
-        return self._read(self.apps.read_namespaced_deployment, namespace, name)
+        return self.owned("Deployment", namespace, name)
 
     def deployment_replicas(self, namespace: str, name: str) -> int | None:
         return replicas_of(self.deployment(namespace, name))
@@ -182,7 +225,7 @@ class Kube:
         """Create the Secret if missing (never rotate it here); return the value under ``key``."""
         name, namespace = desired["metadata"]["name"], desired["metadata"]["namespace"]
         try:
-            secret = self.core.read_namespaced_secret(name, namespace)
+            secret = self._secret(namespace, name)
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -193,13 +236,24 @@ class Kube:
 
     def read_secret(self, namespace: str, name: str) -> dict[str, str]:
         """Every key of a Secret, decoded (values are secrets: never log or report them)."""
-        secret = self.core.read_namespaced_secret(name, namespace)
+        secret = self._secret(namespace, name)
         # decode_properties never fails: UTF-8, else ISO-8859-1 (Java's encoding of properties files)
         data = {key: decode_properties(base64.b64decode(value)) for key, value in (secret.data or {}).items()}
         return {**data, **(secret.string_data or {})}
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str:
-        return _secret_value(self.core.read_namespaced_secret(name, namespace), namespace, name, key)
+        return _secret_value(self._secret(namespace, name), namespace, name, key)
+
+    def _secret(self, namespace: str, name: str) -> Any:
+        """A Secret as read at most ``secret_seconds`` ago (Secrets are not watched: that would need the
+        right to list every Secret of the cluster). A missing one is asked again every time."""
+        now = self._monotonic()
+        kept = self._secrets.get((namespace, name))
+        if kept is not None and now - kept[0] < self.secret_seconds:
+            return kept[1]
+        secret = self.core.read_namespaced_secret(name, namespace)
+        self._secrets[(namespace, name)] = (now, secret)
+        return secret
 
     def create_job(self, desired: dict[str, Any], identity_annotation: str) -> None:
         """Create a Job. One that already exists is accepted only if ``identity_annotation`` matches (a
@@ -239,20 +293,17 @@ class Kube:
         )
 
     def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
-        """IPs of ready pods matching ``selector`` (filtered here too: not every API server filters)."""
+        """IPs of ready pods matching ``selector``, from the cache or else the API."""
+        cached = self.cache.pods(namespace, selector) if self.cache is not None else None
+        if cached is not None:
+            return ready_addresses(cached, selector)
         label_selector = ",".join(f"{key}={value}" for key, value in selector.items())
-        pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
-        addresses = []
-        for pod in pods:
-            metadata, status = _pod_metadata(pod), pod.status
-            labels = metadata.labels or {}
-            if any(labels.get(key) != value for key, value in selector.items()):
-                continue
-            conditions = (status.conditions or []) if status else []
-            ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-            if ready and status is not None and status.pod_ip and metadata.deletion_timestamp is None:
-                addresses.append(status.pod_ip)
-        return addresses
+        listed = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
+        pods = [self.client.sanitize_for_serialization(pod) for pod in listed]
+        if self.cache is not None:
+            for pod in pods:
+                self.cache.put_pod(pod)
+        return ready_addresses(pods, selector)
 
     def deployment_rolled_out(self, namespace: str, name: str) -> bool:
         """All of the Deployment's pods are updated and ready (False while pods start, roll or are missing)."""

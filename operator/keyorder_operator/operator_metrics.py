@@ -132,6 +132,13 @@ class OperatorMetrics:
             [*labels, "source"],
             registry=self.registry,
         )
+        self.cache_reads = Counter(
+            "keyorder_operator_cache_reads",
+            "Reads of owned objects and consumer pods by the polls, by result: hit (the watched copy) or miss "
+            "(read from the API server). A steady poll should miss nothing.",
+            ["result"],
+            registry=self.registry,
+        )
         self.scale_step = Gauge(
             "keyorder_operator_scale_step_seconds",
             "What a change of replicas took to settle on this group, the median of the last three: from the "
@@ -196,6 +203,9 @@ class OperatorMetrics:
             else:
                 with contextlib.suppress(KeyError):
                     self.per_worker_rate.remove(*labels, source.value)
+
+    def cache_read(self, result: str) -> None:
+        self.cache_reads.labels(result).inc()
 
     def polled(self, labels: tuple[str, str], seconds: float, now: float) -> None:
         self.poll_duration.labels(*labels).observe(seconds)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from keyorder_operator.cache import WATCHED_KINDS
 from keyorder_operator.kube import API_CALLS
 from keyorder_operator.spec import GROUP, PLURAL
 
@@ -50,6 +51,23 @@ KOPF_NEEDS = [
         "kopf writes the handlers' status (conditions, decisions) through the status subresource",
     ),
     Need("", "events", frozenset({"create"}), "namespaced", "kopf posts the Scaled, InvalidSpec and LagUnknown Events"),
+    *(
+        Need(
+            group,
+            plural,
+            frozenset({"list", "watch"}),
+            "namespaced",
+            "kopf watches the objects the operator owns (by its label) into the cache the polls read",
+        )
+        for group, _, plural in WATCHED_KINDS.values()
+    ),
+    Need(
+        "",
+        "pods",
+        frozenset({"list", "watch"}),
+        "namespaced",
+        "kopf watches the consumer pods (by their label) into the cache the polls read",
+    ),
     Need(
         "kopf.dev",
         "kopfpeerings",

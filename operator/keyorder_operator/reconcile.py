@@ -10,6 +10,8 @@ tests (real kopf against an API emulator) run exactly the same code. Per resourc
   (self-repair), observes lag in Kafka and the pods' reports, decides, scales the Deployment, pushes
   the worker count to the ready pods and explains it in status, Events and metrics; or it advances a
   catch-up hand-over (``handover``);
+* on every watch event of an owned object or a consumer pod: keep it in the cache the polls read
+  (``cache``), so a steady poll reads nothing from the API server;
 * on delete: forget the resource's metric series and applied objects, and close its Kafka client;
   no poll of it runs again, and one in flight at the delete is cleaned up after it ends.
 
@@ -22,6 +24,8 @@ from typing import Any
 
 import kopf
 
+from keyorder_operator.cache import OwnedObjectsCache
+from keyorder_operator.cache import register as watch_owned_objects
 from keyorder_operator.context import OperatorContext
 from keyorder_operator.objects import apply_owned_objects
 from keyorder_operator.poll import Poll
@@ -33,6 +37,10 @@ __all__ = ["OperatorContext", "register"]
 
 def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     resource = (GROUP, VERSION, PLURAL)
+    if context.kube is not None and context.kube.cache is None:  # the owned objects are watched, not re-read
+        context.kube.cache = OwnedObjectsCache(counted=context.metrics.cache_read)
+    if context.kube is not None and context.kube.cache is not None:
+        watch_owned_objects(registry, context.kube.cache)
 
     @kopf.on.startup(registry=registry)
     def size_the_handler_pool(settings: kopf.OperatorSettings, **_: Any) -> None:

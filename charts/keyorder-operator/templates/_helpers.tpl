@@ -98,31 +98,32 @@ and kopf's needs): every call allowed, nothing more.
   resources: ["events"]
   verbs: ["create"]
 # The consumers' Deployment: server-side applied (patch creates and updates it), its replicas
-# set by the autoscaler (patch) and read back (get).
+# set by the autoscaler (patch); watched (list, watch: only the operator's, by label) into the
+# cache each poll reads, and read (get) when the cache does not have it.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "patch", "list", "watch"]
 # The consumers' headless metrics Service and their ServiceAccount (which gets no Role and no
-# token): server-side applied (patch creates and updates them), and read on each poll to see
-# whether anyone changed or deleted them since (get).
+# token): server-side applied (patch creates and updates them), and watched like the Deployment
+# to see whether anyone changed or deleted them since.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "patch", "list", "watch"]
 # A PodDisruptionBudget per consumer group (at most one pod down by voluntary disruption):
-# server-side applied, and read on each poll like the others.
+# server-side applied, and watched like the others.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "patch", "list", "watch"]
 # Secrets: create each group's admin-token Secret once, then read it (to push worker counts) and
 # the Kafka client-properties Secret a resource names (to read its lag). No list, no watch.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
-# Pods: list a group's ready pods to push the decided worker count to each of them, and wait
-# until none is left before a catch-up Job starts.
+# Pods: the consumer pods are watched (by label) to push the decided worker count to the ready
+# ones; list also waits until none is left before a catch-up Job starts.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # The Spark catch-up Job: created once per backlog, read for its outcome (finished Jobs expire
 # through ttlSecondsAfterFinished, so no delete).
 - apiGroups: ["batch"]

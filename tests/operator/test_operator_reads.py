@@ -1,0 +1,50 @@
+"""What a steady poll reads from the API server: with the owned objects and the consumer pods watched
+into the operator's cache, nothing (issue: "0 writes and at most 1 read that misses the cache").
+
+The real kopf operator on the API emulator; the lag comes from ``NoKafka`` (no broker), and the one
+consumer pod is an object created in the emulator (no kubelet runs it), labelled as the Deployment's
+pods are and marked Ready.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from keyorder_operator.builders import selector_labels
+from tests.operator.harness import CR, wait_for, wait_for_polls
+from tests.operator.test_operator_deployable import operator, resource
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def counted(context, result: str) -> float:
+    return context.metrics.registry.get_sample_value("keyorder_operator_cache_reads_total", {"result": result}) or 0.0
+
+
+def consumer_pod(instance: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{instance}-pod-1", "labels": selector_labels(instance)},
+        "spec": {"containers": [{"name": "consumer", "image": "registry.example/orders:1.0"}]},
+    }
+
+
+def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache(kube):
+    with operator(kube.url) as context:
+        kube.create(CR, resource("steady"))
+        wait_for(lambda: kube.get("apps/v1/deployments", "steady") is not None, 20, "the Deployment")
+        kube.create("v1/pods", consumer_pod("steady"))
+        kube.patch(
+            "v1/pods",
+            "steady-pod-1",
+            {"status": {"podIP": "127.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}},
+            subresource="status",
+        )
+        wait_for_polls(kube, "steady", 3)  # the watches have delivered everything by now
+        misses, hits = counted(context, "miss"), counted(context, "hit")
+        wait_for_polls(kube, "steady", 4)
+        assert counted(context, "miss") == misses, "a steady poll read an owned object or the pods from the API"
+        assert counted(context, "hit") - hits >= 4 * 6  # per poll: the Deployment twice, 4 versions, the pods
+        assert len(context.kube.cache) >= 5  # Deployment, Service, PDB, ServiceAccount, the pod
+    assert kube.get(CR, "steady") is not None
