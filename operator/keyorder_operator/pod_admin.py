@@ -1,10 +1,10 @@
 """Talking to a group's pods through their token-protected admin endpoints, all pods at once.
 
-Two calls per poll: ``GET /admin/scaling`` reads each pod's scaling report (what the policy needs
-to know *why* the group drains as it does), ``PUT /admin/workers`` pushes the decided key-worker
-count (the pods resize live: no restart, no rebalance). Both go to every ready pod concurrently
-with a short timeout, so one slow or dead pod costs one timeout, not one per pod. The push is
-idempotent: sent on every poll, it also brings newly started pods to the current size.
+Two calls: ``GET /admin/scaling`` reads each pod's scaling report on every poll (what the policy
+needs to know *why* the group drains as it does), ``PUT /admin/workers`` pushes the decided
+key-worker count (the pods resize live: no restart, no rebalance) to the pods whose report says
+another count, or that did not report (a new pod, one that restarted). Both go to the pods
+concurrently with a short timeout, so one slow or dead pod costs one timeout, not one per pod.
 
 Addresses are ``host`` (the port is the CR's ``httpPort``) or ``host:port`` (local processes in
 ``keyorder dev``, which share one host).
@@ -25,6 +25,8 @@ from keyorder_operator.pod_signals import BadPodReport, parse_report
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+ADDRESS = "address"
+"""The key ``fetch_reports`` adds to each report: the address it was read from."""
 MAX_PARALLEL = 32
 TIMEOUT_SECONDS = 2.0
 
@@ -56,6 +58,13 @@ def _each(addresses: Sequence[str], call: Callable[[str], T]) -> tuple[list[T], 
     return results, failures
 
 
+def needing_push(addresses: Sequence[str], reports: Sequence[dict[str, Any]], workers: int) -> list[str]:
+    """The addresses to push ``workers`` to: every one whose report says another count, or that did not
+    report this poll (new, restarted, or unreachable: the push is cheap and idempotent)."""
+    at_size = {report.get(ADDRESS) for report in reports if report.get("workers") == workers}
+    return [address for address in addresses if address not in at_size]
+
+
 def push_workers(
     addresses: Sequence[str], port: int, token: str, workers: int, timeout: float = TIMEOUT_SECONDS
 ) -> tuple[int, list[str]]:
@@ -81,7 +90,8 @@ def push_workers(
 def fetch_reports(
     addresses: Sequence[str], port: int, token: str, timeout: float = TIMEOUT_SECONDS
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every pod's scaling report, checked; returns (reports, failures as 'address: reason')."""
+    """Every pod's scaling report, checked, with the address it came from (``ADDRESS``); returns
+    (reports, failures as 'address: reason')."""
 
     def get(address: str) -> dict[str, Any]:
         request = urllib.request.Request(
@@ -90,8 +100,9 @@ def fetch_reports(
         with urllib.request.urlopen(request, timeout=timeout) as response:
             payload = response.read()
         try:
-            return parse_report(json.loads(payload))
+            report = parse_report(json.loads(payload))
         except json.JSONDecodeError as error:
             raise BadPodReport(f"not JSON: {error}") from None
+        return {**report, ADDRESS: address}
 
     return _each(addresses, get)

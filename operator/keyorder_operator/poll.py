@@ -24,6 +24,7 @@ from keyorder_operator.handover import CatchupHandover
 from keyorder_operator.key_names import with_key_digests
 from keyorder_operator.objects import apply_owned_objects
 from keyorder_operator.observe import LagSample, LagUnavailable, observation_from
+from keyorder_operator.pod_admin import needing_push
 from keyorder_operator.pod_signals import PodSignals, combine
 from keyorder_operator.policy import (
     Caveat,
@@ -61,6 +62,8 @@ class PodsRead:
     addresses: list[str]
     signals: PodSignals | None
     failures: list[str]
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    """Each pod's report, with the address it came from (``pod_admin.ADDRESS``)."""
 
 
 @dataclass(frozen=True)
@@ -275,7 +278,7 @@ class Poll:
         signals = combine(reports)
         if not self.spec.observability.show_keys:
             signals = with_key_digests(signals, token)
-        return PodsRead(token, addresses, signals, failures)
+        return PodsRead(token, addresses, signals, failures, reports)
 
     def hand_over(
         self, observed: Observed, decision: Decision, limits: ScalingLimits, paused: bool, replicas: int
@@ -327,13 +330,18 @@ class Poll:
         metrics.paused.labels(*self.labels).set(1 if paused else 0)
         metrics.limit(self.labels, limited.kind.value if limited else None)
         self.explain_limit(limited)
-        pushed = 0
+        at_size = 0
         failures: list[str] = []
         if recommend:
             failures = pods.failures
         elif target.replicas and pods.token is not None:
-            # pods that started after the read get the size on the next poll (the push is idempotent)
-            pushed, failures = self.context.push(pods.addresses, self.spec.http_port, pods.token, target.workers)
+            # only pods that run another count or did not report; pods that start after the read get the
+            # size on the next poll
+            stale = needing_push(pods.addresses, pods.reports, target.workers)
+            pushed = 0
+            if stale:
+                pushed, failures = self.context.push(stale, self.spec.http_port, pods.token, target.workers)
+            at_size = len(pods.addresses) - len(stale) + pushed
         elif target.replicas and pods.failures:
             failures = pods.failures
         if paused:
@@ -355,7 +363,7 @@ class Poll:
         status = self.patch.status
         status["replicas"] = target.replicas
         status["workersPerPod"] = target.workers
-        status["podsUpdated"] = pushed
+        status["podsUpdated"] = at_size
         status["limit"] = limited.message if limited else None
         status["lastDecision"] = {"reason": reason, "time": timestamp(self.now)}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import threading
 
 import pytest
@@ -17,6 +18,7 @@ from keyorder.devtools.embedded import EmbeddedBroker
 from keyorder.devtools.loadgen import create_topics, produce_keyed
 from keyorder_operator.builders import ASSIGNMENT_STRATEGY_VARIABLE
 from keyorder_operator.kube import Kube
+from keyorder_operator.pod_admin import push_workers
 from keyorder_operator.reconcile import OperatorContext, register
 from tests.operator.harness import CR, TimerRuns, api_client, last_poll_at, run_kopf, wait_for, wait_for_polls
 from tests.operator.kubelet import admin_token, consumer_labels, create_pod, report_pod_status, write_admin_token
@@ -214,7 +216,8 @@ def test_unknown_lag_never_scales(kube):
 
 def test_worker_count_reaches_a_running_pod_live(kube, broker, tmp_path, run_pod):
     """The operator pushes its decision to a real keyorder pod through the token-protected endpoint, and
-    the pod then handles more keys at once than its starting 4 workers could, still one at a time per key."""
+    the pod then handles more keys at once than its starting 4 workers could, still one at a time per key.
+    Once the pod reports the decided count, polls that keep it push nothing."""
     from keyorder.devtools.embedded import free_port
     from tests.conftest import Recorder
     from tests.guarantees import assert_key_order
@@ -225,7 +228,13 @@ def test_worker_count_reaches_a_running_pod_live(kube, broker, tmp_path, run_pod
     commit_group(broker.bootstrap, f"g-{topic}", topic, {0: 0, 1: 0})
     port = free_port()
     recorder = Recorder(0.02, 0.04)
-    with operator(kube.url):
+    pushes: list[tuple[tuple[str, ...], int]] = []
+
+    def recorded_push(addresses, port, token, workers):
+        pushes.append((tuple(addresses), workers))
+        return push_workers(addresses, port, token, workers)
+
+    with operator(kube.url, push=recorded_push):
         kube.create(CR, consumer_resource("live", broker.bootstrap, topic, httpPort=port))
         wait_for(lambda: admin_token(kube, "live"), 20, "the admin token Secret")
         token_file = write_admin_token(kube, "live", tmp_path / "token")
@@ -251,6 +260,10 @@ def test_worker_count_reaches_a_running_pod_live(kube, broker, tmp_path, run_pod
         )
         status = kube.get(CR, "live")["status"]
         assert status["podsUpdated"] == 1
+        wait_for_polls(kube, "live", 4)
+        # a count is pushed once: the pod then reports it, and later polls push only a new decision
+        repeated = [later for earlier, later in itertools.pairwise(pushes) if later == earlier]
+        assert pushes and not repeated, f"the same count pushed again to a pod that runs it: {pushes}"
         # the pushed count is what the pod runs: more handler calls at once than 4 workers allow
         wait_for(lambda: recorder.serial.peak > 4, 30, "more than 4 handler calls at once on the pod")
     recorder.serial.assert_serial()
@@ -407,20 +420,20 @@ def test_recommend_only_mode_publishes_the_decision_and_changes_nothing(kube, br
 
 
 def test_a_failing_poll_sets_reconcile_failed_until_a_poll_succeeds(kube, broker):
-    """A poll that raises (here a worker push that fails in a way the operator does not expect: a FAKE
-    push) is reported in the ReconcileFailed condition, an Event and the errors metric, not only a log
-    line; the next successful poll clears it."""
+    """A poll that raises (here reading the pods' reports fails in a way the operator does not expect: a
+    FAKE ``fetch_reports``) is reported in the ReconcileFailed condition, an Event and the errors metric,
+    not only a log line; the next successful poll clears it."""
     topic = "okc-failing"
     create_topics(broker.bootstrap, [topic], 2)
     broken = threading.Event()
     broken.set()
 
-    def push(addresses, port, token, workers):
+    def fetch_reports(addresses, port, token):
         if broken.is_set():
             raise RuntimeError("the push client is broken")
-        return len(addresses), []
+        return [], []
 
-    with operator(kube.url, push=push) as context:
+    with operator(kube.url, fetch_reports=fetch_reports) as context:
         kube.create(CR, consumer_resource("fragile", broker.bootstrap, topic))
         wait_for(lambda: condition(kube.get(CR, "fragile"), "ReconcileFailed") == "True", 30, "ReconcileFailed")
         entry = condition_entry(kube.get(CR, "fragile"), "ReconcileFailed")
