@@ -47,6 +47,8 @@ API_CALLS = {
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list"},
     ("batch", "jobs"): {"get", "create"},
+    # list: is another autoscaler (an HPA, or KEDA's, which is one) scaling the consumers' Deployment?
+    ("autoscaling", "horizontalpodautoscalers"): {"list"},
     # Not a call: the owned objects' ownerReferences set blockOwnerDeletion, which clusters enforcing
     # OwnerReferencesPermissionEnforcement (OpenShift) allow only with update on the owner's finalizers.
     ("keyorder.dev", "orderedconsumers/finalizers"): {"update"},
@@ -122,6 +124,7 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.policy = kubernetes.client.PolicyV1Api(api_client)
         self.batch = kubernetes.client.BatchV1Api(api_client)
+        self.autoscaling = kubernetes.client.AutoscalingV2Api(api_client)
 
     def _apply_call(self, kind: str) -> Any:
         table = {
@@ -271,6 +274,22 @@ class Kube:
                 raise JobConflict(f"Job {namespace}/{name} already exists and belongs to another hand-over") from None
             return
         log.info("created Job %s/%s", namespace, name)
+
+    def autoscalers_of(self, namespace: str, deployment: str) -> list[str]:
+        """The HorizontalPodAutoscalers that scale Deployment ``deployment`` (KEDA's ScaledObjects work
+        through one each): their names. A cluster without the autoscaling/v2 API has none."""
+        try:
+            listed = self.autoscaling.list_namespaced_horizontal_pod_autoscaler(namespace).items
+        except ApiException as error:
+            if error.status == 404:
+                return []
+            raise
+        names = []
+        for hpa in listed:
+            target = hpa.spec.scale_target_ref if hpa.spec is not None else None
+            if target is not None and target.kind == "Deployment" and target.name == deployment:
+                names.append(str(hpa.metadata.name) if hpa.metadata is not None else "?")
+        return sorted(names)
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Job as a plain dict (``None`` when it does not exist)."""

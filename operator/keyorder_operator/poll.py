@@ -183,6 +183,8 @@ class Poll:
         state = state_from_status(self.status, self.spec, replicas)
         paused = self.paused
         observed = self.observe(state, replicas, paused)
+        if self.other_autoscaler(replicas):
+            return
         current = Size(replicas, state.current.workers)
         metrics = self.context.metrics
         if not self.spec.scaling.enabled:
@@ -205,6 +207,34 @@ class Poll:
         if self.hand_over(observed, decision, limits, paused, replicas):
             return
         self.act(decision.target, decision.reason, decision.limited, decision.caveat, current, paused, observed.pods)
+
+    def other_autoscaler(self, replicas: int) -> bool:
+        """Whether another autoscaler (an HPA, or KEDA's) scales this Deployment: then the operator leaves
+        its replicas and the pods' workers alone and says so (``ScalingConflict``), rather than fight it.
+        Asked (one list of the namespace's HPAs) on the first poll, whenever the replicas moved without
+        the operator, and on every poll while the conflict lasts; a steady poll asks nothing."""
+        decided = self.status.get("replicas")
+        in_conflict = condition_is(self.conditions, "ScalingConflict")
+        moved = not isinstance(decided, int) or decided != replicas
+        if not (in_conflict or moved):
+            return False
+        names = self.context.kube.autoscalers_of(self.namespace, self.name)
+        if not names:
+            if in_conflict:
+                self.condition("ScalingConflict", False, "NoOtherAutoscaler", "no other autoscaler scales the pods")
+            return False
+        listed = ", ".join(f"HorizontalPodAutoscaler {self.namespace}/{name}" for name in names)
+        message = (
+            f"{listed} also scales Deployment {self.name}: two autoscalers would fight over its replicas, so "
+            "keyorder leaves them (and the workers per pod) alone; delete it, or the KEDA ScaledObject that "
+            "made it: keyorder scales by lag itself, pods first, then key workers per pod"
+        )
+        if not in_conflict:
+            self.warn("ScalingConflict", message)
+        self.condition("ScalingConflict", True, "OtherAutoscaler", message)
+        self.condition("Scaling", False, "OtherAutoscaler", message)
+        self.patch.status["replicas"] = replicas
+        return True
 
     def recommend(self, decision: Decision, current: Size, paused: bool, pods: PodsRead) -> None:
         """``scaling.mode: recommend``: publish the decision (status, an Event when it changes, metrics)

@@ -34,7 +34,16 @@ if TYPE_CHECKING:
 SPEC_CONDITIONS = frozenset({"InvalidSpec"})
 """The conditions only the spec handlers (create, update, resume) write."""
 POLL_CONDITIONS = frozenset(
-    {"Ready", "Scaling", "ScalingLimited", "LagUnknown", "CatchingUp", "CatchupFailed", "ReconcileFailed"}
+    {
+        "Ready",
+        "Scaling",
+        "ScalingLimited",
+        "ScalingConflict",
+        "LagUnknown",
+        "CatchingUp",
+        "CatchupFailed",
+        "ReconcileFailed",
+    }
 )
 """The conditions only the poll (the timer, the catch-up hand-over included) writes."""
 

@@ -124,6 +124,11 @@ and kopf's needs): every call allowed, nothing more.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
+# HorizontalPodAutoscalers: listed when the consumers' replicas changed behind the operator's back,
+# to name another autoscaler (an HPA, or KEDA's) that scales the same Deployment and stop fighting it.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list"]
 # The Spark catch-up Job: created once per backlog, read for its outcome (finished Jobs expire
 # through ttlSecondsAfterFinished, so no delete).
 - apiGroups: ["batch"]
