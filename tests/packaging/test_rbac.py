@@ -24,7 +24,13 @@ CLUSTER_SCOPED = {
     ("", "namespaces"),
     ("kopf.dev", "clusterkopfpeerings"),
 }
-API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "PolicyV1Api": "policy", "BatchV1Api": "batch"}
+API_GROUPS = {
+    "CoreV1Api": "",
+    "AppsV1Api": "apps",
+    "PolicyV1Api": "policy",
+    "BatchV1Api": "batch",
+    "AutoscalingV2Api": "autoscaling",
+}
 VERBS = {"read": "get", "create": "create", "patch": "patch", "list": "list", "delete": "delete", "replace": "update"}
 RESOURCES = {
     "deployment": "deployments",
@@ -36,6 +42,7 @@ RESOURCES = {
     "job": "jobs",
     "config_map": "configmaps",
     "event": "events",
+    "horizontal_pod_autoscaler": "horizontalpodautoscalers",
 }
 
 
