@@ -40,10 +40,12 @@ manager's applied configuration (an apply of one field would remove all the othe
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 
 API_CALLS = {
-    ("apps", "deployments"): {"get", "patch"},  # patch: server-side apply creates and updates
-    ("", "services"): {"get", "patch"},  # get: has anyone changed it since the last apply?
-    ("policy", "poddisruptionbudgets"): {"get", "patch"},
-    ("", "serviceaccounts"): {"get", "patch"},
+    # patch: server-side apply updates; create: an apply that creates the object is also authorised as
+    # create (the API server checks both); get: a read the watched cache could not answer
+    ("apps", "deployments"): {"get", "patch", "create"},
+    ("", "services"): {"get", "patch", "create"},
+    ("policy", "poddisruptionbudgets"): {"get", "patch", "create"},
+    ("", "serviceaccounts"): {"get", "patch", "create"},
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list"},
     ("batch", "jobs"): {"get", "create"},

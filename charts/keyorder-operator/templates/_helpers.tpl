@@ -97,23 +97,23 @@ and kopf's needs): every call allowed, nothing more.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# The consumers' Deployment: server-side applied (patch creates and updates it), its replicas
-# set by the autoscaler (patch); watched (list, watch: only the operator's, by label) into the
-# cache each poll reads, and read (get) when the cache does not have it.
+# The consumers' Deployment: server-side applied (patch; an apply that creates it is authorised as
+# create too), its replicas set by the autoscaler (patch); watched (list, watch: only the
+# operator's, by label) into the cache each poll reads, and read (get) when the cache does not have it.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "patch", "list", "watch"]
+  verbs: ["get", "patch", "create", "list", "watch"]
 # The consumers' headless metrics Service and their ServiceAccount (which gets no Role and no
-# token): server-side applied (patch creates and updates them), and watched like the Deployment
-# to see whether anyone changed or deleted them since.
+# token): server-side applied (patch, and create for the apply that creates them), and watched
+# like the Deployment to see whether anyone changed or deleted them since.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["get", "patch", "list", "watch"]
+  verbs: ["get", "patch", "create", "list", "watch"]
 # A PodDisruptionBudget per consumer group (at most one pod down by voluntary disruption):
 # server-side applied, and watched like the others.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "patch", "list", "watch"]
+  verbs: ["get", "patch", "create", "list", "watch"]
 # Secrets: create each group's admin-token Secret once, then read it (to push worker counts) and
 # the Kafka client-properties Secret a resource names (to read its lag). No list, no watch.
 - apiGroups: [""]

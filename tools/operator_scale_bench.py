@@ -1,0 +1,288 @@
+"""How the operator keeps time with many OrderedConsumers: a benchmark, run as users run the operator.
+
+For each N (``--resources 50,200,500``): the API emulator (a FAKE Kubernetes API server, the one the
+operator's tests use, with the chart's RBAC) holds N OrderedConsumers polling every
+``--interval`` seconds; 5% of them point at a Kafka that accepts connections and never answers, the
+rest at a real Kafka-protocol broker (Tansu). ``keyorder operator`` runs as a separate process
+logged in with the operator's ServiceAccount token. After every resource has polled twice, the
+benchmark watches for ``--seconds``:
+
+- **poll gaps** of the healthy resources (from the operator's own
+  ``keyorder_operator_last_poll_timestamp_seconds``, read every second): p50, p95 and max against the
+  configured interval;
+- the operator's **CPU** (cores), **RSS** and **threads** (from /proc);
+- **API requests per poll** per resource: reads and writes the emulator received from the operator
+  (watch streams are counted apart: they are opened once, not per poll).
+
+    .venv/bin/python -m tools.operator_scale_bench --resources 50,200,500
+
+Prints a table per N and writes ``operator-scale-bench.json``. One process at a time on the machine:
+the figures are about the operator's share of two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from keyorder.devtools.embedded import EmbeddedBroker, free_port
+from keyorder.devtools.loadgen import create_topics, produce_keyed
+from tests.operator.emulator import Emulator
+from tests.operator.harness import CR, serve_emulator, stop_process, write_kubeconfig
+
+TOPIC = "bench-orders"
+UNREACHABLE_SHARE = 0.05
+
+
+NAMES = ("ok-", "dead-")
+"""The resources' name prefixes, left out of the paths counted by ``--by-path``."""
+
+
+class RequestCounts:
+    """Requests the emulator answered, by kind (read, write, watch) and by kind, method and path (thread-safe:
+    the emulator's loop counts)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def install(self) -> None:
+        """Count every request the emulator handles (its class's request entry point, wrapped in this
+        process only: the bench owns the one emulator it runs)."""
+        handle = Emulator._handle
+        counts = self
+
+        async def counted(emulator: Emulator, request: Any) -> Any:
+            method = str(getattr(request.method, "value", request.method)).upper()
+            watching = str(request.params.get("watch", "")).lower() in ("true", "1")
+            kind = "watch" if watching else ("read" if method == "GET" else "write")
+            with counts.lock:
+                counts.counts[kind] += 1
+                path = "/".join(part for part in str(request.url.path).split("/") if not part.startswith(NAMES))
+                counts.counts[f"{kind} {method} {path}"] += 1
+            return await handle(emulator, request)
+
+        Emulator._handle = counted  # type: ignore[method-assign]
+
+    def snapshot(self) -> Counter[str]:
+        with self.lock:
+            return Counter(self.counts)
+
+
+@contextlib.contextmanager
+def silent_kafka() -> Iterator[str]:
+    """A listener that accepts connections and never answers: a Kafka that hangs every request."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4096)
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def resource(name: str, bootstrap: str, interval: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "keyorder.dev/v1alpha1",
+        "kind": "OrderedConsumer",
+        "metadata": {"name": name},
+        "spec": {
+            "kafka": {"bootstrapServers": bootstrap, "topics": [TOPIC], "groupId": f"g-{name}"},
+            "handler": {"image": "registry.example/orders:1.0", "handler": "orders.handler:handle"},
+            "scaling": {"pollIntervalSeconds": interval},
+        },
+    }
+
+
+def poll_times(metrics_port: int) -> dict[str, float]:
+    """Each resource's last poll start (Unix time), from the operator's metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    times = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "keyorder_operator_last_poll_timestamp_seconds":
+            for sample in family.samples:
+                times[sample.labels["name"]] = sample.value
+    return times
+
+
+def process_usage(pid: int) -> tuple[float, int, int]:
+    """(CPU seconds, RSS bytes, threads) of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    rss = int(status["VmRSS"].split()[0]) * 1024
+    return cpu, rss, int(status["Threads"])
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+def run_one(count: int, interval: int, seconds: float, broker: EmbeddedBroker, work: Path) -> dict[str, Any]:
+    counts = RequestCounts()
+    counts.install()
+    unreachable = max(round(count * UNREACHABLE_SHARE), 1)
+    with silent_kafka() as dead, serve_emulator() as kube:
+        names = [f"ok-{index:04d}" for index in range(count - unreachable)]
+        dead_names = [f"dead-{index:04d}" for index in range(unreachable)]
+        for name in names:
+            kube.create(CR, resource(name, broker.bootstrap, interval))
+        for name in dead_names:
+            kube.create(CR, resource(name, dead, interval))
+        metrics_port, liveness_port = free_port(), free_port()
+        kubeconfig = write_kubeconfig(kube.url, work / f"kubeconfig-{count}")
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}
+        command = [sys.executable, "-m", "keyorder.cli", "operator", "--metrics-port", str(metrics_port)]
+        command += ["--liveness", f"http://127.0.0.1:{liveness_port}/healthz", "--log-level", "WARNING"]
+        log_path = work / f"operator-{count}.log"
+        with log_path.open("w") as log:
+            operator = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            return measure(count, interval, seconds, names, operator, metrics_port, counts)
+        finally:
+            stop_process(operator)
+            errors = [line for line in log_path.read_text().splitlines() if " ERROR " in line]
+            if errors:
+                print(f"  N={count}: the operator logged {len(errors)} errors; the first: {errors[0][:300]}")
+
+
+def measure(
+    count: int,
+    interval: int,
+    seconds: float,
+    healthy: list[str],
+    operator: subprocess.Popen[str],
+    metrics_port: int,
+    counts: RequestCounts,
+) -> dict[str, Any]:
+    started = time.monotonic()
+    seen: dict[str, list[float]] = {}
+    warm_deadline = started + max(180.0, 6 * interval)
+    print(f"  N={count}: waiting for every resource to poll twice ...", flush=True)
+    while True:
+        if operator.poll() is not None:
+            raise RuntimeError(f"the operator exited with {operator.returncode} before warming up")
+        with contextlib.suppress(OSError):
+            for name, at in poll_times(metrics_port).items():
+                polls = seen.setdefault(name, [])
+                if not polls or polls[-1] != at:
+                    polls.append(at)
+        ready = sum(1 for polls in seen.values() if len(polls) >= 2)
+        if ready >= count:
+            break
+        if time.monotonic() > warm_deadline:
+            print(f"  N={count}: only {ready} of {count} resources polled twice; measuring anyway", flush=True)
+            break
+        time.sleep(1.0)
+    print(f"  N={count}: warm after {time.monotonic() - started:.0f} s; measuring {seconds:.0f} s ...", flush=True)
+    seen = {name: polls[-1:] for name, polls in seen.items()}
+    cpu_before, _, _ = process_usage(operator.pid)
+    requests_before = counts.snapshot()
+    window_start = time.monotonic()
+    rss_peak = threads_peak = 0
+    while time.monotonic() - window_start < seconds:
+        time.sleep(1.0)
+        for name, at in poll_times(metrics_port).items():
+            polls = seen.setdefault(name, [])
+            if not polls or polls[-1] != at:
+                polls.append(at)
+        _, rss, threads = process_usage(operator.pid)
+        rss_peak, threads_peak = max(rss_peak, rss), max(threads_peak, threads)
+        elapsed = time.monotonic() - window_start
+        print(f"\r  N={count}: {elapsed:3.0f}/{seconds:.0f} s", end="", flush=True)
+    print(flush=True)
+    window = time.monotonic() - window_start
+    cpu_after, _, _ = process_usage(operator.pid)
+    requests = counts.snapshot() - requests_before
+    gaps = [later - earlier for name in healthy for earlier, later in itertools.pairwise(seen.get(name, []))]
+    polls = sum(max(len(polls) - 1, 0) for polls in seen.values())
+    return {
+        "resources": count,
+        "interval_seconds": interval,
+        "window_seconds": round(window, 1),
+        "polls": polls,
+        "gap_p50": round(statistics.median(gaps), 2) if gaps else None,
+        "gap_p95": round(percentile(gaps, 0.95), 2) if gaps else None,
+        "gap_max": round(max(gaps), 2) if gaps else None,
+        "gap_p95_ratio": round(percentile(gaps, 0.95) / interval, 2) if gaps else None,
+        "gap_max_ratio": round(max(gaps) / interval, 2) if gaps else None,
+        "healthy_never_polled": sum(1 for name in healthy if len(seen.get(name, [])) < 2),
+        "cpu_cores": round((cpu_after - cpu_before) / window, 3),
+        "rss_mb": round(rss_peak / 2**20, 1),
+        "threads": threads_peak,
+        "reads_per_poll": round(requests["read"] / polls, 3) if polls else None,
+        "writes_per_poll": round(requests["write"] / polls, 3) if polls else None,
+        "watch_requests": requests["watch"],
+        "requests_by_path": {what: number for what, number in requests.items() if " " in what},
+    }
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    header = (
+        "| resources | poll gap p50 / p95 / max (s) | p95 / interval | max / interval | CPU (cores) | RSS (MB) "
+        "| threads | reads / poll | writes / poll |"
+    )
+    lines = [header, "|" + "---|" * 9]
+    for row in results:
+        lines.append(
+            f"| {row['resources']} | {row['gap_p50']} / {row['gap_p95']} / {row['gap_max']} | "
+            f"{row['gap_p95_ratio']}x | {row['gap_max_ratio']}x | {row['cpu_cores']} | {row['rss_mb']} | "
+            f"{row['threads']} | {row['reads_per_poll']} | {row['writes_per_poll']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--resources", default="50,200,500", help="comma-separated resource counts")
+    parser.add_argument("--interval", type=int, default=5, help="each resource's pollIntervalSeconds")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window per count")
+    parser.add_argument("--output", type=Path, default=Path("operator-scale-bench.json"))
+    parser.add_argument("--by-path", action="store_true", help="also print the requests by method and path")
+    args = parser.parse_args(argv)
+    try:
+        sizes = [int(part) for part in args.resources.split(",") if part.strip()]
+    except ValueError:
+        parser.error(f"--resources must be comma-separated whole numbers, got {args.resources!r}")
+    if not sizes or min(sizes) < 1:
+        parser.error(f"--resources needs at least one count above 0, got {args.resources!r}")
+    results = []
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="operator-bench-") as work:
+        create_topics(broker.bootstrap, [TOPIC], 4)
+        produce_keyed(broker.bootstrap, TOPIC, 2_000, 50, extra_config={"batch.num.messages": 1})
+        for size in sizes:
+            results.append(run_one(size, args.interval, args.seconds, broker, Path(work)))
+            print(render(results[-1:]), flush=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    if args.by_path:
+        for row in results:
+            print(f"N={row['resources']}: requests in the window, by kind and path (names left out):")
+            for what, number in sorted(row["requests_by_path"].items(), key=lambda item: -item[1]):
+                print(f"  {number:8d}  {what}")
+    print(render(results))
+    print(f"written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
