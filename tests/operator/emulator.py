@@ -1,14 +1,37 @@
-"""kmock's in-memory Kubernetes API, made realistic enough for the real kopf operator.
+"""A FAKE Kubernetes API server for the tests: kmock's in-memory emulator, made strict where the real one is.
 
-Plain ``kmock.KubernetesEmulator`` never sets ``resourceVersion``/``uid``/``generation``/``creationTimestamp``,
-ignores ``generateName`` and answers a failed JSON-patch ``test`` op with a 500. kopf needs all of these (its
-finalizer patch is a JSON-patch that tests ``/metadata/resourceVersion``; its Events use ``generateName``).
-It also has no server-side apply: this one answers ``application/apply-patch+yaml`` PATCHes with SSA's merge
-semantics (``server_side_apply``: removed fields and list items go, lists of the Kubernetes types merge by
-their keys), creating the object when it does not exist, and strategic merge patches with their list
-semantics (keyed lists merged, nothing removed), so a test fails when the operator's apply leaves a removed
-env var or port behind, as a client-side patch does on a real API server. It keeps no request log (see
-``_handle``).
+It is not a Kubernetes API server and runs none of its controllers but the garbage collector. Plain
+``kmock.KubernetesEmulator`` stores whatever it is sent; this subclass does what the real API server does
+to a request, where the operator depends on it:
+
+* **Metadata and concurrency**: ``uid``, ``resourceVersion`` (one counter, as etcd's), ``generation``
+  (bumped when anything but ``metadata`` and ``status`` changes), ``creationTimestamp``, ``generateName``;
+  409 on a stale ``resourceVersion``; 422 for a failed JSON-patch ``test``; a write that changes nothing
+  is a no-op (no new version, no watch event).
+* **Custom resources are validated** (``register_crd``, ``crd_validation``): the version's
+  ``openAPIV3Schema`` and every ``x-kubernetes-validations`` rule (cel-python), on create, update, patch
+  and apply; unknown fields pruned (refused with ``?fieldValidation=Strict``, with 400), ``default``s
+  stored; a refusal is a 422 ``Invalid`` naming the field (``spec.x: Invalid value: ...``).
+* **The status subresource**: for a resource that has one, a write to the object ignores ``status`` and a
+  write to ``.../status`` ignores everything else (metadata too), for POST, PUT and every PATCH
+  (merge, JSON, strategic merge, apply).
+* **Deletion**: an object with finalizers gets ``deletionTimestamp`` (a MODIFIED event) and stays until
+  its finalizers are gone; no finalizer can be added meanwhile; without finalizers it is removed at once.
+* **Garbage collection** (background propagation): when an object is removed, every object whose
+  ``ownerReferences`` name its uid is deleted too, honouring their own finalizers, and so on down; one
+  that still has another live owner only loses the dangling reference. ``propagationPolicy=Orphan``
+  removes the references instead. Done at once, in the deleting request (the real collector runs a
+  moment later); foreground propagation is treated as background.
+* **Watches** deliver ADDED, MODIFIED and DELETED (with the object's last state, under a new
+  ``resourceVersion``), and honour ``?resourceVersion=N``; lists and watches honour ``labelSelector``.
+* **Server-side apply** (``server_side_apply``): field ownership, 409 conflicts, ``force``,
+  ``managedFields``; strategic merge patches with their list semantics.
+* **Authentication and RBAC** (``authorization``): a request with ``Authorization: Bearer <token>`` acts
+  as the identity ``tokens`` maps the token to (an unknown token: 401), and is authorised by
+  ``authorizer`` (403 ``Forbidden`` worded as the API server words it, recorded in ``refused``); a request
+  without a token is the test's own, and is allowed everything.
+
+Lookups go by (resource, namespace, name) and a per-resource index, never by scanning every object.
 """
 
 from __future__ import annotations
@@ -16,12 +39,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import datetime
 import gzip
 import importlib.resources
+import logging
 import random
+import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -30,9 +57,10 @@ import jsonpatch
 import jsonpointer
 import kmock
 import yaml
-from kmock._internal import dicts  # the very merge/JSON-patch logic the emulator applies
+from kmock._internal import dicts  # the very merge/JSON-patch logic kmock applies
 
-from tests.operator import server_side_apply
+from tests.operator import authorization, server_side_apply
+from tests.operator.crd_validation import CustomResourceSchema, Invalid, UnknownFields
 
 _WRITES = {kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # as Kubernetes' generateName suffixes
@@ -40,30 +68,140 @@ _CLOSE = object()  # put into the buses to end the watch streams
 APPLY_PATCH = "application/apply-patch+yaml"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 CRD_VERBS = frozenset({"list", "watch", "get", "create", "patch", "update", "delete"})
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "orderedconsumers.keyorder.dev.yaml"
+_SERVER_SET = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation")
+
+ObjectKey = tuple[Any, str | None, str]
+logger = logging.getLogger(__name__)
 
 
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _qualified(resource: Any) -> str:
+    return f"{resource.plural}.{resource.group}" if resource.group else str(resource.plural)
+
+
+def _not_found(resource: Any, name: str | None) -> kmock.KubernetesError:
+    return kmock.KubernetesError(
+        404,
+        "NotFound",
+        f'{_qualified(resource)} "{name}" not found',
+        {"name": name, "group": resource.group, "kind": resource.plural},
+    )
+
+
+def _conflict(resource: Any, name: str | None, why: str) -> kmock.KubernetesError:
+    return kmock.KubernetesError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {_qualified(resource)} "{name}": {why}',
+        {"name": name, "group": resource.group, "kind": resource.plural},
+    )
+
+
+def _invalid(resource: Any, kind: str, name: str | None, causes: list[tuple[str, str]]) -> kmock.KubernetesError:
+    """A 422 Invalid; ``causes``: ``(field, message)``."""
+    listed = causes[0][1] if len(causes) == 1 else "[" + ", ".join(message for _, message in causes) + "]"
+    subject = f'{kind}.{resource.group} "{name}"' if resource.group else f'{kind} "{name}"'
+    return kmock.KubernetesError(
+        422,
+        "Invalid",
+        f"{subject} is invalid: {listed}",
+        {
+            "name": name,
+            "group": resource.group,
+            "kind": kind,
+            "causes": [{"reason": "FieldValueInvalid", "field": path, "message": msg} for path, msg in causes],
+        },
+    )
+
+
+def _owner_uids(raw: Mapping[str, Any]) -> set[str]:
+    return {
+        str(ref["uid"])
+        for ref in (raw.get("metadata") or {}).get("ownerReferences") or []
+        if isinstance(ref, dict) and ref.get("uid")
+    }
+
+
+_SELECTOR_TERM = re.compile(r"\s*(!?)([\w./-]+)\s*(?:(==|=|!=)\s*([\w./-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")
+
+
+def label_selector(text: str) -> Callable[[Mapping[str, Any]], bool]:
+    """A ``labelSelector`` (``a=b,c!=d,e in (x,y),f notin (z),g,!h``) as a predicate on an object."""
+    terms = []
+    for part in re.split(r",(?![^(]*\))", text or ""):
+        if not part.strip():
+            continue
+        match = _SELECTOR_TERM.match(part)
+        if not match:
+            raise kmock.KubernetesError(400, "BadRequest", f"unable to parse requirement: {part!r}")
+        negated, key, operator, value, set_operator, values = match.groups()
+        terms.append((negated, key, operator, value, set_operator, {v.strip() for v in (values or "").split(",")}))
+
+    def matches(raw: Mapping[str, Any]) -> bool:
+        labels = (raw.get("metadata") or {}).get("labels") or {}
+        for negated, key, operator, value, set_operator, values in terms:
+            if operator in ("=", "=="):
+                ok = labels.get(key) == value
+            elif operator == "!=":
+                ok = labels.get(key) != value
+            elif set_operator == "in":
+                ok = labels.get(key) in values
+            elif set_operator == "notin":
+                ok = labels.get(key) not in values
+            else:
+                ok = (key in labels) != bool(negated)
+            if not ok:
+                return False
+        return True
+
+    return matches
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
-    """A KubernetesEmulator with metadata bookkeeping, optimistic concurrency (409) and JSON-patch 422s."""
+    """A FAKE API server: kmock's emulator with the real API server's strictness (see the module docstring)."""
 
     revision: int = attrs.field(default=0, init=False)  # the last resourceVersion handed out (one counter, as etcd)
     committed: int = attrs.field(default=0, init=False)  # the last one whose write completed (lists report it)
     _write_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
-    applied: dict[tuple[Any, str | None, str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
-    owned: dict[tuple[Any, str | None, str, str], set[Any]] = attrs.field(factory=dict, init=False)
-    """The fields each field manager owns, per object (``server_side_apply.field_paths``)."""
-    """(resource, namespace, name, field manager) -> what that manager last server-side applied."""
+    applied: dict[ObjectKey, dict[str, dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    """(resource, namespace, name) -> field manager -> what that manager last server-side applied."""
+    owned: dict[ObjectKey, dict[str, set[Any]]] = attrs.field(factory=dict, init=False)
+    """(resource, namespace, name) -> field manager -> the fields it owns (``server_side_apply.field_paths``)."""
+    schemas: dict[Any, CustomResourceSchema] = attrs.field(factory=dict, init=False)
+    """Custom resources' schemas (``register_crd``): their objects are validated and defaulted."""
+    tokens: dict[str, authorization.Identity] = attrs.field(factory=dict)
+    """Bearer token -> who presents it. A request without a token is the test's own (allowed everything)."""
+    authorizer: authorization.Authorizer | None = None
+    """RBAC for the requests with a token (None: they are allowed everything too)."""
+    enforce_rbac: bool = True
+    """False: what RBAC refuses is only recorded in ``refused`` and then allowed (an audit: every request a
+    chart's rules lack, in one run, instead of the first refusal stopping the operator)."""
+    refused: list[dict[str, Any]] = attrs.field(factory=list, init=False)
+    """Every request RBAC refused: method, path, verb, resource, namespace, name, user, message."""
+    warnings: list[str] = attrs.field(factory=list, init=False)
+    """The API warnings sent (unknown fields pruned from a custom resource)."""
     _closing: bool = attrs.field(default=False, init=False)
+    _index: dict[Any, dict[tuple[str | None, str], None]] = attrs.field(factory=dict, init=False)
+    _created: dict[ObjectKey, int] = attrs.field(factory=dict, init=False)
+    _uids: dict[str, ObjectKey] = attrs.field(factory=dict, init=False)
+    _dependents: dict[str, set[ObjectKey]] = attrs.field(factory=dict, init=False)
 
     async def close_watches(self) -> None:
         """End every watch stream, now and later: aiohttp's shutdown would otherwise wait for them (60 s)."""
         self._closing = True
         for bus in list(self._buses.values()):
             await bus.put(_CLOSE)
+
+    def field_managers(self, resource: Any, namespace: str | None, name: str) -> list[str]:
+        """The field managers that have server-side applied the object."""
+        return sorted(self.applied.get((kmock.resource(resource), namespace, name), {}))
+
+    # ------------------------------------------------------------ routing
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """kmock logs every request and routes each one by scanning that log once per reaction, which grew
@@ -76,73 +214,465 @@ class Emulator(kmock.KubernetesEmulator):
                 self._requests.remove(request)
 
     async def _handle_logged(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        if request.resource is None or request.action not in _WRITES:
-            return await super()._handle(request)
-        async with self._write_lock:  # one write at a time: the checks below and the parent's write are atomic
+        identity = self._authenticate(request)
+        if identity is not None:
+            self._authorize(request, identity)
+        is_write = request.resource is not None and (
+            request.action in _WRITES or (request.method == kmock.method.PUT and request.name is not None)
+        )
+        if not is_write:
+            return await super()._handle(request)  # reads: kmock's routing, to the _serve_* below
+        if request.resource not in self.resources:
+            raise kmock.KubernetesError(404, "NotFound", "the server could not find the requested resource", {})
+        async with self._write_lock:  # one write at a time: each is atomic, as etcd's transactions
+            pruned: list[str] = []
             try:
-                if request.action == kmock.action.UPDATE and self._content_type(request) == APPLY_PATCH:
-                    self._server_side_apply(request)
-                elif request.action == kmock.action.UPDATE and self._content_type(request) == STRATEGIC_PATCH:
-                    self._strategic_merge(request)
-                elif request.action == kmock.action.CREATE and isinstance(request.data, dict):
-                    meta = request.data.get("metadata") or {}
-                    self._forget_applied(request.resource, meta.get("namespace") or request.namespace, meta.get("name"))
-                await self._prepare(request)
-                response = await super()._handle(request)
-                self.committed = self.revision  # everything up to here is stored and on the buses
-                return response
+                body, status = await self._write(request, identity, pruned)
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, ValueError) as exc:
                 raise kmock.KubernetesError(422, "Invalid", f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                self.committed = self.revision  # everything up to here is stored and on the buses
+        headers = {}
+        if pruned:
+            warnings = [f'unknown field "{path}"' for path in pruned]
+            self.warnings += warnings
+            headers["Warning"] = ", ".join(
+                '299 - "{}"'.format(warning.replace("\\", "\\\\").replace('"', '\\"')) for warning in warnings
+            )
+        return aiohttp.web.json_response(body, status=status, headers=headers)
+
+    # ------------------------------------------------------------ authentication and authorization
+
+    def _authenticate(self, request: kmock.Request) -> authorization.Identity | None:
+        header = {key.lower(): value for key, value in request.headers.items()}.get("authorization", "")
+        if not header:
+            return None
+        scheme, _, token = header.partition(" ")
+        identity = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if identity is None:
+            raise kmock.KubernetesError(401, "Unauthorized", "Unauthorized", {})
+        return identity
+
+    def _attributes(self, request: kmock.Request, verb: str | None = None) -> authorization.Attributes:
+        resource = request.resource
+        attributes = authorization.request_attributes(
+            request.method.value,
+            request.url.path,
+            request.params,
+            None if resource is None else resource.group,
+            None if resource is None else resource.plural,
+            request.namespace,
+            request.name,
+            request.subresource,
+        )
+        return attributes if verb is None else dataclasses.replace(attributes, verb=verb)
+
+    def _authorize(self, request: kmock.Request, identity: authorization.Identity, verb: str | None = None) -> None:
+        if self.authorizer is None:
+            return
+        attributes = self._attributes(request, verb)
+        if self.authorizer.allows(identity, attributes):
+            return
+        message = authorization.forbidden_message(identity, attributes)
+        self.refused.append(
+            {
+                "method": request.method.value,
+                "path": request.url.path,
+                "query": dict(request.params),
+                "verb": attributes.verb,
+                "group": attributes.api_group,
+                "resource": attributes.resource + (f"/{attributes.subresource}" if attributes.subresource else ""),
+                "namespace": attributes.namespace,
+                "name": attributes.name,
+                "user": identity.user,
+                "message": message,
+            }
+        )
+        logger.warning("RBAC refused %s %s: %s", request.method.value, request.url, message)
+        if not self.enforce_rbac:
+            return
+        raise kmock.KubernetesError(
+            403,
+            "Forbidden",
+            message,
+            {"name": attributes.name, "group": attributes.api_group, "kind": attributes.resource},
+        )
+
+    # ------------------------------------------------------------ writes
 
     @staticmethod
     def _content_type(request: kmock.Request) -> str:
         content_type = {key.lower(): value for key, value in request.headers.items()}.get("content-type", "")
         return content_type.split(";")[0].strip()
 
-    def _strategic_merge(self, request: kmock.Request) -> None:
-        """Turn a strategic merge patch, in place, into the merge patch with its result (lists merged by key)."""
-        live = self._live(request.resource, request.namespace, request.name)
-        if live is None or not isinstance(request.data, dict) or request.subresource is not None:
-            return  # a 404, or a status patch (kopf's): plain merge semantics are close enough
-        merged = server_side_apply.strategic_merge(live.raw, request.data)
-        patch = server_side_apply.merge_patch(live.raw, merged)
-        if "resourceVersion" in (request.data.get("metadata") or {}):  # keep the precondition for _prepare
-            patch.setdefault("metadata", {})["resourceVersion"] = request.data["metadata"]["resourceVersion"]
-        object.__setattr__(request, "data", patch)
+    async def _write(
+        self, request: kmock.Request, identity: authorization.Identity | None, pruned: list[str]
+    ) -> tuple[Any, int]:
+        strict = request.params.get("fieldValidation") == "Strict"
+        if request.method == kmock.method.PUT:
+            return await self._update(request, request.data, pruned, strict, replace=True)
+        if request.action == kmock.action.CREATE:
+            return await self._create(request, request.data, pruned, strict)
+        if request.action == kmock.action.DELETE:
+            return await self._delete(request)
+        if self._content_type(request) == APPLY_PATCH:
+            if identity is not None and self._live(request.resource, request.namespace, request.name) is None:
+                self._authorize(request, identity, "create")  # an apply that creates is authorised as a create
+            kind, body, commit = self._server_side_apply(request)
+            result = (
+                await self._create(request, body, pruned, strict)
+                if kind == "create"
+                else await self._update(request, body, pruned, strict, preview=True)
+            )
+            commit()  # the managers' fields, once the write is stored
+            return result
+        if self._content_type(request) == STRATEGIC_PATCH and isinstance(request.data, dict):
+            live = self._live(request.resource, request.namespace, request.name)
+            if live is None:
+                raise _not_found(request.resource, request.name)
+            merged = server_side_apply.strategic_merge(live.raw, request.data)
+            return await self._update(request, merged, pruned, strict, preview=True)
+        return await self._update(request, request.data, pruned, strict)
 
-    def _forget_applied(self, resource: Any, namespace: str | None, name: str | None) -> None:
-        for key in [key for key in self.applied if key[:3] == (resource, namespace, name)]:
-            del self.applied[key]
-        for key in [key for key in self.owned if key[:3] == (resource, namespace, name)]:
-            del self.owned[key]
+    def _schema(self, resource: Any) -> CustomResourceSchema | None:
+        return self.schemas.get(resource)
 
-    def _server_side_apply(self, request: kmock.Request) -> None:
-        """Turn the apply, in place, into the CREATE (object missing) or merge-patch UPDATE that has SSA's result.
+    def _has_status_subresource(self, resource: Any) -> bool:
+        return resource in self.resources and "status" in self.resources[resource].subresources
 
-        In place: kmock finds a request's reactions by the request object's identity, so a copy would match none.
-        """
+    def _kind(self, resource: Any) -> str:
+        schema = self._schema(resource)
+        if schema is not None:
+            return schema.kind
+        info = self.resources[resource] if resource in self.resources else None  # noqa: SIM401 (.get() adds it)
+        return (info.kind if info is not None else None) or str(resource.plural).capitalize()
+
+    def _admit(
+        self,
+        request: kmock.Request,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        pruned: list[str],
+        strict: bool,
+    ) -> dict[str, Any]:
+        schema = self._schema(request.resource)
+        if schema is None:
+            return obj
+        try:
+            return schema.admit(obj, old, strict=strict, pruned=pruned)
+        except UnknownFields as unknown:
+            raise kmock.KubernetesError(
+                400,
+                "BadRequest",
+                f"{schema.kind} in version {schema.version!r} cannot be handled as a {schema.kind}: {unknown}",
+                {},
+            ) from None
+        except Invalid as invalid:
+            name = (obj.get("metadata") or {}).get("name")
+            causes = [(error.path, str(error)) for error in invalid.errors]
+            raise _invalid(request.resource, schema.kind, name, causes) from None
+
+    async def _create(
+        self, request: kmock.Request, data: Any, pruned: list[str], strict: bool, status: int = 201
+    ) -> tuple[dict[str, Any], int]:
+        resource = request.resource
+        if not isinstance(data, dict):
+            raise kmock.KubernetesError(400, "BadRequest", "the body must be a JSON object", {})
+        body = copy.deepcopy(data)
+        meta = body.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise kmock.KubernetesError(400, "BadRequest", "metadata must be an object", {})
+        if request.namespace:
+            if meta.get("namespace") not in (None, request.namespace):
+                raise kmock.KubernetesError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                    {},
+                )
+            meta["namespace"] = request.namespace
+        namespace = meta.get("namespace")
+        while not meta.get("name") and meta.get("generateName"):
+            name = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))
+            if self._live(resource, namespace, name) is None:
+                meta["name"] = name
+        if not meta.get("name"):
+            raise _invalid(
+                resource,
+                self._kind(resource),
+                "",
+                [("metadata.name", "metadata.name: Required value: name or generateName is required")],
+            )
+        key: ObjectKey = (resource, namespace, meta["name"])
+        if self._live(*key) is not None:
+            raise kmock.KubernetesError(
+                409,
+                "AlreadyExists",
+                f'{_qualified(resource)} "{meta["name"]}" already exists',
+                {"name": meta["name"], "group": resource.group, "kind": resource.plural},
+            )
+        for field in (*_SERVER_SET, "resourceVersion"):
+            meta.pop(field, None)
+        if self._has_status_subresource(resource):
+            body.pop("status", None)  # the status is written only through .../status
+        body = self._admit(request, body, None, pruned, strict)
+        meta = body["metadata"]
+        meta.update(
+            uid=str(uuid.uuid4()), resourceVersion=self._next_revision(), generation=1, creationTimestamp=_now()
+        )
+        self.objects[key] = body
+        self._index.setdefault(resource, {})[(namespace, meta["name"])] = None
+        self._created[key] = int(meta["resourceVersion"])
+        self._uids[meta["uid"]] = key
+        self._track_owners(key, None, body)
+        await self._buses[resource].put({"type": "ADDED", "object": body})  # stored objects are never mutated
+        return body, status
+
+    async def _update(
+        self,
+        request: kmock.Request,
+        data: Any,
+        pruned: list[str],
+        strict: bool,
+        replace: bool = False,
+        preview: bool = False,
+    ) -> tuple[dict[str, Any], int]:
+        """A PUT (``replace``), a merge or JSON patch of ``data``, or (``preview``) the object as it should be."""
+        resource, name, subresource = request.resource, request.name, request.subresource
+        key: ObjectKey = (resource, request.namespace, str(name))
+        live = self._live(*key)
+        has_status = self._has_status_subresource(resource)
+        if subresource not in (None, "status") or (subresource == "status" and not has_status):
+            raise kmock.KubernetesError(404, "NotFound", "the server could not find the requested resource", {})
+        if live is None:
+            raise _not_found(resource, name)
+        current = copy.deepcopy(live.raw)
+        if replace or preview:
+            if not isinstance(data, dict):
+                raise kmock.KubernetesError(400, "BadRequest", "the body must be a JSON object", {})
+            wanted = copy.deepcopy(data)
+        elif isinstance(data, dict | list):
+            wanted = dicts.patch_dict(current, data)  # raises JsonPatchTestFailed etc. -> 422, nothing stored
+        else:
+            raise kmock.KubernetesError(400, "BadRequest", "the body must be a JSON object or a JSON-patch list", {})
+        old_meta = current.setdefault("metadata", {})
+        meta = wanted.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise kmock.KubernetesError(400, "BadRequest", "metadata must be an object", {})
+        precondition = meta.get("resourceVersion")
+        if replace and precondition is None and self._schema(resource) is not None:
+            raise _invalid(
+                resource,
+                self._kind(resource),
+                name,
+                [
+                    (
+                        "metadata.resourceVersion",
+                        "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                    )
+                ],
+            )
+        if precondition is not None and str(precondition) != str(old_meta.get("resourceVersion")):
+            raise _conflict(
+                resource,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
+        for field, url_value in (("name", name), ("namespace", request.namespace)):
+            if meta.get(field) not in (None, url_value):
+                raise kmock.KubernetesError(
+                    400,
+                    "BadRequest",
+                    f"the {field} of the object ({meta.get(field)}) does not match the {field} on the URL "
+                    f"({url_value})",
+                    {},
+                )
+        if has_status and subresource == "status":  # only the status changes; metadata as it was
+            final = copy.deepcopy(current)
+            if "status" in wanted:
+                final["status"] = wanted["status"]
+            else:
+                final.pop("status", None)
+            if "managedFields" in meta:
+                final["metadata"]["managedFields"] = meta["managedFields"]
+        else:
+            final = wanted
+            if has_status:  # the object's writes leave the status as it was
+                if "status" in current:
+                    final["status"] = current["status"]
+                else:
+                    final.pop("status", None)
+            for field in ("name", "namespace", *_SERVER_SET, "resourceVersion"):
+                if field in old_meta:
+                    meta[field] = old_meta[field]
+                else:
+                    meta.pop(field, None)
+            added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
+            if old_meta.get("deletionTimestamp") and added:
+                raise _invalid(
+                    resource,
+                    self._kind(resource),
+                    name,
+                    [
+                        (
+                            "metadata.finalizers",
+                            "metadata.finalizers: Forbidden: no new finalizers can be added if "
+                            f"the object is being deleted, found new finalizers {sorted(added)}",
+                        )
+                    ],
+                )
+        final = self._admit(request, final, current, pruned, strict)
+        if final == current:
+            return current, 200  # a no-op: no new version, no event (as the API server)
+        new_meta = final.setdefault("metadata", {})
+        changed = {k for k in set(final) | set(current) if k not in ("metadata", "status")}
+        if any(final.get(k) != current.get(k) for k in changed):
+            new_meta["generation"] = int(old_meta.get("generation") or 0) + 1
+        new_meta["resourceVersion"] = self._next_revision()
+        self._store(key, live, final)
+        self._track_owners(key, current, final)
+        await self._buses[resource].put({"type": "MODIFIED", "object": final})
+        if new_meta.get("deletionTimestamp") and not new_meta.get("finalizers"):
+            await self._remove(key)  # the last finalizer went: the object goes
+        return final, 200
+
+    async def _delete(self, request: kmock.Request) -> tuple[dict[str, Any], int]:
+        resource, name = request.resource, request.name
+        key: ObjectKey = (resource, request.namespace, str(name))
+        live = self._live(*key)
+        if live is None:
+            raise _not_found(resource, name)
+        options = request.data if isinstance(request.data, dict) else {}
+        current = copy.deepcopy(live.raw)
+        meta = current.setdefault("metadata", {})
+        for field, wanted in (options.get("preconditions") or {}).items():
+            if field in ("uid", "resourceVersion") and str(wanted) != str(meta.get(field)):
+                raise _conflict(
+                    resource,
+                    name,
+                    f"Precondition failed: {field} in precondition: {wanted}, {field} in object "
+                    f"meta: {meta.get(field)}",
+                )
+        policy = request.params.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
+        if policy == "Orphan" or options.get("orphanDependents") is True:
+            await self._orphan_dependents(str(meta.get("uid")))
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):  # soft deletion: a visible change
+                meta.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
+                meta["resourceVersion"] = self._next_revision()
+                self._store(key, live, current)
+                await self._buses[resource].put({"type": "MODIFIED", "object": current})
+            return current, 200
+        return await self._remove(key), 200
+
+    def _store(self, key: ObjectKey, obj: kmock.KubernetesEmulator.Object, raw: dict[str, Any]) -> None:
+        """Make ``raw`` the object's state; only the current version is kept (kmock keeps every version)."""
+        obj.history = [raw]
+
+    async def _remove(self, key: ObjectKey) -> dict[str, Any]:
+        """Remove the object now: a DELETED event with its last state, then collect what it owned."""
+        obj = self.objects[key]
+        last = copy.deepcopy(obj.raw)
+        last.setdefault("metadata", {})["resourceVersion"] = self._next_revision()
+        self._store(key, obj, last)
+        obj.delete()
+        self.applied.pop(key, None)
+        self.owned.pop(key, None)
+        self._track_owners(key, last, None)
+        uid = str(last["metadata"].get("uid"))
+        if self._uids.get(uid) == key:
+            del self._uids[uid]
+        await self._buses[key[0]].put({"type": "DELETED", "object": last})
+        for dependent in sorted(self._dependents.pop(uid, set()), key=str):
+            await self._collect(dependent, uid)
+        return last
+
+    def _track_owners(self, key: ObjectKey, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> None:
+        """Keep the owner uid -> dependents index in step with the object's ``ownerReferences``."""
+        old, new = _owner_uids(before or {}), _owner_uids(after or {})
+        for uid in old - new:
+            dependents = self._dependents.get(uid)
+            if dependents is not None:
+                dependents.discard(key)
+                if not dependents:
+                    del self._dependents[uid]
+        for uid in new - old:
+            self._dependents.setdefault(uid, set()).add(key)
+
+    async def _collect(self, key: ObjectKey, owner_uid: str) -> None:
+        """The garbage collector, for one dependent of a removed owner (background propagation)."""
+        obj = self._live(*key)
+        if obj is None or owner_uid not in _owner_uids(obj.raw):
+            return
+        current = copy.deepcopy(obj.raw)
+        meta = current.setdefault("metadata", {})
+        references = meta.get("ownerReferences") or []
+        alive = [ref for ref in references if str(ref.get("uid")) in self._uids]
+        if alive:  # another owner lives: only the dangling references go
+            before = obj.raw
+            meta["ownerReferences"] = alive
+            meta["resourceVersion"] = self._next_revision()
+            self._store(key, obj, current)
+            self._track_owners(key, before, current)
+            await self._buses[key[0]].put({"type": "MODIFIED", "object": current})
+            return
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                meta.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
+                meta["resourceVersion"] = self._next_revision()
+                self._store(key, obj, current)
+                await self._buses[key[0]].put({"type": "MODIFIED", "object": current})
+            return
+        await self._remove(key)
+
+    async def _orphan_dependents(self, uid: str) -> None:
+        """``propagationPolicy=Orphan``: the dependents lose their reference to ``uid`` and stay."""
+        for key in sorted(self._dependents.pop(uid, set()), key=str):
+            obj = self._live(*key)
+            if obj is None:
+                continue
+            before = obj.raw
+            current = copy.deepcopy(before)
+            meta = current.setdefault("metadata", {})
+            meta["ownerReferences"] = [ref for ref in meta.get("ownerReferences") or [] if str(ref.get("uid")) != uid]
+            if not meta["ownerReferences"]:
+                del meta["ownerReferences"]
+            meta["resourceVersion"] = self._next_revision()
+            self._store(key, obj, current)
+            self._track_owners(key, before, current)
+            await self._buses[key[0]].put({"type": "MODIFIED", "object": current})
+
+    def _server_side_apply(self, request: kmock.Request) -> tuple[str, dict[str, Any], Callable[[], None]]:
+        """The apply as ``("create", object)`` (the object is missing) or ``("update", the object as it should
+        be)``, and the function that records the managers' fields once the write is stored."""
         manager = request.params.get("fieldManager")
         if not manager:
-            raise kmock.KubernetesError(422, "Invalid", "fieldManager is required for apply requests")
+            raise kmock.KubernetesError(422, "Invalid", "fieldManager is required for apply requests", {})
         body = request.data if isinstance(request.data, dict) else yaml.safe_load(request.text or "")
         if not isinstance(body, dict):
-            raise kmock.KubernetesError(400, "BadRequest", "an apply body must be an object")
+            raise kmock.KubernetesError(400, "BadRequest", "an apply body must be an object", {})
         meta = body.get("metadata") or {}
         if meta.get("name") not in (None, request.name) or meta.get("namespace") not in (None, request.namespace):
-            raise kmock.KubernetesError(400, "BadRequest", "the body's name and namespace must match the URL")
-        live = self._live(request.resource, request.namespace, request.name)
-        key = (request.resource, request.namespace, request.name, manager)
+            raise kmock.KubernetesError(400, "BadRequest", "the body's name and namespace must match the URL", {})
+        obj: ObjectKey = (request.resource, request.namespace, str(request.name))
+        live = self._live(*obj)
         paths = server_side_apply.field_paths(body, server_side_apply.Schema.of(body))
+        api_version = str(body.get("apiVersion", ""))
         if live is None:
-            self._forget_applied(request.resource, request.namespace, request.name)
-            self.applied[key], self.owned[key] = copy.deepcopy(body), paths
+            owners, applied = {manager: paths}, {manager: copy.deepcopy(body)}
             created = server_side_apply.apply(None, None, body)
-            created.setdefault("metadata", {}).update(name=request.name, namespace=request.namespace)
-            created["metadata"]["managedFields"] = self._managed_fields(key[:3], body)
-            object.__setattr__(request, "action", kmock.action.CREATE)  # kmock's Request is frozen
-            object.__setattr__(request, "data", created)
-            return
-        others = {other[3]: owned for other, owned in self.owned.items() if other[:3] == key[:3] and other != key}
+            created.setdefault("metadata", {})["name"] = request.name
+            if request.namespace:
+                created["metadata"]["namespace"] = request.namespace
+            created["metadata"]["managedFields"] = server_side_apply.managed_fields(owners, api_version, _now())
+
+            def commit_created() -> None:
+                self.applied[obj], self.owned[obj] = applied, owners
+
+            return "create", created, commit_created
+        owners = {other: set(fields) for other, fields in self.owned.get(obj, {}).items()}
+        applied = dict(self.applied.get(obj, {}))
+        others = {other: fields for other, fields in owners.items() if other != manager}
         conflicts = server_side_apply.conflicts(live.raw, body, others)
         if conflicts and request.params.get("force") != "true":
             raise kmock.KubernetesError(
@@ -150,102 +680,34 @@ class Emulator(kmock.KubernetesEmulator):
                 "Conflict",
                 f"Apply failed with {len(conflicts)} conflict{'s' if len(conflicts) > 1 else ''}: conflict with "
                 + "; ".join(conflicts),
+                {},
             )
-        for owned in others.values():  # forced: the applier takes the fields it changes
-            owned -= {
+        for fields in others.values():  # forced: the applier takes the fields it changes
+            fields -= {
                 path
                 for path in paths
                 if server_side_apply.value_at(live.raw, path) != server_side_apply.value_at(body, path)
             }
         kept = frozenset().union(*others.values()) if others else frozenset()
-        desired = server_side_apply.apply(live.raw, self.applied.get(key), body, kept)
-        self.applied[key], self.owned[key] = copy.deepcopy(body), paths
-        desired.setdefault("metadata", {})["managedFields"] = self._managed_fields(key[:3], body)
-        object.__setattr__(request, "data", server_side_apply.merge_patch(live.raw, desired))
+        desired = server_side_apply.apply(live.raw, applied.get(manager), body, kept)
+        applied[manager], owners[manager] = copy.deepcopy(body), paths
+        live_owners = {other: fields for other, fields in owners.items() if fields}
+        entries = server_side_apply.managed_fields(live_owners, api_version, _now())
+        before = {entry.get("manager"): entry for entry in (live.raw.get("metadata") or {}).get("managedFields") or []}
+        for entry in entries:  # an entry whose fields did not change keeps its time (an apply may be a no-op)
+            previous = before.get(entry["manager"])
+            if previous is not None and {**previous, "time": entry["time"]} == entry:
+                entry["time"] = previous["time"]
+        desired.setdefault("metadata", {})["managedFields"] = entries
 
-    def _managed_fields(self, obj: tuple[Any, str | None, str], body: dict[str, Any]) -> list[dict[str, Any]]:
-        owners = {key[3]: owned for key, owned in self.owned.items() if key[:3] == obj and owned}
-        return server_side_apply.managed_fields(owners, str(body.get("apiVersion", "")), _now())
+        def commit_updated() -> None:
+            self.applied[obj], self.owned[obj] = applied, owners
+
+        return "update", desired, commit_updated
 
     def _next_revision(self) -> str:
         self.revision += 1
         return str(self.revision)
-
-    async def _prepare(self, request: kmock.Request) -> None:
-        """Complete the request's body in place before the parent class stores it."""
-        data: Any = request.data
-        if request.action == kmock.action.CREATE:
-            if not isinstance(data, dict):
-                raise kmock.KubernetesError(400, "BadRequest", "the body must be a JSON object")
-            meta = data.setdefault("metadata", {})
-            namespace = meta.setdefault("namespace", request.namespace) if request.namespace else meta.get("namespace")
-            while not meta.get("name") and meta.get("generateName"):
-                name = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))
-                if self._live(request.resource, namespace, name) is None:
-                    meta["name"] = name
-            if not meta.get("name"):
-                raise kmock.KubernetesError(422, "Invalid", "metadata.name or metadata.generateName is required")
-            if self._has_status_subresource(request):
-                data.pop("status", None)  # as the real API: the status is written only via .../status
-            meta.update(
-                uid=str(uuid.uuid4()), resourceVersion=self._next_revision(), generation=1, creationTimestamp=_now()
-            )
-            return
-        obj = self._live(request.resource, request.namespace, request.name)
-        if obj is None:
-            return  # the parent answers 404
-        current = copy.deepcopy(obj.raw)
-        meta = current.setdefault("metadata", {})
-        if request.action == kmock.action.DELETE:
-            async with self._lock:
-                if meta.get("finalizers") and not meta.get("deletionTimestamp"):  # soft deletion: a visible change
-                    obj.patch(
-                        {
-                            "metadata": {
-                                "deletionTimestamp": _now(),
-                                "deletionGracePeriodSeconds": 0,
-                                "resourceVersion": self._next_revision(),
-                            }
-                        }
-                    )
-                    await self._buses[request.resource].put({"type": "MODIFIED", "object": obj.raw})
-                elif not meta.get("finalizers"):  # the parent deletes it now: its DELETED event gets a new version
-                    obj.patch({"metadata": {"resourceVersion": self._next_revision()}})
-            return
-        precondition = (data.get("metadata") or {}).get("resourceVersion") if isinstance(data, dict) else None
-        if precondition is not None and str(precondition) != str(meta.get("resourceVersion")):  # merge patches
-            raise kmock.KubernetesError(
-                409,
-                "Conflict",
-                f"the object has been modified: resourceVersion {precondition} != {meta.get('resourceVersion')}",
-            )
-        if not isinstance(data, dict | list):
-            raise kmock.KubernetesError(400, "BadRequest", "the body must be a JSON object or a JSON-patch list")
-        if self._has_status_subresource(request):  # the main resource ignores status; .../status ignores the rest
-            to_status = request.subresource == "status"
-            if isinstance(data, dict):
-                for key in [key for key in data if (key == "status") != to_status and key != "metadata"]:
-                    del data[key]
-                if to_status:
-                    data["metadata"] = {"resourceVersion": precondition} if precondition is not None else {}
-            else:
-                data[:] = [
-                    op
-                    for op in data
-                    if op.get("op") == "test"
-                    or to_status == (op.get("path") == "/status" or str(op.get("path")).startswith("/status/"))
-                ]
-        preview = dicts.patch_dict(current, data)  # raises JsonPatchTestFailed etc. -> 422, nothing stored
-        changes: dict[str, Any] = {"resourceVersion": self._next_revision()}
-        if request.subresource is None and preview.get("spec") != current.get("spec"):
-            changes["generation"] = int(meta.get("generation") or 0) + 1
-        if isinstance(data, dict):
-            data["metadata"] = {**(data.get("metadata") or {}), **changes}
-        else:
-            data.extend({"op": "add", "path": f"/metadata/{key}", "value": val} for key, val in changes.items())
-
-    def _has_status_subresource(self, request: kmock.Request) -> bool:
-        return request.resource in self.resources and "status" in self.resources[request.resource].subresources
 
     def _live(self, resource: Any, namespace: str | None, name: str | None) -> Any:
         key = (resource, namespace, name)
@@ -253,20 +715,56 @@ class Emulator(kmock.KubernetesEmulator):
             return None
         return self.objects[key]
 
+    # ------------------------------------------------------------ reads
+
+    def _get_resources(self) -> list[Any]:
+        return list(set(kmock.KubernetesScaffold._get_resources(self)) | set(self._index))
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        if request.subresource not in (None, "status") or (
+            request.subresource == "status" and not self._has_status_subresource(request.resource)
+        ):
+            raise kmock.KubernetesError(404, "NotFound", "the server could not find the requested resource", {})
+        obj = self._live(request.resource, request.namespace, request.name)
+        if obj is None:
+            raise _not_found(request.resource, request.name)
+        return obj.raw
+
+    def _keys(self, request: kmock.Request) -> list[ObjectKey]:
+        """The live objects a list or watch request covers (namespace, name, labelSelector)."""
+        selector = label_selector(request.params.get("labelSelector", ""))
+        keys: list[ObjectKey] = []
+        for namespace, name in self._index.get(request.resource, {}):
+            if request.namespace not in (None, namespace) or request.name not in (None, name):
+                continue
+            obj = self._live(request.resource, namespace, name)
+            if obj is not None and selector(obj.raw):
+                keys.append((request.resource, namespace, name))
+        return keys
+
     async def _serve_list(self, request: kmock.Request) -> Any:
-        result = await super()._serve_list(request)
-        result["metadata"] = {"resourceVersion": str(self.committed)}
-        return result
+        if request.resource not in self.resources and request.resource not in self._index:
+            raise kmock.KubernetesError(404, "NotFound", "the server could not find the requested resource", {})
+        async with self._lock:
+            items = [self.objects[key].raw for key in self._keys(request)]
+        return {
+            "apiVersion": f"{request.resource.group}/{request.resource.version}".lstrip("/"),
+            "kind": f"{self._kind(request.resource)}List",
+            "metadata": {"resourceVersion": str(self.committed)},
+            "items": items,
+        }
 
     async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
-        """As the parent's, plus: it honours ``?resourceVersion=N`` (only changes after N: kopf lists, then watches
-        from the list's version, and a replayed stale object makes its finalizer JSON-patch fail for good); and it
-        subscribes to the bus *before* the snapshot, so that a write landing meanwhile is not lost."""
+        """Every change after ``?resourceVersion=N`` (all objects as ADDED, without it), then every change as it
+        happens: ADDED, MODIFIED, and DELETED with the object's last state. It subscribes to the bus *before*
+        the snapshot, so that a write landing meanwhile is not lost, and never replays an older state (kopf lists,
+        then watches from the list's version: a replayed stale object makes its finalizer JSON-patch fail)."""
         yield b""  # send the headers now
         if self._closing:
             return
         since = request.params.get("resourceVersion", "")
         since_revision = int(since) if since.isdigit() else 0
+        selector = label_selector(request.params.get("labelSelector", ""))
 
         def wanted(namespace: str | None, name: str | None) -> bool:
             return (request.namespace in (None, namespace)) and (request.name in (None, name))
@@ -275,11 +773,7 @@ class Emulator(kmock.KubernetesEmulator):
         marker = await bus.mark()
         try:
             async with self._lock:
-                snapshot = [
-                    (_creation_revision(obj), copy.deepcopy(obj.raw))
-                    for (resource, namespace, name), obj in self.objects.items()
-                    if resource == request.resource and not obj.deleted and wanted(namespace, name)
-                ]
+                snapshot = [(self._created.get(key, 0), self.objects[key].raw) for key in self._keys(request)]
             sent = {(raw["metadata"].get("namespace"), raw["metadata"]["name"]): _revision(raw) for _, raw in snapshot}
             for created, raw in snapshot:
                 if _revision(raw) > since_revision:  # NB: objects deleted after N but before now are not reported
@@ -287,27 +781,16 @@ class Emulator(kmock.KubernetesEmulator):
             async for event in bus.stream(since=marker):
                 if event is _CLOSE:
                     return
-                meta = event.get("object", {}).get("metadata", {})
+                raw = event.get("object", {})
+                meta = raw.get("metadata", {})
                 key = (meta.get("namespace"), meta.get("name"))
-                if not wanted(*key):
+                if not wanted(*key) or not selector(raw):
                     continue
-                if event.get("type") != "DELETED" and _revision(event["object"]) <= max(
-                    sent.get(key, -1), since_revision
-                ):
+                if _revision(raw) <= max(sent.get(key, -1), since_revision):
                     continue  # already sent in the snapshot, or older than asked for
                 yield event
         finally:
             await bus.unmark(marker)
-
-
-def _creation_revision(obj: kmock.Object) -> int:
-    """The resourceVersion at which the object's current life began (its history restarts after a deletion)."""
-    created = 0
-    for version in reversed(obj.history):
-        if version is None:
-            break
-        created = _revision(version)
-    return created
 
 
 def _revision(raw: Mapping[str, Any]) -> int:
@@ -320,20 +803,56 @@ def load_builtin_resources(emulator: kmock.KubernetesEmulator) -> None:
     emulator.resources.load_data(gzip.decompress(bundled.read_bytes()))
 
 
-def register_crd(
-    emulator: kmock.KubernetesEmulator,
-    group: str = "keyorder.dev",
-    version: str = "v1alpha1",
-    plural: str = "orderedconsumers",
-    kind: str = "OrderedConsumer",
-    namespaced: bool = True,
-) -> str:
-    """Declare a custom resource with a status subresource; returns its ``group/version/plural`` key."""
-    key = f"{group}/{version}/{plural}"
+def register_crd(emulator: Emulator, manifest: dict[str, Any] | Path = CRD_FILE) -> str:
+    """Serve a CustomResourceDefinition's (first served) version, validated by its schema: by default the
+    OrderedConsumer CRD (crds/). Returns its ``group/version/plural`` key."""
+    crd = yaml.safe_load(manifest.read_text()) if isinstance(manifest, Path) else manifest
+    schema = CustomResourceSchema.of(crd)
+    names = crd["spec"]["names"]
+    key = f"{schema.group}/{schema.version}/{schema.plural}"
     emulator.resources[key] = kmock.ResourceInfo(
-        kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=set(CRD_VERBS), subresources={"status"}
+        kind=schema.kind,
+        singular=names.get("singular") or schema.kind.lower(),
+        namespaced=crd["spec"].get("scope", "Namespaced") == "Namespaced",
+        verbs=set(CRD_VERBS),
+        shortnames=set(names.get("shortNames") or ()),
+        categories=set(names.get("categories") or ()),
+        subresources={"status"} if "status" in schema.subresources else set(),
     )
+    emulator.schemas[kmock.resource(key)] = schema
     return key
 
 
-__all__ = ["CRD_VERBS", "Emulator", "load_builtin_resources", "register_crd"]
+def older_crd(manifest: Path = CRD_FILE) -> dict[str, Any]:
+    """The CRD without its CEL rules, its ``pattern``s and its ``metadata.name`` constraints (as an older release
+    could have shipped it): what lets a spec that only the operator refuses reach the operator, whose own checks
+    are then the last line."""
+    crd = yaml.safe_load(manifest.read_text())
+
+    def strip(node: Any) -> None:
+        if isinstance(node, dict):
+            node.pop("x-kubernetes-validations", None)
+            if isinstance(node.get("pattern"), str):
+                del node["pattern"]
+            for value in node.values():
+                strip(value)
+        elif isinstance(node, list):
+            for value in node:
+                strip(value)
+
+    for version in crd["spec"]["versions"]:
+        schema = version["schema"]["openAPIV3Schema"]
+        strip(schema)
+        schema["properties"]["metadata"] = {"type": "object"}
+    return crd
+
+
+__all__ = [
+    "CRD_FILE",
+    "CRD_VERBS",
+    "Emulator",
+    "label_selector",
+    "load_builtin_resources",
+    "older_crd",
+    "register_crd",
+]

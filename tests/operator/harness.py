@@ -8,6 +8,11 @@ Typical use (the ``kube`` fixture in conftest.py does the first step)::
 
 Both sides are plain threads, so the test thread can use urllib or the synchronous ``kubernetes``
 client freely (never call a synchronous client on the emulator's loop: it deadlocks).
+
+Who is who: the operator under test (``run_kopf``, ``api_client``, ``write_kubeconfig``) presents
+``OPERATOR_TOKEN``, the chart's operator ServiceAccount, and the emulator authorises its requests against
+the RBAC rules the Helm chart renders (``authorization``): a verb the chart does not grant is a 403, as in
+a cluster. The test's own requests (``KubeHTTP``, ``kube.create/get/...``) carry no token: an admin's.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import kmock
 import kopf
 import kubernetes
 
+from tests.operator.authorization import OPERATOR_TOKEN, chart_authorizer, operator_identity
 from tests.operator.emulator import Emulator, load_builtin_resources, register_crd
 from tests.support import wait_for as wait_for  # the operator tests import it from here
 
@@ -47,13 +53,14 @@ CR = "keyorder.dev/v1alpha1/orderedconsumers"
 """The OrderedConsumer resource, in the ``group/version/plural`` notation the helpers below take."""
 
 
-def write_kubeconfig(url: str, path: Path) -> Path:
-    """A kubeconfig for the emulator at ``url`` (its token is not checked), for an operator run as
-    users run it: a separate process that logs in the way kopf's ``login_via_client`` does."""
+def write_kubeconfig(url: str, path: Path, token: str = OPERATOR_TOKEN) -> Path:
+    """A kubeconfig for the emulator at ``url`` with the operator's token (its ServiceAccount, under the chart's
+    RBAC), for an operator run as users run it: a separate process that logs in the way kopf's
+    ``login_via_client`` does."""
     path.write_text(f"""apiVersion: v1
 kind: Config
 clusters: [{{name: emulator, cluster: {{server: "{url.rstrip("/")}"}}}}]
-users: [{{name: tester, user: {{token: not-checked}}}}]
+users: [{{name: tester, user: {{token: {token}}}}}]
 contexts: [{{name: emulator, context: {{cluster: emulator, user: tester, namespace: default}}}}]
 current-context: emulator
 """)
@@ -171,19 +178,19 @@ def resource_path(
 
 
 class KubeHTTP:
-    """A tiny synchronous JSON client (urllib) for the emulator; usable from any thread but the emulator's."""
+    """A tiny synchronous JSON client (urllib) for the emulator; usable from any thread but the emulator's.
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
-        self.url, self.timeout = url.rstrip("/"), timeout
+    Without a ``token`` it is the test's own admin client; with one, it acts as that token's identity."""
+
+    def __init__(self, url: str, timeout: float = 10.0, token: str | None = None) -> None:
+        self.url, self.timeout, self.token = url.rstrip("/"), timeout, token
 
     def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": content_type, "Accept": "application/json"},
-        )
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 raw = response.read()
@@ -229,9 +236,13 @@ class KubeHTTP:
 
 
 @contextlib.contextmanager
-def api_client(url: str) -> Iterator[kubernetes.client.ApiClient]:
-    """A synchronous ``kubernetes`` ApiClient for the emulator, closed (with its sockets) on exit."""
+def api_client(url: str, token: str | None = OPERATOR_TOKEN) -> Iterator[kubernetes.client.ApiClient]:
+    """A synchronous ``kubernetes`` ApiClient for the emulator, closed (with its sockets) on exit. By default it
+    is the operator's (its ServiceAccount's token, under the chart's RBAC); ``token=None``: an admin's."""
     configuration = kubernetes.client.Configuration(host=url.rstrip("/"))
+    if token:
+        configuration.api_key = {"BearerToken": token}
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
     client = kubernetes.client.ApiClient(configuration)
     try:
         yield client
@@ -241,13 +252,21 @@ def api_client(url: str) -> Iterator[kubernetes.client.ApiClient]:
 
 
 class RunningEmulator(KubeHTTP):
-    """The emulator served over HTTP on 127.0.0.1:<free port> from a thread with its own event loop."""
+    """The emulator served over HTTP on 127.0.0.1:<free port> from a thread with its own event loop.
+
+    With ``rbac`` (the default), ``OPERATOR_TOKEN`` is the chart's operator ServiceAccount and its requests
+    are authorised by the chart's RBAC rules (rendered once per test process); ``refused()`` lists what was
+    refused."""
 
     def __init__(
-        self, setup: Callable[[Emulator], None] | None = None, start_timeout: float = 10.0, stop_timeout: float = 10.0
+        self,
+        setup: Callable[[Emulator], None] | None = None,
+        start_timeout: float = 10.0,
+        stop_timeout: float = 10.0,
+        rbac: bool = True,
     ) -> None:
         super().__init__("http://unstarted")
-        self.setup, self.start_timeout, self.stop_timeout = setup, start_timeout, stop_timeout
+        self.setup, self.start_timeout, self.stop_timeout, self.rbac = setup, start_timeout, stop_timeout, rbac
         self.emulator: Emulator | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -268,6 +287,9 @@ class RunningEmulator(KubeHTTP):
         emulator = Emulator()
         load_builtin_resources(emulator)
         register_crd(emulator)
+        if self.rbac:
+            emulator.tokens[OPERATOR_TOKEN] = operator_identity()
+            emulator.authorizer = chart_authorizer()
         if self.setup is not None:
             self.setup(emulator)
         async with emulator, kmock.Server(emulator) as server:
@@ -284,6 +306,12 @@ class RunningEmulator(KubeHTTP):
             return fn()
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def refused(self) -> list[dict[str, Any]]:
+        """The requests RBAC refused so far (method, path, verb, resource, namespace, name, user, message)."""
+        assert self.emulator is not None
+        emulator = self.emulator
+        return self.call_in_loop(lambda: list(emulator.refused))
 
     def __enter__(self) -> RunningEmulator:
         self._thread.start()
@@ -303,14 +331,15 @@ class RunningEmulator(KubeHTTP):
             raise RuntimeError("the emulator failed") from self._error
 
 
-def serve_emulator(setup: Callable[[Emulator], None] | None = None) -> RunningEmulator:
-    """Context manager: the emulator (built-in resources + the OrderedConsumer CRD) on a free port.
+def serve_emulator(setup: Callable[[Emulator], None] | None = None, rbac: bool = True) -> RunningEmulator:
+    """Context manager: the emulator (built-in resources + the OrderedConsumer CRD, the chart's RBAC for
+    ``OPERATOR_TOKEN``) on a free port.
 
     Its HTTP server's access log (aiohttp's, a line per request) is off: no test reads it, and a line
     logged from the server thread after a test's captured stream was closed printed a "Logging error"
     traceback into the run's output."""
     logging.getLogger("aiohttp.access").disabled = True
-    return RunningEmulator(setup)
+    return RunningEmulator(setup, rbac=rbac)
 
 
 def fast_settings(settings: kopf.OperatorSettings) -> None:
@@ -376,10 +405,12 @@ def run_kopf(
     memo: kopf.Memo | None = None,
     start_timeout: float = 20.0,
     stop_timeout: float = 20.0,
+    token: str | None = OPERATOR_TOKEN,
 ) -> Iterator[KopfRun]:
     """Run ``kopf.operator(clusterwide=True, standalone=True)`` against ``server_url`` in its own thread.
 
-    A fresh registry gets a login handler for ``server_url`` plus whatever ``register_handlers`` adds (see
+    A fresh registry gets a login handler for ``server_url`` (with ``token``: by default the operator's
+    ServiceAccount, under the chart's RBAC; None: an admin) plus whatever ``register_handlers`` adds (see
     ``_apply_registration``). ``settings`` may tweak the (already fast) settings. Handlers get ``memo``;
     by default a ``kopf.Memo(server_url=...)``. On exit, the stop flag is raised and the thread joined;
     if the operator died with an error, it is re-raised here.
@@ -393,7 +424,7 @@ def run_kopf(
 
     @kopf.on.login(registry=registry)
     def _login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=server_url.rstrip("/"))
+        return kopf.ConnectionInfo(server=server_url.rstrip("/"), token=token)
 
     _apply_registration(registry, register_handlers)
     run = KopfRun(registry, operator_settings, memo)

@@ -17,12 +17,25 @@ from tests.operator.harness import CR, ApiError, RunningEmulator, api_client, ru
 pytestmark = pytest.mark.timeout(60)
 
 
+MINIMAL_SPEC = {
+    "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["orders"], "groupId": "orders"},
+    "handler": {"image": "registry.example/orders:1.0", "handler": "orders.handler:handle"},
+}
+"""The least the CRD's schema accepts (the emulator validates OrderedConsumers as the API server does)."""
+
+
 def orderedconsumer(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "keyorder.dev/v1alpha1",
+        "kind": "OrderedConsumer",
+        "metadata": {"name": name},
+        "spec": {**MINIMAL_SPEC, **spec},
+    }
 
 
 def register_toy(registry: kopf.OperatorRegistry) -> None:
-    """On creation of an OrderedConsumer: an owned ConfigMap (sync ``kubernetes`` client), a status, an Event."""
+    """On creation of an OrderedConsumer: an owned ConfigMap (sync ``kubernetes`` client, as an admin: the toy is
+    no keyorder operator, and the chart grants the operator no ConfigMaps), a status, an Event."""
 
     @kopf.on.create("keyorder.dev", "v1alpha1", "orderedconsumers", registry=registry)
     def make_configmap(
@@ -30,7 +43,7 @@ def register_toy(registry: kopf.OperatorRegistry) -> None:
     ) -> None:
         configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"cr": name}}
         kopf.adopt(configmap, owner=body)
-        with api_client(memo.server_url) as client:
+        with api_client(memo.server_url, token=None) as client:
             kubernetes.client.CoreV1Api(client).create_namespaced_config_map(namespace, configmap)
         patch.status["seen"] = True
         kopf.info(body, reason="ConfigMapCreated", message=f"created ConfigMap {name}")
@@ -38,7 +51,7 @@ def register_toy(registry: kopf.OperatorRegistry) -> None:
 
 def test_the_real_operator_creates_an_owned_configmap_patches_status_and_posts_an_event(kube: RunningEmulator) -> None:
     with run_kopf(kube.url, register_toy) as operator:
-        created = kube.create(CR, orderedconsumer("alpha", partitions=3))
+        created = kube.create(CR, orderedconsumer("alpha", httpPort=9000))
         configmap = wait_for(lambda: kube.get("v1/configmaps", "alpha"), 20, "the ConfigMap")
         cr = wait_for(
             lambda: (found := kube.get(CR, "alpha")) and found.get("status", {}).get("seen") and found,
@@ -64,7 +77,7 @@ def test_the_real_operator_creates_an_owned_configmap_patches_status_and_posts_a
         }
     ]
     assert cr["status"] == {"seen": True}
-    assert cr["spec"] == {"partitions": 3}
+    assert cr["spec"]["httpPort"] == 9000 and cr["spec"]["kafka"]["groupId"] == "orders"
     assert int(cr["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
     assert cr["metadata"]["generation"] == 1  # kopf only touched annotations and status
     [event] = events
@@ -198,18 +211,18 @@ def test_create_fills_the_metadata_and_supports_generate_name(kube: RunningEmula
 
 
 def test_patches_bump_the_resource_version_and_the_generation_only_on_spec_changes(kube: RunningEmulator) -> None:
-    created = kube.create(CR, orderedconsumer("p", partitions=1))
+    created = kube.create(CR, orderedconsumer("p", httpPort=9001))
     version = int(created["metadata"]["resourceVersion"])
     labelled = kube.patch(CR, "p", {"metadata": {"labels": {"a": "b"}}})
     assert int(labelled["metadata"]["resourceVersion"]) > version
     assert labelled["metadata"]["generation"] == 1
-    respecced = kube.patch(CR, "p", {"spec": {"partitions": 2}})
-    assert respecced["metadata"]["generation"] == 2 and respecced["spec"] == {"partitions": 2}
-    status = kube.patch(CR, "p", {"status": {"ready": 1}, "spec": {"partitions": 9}}, subresource="status")
+    respecced = kube.patch(CR, "p", {"spec": {"httpPort": 9002}})
+    assert respecced["metadata"]["generation"] == 2 and respecced["spec"]["httpPort"] == 9002
+    status = kube.patch(CR, "p", {"status": {"ready": 1}, "spec": {"httpPort": 9009}}, subresource="status")
     assert status["metadata"]["generation"] == 2 and status["status"] == {"ready": 1}
-    assert status["spec"] == {"partitions": 2}  # .../status ignores everything but the status, as the real API
+    assert status["spec"]["httpPort"] == 9002  # .../status ignores everything but the status, as the real API
     assert kube.patch(CR, "p", {"status": {"ready": 2}})["status"] == {"ready": 1}  # and the main resource, status
-    json_patched = kube.patch(CR, "p", [{"op": "replace", "path": "/spec/partitions", "value": 5}])
+    json_patched = kube.patch(CR, "p", [{"op": "replace", "path": "/spec/httpPort", "value": 9005}])
     assert json_patched["metadata"]["generation"] == 3
     assert int(json_patched["metadata"]["resourceVersion"]) > int(status["metadata"]["resourceVersion"])
     assert kube.get(CR, "p") == json_patched
@@ -272,7 +285,7 @@ def test_watch_streams_the_snapshot_then_every_change(kube: RunningEmulator) -> 
         assert next_event()[:2] == ("ADDED", "w1")
         created = kube.create(CR, orderedconsumer("w2"))
         assert next_event() == ("ADDED", "w2", int(created["metadata"]["resourceVersion"]))
-        patched = kube.patch(CR, "w1", {"spec": {"partitions": 7}})
+        patched = kube.patch(CR, "w1", {"spec": {"httpPort": 9007}})
         assert next_event() == ("MODIFIED", "w1", int(patched["metadata"]["resourceVersion"]))
         kube.delete(CR, "w2")
         assert next_event()[:2] == ("DELETED", "w2")

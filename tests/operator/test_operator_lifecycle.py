@@ -1,12 +1,11 @@
 """An OrderedConsumer's end of life and the operator's own: deletion (also mid hand-over, and with a
 poll in flight) and an operator restart mid hand-over (a new operator, fresh memory, same status).
 
-Real kopf on the API emulator, lag from the real broker. The emulator runs no garbage collector: where
-Kubernetes would delete what a deleted resource owns, the test plays that part (``collect_garbage``, a
-FAKE) from the ``ownerReferences`` the operator wrote, so whatever the operator made without owning
-it survives and fails the test. After a deletion, "the operator leaves it alone" is checked only after
-a sibling resource was polled again (the operator still ticks) and the deleted one's timer was seen to
-stop (``TimerRuns``).
+Real kopf on the API emulator, lag from the real broker. The emulator's garbage collector deletes what
+a deleted resource owns, from the ``ownerReferences`` the operator wrote (background propagation, as
+Kubernetes), so whatever the operator made without owning it survives and fails the test. After a
+deletion, "the operator leaves it alone" is checked only after a sibling resource was polled again (the
+operator still ticks) and the deleted one's timer was seen to stop (``TimerRuns``).
 """
 
 from __future__ import annotations
@@ -69,11 +68,10 @@ def named_for(name: str):
     return lambda item: item["metadata"]["name"] == name or item["metadata"]["name"].startswith(f"{name}-")
 
 
-def collect_garbage(kube, uid: str) -> list[tuple[str, str]]:
-    """The garbage collector's part (a FAKE: the emulator runs none): delete every object whose
-    ownerReferences name ``uid``, then their own dependents, as background propagation would. Returns
-    ``(kind, name)`` of what it deleted."""
-    deleted: list[tuple[str, str]] = []
+def owned_closure(kube, uid: str) -> list[tuple[str, str]]:
+    """``(kind, name)`` of every object whose ownerReferences name ``uid``, then of their own dependents:
+    what the garbage collector deletes when the owner goes (background propagation)."""
+    found: list[tuple[str, str]] = []
     owners = [uid]
     while owners:
         dependents = [
@@ -82,11 +80,16 @@ def collect_garbage(kube, uid: str) -> list[tuple[str, str]]:
             for item in kube.list(kind, "default")
             if any(reference.get("uid") in owners for reference in item["metadata"].get("ownerReferences") or [])
         ]
-        for kind, item in dependents:
-            kube.delete(kind, item["metadata"]["name"])
-            deleted.append((kind, item["metadata"]["name"]))
+        found += [(kind, item["metadata"]["name"]) for kind, item in dependents]
         owners = [item["metadata"]["uid"] for _, item in dependents]
-    return deleted
+    return found
+
+
+def collected_by_the_garbage_collector(kube, owned: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``owned``, once the emulator's garbage collector has deleted every one of them (it does so at once)."""
+    left = [(kind, name) for kind, name in owned if kube.get(kind, name) is not None]
+    assert left == [], f"the garbage collector left owned objects: {left}"
+    return owned
 
 
 def series_of(context, name: str) -> list[str]:
@@ -166,11 +169,10 @@ def test_deleting_a_resource_removes_what_it_owns_and_the_operator_lets_go_of_it
         assert series_of(context, "doomed"), "no metric series to drop: the check below would prove nothing"
         assert not doomed_source.closed_by_owner
 
-        uid = delete_and_wait_until_gone(kube, "doomed")
-        owned = objects_of(kube, owned_by(uid))
+        owned = owned_closure(kube, kube.get(CR, "doomed")["metadata"]["uid"])
         assert sorted(owned) == sorted(made), f"made for it but not owned by it (the GC keeps those): {made}"
-        collected = collect_garbage(kube, uid)
-        assert sorted(collected) == sorted(made)
+        delete_and_wait_until_gone(kube, "doomed")
+        collected = collected_by_the_garbage_collector(kube, owned)
 
         assert_left_alone(kube, ticks, "doomed", "sibling", collected)
         assert doomed_source.closed_by_owner, "the deleted resource's Kafka client was not closed"
@@ -248,12 +250,14 @@ def test_deleting_a_resource_mid_hand_over_leaves_no_job_running_and_no_pods_pau
             == 1
         )
 
-        uid = delete_and_wait_until_gone(kube, "midway")
+        uid = kube.get(CR, "midway")["metadata"]["uid"]
         assert ("batch/v1/jobs", job_name) in objects_of(kube, owned_by(uid)), "the Job is not owned by the resource"
-        collected = collect_garbage(kube, uid)
-        assert {("batch/v1/jobs", job_name), ("v1/pods", driver), ("apps/v1/deployments", "midway")} <= set(
-            collected
-        ), collected
+        owned = owned_closure(kube, uid)
+        assert {("batch/v1/jobs", job_name), ("v1/pods", driver), ("apps/v1/deployments", "midway")} <= set(owned), (
+            owned
+        )
+        delete_and_wait_until_gone(kube, "midway")
+        collected = collected_by_the_garbage_collector(kube, owned)
 
         assert_left_alone(kube, ticks, "midway", "bystander", collected)
         assert [job["metadata"]["name"] for job in kube.list("batch/v1/jobs", "default")] == []

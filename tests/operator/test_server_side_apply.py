@@ -2,6 +2,9 @@
 
 A client-side merge patch leaves removed env vars, ports and volumes behind (and an added port next to
 the old one, which a real API server refuses): these tests fail for such an apply layer.
+
+The subject here is apply's semantics, not the operator's permissions: ``Kube`` runs as an admin
+(``api_client(..., token=None)``). The operator tests run it under the chart's RBAC.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def test_merge_patch_turns_one_object_into_the_other():
 
 
 def test_kube_apply_converges_through_the_emulator_and_keeps_other_writers_fields(kube):
-    with api_client(kube.url) as client:
+    with api_client(kube.url, token=None) as client:
         operator = Kube(client)
         operator.apply(deployment([{"name": "A", "value": "1"}, {"name": "B", "value": "2"}], 8080, ["tmp"]))
         kube.patch("apps/v1/deployments", "c", {"metadata": {"annotations": {"owner": "platform-team"}}})
@@ -111,7 +114,7 @@ def test_kube_apply_converges_through_the_emulator_and_keeps_other_writers_field
     assert stored["metadata"]["annotations"] == {"owner": "platform-team"}
     assert stored["spec"]["replicas"] == 5
     managers = kube.call_in_loop(
-        lambda: sorted(key[3] for key in kube.emulator.applied if key[2] == "c")  # type: ignore[union-attr]
+        lambda: kube.emulator.field_managers("apps/v1/deployments", "default", "c")  # type: ignore[union-attr]
     )
     assert managers == sorted([FIELD_MANAGER, SCALE_FIELD_MANAGER])
 
@@ -185,7 +188,7 @@ def test_replicas_have_one_owner_and_re_applying_the_objects_never_resets_them(k
         }
     )
     meta = {"name": "owned", "namespace": "default", "uid": "uid-1"}
-    with api_client(kube.url) as client:
+    with api_client(kube.url, token=None) as client:
         operator = Kube(client)
         apply_owned_objects(operator, spec, meta, {}, AppliedObjects(), always=True)
         created = kube.get("apps/v1/deployments", "owned")

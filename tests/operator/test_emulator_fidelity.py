@@ -1,0 +1,502 @@
+"""The API emulator (a FAKE) is strict where the real API server is: each test names the Kubernetes
+documentation behaviour it checks, and each failed against the emulator before it was made strict
+(validation, defaulting, the status subresource for PUT, new finalizers on a deleting object, garbage
+collection, DELETED events under a new resourceVersion, RBAC).
+
+Plain HTTP against the emulator, no kopf: these run in a fraction of a second each.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.operator.authorization import (
+    OPERATOR_TOKEN,
+    Attributes,
+    Authorizer,
+    Identity,
+    chart_authorizer,
+    operator_identity,
+)
+from tests.operator.emulator import APPLY_PATCH, CRD_FILE, register_crd
+from tests.operator.harness import CR, ApiError, KubeHTTP, RunningEmulator, resource_path, serve_emulator
+
+pytestmark = pytest.mark.timeout(60)
+
+SPEC = {
+    "kafka": {"bootstrapServers": "127.0.0.1:9", "topics": ["orders"], "groupId": "orders"},
+    "handler": {"image": "registry.example/orders:1.0", "handler": "orders.handler:handle"},
+}
+
+
+def consumer(name: str, **spec: Any) -> dict[str, Any]:
+    body = copy.deepcopy(SPEC)
+    body.update(spec)
+    return {"apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "metadata": {"name": name}, "spec": body}
+
+
+def refused(call: Any, status: int) -> dict[str, Any]:
+    """The Status body of a call that must fail with ``status``."""
+    with pytest.raises(ApiError) as failure:
+        call()
+    assert failure.value.status == status, failure.value.body
+    return failure.value.body
+
+
+def put(kube: KubeHTTP, resource: str, name: str, body: dict[str, Any], subresource: str | None = None) -> Any:
+    return kube.call("PUT", resource_path(resource, "default", name, subresource), body)
+
+
+def apply(kube: KubeHTTP, resource: str, name: str, body: dict[str, Any], subresource: str | None = None) -> Any:
+    path = resource_path(resource, "default", name, subresource) + "?fieldManager=tester&force=true"
+    return kube.call("PATCH", path, body, content_type=APPLY_PATCH)
+
+
+# ---------------------------------------------------------------- 1. CRD validation and defaulting
+
+
+def test_the_crd_schema_refuses_invalid_objects_on_every_write_with_422_naming_the_field(kube: RunningEmulator):
+    """https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation
+    : a custom resource that does not match the version's openAPIV3Schema is refused (422 Invalid, naming the
+    field) on create and on every update (PUT, merge patch, JSON patch, server-side apply), and nothing is stored.
+    """
+    body = refused(lambda: kube.create(CR, consumer("big", workers={"max": 5000})), 422)
+    assert body["reason"] == "Invalid"
+    assert 'OrderedConsumer.keyorder.dev "big" is invalid: ' in body["message"]
+    assert (
+        "spec.workers.max: Invalid value: 5000: spec.workers.max in body should be less than or equal to 4096"
+        in (body["message"])
+    )
+    assert [cause["field"] for cause in body["details"]["causes"]] == ["spec.workers.max"]
+    body = refused(lambda: kube.create(CR, consumer("odd", ordering="random")), 422)
+    assert 'spec.ordering: Unsupported value: "random"' in body["message"]
+    missing = consumer("nokafka")
+    del missing["spec"]["kafka"]
+    assert "spec.kafka: Required value" in refused(lambda: kube.create(CR, missing), 422)["message"]
+    assert kube.list(CR) == []
+
+    stored = kube.create(CR, consumer("ok"))
+    bad_port = {"spec": {"httpPort": 80}}
+    expected = "spec.httpPort: Invalid value: 80: spec.httpPort in body should be greater than or equal to 1024"
+    for write in (
+        lambda: kube.patch(CR, "ok", bad_port),
+        lambda: kube.patch(CR, "ok", [{"op": "replace", "path": "/spec/httpPort", "value": 80}]),
+        lambda: apply(kube, CR, "ok", {**consumer("ok"), "spec": {**consumer("ok")["spec"], "httpPort": 80}}),
+        lambda: put(kube, CR, "ok", {**stored, "spec": {**stored["spec"], "httpPort": 80}}),
+    ):
+        assert expected in refused(write, 422)["message"]
+    assert kube.get(CR, "ok") == stored  # no refused write changed anything
+
+
+BROKEN_BY_RULES = {
+    "metadata.name must be at most 55 characters": ("a" * 56, {}),
+    "assignmentStrategy applies to groupProtocol classic only": (
+        "proto",
+        {"kafka": {**SPEC["kafka"], "groupProtocol": "consumer", "assignmentStrategy": "range"}},
+    ),
+    "set value or valueFrom, not both": (
+        "env",
+        {
+            "handler": {
+                **SPEC["handler"],
+                "env": [{"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+            }
+        },
+    ),
+    "need min <= initial <= max": ("workers", {"workers": {"min": 32, "initial": 16, "max": 64}}),
+    "min must be <= max": ("replicas", {"replicas": {"min": 5, "max": 2}}),
+    "replicas.min 0 needs scaling.scaleToZero: true": ("zero", {"replicas": {"min": 0}}),
+    "scaling.fallback.replicas 0 needs scaling.scaleToZero: true": (
+        "fallback",
+        {"scaling": {"fallback": {"failureThreshold": 3, "replicas": 0}}},
+    ),
+}
+
+
+def test_every_cel_rule_of_the_crd_is_evaluated_on_create_patch_apply_and_put(kube: RunningEmulator):
+    """https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation-rules
+    : every ``x-kubernetes-validations`` rule is evaluated (CEL, here with cel-python), on the defaulted object,
+    at create and update; a rule that fails refuses the object with its message, at the rule's field
+    (``fieldPath``). Each of the CRD's seven rules is broken once."""
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    rules = [
+        rule["message"]
+        for node in walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+        for rule in node.get("x-kubernetes-validations") or []
+    ]
+    assert len(rules) == len(BROKEN_BY_RULES) == 7
+    for message, (name, spec) in BROKEN_BY_RULES.items():
+        assert any(rule.startswith(message) for rule in rules), message
+        body = refused(lambda name=name, spec=spec: kube.create(CR, consumer(name, **spec)), 422)
+        assert message in body["message"], body["message"]
+    assert (
+        "spec.replicas.min: Invalid value: "
+        in refused(lambda: kube.create(CR, consumer("zero", replicas={"min": 0})), 422)["message"]
+    )  # fieldPath places the error
+
+    kube.create(CR, consumer("live"))
+    for write in (
+        lambda: kube.patch(CR, "live", {"spec": {"replicas": {"min": 5, "max": 2}}}),
+        lambda: kube.patch(CR, "live", [{"op": "add", "path": "/spec/replicas", "value": {"min": 5, "max": 2}}]),
+        lambda: apply(kube, CR, "live", consumer("live", replicas={"min": 5, "max": 2})),
+        lambda: put(
+            kube,
+            CR,
+            "live",
+            {**(kube.get(CR, "live") or {}), "spec": consumer("x", replicas={"min": 5, "max": 2})["spec"]},
+        ),
+    ):
+        assert 'spec.replicas: Invalid value: "object": min must be <= max' in refused(write, 422)["message"]
+    # defaults count: workers.max 8 leaves the defaulted initial (16) above it
+    assert (
+        "need min <= initial <= max"
+        in refused(lambda: kube.patch(CR, "live", {"spec": {"workers": {"max": 8}}}), 422)["message"]
+    )
+
+
+def test_defaults_are_stored_and_unknown_fields_pruned_or_refused_when_strict(kube: RunningEmulator):
+    """https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#defaulting
+    and #field-pruning: the schema's defaults are stored (a defaulted ``{}`` gets its own fields' defaults);
+    unknown fields are dropped with a warning, or refused with ``fieldValidation=Strict``
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#field-validation)."""
+    created = kube.create(CR, consumer("defaults", replicaCount=3))
+    spec = created["spec"]
+    assert spec["workers"]["initial"] == 16 and spec["workers"]["max"] == 256
+    assert spec["replicas"]["min"] == 1 and spec["httpPort"] == 8080
+    assert spec["kafka"]["assignmentStrategy"] == "cooperative-sticky" and spec["handler"]["executor"] == "auto"
+    assert "replicaCount" not in spec, "an unknown field was stored"
+    assert kube.get(CR, "defaults") == created
+    request = urllib.request.Request(
+        kube.url + resource_path(CR, "default"),
+        data=json.dumps(consumer("warned", scaling={"targetLag": 10})).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 201
+        assert 'unknown field \\"spec.scaling.targetLag\\"' in response.headers["Warning"]
+    strict = resource_path(CR, "default") + "?fieldValidation=Strict"
+    body = refused(lambda: kube.call("POST", strict, consumer("strict", replicaCount=3)), 400)
+    assert 'strict decoding error: unknown field "spec.replicaCount"' in body["message"]
+
+
+def test_transition_rules_see_old_self_only_on_updates() -> None:
+    """https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#transition-rules
+    : a rule that refers to ``oldSelf`` is evaluated only on an update, where the old object has a value, with
+    ``oldSelf`` bound to it; full CEL (macros) is available."""
+    crd = {
+        "spec": {
+            "group": "example.dev",
+            "names": {"kind": "Widget", "plural": "widgets"},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "properties": {
+                                        "size": {"type": "integer"},
+                                        "tags": {"type": "array", "items": {"type": "string"}},
+                                    },
+                                    "x-kubernetes-validations": [
+                                        {"rule": "self.size >= oldSelf.size", "message": "size may only grow"},
+                                        {"rule": "self.tags.all(t, t.startsWith('x-'))", "message": "tags start x-"},
+                                    ],
+                                }
+                            },
+                        }
+                    },
+                }
+            ],
+        }
+    }
+
+    def setup(emulator: Any) -> None:
+        register_crd(emulator, crd)
+
+    with serve_emulator(setup) as kube:
+        widgets = "example.dev/v1/widgets"
+        kube.create(widgets, {"metadata": {"name": "w"}, "spec": {"size": 5, "tags": ["x-a"]}})
+        assert kube.patch(widgets, "w", {"spec": {"size": 6}})["spec"]["size"] == 6
+        assert "size may only grow" in refused(lambda: kube.patch(widgets, "w", {"spec": {"size": 1}}), 422)["message"]
+        assert "tags start x-" in refused(lambda: kube.patch(widgets, "w", {"spec": {"tags": ["y"]}}), 422)["message"]
+
+
+# ---------------------------------------------------------------- 2. the status subresource
+
+
+def sneaky(current: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """``current`` with a new status, and a changed spec and labels (which a write to /status must ignore)."""
+    changed = copy.deepcopy(current)
+    changed["spec"]["httpPort"] = 9999
+    changed["metadata"]["labels"] = {"sneaky": "yes"}
+    changed["status"] = status
+    return changed
+
+
+def test_the_status_subresource_splits_every_kind_of_write(kube: RunningEmulator):
+    """https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#status-subresource
+    : with the status subresource, PUT/POST/PATCH of the resource ignore changes to ``status``, and PUT/PATCH of
+    ``/status`` ignore everything but ``status`` (metadata too; a resourceVersion precondition still applies)."""
+    created = kube.create(CR, {**consumer("s"), "status": {"ignored": True}})
+    assert "status" not in created
+    kube.patch(CR, "s", {"status": {"phase": "one"}}, subresource="status")
+    writes_to_the_object = [
+        lambda: kube.patch(CR, "s", {"spec": {"httpPort": 9001}, "status": {"phase": "merge"}}),
+        lambda: kube.patch(CR, "s", [{"op": "replace", "path": "/status", "value": {"phase": "json"}}]),
+        lambda: apply(kube, CR, "s", {**consumer("s", httpPort=9002), "status": {"phase": "apply"}}),
+        lambda: put(kube, CR, "s", {**(kube.get(CR, "s") or {}), "status": {"phase": "put"}}),
+    ]
+    for write in writes_to_the_object:
+        assert write()["status"] == {"phase": "one"}
+    assert kube.get(CR, "s")["spec"]["httpPort"] == 9002  # the spec changes were kept
+    before = kube.get(CR, "s")
+    assert before is not None
+    changes = {"spec": {"httpPort": 9999}, "metadata": {"labels": {"sneaky": "yes"}}}
+    writes_to_status = [
+        lambda: kube.patch(CR, "s", {**changes, "status": {"phase": "merge"}}, subresource="status"),
+        lambda: kube.patch(
+            CR,
+            "s",
+            [
+                {"op": "replace", "path": "/spec/httpPort", "value": 9999},
+                {"op": "replace", "path": "/status", "value": {"phase": "json"}},
+            ],
+            subresource="status",
+        ),
+        lambda: put(kube, CR, "s", sneaky(kube.get(CR, "s") or {}, {"phase": "put"}), "status"),
+    ]
+    for phase, write in zip(["merge", "json", "put"], writes_to_status, strict=True):
+        after = write()
+        assert after["status"] == {"phase": phase}
+        assert after["spec"] == before["spec"] and "labels" not in after["metadata"]
+        assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    stale = {"metadata": {"resourceVersion": before["metadata"]["resourceVersion"]}, "status": {"phase": "x"}}
+    refused(lambda: kube.patch(CR, "s", stale, subresource="status"), 409)
+
+
+# ---------------------------------------------------------------- 3. finalizers, 4. garbage collection, 5. watches
+
+
+def test_finalizers_block_deletion_and_none_can_be_added_meanwhile(kube: RunningEmulator):
+    """https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/ : deleting an object with
+    finalizers sets ``metadata.deletionTimestamp`` and keeps it until the finalizers are removed, then it goes;
+    while it is being deleted no finalizer can be added; an object without finalizers goes at once."""
+    kube.create("v1/configmaps", {"metadata": {"name": "held", "finalizers": ["example.dev/a"]}})
+    marked = kube.delete("v1/configmaps", "held")
+    assert marked["metadata"]["deletionTimestamp"]
+    assert kube.get("v1/configmaps", "held") == marked
+    assert kube.delete("v1/configmaps", "held") == marked  # a second delete changes nothing
+    body = refused(
+        lambda: kube.patch("v1/configmaps", "held", {"metadata": {"finalizers": ["example.dev/a", "example.dev/b"]}}),
+        422,
+    )
+    assert "no new finalizers can be added if the object is being deleted" in body["message"]
+    kube.patch("v1/configmaps", "held", [{"op": "remove", "path": "/metadata/finalizers"}])
+    assert kube.get("v1/configmaps", "held") is None
+    kube.create("v1/configmaps", {"metadata": {"name": "free"}})
+    kube.delete("v1/configmaps", "free")
+    assert kube.get("v1/configmaps", "free") is None
+
+
+def owned_by(*owners: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["metadata"]["name"], "uid": o["metadata"]["uid"]}
+        for o in owners
+    ]
+
+
+def test_the_garbage_collector_deletes_dependents_in_cascade_and_honours_their_finalizers(kube: RunningEmulator):
+    """https://kubernetes.io/docs/concepts/architecture/garbage-collection/#cascading-deletion : when an owner is
+    deleted (background propagation), every object whose ``ownerReferences`` name its uid is deleted, and their
+    own dependents after them; a dependent with finalizers is only marked for deletion; one that still has a
+    live owner stays (without the dangling reference); ``propagationPolicy=Orphan`` leaves the dependents."""
+    owner = kube.create(CR, consumer("owner"))
+    other = kube.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other"}})
+    child = kube.create(
+        "apps/v1/deployments",
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "child", "ownerReferences": owned_by(owner)},
+        },
+    )
+    kube.create("v1/secrets", {"metadata": {"name": "grandchild", "ownerReferences": owned_by(child)}})
+    kube.create(
+        "v1/services", {"metadata": {"name": "held", "ownerReferences": owned_by(owner), "finalizers": ["x/y"]}}
+    )
+    kube.create("v1/serviceaccounts", {"metadata": {"name": "shared", "ownerReferences": owned_by(owner, other)}})
+
+    kube.delete(CR, "owner")
+    assert kube.get(CR, "owner") is None
+    assert kube.get("apps/v1/deployments", "child") is None
+    assert kube.get("v1/secrets", "grandchild") is None  # the cascade goes on down
+    held = kube.get("v1/services", "held")
+    assert held is not None and held["metadata"]["deletionTimestamp"]  # its finalizer holds it
+    shared = kube.get("v1/serviceaccounts", "shared")
+    assert shared is not None and shared["metadata"]["ownerReferences"] == owned_by(other)
+
+    kube.call("DELETE", resource_path("v1/configmaps", "default", "other") + "?propagationPolicy=Orphan")
+    orphan = kube.get("v1/serviceaccounts", "shared")
+    assert orphan is not None and "ownerReferences" not in orphan["metadata"]
+
+
+def watch(kube: KubeHTTP, resource: str, since: str) -> Any:
+    return urllib.request.urlopen(f"{kube.url}{resource_path(resource)}?watch=true&resourceVersion={since}", timeout=10)
+
+
+def next_event(stream: Any) -> dict[str, Any]:
+    while line := stream.readline():
+        if line.strip():
+            return json.loads(line)
+    raise AssertionError("the watch stream ended before the next event")
+
+
+def test_watches_deliver_the_deletion_mark_and_the_deletion_with_the_last_state(kube: RunningEmulator):
+    """https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes : a watch
+    delivers every change after its resourceVersion, deletions included: MODIFIED when ``deletionTimestamp`` is
+    set, then DELETED with the object's last state under a new resourceVersion, also for what the garbage
+    collector deletes."""
+    owner = kube.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}})
+    since = owner["metadata"]["resourceVersion"]
+    with watch(kube, "v1/configmaps", since) as stream:
+        kube.create("v1/configmaps", {"metadata": {"name": "held", "finalizers": ["x/y"]}})
+        kube.create("v1/configmaps", {"metadata": {"name": "dependent", "ownerReferences": owned_by(owner)}})
+        assert [next_event(stream)["type"] for _ in range(2)] == ["ADDED", "ADDED"]
+        kube.delete("v1/configmaps", "held")
+        marked = next_event(stream)
+        assert marked["type"] == "MODIFIED" and marked["object"]["metadata"]["deletionTimestamp"]
+        kube.patch("v1/configmaps", "held", {"metadata": {"finalizers": []}})
+        released, deleted = next_event(stream), next_event(stream)
+        assert (released["type"], deleted["type"]) == ("MODIFIED", "DELETED")
+        assert deleted["object"]["metadata"]["name"] == "held" and deleted["object"]["metadata"]["finalizers"] == []
+        assert int(deleted["object"]["metadata"]["resourceVersion"]) > int(
+            released["object"]["metadata"]["resourceVersion"]
+        )
+        kube.delete("v1/configmaps", "owner")
+        events = [next_event(stream) for _ in range(2)]
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+            ("DELETED", "owner"),
+            ("DELETED", "dependent"),
+        ]
+
+
+# ---------------------------------------------------------------- 6. RBAC
+
+
+def test_the_operators_requests_are_authorised_by_the_charts_rbac() -> None:
+    """https://kubernetes.io/docs/reference/access-authn-authz/rbac/ and
+    https://kubernetes.io/docs/reference/access-authn-authz/authorization/#determine-the-request-verb : the
+    operator's ServiceAccount may do what the chart's (Cluster)Role grants it, through its binding, and nothing
+    else: a verb the rules lack is a 403 Forbidden worded as the API server words it; discovery is open to any
+    authenticated user; an unknown token is a 401. A server-side apply that would create its object is
+    authorised as a create as well (the API server's patch handler: kubernetes/apiserver
+    pkg/endpoints/handlers/patch.go)."""
+    with serve_emulator() as kube:
+        operator = KubeHTTP(kube.url, token=OPERATOR_TOKEN)
+        user = operator_identity().user
+        kube.create(CR, consumer("c"))
+        assert [item["metadata"]["name"] for item in operator.list(CR)] == ["c"]  # list: granted
+        assert operator.patch(CR, "c", {"status": {"phase": "ok"}}, subresource="status")["status"] == {"phase": "ok"}
+        body = refused(lambda: operator.delete(CR, "c"), 403)  # delete: not granted
+        assert body["reason"] == "Forbidden"
+        assert body["message"] == (
+            f'orderedconsumers.keyorder.dev "c" is forbidden: User "{user}" cannot delete resource '
+            '"orderedconsumers" in API group "keyorder.dev" in the namespace "default"'
+        )
+        current = kube.get(CR, "c")
+        assert current is not None
+        refused(lambda: put(operator, CR, "c", current, "status"), 403)  # update of the status: only patch is granted
+        refused(lambda: operator.get("v1/configmaps", "x"), 403)
+        assert "APIVersions" in json.dumps(operator.call("GET", "/api"))
+        refused(lambda: KubeHTTP(kube.url, token="stolen").list(CR), 401)
+
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {"replicas": 1}}
+        if chart_grants("create", "apps", "deployments"):
+            assert apply(operator, "apps/v1/deployments", "d", deployment)["metadata"]["name"] == "d"
+        else:
+            body = refused(lambda: apply(operator, "apps/v1/deployments", "d", deployment), 403)
+            assert f'User "{user}" cannot create resource "deployments"' in body["message"]
+            kube.create("apps/v1/deployments", deployment)  # once it exists, the apply is a patch: granted
+            assert apply(operator, "apps/v1/deployments", "d", deployment)["spec"]["replicas"] == 1
+        verbs = [(entry["method"], entry["verb"], entry["resource"]) for entry in kube.refused()]
+        assert ("DELETE", "delete", "orderedconsumers") in verbs and (
+            "PUT",
+            "update",
+            "orderedconsumers/status",
+        ) in verbs
+
+
+def chart_grants(verb: str, group: str, resource: str) -> bool:
+    attributes = Attributes(verb, "/", True, group, resource, "", "default", "d")
+    return chart_authorizer().allows(operator_identity(), attributes)
+
+
+def test_rbac_rules_match_as_kubernetes_matches_them() -> None:
+    """https://kubernetes.io/docs/reference/access-authn-authz/rbac/#referring-to-resources : a rule names
+    subresources as ``resource/subresource``, may narrow itself to ``resourceNames``, and a RoleBinding grants
+    only in its namespace; a ClusterRole with an aggregationRule collects the rules of the roles it selects."""
+    sa = Identity.service_account("ops", "bot")
+    documents = [
+        {
+            "kind": "ClusterRole",
+            "metadata": {"name": "scaler"},
+            "rules": [
+                {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"]},
+                {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["token"], "verbs": ["get"]},
+            ],
+        },
+        {
+            "kind": "ClusterRole",
+            "metadata": {"name": "all"},
+            "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"agg": "y"}}]},
+        },
+        {
+            "kind": "ClusterRole",
+            "metadata": {"name": "part", "labels": {"agg": "y"}},
+            "rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}],
+        },
+        {
+            "kind": "RoleBinding",
+            "metadata": {"name": "b", "namespace": "team-a"},
+            "roleRef": {"kind": "ClusterRole", "name": "scaler"},
+            "subjects": [{"kind": "ServiceAccount", "name": "bot", "namespace": "ops"}],
+        },
+        {
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "c"},
+            "roleRef": {"kind": "ClusterRole", "name": "all"},
+            "subjects": [{"kind": "Group", "name": "system:serviceaccounts:ops"}],
+        },
+    ]
+    rbac = Authorizer(documents)
+
+    def allows(verb: str, group: str, resource: str, sub: str = "", namespace: str = "team-a", name: str = "n") -> bool:
+        return rbac.allows(sa, Attributes(verb, "/", True, group, resource, sub, namespace, name))
+
+    assert allows("patch", "apps", "deployments", "scale")
+    assert not allows("patch", "apps", "deployments")  # the subresource's grant is not the resource's
+    assert not allows("patch", "apps", "deployments", "scale", namespace="team-b")  # a RoleBinding's namespace only
+    assert allows("get", "", "secrets", name="token") and not allows("get", "", "secrets", name="other")
+    assert allows("create", "batch", "jobs", namespace="anywhere")  # aggregated, bound to the SA's group
+
+
+def walk(node: dict[str, Any]) -> Any:
+    yield node
+    for child in (node.get("properties") or {}).values():
+        yield from walk(child)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from walk(node[key])
