@@ -17,6 +17,8 @@ watches keep up: a steady poll should miss nothing.
 from __future__ import annotations
 
 import copy
+import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -98,13 +100,27 @@ class OwnedObjectsCache:
             return len(self._objects) + len(self._pods)
 
 
+class QuietCacheHandlers(logging.Filter):
+    """Drops kopf's "Handler 'cache-…' succeeded." line: logged at INFO for every watch event of every
+    owned object and pod, it would bury the operator's own log. Failures are still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not SUCCEEDED.match(record.getMessage())
+
+
+SUCCEEDED = re.compile(r"Handler '(cache-[a-z]+)' succeeded\.")
+
+
 def register(registry: kopf.OperatorRegistry, cache: OwnedObjectsCache) -> None:
     """Watch the owned kinds and the consumer pods (by their labels) into ``cache``."""
+    objects_log = logging.getLogger("kopf.objects")
+    if not any(isinstance(existing, QuietCacheHandlers) for existing in objects_log.filters):
+        objects_log.addFilter(QuietCacheHandlers())
     for kind, (group, version, plural) in WATCHED_KINDS.items():
         _watch_kind(registry, cache, kind, group, version, plural)
     pod_app = owned_labels("any")[POD_APP]
 
-    @kopf.on.event("", "v1", "pods", labels={POD_APP: pod_app}, registry=registry)
+    @kopf.on.event("", "v1", "pods", labels={POD_APP: pod_app}, registry=registry, id="cache-pods")
     async def cache_pod(event: Any, **_: Any) -> None:
         pod = event.get("object") or {}
         meta = pod.get("metadata") or {}
