@@ -4,8 +4,8 @@ For each N (``--resources 50,200,500``): the API emulator (a FAKE Kubernetes API
 operator's tests use, with the chart's RBAC) holds N OrderedConsumers polling every
 ``--interval`` seconds; 5% of them point at a Kafka that accepts connections and never answers, the
 rest at a real Kafka-protocol broker (Tansu). ``keyorder operator`` runs as a separate process
-logged in with the operator's ServiceAccount token. After every resource has polled twice, the
-benchmark watches for ``--seconds``:
+logged in with the operator's ServiceAccount token. After every resource has polled twice and the
+first decisions have settled (``--settle``), the benchmark watches for ``--seconds``:
 
 - **poll gaps** of the healthy resources (from the operator's own
   ``keyorder_operator_last_poll_timestamp_seconds``, read every second): p50, p95 and max against the
@@ -138,7 +138,9 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
 
 
-def run_one(count: int, interval: int, seconds: float, broker: EmbeddedBroker, work: Path) -> dict[str, Any]:
+def run_one(
+    count: int, interval: int, seconds: float, settle: float, broker: EmbeddedBroker, work: Path
+) -> dict[str, Any]:
     counts = RequestCounts()
     counts.install()
     unreachable = max(round(count * UNREACHABLE_SHARE), 1)
@@ -158,7 +160,7 @@ def run_one(count: int, interval: int, seconds: float, broker: EmbeddedBroker, w
         with log_path.open("w") as log:
             operator = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
-            return measure(count, interval, seconds, names, operator, metrics_port, counts)
+            return measure(count, interval, seconds, settle, names, operator, metrics_port, counts)
         finally:
             stop_process(operator)
             errors = [line for line in log_path.read_text().splitlines() if " ERROR " in line]
@@ -170,6 +172,7 @@ def measure(
     count: int,
     interval: int,
     seconds: float,
+    settle: float,
     healthy: list[str],
     operator: subprocess.Popen[str],
     metrics_port: int,
@@ -194,8 +197,10 @@ def measure(
             print(f"  N={count}: only {ready} of {count} resources polled twice; measuring anyway", flush=True)
             break
         time.sleep(1.0)
-    print(f"  N={count}: warm after {time.monotonic() - started:.0f} s; measuring {seconds:.0f} s ...", flush=True)
-    seen = {name: polls[-1:] for name, polls in seen.items()}
+    print(f"  N={count}: warm after {time.monotonic() - started:.0f} s; settling {settle:.0f} s ...", flush=True)
+    time.sleep(settle)  # the first decisions scale the groups: steady polls come after them
+    print(f"  N={count}: measuring {seconds:.0f} s ...", flush=True)
+    seen = {name: [at] for name, at in poll_times(metrics_port).items()}
     cpu_before, _, _ = process_usage(operator.pid)
     requests_before = counts.snapshot()
     window_start = time.monotonic()
@@ -257,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resources", default="50,200,500", help="comma-separated resource counts")
     parser.add_argument("--interval", type=int, default=5, help="each resource's pollIntervalSeconds")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window per count")
+    parser.add_argument(
+        "--settle", type=float, default=30.0, help="seconds after every resource polled twice, before measuring"
+    )
     parser.add_argument("--output", type=Path, default=Path("operator-scale-bench.json"))
     parser.add_argument("--by-path", action="store_true", help="also print the requests by method and path")
     args = parser.parse_args(argv)
@@ -271,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         create_topics(broker.bootstrap, [TOPIC], 4)
         produce_keyed(broker.bootstrap, TOPIC, 2_000, 50, extra_config={"batch.num.messages": 1})
         for size in sizes:
-            results.append(run_one(size, args.interval, args.seconds, broker, Path(work)))
+            results.append(run_one(size, args.interval, args.seconds, args.settle, broker, Path(work)))
             print(render(results[-1:]), flush=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     if args.by_path:

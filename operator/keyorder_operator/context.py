@@ -27,6 +27,21 @@ from keyorder_operator.operator_metrics import OperatorMetrics
 from keyorder_operator.pod_admin import fetch_reports, push_workers
 from keyorder_operator.spec import OrderedConsumerSpec
 
+
+@dataclass
+class PollMemory:
+    """What one resource's poll keeps for the next one in the operator's memory, not in status: status is
+    written only when what it shows changed, so a steady poll writes nothing. A restarted operator starts
+    from what status has (the autoscaler's memory is written there whenever the size changes)."""
+
+    started_at: float | None = None
+    """When the last poll started (wall clock): the schedule counts from it."""
+    autoscaler: dict[str, Any] | None = None
+    """The policy's memory after the last decision (``status.memory_after``)."""
+    last_sample: dict[str, Any] | None = None
+    """The last lag sample (``status.sample_to_status``): rates are measured against it."""
+
+
 DELETED_REMEMBERED = 10_000
 """Deleted resources' UIDs kept: a poll in flight at a delete is bounded in time, so the newest suffice."""
 
@@ -60,6 +75,13 @@ class OperatorContext:
     _deleted: OrderedDict[str, None] = field(default_factory=OrderedDict)
     """UIDs of deleted resources (the newest ``DELETED_REMEMBERED``): none of them is polled again."""
     _deleted_lock: threading.Lock = field(default_factory=threading.Lock)
+    _memories: dict[tuple[str, str], PollMemory] = field(default_factory=dict)
+    _memories_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def poll_memory(self, namespace: str, name: str) -> PollMemory:
+        """The resource's poll memory (empty for a resource this process has not polled yet)."""
+        with self._memories_lock:
+            return self._memories.setdefault((namespace, name), PollMemory())
 
     @contextlib.contextmanager
     def polling(self, uid: str, namespace: str, name: str) -> Iterator[bool]:
@@ -85,6 +107,8 @@ class OperatorContext:
         self._let_go(namespace, name)
 
     def _let_go(self, namespace: str, name: str) -> None:
+        with self._memories_lock:
+            self._memories.pop((namespace, name), None)
         self.metrics.forget(namespace, name)
         self.forget_lag_source(namespace, name)
         self.applied.forget(namespace, name)

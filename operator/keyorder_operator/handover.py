@@ -145,5 +145,6 @@ class CatchupHandover:
         status["lastCatchupEndedAt"] = poll.now  # the cooldown counts from here
         status["catchupVotes"] = 0
         status["lastSample"] = None  # rates must not span the hand-over
+        poll.memory.last_sample = None
         status["replicas"] = run.resume_replicas
         status["lastDecision"] = {"reason": message, "time": timestamp(poll.now)}

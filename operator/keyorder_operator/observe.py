@@ -29,7 +29,13 @@ log = logging.getLogger(__name__)
 
 
 class LagUnavailable(RuntimeError):
-    """The lag could not be measured; the message says why (never includes credentials)."""
+    """The lag could not be measured; the message says why (never includes credentials). ``reason`` is the
+    same without the timing (how long ago it was asked, when it will be asked again): the condition shows
+    it, so a cluster that stays down does not rewrite status on every poll."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 @dataclass(frozen=True)
@@ -127,10 +133,11 @@ class BoundedLagSource:
                 if kept is not None:
                     return kept
                 waited = max(now - self._in_flight_since, 0.0)
-                raise LagUnavailable(f"{self._error or 'Kafka has not answered yet'} (asked {waited:.0f} s ago)")
+                why = self._error or "Kafka has not answered yet"
+                raise LagUnavailable(f"{why} (asked {waited:.0f} s ago)", why)
             backing_off = self._retry_at is not None
             if backing_off and self._retry_at is not None and now < self._retry_at:
-                raise LagUnavailable(f"{self._error} (not asked again for {self._retry_at - now:.0f} s)")
+                raise LagUnavailable(f"{self._error} (not asked again for {self._retry_at - now:.0f} s)", self._error)
             done = self._in_flight = threading.Event()
             self._in_flight_since = now
         try:
@@ -148,9 +155,11 @@ class BoundedLagSource:
             if self._in_flight is done:  # still unanswered
                 if kept is not None:
                     return kept
-                what = f"asked again in the background after: {self._error}" if backing_off else ""
+                if backing_off:
+                    raise LagUnavailable(f"asked again in the background after: {self._error}", self._error)
                 raise LagUnavailable(
-                    what or f"Kafka has not answered within {self.wait_seconds:g} s (the answer is awaited)"
+                    f"Kafka has not answered within {self.wait_seconds:g} s (the answer is awaited)",
+                    self._error or f"Kafka has not answered within {self.wait_seconds:g} s",
                 )
             fresh = self._take_answer(request)
             if fresh is not None:

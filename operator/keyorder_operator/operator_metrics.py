@@ -207,9 +207,12 @@ class OperatorMetrics:
     def cache_read(self, result: str) -> None:
         self.cache_reads.labels(result).inc()
 
-    def polled(self, labels: tuple[str, str], seconds: float, now: float) -> None:
-        self.poll_duration.labels(*labels).observe(seconds)
+    def poll_started(self, labels: tuple[str, str], now: float) -> None:
+        """A poll starts (set first: once it moves again, the poll before has written its status)."""
         self.last_poll.labels(*labels).set(now)
+
+    def polled(self, labels: tuple[str, str], seconds: float) -> None:
+        self.poll_duration.labels(*labels).observe(seconds)
 
     def limit(self, labels: tuple[str, str], kind: str | None) -> None:
         """Exactly one reason at 1 while scaling is limited; all at 0 otherwise."""

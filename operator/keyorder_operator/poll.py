@@ -88,6 +88,7 @@ class Poll:
 
     def __post_init__(self) -> None:
         self.conditions = list(self.status.get("conditions") or [])
+        self.memory = self.context.poll_memory(self.namespace, self.name)
 
     @property
     def namespace(self) -> str:
@@ -114,7 +115,7 @@ class Poll:
         """Every pollIntervalSeconds, whether or not the last poll could read the lag, counted from the last
         poll's start. The timer ticks every ``--tick`` seconds on a fixed grid (kopf's sharp timer), so an
         interval is rounded up to a whole number of ticks."""
-        last_poll = self.status.get("lastPollAt")
+        last_poll = self.memory.started_at if self.memory.started_at is not None else self.status.get("lastPollAt")
         interval = self.spec.scaling.poll_interval_seconds
         return not (isinstance(last_poll, int | float) and self.now - last_poll < interval - 0.5)
 
@@ -128,7 +129,11 @@ class Poll:
         the conditions are written either way."""
         if not self.due():
             return
-        self.patch.status["lastPollAt"] = self.now
+        self.memory.started_at = self.now
+        self.context.metrics.poll_started(self.labels, self.now)
+        for legacy in ("lastPollAt", "lastSample"):  # an older release wrote these every poll; memory holds them now
+            if self.status.get(legacy) is not None:
+                self.patch.status[legacy] = None
         metrics = self.context.metrics
         metrics.track(*self.labels)
         started = self.context.monotonic()
@@ -145,8 +150,9 @@ class Poll:
             if condition_is(self.conditions, "ReconcileFailed"):
                 self.condition("ReconcileFailed", False, "PollSucceeded", "the last poll succeeded")
         finally:
-            metrics.polled(self.labels, self.context.monotonic() - started, self.now)
+            metrics.polled(self.labels, self.context.monotonic() - started)
             write_conditions(self.patch, self.conditions, POLL_CONDITIONS)
+            drop_unchanged(self.patch, self.status)
 
     def poll_once(self) -> None:
         self.repair_objects()
@@ -180,7 +186,9 @@ class Poll:
             log.warning("%s/%s: re-applying the owned objects failed: %s", self.namespace, self.name, error)
 
     def size(self, replicas: int) -> None:
-        state = state_from_status(self.status, self.spec, replicas)
+        remembered = self.memory.autoscaler
+        kept = {**self.status, "autoscaler": remembered} if remembered is not None else self.status
+        state = state_from_status(kept, self.spec, replicas)
         paused = self.paused
         observed = self.observe(state, replicas, paused)
         if self.other_autoscaler(replicas):
@@ -198,7 +206,10 @@ class Poll:
         if decision.handler_seconds is not None:
             self.patch.status["pods"]["handlerMilliseconds"] = round(decision.handler_seconds * 1000, 3)
         self.explain_caveat(decision.caveat)
-        self.patch.status["autoscaler"] = memory_after(decision, self.spec)
+        self.memory.autoscaler = memory_after(decision, self.spec)
+        if decision.scaled or not self.status.get("autoscaler"):
+            # status keeps what a restarted operator resumes from: written when the size changes, not per poll
+            self.patch.status["autoscaler"] = self.memory.autoscaler
         if self.spec.scaling.mode is ScalingMode.RECOMMEND:
             self.recommend(decision, current, paused, observed.pods)
             return
@@ -240,14 +251,14 @@ class Poll:
         """``scaling.mode: recommend``: publish the decision (status, an Event when it changes, metrics)
         and change nothing; the pods keep their size and worker count."""
         target = decision.target
+        before = self.status.get("recommendation") or {}
         recommendation = {
             "replicas": target.replicas,
             "workersPerPod": target.workers,
             "reason": decision.reason,
             "cause": decision.cause.value,
-            "time": timestamp(self.now),
+            "time": decision_record(before, decision.reason, self.now)["time"],
         }
-        before = self.status.get("recommendation") or {}
         if (before.get("replicas"), before.get("workersPerPod")) != (target.replicas, target.workers):
             self.info("Recommended", f"recommend only (nothing applied): {decision.reason}")
         self.patch.status["recommendation"] = recommendation
@@ -261,7 +272,7 @@ class Poll:
             source = self.context.lag_source(self.namespace, self.name, properties)
             sample: LagSample | None = source.sample(self.spec.kafka.topics, self.spec.kafka.group_id, self.now)
         except LagUnavailable as error:
-            sample, reason = None, str(error)
+            sample, reason = None, error.reason
         pods = self.read_pods(replicas)
         if sample is None:
             self.context.metrics.lag_unknown.labels(*self.labels).inc()
@@ -271,7 +282,7 @@ class Poll:
             observation = Observation(lag=None, partitions=None, paused=paused)
         else:
             observation = observation_from(
-                sample_from_status(self.status),
+                sample_from_status({"lastSample": self.memory.last_sample or self.status.get("lastSample")}),
                 sample,
                 pods.signals,
                 kube.deployment_rolled_out(self.namespace, self.name),
@@ -280,7 +291,7 @@ class Poll:
             )
             drain, arrival = observation.drain_rate, observation.arrival_rate
             self.condition("LagUnknown", False, "LagMeasured", "lag read from Kafka")
-            status["lastSample"] = sample_to_status(sample)
+            self.memory.last_sample = sample_to_status(sample)
             status["lag"] = sample.lag
             status["partitions"] = sample.partitions
             status["drainRate"] = round(drain, 3) if drain is not None else None
@@ -395,7 +406,7 @@ class Poll:
         status["workersPerPod"] = target.workers
         status["podsUpdated"] = at_size
         status["limit"] = limited.message if limited else None
-        status["lastDecision"] = {"reason": reason, "time": timestamp(self.now)}
+        status["lastDecision"] = decision_record(self.status.get("lastDecision"), reason, self.now)
 
     def explain_caveat(self, caveat: Caveat | None) -> None:
         """A Warning Event when decisions start being made without part of their inputs
@@ -415,6 +426,25 @@ class Poll:
         if before is None or before.get("status") != "True" or before.get("reason") != limited.kind.reason:
             self.warn("ScalingLimited", limited.message)
         self.condition("ScalingLimited", True, limited.kind.reason, limited.message)
+
+
+def decision_record(before: Any, reason: str, now: float) -> dict[str, Any]:
+    """``status.lastDecision``: the reason, and since when it has held (a poll that decides the same as
+    the last one keeps its time, so status is not rewritten for it)."""
+    if isinstance(before, dict) and before.get("reason") == reason and before.get("time"):
+        return {"reason": reason, "time": before["time"]}
+    return {"reason": reason, "time": timestamp(now)}
+
+
+def drop_unchanged(patch: kopf.Patch, status: dict[str, Any]) -> None:
+    """Leave out of the status patch every field whose value status already has: a poll that changed
+    nothing users see sends no write at all (kopf sends nothing for an empty patch)."""
+    for key in list(patch.status.keys()):
+        unchanged = status[key] == patch.status[key] if key in status else patch.status[key] is None
+        if unchanged:
+            del patch.status[key]
+    if "status" in patch and not patch["status"]:
+        del patch["status"]  # kopf would send an empty status patch
 
 
 def catchup_gate(spec: OrderedConsumerSpec, armed: bool) -> CatchupGate:

@@ -84,29 +84,55 @@ class ApiError(Exception):
         self.status, self.body = status, body
 
 
+_POLL_CLOCKS: list[Callable[[str, str], float | None]] = []
+"""The in-process operators' own record of when each resource's last poll started (their metric
+``keyorder_operator_last_poll_timestamp_seconds``): status is not written on a poll that changes nothing,
+so it cannot tell that a poll happened."""
+
+
+@contextlib.contextmanager
+def polls_of(context: Any) -> Iterator[None]:
+    """Let ``last_poll_at`` and ``wait_for_polls`` see the polls of an in-process operator's ``context``."""
+
+    def last(namespace: str, name: str) -> float | None:
+        labels = {"namespace": namespace, "name": name}
+        return context.metrics.registry.get_sample_value("keyorder_operator_last_poll_timestamp_seconds", labels)
+
+    _POLL_CLOCKS.append(last)
+    try:
+        yield
+    finally:
+        _POLL_CLOCKS.remove(last)
+
+
 def last_poll_at(kube: KubeHTTP, name: str, namespace: str = "default") -> float | None:
-    """``status.lastPollAt`` of OrderedConsumer ``name``: when the operator last polled it (None: never, or gone)."""
-    at = ((kube.get(CR, name, namespace) or {}).get("status") or {}).get("lastPollAt")
-    return at if isinstance(at, int | float) else None
+    """When the in-process operator last started a poll of OrderedConsumer ``name`` (None: never, or forgotten
+    after a delete). ``kube`` is unused: the answer is the operator's, not the API server's."""
+    if not _POLL_CLOCKS:
+        raise RuntimeError("no in-process operator registered with polls_of(context): its polls cannot be seen")
+    times = [at for clock in _POLL_CLOCKS if (at := clock(namespace, name)) is not None]
+    return max(times) if times else None
 
 
 def wait_for_polls(
     kube: KubeHTTP, name: str, count: int, namespace: str = "default", timeout_per_poll: float = 20.0
 ) -> float:
-    """Wait until the operator has polled OrderedConsumer ``name`` ``count`` more times (``status.lastPollAt``
-    moved ``count`` times; each move is at least one poll) and return the last ``lastPollAt``.
+    """Wait until the operator has finished ``count`` more polls of OrderedConsumer ``name``, their status
+    written, and return when the last poll seen started.
 
-    The proof a "nothing happened" check needs: the thing that could have acted did act. The first move
-    may come from a poll already running at the call, so ``count`` >= 2 guarantees at least one poll that
-    started after it. ``timeout_per_poll`` is a hang guard (a poll that never comes), not a time bound.
+    The proof a "nothing happened" check needs: the thing that could have acted did act. A poll start is
+    seen when it begins (``last_poll_at``), and kopf writes a poll's status before the next one starts,
+    so ``count`` + 1 starts are waited for; the first may come from a poll already running at the call,
+    so ``count`` >= 2 guarantees a whole poll that started after it. ``timeout_per_poll`` is a hang guard
+    (a poll that never comes), not a time bound.
     """
     last = last_poll_at(kube, name, namespace)
-    for seen in range(1, count + 1):
+    for seen in range(1, count + 2):
         before = last
         last = wait_for(
             lambda before=before: (at := last_poll_at(kube, name, namespace)) is not None and at != before and at,
             timeout_per_poll,
-            f"poll {seen} of {count} of {namespace}/{name} (lastPollAt was {before})",
+            f"poll {seen} of {count + 1} starts of {namespace}/{name} (the last started at {before})",
         )
     assert last is not None
     return last

@@ -57,18 +57,20 @@ def catchup_status(kube, name: str) -> dict:
     return (kube.get(CR, name).get("status") or {}).get("catchup") or {}
 
 
-def learned_rate(kube, name: str) -> float | None:
-    """The per-worker rate the operator's policy keeps in status (``None`` until it knows one)."""
-    return ((kube.get(CR, name).get("status") or {}).get("autoscaler") or {}).get("perWorkerRate")
+def learned_rate(context, name: str) -> float | None:
+    """The per-worker rate the operator's policy remembers (``None`` until it knows one)."""
+    return (context.poll_memory("default", name).autoscaler or {}).get("perWorkerRate")
 
 
-def teach_slow_workers(kube, name: str) -> None:
-    """Report a learned 1 msg/s per worker, as slow pods would have taught the policy (once it has a memory)."""
-    if (kube.get(CR, name).get("status") or {}).get("autoscaler") is not None:
-        kube.patch(CR, name, {"status": {"autoscaler": {"perWorkerRate": 1.0}}}, subresource="status")
+def teach_slow_workers(context, name: str) -> None:
+    """Put a learned 1 msg/s per worker into the operator's memory, as slow pods would have taught the policy
+    (once it has a memory)."""
+    memory = context.poll_memory("default", name)
+    if memory.autoscaler is not None:
+        memory.autoscaler = {**memory.autoscaler, "perWorkerRate": 1.0}
 
 
-def slow_workers_until_triggered(kube, name: str) -> dict:
+def slow_workers_until_triggered(kube, context, name: str) -> dict:
     """Teach slow workers until catch-up starts; its ``status.catchup``.
 
     Repeated because the operator's own status patches may overwrite the first one.
@@ -77,7 +79,7 @@ def slow_workers_until_triggered(kube, name: str) -> dict:
     def started() -> dict:
         found = catchup_status(kube, name)
         if not found:
-            teach_slow_workers(kube, name)
+            teach_slow_workers(context, name)
         return found
 
     return wait_for(started, 40, f"catch-up of {name} to start", interval=0.2)
@@ -101,11 +103,11 @@ def finish_job(kube, job_name: str, condition_type: str) -> None:
 def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
     topic = "okc-catchup"
     ends = backlog(broker, topic)
-    with operator(kube.url):
+    with operator(kube.url) as context:
         kube.create(CR, resource(broker, "payments", topic))
         # a consumer pod (the emulator runs no kubelet: the test creates it) that is slow to stop
         create_pod(kube, "payments-0", consumer_labels("payments"), "consumer", "x")
-        started = slow_workers_until_triggered(kube, "payments")
+        started = slow_workers_until_triggered(kube, context, "payments")
 
         assert started["fence"] == {f"{topic}:{p}": offset for p, offset in ends.items()}
         wait_for(lambda: replicas(kube, "payments") == 0, 20, "the Deployment scaled to 0")
@@ -168,10 +170,10 @@ def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
 def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(kube, broker):
     topic = "okc-catchup-fail"
     backlog(broker, topic)
-    with operator(kube.url):
+    with operator(kube.url) as context:
         # no cooldown: only the failed spec generation may keep a second hand-over from starting
         kube.create(CR, resource(broker, "refunds", topic, cooldownSeconds=0))
-        started = slow_workers_until_triggered(kube, "refunds")
+        started = slow_workers_until_triggered(kube, context, "refunds")
         job_name = started["jobName"]
         wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
         # the Job's driver pod is still terminating when the Job is marked Failed: the pods must wait for it
@@ -195,7 +197,7 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
         )
         assert any(job_name in message for message in events(kube, "CatchupFailed"))
         # a fresh observation after the hand-over: the backlog is all still there for the pods
-        wait_for(lambda: (kube.get(CR, "refunds").get("status") or {}).get("lastSample"), 20, "a new observation")
+        wait_for(lambda: context.poll_memory("default", "refunds").last_sample, 20, "a new observation")
         assert kube.get(CR, "refunds")["status"]["lag"] == 8_000
 
         # The backlog still looks hopeless (slow workers, no cooldown: see above) on more polls than
@@ -204,9 +206,11 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
         for _ in range(20):  # bounded: the operator's own patches may overwrite the taught rate now and then
             if polls_with_slow_workers > CATCHUP_CONFIRM_POLLS:
                 break
-            wait_for(lambda: teach_slow_workers(kube, "refunds") or learned_rate(kube, "refunds") == 1.0, 20, "1 msg/s")
+            wait_for(
+                lambda: teach_slow_workers(context, "refunds") or learned_rate(context, "refunds") == 1.0, 20, "1 msg/s"
+            )
             wait_for_polls(kube, "refunds", 2)  # the second one started after the rate was in status
-            if learned_rate(kube, "refunds") == 1.0:  # and it kept it: it decided with it
+            if learned_rate(context, "refunds") == 1.0:  # and it kept it: it decided with it
                 polls_with_slow_workers += 1
             status = kube.get(CR, "refunds")["status"]
             assert (status.get("catchup"), status.get("catchupVotes")) == (None, 0), "a failed spec was retried"
@@ -221,9 +225,9 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
 def test_a_deleted_job_ends_the_hand_over_and_the_pods_resume(kube, broker):
     topic = "okc-catchup-gone"
     backlog(broker, topic)
-    with operator(kube.url):
+    with operator(kube.url) as context:
         kube.create(CR, resource(broker, "ledger", topic))
-        started = slow_workers_until_triggered(kube, "ledger")
+        started = slow_workers_until_triggered(kube, context, "ledger")
         job_name = started["jobName"]
         wait_for(lambda: catchup_status(kube, "ledger").get("phase") == "Running", 20, "phase Running")
         kube.delete("batch/v1/jobs", job_name)  # someone deleted it (its pods are gone too here)

@@ -20,7 +20,7 @@ import pytest
 from keyorder_operator.kube import Kube
 from keyorder_operator.observe import KafkaLagSource, LagSample, LagUnavailable
 from keyorder_operator.reconcile import OperatorContext, register
-from tests.operator.harness import CR, api_client, run_kopf, wait_for, wait_for_polls
+from tests.operator.harness import CR, api_client, polls_of, run_kopf, wait_for, wait_for_polls
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,7 +42,7 @@ class NoKafka:
 def operator(url: str, lag_source_for: Any = NoKafka):
     with api_client(url) as client:
         context = OperatorContext(kube=Kube(client), tick_seconds=0.3, lag_source_for=lag_source_for)
-        with run_kopf(url, lambda registry: register(registry, context)):
+        with run_kopf(url, lambda registry: register(registry, context)), polls_of(context):
             yield context
 
 

@@ -20,7 +20,7 @@ from keyorder_operator.builders import ASSIGNMENT_STRATEGY_VARIABLE
 from keyorder_operator.kube import Kube
 from keyorder_operator.pod_admin import push_workers
 from keyorder_operator.reconcile import OperatorContext, register
-from tests.operator.harness import CR, TimerRuns, api_client, last_poll_at, run_kopf, wait_for, wait_for_polls
+from tests.operator.harness import CR, TimerRuns, api_client, last_poll_at, polls_of, run_kopf, wait_for, wait_for_polls
 from tests.operator.kubelet import admin_token, consumer_labels, create_pod, report_pod_status, write_admin_token
 from tests.support import EXACT_END_OFFSETS
 
@@ -62,7 +62,7 @@ def operator(url: str, **settings):
     """The real handlers registered in a real kopf operator, with a short tick, talking to ``url``."""
     with api_client(url) as client:
         context = OperatorContext(kube=Kube(client), tick_seconds=0.3, **settings)
-        with run_kopf(url, lambda registry: register(registry, context)):
+        with run_kopf(url, lambda registry: register(registry, context)), polls_of(context):
             yield context
 
 
@@ -188,7 +188,7 @@ def test_invalid_spec_sets_invalid_spec_and_touches_nothing(kube_older_crd, brok
         assert any("spec.workers" in text for text in events(kube, "InvalidSpec"))
         ticks.wait_for_runs("broken", 3)  # the operator's timer ticked on it (an invalid spec is not polled)
         assert kube.get("apps/v1/deployments", "broken") is None
-        assert "lastPollAt" not in (kube.get(CR, "broken").get("status") or {}), "an invalid spec was polled"
+        assert last_poll_at(kube, "broken") is None, "an invalid spec was polled"
 
 
 def test_unknown_lag_never_scales(kube):
@@ -361,7 +361,7 @@ def test_resources_on_an_unreachable_kafka_do_not_hold_up_a_healthy_one(kube, br
     create_topics(broker.bootstrap, [topic], 2)
     produce_keyed(broker.bootstrap, topic, 2_000, 100, extra_config=EXACT_END_OFFSETS)
     commit_group(broker.bootstrap, f"g-{topic}", topic, {0: 0, 1: 0})
-    with operator(kube.url, handler_threads=3, lag_backoff_seconds=(2.0, 4.0)):
+    with operator(kube.url, handler_threads=3, lag_backoff_seconds=(2.0, 4.0)) as context:
         names = [f"dead-{index}" for index in range(8)]
         for name in names:
             spec = consumer_resource(name, dead, f"t-{name}")
@@ -377,9 +377,8 @@ def test_resources_on_an_unreachable_kafka_do_not_hold_up_a_healthy_one(kube, br
         samples = []
         for _ in range(4):
             wait_for_polls(kube, "healthy", 1, timeout_per_poll=30)  # hang guard, generous on purpose
-            status = kube.get(CR, "healthy")["status"]
             assert condition(kube.get(CR, "healthy"), "LagUnknown") == "False", "the healthy lag went unknown"
-            samples.append(status["lastSample"]["at"])
+            samples.append((context.poll_memory("default", "healthy").last_sample or {}).get("at"))
         assert len(set(samples)) == 4, f"the healthy polls did not each measure the lag anew: {samples}"
         still_unknown = [name for name in names if condition(kube.get(CR, name), "LagUnknown") == "True"]
         assert still_unknown == names, "the unreachable resources must keep saying so"

@@ -236,7 +236,7 @@ def test_deleting_a_resource_mid_hand_over_leaves_no_job_running_and_no_pods_pau
     with TimerRuns() as ticks, operator(kube.url) as context:
         kube.create(CR, resource(broker, "midway", topic))
         kube.create(CR, consumer_resource("bystander", broker.bootstrap, "okc-delete-sibling"))
-        started = slow_workers_until_triggered(kube, "midway")
+        started = slow_workers_until_triggered(kube, context, "midway")
         job_name = started["jobName"]
         wait_for(lambda: catchup_status(kube, "midway").get("phase") == "Running", 20, "phase Running")
         # the Job's controller would have started its driver pod, owned by the Job
@@ -304,10 +304,10 @@ def test_a_restarted_operator_resumes_the_hand_over_where_the_status_says(kube, 
     topic = "okc-restart"
     ends = backlog(broker, topic)
     fence = ",".join(f"{topic}:{p}={ends[p]}" for p in sorted(ends))
-    with operator(kube.url):
+    with operator(kube.url) as first:
         kube.create(CR, resource(broker, "steadfast", topic))
         create_pod(kube, "steadfast-0", consumer_labels("steadfast"), "consumer", "x")  # slow to stop
-        started = slow_workers_until_triggered(kube, "steadfast")
+        started = slow_workers_until_triggered(kube, first, "steadfast")
         wait_for(
             lambda: condition_entry(kube.get(CR, "steadfast"), "CatchingUp").get("reason") == "StoppingPods",
             20,

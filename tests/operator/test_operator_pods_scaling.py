@@ -44,8 +44,8 @@ def resource(name: str, bootstrap: str, topic: str, **overrides) -> dict:
 
 
 def sizes_per_poll(kube, name: str, polls: int) -> list[tuple[int, int]]:
-    """``(replicas, workersPerPod)`` from the CR's status after each of the next ``polls`` polls (a poll
-    writes them with ``lastPollAt`` in one patch): a window counted in decisions, not in seconds. A poll
+    """``(replicas, workersPerPod)`` from the CR's status after each of the next ``polls`` polls (a poll's
+    status is written before the next one starts): a window counted in decisions, not in seconds. A poll
     that decided nothing yet (before the Deployment exists) adds nothing."""
     record = []
     for _ in range(polls):

@@ -1,5 +1,5 @@
-"""What a steady poll reads from the API server: with the owned objects and the consumer pods watched
-into the operator's cache, nothing (issue: "0 writes and at most 1 read that misses the cache").
+"""What a steady poll asks of the API server: with the owned objects and the consumer pods watched
+into the operator's cache, no read; and with status written only when it changed, no write.
 
 The real kopf operator on the API emulator; the lag comes from ``NoKafka`` (no broker), and the one
 consumer pod is an object created in the emulator (no kubelet runs it), labelled as the Deployment's
@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from keyorder_operator.builders import selector_labels
+from tests.operator.emulator import Emulator
 from tests.operator.harness import CR, wait_for, wait_for_polls
 from tests.operator.test_operator_deployable import operator, resource
 
@@ -30,7 +31,16 @@ def consumer_pod(instance: str) -> dict:
     }
 
 
-def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache(kube):
+def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache_and_writes_nothing(kube, monkeypatch):
+    writes: list[str] = []
+    handle = Emulator._handle
+
+    async def recorded(emulator, request):  # every request the emulator answers, the operator's included
+        if str(getattr(request.method, "value", request.method)).upper() != "GET":
+            writes.append(f"{request.method} {request.url.path}")
+        return await handle(emulator, request)
+
+    monkeypatch.setattr(Emulator, "_handle", recorded)
     with operator(kube.url) as context:
         kube.create(CR, resource("steady"))
         wait_for(lambda: kube.get("apps/v1/deployments", "steady") is not None, 20, "the Deployment")
@@ -43,7 +53,9 @@ def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache(kube):
         )
         wait_for_polls(kube, "steady", 3)  # the watches have delivered everything by now
         misses, hits = counted(context, "miss"), counted(context, "hit")
+        writes.clear()
         wait_for_polls(kube, "steady", 4)
+        assert writes == [], f"a steady poll wrote: {writes}"
         assert counted(context, "miss") == misses, "a steady poll read an owned object or the pods from the API"
         assert counted(context, "hit") - hits >= 4 * 6  # per poll: the Deployment twice, 4 versions, the pods
         assert len(context.kube.cache) >= 5  # Deployment, Service, PDB, ServiceAccount, the pod
