@@ -146,10 +146,12 @@ class KafkaSpec(_Model):
     )
     assignment_strategy: AssignmentStrategy = Field(
         AssignmentStrategy.COOPERATIVE_STICKY,
-        description="How the group hands out partitions when pods join or leave: cooperative-sticky moves only the "
-        "partitions that change owner (the others keep running); range and roundrobin (eager) stop every pod. A "
-        "change between eager and cooperative is rolled out by stopping every pod before the new ones start "
-        "(the two cannot share a group).",
+        description="How the group hands out partitions when pods join or leave: cooperative-sticky (the default "
+        "with groupProtocol classic) moves only the partitions that change owner (the others keep running); range "
+        "and roundrobin (eager) stop every pod. A change between eager and cooperative is rolled out by stopping "
+        "every pod before the new ones start (the two cannot share a group).",
+        # no default in the CRD: the API server would store it, and groupProtocol consumer refuses the field
+        json_schema_extra=lambda schema: schema.pop("default", None),
     )
     group_protocol: GroupProtocol = Field(
         GroupProtocol.CLASSIC,
