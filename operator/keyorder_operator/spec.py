@@ -137,6 +137,10 @@ class SecretKeyRef(_Model):
     )
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
 class KafkaSpec(_Model):
     bootstrap_servers: str = Field(min_length=1, description="Kafka bootstrap servers, host:port[,host:port].")
     topics: list[str] = Field(min_length=1, description="Topics to consume.")
@@ -151,7 +155,7 @@ class KafkaSpec(_Model):
         "and roundrobin (eager) stop every pod. A change between eager and cooperative is rolled out by stopping "
         "every pod before the new ones start (the two cannot share a group).",
         # no default in the CRD: the API server would store it, and groupProtocol consumer refuses the field
-        json_schema_extra=lambda schema: schema.pop("default", None),
+        json_schema_extra=_no_default,
     )
     group_protocol: GroupProtocol = Field(
         GroupProtocol.CLASSIC,
