@@ -20,6 +20,7 @@ import copy
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,10 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 POD_APP = "app.kubernetes.io/name"
 INSTANCE = "app.kubernetes.io/instance"
 
+NO_PODS_SECONDS = 60.0
+"""How long "the API server has no pod for this group" is believed without asking again (a pod created
+meanwhile arrives by the watch at once; this bounds the wait should the watch miss it)."""
+
 ObjectKey = tuple[str, str, str]
 """(kind, namespace, name)."""
 
@@ -47,11 +52,16 @@ ObjectKey = tuple[str, str, str]
 class OwnedObjectsCache:
     """Watched copies of the owned objects and pods; thread-safe (kopf's loop writes, poll threads read)."""
 
-    def __init__(self, counted: Callable[[str], None] = lambda result: None) -> None:
+    def __init__(
+        self, counted: Callable[[str], None] = lambda result: None, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self._lock = threading.Lock()
         self._objects: dict[ObjectKey, dict[str, Any]] = {}
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         """(namespace, pod name) -> pod; grouped by instance on reading."""
+        self._no_pods: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
+        """(namespace, selector) -> when a read from the API server found no pod for it."""
+        self._monotonic = monotonic
         self._counted = counted
 
     # -- fed by the watches (and by the operator's own writes) -----------------------------------------
@@ -66,8 +76,18 @@ class OwnedObjectsCache:
 
     def put_pod(self, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
+        namespace, labels = meta.get("namespace") or "", meta.get("labels") or {}
         with self._lock:
-            self._pods[(meta.get("namespace") or "", meta.get("name") or "")] = copy.deepcopy(pod)
+            self._pods[(namespace, meta.get("name") or "")] = copy.deepcopy(pod)
+            for key, (_, selector) in list(self._no_pods.items()):
+                if key[0] == namespace and all(labels.get(k) == v for k, v in selector.items()):
+                    del self._no_pods[key]  # the group has a pod now: read it from here
+
+    def found_no_pods(self, namespace: str, selector: dict[str, str]) -> None:
+        """The API server has no pod for ``selector`` (a group at zero, or pods not created yet): kept for
+        ``NO_PODS_SECONDS``, so a group without pods is not listed on every poll either."""
+        with self._lock:
+            self._no_pods[(namespace, _selector_key(selector))] = (self._monotonic(), dict(selector))
 
     def drop_pod(self, namespace: str, name: str) -> None:
         with self._lock:
@@ -92,8 +112,10 @@ class OwnedObjectsCache:
                 if pod_namespace == namespace
                 and all(((pod.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in selector.items())
             ]
-        self._counted("hit" if found else "miss")
-        return found or None
+            seen_empty = self._no_pods.get((namespace, _selector_key(selector)))
+            known_empty = seen_empty is not None and self._monotonic() - seen_empty[0] < NO_PODS_SECONDS
+        self._counted("hit" if found or known_empty else "miss")
+        return found if found or known_empty else None
 
     def __len__(self) -> int:
         with self._lock:
@@ -109,6 +131,10 @@ class QuietCacheHandlers(logging.Filter):
 
 
 SUCCEEDED = re.compile(r"Handler '(cache-[a-z]+)' succeeded\.")
+
+
+def _selector_key(selector: dict[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
 
 
 def register(registry: kopf.OperatorRegistry, cache: OwnedObjectsCache) -> None:

@@ -324,6 +324,8 @@ class Kube:
         if self.cache is not None:
             for pod in pods:
                 self.cache.put_pod(pod)
+            if not pods:
+                self.cache.found_no_pods(namespace, selector)
         return ready_addresses(pods, selector)
 
     def deployment_rolled_out(self, namespace: str, name: str) -> bool:

@@ -114,10 +114,13 @@ class Poll:
     def due(self) -> bool:
         """Every pollIntervalSeconds, whether or not the last poll could read the lag, counted from the last
         poll's start. The timer ticks every ``--tick`` seconds on a fixed grid (kopf's sharp timer), so an
-        interval is rounded up to a whole number of ticks."""
+        interval is rounded to the nearest whole number of ticks (at least one). A poll starts when a
+        handler thread is free, a little after its tick; half a tick of slack keeps one such delay from
+        skipping the next tick (which would double the gap)."""
         last_poll = self.memory.started_at if self.memory.started_at is not None else self.status.get("lastPollAt")
         interval = self.spec.scaling.poll_interval_seconds
-        return not (isinstance(last_poll, int | float) and self.now - last_poll < interval - 0.5)
+        slack = self.context.tick_seconds / 2
+        return not (isinstance(last_poll, int | float) and self.now - last_poll < max(interval - slack, slack))
 
     @property
     def paused(self) -> bool:

@@ -169,7 +169,7 @@ def test_defaults_are_stored_and_unknown_fields_pruned_or_refused_when_strict(ku
     spec = created["spec"]
     assert spec["workers"]["initial"] == 16 and spec["workers"]["max"] == 256
     assert spec["replicas"]["min"] == 1 and spec["httpPort"] == 8080
-    assert spec["kafka"]["assignmentStrategy"] == "cooperative-sticky" and spec["handler"]["executor"] == "auto"
+    assert spec["kafka"]["groupProtocol"] == "classic" and spec["handler"]["executor"] == "auto"
     assert "replicaCount" not in spec, "an unknown field was stored"
     assert kube.get(CR, "defaults") == created
     request = urllib.request.Request(
