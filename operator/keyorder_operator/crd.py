@@ -120,10 +120,11 @@ NAME_VALIDATION = {
 }
 """The name rule with a message that says why (the schema's maxLength and pattern alone would not)."""
 
-SCALE = {"specReplicasPath": ".spec.replicas.min", "statusReplicasPath": ".status.replicas"}
+SCALE = {"specReplicasPath": ".spec.replicas.min", "statusReplicasPath": ".status.observedReplicas"}
 """``kubectl scale okc NAME --replicas=N`` sets the autoscaler's floor (the exact size with
-scaling disabled); the operator reports its decided size. No ``labelSelectorPath``: an HPA on
-top of the operator's own autoscaler would fight it."""
+scaling disabled); the scale subresource reports the pods that exist (the Deployment's observed
+``status.replicas``), as a scale's status should, not the size decided. No ``labelSelectorPath``:
+an HPA on top of the operator's own autoscaler would fight it."""
 
 
 @functools.cache

@@ -162,6 +162,8 @@ class Poll:
         replicas = self.context.kube.deployment_replicas(self.namespace, self.name)
         if replicas is None:
             return  # the spec handlers have not created it yet
+        # the pods that exist, for the scale subresource (the decided size is status.replicas)
+        self.patch.status["observedReplicas"] = self.context.kube.deployment_pods_reported(self.namespace, self.name)
         run = CatchupRun.from_status(self.status)
         self.context.metrics.catching_up.labels(*self.labels).set(1 if run is not None else 0)
         if run is not None and self.paused:  # pause wins: the hand-over waits where it is

@@ -411,6 +411,8 @@ def test_recommend_only_mode_publishes_the_decision_and_changes_nothing(kube, br
         status = kube.get(CR, "advisor")["status"]
         assert replicas(kube, "advisor") == 1, "recommend-only mode scaled the Deployment"
         assert status["replicas"] == 1 and status["workersPerPod"] == 4
+        # the scale subresource's status path: the pods the Deployment has (its status.replicas)
+        assert status["observedReplicas"] == kube.get("apps/v1/deployments", "advisor")["status"]["replicas"] == 1
         assert status["recommendation"]["cause"] in ("scale_up", "reshape")
         assert pushes == [], "recommend-only mode pushed a worker count"
         assert condition_entry(kube.get(CR, "advisor"), "Scaling")["reason"] == "RecommendOnly"

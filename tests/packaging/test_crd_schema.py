@@ -70,7 +70,7 @@ def test_subresources_and_columns(manifest):
     version = manifest["spec"]["versions"][0]
     assert version["subresources"] == {
         "status": {},
-        "scale": {"specReplicasPath": ".spec.replicas.min", "statusReplicasPath": ".status.replicas"},
+        "scale": {"specReplicasPath": ".spec.replicas.min", "statusReplicasPath": ".status.observedReplicas"},
     }
     columns = {column["name"]: column["jsonPath"] for column in version["additionalPrinterColumns"]}
     assert columns["Replicas"] == ".status.replicas" and columns["Lag"] == ".status.lag"
