@@ -83,6 +83,11 @@ class OwnedObjectsCache:
                 if key[0] == namespace and all(labels.get(k) == v for k, v in selector.items()):
                     del self._no_pods[key]  # the group has a pod now: read it from here
 
+    def forget_pods(self, namespace: str, selector: dict[str, str]) -> None:
+        """Drop what is kept of a deleted group's pods (their own DELETED events come too)."""
+        with self._lock:
+            self._no_pods.pop((namespace, _selector_key(selector)), None)
+
     def found_no_pods(self, namespace: str, selector: dict[str, str]) -> None:
         """The API server has no pod for ``selector`` (a group at zero, or pods not created yet): kept for
         ``NO_PODS_SECONDS``, so a group without pods is not listed on every poll either."""
@@ -139,12 +144,21 @@ def _selector_key(selector: dict[str, str]) -> str:
 
 def register(registry: kopf.OperatorRegistry, cache: OwnedObjectsCache) -> None:
     """Watch the owned kinds and the consumer pods (by their labels) into ``cache``."""
+    managed_by, pod_app = owned_labels("any")[MANAGED_BY], owned_labels("any")[POD_APP]
+
+    @kopf.on.startup(registry=registry)
+    def watch_only_the_operators_objects(settings: kopf.OperatorSettings, **_: Any) -> None:
+        """Filter the watches on the API server (a ``labelSelector``): kopf's ``labels=`` filter alone runs
+        after every object of the kind in the cluster was sent to the operator."""
+        for group, _version, plural in WATCHED_KINDS.values():
+            settings.watching.label_selectors[(group, plural) if group else plural] = f"{MANAGED_BY}={managed_by}"
+        settings.watching.label_selectors["pods"] = f"{POD_APP}={pod_app}"
+
     objects_log = logging.getLogger("kopf.objects")
     if not any(isinstance(existing, QuietCacheHandlers) for existing in objects_log.filters):
         objects_log.addFilter(QuietCacheHandlers())
     for kind, (group, version, plural) in WATCHED_KINDS.items():
         _watch_kind(registry, cache, kind, group, version, plural)
-    pod_app = owned_labels("any")[POD_APP]
 
     @kopf.on.event("", "v1", "pods", labels={POD_APP: pod_app}, registry=registry, id="cache-pods")
     async def cache_pod(event: Any, **_: Any) -> None:

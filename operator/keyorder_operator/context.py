@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from keyorder.config import ConfigError
+from keyorder_operator.builders import admin_secret_name, selector_labels
 from keyorder_operator.kafka_config import operator_kafka_config
 from keyorder_operator.kube import Kube
 from keyorder_operator.objects import AppliedObjects
@@ -109,6 +110,10 @@ class OperatorContext:
     def _let_go(self, namespace: str, name: str) -> None:
         with self._memories_lock:
             self._memories.pop((namespace, name), None)
+        if self.kube is not None:
+            self.kube.forget_secret(namespace, admin_secret_name(name))
+            if self.kube.cache is not None:
+                self.kube.cache.forget_pods(namespace, selector_labels(name))
         self.metrics.forget(namespace, name)
         self.forget_lag_source(namespace, name)
         self.applied.forget(namespace, name)

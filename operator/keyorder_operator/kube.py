@@ -249,6 +249,10 @@ class Kube:
     def read_secret_key(self, namespace: str, name: str, key: str) -> str:
         return _secret_value(self._secret(namespace, name), namespace, name, key)
 
+    def forget_secret(self, namespace: str, name: str) -> None:
+        """Drop a Secret's kept read (its resource was deleted: a new one of the same name gets a new Secret)."""
+        self._secrets.pop((namespace, name), None)
+
     def _secret(self, namespace: str, name: str) -> Any:
         """A Secret as read at most ``secret_seconds`` ago (Secrets are not watched: that would need the
         right to list every Secret of the cluster). A missing one is asked again every time."""

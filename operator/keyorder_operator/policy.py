@@ -561,6 +561,11 @@ def smoothed_arrivals(observation: Observation, state: ScalingState) -> tuple[fl
 
 
 # -- the cost of a scale step ------------------------------------------------------------------------
+LONGEST_STEP_SECONDS = 600.0
+"""A scale step that took longer than this to settle is not counted as one (the operator restarted,
+a catch-up hand-over ran, a rollout was stuck): it would stop the policy from adding pods for hours."""
+
+
 def step_cost(state: ScalingState) -> float | None:
     """Seconds a change of replicas takes to settle, as measured on this group (``None``: not yet)."""
     return statistics.median(state.step_seconds) if state.step_seconds else None
@@ -587,6 +592,8 @@ def timed_step(observation: Observation, state: ScalingState, now: float) -> Sca
     age = observation.pods.assignment_age if observation.pods is not None else None
     ended = now - age if age is not None else now
     seconds = max(ended - started, 0.0)
+    if seconds > LONGEST_STEP_SECONDS:  # not a rebalance's cost: a restart, a hand-over, a stuck rollout
+        return replace(state, step_started_at=None)
     return replace(state, step_started_at=None, step_seconds=(*state.step_seconds, round(seconds, 3))[-SAMPLES:])
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from keyorder_operator.builders import ADMIN_TOKEN_KEY, selector_labels
 from keyorder_operator.catchup import CatchupGate, CatchupRun, catchup_verdict
@@ -145,7 +146,10 @@ class Poll:
         except Exception as error:
             metrics.errors.labels(*self.labels).inc()
             log.exception("%s/%s: the poll failed", self.namespace, self.name)
-            message = f"the poll failed and is retried every poll: {type(error).__name__}: {error}"[:1000]
+            # an API error's text carries the response's date and audit id: name it by status instead,
+            # so a failure that goes on does not rewrite the condition on every poll
+            what = f"{error.status} {error.reason}" if isinstance(error, ApiException) else str(error)
+            message = f"the poll failed and is retried every poll: {type(error).__name__}: {what}"[:1000]
             if not condition_is(self.conditions, "ReconcileFailed"):
                 self.warn("ReconcileFailed", message)
             self.condition("ReconcileFailed", True, type(error).__name__, message)
@@ -196,7 +200,8 @@ class Poll:
         state = state_from_status(kept, self.spec, replicas)
         paused = self.paused
         observed = self.observe(state, replicas, paused)
-        if self.other_autoscaler(replicas):
+        # recommend-only mode changes nothing, so beside another autoscaler is where it belongs
+        if self.spec.scaling.mode is not ScalingMode.RECOMMEND and self.other_autoscaler(replicas):
             return
         current = Size(replicas, state.current.workers)
         metrics = self.context.metrics
@@ -212,7 +217,8 @@ class Poll:
             self.patch.status["pods"]["handlerMilliseconds"] = round(decision.handler_seconds * 1000, 3)
         self.explain_caveat(decision.caveat)
         self.memory.autoscaler = memory_after(decision, self.spec)
-        if decision.scaled or not self.status.get("autoscaler"):
+        applied = self.spec.scaling.mode is not ScalingMode.RECOMMEND
+        if (decision.scaled and applied) or not self.status.get("autoscaler"):
             # status keeps what a restarted operator resumes from: written when the size changes, not per poll
             self.patch.status["autoscaler"] = self.memory.autoscaler
         if self.spec.scaling.mode is ScalingMode.RECOMMEND:
@@ -441,13 +447,33 @@ def decision_record(before: Any, reason: str, now: float) -> dict[str, Any]:
     return {"reason": reason, "time": timestamp(now)}
 
 
+def without_nulls(value: Any) -> Any:
+    """A value as a merge patch leaves it stored: a ``None`` in a map removes the key."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    return value
+
+
+def replacing(stored: Any, wanted: Any) -> Any:
+    """The merge-patch value that turns ``stored`` into ``wanted``: keys ``wanted`` no longer has are
+    set to ``None`` (removed), so a map written whole does not keep a stale key forever."""
+    if not (isinstance(stored, dict) and isinstance(wanted, dict)):
+        return wanted
+    merged = {key: replacing(stored.get(key), item) for key, item in wanted.items()}
+    merged.update({key: None for key in stored if key not in wanted})
+    return merged
+
+
 def drop_unchanged(patch: kopf.Patch, status: dict[str, Any]) -> None:
     """Leave out of the status patch every field whose value status already has: a poll that changed
-    nothing users see sends no write at all (kopf sends nothing for an empty patch)."""
+    nothing users see sends no write at all (kopf sends nothing for an empty patch). A changed map is
+    sent so that it replaces the stored one (a merge patch would otherwise keep its old keys)."""
     for key in list(patch.status.keys()):
-        unchanged = status[key] == patch.status[key] if key in status else patch.status[key] is None
-        if unchanged:
+        wanted, stored = patch.status[key], status.get(key)
+        if without_nulls(wanted) == stored or (wanted is None and key not in status):
             del patch.status[key]
+        elif isinstance(wanted, dict) and isinstance(stored, dict):
+            patch.status[key] = replacing(stored, wanted)
     if "status" in patch and not patch["status"]:
         del patch["status"]  # kopf would send an empty status patch
 

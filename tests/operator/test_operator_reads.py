@@ -33,11 +33,14 @@ def consumer_pod(instance: str) -> dict:
 
 def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache_and_writes_nothing(kube, monkeypatch):
     writes: list[str] = []
+    watches: dict[str, str] = {}
     handle = Emulator._handle
 
     async def recorded(emulator, request):  # every request the emulator answers, the operator's included
         if str(getattr(request.method, "value", request.method)).upper() != "GET":
             writes.append(f"{request.method} {request.url.path}")
+        elif str(request.params.get("watch", "")).lower() in ("true", "1"):
+            watches[str(request.url.path).rsplit("/", 1)[-1]] = str(request.params.get("labelSelector", ""))
         return await handle(emulator, request)
 
     monkeypatch.setattr(Emulator, "_handle", recorded)
@@ -59,4 +62,8 @@ def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache_and_write
         assert counted(context, "miss") == misses, "a steady poll read an owned object or the pods from the API"
         assert counted(context, "hit") - hits >= 4 * 6  # per poll: the Deployment twice, 4 versions, the pods
         assert len(context.kube.cache) >= 5  # Deployment, Service, PDB, ServiceAccount, the pod
+        # the API server filters the watches: the operator is not sent every pod and Deployment of the cluster
+        assert watches.get("pods") == "app.kubernetes.io/name=keyorder-consumer", watches
+        for plural in ("deployments", "services", "serviceaccounts", "poddisruptionbudgets"):
+            assert watches.get(plural) == "app.kubernetes.io/managed-by=keyorder-operator", watches
     assert kube.get(CR, "steady") is not None

@@ -11,3 +11,21 @@ def test_only_pods_at_another_count_or_without_a_report_are_pushed():
     assert needing_push(addresses, reports, 8) == ["10.0.0.2", "10.0.0.3"]
     assert needing_push(addresses[:1], reports, 8) == []  # steady: nothing to push
     assert needing_push(addresses, [], 8) == addresses  # no report at all: push to every ready pod
+
+
+def test_a_map_written_whole_replaces_the_stored_one_and_an_unchanged_one_is_not_written():
+    """status.pods goes out whole; a merge patch keeps keys it does not name, and a None removes one, so an
+    unchanged map with a None in it must not count as a change, and a smaller map must remove the rest."""
+    import kopf
+
+    from keyorder_operator.poll import drop_unchanged
+
+    stored = {"pods": {"reporting": 2, "busiestKey": "key:abc", "workers": 32}, "lag": 5}
+    same = kopf.Patch()
+    same["status"] = {"pods": {"reporting": 2, "busiestKey": "key:abc", "workers": 32, "handlerMs": None}, "lag": 5}
+    drop_unchanged(same, stored)
+    assert "status" not in same, same
+    smaller = kopf.Patch()
+    smaller["status"] = {"pods": {"reporting": 0, "failures": []}, "lag": 5}
+    drop_unchanged(smaller, stored)
+    assert dict(smaller["status"]) == {"pods": {"reporting": 0, "failures": [], "busiestKey": None, "workers": None}}

@@ -94,3 +94,11 @@ def test_held_back_at_the_cpu_bound_the_cause_says_the_step_cost():
     decision = decide(observation, replace(FAST_TARGET, min_workers=1, initial_workers=1), state, 0.0)
     assert decision.target == Size(2, 1)
     assert decision.cause is Cause.STEP_COST
+
+
+def test_a_step_that_took_longer_than_minutes_is_not_counted():
+    """An operator restart or a hand-over between the decision and the settled group is no rebalance's
+    cost: counted, it would keep pods from being added for hours."""
+    state = ScalingState(Size(2, 16), step_seconds=(20.0,), step_started_at=100.0)
+    decision = decide(backlog(assignment_age=1.0), LIMITS, state, 100.0 + 3_600)
+    assert decision.state.step_seconds == (20.0,) and decision.state.step_started_at is None
