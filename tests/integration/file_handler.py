@@ -32,9 +32,12 @@ def handle(message: Message) -> None:
 def read_records(path: str) -> list[tuple[str, int, int, int]]:
     try:
         with open(path) as file:
-            lines = file.read().splitlines()
+            text = file.read()
     except FileNotFoundError:
         return []
+    # only whole lines: a read may catch a write half done (or a kill -9 may have cut one short), and
+    # such a record is not there yet (the message is handled again after a crash)
+    lines = text.split("\n")[:-1]
     return [
         (key, int(seq), int(partition), int(offset)) for key, seq, partition, offset in (line.split() for line in lines)
     ]
@@ -65,7 +68,7 @@ def read_timed(path: str) -> list[tuple[str, int, int, int, int, float, float]]:
     """``(key, seq, partition, offset, pid, start, end)`` of every run ``handle_timed`` completed."""
     try:
         with open(path) as file:
-            lines = file.read().splitlines()
+            lines = file.read().split("\n")[:-1]  # only whole lines (see read_records)
     except FileNotFoundError:
         return []
     return [
