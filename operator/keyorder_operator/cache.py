@@ -41,6 +41,11 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 POD_APP = "app.kubernetes.io/name"
 INSTANCE = "app.kubernetes.io/instance"
 
+KEPT_SECONDS = 600.0
+"""How long a cached object or pod is believed without an event about it: then the next read asks the
+API server once (a watch that missed an event, or a re-list that dropped one, cannot leave a ghost for
+longer). A steady group costs one read per kind every ten minutes."""
+
 NO_PODS_SECONDS = 60.0
 """How long "the API server has no pod for this group" is believed without asking again (a pod created
 meanwhile arrives by the watch at once; this bounds the wait should the watch miss it)."""
@@ -56,9 +61,10 @@ class OwnedObjectsCache:
         self, counted: Callable[[str], None] = lambda result: None, monotonic: Callable[[], float] = time.monotonic
     ) -> None:
         self._lock = threading.Lock()
-        self._objects: dict[ObjectKey, dict[str, Any]] = {}
-        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
-        """(namespace, pod name) -> pod; grouped by instance on reading."""
+        self._objects: dict[ObjectKey, tuple[float, dict[str, Any]]] = {}
+        """(kind, namespace, name) -> (when it was last seen, the object)."""
+        self._pods: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+        """(namespace, pod name) -> (when it was last seen, the pod); grouped by selector on reading."""
         self._no_pods: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
         """(namespace, selector) -> when a read from the API server found no pod for it."""
         self._monotonic = monotonic
@@ -68,7 +74,10 @@ class OwnedObjectsCache:
     def put(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         with self._lock:
-            self._objects[(kind, meta.get("namespace") or "", meta.get("name") or "")] = copy.deepcopy(obj)
+            self._objects[(kind, meta.get("namespace") or "", meta.get("name") or "")] = (
+                self._monotonic(),
+                copy.deepcopy(obj),
+            )
 
     def drop(self, kind: str, namespace: str, name: str) -> None:
         with self._lock:
@@ -78,10 +87,22 @@ class OwnedObjectsCache:
         meta = pod.get("metadata") or {}
         namespace, labels = meta.get("namespace") or "", meta.get("labels") or {}
         with self._lock:
-            self._pods[(namespace, meta.get("name") or "")] = copy.deepcopy(pod)
+            self._pods[(namespace, meta.get("name") or "")] = (self._monotonic(), copy.deepcopy(pod))
             for key, (_, selector) in list(self._no_pods.items()):
                 if key[0] == namespace and all(labels.get(k) == v for k, v in selector.items()):
                     del self._no_pods[key]  # the group has a pod now: read it from here
+
+    def listed_pods(self, namespace: str, selector: dict[str, str], pods: list[dict[str, Any]]) -> None:
+        """A list from the API server: these are the group's pods, and no other cached one is."""
+        names = {(pod.get("metadata") or {}).get("name") for pod in pods}
+        with self._lock:
+            for key, (_, cached) in list(self._pods.items()):
+                if key[0] == namespace and key[1] not in names and _matches(cached, selector):
+                    del self._pods[key]
+        for pod in pods:
+            self.put_pod(pod)
+        if not pods:
+            self.found_no_pods(namespace, selector)
 
     def forget_pods(self, namespace: str, selector: dict[str, str]) -> None:
         """Drop what is kept of a deleted group's pods (their own DELETED events come too)."""
@@ -103,20 +124,24 @@ class OwnedObjectsCache:
         """The cached object (a copy), or ``None``: a miss, to be read from the API server."""
         with self._lock:
             found = self._objects.get((kind, namespace, name))
-            result = copy.deepcopy(found) if found is not None else None
+            fresh = found is not None and self._monotonic() - found[0] < KEPT_SECONDS
+            result = copy.deepcopy(found[1]) if found is not None and fresh else None
         self._counted("hit" if result is not None else "miss")
         return result
 
     def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]] | None:
         """The cached pods matching ``selector`` (copies), or ``None`` when none is cached (a miss: a
         group without pods and a group not seen yet look the same, so both are read)."""
+        now = self._monotonic()
         with self._lock:
-            found = [
-                copy.deepcopy(pod)
-                for (pod_namespace, _), pod in self._pods.items()
-                if pod_namespace == namespace
-                and all(((pod.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in selector.items())
+            matching = [
+                (seen, pod)
+                for (pod_namespace, _), (seen, pod) in self._pods.items()
+                if pod_namespace == namespace and _matches(pod, selector)
             ]
+            if any(now - seen >= KEPT_SECONDS for seen, _ in matching):
+                matching = []  # one of them not seen for long: list the group again
+            found = [copy.deepcopy(pod) for _, pod in matching]
             seen_empty = self._no_pods.get((namespace, _selector_key(selector)))
             known_empty = seen_empty is not None and self._monotonic() - seen_empty[0] < NO_PODS_SECONDS
         self._counted("hit" if found or known_empty else "miss")
@@ -136,6 +161,11 @@ class QuietCacheHandlers(logging.Filter):
 
 
 SUCCEEDED = re.compile(r"Handler '(cache-[a-z]+)' succeeded\.")
+
+
+def _matches(pod: dict[str, Any], selector: dict[str, str]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(key) == value for key, value in selector.items())
 
 
 def _selector_key(selector: dict[str, str]) -> str:

@@ -192,8 +192,11 @@ class Kube:
             if cached is not None:
                 return cached
         found = self._read(self._read_call(kind), namespace, name)
-        if found is not None and self.cache is not None:
-            self.cache.put(kind, found)
+        if self.cache is not None:
+            if found is not None:
+                self.cache.put(kind, found)
+            else:
+                self.cache.drop(kind, namespace, name)
         return found
 
     def _read(self, read: Any, namespace: str, name: str) -> dict[str, Any] | None:
@@ -326,10 +329,7 @@ class Kube:
         listed = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
         pods = [self.client.sanitize_for_serialization(pod) for pod in listed]
         if self.cache is not None:
-            for pod in pods:
-                self.cache.put_pod(pod)
-            if not pods:
-                self.cache.found_no_pods(namespace, selector)
+            self.cache.listed_pods(namespace, selector, pods)
         return ready_addresses(pods, selector)
 
     def deployment_rolled_out(self, namespace: str, name: str) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from keyorder_operator.builders import selector_labels
-from keyorder_operator.cache import NO_PODS_SECONDS, OwnedObjectsCache
+from keyorder_operator.cache import KEPT_SECONDS, NO_PODS_SECONDS, OwnedObjectsCache
 from tests.fakes import FakeClock
 
 
@@ -41,3 +41,19 @@ def test_a_group_without_pods_is_believed_empty_for_a_while_and_a_new_pod_ends_i
     assert [p["metadata"]["name"] for p in cache.pods("ns", orders)] == ["orders-1"]
     cache.drop_pod("ns", "orders-1")
     assert cache.pods("ns", orders) is None
+
+
+def test_nothing_is_believed_longer_than_ten_minutes_without_an_event_and_a_list_drops_ghost_pods():
+    """A watch that missed an event (a re-list after a 410 sends no DELETED for what vanished meanwhile)
+    must not leave a ghost for ever: an object or a group's pods not seen for KEPT_SECONDS are read again,
+    and a list from the API server replaces the group's cached pods."""
+    clock = FakeClock()
+    cache = OwnedObjectsCache(monotonic=clock)
+    cache.put("Deployment", {"metadata": {"name": "orders", "namespace": "ns"}})
+    cache.put_pod(pod("orders-1", "orders"))
+    cache.put_pod(pod("orders-ghost", "orders"))
+    clock.sleep(KEPT_SECONDS + 1)
+    assert cache.get("Deployment", "ns", "orders") is None  # asked again
+    assert cache.pods("ns", selector_labels("orders")) is None
+    cache.listed_pods("ns", selector_labels("orders"), [pod("orders-1", "orders")])  # the API server's answer
+    assert [p["metadata"]["name"] for p in cache.pods("ns", selector_labels("orders"))] == ["orders-1"]
