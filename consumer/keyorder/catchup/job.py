@@ -336,7 +336,13 @@ class CatchupJob:
                 + "; ".join(skipped)
                 + "): start at or before the group's offsets, or --commit never"
             )
-        refusal = refuse_live_group(self.offsets.members() if commit else None, commit, self.config.group_id, preview)
+        refusal = refuse_live_group(
+            self.offsets.members() if commit else None,
+            commit,
+            self.config.group_id,
+            preview,
+            allow_unknown=self.config.allow_unknown_members,
+        )
         if refusal:
             notes.append(refusal)
         waves = cut_waves(ranges, self.config.wave_offsets)

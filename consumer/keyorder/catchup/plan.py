@@ -177,19 +177,31 @@ def offsets_a_commit_would_skip(
     return problems
 
 
-def refuse_live_group(members: int | None, commit: bool, group: str, preview: bool = False) -> str | None:
+def refuse_live_group(
+    members: int | None, commit: bool, group: str, preview: bool = False, allow_unknown: bool = False
+) -> str | None:
     """A job that will commit must own the group: live members would handle the same keys concurrently.
+    ``members`` is ``None`` when the broker could not say: that refuses too (it fails closed) unless
+    ``allow_unknown`` (``--allow-unknown-members``).
 
     A preview (``--plan``) handles and commits nothing, so it only returns the refusal as a note."""
+    refusal = None
     if commit and members:
         refusal = (
             f"group {group!r} has {members} active members: stop its consumers first (scale the "
             "OrderedConsumer to 0), or run with --commit never"
         )
-        if not preview:
-            raise PlanError(refusal)
-        return f"a run would refuse now: {refusal}"
-    return None
+    elif commit and members is None and not allow_unknown:
+        refusal = (
+            f"could not tell whether group {group!r} has active members (the broker did not answer "
+            "describe-groups; the log says why): stop its consumers and run again with "
+            "--allow-unknown-members, or run with --commit never"
+        )
+    if refusal is None:
+        return None
+    if not preview:
+        raise PlanError(refusal)
+    return f"a run would refuse now: {refusal}"
 
 
 @dataclass(frozen=True)

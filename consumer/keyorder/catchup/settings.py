@@ -44,6 +44,12 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         description="Commit the fence for the group after success: "
         "auto (only when --start is committed), always, or never.",
     )
+    allow_unknown_members: bool = Field(
+        False,
+        description="Run a committing job even when the broker cannot tell whether the group has live members "
+        "(describe-groups failed: a timeout, an ACL, an old broker). Without it such a job refuses: live "
+        "consumers would handle the same keys at the same time. Set it only once you stopped them yourself.",
+    )
     master: str = Field("", description="Spark master; empty: the one spark-submit gives, else local[*].")
     key_partitions: int = Field(
         0,
