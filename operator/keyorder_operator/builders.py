@@ -435,6 +435,10 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     driver_account = catchup.service_account_name if on_kubernetes else None
     if not catchup.master.startswith("local"):
         settings["spark.executor.instances"] = str(catchup.executors)
+        # the cores the catch-up verdict counts (executors x executorCores) are the cores Spark asks for
+        settings["spark.executor.cores"] = str(catchup.executor_cores)
+        if on_kubernetes:  # and the executor pods request them, so the scheduler places them where they fit
+            settings["spark.kubernetes.executor.request.cores"] = str(catchup.executor_cores)
         if not on_kubernetes:  # standalone or YARN executors: the handler's own variables (k8s: the template)
             # literal values only: a valueFrom (a Secret) has no value here to pass on, and Spark's
             # settings are not the place for secrets anyway (use the Kafka properties file)

@@ -172,6 +172,8 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
         "--task-workers",
         "16",
         "--spark-conf",
+        "spark.executor.cores=1",  # the verdict's executorCores (the default 1) reach Spark
+        "--spark-conf",
         "spark.executor.instances=6",
         "--spark-conf",
         "spark.executorEnv.ORDERS_DB=db:5432",  # the handler's own variables reach standalone/YARN executors
@@ -385,9 +387,11 @@ def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(
         assert "spark.executor.instances" not in spark
     else:
         assert spark["spark.executor.instances"] == str(spec.catchup.executors)
+        assert spark["spark.executor.cores"] == str(spec.catchup.executor_cores)  # what the verdict counts
     if spec.catchup.master.startswith("k8s://"):
         assert spark["spark.kubernetes.container.image"] == "reg/spark:1"
         assert spark["spark.kubernetes.namespace"] == "shop"
+        assert spark["spark.kubernetes.executor.request.cores"] == str(spec.catchup.executor_cores)
         assert spark["spark.driver.host"] == KUBELET_FIELDS["POD_IP"]
         assert spark["spark.kubernetes.driver.pod.name"] == KUBELET_FIELDS["POD_NAME"]
         assert spark["spark.kubernetes.authenticate.driver.serviceAccountName"] == "spark-driver"
