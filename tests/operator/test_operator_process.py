@@ -40,9 +40,16 @@ def test_the_operator_command_logs_in_reconciles_and_serves_metrics(kube, tmp_pa
         stderr=subprocess.STDOUT,
         text=True,
     )
+    failure: AssertionError | None = None
     try:
         kube.create(CR, consumer_resource("ledger", "127.0.0.1:1", "payments"))
-        deployment = wait_for(lambda: kube.get("apps/v1/deployments", "ledger"), 60, "the operator's Deployment")
+
+        def created() -> dict | None:
+            if operator.poll() is not None:  # e.g. a port taken between free_port() and its bind
+                raise AssertionError(f"the operator exited with {operator.returncode}")
+            return kube.get("apps/v1/deployments", "ledger")
+
+        deployment = wait_for(created, 60, "the operator's Deployment")
         assert deployment["metadata"]["ownerReferences"][0]["name"] == "ledger"
 
         def metrics() -> str:
@@ -55,6 +62,10 @@ def test_the_operator_command_logs_in_reconciles_and_serves_metrics(kube, tmp_pa
         assert 'keyorder_operator_catchups_total{name="ledger",namespace="default",outcome="failed"} 0.0' in text
         with urllib.request.urlopen(f"http://127.0.0.1:{liveness_port}/healthz", timeout=5) as response:
             assert response.status == 200
+    except AssertionError as error:
+        failure = error
     finally:
         output, _ = stop_process(operator)
+    if failure is not None:  # with what the operator said: a failure here is otherwise a bare timeout
+        raise AssertionError(f"{failure}\n--- the operator's output, last 4000 characters ---\n{output[-4000:]}")
     assert "LoginError" not in output, output[-3000:]
