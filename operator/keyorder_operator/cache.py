@@ -85,11 +85,11 @@ class OwnedObjectsCache:
 
     def put_pod(self, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
-        namespace, labels = meta.get("namespace") or "", meta.get("labels") or {}
+        namespace = meta.get("namespace") or ""
         with self._lock:
             self._pods[(namespace, meta.get("name") or "")] = (self._monotonic(), copy.deepcopy(pod))
             for key, (_, selector) in list(self._no_pods.items()):
-                if key[0] == namespace and all(labels.get(k) == v for k, v in selector.items()):
+                if key[0] == namespace and _matches(pod, selector):
                     del self._no_pods[key]  # the group has a pod now: read it from here
 
     def listed_pods(self, namespace: str, selector: dict[str, str], pods: list[dict[str, Any]]) -> None:
@@ -143,7 +143,7 @@ class OwnedObjectsCache:
                 matching = []  # one of them not seen for long: list the group again
             found = [copy.deepcopy(pod) for _, pod in matching]
             seen_empty = self._no_pods.get((namespace, _selector_key(selector)))
-            known_empty = seen_empty is not None and self._monotonic() - seen_empty[0] < NO_PODS_SECONDS
+            known_empty = seen_empty is not None and now - seen_empty[0] < NO_PODS_SECONDS
         self._counted("hit" if found or known_empty else "miss")
         return found if found or known_empty else None
 
