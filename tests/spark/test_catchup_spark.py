@@ -411,3 +411,25 @@ def group_end(broker: EmbeddedBroker, name: str) -> dict[int, int]:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     futures = admin.list_offsets({TopicPartition(name, p): OffsetSpec.latest() for p in range(2)}, request_timeout=10)
     return {tp.partition: future.result(timeout=10).offset for tp, future in futures.items()}
+
+
+def test_committed_start_without_a_commit_follows_the_groups_auto_offset_reset(broker, spark, record_dir) -> None:
+    """A group that never committed: ``--start committed`` starts where its pods would, by the group's
+    ``auto.offset.reset`` (here latest: nothing to handle, the fence is the end), and refuses under error."""
+    name = topic(broker, partitions=2)
+    produce_events(broker, name, [{"key": f"k{index % 5}", "seq": index // 5} for index in range(40)])
+    group = f"g-{name}"
+    _, outcome = run(spark, config(broker, name, group, kafka_property=["auto.offset.reset=latest"]))
+    assert outcome.ok and outcome.committed, outcome.error
+    assert [r.offsets for r in outcome.plan.ranges] == [0, 0]  # a pod would start at the end too
+    assert read_records(str(record_dir), name) == []
+    assert group_committed(broker.bootstrap, group, name, 2) == group_end(broker, name)
+
+    other = f"g2-{name}"
+    job = CatchupJob(config(broker, name, other, kafka_property=["auto.offset.reset=error"]), spark=spark)
+    try:
+        with pytest.raises(PlanError, match=rf"{name}\[0\]: the group has no committed offset and auto.offset.reset"):
+            job.plan()
+    finally:
+        job.close()
+    assert group_committed(broker.bootstrap, other, name, 2) == {}

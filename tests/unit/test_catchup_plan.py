@@ -71,6 +71,27 @@ def test_committed_start_falls_back_to_earliest_and_fences_at_end() -> None:
     assert notes == []
 
 
+@pytest.mark.parametrize(
+    ("offset_reset", "start"),
+    [("earliest", 50), ("smallest", 50), ("beginning", 50), ("latest", 80), ("largest", 80), ("END", 80)],
+)
+def test_committed_start_without_a_commit_follows_the_groups_auto_offset_reset(offset_reset: str, start: int) -> None:
+    """A partition the group never committed starts where its pods would start it."""
+    ranges, _ = resolve_ranges(SNAPSHOTS, COMMITTED, END, offset_reset)
+    assert ranges == [OffsetRange("t", 0, 40, 100), OffsetRange("t", 1, start, 80)]
+    assert offsets_a_commit_would_skip(ranges, SNAPSHOTS, offset_reset) == []  # the pods would start there too
+
+
+def test_committed_start_without_a_commit_under_auto_offset_reset_error_is_refused_naming_the_partition() -> None:
+    with pytest.raises(PlanError, match=r"t\[1\]: the group has no committed offset and auto.offset.reset is error"):
+        resolve_ranges(SNAPSHOTS, COMMITTED, END, "error")
+    committed_everywhere = {("t", 0): SNAPSHOTS[("t", 0)]}
+    assert resolve_ranges(committed_everywhere, COMMITTED, END, "error")[0] == [OffsetRange("t", 0, 40, 100)]
+    assert resolve_ranges(SNAPSHOTS, EARLIEST, END, "error")[0][1] == OffsetRange("t", 1, 50, 80)  # not asked
+    with pytest.raises(PlanError, match=r"auto\.offset\.reset='sometimes' is not one of"):
+        resolve_ranges(SNAPSHOTS, COMMITTED, END, "sometimes")
+
+
 def test_timestamps_pick_offsets_and_missing_times_mean_the_end() -> None:
     ranges, _ = resolve_ranges(SNAPSHOTS, Position(PositionKind.TIMESTAMP, 1), Position(PositionKind.TIMESTAMP, 2))
     assert ranges == [OffsetRange("t", 0, 10, 90), OffsetRange("t", 1, 80, 80)]

@@ -293,7 +293,10 @@ class CatchupJob:
         self.config = config
         self.properties = kafka_properties(config, environ)
         log.info("Kafka properties: %s", redact(self.properties))
-        self.offsets = KafkaOffsets(consumer_properties(config, self.properties), config.group_id)
+        group_properties = consumer_properties(config, self.properties)
+        self.offsets = KafkaOffsets(group_properties, config.group_id)
+        # where the group's pods start a partition it never committed: ``--start committed`` does the same
+        self.offset_reset = group_properties.get("auto.offset.reset", "earliest")
         self._spark = spark
         self._checked = False
         self._owns_spark = False
@@ -327,9 +330,9 @@ class CatchupJob:
         """The ranges, waves and splits; ``preview`` (``--plan``) notes a live group instead of refusing."""
         start, until = self.config.start_position(), self.config.until_position()
         snapshots = self.offsets.snapshot(self.config.topics, start, until)
-        ranges, notes = resolve_ranges(snapshots, start, until)
+        ranges, notes = resolve_ranges(snapshots, start, until, self.offset_reset)
         commit = commits_fence(self.config.commit, start)
-        skipped = offsets_a_commit_would_skip(ranges, snapshots) if commit else []
+        skipped = offsets_a_commit_would_skip(ranges, snapshots, self.offset_reset) if commit else []
         if skipped:
             raise PlanError(
                 "committing the fence would skip offsets that were never handled ("

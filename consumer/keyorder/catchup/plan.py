@@ -57,15 +57,52 @@ class PlanError(ValueError):
     """The requested range cannot be planned; the message names the partition and the reason."""
 
 
+OFFSET_RESETS = {
+    "smallest": "earliest",
+    "earliest": "earliest",
+    "beginning": "earliest",
+    "largest": "latest",
+    "latest": "latest",
+    "end": "latest",
+    "error": "error",
+}
+"""librdkafka's ``auto.offset.reset`` values and what each means for a partition the group never committed."""
+
+
+def group_position(tp: TopicPartition, snapshot: PartitionSnapshot, offset_reset: str = "earliest") -> int:
+    """Where a pod of the group starts ``tp``: its committed offset, else where ``auto.offset.reset``
+    says (earliest: the oldest offset still in the log; latest: the end; error: nowhere, a PlanError)."""
+    if snapshot.committed is not None:
+        return snapshot.committed
+    reset = OFFSET_RESETS.get(offset_reset.strip().lower())
+    if reset is None:
+        raise PlanError(
+            f"auto.offset.reset={offset_reset!r} is not one of {', '.join(OFFSET_RESETS)} "
+            f"(needed for {tp[0]}[{tp[1]}], which the group never committed)"
+        )
+    if reset == "error":
+        raise PlanError(
+            f"{tp[0]}[{tp[1]}]: the group has no committed offset and auto.offset.reset is error, so its "
+            "consumers would refuse to start there: commit a start offset for the group, or give --start "
+            "earliest (or explicit offsets)"
+        )
+    return snapshot.earliest if reset == "earliest" else snapshot.end
+
+
 def _offset_for(
-    position: Position, tp: TopicPartition, snapshot: PartitionSnapshot, at_time: int | None, flag: str
+    position: Position,
+    tp: TopicPartition,
+    snapshot: PartitionSnapshot,
+    at_time: int | None,
+    flag: str,
+    offset_reset: str = "earliest",
 ) -> int:
     if position.kind is PositionKind.EARLIEST:
         return snapshot.earliest
     if position.kind is PositionKind.END:
         return snapshot.end
     if position.kind is PositionKind.COMMITTED:
-        return snapshot.committed if snapshot.committed is not None else snapshot.earliest
+        return group_position(tp, snapshot, offset_reset)
     if position.kind is PositionKind.TIMESTAMP:
         return at_time if at_time is not None else snapshot.end
     if tp not in position.offsets:
@@ -74,9 +111,14 @@ def _offset_for(
 
 
 def resolve_ranges(
-    snapshots: Mapping[TopicPartition, PartitionSnapshot], start: Position, until: Position
+    snapshots: Mapping[TopicPartition, PartitionSnapshot],
+    start: Position,
+    until: Position,
+    offset_reset: str = "earliest",
 ) -> tuple[list[OffsetRange], list[str]]:
-    """One range per partition, clamped to what Kafka still has, plus notes on every adjustment."""
+    """One range per partition, clamped to what Kafka still has, plus notes on every adjustment.
+    ``--start committed`` starts a partition the group never committed where its pods would:
+    ``offset_reset`` is the group's ``auto.offset.reset``."""
     if until.kind is PositionKind.COMMITTED:
         raise PlanError("--until committed makes an empty range: fence at end, a time or offsets")
     unknown = sorted((set(start.offsets) | set(until.offsets)) - set(snapshots))
@@ -88,7 +130,7 @@ def resolve_ranges(
     ranges, notes = [], []
     for tp in sorted(snapshots):
         snapshot = snapshots[tp]
-        first = _offset_for(start, tp, snapshot, snapshot.from_time, "--start")
+        first = _offset_for(start, tp, snapshot, snapshot.from_time, "--start", offset_reset)
         fence = _offset_for(until, tp, snapshot, snapshot.until_time, "--until")
         name = f"{tp[0]}[{tp[1]}]"
         if first < snapshot.earliest:
@@ -164,14 +206,22 @@ def commits_fence(mode: CommitMode, start: Position) -> bool:
 
 
 def offsets_a_commit_would_skip(
-    ranges: Iterable[OffsetRange], snapshots: Mapping[TopicPartition, PartitionSnapshot]
+    ranges: Iterable[OffsetRange],
+    snapshots: Mapping[TopicPartition, PartitionSnapshot],
+    offset_reset: str = "earliest",
 ) -> list[str]:
-    """Partitions whose range starts after the group's position (its committed offset, or the earliest
-    one still in the log): committing the fence would mark the offsets in between as done unhandled."""
+    """Partitions whose range starts after the group's position (its committed offset, or where its
+    ``auto.offset.reset`` would start, never before the earliest offset still in the log): committing
+    the fence would mark the offsets in between as done unhandled."""
     problems = []
     for offset_range in ranges:
-        snapshot = snapshots[(offset_range.topic, offset_range.partition)]
-        position = max(snapshot.committed if snapshot.committed is not None else 0, snapshot.earliest)
+        tp = (offset_range.topic, offset_range.partition)
+        snapshot = snapshots[tp]
+        try:
+            reset_at = group_position(tp, snapshot, offset_reset)
+        except PlanError:  # auto.offset.reset=error: count from the earliest offset, as before a reset
+            reset_at = snapshot.earliest
+        position = max(reset_at, snapshot.earliest)
         if offset_range.start > position and offset_range.end > offset_range.start:
             problems.append(f"{offset_range.name()}: offsets {position}..{offset_range.start - 1}")
     return problems

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 class PositionKind(StrEnum):
     COMMITTED = "committed"
-    """The group's committed offset (the earliest offset where the group has none)."""
+    """The group's committed offset (where the group has none: where its ``auto.offset.reset`` says)."""
     EARLIEST = "earliest"
     """The oldest offset Kafka still has."""
     END = "end"

@@ -31,8 +31,8 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     start: str = Field(
         "committed",
         description="Where each partition's range starts: committed (the group's "
-        "offsets, else earliest), earliest, ms:<epoch ms>, an ISO 8601 time with zone, or "
-        "topic:partition=offset,...",
+        "offsets, else where its auto.offset.reset says, as for its pods), earliest, ms:<epoch ms>, an ISO "
+        "8601 time with zone, or topic:partition=offset,...",
     )
     until: str = Field(
         "end",
