@@ -359,13 +359,18 @@ EXECUTOR_TEMPLATE_FILE = "executor-pod-template.json"
 EXECUTOR_CONTAINER = "executor"
 
 
-def build_executor_pod_template(spec: OrderedConsumerSpec, owner: dict[str, Any]) -> dict[str, Any]:
+def build_executor_pod_template(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name: str) -> dict[str, Any]:
     """The executors' pod template for a k8s:// catch-up: the pods' handler environment, the Kafka
     Secret (files a properties file may name, such as a CA), a writable /tmp and the hardened
     security context of every keyorder pod (restricted namespaces reject executors without it).
-    Spark adds the image, the resources and its own settings; executors call no API (no token)."""
+    Spark adds the image, the resources and its own settings (and keeps the template's labels, among
+    them ``CATCHUP_JOB_LABEL``: the hand-over waits for these pods by it); executors call no API (no token)."""
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
-    labels = {**catchup_labels(owner["metadata"]["name"]), "app.kubernetes.io/component": "catchup-executor"}
+    labels = {
+        **catchup_labels(owner["metadata"]["name"]),
+        "app.kubernetes.io/component": "catchup-executor",
+        **catchup_executor_selector(job_name),
+    }
     metadata, pod = _with_template(  # the user's pod template too (pull secrets, tolerations, volumes, ...)
         spec,
         {"labels": labels},
@@ -405,8 +410,21 @@ def catchup_job_name(name: str, started_at: float) -> str:
 
 
 def catchup_selector(job_name: str) -> dict[str, str]:
-    """The pods of a catch-up Job (the Job controller labels them with their Job's name)."""
+    """The pods of a catch-up Job (the Job controller labels them with their Job's name): its Spark driver."""
     return {"job-name": job_name}
+
+
+CATCHUP_JOB_LABEL = "keyorder.dev/catchup-job"
+"""On a k8s:// catch-up's executor pods: their Job's name. Spark creates the executors itself and labels
+them with its own application id (``spark-app-selector``) and ``spark-role=executor``, never with the
+Job's ``job-name``; the operator does not know the application id. So the operator puts this label on them
+(the executors' pod template, and ``spark.kubernetes.executor.label.*`` should a ``sparkConf`` replace the
+template), and the hand-over waits until no pod carries it before the consumer pods resume."""
+
+
+def catchup_executor_selector(job_name: str) -> dict[str, str]:
+    """The Spark executor pods of a catch-up Job (``CATCHUP_JOB_LABEL``)."""
+    return {CATCHUP_JOB_LABEL: job_name}
 
 
 def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name: str, until: str) -> dict[str, Any]:
@@ -456,6 +474,7 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
                 "spark.kubernetes.executor.podTemplateFile": f"{SPARK_TEMPLATE_DIR}/{EXECUTOR_TEMPLATE_FILE}",
                 "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
                 "spark.kubernetes.authenticate.executor.serviceAccountName": name,
+                f"spark.kubernetes.executor.label.{CATCHUP_JOB_LABEL}": job_name,
             }
         )
         if driver_account:
@@ -471,7 +490,7 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     if on_kubernetes:  # $(POD_IP) and $(POD_NAME) in the args above; the executors' template as a file
         env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-        template = build_executor_pod_template(spec, owner)
+        template = build_executor_pod_template(spec, owner, job_name)
         pod_metadata["annotations"] = {EXECUTOR_TEMPLATE_ANNOTATION: json.dumps(template, sort_keys=True)}
         field = f"metadata.annotations['{EXECUTOR_TEMPLATE_ANNOTATION}']"
         volumes.append(

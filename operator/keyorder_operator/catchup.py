@@ -194,6 +194,22 @@ def job_state(job: dict[str, Any] | None) -> JobState:
     return JobState.ACTIVE
 
 
+def catchup_pods_left(job_name: str, outcome: JobState, drivers: int, executors: int) -> str | None:
+    """Why the consumer pods may not resume yet after Job ``job_name`` ended (``None``: they may).
+
+    A finished Job's pods can still be handling messages: a driver terminating after a deadline or a
+    deletion, and above all Spark executors, which the driver's end does not stop at once (they are
+    deleted by garbage collection, or exit after a heartbeat timeout, when the driver ended abruptly or
+    a node is cut off). Pods that resumed meanwhile would handle the same keys at the same time."""
+    left = [f"{count} {role} pods" for role, count in (("driver", drivers), ("executor", executors)) if count]
+    if not left:
+        return None
+    return (
+        f"Job {job_name} {outcome.value}; waiting for {' and '.join(left)} of Job {job_name} to stop "
+        "(the consumer pods resume when none is left)"
+    )
+
+
 STOPPING_PODS_GRACE_SECONDS = 120
 """How long past the pods' termination grace period the operator waits for them to disappear
 before it gives up on the hand-over (a pod stuck terminating must not share the group)."""

@@ -16,6 +16,7 @@ from kubernetes.client.rest import ApiException
 from keyorder_operator.builders import (
     FENCE_ANNOTATION,
     build_catchup_job,
+    catchup_executor_selector,
     catchup_job_name,
     catchup_selector,
     selector_labels,
@@ -24,6 +25,7 @@ from keyorder_operator.catchup import (
     CatchupRun,
     JobState,
     Phase,
+    catchup_pods_left,
     fence_argument,
     fence_from_end_offsets,
     job_state,
@@ -87,14 +89,17 @@ class CatchupHandover:
         outcome = job_state(kube.job(self.namespace, run.job_name))
         if outcome is JobState.ACTIVE:
             return
-        still_running = kube.pod_count(self.namespace, catchup_selector(run.job_name))
-        if still_running:  # a deleted or failed Job's driver may still be handling messages
-            poll.condition(
-                "CatchingUp",
-                True,
-                "Finishing",
-                f"Job {run.job_name} {outcome.value}; waiting for its {still_running} pods to stop",
-            )
+        # a deleted or failed Job's driver, and any Job's Spark executors, may still be handling messages
+        waiting = catchup_pods_left(
+            run.job_name,
+            outcome,
+            drivers=kube.pod_count(self.namespace, catchup_selector(run.job_name)),
+            executors=kube.pod_count(self.namespace, catchup_executor_selector(run.job_name)),
+        )
+        if waiting:
+            if not self.finishing_already():
+                poll.info("CatchupFinishing", waiting)
+            poll.condition("CatchingUp", True, "Finishing", waiting)
             return
         if outcome is JobState.SUCCEEDED:
             detail = f"Job {run.job_name} committed the fence after {poll.now - run.started_at:.0f} s"
@@ -105,6 +110,12 @@ class CatchupHandover:
                 "the waves it committed; the rest is the pods' again)"
             )
         self.finish(run, outcome, detail)
+
+    def finishing_already(self) -> bool:
+        """The last poll waited for the Job's pods too (its Event was posted then)."""
+        return any(
+            entry.get("type") == "CatchingUp" and entry.get("reason") == "Finishing" for entry in self.poll.conditions
+        )
 
     def start_job(self, run: CatchupRun) -> None:
         poll = self.poll

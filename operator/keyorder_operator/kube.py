@@ -310,7 +310,12 @@ class Kube:
         return int(((deployment or {}).get("status") or {}).get("replicas") or 0)
 
     def pod_count(self, namespace: str, selector: dict[str, str]) -> int:
-        """Pods matching ``selector`` that still exist in any phase (terminating ones included)."""
+        """Pods matching ``selector`` that still exist in any phase (terminating ones included).
+
+        Always a list from the API server, never the watched cache: the hand-over's safety waits use it
+        (consumer pods gone before a catch-up Job starts; the Job's driver and Spark executors gone before
+        the consumer pods resume), and the cache watches only the consumer pods, which a stale view must not
+        declare gone. It runs only during a hand-over, a list or two per poll."""
         label_selector = ",".join(f"{key}={value}" for key, value in selector.items())
         pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
         return sum(

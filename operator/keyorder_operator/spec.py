@@ -53,6 +53,7 @@ OPERATOR_LABELS = frozenset(
         "app.kubernetes.io/instance",
         "app.kubernetes.io/managed-by",
         "app.kubernetes.io/component",
+        "keyorder.dev/catchup-job",  # builders.CATCHUP_JOB_LABEL: the hand-over waits for pods carrying it
     }
 )
 OPERATOR_ANNOTATIONS = frozenset(

@@ -7,6 +7,8 @@ operator's part (trigger, fence, scale to 0, Job spec, resume, conditions, Event
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from keyorder.devtools.loadgen import create_topics, produce_keyed
@@ -237,3 +239,57 @@ def test_a_deleted_job_ends_the_hand_over_and_the_pods_resume(kube, broker):
         catching_up = condition_entry(kube.get(CR, "ledger"), "CatchingUp")
         assert catching_up["status"] == "False" and catching_up["reason"] == "Missing"
         assert f"Job {job_name} disappeared" in catching_up["message"]
+
+
+def create_executor_pod(kube, name: str, job: dict, app_id: str) -> None:
+    """An executor pod as Spark on Kubernetes creates it for the Job's driver: from the pod template the operator
+    rendered into the driver pod's annotation (its labels), plus Spark's own labels. Spark never gives an executor
+    the Job's ``job-name``; and here it has no ownerReference to the driver, as executors outlive a driver whose
+    end the garbage collector has not caught up with yet (or that a partition cut off)."""
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    template = json.loads(annotations["keyorder.dev/executor-pod-template"])
+    labels = {**template["metadata"]["labels"], "spark-app-selector": app_id, "spark-role": "executor"}
+    create_pod(kube, name, labels, "executor", "registry.example/ledger-spark:1.0")
+
+
+def test_the_pods_resume_only_after_the_jobs_spark_executors_are_gone(kube, broker):
+    topic = "okc-catchup-executors"
+    backlog(broker, topic)
+    with operator(kube.url) as context:
+        kube.create(CR, resource(broker, "wallets", topic, master="k8s://https://kubernetes.default.svc"))
+        started = slow_workers_until_triggered(kube, context, "wallets")
+        job_name = started["jobName"]
+        job = wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
+        create_pod(kube, f"{job_name}-driver", {"job-name": job_name}, "catchup", "x")
+        executors = [f"{job_name}-exec-{n}" for n in (1, 2)]
+        for name in executors:
+            create_executor_pod(kube, name, job, "spark-0123456789abcdef")
+        # an abrupt end of the driver (the Job's deadline): the driver pod is gone, its executors are not
+        finish_job(kube, job_name, "Failed")
+        kube.delete("v1/pods", f"{job_name}-driver")
+
+        waiting = f"waiting for 2 executor pods of Job {job_name} to stop"
+        wait_for(
+            lambda: waiting in condition_entry(kube.get(CR, "wallets"), "CatchingUp").get("message", ""),
+            20,
+            "CatchingUp to wait for the executors",
+        )
+        assert condition_entry(kube.get(CR, "wallets"), "CatchingUp")["reason"] == "Finishing"
+        wait_for_polls(kube, "wallets", 3)  # polls that saw the executors: none may resume the pods
+        assert replicas(kube, "wallets") == 0, "the pods resumed while the Job's Spark executors still ran"
+        assert any(waiting in message for message in events(kube, "CatchupFinishing")), events(kube, "CatchupFinishing")
+        kube.delete("v1/pods", executors[0])
+        wait_for(
+            lambda: (
+                f"waiting for 1 executor pods of Job {job_name}"
+                in condition_entry(kube.get(CR, "wallets"), "CatchingUp").get("message", "")
+            ),
+            20,
+            "CatchingUp to count the executor left",
+        )
+        wait_for_polls(kube, "wallets", 2)
+        assert replicas(kube, "wallets") == 0, "the pods resumed while a Spark executor still ran"
+        kube.delete("v1/pods", executors[1])
+
+        wait_for(lambda: replicas(kube, "wallets") == started["resumeReplicas"], 20, "the pods resumed")
+        wait_for(lambda: condition(kube.get(CR, "wallets"), "CatchupFailed") == "True", 20, "CatchupFailed")

@@ -13,6 +13,7 @@ from keyorder_operator.catchup import (
     CatchupRun,
     JobState,
     Phase,
+    catchup_pods_left,
     catchup_verdict,
     fence_argument,
     fence_from_end_offsets,
@@ -235,6 +236,22 @@ def test_a_k8s_master_gets_a_client_mode_driver_and_its_service_account() -> Non
     assert local_pod["serviceAccountName"] == "o" and local_pod["automountServiceAccountToken"] is False
 
 
+@pytest.mark.parametrize(
+    ("drivers", "executors", "expected"),
+    [
+        (0, 0, None),
+        (1, 0, "Job j failed; waiting for 1 driver pods of Job j to stop"),
+        (0, 3, "Job j failed; waiting for 3 executor pods of Job j to stop"),
+        (1, 2, "Job j failed; waiting for 1 driver pods and 2 executor pods of Job j to stop"),
+    ],
+)
+def test_the_pods_resume_only_when_neither_the_driver_nor_an_executor_of_the_job_is_left(
+    drivers, executors, expected
+) -> None:
+    waiting = catchup_pods_left("j", JobState.FAILED, drivers, executors)
+    assert waiting == expected or (expected is not None and waiting is not None and waiting.startswith(expected))
+
+
 def test_job_names_fit_63_characters_and_keep_the_time() -> None:
     assert catchup_job_name("a" * 80, 1700000000) == "a" * 44 + "-catchup-1700000000"
     assert catchup_job_name("ab-" + "c" * 40 + "-" * 5, 1700000000).endswith("c-catchup-1700000000")
@@ -292,6 +309,12 @@ def test_k8s_executors_get_the_handler_env_the_kafka_secret_and_the_hardened_con
     assert template["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     assert template["spec"]["automountServiceAccountToken"] is False
     assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "keyorder-catchup"  # never a consumer
+    # the hand-over waits for the executors by their Job's name (Spark gives them no job-name label), also
+    # when a sparkConf replaces the template
+    assert template["metadata"]["labels"]["keyorder.dev/catchup-job"] == "o-catchup-1"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    spark = dict(value.split("=", 1) for value in args if value.startswith("spark."))
+    assert spark["spark.kubernetes.executor.label.keyorder.dev/catchup-job"] == "o-catchup-1"
     kubernetes_validate.validate(template, "1.30", strict=True)
     kubernetes_validate.validate(job, "1.30", strict=True)
 
