@@ -45,7 +45,7 @@ def test_a_split_yields_its_range_then_an_end_marker(broker, topic) -> None:
     rows = list(read_split({"bootstrap.servers": broker.bootstrap}, "key", split, timeout=30))
     records, marker = rows[:-1], rows[-1]
     assert [row[3] for row in records] == list(range(5, 25))  # offsets start..end-1, in order, once
-    assert marker[1:4] == (3, PROGRESS_SCALE, 25) and marker[-1] == 20  # sorts after every record
+    assert marker[1:4] == (3, PROGRESS_SCALE, 25) and marker[-2:] == (20, 0)  # sorts after every record
     assert all(row[1] == 3 for row in records)  # the plan's index of the partition, not its name
     progress = [row[2] for row in records]
     assert progress == sorted(progress) and progress[0] == 0 and progress[-1] < PROGRESS_SCALE // 2
@@ -53,7 +53,17 @@ def test_a_split_yields_its_range_then_an_end_marker(broker, topic) -> None:
     assert by_offset[7][0] == lane_hash(b"k1") and by_offset[7][4] == b"k1" and by_offset[7][5] == b"v7"
     assert by_offset[9][0] == lane_hash(partition_route(topic, 0)) and by_offset[9][4] is None  # keyless
     assert by_offset[7][6] == [("trace", b"t7"), ("trace", None)]  # headers in order, repeats and nulls kept
-    assert all(row[-1] is None for row in records)
+    assert all(row[-2] is None and row[-1] is None for row in records)
+
+
+def test_offsets_the_group_finished_are_read_and_counted_but_never_yielded(broker, topic) -> None:
+    """The split's skip runs (the commit metadata's finished offsets): counted in the end marker, so the
+    audit still sees every offset of the range, and never handed to a handler."""
+    split = Split(topic, 0, 5, 25, skip=[[7, 10], [24, 25]])
+    rows = list(read_split({"bootstrap.servers": broker.bootstrap}, "key", split, timeout=30))
+    records, marker = rows[:-1], rows[-1]
+    assert [row[3] for row in records] == [5, 6, *range(10, 24)]
+    assert marker[-2:] == (16, 4)  # 16 read (to handle), 4 skipped: 20 offsets accounted for
 
 
 def test_partition_ordering_routes_every_record_by_its_partition(broker, topic) -> None:
@@ -129,7 +139,7 @@ def test_transient_read_errors_are_retried_within_a_bound_and_prefetch_is_bounde
             sleep=pauses.append,
         )
     )
-    assert [row[3] for row in rows[:-1]] == list(range(30)) and rows[-1][-1] == 30
+    assert [row[3] for row in rows[:-1]] == list(range(30)) and rows[-1][-2] == 30
     assert len(pauses) == 2 and pauses[0] < pauses[1]  # retried with a growing pause
     assert made[0].config["queued.max.messages.kbytes"] == 4096  # not librdkafka's 64 MiB past the fence
 

@@ -433,3 +433,56 @@ def test_committed_start_without_a_commit_follows_the_groups_auto_offset_reset(b
     finally:
         job.close()
     assert group_committed(broker.bootstrap, other, name, 2) == {}
+
+
+def test_offsets_the_pods_finished_above_the_committed_one_are_skipped_not_handled_again(
+    broker, spark, record_dir
+) -> None:
+    """The pods commit, with each partition's lowest unfinished offset, the offsets they finished above it
+    (commit metadata): a drain skips those, as a pod taking the partition over would, and still proves
+    every offset was read. The test broker keeps no commit metadata, so the job's offsets answer with the
+    metadata a pod would have written (encoded by the pods' own codec)."""
+    from keyorder.core import offset_metadata
+
+    name = topic(broker, partitions=2)
+    produce_events(broker, name, [{"key": f"k{index % 8}", "seq": index // 8} for index in range(400)])
+    group = f"g-{name}"
+    pod = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    pod.commit(offsets=[TopicPartition(name, 0, 10), TopicPartition(name, 1, 20)], asynchronous=False)
+    pod.close()
+    finished = {0: [11, 12, 13, 30, 31], 1: [21, 25]}  # done by the pods before they stopped
+
+    job = CatchupJob(config(broker, name, group, wave_offsets=60, split_offsets=25), spark=spark)
+    real = job.offsets.committed_with_metadata
+
+    def with_metadata(partitions):
+        return {
+            tp: (offset, offset_metadata.encode(offset, finished[tp[1]]) if offset is not None else None)
+            for tp, (offset, _) in real(partitions).items()
+        }
+
+    job.offsets.committed_with_metadata = with_metadata  # type: ignore[method-assign]
+    try:
+        outcome = job.run(job.plan())
+    finally:
+        job.close()
+
+    assert outcome.ok and outcome.committed, (outcome.error, outcome.audit and outcome.audit.problems)
+    report = outcome.report()
+    assert report["skipped"] == 7 and report["read"] == report["processed"] == 400 - 30 - 7
+    assert {row["partition"]: row["skipped"] for row in report["partitions"]} == {0: 5, 1: 2}
+    records = read_records(str(record_dir), name)
+    handled = [(partition, offset) for _, _, partition, offset, _ in records]
+    assert len(handled) == len(set(handled)) == 363
+    assert not {(p, o) for p, offsets in finished.items() for o in offsets} & set(handled)  # never handled again
+    ends = group_end(broker, name)
+    expected = {(p, o) for p in (0, 1) for o in range((10, 20)[p], ends[p])} - {
+        (p, o) for p, offsets in finished.items() for o in offsets
+    }
+    assert set(handled) == expected  # every other offset from the committed one to the fence: none lost
+    sequences: dict[str, list[int]] = {}
+    for key, seq, *_ in records:
+        sequences.setdefault(key, []).append(seq)
+    assert all(seqs == sorted(seqs) for seqs in sequences.values())  # each key in order
+    assert group_committed(broker.bootstrap, group, name, 2) == ends
+    assert any("finished by the group's consumers" in note for note in outcome.plan.notes)

@@ -11,12 +11,24 @@ from keyorder.core.retry import RetryPolicy
 from tests.guarantees import assert_key_order
 from tests.unit import catchup_handlers
 
-COLUMNS = ["lane", "source", "progress", "offset", "key", "value", "headers", "timestamp", "marker_read"]
+COLUMNS = [
+    "lane",
+    "source",
+    "progress",
+    "offset",
+    "key",
+    "value",
+    "headers",
+    "timestamp",
+    "marker_read",
+    "marker_skipped",
+]
 
 
 def batch(rows: list[tuple]) -> pandas.DataFrame:
     frame = pandas.DataFrame(rows, columns=COLUMNS)
-    frame["marker_read"] = frame["marker_read"].astype("Int64")  # nullable, as Arrow hands it over
+    for column in ("marker_read", "marker_skipped"):
+        frame[column] = frame[column].astype("Int64")  # nullable, as Arrow hands it over
     return frame
 
 
@@ -33,8 +45,8 @@ def sorted_partition(messages: list[bytes], batch_rows: int, sources: int = 1) -
     for source, records in enumerate(per_source):
         for offset, (key, value) in enumerate(records):
             progress = progress_of(offset, 0, len(records))
-            rows.append((lane_hash(key), source, progress, offset, key, value, [], 1.0, None))
-        rows.append((0, source, PROGRESS_SCALE, len(records), None, None, [], None, len(records)))
+            rows.append((lane_hash(key), source, progress, offset, key, value, [], 1.0, None, None))
+        rows.append((0, source, PROGRESS_SCALE, len(records), None, None, [], None, len(records), 0))
     rows.sort(key=lambda row: (row[2], row[1], row[3]))
     return [batch(rows[start : start + batch_rows]) for start in range(0, len(rows), batch_rows)]
 
@@ -64,6 +76,7 @@ def test_keys_run_in_parallel_each_in_order_across_batch_boundaries(handler: str
             "topic": "t",
             "partition": 0,
             "read": 200,
+            "skipped": 0,
             "splits": 1,
             "processed": 200,
             "dead_lettered": 0,
@@ -94,7 +107,7 @@ def test_a_hot_key_takes_one_thread_while_the_other_keys_pass_it() -> None:
 
 def test_an_out_of_order_row_stops_the_task_before_its_handler_runs() -> None:
     catchup_handlers.reset()
-    rows = [(1, 0, 0, 5, b"a", b"0", [], None, None), (1, 0, 1, 3, b"a", b"1", [], None, None)]
+    rows = [(1, 0, 0, 5, b"a", b"0", [], None, None, None), (1, 0, 1, 3, b"a", b"1", [], None, None, None)]
     with pytest.raises(OrderViolation, match=r"t\[0\]@3 arrived after t\[0\]@5"):
         list(apply("slow", 4)(iter([batch(rows)])))
     assert catchup_handlers.RECORDS == []  # the batch is checked before any of it is handled

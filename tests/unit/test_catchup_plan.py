@@ -20,14 +20,18 @@ from keyorder.catchup.plan import (
     audit,
     commits_fence,
     cut_waves,
+    done_above,
+    fence_metadata,
     key_statistics,
     offsets_a_commit_would_skip,
     refuse_live_group,
     resolve_ranges,
+    skip_runs,
     split_ranges,
 )
 from keyorder.catchup.positions import Position, PositionError, PositionKind, parse_position
 from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS
+from keyorder.core import offset_metadata
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
 from tests.fakes import FakeClock
@@ -157,6 +161,63 @@ def test_a_committing_job_refuses_when_the_broker_cannot_tell_its_members_unless
     assert preview is not None and preview.startswith("a run would refuse now: group 'g' has 2 active members")
 
 
+def test_the_commit_metadata_names_the_offsets_the_pods_finished_above_the_committed_one() -> None:
+    metadata = offset_metadata.encode(40, [41, 42, 45, 90])
+    assert done_above(metadata, 40) == (frozenset({41, 42, 45, 90}), None)
+    assert done_above(offset_metadata.encode(40, []), 40) == (frozenset(), None)  # nothing finished above
+    assert done_above(None, 40) == (frozenset(), None)  # a broker that keeps no metadata (the test broker)
+    assert done_above("written by another tool", 40) == (frozenset(), None)  # not ours: nothing to say
+    assert done_above(metadata, None) == (frozenset(), None)  # no committed offset: no metadata either
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        "ko1:40:r:not base64!",  # corrupt
+        offset_metadata.encode(40, [41])[:-4],  # truncated
+        offset_metadata.encode(37, [41]),  # written for another committed offset
+        "ko1:40:x:eJwDAAAAAAE=",  # an unknown kind
+        "ko1:forty:r:eJwDAAAAAAE=",
+    ],
+)
+def test_unusable_commit_metadata_is_ignored_with_a_reason_so_everything_is_handled(metadata: str) -> None:
+    done, problem = done_above(metadata, 40)
+    assert done == frozenset()  # handle everything: a duplicate is safe, a loss is not
+    assert problem is not None and problem.startswith("commit metadata ignored")
+
+
+def test_finished_offsets_are_cut_into_runs_per_split_and_kept_above_each_committed_wave_end() -> None:
+    done = frozenset({3, 4, 5, 9, 12, 13, 30})
+    assert skip_runs(OffsetRange("t", 0, 0, 10), done) == [[3, 6], [9, 10]]
+    assert skip_runs(OffsetRange("t", 0, 10, 20), done) == [[12, 14]]
+    assert skip_runs(OffsetRange("t", 0, 14, 30), done) == []  # the fence (30) is not in the split
+    wave = [OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 0, 10)]
+    metadata = fence_metadata(wave, {("t", 0): done})
+    assert list(metadata) == [("t", 0)]  # only where something finished lies above the commit
+    assert offset_metadata.decode(metadata[("t", 0)], 10) == {12, 13, 30}
+
+
+def test_skipped_records_count_toward_the_planned_offsets_and_are_never_lost() -> None:
+    ranges, splits = [OffsetRange("t", 0, 0, 100)], split_ranges([OffsetRange("t", 0, 0, 100)], 50)
+    clean = audit(
+        ranges,
+        splits,
+        [summary("t", 0, read=45, skipped=5, splits=1, processed=45), summary("t", 0, read=50, splits=1, processed=50)],
+    )
+    assert clean.ok, clean.problems  # read = handled; the skipped ones are accounted for, not missing
+    assert (clean.total("skipped"), clean.total("processed")) == (5, 95)
+    too_many = audit(ranges, splits, [summary("t", 0, read=95, skipped=10, splits=2, processed=95)])
+    assert "t[0]: read 95 records and skipped 10 from 100 offsets" in too_many.problems
+
+
+def test_a_task_counts_the_records_its_splits_skipped() -> None:
+    rows = record_rows([b"a", b"b"])
+    rows[-1] = (*rows[-1][:-1], 3)  # the end marker: 2 records read, 3 skipped
+    task = runner(lambda message: None, RetryPolicy(max_attempts=1))
+    task.run(iter([frame(rows)]))
+    assert (task.counts[0].read, task.counts[0].skipped, task.counts[0].processed) == (2, 3, 2)
+
+
 def test_splits_cover_each_range_exactly_once() -> None:
     ranges = [OffsetRange("t", 0, 3, 25), OffsetRange("t", 1, 7, 7), OffsetRange("u", 0, 0, 10)]
     splits = split_ranges(ranges, 10)
@@ -254,16 +315,17 @@ class FakeDeadLetters:
 
 
 def frame(rows: list[tuple]) -> pandas.DataFrame:
-    columns = ["lane", "source", "progress", "offset", "key", "value", "headers", "timestamp", "marker_read"]
-    result = pandas.DataFrame(rows, columns=columns)
-    result["marker_read"] = result["marker_read"].astype("Int64")
+    columns = ["lane", "source", "progress", "offset", "key", "value", "headers", "timestamp"]
+    result = pandas.DataFrame(rows, columns=[*columns, "marker_read", "marker_skipped"])
+    for column in ("marker_read", "marker_skipped"):
+        result[column] = result[column].astype("Int64")
     return result
 
 
 def record_rows(keys: list[bytes]) -> list[tuple]:
     """One row per key, at consecutive offsets of source 0, then the end marker."""
-    rows = [(0, 0, index, index, key, b"v", [], None, None) for index, key in enumerate(keys)]
-    return [*rows, (0, 0, 1 << 20, len(keys), None, None, [], None, len(keys))]
+    rows = [(0, 0, index, index, key, b"v", [], None, None, None) for index, key in enumerate(keys)]
+    return [*rows, (0, 0, 1 << 20, len(keys), None, None, [], None, len(keys), 0)]
 
 
 def runner(call, policy: RetryPolicy, sink=None, workers: int = 4, lookahead: int = 100) -> TaskRunner:
@@ -330,7 +392,7 @@ def test_the_task_reads_ahead_at_most_its_lookahead() -> None:
 
 def test_a_row_at_or_below_its_partitions_previous_offset_stops_the_task() -> None:
     calls: list[int] = []
-    rows = [(0, 0, 0, 5, b"a", b"v", [], None, None), (0, 0, 1, 5, b"b", b"v", [], None, None)]
+    rows = [(0, 0, 0, 5, b"a", b"v", [], None, None, None), (0, 0, 1, 5, b"b", b"v", [], None, None, None)]
     with pytest.raises(OrderViolation, match=r"t\[0\]@5 arrived after t\[0\]@5"):
         runner(lambda message: calls.append(message.offset), RetryPolicy(max_attempts=1)).run(iter([frame(rows)]))
     assert calls == []  # a batch is checked whole before any of it is handled

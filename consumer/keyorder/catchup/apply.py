@@ -230,6 +230,7 @@ class TaskRunner:
                 with self._lock:  # the workers update the same counts
                     entry = self.counts.setdefault(source, PartitionCounts())
                     entry.read += int(row.marker_read)
+                    entry.skipped += int(row.marker_skipped)
                     entry.splits += 1
                 continue
             topic, partition = self.sources[source]

@@ -81,13 +81,17 @@ def print_outcome(outcome: Any) -> None:
     console = _console()
     report = outcome.report()
     table = Table(title="catch-up: planned vs done", title_justify="left")
-    for column in ("partition", "planned offsets", "read", "processed", "dead-lettered", "violations"):
+    columns = ["partition", "planned offsets", "read", "processed", "dead-lettered", "violations"]
+    if report["skipped"]:
+        columns.insert(3, "skipped (done before)")
+    for column in columns:
         table.add_column(column, justify="left" if column == "partition" else "right")
     for row in report["partitions"]:
         table.add_row(
             f"{row['topic']}[{row['partition']}]",
             f"{row['planned_offsets']:,}",
             f"{row['read']:,}",
+            *([f"{row['skipped']:,}"] if report["skipped"] else []),
             f"{row['processed']:,}",
             f"{row['dead_lettered']:,}",
             str(row["violations"]),
@@ -100,6 +104,11 @@ def print_outcome(outcome: Any) -> None:
         if rate
         else "nothing to do"
     )
+    if report["skipped"]:
+        console.print(
+            f"{report['skipped']:,} messages skipped: the group's consumers had finished them (commit metadata), "
+            "as a pod taking the partitions over would skip them"
+        )
     for problem in report["problems"]:
         console.print(f"[red]problem:[/red] {problem}")
     if report["task_reruns"]:

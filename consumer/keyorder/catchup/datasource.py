@@ -4,7 +4,10 @@ Spark's own Kafka connector is a JVM jar; this reader needs only confluent-kafka
 executors' Python. Each input split is one ``(topic, partition, start, end)``. The reader assigns
 the partition at ``start``, reads up to the fence ``end`` (excluded), and then emits one *end
 marker* row with the number of records it read, so the driver can prove every split reached its
-fence. Clients are created inside ``read()``: confluent-kafka objects do not pickle.
+fence. Records the group's consumers already finished (the offsets their commit metadata lists
+above the committed one, shipped with the split) are read and counted in the marker as skipped,
+never yielded: no handler sees them, and the audit still accounts for every offset. Clients are
+created inside ``read()``: confluent-kafka objects do not pickle.
 
 Rows carry only fixed-width columns besides the record itself, so the shuffle hashes and the
 sort compares integers, never key bytes: ``lane`` (a stable 64-bit hash of the *route*, the bytes
@@ -27,7 +30,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -35,9 +38,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 SOURCE_NAME = "keyorder_kafka_ranges"
 ROW_SCHEMA = (
     "lane long, source int, progress long, offset long, key binary, value binary, "
-    "headers array<struct<name: string, value: binary>>, timestamp double, marker_read long"
+    "headers array<struct<name: string, value: binary>>, timestamp double, marker_read long, marker_skipped long"
 )
-"""``marker_read`` is null on records and set on a split's end marker (then key/value are null)."""
+"""``marker_read`` and ``marker_skipped`` are null on records and set on a split's end marker (then
+key/value are null)."""
 PROGRESS_SCALE = 1 << 20
 """``progress`` runs from 0 (the range's start) to PROGRESS_SCALE (its fence)."""
 PREFETCH_KBYTES = 4096
@@ -136,6 +140,7 @@ def arrow_schema():
             ("headers", pyarrow.list_(pyarrow.struct([("name", pyarrow.string()), ("value", pyarrow.binary())]))),
             ("timestamp", pyarrow.float64()),
             ("marker_read", pyarrow.int64()),
+            ("marker_skipped", pyarrow.int64()),
         ]
     )
 
@@ -175,6 +180,9 @@ class Split(NamedTuple):
     """The start of the partition's whole range in this wave (for ``progress``); -1: ``start``."""
     range_end: int = -1
     """The end of the partition's whole range in this wave; -1: ``end``."""
+    skip: Sequence[Sequence[int]] = ()
+    """Runs ``[first, end)`` of offsets the group's commit metadata marks finished (``plan.skip_runs``):
+    read and counted, never yielded."""
 
 
 def reader_config(properties: dict[str, str]) -> dict[str, Any]:
@@ -216,8 +224,9 @@ def read_split(
     topic, partition, start, end = split.topic, split.partition, split.start, split.end
     config = {**reader_config(properties), "logger": logging.getLogger("keyorder.librdkafka")}
     consumer = (consumer_factory or Consumer)(config)
-    read = 0
+    read = skipped = 0
     errors_in_a_row = 0
+    finished = frozenset(offset for first, stop in split.skip for offset in range(first, stop))
     partition_lane = lane_hash(partition_route(topic, partition))
     range_start, range_end = (split.range_start, split.range_end) if split.range_start >= 0 else (start, end)
     try:
@@ -273,6 +282,9 @@ def read_split(
                 position = offset + 1
                 if offset >= end:
                     break
+                if offset in finished:
+                    skipped += 1
+                    continue
                 key = record.key()
                 timestamp_type, timestamp_ms = record.timestamp()
                 # The stub's HeadersType also covers what produce() accepts (a dict); a consumed
@@ -290,9 +302,10 @@ def read_split(
                     headers,
                     timestamp_ms / 1000 if timestamp_type and timestamp_ms >= 0 else None,
                     None,
+                    None,
                 )
     finally:
         consumer.close()
     # The marker sorts after every record of its range (progress = PROGRESS_SCALE).
     marker_lane = lane_hash(MARKER_PREFIX + f"{topic}:{partition}:{start}".encode())
-    yield (marker_lane, split.source, PROGRESS_SCALE, end, None, None, [], None, read)
+    yield (marker_lane, split.source, PROGRESS_SCALE, end, None, None, [], None, read, skipped)

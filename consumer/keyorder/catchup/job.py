@@ -54,12 +54,15 @@ from keyorder.catchup.plan import (
     audit,
     commits_fence,
     cut_waves,
+    fence_metadata,
     key_statistics,
     offsets_a_commit_would_skip,
     refuse_live_group,
     resolve_ranges,
+    skip_runs,
     split_ranges,
 )
+from keyorder.catchup.positions import PositionKind
 from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, CatchupConfig
 from keyorder.config import consumer_properties, kafka_properties, producer_properties, redact
 from keyorder.progress import Progress
@@ -122,6 +125,8 @@ class Plan:
     commit: bool
     waves: list[list[OffsetRange]] = field(default_factory=list)
     """The ranges of each wave, in order (``plan.cut_waves``)."""
+    done: dict[TopicPartition, frozenset[int]] = field(default_factory=dict)
+    """Offsets in range the group's consumers already finished (their commit metadata): skipped."""
 
     @property
     def offsets(self) -> int:
@@ -165,7 +170,10 @@ class WaveOutcome:
             "seconds": round(self.seconds, 3),
             "ranges": {f"{r.topic}:{r.partition}": [r.start, r.end] for r in self.ranges},
             "planned_offsets": sum(r.offsets for r in self.ranges),
-            **{name: self.audit.total(name) if self.audit else 0 for name in ("read", "processed", "dead_lettered")},
+            **{
+                name: self.audit.total(name) if self.audit else 0
+                for name in ("read", "skipped", "processed", "dead_lettered")
+            },
             "task_reruns": self.task_reruns,
             "dead_letters": [{"topic": t, "partition": p, "offset": o} for t, p, o in self.dead_letters],
             "problems": self.audit.problems if self.audit else [],
@@ -200,6 +208,7 @@ class Outcome:
             "messages_per_second": round(handled / self.seconds, 1) if self.seconds > 0 else None,
             "planned_offsets": self.plan.offsets,
             "read": self.audit.total("read") if self.audit else 0,
+            "skipped": self.audit.total("skipped") if self.audit else 0,
             "processed": self.audit.total("processed") if self.audit else 0,
             "dead_lettered": self.audit.total("dead_lettered") if self.audit else 0,
             "violations": self.audit.total("violations") if self.audit else 0,
@@ -218,7 +227,10 @@ class Outcome:
                     "fence": p.planned.end,
                     "planned_offsets": p.planned.offsets,
                     "splits": p.expected_splits,
-                    **{name: getattr(p.counts, name) for name in ("read", "processed", "dead_lettered", "violations")},
+                    **{
+                        name: getattr(p.counts, name)
+                        for name in ("read", "skipped", "processed", "dead_lettered", "violations")
+                    },
                 }
                 for p in (self.audit.partitions if self.audit else [])
             ],
@@ -348,6 +360,16 @@ class CatchupJob:
         )
         if refusal:
             notes.append(refusal)
+        done = {}
+        if start.kind is PositionKind.COMMITTED:  # a replay from elsewhere handles everything again
+            for r in ranges:
+                finished = frozenset(o for o in snapshots[(r.topic, r.partition)].done if r.start <= o < r.end)
+                if finished:
+                    done[(r.topic, r.partition)] = finished
+                    notes.append(
+                        f"{r.name()}: {len(finished):,} offsets in range were finished by the group's consumers "
+                        "(commit metadata): read but not handled again"
+                    )
         waves = cut_waves(ranges, self.config.wave_offsets)
         return Plan(
             ranges=ranges,
@@ -356,6 +378,7 @@ class CatchupJob:
             committed={tp: snapshot.committed for tp, snapshot in snapshots.items()},
             commit=commit,
             waves=waves,
+            done=done,
         )
 
     def _records(self, plan: Plan, wave: list[OffsetRange]):
@@ -371,6 +394,7 @@ class CatchupJob:
                 index[(s.topic, s.partition)],
                 whole[(s.topic, s.partition)].start,
                 whole[(s.topic, s.partition)].end,
+                skip_runs(s, plan.done.get((s.topic, s.partition), frozenset())),
             ]
             for s in split_ranges(wave, self.config.split_offsets)
         ]
@@ -444,7 +468,7 @@ class CatchupJob:
                 handled_before += result.audit.total("processed") + result.audit.total("dead_lettered")  # type: ignore[union-attr]
             if result.ok and plan.commit:
                 try:
-                    self.offsets.commit_fence(wave, expected)
+                    self.offsets.commit_fence(wave, expected, fence_metadata(wave, plan.done))
                 except CatchupKafkaError as error:
                     result.error = str(error)
                 else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from keyorder.catchup.plan import OffsetRange, PartitionSnapshot, TopicPartition
+from keyorder.catchup.plan import OffsetRange, PartitionSnapshot, TopicPartition, done_above
 from keyorder.catchup.positions import Position, PositionKind
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,12 @@ class KafkaOffsets:
         return found
 
     def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
+        return {tp: offset for tp, (offset, _) in self.committed_with_metadata(partitions).items()}
+
+    def committed_with_metadata(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, tuple[int | None, str | None]]:
+        """The group's committed offset and commit metadata per partition (``None``: none)."""
         from confluent_kafka import TopicPartition as KafkaTopicPartition
 
         request = [KafkaTopicPartition(topic, partition) for topic, partition in partitions]
@@ -66,7 +72,10 @@ class KafkaOffsets:
             f"committed offsets of group {self.group!r}",
             lambda: self._consumer.committed(request, timeout=self.timeout),
         )
-        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in result}
+        return {
+            (tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None, getattr(tp, "metadata", None))
+            for tp in result
+        }
 
     def _list_offsets(self, partitions: Sequence[TopicPartition], spec, what: str) -> dict[TopicPartition, int]:
         from confluent_kafka import IsolationLevel
@@ -95,19 +104,24 @@ class KafkaOffsets:
         partitions = self.partitions(topics)
         earliest = self._list_offsets(partitions, OffsetSpec.earliest(), "earliest offsets")
         end = self._list_offsets(partitions, OffsetSpec.latest(), "end offsets")
-        committed = self.committed(partitions)  # also the baseline the final commit checks against
+        committed = self.committed_with_metadata(partitions)  # also the baseline the commits check against
         from_time = self._times(partitions, start)
         until_time = self._times(partitions, until)
-        return {
-            tp: PartitionSnapshot(
+        snapshots = {}
+        for tp in partitions:
+            offset, metadata = committed.get(tp, (None, None))
+            done, problem = done_above(metadata, offset)
+            if problem:
+                log.warning("%s[%d]: %s; the offsets it marked done are handled again", *tp, problem)
+            snapshots[tp] = PartitionSnapshot(
                 earliest=earliest[tp],
                 end=end[tp],
-                committed=committed.get(tp),
+                committed=offset,
                 from_time=from_time.get(tp),
                 until_time=until_time.get(tp),
+                done=done,
             )
-            for tp in partitions
-        }
+        return snapshots
 
     def members(self) -> int | None:
         """Members of the group right now (``None``: the broker could not say)."""
@@ -134,9 +148,13 @@ class KafkaOffsets:
         return {tp: offset if offset >= 0 else None for tp, offset in found.items()}
 
     def commit_fence(
-        self, ranges: Sequence[OffsetRange], expected_committed: Mapping[TopicPartition, int | None]
+        self,
+        ranges: Sequence[OffsetRange],
+        expected_committed: Mapping[TopicPartition, int | None],
+        metadata: Mapping[TopicPartition, str] | None = None,
     ) -> None:
-        """Commit each range's end for the group, unless the group's offsets moved since the plan."""
+        """Commit each range's end for the group, unless the group's offsets moved since the plan;
+        ``metadata`` (``plan.fence_metadata``) keeps the finished offsets above an end known."""
         from confluent_kafka import TopicPartition as KafkaTopicPartition
 
         now = self.committed([(r.topic, r.partition) for r in ranges])
@@ -150,7 +168,14 @@ class KafkaOffsets:
                 f"group {self.group!r} committed offsets moved while the job ran "
                 f"({'; '.join(moved)}): is a live consumer still running? Nothing committed."
             )
-        request = [KafkaTopicPartition(r.topic, r.partition, r.end) for r in ranges]
+        request = []
+        for r in ranges:
+            written = (metadata or {}).get((r.topic, r.partition))
+            request.append(
+                KafkaTopicPartition(r.topic, r.partition, r.end)
+                if written is None
+                else KafkaTopicPartition(r.topic, r.partition, r.end, metadata=written)
+            )
         result = self._call(
             f"commit for group {self.group!r}", lambda: self._consumer.commit(offsets=request, asynchronous=False)
         )
