@@ -18,6 +18,7 @@ from keyorder.catchup.datasource import (
     read_split,
 )
 from keyorder.devtools.loadgen import create_topics
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.broker
 
@@ -143,8 +144,27 @@ def test_transient_read_errors_are_retried_within_a_bound_and_prefetch_is_bounde
     assert len(pauses) == 2 and pauses[0] < pauses[1]  # retried with a growing pause
     assert made[0].config["queued.max.messages.kbytes"] == 4096  # not librdkafka's 64 MiB past the fence
 
-    endless = [KafkaError(KafkaError._TRANSPORT, "still down")] * 100
-    with pytest.raises(SplitReadError, match=r"31 read errors in a row at offset 0, the last: .*still down"):
+    # An outage is bounded by time (the read timeout), not by a count of errors: 100 errors in a row
+    # within it are retried (a count of 30 used to fail the split after about a minute).
+    clock = FakeClock(start=0.0)
+    outage = [KafkaError(KafkaError._TRANSPORT, "down for a while")] * 100
+    rows = list(
+        read_split(
+            {"bootstrap.servers": broker.bootstrap},
+            "key",
+            Split(topic, 0, 0, 30),
+            600,
+            flaky(outage),
+            clock.sleep,
+            clock,
+        )
+    )
+    assert [row[3] for row in rows[:-1]] == list(range(30))
+    assert 100 < clock.now < 600  # pauses growing to 2 s: ~3 minutes of broker outage survived
+
+    clock = FakeClock(start=0.0)
+    endless = [KafkaError(KafkaError._TRANSPORT, "still down")] * 1000
+    with pytest.raises(SplitReadError, match=r"no record for 30s at offset 0, \d+ read errors in a row, .*still down"):
         list(
             read_split(
                 {"bootstrap.servers": broker.bootstrap},
@@ -152,9 +172,11 @@ def test_transient_read_errors_are_retried_within_a_bound_and_prefetch_is_bounde
                 Split(topic, 0, 0, 30),
                 30,
                 flaky(endless),
-                pauses.append,
+                clock.sleep,
+                clock,
             )
         )
+    assert 30 < clock.now <= 33  # gave up once the read timeout had passed, not before
     permanent = [KafkaError(KafkaError.OFFSET_OUT_OF_RANGE, "gone")]
     with pytest.raises(SplitReadError, match="gone"):
         list(

@@ -19,9 +19,11 @@ partition's offsets increasing, hence every key's messages in order, while inter
 partitions and keys as a pod sees them in its poll batches (see ``apply``).
 
 Transient read errors (a broker restart, a leader change) are retried inside the reader, as the
-pods' client does, within a bound; only a fatal or permanent error, or no record for
-``read_timeout`` seconds, fails the split. The consumer's pre-fetch is bounded
-(``PREFETCH_KBYTES``), so a split does not buffer tens of megabytes past its fence.
+pods' client does, with a growing pause, for as long as the split may go without a record
+(``read_timeout`` seconds, a time and not a count of errors: a broker restart takes the time it
+takes); only a fatal or permanent error, or no record for ``read_timeout`` seconds, fails the
+split. The consumer's pre-fetch is bounded (``PREFETCH_KBYTES``), so a split does not buffer tens
+of megabytes past its fence.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ PROGRESS_SCALE = 1 << 20
 """``progress`` runs from 0 (the range's start) to PROGRESS_SCALE (its fence)."""
 PREFETCH_KBYTES = 4096
 """librdkafka's pre-fetch queue per reader (its default is 64 MiB), unless the properties set it."""
-READ_ERROR_LIMIT = 30
-"""Consecutive transient errors without a record after which a split's read fails."""
+READ_ERROR_PAUSE_MAX = 2.0
+"""Longest pause between two reads after transient errors (the pause doubles from 0.1 s up to it)."""
 PERMANENT_ERRORS = frozenset(
     {
         "_AUTO_OFFSET_RESET",
@@ -213,11 +215,13 @@ def read_split(
     timeout: float,
     consumer_factory: Any = None,
     sleep: Any = time.sleep,
+    clock: Any = time.monotonic,
 ) -> Iterator[tuple]:
     """Rows of records at offsets ``start <= offset < end``, then the split's end marker.
 
     Transient errors are logged and retried (librdkafka reconnects by itself) with a growing
-    pause, at most ``READ_ERROR_LIMIT`` in a row; a fatal or permanent error fails the split.
+    pause, until the split went ``timeout`` seconds without a record; a fatal or permanent error
+    fails the split at once.
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -232,11 +236,11 @@ def read_split(
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         position = start
-        quiet_since = time.monotonic()
+        quiet_since = clock()
         while position < end:
             batch = consumer.consume(num_messages=1000, timeout=1.0)
             if not batch:
-                if time.monotonic() - quiet_since > timeout:
+                if clock() - quiet_since > timeout:
                     raise SplitReadError(
                         f"{topic}[{partition}]: no records for {timeout}s at offset {position}, before the fence {end}"
                     )
@@ -257,12 +261,12 @@ def read_split(
                     if error.fatal() or _error_name(error) in PERMANENT_ERRORS:
                         raise SplitReadError(f"{topic}[{partition}]: {error.str()}")
                     errors_in_a_row += 1
-                    if errors_in_a_row > READ_ERROR_LIMIT:
+                    if clock() - quiet_since > timeout:
                         raise SplitReadError(
-                            f"{topic}[{partition}]: {errors_in_a_row} read errors in a row at offset {position}, "
-                            f"the last: {error.str()}"
+                            f"{topic}[{partition}]: no record for {timeout}s at offset {position}, "
+                            f"{errors_in_a_row} read errors in a row, the last: {error.str()}"
                         )
-                    pause = min(0.05 * 2 ** min(errors_in_a_row, 10), 2.0)
+                    pause = min(0.05 * 2 ** min(errors_in_a_row, 10), READ_ERROR_PAUSE_MAX)
                     log.warning(
                         "%s[%d]: read error at offset %d (%d in a row, retrying in %.2fs): %s",
                         topic,
@@ -278,7 +282,7 @@ def read_split(
                 if offset is None:  # only error events lack one
                     raise SplitReadError(f"{topic}[{partition}]: record without an offset")
                 errors_in_a_row = 0
-                quiet_since = time.monotonic()
+                quiet_since = clock()
                 position = offset + 1
                 if offset >= end:
                     break

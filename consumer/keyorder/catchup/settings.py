@@ -85,7 +85,10 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         description="Most offsets per input split: larger partition ranges are read as several splits in parallel.",
     )
     read_timeout: float = Field(
-        120.0, gt=0, description="Seconds a split may go without records before its read fails."
+        120.0,
+        gt=0,
+        description="Seconds a split may go without records (quiet, or retrying transient broker errors "
+        "with a growing pause) before its read fails.",
     )
     spark_conf: list[str] = Field(
         default_factory=list,
