@@ -4,6 +4,7 @@ task's lane loop (retries, dead letters, look-ahead, order check) and the sessio
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pandas
 import pytest
@@ -31,6 +32,7 @@ from keyorder.catchup.plan import (
 )
 from keyorder.catchup.positions import Position, PositionError, PositionKind, parse_position
 from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS
+from keyorder.contracts import DeadLetterError
 from keyorder.core import offset_metadata
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
@@ -328,10 +330,49 @@ def record_rows(keys: list[bytes]) -> list[tuple]:
     return [*rows, (0, 0, 1 << 20, len(keys), None, None, [], None, len(keys), 0)]
 
 
-def runner(call, policy: RetryPolicy, sink=None, workers: int = 4, lookahead: int = 100) -> TaskRunner:
-    return TaskRunner(
-        call, policy, sink, [("t", 0)], "key", workers, lookahead, "run1", 3, clock=FakeClock(start=0.0, step=0.001)
-    )
+def runner(call, policy: RetryPolicy, sink=None, workers: int = 4, lookahead: int = 100, **options: Any) -> TaskRunner:
+    options.setdefault("clock", FakeClock(start=0.0, step=0.001))
+    return TaskRunner(call, policy, sink, [("t", 0)], "key", workers, lookahead, "run1", 3, **options)
+
+
+class FlakyDeadLetters(FakeDeadLetters):
+    """A dead-letter sink whose first ``failures`` writes fail (the broker is down for a while)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.writes = 0
+
+    def publish(self, message: Message, error: BaseException, attempts: int) -> None:
+        self.writes += 1
+        if self.writes <= self.failures:
+            raise DeadLetterError("no acknowledgement from 't.dlq' within 30s")
+        super().publish(message, error, attempts)
+
+
+def test_a_failed_dead_letter_write_is_retried_like_a_pods_without_running_the_handler_again() -> None:
+    calls: list[bytes] = []
+
+    def call(message: Message) -> None:
+        calls.append(message.key)
+        if message.key == b"poison":
+            raise RuntimeError("boom")
+
+    sink = FlakyDeadLetters(failures=3)
+    task = runner(call, RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.05), sink, workers=1)
+    task.run(iter([frame(record_rows([b"poison", b"a", b"b"]))]))
+    assert sink.writes == 4 and [offset for offset, *_ in sink.published] == [0]  # written once it could be
+    assert calls.count(b"poison") == 2  # the handler's two attempts; the write alone was retried
+    assert (task.counts[0].processed, task.counts[0].dead_lettered) == (2, 1)
+
+
+def test_a_dead_letter_write_that_keeps_failing_fails_the_task_after_its_time_bound() -> None:
+    clock = FakeClock(start=0.0, step=0.5)
+    policy = RetryPolicy(max_attempts=1, initial_backoff=0.1, max_backoff=1.0)
+    task = runner(lambda message: 1 / 0, policy, FlakyDeadLetters(failures=10**6), clock=clock, dead_letter_timeout=60)
+    with pytest.raises(DeadLetterError, match=r"could not dead-letter t\[0\]@0: \d+ writes failed in 6\ds"):
+        task.run(iter([frame(record_rows([b"poison"]))]))
+    assert 60 <= clock.now < 120
 
 
 def test_a_failed_attempt_parks_its_key_while_the_others_go_on_then_succeeds() -> None:

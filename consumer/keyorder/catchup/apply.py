@@ -12,7 +12,10 @@ reads ahead at most ``lookahead`` messages (backpressure into Spark's Arrow stre
 A failed attempt *parks* its lane until the retry's due time, holding no thread, exactly as in a
 pod; after the last attempt the message is dead-lettered (with the run id and wave as
 provenance headers) or, under ``block``, the task fails, because a batch job cannot park a key
-forever: nothing of the wave is committed and the live pods take the key over.
+forever: nothing of the wave is committed and the live pods take the key over. A dead-letter
+write that fails is retried as a pod retries it (the lane stays parked, only the write is
+repeated, not the handler), with a growing pause, for up to ``DEAD_LETTER_TIMEOUT`` seconds;
+then the task fails (a pod would go on retrying, a batch job must end).
 
 A built-in check stops the task (before calling the handler) if a row of a source partition
 arrives at or below that partition's previous offset; the per-partition counts come back to the
@@ -37,7 +40,7 @@ from keyorder.adapters.dead_letters import KafkaDeadLetterSink
 from keyorder.adapters.handlers import LoadedHandler, load_handler
 from keyorder.catchup.datasource import route_of
 from keyorder.catchup.plan import COUNTS, PartitionCounts
-from keyorder.contracts import DeadLetterSink
+from keyorder.contracts import DeadLetterError, DeadLetterSink
 from keyorder.core.lanes import Delivery, LaneScheduler
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
 from keyorder.message import Message
@@ -122,6 +125,8 @@ HEADER_RUN = "keyorder.catchup.run"
 HEADER_WAVE = "keyorder.catchup.wave"
 DEAD_LETTER_REFS = 1_000
 """Most dead-lettered offsets a task reports per source partition (the count is always exact)."""
+DEAD_LETTER_TIMEOUT = 300.0
+"""Seconds a message's dead-letter write is retried after its first failure before the task fails."""
 
 
 def with_provenance(message: Message, run_id: str, wave: int) -> Message:
@@ -163,6 +168,7 @@ class TaskRunner:
         run_id: str = "",
         wave: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        dead_letter_timeout: float = DEAD_LETTER_TIMEOUT,
     ) -> None:
         self.call = call
         self.policy = policy
@@ -174,6 +180,10 @@ class TaskRunner:
         self.run_id = run_id
         self.wave = wave
         self.clock = clock
+        self.dead_letter_timeout = dead_letter_timeout
+        # (source, offset) -> (first failed write, failed writes) of a message whose dead letter is pending;
+        # only the worker running the message's lane touches its entry (a lane runs on one thread at a time)
+        self._dead_letter_failures: dict[tuple[int, int], tuple[float, int]] = {}
         self.counts: dict[int, PartitionCounts] = {}
         self.dead_letter_offsets: dict[int, list[int]] = {}
         self._scheduler = LaneScheduler(continue_first=True)  # a hot key's thread goes on with it
@@ -303,6 +313,8 @@ class TaskRunner:
     def _attempt(self, delivery: Delivery) -> tuple[str, float]:
         """One handler attempt: ``("processed" | "dead_lettered" | "retry", retry delay)``."""
         message = delivery.message
+        if delivery.pending_dead_letter is not None:  # the handler gave up; only the write is retried
+            return self._dead_letter(delivery, delivery.pending_dead_letter)
         try:
             self.call(message)
             return "processed", 0.0
@@ -322,13 +334,47 @@ class TaskRunner:
                 )
                 return "retry", delay
             if verdict is Verdict.DEAD_LETTER and self.dead_letters is not None:
-                self.dead_letters.publish(with_provenance(message, self.run_id, self.wave), error, delivery.attempts)
-                return "dead_lettered", 0.0
+                return self._dead_letter(delivery, error)
             raise KeyBlocked(
                 f"{message.topic}[{message.partition}]@{message.offset} failed {delivery.attempts} times and "
                 f"on-exhausted is block: stopping without committing this wave; last error: "
                 f"{type(error).__name__}: {error}"
             ) from error
+
+    def _dead_letter(self, delivery: Delivery, error: BaseException) -> tuple[str, float]:
+        """Publish the dead letter; a failed write parks the lane and is retried, as in a pod (the handler is
+        not run again), with a growing pause, until ``dead_letter_timeout`` after its first failure."""
+        message = delivery.message
+        assert self.dead_letters is not None, "dlq policy without a dead-letter sink"
+        where = (delivery.partition, message.offset)
+        try:
+            self.dead_letters.publish(with_provenance(message, self.run_id, self.wave), error, delivery.attempts)
+        except Exception as failure:  # DeadLetterError, or anything a custom sink raises
+            now = self.clock()
+            first, failed = self._dead_letter_failures.get(where, (now, 0))
+            failed += 1
+            if now - first >= self.dead_letter_timeout:
+                raise DeadLetterError(
+                    f"could not dead-letter {message.topic}[{message.partition}]@{message.offset}: {failed} writes "
+                    f"failed in {now - first:.0f}s, the last: {type(failure).__name__}: {failure}"
+                ) from failure
+            self._dead_letter_failures[where] = (first, failed)
+            delivery.pending_dead_letter = error
+            delay = max(self.policy.backoff(failed), 0.05)  # never a busy loop, even with a zero backoff
+            log.warning(
+                "could not dead-letter %s[%d]@%d (write %d failed), keeping its key parked and retrying the write "
+                "in %.2fs: %s",
+                message.topic,
+                message.partition,
+                message.offset,
+                failed,
+                delay,
+                failure,
+            )
+            return "retry", delay
+        self._dead_letter_failures.pop(where, None)
+        delivery.pending_dead_letter = None
+        return "dead_lettered", 0.0
 
 
 @dataclass
