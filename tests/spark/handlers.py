@@ -4,12 +4,14 @@ Each handled message appends ``key seq partition offset attempt`` to ``<dir>/<to
 ``os.write`` on an O_APPEND descriptor per line, so lines from several workers never interleave).
 ``<dir>`` comes from ``KEYORDER_TEST_RECORD_DIR``, set before the Spark session starts. A value
 with ``"fail_first": n`` fails its first n attempts; ``"poison": true`` fails every attempt.
+``slow_record`` sleeps ``KEYORDER_TEST_HANDLER_SECONDS`` before recording (a run long enough to stop).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 from keyorder import Message
 
@@ -29,6 +31,12 @@ def record(message: Message) -> None:
         os.write(descriptor, line.encode())
     finally:
         os.close(descriptor)
+
+
+def slow_record(message: Message) -> None:
+    """``record`` after a sleep: a message whose handler was killed during the sleep is not recorded."""
+    time.sleep(float(os.environ.get("KEYORDER_TEST_HANDLER_SECONDS", "0.1")))
+    record(message)
 
 
 def read_records(directory: str, topic: str) -> list[tuple[str, int, int, int, int]]:

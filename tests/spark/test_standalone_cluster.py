@@ -7,15 +7,20 @@ keyorder on the interpreter named by ``spark.pyspark.python``. The Kafka configu
 the executors' readers from a properties file on the driver. The test checks what a real cluster
 does to all of this: two executor JVMs ran the handler, every key in order, every message once,
 waves committed and the fence committed for the group.
+
+The second test runs ``keyorder catchup`` as the catch-up image does (the driver in-process,
+``--master spark://...``) and sends it SIGTERM in its second wave (issue 27, defect 3).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -26,8 +31,9 @@ import keyorder.catchup.__main__ as catchup_main
 from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tests.conftest import group_committed
 from tests.guarantees import assert_key_order
+from tests.spark.handlers import read_records
 from tests.spark.standalone import SPARK_HOME, StandaloneCluster, spark_env
-from tests.support import EXACT_END_OFFSETS
+from tests.support import EXACT_END_OFFSETS, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -130,3 +136,136 @@ def test_spark_submit_on_a_standalone_cluster_ships_the_handler_and_commits_the_
     summary = json.loads(report.read_text())
     assert summary["ok"] and summary["committed"] and summary["processed"] == 2_000
     assert summary["waves_planned"] == summary["waves_committed"] >= 2
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def executor_processes(app_id: str) -> list[int]:
+    """PIDs of executor JVMs (in the workers) that run for ``app_id``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    words = cmdline.read().split(b"\0")
+            except OSError:
+                continue
+            if any(b"ExecutorBackend" in word for word in words) and app_id.encode() in words:
+                found.append(int(entry))
+    return found
+
+
+def test_sigterm_cancels_the_running_wave_stops_the_executors_and_writes_the_report(
+    broker, cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    """SIGTERM to the driver in its second wave: it stops handling (the wave's Spark job is cancelled), does
+    not commit that wave, stops Spark (the cluster's executors for the app end), writes the report and exits
+    143. Before the fix, the signal's default action killed the driver (as PID 1 in a container it was
+    ignored instead, and the job ran to its end): no report, status -15."""
+    name = f"sa-stop-{uuid.uuid4().hex[:8]}"
+    partitions, messages, wave_offsets, delay = 4, 1_200, 50, 0.3
+    create_topics(broker.bootstrap, [name, f"{name}.dlq"], partitions)
+    produced = produce_keyed(broker.bootstrap, name, messages, 40, extra_config=EXACT_END_OFFSETS)
+    assert produced.total == messages
+    records = tmp_path / "records"
+    records.mkdir()
+    group = f"g-{name}"
+    report = tmp_path / "report.json"
+    spark_conf = {
+        "spark.pyspark.python": sys.executable,
+        "spark.driver.host": "127.0.0.1",
+        "spark.executor.memory": "768m",
+        "spark.executorEnv.PYTHONPATH": str(REPO),  # the handler: tests.spark.handlers:slow_record
+        "spark.executorEnv.KEYORDER_TEST_RECORD_DIR": str(records),
+        "spark.executorEnv.KEYORDER_TEST_HANDLER_SECONDS": str(delay),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "keyorder.catchup",
+        "--master",
+        cluster.master_url,
+        "--bootstrap-servers",
+        broker.bootstrap,
+        "--topics",
+        name,
+        "--group-id",
+        group,
+        "--handler",
+        "tests.spark.handlers:slow_record",
+        "--wave-offsets",
+        str(wave_offsets),
+        "--key-partitions",
+        "2",
+        "--task-workers",
+        "2",
+        "--report",
+        str(report),
+        *(argument for setting in spark_conf.items() for argument in ("--spark-conf", "=".join(setting))),
+    ]
+    env = spark_env({"PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable})
+    log = tmp_path / "driver.log"
+    with log.open("w") as output:  # a file, not a pipe: nobody reads a pipe while the driver runs
+        driver = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True
+        )
+    first_wave = partitions * wave_offsets
+    try:
+
+        def second_wave_running() -> bool:
+            assert driver.poll() is None, f"the driver exited {driver.returncode}: {log.read_text()[-4000:]}"
+            committed = group_committed(broker.bootstrap, group, name, partitions)
+            return any(committed.values()) and len(read_records(str(records), name)) > first_wave + 10
+
+        wait_for(second_wave_running, 300, "the second wave running, the first one committed", interval=0.2)
+        handled_at_signal = len(read_records(str(records), name))
+        driver.send_signal(signal.SIGTERM)  # to the driver alone, as tini passes it on to its child
+        started = time.monotonic()
+        status = driver.wait(timeout=120)  # hang guard
+        print(f"the driver exited {time.monotonic() - started:.1f} s after SIGTERM")
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=10)
+    output = log.read_text()
+    assert status == 143, output[-4000:]  # 128 + SIGTERM, as documented
+    assert "stopped by SIGTERM" in output
+
+    # The executors are gone: the master lists the app as completed, and no executor JVM runs for it.
+    app_name = f"keyorder-catchup-{group}"
+    wait_for(
+        lambda: not [app for app in cluster.state()["activeapps"] if app["name"] == app_name],
+        30,
+        "the application no longer active on the master",
+        interval=0.5,
+    )
+    (app,) = [app for app in cluster.state()["completedapps"] if app["name"] == app_name]
+    wait_for(lambda: not executor_processes(app["id"]), 30, "no executor JVM left for the app", interval=0.5)
+
+    # It stopped handling at once: what ran after the signal is a small part of what remained, and nothing
+    # runs any more. Every key's messages ran in order, each once.
+    handled = read_records(str(records), name)
+    time.sleep(2)
+    assert len(read_records(str(records), name)) == len(handled)
+    remaining = messages - handled_at_signal
+    after_signal = len(handled) - handled_at_signal
+    print(f"handled {handled_at_signal} before SIGTERM, {after_signal} after it, of {remaining} remaining")
+    assert after_signal < remaining // 5, (after_signal, remaining)
+    assert_key_order((key, seq) for key, seq, *_ in handled)
+
+    # The report says it was stopped, and which waves stay committed; the interrupted wave is not committed.
+    summary = json.loads(report.read_text())
+    assert summary["ok"] is False and summary["committed"] is False
+    assert summary["stopped"] == "stopped by SIGTERM"
+    assert summary["error"].startswith("stopped by SIGTERM during wave"), summary["error"]
+    committed_waves = [wave for wave in summary["waves"] if wave["committed"]]
+    interrupted = summary["waves"][-1]
+    assert committed_waves and not interrupted["committed"] and interrupted["error"]
+    assert summary["waves_committed"] == len(committed_waves) < summary["waves_planned"]
+    last = committed_waves[-1]["ranges"]
+    assert group_committed(broker.bootstrap, group, name, partitions) == {
+        partition: last[f"{name}:{partition}"][1] for partition in range(partitions)
+    }
+    # and no wave after the interrupted one started
+    assert all(offset < interrupted["ranges"][f"{name}:{partition}"][1] for _, _, partition, offset, _ in handled)

@@ -3,7 +3,10 @@
 Exit status: 0 when every message in range was handled in order (and the fence committed when
 that was asked), 1 when the job or a wave's audit failed (the waves before it stay committed; the
 failed one is not: run it again), 2 on invalid settings (a Spark session without the settings the
-job needs included).
+job needs included), 128 + the signal's number when SIGTERM (143) or SIGINT (130) stopped it: the
+running wave's Spark jobs were cancelled and that wave not committed (the waves before it stay
+committed), Spark was stopped (its executors with it) and the report written; a second signal
+exits at once with the same status (``keyorder.catchup.signals``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from keyorder.config import ConfigError, add_settings_flags, load_config
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
+# and 128 + n when signal n stopped the run (keyorder.catchup.signals.signal_exit_status): 143 for SIGTERM
 log = logging.getLogger("keyorder.catchup")
 
 
@@ -123,6 +127,11 @@ def print_outcome(outcome: Any) -> None:
             f"fence {'committed' if outcome.committed else 'not committed (as asked)'}: "
             + ", ".join(f"{tp}={offset}" for tp, offset in report["fence"].items())
         )
+    elif outcome.stopped:
+        console.print(
+            f"{outcome.stopped}: {report['waves_committed']} of {report['waves_planned']} waves committed, the "
+            "interrupted one not: run the job again, it resumes at the first uncommitted wave"
+        )
     elif report["waves_committed"]:
         console.print(
             f"{report['waves_committed']} of {report['waves_planned']} waves committed; the failed wave was not: "
@@ -130,6 +139,16 @@ def print_outcome(outcome: Any) -> None:
         )
     else:
         console.print("nothing was committed: fix the cause and run the job again (it is safe to rerun)")
+
+
+def exit_status(outcome: Any, signum: int | None) -> int:
+    """The command's status after a run (pure): 128 + the signal's number if it stopped the run (a signal
+    after the last wave changes nothing), else 0 or 1."""
+    from keyorder.catchup.signals import signal_exit_status
+
+    if outcome.stopped is not None and signum is not None:
+        return signal_exit_status(signum)
+    return 0 if outcome.ok else EXIT_FAILED
 
 
 def catchup_command(args: argparse.Namespace) -> int:
@@ -147,6 +166,7 @@ def catchup_command(args: argparse.Namespace) -> int:
     from keyorder.catchup.offsets import CatchupKafkaError
     from keyorder.catchup.plan import PlanError
     from keyorder.catchup.settings import CatchupConfig
+    from keyorder.catchup.signals import StopSignals, signal_exit_status
     from keyorder.logs import configure_logging
 
     try:
@@ -161,23 +181,28 @@ def catchup_command(args: argparse.Namespace) -> int:
         print(f"keyorder catchup: {error}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        try:
-            plan = job.plan(preview=args.plan)
-            spark = job.spark
-        except (PlanError, CatchupKafkaError, SparkStartError, SparkSettingsError) as error:
-            print(f"keyorder catchup: {error}", file=sys.stderr)
-            return EXIT_FAILED if isinstance(error, CatchupKafkaError) else EXIT_CONFIG
-        if args.plan:
-            statistics = job.key_statistics(plan)
-            print_plan(plan, statistics, job.key_partitions(), spark.sparkContext.defaultParallelism)
-            return 0
-        print_plan(plan, None, job.key_partitions(), spark.sparkContext.defaultParallelism)
-        _console().print(f"Spark UI: {spark.sparkContext.uiWebUrl or 'disabled'}")
-        outcome = job.run(plan)
-        print_outcome(outcome)
-        if config.report is not None:
-            config.report.write_text(json.dumps(outcome.report(), indent=2) + "\n")
-            _console().print(f"report written to {config.report}")
-        return 0 if outcome.ok else EXIT_FAILED
+        # SIGTERM/SIGINT cancel the running wave and commit nothing more; the block ends before Spark stops
+        with StopSignals(job.cancel) as stop:
+            try:
+                plan = job.plan(preview=args.plan)
+                if stop.signum is not None:  # stopped while planning: do not start Spark
+                    print(f"keyorder catchup: {stop.reason} before Spark started; nothing was handled", file=sys.stderr)
+                    return signal_exit_status(stop.signum)
+                spark = job.spark
+            except (PlanError, CatchupKafkaError, SparkStartError, SparkSettingsError) as error:
+                print(f"keyorder catchup: {error}", file=sys.stderr)
+                return EXIT_FAILED if isinstance(error, CatchupKafkaError) else EXIT_CONFIG
+            if args.plan:
+                statistics = job.key_statistics(plan)
+                print_plan(plan, statistics, job.key_partitions(), spark.sparkContext.defaultParallelism)
+                return signal_exit_status(stop.signum) if stop.signum is not None else 0
+            print_plan(plan, None, job.key_partitions(), spark.sparkContext.defaultParallelism)
+            _console().print(f"Spark UI: {spark.sparkContext.uiWebUrl or 'disabled'}")
+            outcome = job.run(plan)
+            print_outcome(outcome)
+            if config.report is not None:
+                config.report.write_text(json.dumps(outcome.report(), indent=2) + "\n")
+                _console().print(f"report written to {config.report}")
+            return exit_status(outcome, stop.signum)
     finally:
-        job.close()
+        job.close()  # stops Spark, which deletes the executors (on Kubernetes, their pods)

@@ -191,6 +191,8 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
     waves: list[WaveOutcome] = field(default_factory=list)
     run_id: str = ""
+    stopped: str | None = None
+    """Why the run was stopped before its end (``stopped by SIGTERM``: ``CatchupJob.cancel``), else None."""
 
     @property
     def ok(self) -> bool:
@@ -201,6 +203,7 @@ class Outcome:
         return {
             "ok": self.ok,
             "error": self.error,
+            "stopped": self.stopped,
             "committed": self.committed,
             "run_id": self.run_id,
             "fence": self.plan.fence(),
@@ -236,6 +239,19 @@ class Outcome:
             ],
             **self.extra,
         }
+
+
+def stopped_error(reason: str, waves: list[WaveOutcome], planned: int) -> str:
+    """The error of a run stopped by ``cancel`` (pure): where it stopped and which waves stay committed."""
+    if waves and not waves[-1].ok:
+        where = f"during wave {waves[-1].index + 1} of {planned} (cancelled, not committed)"
+    elif waves:
+        where = f"after wave {waves[-1].index + 1} of {planned}"
+    else:
+        where = f"before the first of {planned} waves"
+    committed = [str(wave.index + 1) for wave in waves if wave.committed]
+    kept = f"committed waves: {', '.join(committed)}" if committed else "no wave committed"
+    return f"{reason} {where}; {kept}; a rerun starts at the first uncommitted wave"
 
 
 def spark_session(config: CatchupConfig):
@@ -295,6 +311,11 @@ class _DictSum(AccumulatorParam):
 class CatchupJob:
     """One catch-up run for one group; ``spark`` may be shared (tests, notebooks) and is then not stopped."""
 
+    cancelled: str | None = None
+    """Set by ``cancel`` from another thread, read by ``run`` on the main thread: start and commit no other wave."""
+    _job_group: str | None = None
+    """The running wave's Spark job group: set by ``_run_wave`` (main thread), read by ``cancel`` (any thread)."""
+
     def __init__(
         self,
         config: CatchupConfig,
@@ -332,6 +353,19 @@ class CatchupJob:
             check_session(self._spark)  # created here or handed over: getOrCreate may return an old one
             self._checked = True
         return self._spark
+
+    def cancel(self, reason: str) -> None:
+        """Stop the run as soon as possible (``reason``: ``stopped by SIGTERM``): ``run`` starts no other wave
+        and commits none, the interrupted one included, and the running wave's Spark jobs are cancelled
+        (Spark kills their tasks, and PySpark a killed task's Python worker). Any thread, but not a signal
+        handler: it calls py4j, and the main thread's py4j connection is busy in ``collect()``
+        (``keyorder.catchup.signals`` calls it from a thread of its own). Calling it again cancels again:
+        a wave may have submitted its job just after the previous call."""
+        if self.cancelled is None:
+            self.cancelled = reason
+        group, spark = self._job_group, self._spark
+        if group is not None and spark is not None:
+            spark.sparkContext.cancelJobGroup(group)
 
     def close(self) -> None:
         self.offsets.close()
@@ -460,7 +494,12 @@ class CatchupJob:
         done_splits: list[OffsetRange] = []
         handled_before = 0
         for index, wave in enumerate(plan.waves):
+            if self.cancelled is not None:  # stopped between waves: start no other
+                outcome.stopped = self.cancelled
+                break
             result, wave_summaries = self._run_wave(plan, index, wave, run_id, started, handled_before)
+            if self.cancelled is not None:  # stopped during the wave: never commit it, even if it got to its end
+                outcome.stopped, result.error = self.cancelled, f"{self.cancelled}: the wave was cancelled"
             outcome.waves.append(result)
             if result.ok:
                 summaries += wave_summaries
@@ -479,6 +518,8 @@ class CatchupJob:
                 outcome.error = result.error or "; ".join(result.audit.problems if result.audit else [])
                 break
         self.progress.done()
+        if outcome.stopped is not None:
+            outcome.error = stopped_error(outcome.stopped, outcome.waves, len(plan.waves))
         outcome.audit = audit(plan.ranges, plan.splits if outcome.error is None else done_splits, summaries)
         outcome.seconds = time.monotonic() - started
         outcome.spark_ui = self.spark.sparkContext.uiWebUrl if plan.waves else None
@@ -515,9 +556,8 @@ class CatchupJob:
             .repartition(self.key_partitions(), "lane")
             .sortWithinPartitions("progress", "source", "offset")
         )
-        self.spark.sparkContext.setJobGroup(
-            f"keyorder-catchup-{run_id}-wave-{index}", f"keyorder catch-up wave {index + 1}/{len(plan.waves)}"
-        )
+        self._job_group = f"keyorder-catchup-{run_id}-wave-{index}"  # what cancel() cancels
+        self.spark.sparkContext.setJobGroup(self._job_group, f"keyorder catch-up wave {index + 1}/{len(plan.waves)}")
         stop = threading.Event()
         watcher = threading.Thread(
             target=self._show_progress,
