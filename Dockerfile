@@ -9,7 +9,7 @@
 # `python -m tools.locks`). Pin the base image by digest in production:
 #   --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest>
 # tests/packaging/test_dockerfile.py checks this file: pinned base, multi-stage, numeric non-root
-# user in every final stage, no build tools there, the catchup stage's Spark-aware entrypoint.
+# user in every final stage, no build tools there, the catchup stage's Spark-aware entrypoint under tini.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -74,9 +74,10 @@ LABEL org.opencontainers.image.title="keyorder" \
 # --- catchup: + a Java runtime and PySpark for `keyorder catchup` ---------------------------
 FROM base AS catchup
 # (slim images drop /usr/share/man, where the JRE's post-install step links its man pages)
+# tini: an init as PID 1 (below), so SIGTERM reaches the driver and zombies are reaped.
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=catchup-venv-builder /opt/keyorder /opt/keyorder
 COPY --from=catchup-builder /opt/keyorder-app/ /opt/keyorder/
@@ -84,7 +85,12 @@ USER 65532:65532
 # Spark on Kubernetes starts executor pods with `executor` and cluster-mode driver pods with
 # `driver ...`: this entrypoint runs Spark's executor backend or spark-submit for those, and
 # `keyorder ...` for everything else (so `catchup ...` works as with the runtime image).
-ENTRYPOINT ["keyorder-spark-entrypoint"]
+# Under tini, not as PID 1 itself: the kernel drops any signal to PID 1 that has no handler, so outside
+# `keyorder catchup`'s own SIGTERM handler (before it is installed, after the run) Kubernetes' SIGTERM
+# would be ignored until the SIGKILL, and PID 1 must reap the orphans Spark's Python workers leave.
+# tini passes the signal to its child only (no -g): the driver's JVM must keep running while
+# `keyorder catchup` cancels the wave, writes its report and stops Spark (deleting the executors).
+ENTRYPOINT ["tini", "--", "keyorder-spark-entrypoint"]
 CMD ["--help"]
 
 # --- runtime (default): keyorder operator | keyorder run -------------------------------------

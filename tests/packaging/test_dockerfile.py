@@ -2,7 +2,7 @@
 
 Checks what an image review checks: multi-stage, a pinned slim base (a tag, never ``latest``),
 a numeric non-root user and ``ENTRYPOINT ["keyorder"]`` (the catchup stage:
-``keyorder-spark-entrypoint``) in every final stage, no compiler or package build in a final
+``keyorder-spark-entrypoint`` under tini) in every final stage, no compiler or package build in a final
 stage, dependencies installed from lists pinned with ``==`` that cover
 everything keyorder needs, and a build context that contains what the Dockerfile copies.
 """
@@ -125,7 +125,18 @@ def test_final_stages_run_keyorder_as_a_numeric_non_root_user(stage):
     # The catchup image also starts as a Spark executor or cluster-mode driver when Spark asks
     # (keyorder.catchup.entrypoint); everything else goes to keyorder.
     expected = ["keyorder-spark-entrypoint"] if stage.name == "catchup" else ["keyorder"]
-    assert json.loads(stage.values("ENTRYPOINT")[-1]) == expected
+    assert json.loads(stage.values("ENTRYPOINT")[-1])[-len(expected) :] == expected
+
+
+def test_the_catchup_image_runs_under_an_init_that_passes_sigterm_to_the_driver():
+    """Issue 27, defect 3: as PID 1 the driver ignored SIGTERM (the kernel drops a signal PID 1 has no
+    handler for), so Kubernetes' stop waited for the SIGKILL: no SparkContext.stop, no report. tini is
+    PID 1 and passes the signal to its child only (no ``-g``: the driver's JVM, in the same process
+    group, must live until the driver has stopped Spark)."""
+    stage = BY_NAME["catchup"]
+    entrypoint = json.loads(stage.values("ENTRYPOINT")[-1])
+    assert entrypoint == ["tini", "--", "keyorder-spark-entrypoint"]
+    assert "tini" in installed_apt_packages(stage)
 
 
 @pytest.mark.parametrize("stage", FINAL, ids=lambda stage: stage.name)
@@ -137,7 +148,7 @@ def test_final_stages_have_no_build_tools(stage):
         for value in s.values("COPY"):
             source = re.search(r"--from=(\S+)", value)
             assert source is None or source.group(1).endswith("builder"), value
-    assert installed_apt_packages(BY_NAME["catchup"]) == ["openjdk-17-jre-headless"]
+    assert installed_apt_packages(BY_NAME["catchup"]) == ["openjdk-17-jre-headless", "tini"]
 
 
 def test_dependencies_come_from_the_pinned_lists():

@@ -7,7 +7,9 @@ host network (chroot isolation), against the embedded broker:
 
 * the runtime image's ``keyorder run`` processes a topic (the group commits every offset) and answers
   ``/metrics``;
-* the catchup image's ``keyorder catchup`` drains a topic on Spark ``local[2]`` and commits the fence.
+* the catchup image's ``keyorder catchup`` drains a topic on Spark ``local[2]`` and commits the fence;
+* the catchup image's entrypoint runs under tini, which passes SIGTERM on to the driver: it stops in its
+  second wave, commits nothing more and exits 143.
 
 Skipped, with the reason, only outside CI where buildah cannot run (not root, or not installed: ``make
 test`` installs it as root). In CI (``CI=true``, which ``.ci/run`` sets) it never skips: a runner that
@@ -16,7 +18,9 @@ cannot build the images fails here instead of silently losing their coverage.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import time
 import urllib.request
@@ -182,3 +186,82 @@ def test_the_catchup_image_drains_a_topic_on_local_spark(images, broker):
         )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert committed(broker.bootstrap, group, topic, 2) == produced.end_offsets
+
+
+def test_the_catchup_image_runs_under_tini_and_its_driver_stops_on_sigterm(images, broker, tmp_path):
+    topic, group = "image-catchup-stop", "image-catchup-stop"
+    create_topics(broker.bootstrap, [topic, f"{topic}.dlq"], 2)
+    produced = produce_keyed(broker.bootstrap, topic, 400, 20, extra_config={"batch.num.messages": 1})
+    inspected = subprocess.run(
+        ["buildah", "inspect", "--type", "image", images["catchup"]],
+        env=image.ENV,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(inspected.stdout)["OCIv1"]["config"]["Entrypoint"] == ["tini", "--", "keyorder-spark-entrypoint"]
+    with container(images["catchup"]) as name:
+        command = run_in(
+            name,
+            "env",
+            "SPARK_LOCAL_IP=127.0.0.1",
+            "KEYORDER_EXAMPLE_LATENCY_MS=200",  # a slow handler: 4 threads, about 20 messages a second
+            "tini",  # buildah run does not use the ENTRYPOINT: the same command, as a pod would run it
+            "--",
+            "keyorder-spark-entrypoint",
+            "catchup",
+            "--handler",
+            HANDLER,
+            "--topics",
+            topic,
+            "--group-id",
+            group,
+            "--bootstrap-servers",
+            broker.bootstrap,
+            "--master",
+            "local[2]",
+            "--key-partitions",
+            "2",
+            "--task-workers",
+            "2",
+            "--wave-offsets",
+            "50",
+        )
+        log = tmp_path / "driver.log"
+        with log.open("w") as output:
+            driver = subprocess.Popen(command, env=image.ENV, stdout=output, stderr=subprocess.STDOUT)
+        try:
+
+            def first_wave_committed() -> bool:
+                assert driver.poll() is None, f"keyorder catchup exited {driver.returncode}: {log.read_text()[-3000:]}"
+                return any(offset > 0 for offset in committed(broker.bootstrap, group, topic, 2).values())
+
+            wait_for(first_wave_committed, 300, "the first wave committed", interval=0.5)
+            (tini,) = [pid for pid in descendants(driver.pid) if _command(pid)[:1] == ["tini"]]
+            os.kill(tini, signal.SIGTERM)  # what the kubelet does to a container's PID 1
+            status = driver.wait(timeout=120)  # hang guard
+        finally:
+            if driver.poll() is None:
+                inside = descendants(driver.pid)
+                driver.kill()
+                driver.wait(10)
+                for pid in inside:  # anything buildah left running, by PID
+                    with suppress(ProcessLookupError):
+                        os.kill(pid, 9)
+    output = log.read_text()
+    assert status == 143, output[-3000:]  # tini exits with its child's status: 128 + SIGTERM
+    assert "stopped by SIGTERM" in output, output[-3000:]
+    done = committed(broker.bootstrap, group, topic, 2)  # stopped in a later wave: that one and the rest not committed
+    assert all(0 < done[partition] < end for partition, end in produced.end_offsets.items()), (done, produced)
+
+
+def _command(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return [
+                os.path.basename(word.decode()) if i == 0 else word.decode()
+                for i, word in enumerate(cmdline.read().split(b"\0"))
+                if word
+            ]
+    except OSError:
+        return []
