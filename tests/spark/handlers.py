@@ -3,7 +3,9 @@
 Each handled message appends ``key seq partition offset attempt`` to ``<dir>/<topic>.txt`` (one
 ``os.write`` on an O_APPEND descriptor per line, so lines from several workers never interleave).
 ``<dir>`` comes from ``KEYORDER_TEST_RECORD_DIR``, set before the Spark session starts. A value
-with ``"fail_first": n`` fails its first n attempts; ``"poison": true`` fails every attempt.
+with ``"fail_first": n`` fails its first n attempts; ``"poison": true`` fails every attempt;
+``"crash_once": true`` kills the Python worker running it, once per topic (a marker file says it
+happened), so its Spark task fails as after an OOM kill: a transient fault the job retries.
 ``slow_record`` sleeps ``KEYORDER_TEST_HANDLER_SECONDS`` before recording (a run long enough to stop).
 """
 
@@ -24,6 +26,14 @@ def record(message: Message) -> None:
     attempt = _ATTEMPTS[where] = _ATTEMPTS.get(where, 0) + 1
     if event.get("poison") or attempt <= event.get("fail_first", 0):
         raise RuntimeError(f"test failure of {event['key']}#{event['seq']} on attempt {attempt}")
+    if event.get("crash_once"):
+        marker = os.path.join(os.environ["KEYORDER_TEST_RECORD_DIR"], f"{message.topic}.crashed")
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass  # crashed once already: handle it this time
+        else:
+            os._exit(1)  # the whole Python worker, mid-task, as the kernel's OOM killer would
     line = f"{event['key']} {event['seq']} {message.partition} {message.offset} {attempt}\n"
     path = os.path.join(os.environ["KEYORDER_TEST_RECORD_DIR"], f"{message.topic}.txt")
     descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

@@ -486,3 +486,30 @@ def test_offsets_the_pods_finished_above_the_committed_one_are_skipped_not_handl
     assert all(seqs == sorted(seqs) for seqs in sequences.values())  # each key in order
     assert group_committed(broker.bootstrap, group, name, 2) == ends
     assert any("finished by the group's consumers" in note for note in outcome.plan.notes)
+
+
+def test_a_wave_failed_by_a_transient_fault_is_run_again_and_the_fence_committed(broker, spark, record_dir) -> None:
+    """A Python worker dies mid-wave (once): the wave's job fails, the job runs that wave again (and only
+    that one), every key is handled in order, and the fence is committed."""
+    name = topic(broker, partitions=2)
+    events = [{"key": f"k{index % 10}", "seq": index // 10} for index in range(400)]
+    events[250]["crash_once"] = True  # k0#25, in a middle wave
+    produce_events(broker, name, events)
+    group = f"g-{name}"
+    _, outcome = run(spark, config(broker, name, group, wave_offsets=50, wave_retry_pause=0.2))
+
+    assert (record_dir / f"{name}.crashed").exists()  # the fault happened
+    assert outcome.ok and outcome.committed, (outcome.error, outcome.audit and outcome.audit.problems)
+    report = outcome.report()
+    retried = [wave for wave in report["waves"] if wave["attempts"] > 1]
+    assert len(retried) == 1 and retried[0]["attempts"] == 2 and report["wave_retries"] == 1
+    (failure,) = retried[0]["failed_attempts"]
+    assert failure["attempt"] == 1 and "Python worker exited unexpectedly" in failure["error"], failure
+    assert all(wave["attempts"] == 1 for wave in report["waves"] if wave is not retried[0])  # only that wave again
+    assert report["processed"] == 400 and report["waves_committed"] == report["waves_planned"]
+    records = [(key, seq) for key, seq, *_ in read_records(str(record_dir), name)]
+    assert_at_least_once(records, {f"k{key}": 40 for key in range(10)})
+    assert_first_processing_in_order(records)  # per key, by sequence number
+    rehandled = len(records) - 400
+    assert rehandled <= sum(end - start for start, end in retried[0]["ranges"].values())  # that wave's, at most
+    assert group_committed(broker.bootstrap, group, name, 2) == group_end(broker, name)

@@ -3,6 +3,7 @@ task's lane loop (retries, dead letters, look-ahead, order check) and the sessio
 
 from __future__ import annotations
 
+import io
 import threading
 from typing import Any
 
@@ -10,7 +11,16 @@ import pandas
 import pytest
 
 from keyorder.catchup.apply import KeyBlocked, OrderViolation, TaskRunner
-from keyorder.catchup.job import SparkSettingsError, check_session, session_problems
+from keyorder.catchup.job import (
+    CatchupJob,
+    Plan,
+    SparkSettingsError,
+    WaveOutcome,
+    check_session,
+    retryable_wave_error,
+    session_problems,
+    wave_retry_pause,
+)
 from keyorder.catchup.plan import (
     CommitMode,
     OffsetRange,
@@ -31,11 +41,12 @@ from keyorder.catchup.plan import (
     split_ranges,
 )
 from keyorder.catchup.positions import Position, PositionError, PositionKind, parse_position
-from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS
+from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, CatchupConfig
 from keyorder.contracts import DeadLetterError
 from keyorder.core import offset_metadata
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
+from keyorder.progress import Progress
 from tests.fakes import FakeClock
 
 COMMITTED, EARLIEST, END = (Position(PositionKind(kind)) for kind in ("committed", "earliest", "end"))
@@ -515,3 +526,81 @@ def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:
         "crossover_messages": 15_000,
     }
     assert report.crossover("io")["crossover_messages"] is None
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        ("RuntimeError: Python worker exited unexpectedly (crashed)", True),
+        ("SplitReadError: t[0]: no record for 120.0s at offset 5, 40 read errors in a row", True),
+        ("DeadLetterError: could not dead-letter t[0]@3: 9 writes failed in 300s", True),
+        ("KeyBlocked: t[0]@7 failed 5 times and on-exhausted is block", False),
+        ("OrderViolation: t[0]@3 arrived after t[0]@5", False),
+        (None, False),  # the wave ran to its end and its audit found problems: the same records again
+    ],
+)
+def test_a_failed_wave_is_retried_unless_retrying_cannot_help(error: str | None, retryable: bool) -> None:
+    assert retryable_wave_error(error) is retryable
+
+
+def test_the_pause_before_a_waves_retry_grows_and_is_bounded() -> None:
+    assert [wave_retry_pause(retry, 10.0) for retry in (1, 2, 3)] == [10.0, 20.0, 40.0]
+    assert wave_retry_pause(30, 10.0) == 600.0
+    assert wave_retry_pause(1, 0.0) == 0.0
+
+
+def scripted_job(errors: list[str | None], **settings: Any) -> tuple[CatchupJob, list[float], list[int]]:
+    """A job whose waves fail with ``errors`` one attempt after the other (``None``: the attempt succeeds)."""
+    config = CatchupConfig(
+        bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", handler="tests.spark.handlers:record", **settings
+    )
+    job = CatchupJob(config, spark=object(), progress=Progress(stream=io.StringIO()))
+    pauses: list[float] = []
+    ran: list[int] = []
+    job.sleep = pauses.append  # type: ignore[method-assign]
+
+    def run_wave(plan, index, ranges, run_id, started, handled_before):
+        ran.append(job._attempt[0])
+        error = errors.pop(0)
+        ok = audit(ranges, ranges, [summary("t", 0, read=10, splits=1, processed=10)])
+        return WaveOutcome(index, ranges, 1.0, audit=None if error else ok, error=error), []
+
+    job._run_wave = run_wave  # type: ignore[method-assign]
+    return job, pauses, ran
+
+
+def run_one_wave(job: CatchupJob) -> WaveOutcome:
+    wave = [OffsetRange("t", 0, 0, 10)]
+    plan = Plan(ranges=wave, splits=wave, notes=[], committed={}, commit=False, waves=[wave])
+    try:
+        outcome, _ = job._run_wave_with_retries(plan, 0, wave, "run", 0.0, 0)
+    finally:
+        job.offsets.close()
+    return outcome
+
+
+def test_a_wave_that_fails_once_is_run_again_and_every_attempt_is_reported() -> None:
+    job, pauses, ran = scripted_job(["RuntimeError: Python worker exited unexpectedly (crashed)", None])
+    wave = run_one_wave(job)
+    assert wave.ok and wave.attempts == 2 and ran == [1, 2]
+    assert sum(pauses) == pytest.approx(10.0)  # the default first pause
+    report = wave.report("run")
+    assert report["attempts"] == 2
+    assert report["failed_attempts"] == [
+        {"attempt": 1, "error": "RuntimeError: Python worker exited unexpectedly (crashed)", "seconds": 1.0}
+    ]
+
+
+def test_retries_are_bounded_and_never_follow_a_blocked_key() -> None:
+    crash = "RuntimeError: Python worker exited unexpectedly (crashed)"
+    job, pauses, ran = scripted_job([crash, crash, crash, None], wave_retry_pause=1.0)
+    wave = run_one_wave(job)
+    assert not wave.ok and wave.attempts == 3 and len(wave.failed_attempts) == 2  # 1 + --wave-retries 2
+    assert sum(pauses) == pytest.approx(1.0 + 2.0)
+
+    job, pauses, ran = scripted_job(["KeyBlocked: t[0]@7 failed 5 times and on-exhausted is block", None])
+    wave = run_one_wave(job)
+    assert not wave.ok and wave.attempts == 1 and ran == [1] and pauses == []
+
+    job, pauses, ran = scripted_job([crash, None], wave_retries=0)
+    assert not run_one_wave(job).ok and ran == [1]

@@ -115,6 +115,12 @@ def print_outcome(outcome: Any) -> None:
         )
     for problem in report["problems"]:
         console.print(f"[red]problem:[/red] {problem}")
+    if report["wave_retries"]:
+        retried = [f"{w['wave'] + 1} ({w['attempts']} attempts)" for w in report["waves"] if w["attempts"] > 1]
+        console.print(
+            f"[yellow]note:[/yellow] waves run again after a failure: {', '.join(retried)}; messages a failed "
+            "attempt had handled were handled again (see docs/catchup.md)"
+        )
     if report["task_reruns"]:
         console.print(
             f"[yellow]note:[/yellow] {report['task_reruns']} handler task(s) were re-run after an executor was "

@@ -155,10 +155,20 @@ class WaveOutcome:
     """Handler tasks Spark ran again after an executor was lost (their keys may have been handled twice)."""
     dead_letters: list[tuple[str, int, int]] = field(default_factory=list)
     """(topic, partition, offset) of the dead-lettered messages (at most 1,000 per task and partition)."""
+    attempts: int = 1
+    """Times the wave ran: more than 1 when failed attempts were retried (``--wave-retries``)."""
+    failed_attempts: list[dict[str, Any]] = field(default_factory=list)
+    """The attempts before the last one: ``{"attempt", "error", "seconds"}`` each (their handled messages
+    were handled again by the next attempt)."""
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.audit is not None and self.audit.ok
+
+    @property
+    def retryable(self) -> bool:
+        """A failed wave that running it again may fix (``retryable_wave_error``)."""
+        return not self.ok and retryable_wave_error(self.error)
 
     def report(self, run_id: str) -> dict[str, Any]:
         return {
@@ -175,6 +185,8 @@ class WaveOutcome:
                 for name in ("read", "skipped", "processed", "dead_lettered")
             },
             "task_reruns": self.task_reruns,
+            "attempts": self.attempts,
+            "failed_attempts": self.failed_attempts,
             "dead_letters": [{"topic": t, "partition": p, "offset": o} for t, p, o in self.dead_letters],
             "problems": self.audit.problems if self.audit else [],
         }
@@ -221,6 +233,7 @@ class Outcome:
             "waves_planned": len(self.plan.waves),
             "waves_committed": sum(wave.committed for wave in self.waves),
             "task_reruns": sum(wave.task_reruns for wave in self.waves),
+            "wave_retries": sum(wave.attempts - 1 for wave in self.waves),
             "waves": [wave.report(self.run_id) for wave in self.waves],
             "partitions": [
                 {
@@ -239,6 +252,27 @@ class Outcome:
             ],
             **self.extra,
         }
+
+
+UNRETRYABLE_ERRORS = ("KeyBlocked", "OrderViolation")
+"""Causes a wave's retry would only meet again: a key failing every attempt under ``block`` (the pods
+take it over), rows out of order (a bug, or a source that changed under the job)."""
+WAVE_RETRY_PAUSE_MAX = 600.0
+"""The longest pause before a wave's retry, however many retries came before."""
+
+
+def retryable_wave_error(error: str | None) -> bool:
+    """Whether running a failed wave again may fix its failure (pure). ``error`` is ``_first_line`` of the
+    task's failure; ``None`` means the wave ran to its end and its audit found problems: running it again
+    would read and handle the same records, so it is not retried either."""
+    if error is None:
+        return False
+    return not error.startswith(tuple(f"{name}:" for name in UNRETRYABLE_ERRORS))
+
+
+def wave_retry_pause(retry: int, first: float) -> float:
+    """Seconds before the ``retry``-th retry of a wave (1-based): ``first``, doubling, capped (pure)."""
+    return min(first * 2 ** max(retry - 1, 0), WAVE_RETRY_PAUSE_MAX)
 
 
 def stopped_error(reason: str, waves: list[WaveOutcome], planned: int) -> str:
@@ -334,6 +368,10 @@ class CatchupJob:
         self._checked = False
         self._owns_spark = False
         self.progress = progress or Progress()
+        self.sleep = time.sleep  # the pause before a wave's retry (a fake clock's in tests)
+        # (attempt, most attempts) of the running wave: set on the main thread before the wave's progress
+        # thread starts, read by it
+        self._attempt = (1, 1 + config.wave_retries)
 
     @property
     def spark(self):
@@ -485,7 +523,9 @@ class CatchupJob:
 
     def run(self, plan: Plan) -> Outcome:
         """Handle every message of the plan in key order, wave by wave; each wave is committed (when
-        the plan commits) only after its own clean audit, and a failed wave stops the run."""
+        the plan commits) only after its own clean audit. A failed wave is run again, after a growing
+        pause, up to ``wave_retries`` times unless retrying cannot help (``retryable_wave_error``); a
+        wave failed for good stops the run (the waves before it stay committed)."""
         started = time.monotonic()
         run_id = uuid.uuid4().hex[:12]
         outcome = Outcome(plan, None, 0.0, run_id=run_id)
@@ -497,7 +537,7 @@ class CatchupJob:
             if self.cancelled is not None:  # stopped between waves: start no other
                 outcome.stopped = self.cancelled
                 break
-            result, wave_summaries = self._run_wave(plan, index, wave, run_id, started, handled_before)
+            result, wave_summaries = self._run_wave_with_retries(plan, index, wave, run_id, started, handled_before)
             if self.cancelled is not None:  # stopped during the wave: never commit it, even if it got to its end
                 outcome.stopped, result.error = self.cancelled, f"{self.cancelled}: the wave was cancelled"
             outcome.waves.append(result)
@@ -516,6 +556,8 @@ class CatchupJob:
             self._show_wave(plan, result, started)
             if not result.ok:
                 outcome.error = result.error or "; ".join(result.audit.problems if result.audit else [])
+                if result.attempts > 1:
+                    outcome.error += f" (the wave's attempt {result.attempts}; it failed every time)"
                 break
         self.progress.done()
         if outcome.stopped is not None:
@@ -532,6 +574,28 @@ class CatchupJob:
             else:
                 outcome.committed = True
         return outcome
+
+    def _run_wave_with_retries(
+        self, plan: Plan, index: int, wave: list[OffsetRange], run_id: str, started: float, handled_before: int
+    ) -> tuple[WaveOutcome, list[TaskSummary]]:
+        """Run the wave, and again after a failure retrying may fix (the committed waves are done: only
+        this one runs again, from its start); the last attempt's outcome, with the earlier ones in it."""
+        most = 1 + self.config.wave_retries
+        failed: list[dict[str, Any]] = []
+        while True:
+            self._attempt = (len(failed) + 1, most)
+            result, summaries = self._run_wave(plan, index, wave, run_id, started, handled_before)
+            result.attempts, result.failed_attempts = len(failed) + 1, list(failed)
+            if result.ok or not result.retryable or len(failed) + 1 >= most or self.cancelled is not None:
+                return result, summaries
+            pause = wave_retry_pause(len(failed) + 1, self.config.wave_retry_pause)
+            failed.append({"attempt": len(failed) + 1, "error": result.error, "seconds": round(result.seconds, 3)})
+            self._show_wave(plan, result, started, retry_in=pause)
+            while self.cancelled is None and pause > 0:  # in steps: a SIGTERM (``cancel``) ends the pause
+                self.sleep(min(pause, 0.5))
+                pause -= 0.5
+            if self.cancelled is not None:
+                return result, summaries
 
     def _run_wave(
         self, plan: Plan, index: int, wave: list[OffsetRange], run_id: str, started: float, handled_before: int
@@ -593,9 +657,14 @@ class CatchupJob:
             summaries,
         )
 
-    def _show_wave(self, plan: Plan, wave: WaveOutcome, started: float) -> None:
+    def _show_wave(self, plan: Plan, wave: WaveOutcome, started: float, retry_in: float | None = None) -> None:
         handled = wave.audit.total("processed") + wave.audit.total("dead_lettered") if wave.audit else 0
         state = "committed" if wave.committed else ("done" if wave.ok else f"failed: {wave.error or 'audit'}")
+        most = 1 + self.config.wave_retries
+        if retry_in is not None:
+            state = f"attempt {wave.attempts} of {most} failed, retrying in {retry_in:.0f}s: {wave.error}"
+        elif wave.attempts > 1:
+            state += f" (attempt {wave.attempts} of {most})"
         line = (
             f"wave {wave.index + 1}/{len(plan.waves)} {state}: {handled:,} handled in {wave.seconds:.1f}s "
             f"({handled / wave.seconds if wave.seconds else 0:,.0f} msg/s)"
@@ -622,8 +691,10 @@ class CatchupJob:
                     stages.append(f"stage {stage_id} {info.numCompletedTasks}/{info.numTasks} tasks")
             elapsed = time.monotonic() - started
             last = " (the last)" if index == len(plan.waves) - 1 else ""
+            attempt, most = self._attempt
+            retry = f" (attempt {attempt} of {most})" if attempt > 1 else ""
             self.progress.show(
-                f"catch-up wave {index + 1}/{len(plan.waves)}{last} · {done:,}/{total:,} handled "
+                f"catch-up wave {index + 1}/{len(plan.waves)}{last}{retry} · {done:,}/{total:,} handled "
                 f"({done / total:.0%}) · {' · '.join(stages) or 'starting'} · {done / elapsed:,.0f} msg/s · "
                 f"{elapsed:.0f}s"
             )
@@ -636,6 +707,7 @@ def _route_name(route: bytes) -> str:
 
 
 _PYTHON_ERROR = re.compile(r"^\s*([\w.]+(?:Error|Exception|Blocked|Crashed|Violation)): (.+)$")
+_SPARK_CAUSE = re.compile(r"SparkException: (?!Job aborted)([^\n]+)")
 
 
 def _first_line(error: BaseException) -> str:
@@ -648,4 +720,7 @@ def _first_line(error: BaseException) -> str:
     if found:
         return found
     text = str(error).strip()
+    causes = _SPARK_CAUSE.findall(text)  # no Python exception (a crashed Python worker): Spark's innermost cause
+    if causes:
+        return f"SparkException: {causes[-1].strip()}"
     return text.splitlines()[0] if text else type(error).__name__

@@ -79,6 +79,21 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         description="Most offsets per partition in one wave: the job handles, audits and commits the "
         "range wave after wave, so a failure re-runs only its wave; 0: one wave.",
     )
+    wave_retries: int = Field(
+        2,
+        ge=0,
+        le=100,
+        description="Times a failed wave is run again (a lost executor, a broker outage past the reader's timeout, "
+        "a failed dead-letter write) before the job fails; never after a blocked key, an order violation or an "
+        "audit problem. A retry handles the wave again from its start: messages the failed attempt handled are "
+        "handled twice, as after a pod restart.",
+    )
+    wave_retry_pause: float = Field(
+        10.0,
+        ge=0,
+        le=3600,
+        description="Seconds before a failed wave's first retry; doubles for each further retry (at most 10 minutes).",
+    )
     split_offsets: int = Field(
         100_000,
         ge=1,
