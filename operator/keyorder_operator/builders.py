@@ -15,8 +15,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from keyorder_operator.catchup import CONFIG_EXIT_CODE
 from keyorder_operator.kafka_config import MOUNT_DIR
 from keyorder_operator.spec import (
+    CATCHUP_IMAGE_RULE,
     GROUP,
     KIND,
     VERSION,
@@ -439,7 +441,9 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     """
     name, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
     catchup = spec.catchup
-    image = catchup.image or spec.handler.image
+    if catchup.image is None:  # never the handler's image: it has no Java or PySpark (the spec refuses this)
+        raise ValueError(CATCHUP_IMAGE_RULE)
+    image = catchup.image
     on_kubernetes = catchup.master.startswith("k8s://")
     args = ["catchup", "--start", "committed", "--until", until, "--commit", "auto"]
     if catchup.master:
@@ -533,6 +537,16 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
             "backoffLimit": catchup.backoff_limit,
             "activeDeadlineSeconds": catchup.max_seconds,
             "podReplacementPolicy": "Failed",  # a retry starts only after the failed driver is gone
+            # exit 2: refused before touching the group (settings, or an image without Java/PySpark): fail the
+            # Job at once, whatever backoffLimit says, so the pods resume now (catchup.config_failure says why)
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": "catchup", "operator": "In", "values": [CONFIG_EXIT_CODE]},
+                    }
+                ]
+            },
             "ttlSecondsAfterFinished": CATCHUP_JOB_TTL_SECONDS,
             "template": {"metadata": pod_metadata, "spec": pod},
         },

@@ -210,6 +210,35 @@ def catchup_pods_left(job_name: str, outcome: JobState, drivers: int, executors:
     )
 
 
+CONFIG_EXIT_CODE = 2
+"""``keyorder catchup``'s exit status for what it refuses before it reads or commits anything: its settings,
+and a runtime without PySpark or Java (the handler image, for one). The Job fails at once on it (its
+``podFailurePolicy``): a retry would fail the same way, with the consumer pods stopped all the while."""
+
+
+def config_failure(job: dict[str, Any] | None) -> str | None:
+    """Why a Job failed at once, when its driver exited with ``CONFIG_EXIT_CODE`` (the Job controller's
+    ``Failed`` condition with reason ``PodFailurePolicy``): the likely cause, naming the image. ``None``
+    for any other outcome."""
+    status = (job or {}).get("status") or {}
+    failed_by_policy = any(
+        condition.get("type") == "Failed"
+        and condition.get("status") == "True"
+        and condition.get("reason") == "PodFailurePolicy"
+        for condition in status.get("conditions") or []
+    )
+    if job is None or not failed_by_policy:
+        return None
+    containers = ((job.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
+    name = (job.get("metadata") or {}).get("name")
+    return (
+        f"its driver exited with code {CONFIG_EXIT_CODE} before it touched the group: keyorder catchup refused "
+        f"to start, most likely because image {containers[0].get('image')} cannot run it (no Java or PySpark: "
+        "spec.catchup.image must be built from the image's `catchup` target), else a setting it names "
+        f"(kubectl logs job/{name})"
+    )
+
+
 STOPPING_PODS_GRACE_SECONDS = 120
 """How long past the pods' termination grace period the operator waits for them to disappear
 before it gives up on the hand-over (a pod stuck terminating must not share the group)."""

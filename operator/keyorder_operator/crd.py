@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from keyorder_operator.spec import (
+    CATCHUP_IMAGE_RULE,
     GROUP,
     KIND,
     KUBERNETES_TYPE,
@@ -43,6 +44,7 @@ from keyorder_operator.spec import (
     PLURAL,
     SHORT_NAME,
     VERSION,
+    CatchupSpec,
     EnvVar,
     KafkaSpec,
     OrderedConsumerSpec,
@@ -79,6 +81,13 @@ VALIDATIONS: dict[type[BaseModel], list[dict[str, str]]] = {
             "rule": "!(has(self.groupProtocol) && self.groupProtocol == 'consumer' && has(self.assignmentStrategy))",
             "message": "assignmentStrategy applies to groupProtocol classic only; with consumer the broker assigns",
             "fieldPath": ".assignmentStrategy",
+        }
+    ],
+    CatchupSpec: [
+        {
+            "rule": "!(has(self.enabled) && self.enabled) || has(self.image)",
+            "message": CATCHUP_IMAGE_RULE,
+            "fieldPath": ".image",
         }
     ],
     OrderedConsumerSpec: [

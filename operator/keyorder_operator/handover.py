@@ -26,6 +26,7 @@ from keyorder_operator.catchup import (
     JobState,
     Phase,
     catchup_pods_left,
+    config_failure,
     fence_argument,
     fence_from_end_offsets,
     job_state,
@@ -86,7 +87,8 @@ class CatchupHandover:
             else:
                 self.start_job(run)
             return
-        outcome = job_state(kube.job(self.namespace, run.job_name))
+        job = kube.job(self.namespace, run.job_name)
+        outcome = job_state(job)
         if outcome is JobState.ACTIVE:
             return
         # a deleted or failed Job's driver, and any Job's Spark executors, may still be handling messages
@@ -103,6 +105,8 @@ class CatchupHandover:
             return
         if outcome is JobState.SUCCEEDED:
             detail = f"Job {run.job_name} committed the fence after {poll.now - run.started_at:.0f} s"
+        elif (refused := config_failure(job)) is not None:
+            detail = f"Job {run.job_name} failed after {poll.now - run.started_at:.0f} s: {refused}"
         else:
             what = "failed" if outcome is JobState.FAILED else "disappeared"
             detail = (

@@ -406,7 +406,9 @@ class CatchupSpec(_Model):
     image: str | None = Field(
         None,
         min_length=1,
-        description="Image of the catch-up Job (keyorder, PySpark, Java and the handler); defaults to handler.image.",
+        description="Image of the catch-up Job and its Spark executors: keyorder, PySpark, Java and the handler "
+        "(the Dockerfile's `catchup` target plus your handler, examples/handler/Dockerfile). Required when enabled: "
+        "the handler image has no Java or PySpark. The operator checks it once per image, before it stops the pods.",
     )
     master: str = Field(
         "local[*]", min_length=1, description="Spark master URL, e.g. local[*] or k8s://https://kubernetes.default.svc."
@@ -459,6 +461,19 @@ class CatchupSpec(_Model):
         "with a k8s:// master (it creates executor pods); ignored otherwise. "
         "Default: the consumers' account, with no API access and no token.",
     )
+
+    @model_validator(mode="after")
+    def _image_when_enabled(self) -> CatchupSpec:
+        if self.enabled and self.image is None:
+            raise ValueError(CATCHUP_IMAGE_RULE)
+        return self
+
+
+CATCHUP_IMAGE_RULE = (
+    "spec.catchup.image is required when spec.catchup.enabled: the handler image has no Java/PySpark; "
+    "build the image's `catchup` target (with your handler: examples/handler/Dockerfile)"
+)
+"""Why a catch-up without its own image is refused (the model and the CRD's CEL rule say the same)."""
 
 
 class ObservabilitySpec(_Model):

@@ -87,14 +87,14 @@ def slow_workers_until_triggered(kube, context, name: str) -> dict:
     return wait_for(started, 40, f"catch-up of {name} to start", interval=0.2)
 
 
-def finish_job(kube, job_name: str, condition_type: str) -> None:
+def finish_job(kube, job_name: str, condition_type: str, reason: str = "Test") -> None:
     kube.patch(
         "batch/v1/jobs",
         job_name,
         {
             "status": {
                 "conditions": [
-                    {"type": condition_type, "status": "True", "reason": "Test", "message": "set by the test"}
+                    {"type": condition_type, "status": "True", "reason": reason, "message": "set by the test"}
                 ]
             }
         },
@@ -293,3 +293,24 @@ def test_the_pods_resume_only_after_the_jobs_spark_executors_are_gone(kube, brok
 
         wait_for(lambda: replicas(kube, "wallets") == started["resumeReplicas"], 20, "the pods resumed")
         wait_for(lambda: condition(kube.get(CR, "wallets"), "CatchupFailed") == "True", 20, "CatchupFailed")
+
+
+def test_a_job_refused_at_start_resumes_the_pods_at_once_and_names_the_image(kube, broker):
+    topic = "okc-catchup-no-spark"
+    backlog(broker, topic)
+    with operator(kube.url) as context:
+        kube.create(CR, resource(broker, "vouchers", topic, image="registry.example/vouchers:1.0", backoffLimit=3))
+        started = slow_workers_until_triggered(kube, context, "vouchers")
+        job_name = started["jobName"]
+        job = wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
+        rule = job["spec"]["podFailurePolicy"]["rules"][0]
+        assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [2]  # despite backoffLimit 3
+        # what the Job controller does when the driver exits 2 (no PySpark/Java in the image): Failed at once
+        finish_job(kube, job_name, "Failed", reason="PodFailurePolicy")
+
+        wait_for(lambda: replicas(kube, "vouchers") == started["resumeReplicas"], 20, "the pods resumed")
+        wait_for(lambda: condition(kube.get(CR, "vouchers"), "CatchupFailed") == "True", 20, "CatchupFailed")
+        failed = condition_entry(kube.get(CR, "vouchers"), "CatchupFailed")["message"]
+        assert "exited with code 2 before it touched the group" in failed, failed
+        assert "image registry.example/vouchers:1.0 cannot run it" in failed, failed
+        assert any("registry.example/vouchers:1.0" in message for message in events(kube, "CatchupFailed"))

@@ -139,7 +139,13 @@ def test_a_blocked_poison_key_gives_scaling_limited_and_no_catchup(kube, broker,
             broker.bootstrap,
             topic,
             retry={"maxAttempts": 2, "initialBackoffSeconds": 0.05, "maxBackoffSeconds": 0.2, "onExhausted": "block"},
-            catchup={"enabled": True, "triggerDrainSeconds": 60, "executors": 1000, "confirmPolls": 1},
+            catchup={
+                "enabled": True,
+                "image": "registry.example/ledger-spark:1.0",
+                "triggerDrainSeconds": 60,
+                "executors": 1000,
+                "confirmPolls": 1,
+            },
         )
         body["spec"]["handler"]["env"].append({"name": "KEYORDER_EXAMPLE_POISON_KEY", "value": poison})
         kube.create(CR, body)

@@ -321,6 +321,7 @@ BROKEN_BY_RULES = {
     "zero fallback replicas without scaleToZero": changed(
         "scaling", {"fallback": {"failureThreshold": 3, "replicas": 0}}
     ),
+    "catch-up enabled without its image": changed("catchup", {"enabled": True}),
 }
 """Resources that pass the OpenAPI schema and only the CEL rules (and the models' validators) refuse."""
 
@@ -333,6 +334,8 @@ ACCEPTED_BY_RULES = {
     "replicas max equal to min": changed("replicas", {"min": 3, "max": 3}),
     "explicit null max is unset": changed("replicas", {"min": 3, "max": None}),
     "workers all equal": changed("workers", {"min": 8, "initial": 8, "max": 8}),
+    "catch-up enabled with its image": changed("catchup", {"enabled": True, "image": "reg/spark:1"}),
+    "catch-up disabled without an image": changed("catchup", {"enabled": False}),
 }
 
 
@@ -354,7 +357,7 @@ def test_cross_field_rules_refuse_what_the_models_refuse(case, schema):
     accepted, why = operator_accepts(resource)
     assert not accepted
     # the rule's message says the same thing as the model's
-    assert any(word in why for word in ("min", "max", "initial", "scaleToZero")), why
+    assert any(word in why for word in ("min", "max", "initial", "scaleToZero", "catchup.image")), why
 
 
 @pytest.mark.parametrize("case", sorted(ACCEPTED_BY_RULES))

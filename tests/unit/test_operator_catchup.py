@@ -15,6 +15,7 @@ from keyorder_operator.catchup import (
     Phase,
     catchup_pods_left,
     catchup_verdict,
+    config_failure,
     fence_argument,
     fence_from_end_offsets,
     job_state,
@@ -22,7 +23,7 @@ from keyorder_operator.catchup import (
     projected_drain_seconds,
 )
 from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size
-from keyorder_operator.spec import parse_spec
+from keyorder_operator.spec import InvalidSpec, parse_spec
 
 LIMITS = ScalingLimits(max_replicas=None, max_workers=64, initial_workers=16)
 
@@ -145,6 +146,7 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
             "retry": {"maxAttempts": 7, "onExhausted": "dlq"},
             "catchup": {
                 "enabled": True,
+                "image": "reg/orders-spark:1",
                 "master": "spark://spark-master:7077",
                 "executors": 6,
                 "keyPartitions": 96,
@@ -157,7 +159,7 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
     job = build_catchup_job(spec, owner, catchup_job_name("orders", 1700000000.7), "orders:0=10")
     assert job["metadata"]["name"] == "orders-catchup-1700000000"
     container = job["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "reg/orders:1"  # no catch-up image: the handler's
+    assert container["image"] == "reg/orders-spark:1"  # the catch-up image, never the handler's (no Java)
     assert container["args"] == [
         "catchup",
         "--start",
@@ -252,6 +254,56 @@ def test_the_pods_resume_only_when_neither_the_driver_nor_an_executor_of_the_job
     assert waiting == expected or (expected is not None and waiting is not None and waiting.startswith(expected))
 
 
+def test_an_enabled_catchup_needs_its_own_image_and_says_why() -> None:
+    """The handler image is the runtime image plus the handler: no Java, no PySpark. A Job from it exited 2
+    after the pods were already stopped; so an enabled catch-up without an image is refused, naming the field."""
+    base = {
+        "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
+        "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+    }
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec({**base, "catchup": {"enabled": True}})
+    (path, message), *_ = refused.value.problems
+    assert path == "spec.catchup"
+    assert "spec.catchup.image is required when spec.catchup.enabled" in message
+    assert "no Java/PySpark" in message and "`catchup` target" in message
+    assert parse_spec({**base, "catchup": {"enabled": False}}).catchup.image is None  # off: no image needed
+    disabled = parse_spec(base)
+    with pytest.raises(ValueError, match=r"spec\.catchup\.image is required"):  # never the handler's image
+        build_catchup_job(disabled, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-1", "o:0=1")
+
+
+def test_a_job_refused_at_start_fails_at_once_and_names_its_image_as_the_likely_cause() -> None:
+    """Exit 2 is keyorder catchup refusing to start (settings, or no PySpark/Java: the handler image) before
+    it touched the group: the Job fails on it at once, whatever backoffLimit says, and the outcome names the
+    image, so the pods resume now and the person reading the condition knows where to look."""
+    spec = parse_spec(
+        {
+            "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
+            "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+            "catchup": {"enabled": True, "image": "reg/orders:1", "backoffLimit": 3},
+        }
+    )
+    job = build_catchup_job(spec, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1", "o:0=1")
+    assert job["spec"]["podFailurePolicy"] == {
+        "rules": [{"action": "FailJob", "onExitCodes": {"containerName": "catchup", "operator": "In", "values": [2]}}]
+    }
+    assert job["spec"]["template"]["spec"]["containers"][0]["name"] == "catchup"
+
+    def finished(reason: str) -> dict:
+        condition = {"type": "Failed", "status": "True", "reason": reason}
+        return {**job, "status": {"conditions": [condition]}}
+
+    refused = config_failure(finished("PodFailurePolicy"))
+    assert refused is not None and job_state(finished("PodFailurePolicy")) is JobState.FAILED
+    assert "exited with code 2 before it touched the group" in refused
+    assert "image reg/orders:1 cannot run it" in refused and "`catchup` target" in refused
+    assert "kubectl logs job/o-catchup-1" in refused
+    assert config_failure(finished("DeadlineExceeded")) is None
+    assert config_failure(finished("BackoffLimitExceeded")) is None
+    assert config_failure(job) is None and config_failure(None) is None
+
+
 def test_job_names_fit_63_characters_and_keep_the_time() -> None:
     assert catchup_job_name("a" * 80, 1700000000) == "a" * 44 + "-catchup-1700000000"
     assert catchup_job_name("ab-" + "c" * 40 + "-" * 5, 1700000000).endswith("c-catchup-1700000000")
@@ -275,7 +327,7 @@ def test_k8s_executors_get_the_handler_env_the_kafka_secret_and_the_hardened_con
                 "handler": "orders.handler:handle",
                 "env": [{"name": "ORDERS_DB", "value": "db:5432"}],
             },
-            "catchup": {"enabled": True, "master": "k8s://https://kubernetes.default.svc"},
+            "catchup": {"enabled": True, "master": "k8s://https://kubernetes.default.svc", "image": "reg/spark:1"},
         }
     )
     job = build_catchup_job(spec, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1", "o:0=1")
@@ -338,9 +390,10 @@ def as_the_kubelet_starts_it(container: dict) -> tuple[list[str], dict[str, str]
 @pytest.mark.parametrize(
     "catchup",
     [
-        {"enabled": True, "master": "local[4]", "taskWorkers": 32},
+        {"enabled": True, "master": "local[4]", "taskWorkers": 32, "image": "reg/spark:1"},
         {
             "enabled": True,
+            "image": "reg/spark:1",
             "master": "spark://spark-master:7077",
             "executors": 6,
             "keyPartitions": 96,

@@ -62,7 +62,11 @@ def spec_dict(template: dict[str, Any] | None = None, **handler: Any) -> dict[st
         },
         "handler": {"image": "registry.example/payments:1.0", "handler": "payments.handler:handle", **handler},
         "template": copy.deepcopy(TEMPLATE) if template is None else template,
+        "catchup": {"image": CATCHUP_IMAGE},
     }
+
+
+CATCHUP_IMAGE = "registry.example/payments-catchup:1.0"
 
 
 def pods(spec_value: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -114,7 +118,8 @@ def test_without_a_template_the_pods_are_what_they_were():
 
 
 def test_a_spark_driver_account_wins_over_the_templates_on_a_k8s_master():
-    spec = parse_spec({**spec_dict(), "catchup": {"master": "k8s://https://k", "serviceAccountName": "spark"}})
+    catchup = {"master": "k8s://https://k", "serviceAccountName": "spark", "image": CATCHUP_IMAGE}
+    spec = parse_spec({**spec_dict(), "catchup": catchup})
     job = build_catchup_job(spec, OWNER, "payments-catchup-1", "orders:0:10")
     assert job["spec"]["template"]["spec"]["serviceAccountName"] == "spark"
 
@@ -171,7 +176,7 @@ def test_the_reserved_names_are_what_the_builders_generate():
     """The lists the checks use cannot drift from what the pods really carry."""
     value = spec_dict()
     value["handler"]["executor"] = "process"  # the operator sets KEYORDER_EXECUTOR only when not auto
-    spec = parse_spec({**value, "catchup": {"master": "k8s://https://k"}})
+    spec = parse_spec({**value, "catchup": {"master": "k8s://https://k", "image": CATCHUP_IMAGE}})
     generated_env, generated_volumes, generated_mounts = set(), set(), set()
     generated_labels, generated_annotations = set(), set()
     k8s_job = build_catchup_job(spec, OWNER, "j", "t:0:1")["spec"]["template"]
