@@ -9,7 +9,9 @@ does to all of this: two executor JVMs ran the handler, every key in order, ever
 waves committed and the fence committed for the group.
 
 The second test runs ``keyorder catchup`` as the catch-up image does (the driver in-process,
-``--master spark://...``) and sends it SIGTERM in its second wave (issue 27, defect 3).
+``--master spark://...``) and sends it SIGTERM in its second wave (issue 27, defect 3). The third
+runs it the same way with a handler that kills its Python worker once: the failed wave is run
+again (issue 27, defect 7).
 """
 
 from __future__ import annotations
@@ -269,3 +271,76 @@ def test_sigterm_cancels_the_running_wave_stops_the_executors_and_writes_the_rep
     }
     # and no wave after the interrupted one started
     assert all(offset < interrupted["ranges"][f"{name}:{partition}"][1] for _, _, partition, offset, _ in handled)
+
+
+def test_a_wave_failed_by_a_crashed_python_worker_is_run_again_on_the_cluster(
+    broker, cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    """An executor's Python worker dies mid-wave (once, as after an OOM kill): with spark.task.maxFailures=1
+    the wave's Spark job fails, the driver runs that wave again (only that one) after --wave-retry-pause,
+    every key is handled in order (first processings by sequence number), the fence is committed and the
+    command exits 0 (issue 27, defect 7). Before, the failed wave ended the job (exit 1)."""
+    from confluent_kafka import Producer
+
+    from tests.guarantees import assert_at_least_once, assert_first_processing_in_order
+
+    name = f"sa-retry-{uuid.uuid4().hex[:8]}"
+    partitions, keys, messages = 2, 10, 400
+    create_topics(broker.bootstrap, [name, f"{name}.dlq"], partitions)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, **EXACT_END_OFFSETS})
+    for index in range(messages):
+        event = {"key": f"k{index % keys}", "seq": index // keys, **({"crash_once": True} if index == 250 else {})}
+        producer.produce(name, key=event["key"].encode(), value=json.dumps(event).encode())
+    assert producer.flush(30) == 0
+    records = tmp_path / "records"
+    records.mkdir()
+    group = f"g-{name}"
+    report = tmp_path / "report.json"
+    spark_conf = {
+        "spark.pyspark.python": sys.executable,
+        "spark.driver.host": "127.0.0.1",
+        "spark.executor.memory": "768m",
+        "spark.executorEnv.PYTHONPATH": str(REPO),  # the handler: tests.spark.handlers:record
+        "spark.executorEnv.KEYORDER_TEST_RECORD_DIR": str(records),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "keyorder.catchup",
+        "--master",
+        cluster.master_url,
+        "--bootstrap-servers",
+        broker.bootstrap,
+        "--topics",
+        name,
+        "--group-id",
+        group,
+        "--handler",
+        "tests.spark.handlers:record",
+        "--wave-offsets",
+        "50",
+        "--wave-retry-pause",
+        "0.5",
+        "--key-partitions",
+        "2",
+        "--report",
+        str(report),
+        *(argument for setting in spark_conf.items() for argument in ("--spark-conf", "=".join(setting))),
+    ]
+    env = spark_env({"PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable})
+    result = subprocess.run(command, capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+    assert (records / f"{name}.crashed").exists()  # the fault happened
+    summary = json.loads(report.read_text())
+    assert summary["ok"] and summary["committed"] and summary["processed"] == messages
+    retried = [wave for wave in summary["waves"] if wave["attempts"] > 1]
+    assert len(retried) == 1 and retried[0]["attempts"] == 2 and summary["wave_retries"] == 1
+    assert "Python worker exited unexpectedly" in retried[0]["failed_attempts"][0]["error"]
+    assert summary["waves_committed"] == summary["waves_planned"]
+    assert "waves run again after a failure" in result.stderr
+    handled = [(key, seq) for key, seq, *_ in read_records(str(records), name)]
+    assert_at_least_once(handled, {f"k{key}": messages // keys for key in range(keys)})
+    assert_first_processing_in_order(handled)
+    assert len(handled) - messages <= sum(end - start for start, end in retried[0]["ranges"].values())
+    assert sum(group_committed(broker.bootstrap, group, name, partitions).values()) == messages  # the fence
