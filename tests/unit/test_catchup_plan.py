@@ -604,3 +604,32 @@ def test_retries_are_bounded_and_never_follow_a_blocked_key() -> None:
 
     job, pauses, ran = scripted_job([crash, None], wave_retries=0)
     assert not run_one_wave(job).ok and ran == [1]
+
+
+class SnapshotOffsets:
+    """The job's Kafka offsets as fixed snapshots (no broker): what ``CatchupJob.plan`` reads."""
+
+    def __init__(self, snapshots: dict) -> None:
+        self.snapshots = snapshots
+
+    def snapshot(self, topics, start, until) -> dict:
+        return self.snapshots
+
+    def members(self) -> int:
+        return 0
+
+
+def test_the_plan_skips_what_the_pods_finished_only_when_it_starts_at_the_committed_offsets() -> None:
+    job, _, _ = scripted_job([], until="t:0=100")
+    job.offsets.close()
+    job.offsets = SnapshotOffsets(  # type: ignore[assignment]
+        {("t", 0): PartitionSnapshot(earliest=0, end=200, committed=10, done=frozenset({11, 12, 150}))}
+    )
+    plan = job.plan()
+    assert plan.ranges == [OffsetRange("t", 0, 10, 100)]
+    assert plan.done == {("t", 0): frozenset({11, 12, 150})}  # 150, past the fence, is kept for the commit's metadata
+    assert "t[0]: 2 offsets in range were finished by the group's consumers" in " ".join(plan.notes)
+    assert offset_metadata.decode(fence_metadata(plan.ranges, plan.done)[("t", 0)], 100) == {150}
+
+    job.config = job.config.model_copy(update={"start": "earliest", "commit": CommitMode.NEVER})
+    assert job.plan().done == {}  # a replay handles everything again

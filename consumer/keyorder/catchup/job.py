@@ -126,7 +126,8 @@ class Plan:
     waves: list[list[OffsetRange]] = field(default_factory=list)
     """The ranges of each wave, in order (``plan.cut_waves``)."""
     done: dict[TopicPartition, frozenset[int]] = field(default_factory=dict)
-    """Offsets in range the group's consumers already finished (their commit metadata): skipped."""
+    """Offsets from the range's start on the group's consumers already finished (their commit metadata):
+    skipped in range, and kept as metadata above each commit (``plan.fence_metadata``)."""
 
     @property
     def offsets(self) -> int:
@@ -435,11 +436,14 @@ class CatchupJob:
         done = {}
         if start.kind is PositionKind.COMMITTED:  # a replay from elsewhere handles everything again
             for r in ranges:
-                finished = frozenset(o for o in snapshots[(r.topic, r.partition)].done if r.start <= o < r.end)
+                # past the fence too: the commits keep them as metadata for the pods (``fence_metadata``)
+                finished = frozenset(o for o in snapshots[(r.topic, r.partition)].done if o >= r.start)
                 if finished:
                     done[(r.topic, r.partition)] = finished
+                in_range = sum(1 for o in finished if o < r.end)
+                if in_range:
                     notes.append(
-                        f"{r.name()}: {len(finished):,} offsets in range were finished by the group's consumers "
+                        f"{r.name()}: {in_range:,} offsets in range were finished by the group's consumers "
                         "(commit metadata): read but not handled again"
                     )
         waves = cut_waves(ranges, self.config.wave_offsets)
@@ -568,7 +572,7 @@ class CatchupJob:
         outcome.committed = plan.commit and outcome.ok and all(wave.committed for wave in outcome.waves)
         if plan.commit and outcome.ok and not plan.waves:  # nothing to handle: commit the fence (= the start)
             try:
-                self.offsets.commit_fence(plan.ranges, expected)
+                self.offsets.commit_fence(plan.ranges, expected, fence_metadata(plan.ranges, plan.done))
             except CatchupKafkaError as error:
                 outcome.error = str(error)
             else:
