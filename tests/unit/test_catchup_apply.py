@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pandas
 import pytest
 
@@ -111,3 +114,51 @@ def test_an_out_of_order_row_stops_the_task_before_its_handler_runs() -> None:
     with pytest.raises(OrderViolation, match=r"t\[0\]@3 arrived after t\[0\]@5"):
         list(apply("slow", 4)(iter([batch(rows)])))
     assert catchup_handlers.RECORDS == []  # the batch is checked before any of it is handled
+
+
+def test_the_look_ahead_is_bounded_by_the_memory_of_the_messages_held() -> None:
+    """A key whose first message hangs, its later messages of 1 KiB alternating with light keys: the hung
+    key's lane holds its messages, so with room for 10 of them by memory (100,000 by count) the task reads
+    no further (about 10 light keys handled) until the hung message moves."""
+    from keyorder.catchup.apply import TaskRunner, footprint
+    from keyorder.message import Message
+
+    release, handled = threading.Event(), []
+
+    def call(message: Message) -> None:
+        if message.offset == 0:
+            assert release.wait(10)
+        handled.append((message.key, message.offset))
+
+    value = b"v" * 1024
+    keys = [b"hung"] + [b"hung" if n % 2 else b"k%d" % n for n in range(1, 201)]
+    rows = [(lane_hash(key), 0, n, n, key, value, [], None, None, None) for n, key in enumerate(keys)]
+    rows.append((0, 0, PROGRESS_SCALE, 201, None, None, [], None, 201, 0))
+    one = footprint(Message(topic="t", partition=0, offset=1, key=b"hung", value=value))
+    runner = TaskRunner(
+        call, RetryPolicy(max_attempts=1), None, [("t", 0)], "key", 4, 100_000, lookahead_bytes=10 * one
+    )
+    frames = [batch(rows[start : start + 20]) for start in range(0, len(rows), 20)]
+    feeding = threading.Thread(target=runner.run, args=(iter(frames),))
+    feeding.start()
+    time.sleep(0.5)  # room for a look-ahead that would overrun the bound
+    light = len(handled)
+    assert 3 <= light <= 12, light  # without the bound: all 100 light keys
+    release.set()
+    feeding.join(10)
+    assert len(handled) == 201 and runner.counts[0].processed == 201
+    hung = [offset for key, offset in handled if key == b"hung"]
+    assert hung == sorted(hung) and len(hung) == 101  # the hung key's messages in offset order
+
+
+def test_a_message_larger_than_the_memory_bound_still_runs_alone() -> None:
+    from keyorder.catchup.apply import TaskRunner
+
+    handled: list[bytes | None] = []
+    rows = [(lane_hash(b"k%d" % n), 0, n, n, b"k%d" % n, b"x" * 4096, [], None, None, None) for n in range(30)]
+    rows.append((0, 0, PROGRESS_SCALE, 30, None, None, [], None, 30, 0))
+    runner = TaskRunner(
+        lambda message: handled.append(message.key), RetryPolicy(), None, [("t", 0)], "key", 4, 100, lookahead_bytes=1
+    )
+    runner.run(iter([batch(rows)]))
+    assert len(handled) == 30 and runner.counts[0].processed == 30

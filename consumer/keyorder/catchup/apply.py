@@ -41,6 +41,7 @@ from keyorder.adapters.handlers import LoadedHandler, load_handler
 from keyorder.catchup.datasource import route_of
 from keyorder.catchup.plan import COUNTS, PartitionCounts
 from keyorder.contracts import DeadLetterError, DeadLetterSink
+from keyorder.core.concurrency import ThreadLimit
 from keyorder.core.lanes import Delivery, LaneScheduler
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
 from keyorder.message import Message
@@ -123,6 +124,23 @@ def thread_safe_caller(loaded: LoadedHandler) -> tuple[Callable[[Message], None]
 Source = tuple[str, int]
 HEADER_RUN = "keyorder.catchup.run"
 HEADER_WAVE = "keyorder.catchup.wave"
+LOOKAHEAD_BYTES = 64 << 20
+"""Estimated memory of the messages a task holds at most (``--task-lookahead-mb``'s default, 64 MiB)."""
+MESSAGE_OVERHEAD = 600
+"""Bytes a held message costs besides its key, value and headers: the ``Message`` and ``Delivery``
+objects, the bytes objects' headers and the lane's queue entry (measured with tracemalloc, rounded up)."""
+REFILL = 0.75
+"""A full task's feeder goes on once the task holds no more than this share of both look-ahead bounds."""
+
+
+def footprint(message: Message) -> int:
+    """A held message's estimated memory in the Python worker."""
+    size = MESSAGE_OVERHEAD + len(message.key or b"") + len(message.value or b"")
+    for name, value in message.headers:
+        size += len(name) + len(value or b"")
+    return size
+
+
 DEAD_LETTER_REFS = 1_000
 """Most dead-lettered offsets a task reports per source partition (the count is always exact)."""
 DEAD_LETTER_TIMEOUT = 300.0
@@ -151,9 +169,17 @@ def _task_attempt() -> tuple[int, int]:
 class TaskRunner:
     """One Spark task's handler loop: a feeder (the calling thread) and ``workers`` handler threads.
 
-    Threading: ``_lock`` guards the scheduler, the counts, ``_error`` and ``_input_done``. Handlers
-    run outside it. The feeder waits on ``_space`` for room below ``lookahead``; workers wait on
-    ``_work`` for a ready lane (with a timeout at the next parked lane's due time).
+    Threading: ``_lock`` guards the scheduler, the counts, the held bytes, ``_error`` and
+    ``_input_done``. Handlers run outside it, and a worker takes it once per message: it records the
+    outcome of its last message and takes the next one in the same hold, because with a CPU-bound
+    handler every acquisition is a chance to queue behind a thread that lost the GIL while holding it.
+    Workers wait on ``_work`` for a ready lane (with a timeout at the next parked lane's due time).
+
+    The look-ahead is bounded twice, by messages (``lookahead``) and by their estimated memory
+    (``lookahead_bytes``, ``footprint``), so large values cannot exhaust the Python worker. A full
+    task's feeder waits on ``_space`` until the task is back at the low-water mark (``REFILL`` of both
+    bounds) and then adds a whole chunk: woken for every finished message, it would take the lock and
+    the GIL once per message for one delivery each time.
     """
 
     def __init__(
@@ -169,6 +195,7 @@ class TaskRunner:
         wave: int = 0,
         clock: Callable[[], float] = time.monotonic,
         dead_letter_timeout: float = DEAD_LETTER_TIMEOUT,
+        lookahead_bytes: int = LOOKAHEAD_BYTES,
     ) -> None:
         self.call = call
         self.policy = policy
@@ -177,6 +204,7 @@ class TaskRunner:
         self.ordering = ordering
         self.workers = max(workers, 1)
         self.lookahead = max(lookahead, 1)
+        self.lookahead_bytes = max(lookahead_bytes, 1)
         self.run_id = run_id
         self.wave = wave
         self.clock = clock
@@ -192,6 +220,11 @@ class TaskRunner:
         self._space = threading.Condition(self._lock)
         self._error: BaseException | None = None
         self._input_done = False
+        self._held_bytes = 0
+        self._feeder_waiting = False
+        self._threads = ThreadLimit(self.workers)
+        """How many of the workers may run a handler at once (fewer when the handler keeps the GIL busy)."""
+        self._active = 0
         self._last_offset: dict[int, int] = {}
 
     # -- the feeder (Spark's iterator of Arrow batches, on the calling thread) ------------------------
@@ -207,12 +240,14 @@ class TaskRunner:
                 deliveries = self._deliveries(frame)  # checked whole before any of it is handled
                 while deliveries:
                     with self._lock:
-                        while self._error is None and len(self._scheduler) >= self.lookahead:
-                            self._space.wait()
+                        if self._full():
+                            self._feeder_waiting = True
+                            while self._error is None and not self._at_low_water():
+                                self._space.wait()
+                            self._feeder_waiting = False
                         if self._error is not None:
                             break
-                        room = self.lookahead - len(self._scheduler)
-                        chunk, deliveries = deliveries[:room], deliveries[room:]
+                        chunk, deliveries = self._admit(deliveries)
                         woken = self._scheduler.add(chunk)
                         if woken:
                             self._work.notify(woken)
@@ -231,6 +266,25 @@ class TaskRunner:
                 thread.join()
         if self._error is not None:
             raise self._error
+
+    def _full(self) -> bool:
+        return len(self._scheduler) >= self.lookahead or self._held_bytes >= self.lookahead_bytes
+
+    def _at_low_water(self) -> bool:
+        return len(self._scheduler) <= self.lookahead * REFILL and self._held_bytes <= self.lookahead_bytes * REFILL
+
+    def _admit(self, deliveries: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
+        """``(admitted, the rest)``: a prefix that fits both bounds; at least one message when the task holds
+        none, so a message larger than ``lookahead_bytes`` still runs (alone)."""
+        room = self.lookahead - len(self._scheduler)
+        held, count = self._held_bytes, 0
+        for delivery in deliveries[: max(room, 1)]:
+            if held >= self.lookahead_bytes and (count or len(self._scheduler)):
+                break
+            held += footprint(delivery.message)
+            count += 1
+        self._held_bytes = held
+        return deliveries[:count], deliveries[count:]
 
     def _deliveries(self, frame: Any) -> list[Delivery]:
         deliveries = []
@@ -271,13 +325,18 @@ class TaskRunner:
     # -- the handler threads ------------------------------------------------------------------------
     def _worker(self) -> None:
         scheduler = self._scheduler
+        done: tuple[Delivery, str, float] | None = None
         while True:
             with self._lock:
+                if done is not None:
+                    self._record(*done)
+                    done = None
                 while True:
                     if self._error is not None:
                         return
-                    taken = scheduler.take(self.clock())
+                    taken = scheduler.take(self.clock()) if self._active < self._threads.limit else None
                     if taken:
+                        self._active += 1
                         break
                     if self._input_done and not len(scheduler):
                         self._work.notify_all()
@@ -293,22 +352,33 @@ class TaskRunner:
                     self._work.notify_all()
                     self._space.notify_all()
                 return
-            with self._lock:
-                if outcome == "retry":
-                    scheduler.park(delivery, self.clock() + delay)
-                    continue
-                scheduler.finished(delivery)
-                entry = self.counts.setdefault(delivery.partition, PartitionCounts())
-                if outcome == "dead_lettered":
-                    entry.dead_lettered += 1
-                    refs = self.dead_letter_offsets.setdefault(delivery.partition, [])
-                    if len(refs) < DEAD_LETTER_REFS:
-                        refs.append(delivery.message.offset)
-                else:
-                    entry.processed += 1
-                self._space.notify()
-                if self._input_done and not len(scheduler):
-                    self._work.notify_all()
+            done = (delivery, outcome, delay)
+
+    def _record(self, delivery: Delivery, outcome: str, delay: float) -> None:
+        """A worker's last attempt, under ``_lock``: park the lane for its retry, or count the message
+        and let the next one of its lane (and the feeder, at the low-water mark) go on."""
+        scheduler = self._scheduler
+        self._active -= 1
+        before = self._threads.limit
+        if self._threads.update(self.clock(), time.process_time(), scheduler.ready) > before:
+            self._work.notify(self._threads.limit - before)
+        if outcome == "retry":
+            scheduler.park(delivery, self.clock() + delay)
+            return
+        scheduler.finished(delivery)
+        self._held_bytes -= footprint(delivery.message)
+        entry = self.counts.setdefault(delivery.partition, PartitionCounts())
+        if outcome == "dead_lettered":
+            entry.dead_lettered += 1
+            refs = self.dead_letter_offsets.setdefault(delivery.partition, [])
+            if len(refs) < DEAD_LETTER_REFS:
+                refs.append(delivery.message.offset)
+        else:
+            entry.processed += 1
+        if self._feeder_waiting and self._at_low_water():
+            self._space.notify()
+        if self._input_done and not len(scheduler):
+            self._work.notify_all()
 
     def _attempt(self, delivery: Delivery) -> tuple[str, float]:
         """One handler attempt: ``("processed" | "dead_lettered" | "retry", retry delay)``."""
@@ -393,8 +463,10 @@ class ApplyHandler:
     """A Spark accumulator of ``{(topic, partition): finished}``, or None."""
     task_workers: int = 1
     """Threads per Spark task: distinct routes run in parallel, a route's messages one at a time."""
-    lookahead: int = 10_000
+    lookahead: int = 100_000
     """Messages a task holds at most (queued, parked or running)."""
+    lookahead_bytes: int = LOOKAHEAD_BYTES
+    """Their estimated memory at most (``footprint``)."""
     run_id: str = ""
     wave: int = 0
 
@@ -415,6 +487,7 @@ class ApplyHandler:
             self.lookahead,
             self.run_id,
             self.wave,
+            lookahead_bytes=self.lookahead_bytes,
         )
         try:
             runner.run(frames)

@@ -46,6 +46,8 @@ ROW_SCHEMA = (
 key/value are null)."""
 PROGRESS_SCALE = 1 << 20
 """``progress`` runs from 0 (the range's start) to PROGRESS_SCALE (its fence)."""
+READ_BATCH = 1000
+"""Most records one ``consume`` call returns."""
 PREFETCH_KBYTES = 4096
 """librdkafka's pre-fetch queue per reader (its default is 64 MiB), unless the properties set it."""
 READ_ERROR_PAUSE_MAX = 2.0
@@ -238,7 +240,11 @@ def read_split(
         position = start
         quiet_since = clock()
         while position < end:
-            batch = consumer.consume(num_messages=1000, timeout=1.0)
+            # consume() returns once it has num_messages or after the timeout: never ask for more than the
+            # fence leaves, or the last batch of a split that ends at the log's end waits out the whole
+            # timeout (1 s per split). Offsets the log lacks (compaction, transaction markers) are made up
+            # by the end-of-partition event or by records past the fence.
+            batch = consumer.consume(num_messages=min(READ_BATCH, end - position), timeout=1.0)
             if not batch:
                 if clock() - quiet_since > timeout:
                     raise SplitReadError(

@@ -616,6 +616,7 @@ class CatchupJob:
             progress=accumulator,
             task_workers=self.config.task_workers,
             lookahead=self.config.task_lookahead,
+            lookahead_bytes=self.config.task_lookahead_mb << 20,
             run_id=run_id,
             wave=index,
         )

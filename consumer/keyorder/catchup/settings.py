@@ -67,11 +67,19 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         "workers); raise it for I/O-bound handlers.",
     )
     task_lookahead: int = Field(
-        10_000,
+        100_000,
         ge=1,
         le=10_000_000,
         description="Messages a Spark task reads ahead of its slowest key (queued, retrying or running): "
-        "room for other keys to pass a hot one; bounds the task's memory.",
+        "room for other keys to pass a hot one. --task-lookahead-mb bounds the same messages by memory.",
+    )
+    task_lookahead_mb: int = Field(
+        64,
+        ge=1,
+        le=65_536,
+        description="Estimated memory (MiB) of the messages a Spark task holds at most: keys, values and "
+        "headers plus about 600 bytes each. Each task's Python worker holds this much on top of its own "
+        "~150 MiB; see docs/catchup.md, Memory.",
     )
     wave_offsets: int = Field(
         1_000_000,
