@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from keyorder_operator.catchup import CONFIG_EXIT_CODE
+from keyorder_operator.catchup import CONFIG_EXIT_CODE, spark_cores
 from keyorder_operator.kafka_config import MOUNT_DIR
 from keyorder_operator.spec import (
     CATCHUP_IMAGE_RULE,
@@ -405,6 +405,14 @@ def catchup_labels(name: str) -> dict[str, str]:
     }
 
 
+SPARK_OVERHEAD_MIB = 384
+"""Spark's own default executor memory overhead (JVM off-heap, threads)."""
+PYTHON_WORKER_MIB = 160
+"""A PySpark worker with keyorder, pandas, pyarrow and confluent-kafka imported (RSS, measured)."""
+TASK_LOOKAHEAD_MIB = 64
+"""``keyorder catchup --task-lookahead-mb``'s default: the messages one task holds at most."""
+
+
 def catchup_job_name(name: str, started_at: float) -> str:
     """``<name>-catchup-<epoch seconds>``, the name shortened (never the time) to fit 63 characters."""
     suffix = f"-catchup-{int(started_at)}"
@@ -446,8 +454,10 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     image = catchup.image
     on_kubernetes = catchup.master.startswith("k8s://")
     args = ["catchup", "--start", "committed", "--until", until, "--commit", "auto"]
-    if catchup.master:
-        args += ["--master", catchup.master]
+    master = spark_cores(
+        catchup.master, catchup.executors, catchup.executor_cores, catchup.resources.limits.get("cpu")
+    )[1]
+    args += ["--master", master]  # local[*] without a CPU limit: the cores the verdict counts, not the node's
     if catchup.key_partitions:
         args += ["--key-partitions", str(catchup.key_partitions)]
     args += ["--task-workers", str(catchup.task_workers)]
@@ -459,6 +469,11 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         settings["spark.executor.instances"] = str(catchup.executors)
         # the cores the catch-up verdict counts (executors x executorCores) are the cores Spark asks for
         settings["spark.executor.cores"] = str(catchup.executor_cores)
+        # one Python worker per core lives beside the executor's JVM, in its memory overhead: Spark's
+        # default (384 MiB) does not hold two of them with their look-ahead (docs/catchup.md, Memory)
+        settings["spark.executor.memoryOverhead"] = (
+            f"{SPARK_OVERHEAD_MIB + catchup.executor_cores * (PYTHON_WORKER_MIB + TASK_LOOKAHEAD_MIB)}m"
+        )
         if on_kubernetes:  # and the executor pods request them, so the scheduler places them where they fit
             settings["spark.kubernetes.executor.request.cores"] = str(catchup.executor_cores)
         if not on_kubernetes:  # standalone or YARN executors: the handler's own variables (k8s: the template)

@@ -23,6 +23,7 @@ poison message under ``block``, a broken image) needs a person; any spec change 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -92,6 +93,42 @@ def projected_drain_seconds(lag: int, rate: float, arrivals: float) -> float:
     return math.inf if net_rate <= 0 else lag / net_rate
 
 
+_LOCAL_SLOTS = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
+
+
+def cpu_cores(quantity: str) -> float | None:
+    """A Kubernetes CPU quantity (``2``, ``1.5``, ``500m``) in cores; ``None`` if it is not one."""
+    text = quantity.strip()
+    try:
+        return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    except ValueError:
+        return None
+
+
+def spark_cores(master: str, executors: int, executor_cores: int, cpu_limit: str | None) -> tuple[int, str]:
+    """The task slots a catch-up Job gets, and the ``--master`` to give it (pure).
+
+    A cluster master gets ``executors x executor_cores`` (the Job asks Spark for exactly that). A local
+    master runs in the Job's one pod: ``local[n]`` gets n; ``local[*]`` (and ``local``'s one core aside)
+    gets the pod's CPU limit, rounded up, which ``keyorder catchup`` reads from its cgroup; without a
+    limit it would see the node's cores, so the Job is given ``local[executors x executor_cores]``,
+    the cores the verdict counts.
+    """
+    match = _LOCAL_SLOTS.match(master.strip())
+    if not match:
+        return executors * executor_cores, master
+    slots = match.group(1)
+    if slots is None:
+        return 1, master
+    if slots.isdigit():
+        return int(slots), master
+    limit = cpu_cores(cpu_limit) if cpu_limit else None
+    if limit:
+        return max(1, math.ceil(limit)), master
+    cores = executors * executor_cores
+    return cores, master.strip().replace("*", str(cores), 1)
+
+
 @dataclass(frozen=True)
 class CatchupGate:
     """The parts of ``spec.catchup`` that decide whether a hand-over wins."""
@@ -100,11 +137,23 @@ class CatchupGate:
     trigger_seconds: float
     executors: int = 2
     executor_cores: int = 1
+    cores: int | None = None
+    """The task slots Spark really gets (``spark_cores``): executors x executorCores on a cluster (the
+    default), the pod's CPU on a local master."""
     per_core_rate: float = 2000.0
     """Most messages/s one Spark core handles for this handler (measured by ``keyorder catchup-bench``)."""
     task_workers: int = 16
     confirm_polls: int = 3
     cooldown_seconds: float = 1800.0
+
+    @property
+    def slots(self) -> int:
+        return self.cores if self.cores is not None else self.executors * self.executor_cores
+
+    def describe_cores(self) -> str:
+        if self.cores is None:
+            return f"{self.executors} executors x {self.executor_cores} cores"
+        return f"{self.cores} cores of the Job's pod"
 
 
 @dataclass(frozen=True)
@@ -121,7 +170,7 @@ def catchup_rate(gate: CatchupGate, per_worker_rate: float) -> float:
     """Messages/s the Spark job would reach: each core runs ``task_workers`` handler threads, and no
     core does more than the measured per-core rate (reading, shuffling and Python take the rest)."""
     per_core = min(gate.per_core_rate, gate.task_workers * per_worker_rate)
-    return gate.executors * gate.executor_cores * per_core
+    return gate.slots * per_core
 
 
 def catchup_verdict(
@@ -158,8 +207,8 @@ def catchup_verdict(
         return CatchupVerdict(
             None,
             0,
-            f"{too_slow}; no catch-up: Spark would reach about {spark_rate:,.0f} msg/s ({gate.executors} executors "
-            f"x {gate.executor_cores} cores), not more than the pods' {pods_rate:,.0f} msg/s",
+            f"{too_slow}; no catch-up: Spark would reach about {spark_rate:,.0f} msg/s "
+            f"({gate.describe_cores()}), not more than the pods' {pods_rate:,.0f} msg/s",
         )
     if last_ended_at is not None and now - last_ended_at < gate.cooldown_seconds:
         left = gate.cooldown_seconds - (now - last_ended_at)

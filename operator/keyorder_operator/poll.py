@@ -19,7 +19,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from keyorder_operator.builders import ADMIN_TOKEN_KEY, selector_labels
-from keyorder_operator.catchup import CatchupGate, CatchupRun, catchup_verdict
+from keyorder_operator.catchup import CatchupGate, CatchupRun, catchup_verdict, spark_cores
 from keyorder_operator.context import OperatorContext, kafka_properties
 from keyorder_operator.handover import CatchupHandover
 from keyorder_operator.key_names import with_key_digests
@@ -485,6 +485,9 @@ def catchup_gate(spec: OrderedConsumerSpec, armed: bool) -> CatchupGate:
         trigger_seconds=catchup.trigger_drain_seconds,
         executors=catchup.executors,
         executor_cores=catchup.executor_cores,
+        cores=spark_cores(
+            catchup.master, catchup.executors, catchup.executor_cores, catchup.resources.limits.get("cpu")
+        )[0],
         per_core_rate=catchup.per_core_rate,
         task_workers=catchup.task_workers,
         confirm_polls=catchup.confirm_polls,

@@ -75,7 +75,7 @@ HANDLER = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    with StandaloneCluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=1, memory="1g") as running:
+    with StandaloneCluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=2, memory="1g") as running:
         yield running
 
 
@@ -119,11 +119,9 @@ def test_spark_submit_on_a_standalone_cluster_ships_the_handler_and_commits_the_
         "shipped_handler:record",
         "--wave-offsets",
         "300",
-        "--key-partitions",
-        "4",
         "--report",
         str(report),
-    ]
+    ]  # no --key-partitions: one per core of the executors, once they registered (issue 27, defect 5)
     env = spark_env({"PYSPARK_DRIVER_PYTHON": sys.executable, "PYSPARK_PYTHON": sys.executable})
     result = subprocess.run(command, capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
@@ -138,6 +136,10 @@ def test_spark_submit_on_a_standalone_cluster_ships_the_handler_and_commits_the_
     summary = json.loads(report.read_text())
     assert summary["ok"] and summary["committed"] and summary["processed"] == 2_000
     assert summary["waves_planned"] == summary["waves_committed"] >= 2
+    # 2 workers x 2 cores: the old default (defaultParallelism when the plan was printed, before the
+    # executors registered) cut 2 key partitions
+    assert summary["key_partitions"] == 2 * cluster.cores, summary["key_partitions_reason"]
+    assert "registered" in summary["key_partitions_reason"]
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -179,6 +179,8 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
         "--spark-conf",
         "spark.executor.instances=6",
         "--spark-conf",
+        "spark.executor.memoryOverhead=608m",  # 384 MiB + one Python worker (160) with its look-ahead (64)
+        "--spark-conf",
         "spark.executorEnv.ORDERS_DB=db:5432",  # the handler's own variables reach standalone/YARN executors
         "--spark-conf",
         "spark.kubernetes.namespace=shop",
@@ -464,6 +466,8 @@ def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(
     else:
         assert spark["spark.executor.instances"] == str(spec.catchup.executors)
         assert spark["spark.executor.cores"] == str(spec.catchup.executor_cores)  # what the verdict counts
+        if "spark.executor.memoryOverhead" not in spec.catchup.spark_conf:  # a Python worker per core fits
+            assert spark["spark.executor.memoryOverhead"] == f"{384 + 224 * spec.catchup.executor_cores}m"
     if spec.catchup.master.startswith("k8s://"):
         assert spark["spark.kubernetes.container.image"] == "reg/spark:1"
         assert spark["spark.kubernetes.namespace"] == "shop"
@@ -486,3 +490,33 @@ def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(
     settings = {env_name(field) for field in CatchupConfig.model_fields}
     ignored = sorted(name for name in env if name.startswith("KEYORDER_") and name not in settings)
     assert ignored == [], f"the Job sets variables keyorder catchup ignores: {ignored}"
+
+
+@pytest.mark.parametrize(
+    ("master", "limit", "cores", "job_master"),
+    [
+        ("local[*]", None, 8, "local[8]"),  # no CPU limit: the cores the verdict counts, not the node's
+        ("local[*]", "2", 2, "local[*]"),  # keyorder catchup reads the limit from its cgroup
+        ("local[*]", "1500m", 2, "local[*]"),
+        ("local[3]", None, 3, "local[3]"),
+        ("local", None, 1, "local"),
+        ("k8s://https://kubernetes.default.svc", "2", 8, "k8s://https://kubernetes.default.svc"),
+    ],
+)
+def test_the_verdict_counts_the_cores_the_job_really_gets(master: str, limit, cores: int, job_master: str) -> None:
+    from keyorder_operator.catchup import spark_cores
+
+    assert spark_cores(master, 4, 2, limit) == (cores, job_master)
+
+
+def test_a_local_catchup_job_without_a_cpu_limit_runs_on_the_cores_the_verdict_counts() -> None:
+    spec = parse_spec(
+        {
+            "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
+            "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+            "catchup": {"enabled": True, "image": "reg/spark:1", "executors": 3, "executorCores": 2},
+        }
+    )
+    job = build_catchup_job(spec, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1", "o:0=1")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--master") + 1] == "local[6]"  # the old Job ran local[*]: every core of the node

@@ -64,6 +64,7 @@ from keyorder.catchup.plan import (
 )
 from keyorder.catchup.positions import PositionKind
 from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, CatchupConfig
+from keyorder.catchup.sizing import RegistrationWait, expected_cores, local_master
 from keyorder.config import consumer_properties, kafka_properties, producer_properties, redact
 from keyorder.progress import Progress
 
@@ -299,7 +300,7 @@ def spark_session(config: CatchupConfig):
     builder = SparkSession.builder.appName(f"keyorder-catchup-{config.group_id}")
     launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if config.master or not launched_by_submit:
-        builder = builder.master(config.master or "local[*]")
+        builder = builder.master(session_master(config.master))
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     for name, value in config.spark_settings().items():
         builder = builder.config(name, value)
@@ -307,6 +308,16 @@ def spark_session(config: CatchupConfig):
     if config.log_level != "DEBUG":
         session.sparkContext.setLogLevel("ERROR")  # task failures are reported once, by the job
     return session
+
+
+def session_master(master: str) -> str:
+    """``master`` (empty: ``local[*]``) with ``local[*]`` as ``local[n]``, n the container's CPU limit."""
+    from keyorder.adapters.cpu import available_cpus, cpu_quota
+
+    resolved = local_master(master or "local[*]", cpu_quota(), available_cpus())
+    if resolved != (master or "local[*]"):
+        log.info("Spark master %s: %s is the CPU this container may use", resolved, master or "local[*]")
+    return resolved
 
 
 def stop_spark(session: Any) -> None:
@@ -373,6 +384,8 @@ class CatchupJob:
         # (attempt, most attempts) of the running wave: set on the main thread before the wave's progress
         # thread starts, read by it
         self._attempt = (1, 1 + config.wave_retries)
+        self._key_partitions: int | None = None
+        self.key_partitions_reason = ""
 
     @property
     def spark(self):
@@ -384,7 +397,7 @@ class CatchupJob:
                 self._spark = spark_session(self.config)
             except Exception as error:  # PySparkRuntimeError JAVA_GATEWAY_EXITED, a bad master URL, ...
                 raise SparkStartError(
-                    f"could not start Spark (master {self.config.master or 'local[*]'!r}): "
+                    f"could not start Spark (master {session_master(self.config.master)!r}): "
                     f"{_first_line(error)}. Is a Java 17+ runtime installed (java -version, "
                     "JAVA_HOME)?"
                 ) from error
@@ -487,7 +500,40 @@ class CatchupJob:
         )
 
     def key_partitions(self) -> int:
-        return self.config.key_partitions or TASKS_PER_CORE * self.spark.sparkContext.defaultParallelism
+        """``--key-partitions``, else one per core the job asked Spark for, after waiting (at most
+        ``--executor-wait`` seconds, once per run) for the executors to register (``sizing``)."""
+        if self._key_partitions is None:
+            self._key_partitions, self.key_partitions_reason = self._size_key_partitions()
+            log.info("%s", self.key_partitions_reason)
+        return self._key_partitions
+
+    def _size_key_partitions(self) -> tuple[int, str]:
+        if self.config.key_partitions:
+            return self.config.key_partitions, f"{self.config.key_partitions} key partitions: --key-partitions"
+        context = self.spark.sparkContext
+        conf = dict(context.getConf().getAll())
+        expected, source = expected_cores(context.master, conf)
+        if expected is None and _LOCAL_MASTER.match(context.master):  # a handed-over local[*] session
+            expected, source = context.defaultParallelism, context.master
+        wait = RegistrationWait(
+            expected, time.monotonic(), timeout=self.config.executor_wait, tasks_per_core=TASKS_PER_CORE
+        )
+
+        def registered() -> int:
+            if _LOCAL_MASTER.match(context.master):
+                return expected or context.defaultParallelism
+            return _registered_cores(context, conf)
+
+        count = registered()
+        while not wait.done(count, time.monotonic()):
+            self.progress.show(
+                f"waiting for Spark executors: {count} of {expected if expected else '?'} cores registered "
+                f"({source}), {time.monotonic() - wait.started:.0f} of {self.config.executor_wait:.0f} s"
+            )
+            time.sleep(0.5)
+            count = registered()
+        self.progress.done()
+        return wait.key_partitions(count), wait.describe(count, time.monotonic()) + f" ({source})"
 
     def key_statistics(self, plan: Plan, top: int = 10) -> KeyStatistics:
         """Messages per route over the whole range (one read pass, no handler)."""
@@ -569,6 +615,8 @@ class CatchupJob:
         outcome.audit = audit(plan.ranges, plan.splits if outcome.error is None else done_splits, summaries)
         outcome.seconds = time.monotonic() - started
         outcome.spark_ui = self.spark.sparkContext.uiWebUrl if plan.waves else None
+        if self._key_partitions is not None:
+            outcome.extra.update(key_partitions=self._key_partitions, key_partitions_reason=self.key_partitions_reason)
         outcome.committed = plan.commit and outcome.ok and all(wave.committed for wave in outcome.waves)
         if plan.commit and outcome.ok and not plan.waves:  # nothing to handle: commit the fence (= the start)
             try:
@@ -713,6 +761,17 @@ def _route_name(route: bytes) -> str:
 
 _PYTHON_ERROR = re.compile(r"^\s*([\w.]+(?:Error|Exception|Blocked|Crashed|Violation)): (.+)$")
 _SPARK_CAUSE = re.compile(r"SparkException: (?!Job aborted)([^\n]+)")
+
+
+def _registered_cores(context: Any, conf: Mapping[str, str]) -> int:
+    """Cores of the executors registered so far (0 before the first): Spark's default parallelism is
+    their total (at least 2) unless spark.default.parallelism overrides it."""
+    executors = len(context._jsc.sc().statusTracker().getExecutorInfos()) - 1  # the driver is listed too
+    if executors <= 0:
+        return 0
+    if "spark.default.parallelism" in conf:
+        return executors * int(conf.get("spark.executor.cores", "1"))
+    return int(context.defaultParallelism)
 
 
 def _first_line(error: BaseException) -> str:

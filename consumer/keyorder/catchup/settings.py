@@ -50,13 +50,26 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         "(describe-groups failed: a timeout, an ACL, an old broker). Without it such a job refuses: live "
         "consumers would handle the same keys at the same time. Set it only once you stopped them yourself.",
     )
-    master: str = Field("", description="Spark master; empty: the one spark-submit gives, else local[*].")
+    master: str = Field(
+        "",
+        description="Spark master; empty: the one spark-submit gives, else local[*]. local[*] runs one task per "
+        "core of the container's CPU limit (cgroup), not of the node.",
+    )
     key_partitions: int = Field(
         0,
         ge=0,
         le=100_000,
         description="Spark partitions the keys are hashed into "
-        "(tasks of the handler stage); 0: one per core Spark reports (a task spreads its keys over its threads).",
+        "(tasks of the handler stage); 0: one per core the job asks Spark for, waiting up to --executor-wait "
+        "for them to register (a task spreads its keys over its threads).",
+    )
+    executor_wait: float = Field(
+        120.0,
+        ge=0,
+        le=3600,
+        description="Seconds to wait, before the first wave, for the executors' cores to register when "
+        "--key-partitions is 0 (one partition per core asked for: spark.executor.instances x "
+        "spark.executor.cores, spark.cores.max or local[n]).",
     )
     task_workers: int = Field(
         16,
