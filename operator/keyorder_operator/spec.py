@@ -428,10 +428,12 @@ class CatchupSpec(_Model):
     )
     resources: Resources = Field(default_factory=Resources, description="Resources of the Job's driver pod.")
     backoff_limit: int = Field(
-        0,
+        2,
         ge=0,
         le=10,
-        description="Job retries; a failed run keeps only the waves it committed, so a retry resumes after them.",
+        description="Job retries after its driver pod failed (a lost node, an OOM kill): a failed run keeps only "
+        "the waves it committed, so a retry resumes after them. A wave's transient faults are retried inside the "
+        "run (--wave-retries); an invalid configuration (exit 2) fails the Job at once whatever this says.",
     )
     max_seconds: int = Field(
         6 * 3600,
