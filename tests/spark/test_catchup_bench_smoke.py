@@ -41,6 +41,10 @@ def test_quick_catchup_bench_compares_spark_with_a_pod(tmp_path: Path) -> None:
     assert all(m["messages"] == 3000 and m["violations"] == 0 for m in report["measurements"])
     assert report["spark_startup_seconds"] > 0
     assert set(report["crossover"]) == {"cpu", "io"}
+    for profile in ("cpu", "io"):  # per core and per CPU-second, against the pod, from the same run
+        spark = report["per_core"][profile]["spark local[2]"]
+        assert spark["per_core"] > 0 and spark["per_core_ratio"] > 0 and spark["cpu_us_per_message"] > 0
+        assert f"{profile}: spark local[2] " in result.stdout and "msg/s per core" in result.stdout
     hot = report["hot_keys"]
     assert [m["messages"] for m in hot["measurements"]] == [6_000, 6_000]  # uniform, then 4 hot keys
     assert all(m["violations"] == 0 for m in hot["measurements"]) and hot["ratios"]["W=16"] > 0

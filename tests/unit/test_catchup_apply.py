@@ -68,7 +68,7 @@ def apply(handler: str, workers: int, sources: int = 1) -> ApplyHandler:
 def test_keys_run_in_parallel_each_in_order_across_batch_boundaries(handler: str) -> None:
     catchup_handlers.reset()
     messages = [f"k{index % 40:03d}".encode() for index in range(200)]
-    (summary,) = list(apply(handler, 8)(iter(sorted_partition(messages, batch_rows=37))))
+    (summary,) = [batch.to_pandas() for batch in apply(handler, 8)(iter(sorted_partition(messages, batch_rows=37)))]
 
     assert_key_order(catchup_handlers.RECORDS)
     assert len(catchup_handlers.RECORDS) == 200
@@ -97,7 +97,10 @@ def test_a_hot_key_takes_one_thread_while_the_other_keys_pass_it() -> None:
     hot = [b"hot"] * 150
     light = [f"light{index}".encode() for index in range(300)]
     messages = [item for pair in zip(hot, light[:150], strict=True) for item in pair] + light[150:]
-    summaries = list(apply("slow", 8, sources=3)(iter(sorted_partition(messages, batch_rows=50, sources=3))))
+    summaries = [
+        batch.to_pandas()
+        for batch in apply("slow", 8, sources=3)(iter(sorted_partition(messages, batch_rows=50, sources=3)))
+    ]
 
     assert sum(summaries[0]["processed"]) == 450
     assert_key_order(catchup_handlers.RECORDS)

@@ -511,9 +511,9 @@ def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:
         parameters={},
         spark_startup_seconds=10,
         measurements=[
-            Measurement("cpu", "pod W=4", 10_000, 10.0),
-            Measurement("cpu", "spark local[1]", 10_000, 5.0),
-            Measurement("cpu", "spark local[2]", 10_000, 10 / 3),
+            Measurement("cpu", "pod W=4", 10_000, 10.0, cpu_seconds=1.0),
+            Measurement("cpu", "spark local[1]", 10_000, 5.0, cores=1, cpu_seconds=4.0),
+            Measurement("cpu", "spark local[2]", 10_000, 10 / 3, cores=2, cpu_seconds=2.0),
             Measurement("io", "pod W=64", 10_000, 1.0),
             Measurement("io", "spark local[8]", 10_000, 4.0),
         ],
@@ -526,6 +526,15 @@ def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:
         "crossover_messages": 15_000,
     }
     assert report.crossover("io")["crossover_messages"] is None
+    per_core = report.per_core("cpu")  # pod: 1,000 msg/s on one core, 100 us of CPU per message
+    assert per_core["pod_per_core"] == 1000.0
+    assert per_core["spark local[1]"] == {
+        "per_core": 2000.0,
+        "per_core_ratio": 2.0,
+        "cpu_us_per_message": 400.0,
+        "cpu_ratio": 0.25,
+    }
+    assert per_core["spark local[2]"]["per_core"] == 1500.0 and per_core["spark local[2]"]["per_core_ratio"] == 1.5
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 The range of every partition is cut into *waves* (``plan.cut_waves``). Each wave is one Spark
 job, ``read splits -> repartition(n, lane) -> sortWithinPartitions(progress, source, offset) ->
-mapInPandas(handler)``, audited on its own and, when the plan commits, committed at once: a
+mapInArrow(handler)``, audited on its own and, when the plan commits, committed at once: a
 failure re-runs only the current wave (the committed waves are done), progress is real (one line
 per committed wave) and a rerun handles again at most one wave. A key lives in one partition and
 waves run one after another, so a key's messages keep their order across waves; within a wave,
@@ -684,7 +684,7 @@ class CatchupJob:
         )
         watcher.start()
         try:
-            rows = ordered.mapInPandas(handler, SUMMARY_SCHEMA).collect()
+            rows = ordered.mapInArrow(handler, SUMMARY_SCHEMA).collect()
         except Exception as error:  # a task failed: the handler, Kafka, or a blocked key
             return WaveOutcome(index, wave, time.monotonic() - wave_started, error=_first_line(error)), []
         finally:

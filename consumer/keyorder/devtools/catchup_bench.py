@@ -26,6 +26,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from keyorder.catchup.sizing import expected_cores
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.devtools.loadgen import EXACT_END_OFFSETS, create_topics, produce_keyed
 from keyorder.logs import configure_logging
@@ -55,10 +56,50 @@ class Measurement:
     messages: int
     seconds: float
     violations: int = 0
+    cores: int = 1
+    """Cores the runner may use for the handler: n for Spark local[n]; 1 for a pod's threads (the GIL)."""
+    cpu_seconds: float = 0.0
+    """CPU seconds of the whole process tree during the drain (the bench, its broker, Spark's JVM and
+    Python workers), so both runners pay for the broker alike."""
 
     @property
     def rate(self) -> float:
         return self.messages / self.seconds if self.seconds else 0.0
+
+    @property
+    def rate_per_core(self) -> float:
+        return self.rate / self.cores
+
+    @property
+    def cpu_micros_per_message(self) -> float:
+        return self.cpu_seconds / self.messages * 1e6 if self.messages else 0.0
+
+
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """User plus system CPU seconds of ``root`` (this process) and every live descendant (Linux /proc)."""
+    from keyorder.adapters.cpu import process_cpu_seconds
+
+    root = os.getpid() if root is None else root
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    text = stat.read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(text[text.rindex(")") + 2 :].split()[1])
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(process_cpu_seconds(pid) or 0.0 for pid in tree)
+
+
+PER_CORE_TARGET = 0.8
+"""Spark msg/s per core over pod msg/s per core, the issue's target."""
 
 
 HOT_KEYS = 4
@@ -101,6 +142,25 @@ class CatchupBenchReport:
             result["crossover_messages"] = None
         return result
 
+    def per_core(self, profile: str) -> dict:
+        """Each Spark setting's msg/s per core and per CPU-second against the pod's, for one handler."""
+        pod = next(m for m in self.measurements if m.profile == profile and m.runner.startswith("pod"))
+        result = {
+            "pod_per_core": round(pod.rate_per_core, 1),
+            "pod_cpu_us_per_message": round(pod.cpu_micros_per_message, 1),
+        }
+        for m in self.measurements:
+            if m.profile == profile and m.runner.startswith("spark"):
+                result[m.runner] = {
+                    "per_core": round(m.rate_per_core, 1),
+                    "per_core_ratio": round(m.rate_per_core / pod.rate_per_core, 3) if pod.rate_per_core else None,
+                    "cpu_us_per_message": round(m.cpu_micros_per_message, 1),
+                    "cpu_ratio": round(pod.cpu_micros_per_message / m.cpu_micros_per_message, 3)
+                    if m.cpu_micros_per_message
+                    else None,
+                }
+        return result
+
     def to_json(self) -> str:
         profiles = sorted({m.profile for m in self.measurements})
         return json.dumps(
@@ -109,6 +169,8 @@ class CatchupBenchReport:
                 "spark_startup_seconds": round(self.spark_startup_seconds, 2),
                 "measurements": [{**asdict(m), "rate": round(m.rate, 1)} for m in self.measurements],
                 "crossover": {profile: self.crossover(profile) for profile in profiles},
+                "per_core": {profile: self.per_core(profile) for profile in profiles},
+                "per_core_target": PER_CORE_TARGET,
                 "hot_keys": {
                     "measurements": [{**asdict(m), "rate": round(m.rate, 1)} for m in self.hot_keys],
                     "ratios": {workers: round(ratio, 3) for workers, ratio in self.hot_key_ratios().items()},
@@ -162,7 +224,7 @@ def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, 
     deadline = time.monotonic() + 60
     while handled() == 0 and time.monotonic() < deadline:  # the group join is not the pod's throughput
         time.sleep(0.01)
-    started, first = time.monotonic(), handled()
+    started, first, cpu_before = time.monotonic(), handled(), tree_cpu_seconds()
     while handled() < messages and time.monotonic() - started < 600:
         time.sleep(0.05)
         done = handled()
@@ -171,6 +233,7 @@ def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, 
             f"{(done - first) / max(time.monotonic() - started, 1e-9):,.0f} msg/s"
         )
     seconds = time.monotonic() - started
+    cpu_seconds = tree_cpu_seconds() - cpu_before
     done = handled()  # the few handled before the first sample are counted, a bias of at most 10 ms
     stop.set()
     thread.join(30)
@@ -181,6 +244,8 @@ def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, 
         done,
         round(seconds, 3),
         violations=len(check.violations),
+        cores=1,  # thread workers: the handler runs on one core at a time (the GIL)
+        cpu_seconds=round(cpu_seconds, 3),
     )
 
 
@@ -208,9 +273,10 @@ def drain_with_spark(
     job = CatchupJob(bench_config(bootstrap, topic, profile, master, task_workers), spark=spark)
     try:
         plan = job.plan()
-        started = time.monotonic()
+        started, cpu_before = time.monotonic(), tree_cpu_seconds()
         outcome = job.run(plan)
         seconds = time.monotonic() - started
+        cpu_seconds = tree_cpu_seconds() - cpu_before
     finally:
         job.close()
     if not outcome.ok:
@@ -223,6 +289,8 @@ def drain_with_spark(
         report["processed"],
         round(seconds, 3),
         violations=report["violations"],
+        cores=expected_cores(master, {})[0] or 1,
+        cpu_seconds=round(cpu_seconds, 3),
     )
 
 
@@ -420,6 +488,17 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
             f"  {profile_name}: pod {found['pod_rate']:,.0f} msg/s, best Spark ({found['spark_runner']}) "
             f"{found['spark_rate']:,.0f} msg/s = {found['speedup']}x; {where}"
         )
+    for profile_name in sorted({m.profile for m in report.measurements}):
+        per_core = report.per_core(profile_name)
+        for runner, figures in per_core.items():
+            if isinstance(figures, dict):
+                print(
+                    f"  {profile_name}: {runner} {figures['per_core']:,.0f} msg/s per core = "
+                    f"{figures['per_core_ratio']:.2f}x the pod's {per_core['pod_per_core']:,.0f} (target >= "
+                    f"{PER_CORE_TARGET}: {'met' if figures['per_core_ratio'] >= PER_CORE_TARGET else 'missed'}); "
+                    f"CPU {figures['cpu_us_per_message']:.0f} us/msg against the pod's "
+                    f"{per_core['pod_cpu_us_per_message']:.0f}"
+                )
     for workers, ratio in report.hot_key_ratios().items():
         print(
             f"  hot keys, {workers} task workers: {ratio:.2f}x the uniform-keys throughput "
