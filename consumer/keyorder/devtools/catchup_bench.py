@@ -25,6 +25,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from keyorder.catchup.sizing import expected_cores
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
@@ -145,7 +146,7 @@ class CatchupBenchReport:
     def per_core(self, profile: str) -> dict:
         """Each Spark setting's msg/s per core and per CPU-second against the pod's, for one handler."""
         pod = next(m for m in self.measurements if m.profile == profile and m.runner.startswith("pod"))
-        result = {
+        result: dict[str, Any] = {
             "pod_per_core": round(pod.rate_per_core, 1),
             "pod_cpu_us_per_message": round(pod.cpu_micros_per_message, 1),
         }
