@@ -100,7 +100,9 @@ def tree_cpu_seconds(root: int | None = None) -> float:
 
 
 PER_CORE_TARGET = 0.8
-"""Spark msg/s per core over pod msg/s per core, the issue's target."""
+"""Spark msg/s per core over pod msg/s per core, the issue's target, for the CPU-bound handler (cores
+bound its rate; the I/O-bound one is bound by threads, and its per-core figure is shown for information)."""
+CPU_BOUND_PROFILE = "cpu"
 
 
 HOT_KEYS = 4
@@ -493,10 +495,14 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
         per_core = report.per_core(profile_name)
         for runner, figures in per_core.items():
             if isinstance(figures, dict):
+                verdict = (
+                    f"target >= {PER_CORE_TARGET}: {'met' if figures['per_core_ratio'] >= PER_CORE_TARGET else 'missed'}"
+                    if profile_name == CPU_BOUND_PROFILE
+                    else "I/O-bound: threads, not cores, set its rate"
+                )
                 print(
                     f"  {profile_name}: {runner} {figures['per_core']:,.0f} msg/s per core = "
-                    f"{figures['per_core_ratio']:.2f}x the pod's {per_core['pod_per_core']:,.0f} (target >= "
-                    f"{PER_CORE_TARGET}: {'met' if figures['per_core_ratio'] >= PER_CORE_TARGET else 'missed'}); "
+                    f"{figures['per_core_ratio']:.2f}x the pod's {per_core['pod_per_core']:,.0f} ({verdict}); "
                     f"CPU {figures['cpu_us_per_message']:.0f} us/msg against the pod's "
                     f"{per_core['pod_cpu_us_per_message']:.0f}"
                 )
