@@ -141,7 +141,7 @@ def test_the_look_ahead_is_bounded_by_the_memory_of_the_messages_held() -> None:
     runner = TaskRunner(
         call, RetryPolicy(max_attempts=1), None, [("t", 0)], "key", 4, 100_000, lookahead_bytes=10 * one
     )
-    frames = [batch(rows[start : start + 20]) for start in range(0, len(rows), 20)]
+    frames = [batch(rows)]  # one batch: the bound must hold within a batch, not only between batches
     feeding = threading.Thread(target=runner.run, args=(iter(frames),))
     feeding.start()
     time.sleep(0.5)  # room for a look-ahead that would overrun the bound
