@@ -105,6 +105,8 @@ def test_drains_40k_messages_in_key_order_and_commits_the_fence(broker, spark, r
     report = outcome.report()
     assert (report["processed"], report["violations"], report["dead_lettered"]) == (40_000, 0, 0)
     assert outcome.committed
+    threads = report["waves"][0]["task_threads"]  # each task says how many threads it ran at once
+    assert 1 <= threads["min"] <= threads["max"] <= 16
     assert group_committed(broker.bootstrap, group, name, 4) == produced.end_offsets
 
     # An incremental run starts from the committed fence and handles only what arrived since.

@@ -86,6 +86,7 @@ def test_keys_run_in_parallel_each_in_order_across_batch_boundaries(handler: str
             "violations": 0,
             "task": 0,
             "attempt": 0,
+            "threads": 8,  # a sleeping handler keeps every thread (ThreadLimit)
         }
     ]
 
@@ -165,3 +166,23 @@ def test_a_message_larger_than_the_memory_bound_still_runs_alone() -> None:
     )
     runner.run(iter([batch(rows)]))
     assert len(handled) == 30 and runner.counts[0].processed == 30
+
+
+def test_a_task_whose_handler_keeps_the_process_busy_runs_fewer_threads_and_says_so() -> None:
+    """The process's CPU clock is a fake that runs as fast as the wall clock (a handler computing all the
+    time, whatever the machine's load): the task steps its 8 threads down to 1 and reports it; with the
+    real CPU clock a sleeping handler keeps all 8 (the first test)."""
+    from keyorder.catchup.apply import TaskRunner
+
+    handled: list[int] = []
+
+    def call(message) -> None:
+        time.sleep(0.0005)
+        handled.append(message.offset)
+
+    rows = [(lane_hash(b"k%d" % n), 0, n, n, b"k%d" % n, b"v", [], None, None, None) for n in range(8000)]
+    rows.append((0, 0, PROGRESS_SCALE, 8000, None, None, [], None, 8000, 0))
+    runner = TaskRunner(call, RetryPolicy(), None, [("t", 0)], "key", 8, 100_000, cpu_clock=time.monotonic)
+    runner.run(iter([batch(rows)]))
+    assert len(handled) == 8000 and runner.counts[0].processed == 8000
+    assert runner.thread_limit == 1

@@ -50,7 +50,7 @@ from keyorder.workers import call_sync_handler
 SUMMARY_SCHEMA = (
     "topic string, partition int, "
     + ", ".join(f"{name} long" for name in COUNTS)
-    + ", task int, attempt int, dead_letter_offsets array<long>"
+    + ", task int, attempt int, threads int, dead_letter_offsets array<long>"
 )
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,7 @@ class TaskRunner:
         clock: Callable[[], float] = time.monotonic,
         dead_letter_timeout: float = DEAD_LETTER_TIMEOUT,
         lookahead_bytes: int = LOOKAHEAD_BYTES,
+        cpu_clock: Callable[[], float] = time.process_time,
     ) -> None:
         self.call = call
         self.policy = policy
@@ -221,6 +222,8 @@ class TaskRunner:
         self.run_id = run_id
         self.wave = wave
         self.clock = clock
+        self.cpu_clock = cpu_clock
+        """The process's CPU seconds (``ThreadLimit`` compares them with ``clock``)."""
         self.dead_letter_timeout = dead_letter_timeout
         # (source, offset) -> (first failed write, failed writes) of a message whose dead letter is pending;
         # only the worker running the message's lane touches its entry (a lane runs on one thread at a time)
@@ -279,6 +282,11 @@ class TaskRunner:
                 thread.join()
         if self._error is not None:
             raise self._error
+
+    @property
+    def thread_limit(self) -> int:
+        """How many handler threads the task ran at once when it ended (``ThreadLimit``)."""
+        return self._threads.limit
 
     def _full(self) -> bool:
         return len(self._scheduler) >= self.lookahead or self._held_bytes >= self.lookahead_bytes
@@ -373,7 +381,7 @@ class TaskRunner:
         scheduler = self._scheduler
         self._active -= 1
         before = self._threads.limit
-        if self._threads.update(self.clock(), time.process_time(), scheduler.ready) > before:
+        if self._threads.update(self.clock(), self.cpu_clock(), scheduler.ready) > before:
             self._work.notify(self._threads.limit - before)
         if outcome == "retry":
             scheduler.park(delivery, self.clock() + delay)
@@ -471,6 +479,7 @@ def summary_batch(rows: list[dict[str, Any]]) -> Any:
             *[(name, pyarrow.int64()) for name in COUNTS],
             ("task", pyarrow.int32()),
             ("attempt", pyarrow.int32()),
+            ("threads", pyarrow.int32()),
             ("dead_letter_offsets", pyarrow.list_(pyarrow.int64())),
         ]
     )
@@ -541,6 +550,7 @@ class ApplyHandler:
                 **asdict(counts),
                 "task": task,
                 "attempt": attempt,
+                "threads": runner.thread_limit,
                 "dead_letter_offsets": runner.dead_letter_offsets.get(source, []),
             }
             for source, counts in sorted(runner.counts.items())

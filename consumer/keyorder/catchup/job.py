@@ -154,6 +154,9 @@ class WaveOutcome:
     committed: bool = False
     error: str | None = None
     task_reruns: int = 0
+    task_threads: list[int] = field(default_factory=list)
+    """Handler threads each task ran at once when it ended: fewer than --task-workers when the handler
+    kept its Python worker busy with fewer (``keyorder.core.concurrency``)."""
     """Handler tasks Spark ran again after an executor was lost (their keys may have been handled twice)."""
     dead_letters: list[tuple[str, int, int]] = field(default_factory=list)
     """(topic, partition, offset) of the dead-lettered messages (at most 1,000 per task and partition)."""
@@ -187,6 +190,9 @@ class WaveOutcome:
                 for name in ("read", "skipped", "processed", "dead_lettered")
             },
             "task_reruns": self.task_reruns,
+            "task_threads": {"min": min(self.task_threads), "max": max(self.task_threads)}
+            if self.task_threads
+            else None,
             "attempts": self.attempts,
             "failed_attempts": self.failed_attempts,
             "dead_letters": [{"topic": t, "partition": p, "offset": o} for t, p, o in self.dead_letters],
@@ -701,6 +707,7 @@ class CatchupJob:
                 time.monotonic() - wave_started,
                 audit=audit(wave, split_ranges(wave, self.config.split_offsets), summaries),
                 task_reruns=len({row["task"] for row in rows if row["attempt"]}),
+                task_threads=sorted({row["task"]: row["threads"] for row in rows}.values()),
                 dead_letters=[
                     (row["topic"], row["partition"], offset)
                     for row in rows
@@ -723,6 +730,7 @@ class CatchupJob:
             f"({handled / wave.seconds if wave.seconds else 0:,.0f} msg/s)"
             + (f", {len(wave.dead_letters):,} dead-lettered" if wave.dead_letters else "")
             + (f", {wave.task_reruns} task re-runs after a lost executor" if wave.task_reruns else "")
+            + _threads_note(wave.task_threads, self.config.task_workers)
             + f" · {time.monotonic() - started:.0f}s"
         )
         self.progress.done()
@@ -761,6 +769,15 @@ def _route_name(route: bytes) -> str:
 
 _PYTHON_ERROR = re.compile(r"^\s*([\w.]+(?:Error|Exception|Blocked|Crashed|Violation)): (.+)$")
 _SPARK_CAUSE = re.compile(r"SparkException: (?!Job aborted)([^\n]+)")
+
+
+def _threads_note(threads: list[int], workers: int) -> str:
+    """``, 1-2 of 16 task threads ran at once`` when the tasks ran fewer than ``--task-workers``."""
+    if not threads or min(threads) >= workers:
+        return ""
+    low, high = min(threads), max(threads)
+    counts = str(low) if low == high else f"{low}-{high}"
+    return f", {counts} of {workers} task threads ran at once (the handler kept them busy)"
 
 
 def _registered_cores(context: Any, conf: Mapping[str, str]) -> int:
