@@ -145,6 +145,47 @@ def test_spark_submit_on_a_standalone_cluster_ships_the_handler_and_commits_the_
 REPO = Path(__file__).resolve().parents[2]
 
 
+def driver_command(
+    cluster: StandaloneCluster,
+    bootstrap: str,
+    topic: str,
+    handler: str,
+    records: Path,
+    report: Path,
+    options: list[str],
+    spark_conf: dict[str, str] | None = None,
+) -> list[str]:
+    """``keyorder catchup`` as a client-mode driver on ``cluster``, for group ``g-<topic>``, with a handler of
+    ``tests.spark.handlers`` recording into ``records``."""
+    settings = {
+        "spark.pyspark.python": sys.executable,
+        "spark.driver.host": "127.0.0.1",
+        "spark.executor.memory": "768m",
+        "spark.executorEnv.PYTHONPATH": str(REPO),  # the handler: tests.spark.handlers
+        "spark.executorEnv.KEYORDER_TEST_RECORD_DIR": str(records),
+        **(spark_conf or {}),
+    }
+    return [
+        sys.executable,
+        "-m",
+        "keyorder.catchup",
+        "--master",
+        cluster.master_url,
+        "--bootstrap-servers",
+        bootstrap,
+        "--topics",
+        topic,
+        "--group-id",
+        f"g-{topic}",
+        "--handler",
+        f"tests.spark.handlers:{handler}",
+        "--report",
+        str(report),
+        *options,
+        *(argument for setting in settings.items() for argument in ("--spark-conf", "=".join(setting))),
+    ]
+
+
 def executor_processes(app_id: str) -> list[int]:
     """PIDs of executor JVMs (in the workers) that run for ``app_id``."""
     found = []
@@ -176,38 +217,16 @@ def test_sigterm_cancels_the_running_wave_stops_the_executors_and_writes_the_rep
     records.mkdir()
     group = f"g-{name}"
     report = tmp_path / "report.json"
-    spark_conf = {
-        "spark.pyspark.python": sys.executable,
-        "spark.driver.host": "127.0.0.1",
-        "spark.executor.memory": "768m",
-        "spark.executorEnv.PYTHONPATH": str(REPO),  # the handler: tests.spark.handlers:slow_record
-        "spark.executorEnv.KEYORDER_TEST_RECORD_DIR": str(records),
-        "spark.executorEnv.KEYORDER_TEST_HANDLER_SECONDS": str(delay),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "keyorder.catchup",
-        "--master",
-        cluster.master_url,
-        "--bootstrap-servers",
+    command = driver_command(
+        cluster,
         broker.bootstrap,
-        "--topics",
         name,
-        "--group-id",
-        group,
-        "--handler",
-        "tests.spark.handlers:slow_record",
-        "--wave-offsets",
-        str(wave_offsets),
-        "--key-partitions",
-        "2",
-        "--task-workers",
-        "2",
-        "--report",
-        str(report),
-        *(argument for setting in spark_conf.items() for argument in ("--spark-conf", "=".join(setting))),
-    ]
+        "slow_record",
+        records,
+        report,
+        ["--wave-offsets", str(wave_offsets), "--key-partitions", "2", "--task-workers", "2"],
+        {"spark.executorEnv.KEYORDER_TEST_HANDLER_SECONDS": str(delay)},
+    )
     env = spark_env({"PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable})
     log = tmp_path / "driver.log"
     with log.open("w") as output:  # a file, not a pipe: nobody reads a pipe while the driver runs
@@ -298,37 +317,15 @@ def test_a_wave_failed_by_a_crashed_python_worker_is_run_again_on_the_cluster(
     records.mkdir()
     group = f"g-{name}"
     report = tmp_path / "report.json"
-    spark_conf = {
-        "spark.pyspark.python": sys.executable,
-        "spark.driver.host": "127.0.0.1",
-        "spark.executor.memory": "768m",
-        "spark.executorEnv.PYTHONPATH": str(REPO),  # the handler: tests.spark.handlers:record
-        "spark.executorEnv.KEYORDER_TEST_RECORD_DIR": str(records),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "keyorder.catchup",
-        "--master",
-        cluster.master_url,
-        "--bootstrap-servers",
+    command = driver_command(
+        cluster,
         broker.bootstrap,
-        "--topics",
         name,
-        "--group-id",
-        group,
-        "--handler",
-        "tests.spark.handlers:record",
-        "--wave-offsets",
-        "50",
-        "--wave-retry-pause",
-        "0.5",
-        "--key-partitions",
-        "2",
-        "--report",
-        str(report),
-        *(argument for setting in spark_conf.items() for argument in ("--spark-conf", "=".join(setting))),
-    ]
+        "record",
+        records,
+        report,
+        ["--wave-offsets", "50", "--wave-retry-pause", "0.5", "--key-partitions", "2"],
+    )
     env = spark_env({"PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable})
     result = subprocess.run(command, capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
