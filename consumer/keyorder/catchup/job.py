@@ -530,15 +530,17 @@ class CatchupJob:
                 return expected or context.defaultParallelism
             return _registered_cores(context, conf)
 
-        count = registered()
-        while not wait.done(count, time.monotonic()):
+        count, shown = registered(), False
+        while not wait.done(count, time.monotonic()) and self.cancelled is None:  # a SIGTERM ends the wait
+            shown = True
             self.progress.show(
                 f"waiting for Spark executors: {count} of {expected if expected else '?'} cores registered "
                 f"({source}), {time.monotonic() - wait.started:.0f} of {self.config.executor_wait:.0f} s"
             )
             time.sleep(0.5)
             count = registered()
-        self.progress.done()
+        if shown:
+            self.progress.done()
         return wait.key_partitions(count), wait.describe(count, time.monotonic()) + f" ({source})"
 
     def key_statistics(self, plan: Plan, top: int = 10) -> KeyStatistics:
