@@ -31,7 +31,10 @@ def test_quick_demo_scales_out_then_workers_then_in_with_every_order_in_sequence
         f"workers grew before the pods reached the partition count: {reasons}"
     )
     assert report["spike_drained_seconds"] is not None
-    assert report["scaled_in_seconds"] > report["spike_drained_seconds"], "no scale-in after the drain"
+    # the demo notes the scale-in on the first poll that both sees the spike committed and the size at most a
+    # quarter of the peak: the same poll when the group shrank while the last commits were on their way
+    assert report["scaled_in_seconds"] is not None, "no scale-in after the drain"
+    assert report["scaled_in_seconds"] >= report["spike_drained_seconds"]
     assert report["audit"]["order_violations"] == 0 and report["audit"]["lost_events"] == 0
     assert report["audit"]["events"] >= report["spike_events"]
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
