@@ -535,6 +535,16 @@ def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:
         "cpu_ratio": 0.25,
     }
     assert per_core["spark local[2]"]["per_core"] == 1500.0 and per_core["spark local[2]"]["per_core_ratio"] == 1.5
+    hot = CatchupBenchReport(
+        parameters={},
+        hot_keys=[
+            Measurement("io", "local[2] uniform keys W=16", 120_000, 8.0),
+            Measurement("io", "local[2] 4 hot keys x 10,000 W=16", 120_000, 16.0),
+        ],
+        hot_chain_seconds=10.0,
+    )
+    assert hot.hot_key_ratios() == {"W=16": 0.5}
+    assert hot.hot_key_ceilings() == {"W=16": 0.8}  # the hot run cannot beat the 10 s chain: 8 / 10 at best
 
 
 @pytest.mark.parametrize(
