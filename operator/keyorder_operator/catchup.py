@@ -23,11 +23,11 @@ poison message under ``block``, a broken image) needs a person; any spec change 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from keyorder.catchup.sizing import expected_cores, is_local_master, local_master
 from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size, duration, shape
 
 
@@ -93,9 +93,6 @@ def projected_drain_seconds(lag: int, rate: float, arrivals: float) -> float:
     return math.inf if net_rate <= 0 else lag / net_rate
 
 
-_LOCAL_SLOTS = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
-
-
 def cpu_cores(quantity: str) -> float | None:
     """A Kubernetes CPU quantity (``2``, ``1.5``, ``500m``) in cores; ``None`` if it is not one."""
     text = quantity.strip()
@@ -114,19 +111,12 @@ def spark_cores(master: str, executors: int, executor_cores: int, cpu_limit: str
     limit it would see the node's cores, so the Job is given ``local[executors x executor_cores]``,
     the cores the verdict counts.
     """
-    match = _LOCAL_SLOTS.match(master.strip())
-    if not match:
+    if not is_local_master(master):
         return executors * executor_cores, master
-    slots = match.group(1)
-    if slots is None:
-        return 1, master
-    if slots.isdigit():
-        return int(slots), master
     limit = cpu_cores(cpu_limit) if cpu_limit else None
-    if limit:
-        return max(1, math.ceil(limit)), master
-    cores = executors * executor_cores
-    return cores, master.strip().replace("*", str(cores), 1)
+    resolved = local_master(master, limit, executors * executor_cores)  # local[*] as keyorder catchup reads it
+    cores, _ = expected_cores(resolved, {})
+    return cores or 1, master if limit else resolved
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder.catchup.sizing import RegistrationWait, expected_cores, local_master
+from keyorder.catchup.sizing import RegistrationWait, expected_cores, is_local_master, local_master
 
 
 @pytest.mark.parametrize(
@@ -73,3 +73,14 @@ def test_without_a_count_it_waits_for_the_registrations_to_settle() -> None:
     assert not wait.done(4, 14.0)
     assert wait.done(4, 15.0)  # none came for 3 s
     assert wait.key_partitions(4) == 4
+
+
+@pytest.mark.parametrize(
+    ("master", "local"),
+    [("local", True), ("local[2]", True), ("local[*]", True), ("local[2,3]", True), ("local[*,3]", True)]
+    + [("spark://m:7077", False), ("k8s://https://api", False), ("yarn", False), ("localhost", False)],
+)
+def test_every_local_form_is_local(master: str, local: bool) -> None:
+    """local[n,f] too: the key-partition wait treated it as a cluster, found no executors and waited its
+    whole bound."""
+    assert is_local_master(master) is local

@@ -499,6 +499,7 @@ def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(
         ("local[*]", "2", 2, "local[*]"),  # keyorder catchup reads the limit from its cgroup
         ("local[*]", "1500m", 2, "local[*]"),
         ("local[3]", None, 3, "local[3]"),
+        ("local[3,2]", None, 3, "local[3,2]"),
         ("local", None, 1, "local"),
         ("k8s://https://kubernetes.default.svc", "2", 8, "k8s://https://kubernetes.default.svc"),
     ],

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -83,16 +82,9 @@ class LazyDeadLetters:
             self._sink.close()
 
 
-def _headers(value: Any) -> tuple[tuple[str, bytes | None], ...]:
-    if _missing(value):
-        return ()
-    result = []
-    for item in value:
-        if isinstance(item, dict):
-            result.append((item["name"], item["value"]))
-        else:
-            result.append((item[0], item[1]))
-    return tuple(result)
+def _headers(value: list[dict[str, Any]] | None) -> tuple[tuple[str, bytes | None], ...]:
+    """The headers column's value (Arrow hands a struct over as a dict) as a message's headers."""
+    return () if value is None else tuple((item["name"], item["value"]) for item in value)
 
 
 _DELIVERY_COLUMNS = ("source", "offset", "key", "value", "headers", "timestamp", "marker_read", "marker_skipped")
@@ -106,11 +98,6 @@ def arrow_columns(batch: Any, names: tuple[str, ...]) -> list[list[Any]]:
     if isinstance(batch, pandas.DataFrame):
         batch = pyarrow.RecordBatch.from_pandas(batch, preserve_index=False)
     return [batch.column(name).to_pylist() for name in names]
-
-
-def _missing(value: Any) -> bool:
-    """Null as pandas hands it over: None, NaN (float columns) or pandas.NA (nullable integer columns)."""
-    return value is None or value is pandas.NA or (isinstance(value, float) and math.isnan(value))
 
 
 def thread_safe_caller(loaded: LoadedHandler) -> tuple[Callable[[Message], None], Callable[[], None]]:

@@ -64,7 +64,7 @@ from keyorder.catchup.plan import (
 )
 from keyorder.catchup.positions import PositionKind
 from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, CatchupConfig
-from keyorder.catchup.sizing import RegistrationWait, expected_cores, local_master
+from keyorder.catchup.sizing import RegistrationWait, expected_cores, is_local_master, local_master
 from keyorder.config import consumer_properties, kafka_properties, producer_properties, redact
 from keyorder.progress import Progress
 
@@ -519,16 +519,15 @@ class CatchupJob:
         context = self.spark.sparkContext
         conf = dict(context.getConf().getAll())
         expected, source = expected_cores(context.master, conf)
-        if expected is None and _LOCAL_MASTER.match(context.master):  # a handed-over local[*] session
+        local = is_local_master(context.master)
+        if expected is None and local:  # a handed-over local[*] session
             expected, source = context.defaultParallelism, context.master
         wait = RegistrationWait(
             expected, time.monotonic(), timeout=self.config.executor_wait, tasks_per_core=TASKS_PER_CORE
         )
 
         def registered() -> int:
-            if _LOCAL_MASTER.match(context.master):
-                return expected or context.defaultParallelism
-            return _registered_cores(context, conf)
+            return (expected or context.defaultParallelism) if local else _registered_cores(context, conf)
 
         count, shown = registered(), False
         while not wait.done(count, time.monotonic()) and self.cancelled is None:  # a SIGTERM ends the wait

@@ -22,6 +22,11 @@ from dataclasses import dataclass
 _LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
 
 
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[n]``, ``local[*]`` or ``local[n,f]``: every task in the driver's JVM."""
+    return _LOCAL.match(master.strip()) is not None
+
+
 def local_master(master: str, cpu_limit: float | None, available: int) -> str:
     """``local[*]`` (or ``local[*,f]``) as ``local[n]``: n the CPU limit rounded up, else the CPUs this
     process may run on; any other master unchanged."""

@@ -44,10 +44,13 @@ class Profile:
     spark_masters: tuple[str, ...]
 
 
-PROFILES = (
-    Profile("keyorder.devtools.catchup_bench_handlers:cpu", pod_workers=4, spark_masters=("local[1]", "local[2]")),
-    Profile("keyorder.devtools.catchup_bench_handlers:io", pod_workers=64, spark_masters=("local[2]", "local[8]")),
+CPU_PROFILE = Profile(
+    "keyorder.devtools.catchup_bench_handlers:cpu", pod_workers=4, spark_masters=("local[1]", "local[2]")
 )
+IO_PROFILE = Profile(
+    "keyorder.devtools.catchup_bench_handlers:io", pod_workers=64, spark_masters=("local[2]", "local[8]")
+)
+PROFILES = (CPU_PROFILE, IO_PROFILE)
 
 
 @dataclass
@@ -102,7 +105,6 @@ def tree_cpu_seconds(root: int | None = None) -> float:
 PER_CORE_TARGET = 0.8
 """Spark msg/s per core over pod msg/s per core, the issue's target, for the CPU-bound handler (cores
 bound its rate; the I/O-bound one is bound by threads, and its per-core figure is shown for information)."""
-CPU_BOUND_PROFILE = "cpu"
 
 
 HOT_KEYS = 4
@@ -316,7 +318,7 @@ def hot_chain_seconds(quick: bool) -> float:
     from keyorder.adapters.handlers import load_handler
 
     per_hot = 500 if quick else 10_000
-    handler = load_handler(next(p for p in PROFILES if short(p.handler) == "io").handler).function
+    handler = load_handler(IO_PROFILE.handler).function
     started = time.perf_counter()
     for _ in range(500):
         handler(None)
@@ -331,7 +333,7 @@ def hot_keys_scenario(
     message, and fewer busy threads shorten that wait."""
     per_hot, light_keys, per_light = (500, 500, 8) if quick else (10_000, 10_000, 8)
     total = HOT_KEYS * per_hot + light_keys * per_light
-    profile = next(p for p in PROFILES if short(p.handler) == "io")
+    profile = IO_PROFILE
     topics = {"uniform": "catchup-bench-uniform", "hot": "catchup-bench-hot"}
     for name in topics.values():
         create_topics(bootstrap, [name, f"{name}.dlq"], partitions)
@@ -525,7 +527,7 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
                 met = figures["per_core_ratio"] >= PER_CORE_TARGET
                 verdict = (
                     f"target >= {PER_CORE_TARGET}: {'met' if met else 'missed'}"
-                    if profile_name == CPU_BOUND_PROFILE
+                    if profile_name == short(CPU_PROFILE.handler)
                     else "I/O-bound: threads, not cores, set its rate"
                 )
                 print(
