@@ -77,8 +77,17 @@ def test_without_a_count_it_waits_for_the_registrations_to_settle() -> None:
 
 @pytest.mark.parametrize(
     ("master", "local"),
-    [("local", True), ("local[2]", True), ("local[*]", True), ("local[2,3]", True), ("local[*,3]", True)]
-    + [("spark://m:7077", False), ("k8s://https://api", False), ("yarn", False), ("localhost", False)],
+    [
+        ("local", True),
+        ("local[2]", True),
+        ("local[*]", True),
+        ("local[2,3]", True),
+        ("local[*,3]", True),
+        ("spark://m:7077", False),
+        ("k8s://https://api", False),
+        ("yarn", False),
+        ("localhost", False),
+    ],
 )
 def test_every_local_form_is_local(master: str, local: bool) -> None:
     """local[n,f] too: the key-partition wait treated it as a cluster, found no executors and waited its
