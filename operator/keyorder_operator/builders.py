@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
 from keyorder_operator.catchup import CONFIG_EXIT_CODE, spark_cores
 from keyorder_operator.kafka_config import MOUNT_DIR
 from keyorder_operator.spec import (
@@ -409,8 +410,6 @@ SPARK_OVERHEAD_MIB = 384
 """Spark's own default executor memory overhead (JVM off-heap, threads)."""
 PYTHON_WORKER_MIB = 160
 """A PySpark worker with keyorder, pandas, pyarrow and confluent-kafka imported (RSS, measured)."""
-TASK_LOOKAHEAD_MIB = 64
-"""``keyorder catchup --task-lookahead-mb``'s default: the messages one task holds at most."""
 
 
 def catchup_job_name(name: str, started_at: float) -> str:
@@ -472,7 +471,7 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         # one Python worker per core lives beside the executor's JVM, in its memory overhead: Spark's
         # default (384 MiB) does not hold two of them with their look-ahead (docs/catchup.md, Memory)
         settings["spark.executor.memoryOverhead"] = (
-            f"{SPARK_OVERHEAD_MIB + catchup.executor_cores * (PYTHON_WORKER_MIB + TASK_LOOKAHEAD_MIB)}m"
+            f"{SPARK_OVERHEAD_MIB + catchup.executor_cores * (PYTHON_WORKER_MIB + TASK_LOOKAHEAD_MB)}m"
         )
         if on_kubernetes:  # and the executor pods request them, so the scheduler places them where they fit
             settings["spark.kubernetes.executor.request.cores"] = str(catchup.executor_cores)

@@ -39,6 +39,7 @@ from keyorder.adapters.dead_letters import KafkaDeadLetterSink
 from keyorder.adapters.handlers import LoadedHandler, load_handler
 from keyorder.catchup.datasource import route_of
 from keyorder.catchup.plan import COUNTS, PartitionCounts
+from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
 from keyorder.contracts import DeadLetterError, DeadLetterSink
 from keyorder.core.concurrency import ThreadLimit
 from keyorder.core.lanes import Delivery, LaneScheduler
@@ -124,8 +125,8 @@ def thread_safe_caller(loaded: LoadedHandler) -> tuple[Callable[[Message], None]
 Source = tuple[str, int]
 HEADER_RUN = "keyorder.catchup.run"
 HEADER_WAVE = "keyorder.catchup.wave"
-LOOKAHEAD_BYTES = 64 << 20
-"""Estimated memory of the messages a task holds at most (``--task-lookahead-mb``'s default, 64 MiB)."""
+LOOKAHEAD_BYTES = TASK_LOOKAHEAD_MB << 20
+"""Estimated memory of the messages a task holds at most (``--task-lookahead-mb``'s default)."""
 MESSAGE_OVERHEAD = 600
 """Bytes a held message costs besides its key, value and headers: the ``Message`` and ``Delivery``
 objects, the bytes objects' headers and the lane's queue entry (measured with tracemalloc, rounded up)."""

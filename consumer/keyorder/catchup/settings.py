@@ -16,6 +16,9 @@ from keyorder.catchup.plan import CommitMode
 from keyorder.catchup.positions import Position, PositionError, parse_position
 from keyorder.config import HandlerSettings, KafkaConnectionSettings, name_values, split_name_values
 
+TASK_LOOKAHEAD_MB = 64
+"""``--task-lookahead-mb``'s default; the operator sizes executors' memory overhead by it."""
+
 ENFORCED_SPARK_SETTINGS = {
     "spark.speculation": "false",  # a speculative copy of a task would handle the same keys at the same time
     "spark.task.maxFailures": "1",  # a retried task re-handles its keys; rerun the wave instead
@@ -87,7 +90,7 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         "room for other keys to pass a hot one. --task-lookahead-mb bounds the same messages by memory.",
     )
     task_lookahead_mb: int = Field(
-        64,
+        TASK_LOOKAHEAD_MB,
         ge=1,
         le=65_536,
         description="Estimated memory (MiB) of the messages a Spark task holds at most: keys, values and "
