@@ -59,13 +59,21 @@ def pod_cpu_cores(root: Path = CGROUP) -> float:
     return min(quota, cpus) if quota is not None else cpus
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU seconds of a live process (Linux ``/proc``), ``None`` if unknown."""
+def process_stat(pid: int) -> list[str] | None:
+    """The fields of a live process's ``/proc/<pid>/stat`` after ``pid (comm)`` (the state first), ``None``
+    if it is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm)": the comm may hold spaces
+    return text[text.rindex(")") + 2 :].split()  # after "pid (comm)": the comm may hold spaces
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of a live process (Linux ``/proc``), ``None`` if unknown."""
+    fields = process_stat(pid)
+    if fields is None:
+        return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -81,18 +81,13 @@ class Measurement:
 
 def tree_cpu_seconds(root: int | None = None) -> float:
     """User plus system CPU seconds of ``root`` (this process) and every live descendant (Linux /proc)."""
-    from keyorder.adapters.cpu import process_cpu_seconds
+    from keyorder.adapters.cpu import process_cpu_seconds, process_stat
 
     root = os.getpid() if root is None else root
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    text = stat.read()
-            except OSError:
-                continue
-            parents[int(entry)] = int(text[text.rindex(")") + 2 :].split()[1])
+        if entry.isdigit() and (fields := process_stat(int(entry))) is not None:
+            parents[int(entry)] = int(fields[1])
     tree, frontier = {root}, [root]
     while frontier:
         parent = frontier.pop()
