@@ -7,6 +7,10 @@ job needs included), 128 + the signal's number when SIGTERM (143) or SIGINT (130
 running wave's Spark jobs were cancelled and that wave not committed (the waves before it stay
 committed), Spark was stopped (its executors with it) and the report written; a second signal
 exits at once with the same status (``keyorder.catchup.signals``).
+
+``--preflight`` only checks that this runtime can run a catch-up (a Java 17+ runtime, PySpark 4 and the
+driver's packages, the handler loads: ``keyorder.catchup.preflight``), one line per check, without Kafka or
+Spark: 0 when all pass, 2 otherwise. Only the handler setting is read (``--handler`` or ``KEYORDER_HANDLER``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from keyorder.config import ConfigError, add_settings_flags, load_config
@@ -34,6 +40,13 @@ def add_catchup_flags(parser: argparse.ArgumentParser) -> None:
         help="print the plan (ranges, waves, splits, key counts, hottest "
         "keys, skew, achievable parallelism) and exit without handling or committing anything "
         "(also while the group has live members)",
+    )
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="only check that this runtime can run a catch-up: a Java 17+ runtime, PySpark 4 and the driver's "
+        "packages import, the handler (--handler / KEYORDER_HANDLER) loads; one line per check, exit 0 when all "
+        "pass, 2 otherwise; touches neither Kafka nor Spark (the operator runs it before it stops the pods)",
     )
     add_settings_flags(parser, CatchupConfig)
 
@@ -157,8 +170,22 @@ def exit_status(outcome: Any, signum: int | None) -> int:
     return 0 if outcome.ok else EXIT_FAILED
 
 
+def preflight_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from keyorder.catchup.preflight import exit_status as preflight_status
+    from keyorder.catchup.preflight import preflight
+
+    checks = preflight(args.handler or environ.get("KEYORDER_HANDLER"), environ)
+    for check in checks:
+        print(check.line(), flush=True)
+    return preflight_status(checks)
+
+
 def catchup_command(args: argparse.Namespace) -> int:
-    for module in ("pyspark", "pandas", "pyarrow"):
+    if args.preflight:
+        return preflight_command(args, os.environ)
+    from keyorder.catchup.preflight import DRIVER_PACKAGES
+
+    for module in DRIVER_PACKAGES:
         try:
             __import__(module)
         except ImportError:

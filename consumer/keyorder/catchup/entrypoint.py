@@ -50,6 +50,11 @@ def spark_home(environ: Mapping[str, str]) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))))
 
 
+def java_executable(environ: Mapping[str, str]) -> str:
+    """The ``java`` Spark starts: ``$JAVA_HOME/bin/java``, else ``java`` on the PATH (Spark's ``spark-class``)."""
+    return f"{environ['JAVA_HOME']}/bin/java" if environ.get("JAVA_HOME") else "java"
+
+
 def _java_options(environ: Mapping[str, str]) -> list[str]:
     """``SPARK_JAVA_OPT_<n>`` in the order of ``n``, as Spark's entrypoint reads them."""
     numbered = []
@@ -83,7 +88,7 @@ def spark_command(argv: Sequence[str], environ: Mapping[str, str]) -> list[str] 
             f"executor: {', '.join(missing)} not set (Spark on Kubernetes sets them in executor pods; "
             "run `keyorder ...` for anything else)"
         )
-    java = f"{environ['JAVA_HOME']}/bin/java" if environ.get("JAVA_HOME") else "java"
+    java = java_executable(environ)
     memory = environ["SPARK_EXECUTOR_MEMORY"]
     classpath = ":".join(
         part for part in (environ.get("SPARK_CLASSPATH"), f"{home}/jars/*", environ.get("SPARK_DIST_CLASSPATH")) if part
