@@ -17,6 +17,12 @@ from typing import Any
 
 from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
 from keyorder_operator.catchup import CONFIG_EXIT_CODE, spark_cores
+from keyorder_operator.image_check import (
+    IMAGE_CHECK_JOB_GRACE_SECONDS,
+    IMAGE_CHECK_SECONDS,
+    IMAGE_CHECK_TTL_SECONDS,
+    template_digest,
+)
 from keyorder_operator.kafka_config import MOUNT_DIR
 from keyorder_operator.spec import (
     CATCHUP_IMAGE_RULE,
@@ -412,10 +418,15 @@ PYTHON_WORKER_MIB = 160
 """A PySpark worker with keyorder, pandas, pyarrow and confluent-kafka imported (RSS, measured)."""
 
 
-def catchup_job_name(name: str, started_at: float) -> str:
-    """``<name>-catchup-<epoch seconds>``, the name shortened (never the time) to fit 63 characters."""
-    suffix = f"-catchup-{int(started_at)}"
+def catchup_job_name(name: str, started_at: float, kind: str = "catchup") -> str:
+    """``<name>-<kind>-<epoch seconds>``, the name shortened (never the time) to fit 63 characters."""
+    suffix = f"-{kind}-{int(started_at)}"
     return name[: 63 - len(suffix)].rstrip("-.") + suffix
+
+
+def image_check_job_name(name: str, started_at: float) -> str:
+    """``<name>-preflight-<epoch seconds>``: the Job checking ``spec.catchup.image`` (``build_image_check_job``)."""
+    return catchup_job_name(name, started_at, "preflight")
 
 
 def catchup_selector(job_name: str) -> dict[str, str]:
@@ -434,6 +445,72 @@ template), and the hand-over waits until no pod carries it before the consumer p
 def catchup_executor_selector(job_name: str) -> dict[str, str]:
     """The Spark executor pods of a catch-up Job (``CATCHUP_JOB_LABEL``)."""
     return {CATCHUP_JOB_LABEL: job_name}
+
+
+def _driver_account(spec: OrderedConsumerSpec) -> str | None:
+    """Only a k8s:// driver calls the API (to create executor pods): it runs as ``catchup.serviceAccountName``;
+    any other catch-up Job keeps the consumers' account, with no token."""
+    catchup = spec.catchup
+    return catchup.service_account_name if catchup.master.startswith("k8s://") else None
+
+
+IMAGE_CHECK_ANNOTATION = "keyorder.dev/image-check"
+"""On a pre-flight Job: the digest of its pod template (``image_check.template_digest``): what it checks,
+and how an existing Job is told apart from another check's."""
+IMAGE_CHECK_CONTAINER = "preflight"
+IMAGE_CHECK_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
+"""Enough for ``java -version`` and importing PySpark, pandas, pyarrow and a handler (about 200 MiB)."""
+
+
+def build_image_check_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name: str) -> dict[str, Any]:
+    """The Job running ``keyorder catchup --preflight`` in ``spec.catchup.image`` before a hand-over stops the
+    pods (``image_check``): the catch-up Job's image, account, pull secrets and the user's pod template,
+    its environment and Kafka Secret (a handler that reads them on import sees the same), small resources,
+    no retry, a bounded deadline. Its container's termination message is the log's tail on failure, so the
+    operator can say which check failed without reading logs. No token: the pre-flight calls no API."""
+    name = owner["metadata"]["name"]
+    if spec.catchup.image is None:
+        raise ValueError(CATCHUP_IMAGE_RULE)
+    kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
+    container = {
+        "name": IMAGE_CHECK_CONTAINER,
+        "image": spec.catchup.image,
+        "args": ["catchup", "--preflight"],
+        "env": _env_list(_handler_env(spec), spec),
+        "resources": IMAGE_CHECK_RESOURCES,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts],
+        "securityContext": CONTAINER_SECURITY,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    job_labels = {**catchup_labels(name), "app.kubernetes.io/component": "catchup-preflight"}
+    pod_metadata, pod = _with_template(
+        spec,
+        {"labels": job_labels},
+        {
+            "restartPolicy": "Never",
+            "serviceAccountName": name,
+            "automountServiceAccountToken": False,
+            "securityContext": POD_SECURITY,
+            "containers": [container],
+            "volumes": [{"name": "tmp", "emptyDir": {}}, *kafka_volumes],
+        },
+        service_account=_driver_account(spec),
+    )
+    template = {"metadata": pod_metadata, "spec": pod}
+    metadata = _metadata(job_name, owner)
+    metadata["labels"] = job_labels
+    metadata["annotations"] = {IMAGE_CHECK_ANNOTATION: template_digest(template)}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": IMAGE_CHECK_SECONDS + IMAGE_CHECK_JOB_GRACE_SECONDS,
+            "ttlSecondsAfterFinished": IMAGE_CHECK_TTL_SECONDS,
+            "template": template,
+        },
+    }
 
 
 def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name: str, until: str) -> dict[str, Any]:
@@ -461,9 +538,7 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         args += ["--key-partitions", str(catchup.key_partitions)]
     args += ["--task-workers", str(catchup.task_workers)]
     settings: dict[str, str] = {}
-    # Only a k8s:// driver calls the API (to create executor pods); any other Job keeps the consumers'
-    # account, with no token.
-    driver_account = catchup.service_account_name if on_kubernetes else None
+    driver_account = _driver_account(spec)
     if not catchup.master.startswith("local"):
         settings["spark.executor.instances"] = str(catchup.executors)
         # the cores the catch-up verdict counts (executors x executorCores) are the cores Spark asks for

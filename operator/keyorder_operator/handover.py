@@ -1,24 +1,28 @@
-"""The catch-up hand-over, step by step: stop the pods, run the Spark Job up to the fence, give the
-group back to the pods.
+"""The catch-up hand-over, step by step: check the image, stop the pods, run the Spark Job up to the
+fence, give the group back to the pods.
 
-The decision to hand over is pure (``catchup.catchup_verdict``) and so is the Job's state machine
-(``catchup.CatchupRun``); this module does the I/O of each step for one poll (scale, create the Job,
-Events, status), through the poll's patch and conditions, so a hand-over survives an operator restart
-exactly where the status says it is.
+The decision to hand over is pure (``catchup.catchup_verdict``), and so are the image's pre-flight
+(``image_check.image_check_verdict``) and the Job's state machine (``catchup.CatchupRun``); this module
+does the I/O of each step for one poll (the pre-flight Job, scale, create the Job, Events, status),
+through the poll's patch and conditions, so a hand-over survives an operator restart exactly where the
+status says it is.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
 
 from keyorder_operator.builders import (
     FENCE_ANNOTATION,
+    IMAGE_CHECK_ANNOTATION,
     build_catchup_job,
+    build_image_check_job,
     catchup_executor_selector,
     catchup_job_name,
     catchup_selector,
+    image_check_job_name,
     selector_labels,
 )
 from keyorder_operator.catchup import (
@@ -32,7 +36,17 @@ from keyorder_operator.catchup import (
     job_state,
     stopping_pods_deadline,
 )
+from keyorder_operator.image_check import (
+    IMAGE_CHECK_SECONDS,
+    CheckStep,
+    ImageCheck,
+    checked_status,
+    image_check_verdict,
+    image_checked,
+    pod_state,
+)
 from keyorder_operator.kube import JobConflict
+from keyorder_operator.policy import duration
 from keyorder_operator.status import timestamp
 
 if TYPE_CHECKING:
@@ -46,6 +60,79 @@ class CatchupHandover:
         self.poll = poll
         self.kube = poll.context.kube
         self.namespace, self.name = poll.namespace, poll.name
+
+    def owner(self) -> dict[str, Any]:
+        return {"metadata": {"name": self.name, "namespace": self.namespace, "uid": self.poll.meta["uid"]}}
+
+    def image_ready(self, trigger: str | None) -> bool:
+        """Whether ``spec.catchup.image`` passed its pre-flight with the pod spec a check Job would have now
+        (``image_check``). Otherwise start that Job (only with a ``trigger``: a hand-over that would start
+        now) or follow the one under way, and say so; the pods keep running throughout. Without a trigger a
+        check under way is still followed, so its outcome is recorded and explained."""
+        poll, status = self.poll, self.poll.patch.status
+        image = poll.spec.catchup.image
+        check = ImageCheck.from_status(poll.status)
+        if image is None or not poll.spec.catchup.enabled:
+            if check is not None:
+                status["catchupImageCheck"] = None  # catch-up was turned off meanwhile: nothing to check for
+            return False
+        desired = build_image_check_job(poll.spec, self.owner(), image_check_job_name(self.name, poll.now))
+        digest = desired["metadata"]["annotations"][IMAGE_CHECK_ANNOTATION]
+        if image_checked(poll.status, image, digest):
+            if check is not None:
+                status["catchupImageCheck"] = None
+            return True
+        if check is not None and (check.image, check.digest) != (image, digest):
+            check = None  # the spec changed under the check: its result would not tell about this one
+            status["catchupImageCheck"] = None
+        if check is None:
+            if trigger is not None:
+                self.start_image_check(trigger, image, digest, desired)
+            return False
+        job = self.kube.job(self.namespace, check.job_name)
+        state = pod_state(self.kube.pods(self.namespace, catchup_selector(check.job_name)))
+        verdict = image_check_verdict(check, job_state(job), state, poll.now)
+        if verdict.step is CheckStep.WAIT:
+            status["catchupImageCheck"] = check.seen(state).to_status()
+            poll.condition("CatchingUp", True, "CheckingImage", verdict.message)
+            return False
+        status["catchupImageCheck"] = None
+        if verdict.step is CheckStep.PASSED:
+            status["catchupImageChecked"] = checked_status(check, timestamp(poll.now))
+            poll.info("CatchupImageChecked", verdict.message)
+            if trigger is None:  # no hand-over wins any more: nothing to start now
+                poll.condition("CatchingUp", False, "ImageChecked", f"{verdict.message}; no catch-up is due now")
+            return True
+        message = (
+            f"{verdict.message}. The pods were not stopped; automatic catch-up is off until the spec changes "
+            "(fix spec.catchup.image: build it from the image's `catchup` target with your handler)"
+        )
+        poll.warn("CatchupFailed", message)
+        poll.condition("CatchupFailed", True, "ImageCheckFailed", message)
+        poll.condition("CatchingUp", False, "ImageCheckFailed", message)
+        status["catchupFailedGeneration"] = poll.meta.get("generation")
+        status["catchupVotes"] = 0
+        status["lastDecision"] = {"reason": message, "time": timestamp(poll.now)}
+        return False
+
+    def start_image_check(self, trigger: str, image: str, digest: str, desired: dict[str, Any]) -> None:
+        poll = self.poll
+        check = ImageCheck(image, digest, desired["metadata"]["name"], poll.now)
+        try:
+            self.kube.create_job(desired, IMAGE_CHECK_ANNOTATION)
+        except (ApiException, JobConflict) as error:  # tried again on the next poll that wins
+            reason = error.reason if isinstance(error, ApiException) else str(error)
+            message = f"{trigger}; the pre-flight Job {check.job_name} of image {image} could not be created: {reason}"
+            poll.warn("CatchupImageCheckFailed", message)
+            poll.condition("CatchingUp", False, "ImageCheckNotCreated", message)
+            return
+        message = (
+            f"{trigger}; checking image {image} first (Job {check.job_name}: Java, PySpark and the handler, at "
+            f"most {duration(IMAGE_CHECK_SECONDS)}); the pods keep running until it passed"
+        )
+        poll.info("CatchupCheckingImage", message)
+        poll.patch.status["catchupImageCheck"] = check.to_status()
+        poll.condition("CatchingUp", True, "CheckingImage", message)
 
     def start(self, trigger: str, end_offsets: tuple[tuple[str, int, int], ...], replicas: int) -> None:
         """Record the fence, scale the pods to 0; the Job starts once they are gone."""
@@ -123,10 +210,9 @@ class CatchupHandover:
 
     def start_job(self, run: CatchupRun) -> None:
         poll = self.poll
-        owner = {"metadata": {"name": self.name, "namespace": self.namespace, "uid": poll.meta["uid"]}}
         try:
             self.kube.create_job(
-                build_catchup_job(poll.spec, owner, run.job_name, fence_argument(run.fence)), FENCE_ANNOTATION
+                build_catchup_job(poll.spec, self.owner(), run.job_name, fence_argument(run.fence)), FENCE_ANNOTATION
             )
         except (ApiException, JobConflict) as error:
             reason = error.reason if isinstance(error, ApiException) else str(error)

@@ -325,6 +325,20 @@ class Kube:
             and (pod.status is None or pod.status.phase not in ("Succeeded", "Failed"))
         )
 
+    def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        """Pods matching ``selector`` as plain dicts, listed from the API (not the cache, which watches only the
+        consumer pods): an image pre-flight's pod, for why it waits (``ImagePullBackOff``) or how it exited."""
+        label_selector = ",".join(f"{key}={value}" for key, value in selector.items())
+        listed = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
+        pods = [self.client.sanitize_for_serialization(pod) for pod in listed]
+        return [
+            pod
+            for pod in pods
+            if all(
+                ((pod.get("metadata") or {}).get("labels") or {}).get(key) == value for key, value in selector.items()
+            )
+        ]
+
     def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
         """IPs of ready pods matching ``selector``, from the cache or else the API."""
         cached = self.cache.pods(namespace, selector) if self.cache is not None else None

@@ -352,8 +352,12 @@ class Poll:
         )
         self.patch.status["catchupVotes"] = verdict.votes
         self.patch.status["catchupWaiting"] = verdict.waiting
-        if verdict.start and observed.sample is not None:
-            CatchupHandover(self).start(verdict.start, observed.sample.end_offsets, replicas)
+        handover = CatchupHandover(self)
+        trigger = verdict.start if observed.sample is not None else None
+        # the image's pre-flight first (a check under way is followed whatever the verdict): the pods stop
+        # only for an image that can run the Job
+        if handover.image_ready(trigger) and trigger is not None and observed.sample is not None:
+            handover.start(trigger, observed.sample.end_offsets, replicas)
             return True
         return False
 

@@ -1,13 +1,15 @@
 """Catch-up hand-over by the real kopf operator on the emulator, with lag from the real broker.
 
-The emulator runs no Job controller and no kubelet: the test plays the Job's part (it commits
-the fence as ``keyorder catchup`` would, then sets the Job's Complete or Failed condition); the
-operator's part (trigger, fence, scale to 0, Job spec, resume, conditions, Events) is asserted.
+The emulator runs no Job controller and no kubelet: the test plays the Jobs' part (the image's
+pre-flight Job passes or fails, its pod waits for an image pull; the catch-up Job commits the fence as
+``keyorder catchup`` would, then gets its Complete or Failed condition); the operator's part (image
+check, trigger, fence, scale to 0, Job spec, resume, conditions, Events) is asserted.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -72,8 +74,41 @@ def teach_slow_workers(context, name: str) -> None:
         memory.autoscaler = {**memory.autoscaler, "perWorkerRate": 1.0}
 
 
+def image_check_status(kube, name: str) -> dict:
+    return (kube.get(CR, name).get("status") or {}).get("catchupImageCheck") or {}
+
+
+def preflight_jobs(kube, name: str) -> list[dict]:
+    """The image pre-flight Jobs of OrderedConsumer ``name`` (recognised by their label)."""
+    return [
+        job
+        for job in kube.list("batch/v1/jobs", "default")
+        if job["metadata"]["labels"].get("app.kubernetes.io/component") == "catchup-preflight"
+        and job["metadata"]["labels"].get("app.kubernetes.io/instance") == name
+    ]
+
+
+def catchup_jobs(kube, name: str) -> list[str]:
+    """The names of the catch-up Jobs (not the pre-flight ones) of OrderedConsumer ``name``."""
+    return [
+        job["metadata"]["name"]
+        for job in kube.list("batch/v1/jobs", "default")
+        if job["metadata"]["labels"].get("app.kubernetes.io/component") == "catchup"
+        and job["metadata"]["labels"].get("app.kubernetes.io/instance") == name
+    ]
+
+
+def pass_image_check(kube, name: str) -> None:
+    """Play the pre-flight Job's part when one is under way: it succeeds (the image runs the pre-flight)."""
+    job_name = image_check_status(kube, name).get("jobName")
+    job = kube.get("batch/v1/jobs", job_name) if job_name else None
+    if job is not None and not (job.get("status") or {}).get("conditions"):
+        finish_job(kube, job_name, "Complete")
+
+
 def slow_workers_until_triggered(kube, context, name: str) -> dict:
-    """Teach slow workers until catch-up starts; its ``status.catchup``.
+    """Teach slow workers until catch-up starts, passing the image's pre-flight when one runs; its
+    ``status.catchup``.
 
     Repeated because the operator's own status patches may overwrite the first one.
     """
@@ -82,9 +117,44 @@ def slow_workers_until_triggered(kube, context, name: str) -> dict:
         found = catchup_status(kube, name)
         if not found:
             teach_slow_workers(context, name)
+            pass_image_check(kube, name)
         return found
 
     return wait_for(started, 40, f"catch-up of {name} to start", interval=0.2)
+
+
+def slow_workers_until_checking(kube, context, name: str) -> dict:
+    """Teach slow workers until a catch-up would start and the image's pre-flight begins; its status."""
+
+    def checking() -> dict:
+        found = image_check_status(kube, name)
+        if not found:
+            teach_slow_workers(context, name)
+        return found
+
+    return wait_for(checking, 40, f"the image check of {name} to start", interval=0.2)
+
+
+class ReplicaWatch:
+    """Reads a Deployment's ``spec.replicas`` every 50 ms on a thread: every value it held while watched."""
+
+    def __init__(self, kube, name: str) -> None:
+        self.kube, self.name = kube, name
+        self.seen: set[int | None] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.seen.add(replicas(self.kube, self.name))
+
+    def __enter__(self) -> ReplicaWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(10)  # hang guard
 
 
 def finish_job(kube, job_name: str, condition_type: str, reason: str = "Test") -> None:
@@ -217,11 +287,7 @@ def test_a_failed_catchup_resumes_the_pods_and_is_not_retried_for_the_same_spec(
             status = kube.get(CR, "refunds")["status"]
             assert (status.get("catchup"), status.get("catchupVotes")) == (None, 0), "a failed spec was retried"
         assert polls_with_slow_workers > CATCHUP_CONFIRM_POLLS, "the slow workers were not in force long enough"
-        assert [
-            job["metadata"]["name"]
-            for job in kube.list("batch/v1/jobs", "default")
-            if job["metadata"]["name"].startswith("refunds-")
-        ] == [job_name]
+        assert catchup_jobs(kube, "refunds") == [job_name]
 
 
 def test_a_deleted_job_ends_the_hand_over_and_the_pods_resume(kube, broker):
@@ -314,3 +380,97 @@ def test_a_job_refused_at_start_resumes_the_pods_at_once_and_names_the_image(kub
         assert "exited with code 2 before it touched the group" in failed, failed
         assert "image registry.example/vouchers:1.0 cannot run it" in failed, failed
         assert any("registry.example/vouchers:1.0" in message for message in events(kube, "CatchupFailed"))
+
+
+def waiting_pod(kube, job_name: str, reason: str, message: str) -> None:
+    """The pre-flight Job's pod as a kubelet reports one whose image it cannot pull."""
+    create_pod(kube, f"{job_name}-pod", {"job-name": job_name}, "preflight", "registry.example/missing:1.0")
+    waiting = {"reason": reason, "message": message}
+    container = {
+        "name": "preflight",
+        "image": "registry.example/missing:1.0",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"waiting": waiting},
+    }
+    status = {"phase": "Pending", "containerStatuses": [container]}
+    kube.patch("v1/pods", f"{job_name}-pod", {"status": status}, subresource="status")
+
+
+def test_an_image_that_fails_its_preflight_never_stops_the_pods_and_names_the_image(kube, broker):
+    topic = "okc-catchup-bad-image"
+    backlog(broker, topic)
+    image = "registry.example/missing:1.0"
+    with operator(kube.url) as context, ReplicaWatch(kube, "coupons") as watch:
+        kube.create(CR, resource(broker, "coupons", topic, image=image, cooldownSeconds=0))
+        check = slow_workers_until_checking(kube, context, "coupons")
+        job = wait_for(lambda: kube.get("batch/v1/jobs", check["jobName"]), 20, "the pre-flight Job")
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        assert (container["image"], container["args"]) == (image, ["catchup", "--preflight"])
+        assert job["spec"]["backoffLimit"] == 0 and job["metadata"]["ownerReferences"][0]["name"] == "coupons"
+        assert any(image in message for message in events(kube, "CatchupCheckingImage"))
+
+        # the kubelet cannot pull the image: status says so while the operator waits, the pods keep running
+        waiting_pod(kube, check["jobName"], "ImagePullBackOff", f'Back-off pulling image "{image}"')
+        wait_for(
+            lambda: "ImagePullBackOff" in condition_entry(kube.get(CR, "coupons"), "CatchingUp").get("message", ""),
+            20,
+            "CatchingUp to say why the check waits",
+        )
+        checking = condition_entry(kube.get(CR, "coupons"), "CatchingUp")
+        assert checking["reason"] == "CheckingImage" and "the pods keep running" in checking["message"]
+        assert replicas(kube, "coupons") != 0 and catchup_status(kube, "coupons") == {}
+
+        # the Job's deadline ends it (what the Job controller does; its pod is still being deleted)
+        finish_job(kube, check["jobName"], "Failed", reason="DeadlineExceeded")
+        wait_for(lambda: condition(kube.get(CR, "coupons"), "CatchupFailed") == "True", 20, "CatchupFailed")
+        failed = condition_entry(kube.get(CR, "coupons"), "CatchupFailed")
+        assert failed["reason"] == "ImageCheckFailed"
+        assert f"image {image} failed its pre-flight" in failed["message"], failed
+        assert "ImagePullBackOff" in failed["message"] and "The pods were not stopped" in failed["message"]
+        assert any(image in message and "ImagePullBackOff" in message for message in events(kube, "CatchupFailed"))
+        assert condition_entry(kube.get(CR, "coupons"), "CatchingUp")["status"] == "False"
+
+        # the backlog still looks hopeless (no cooldown), but this spec is not tried again: no second check
+        for _ in range(CATCHUP_CONFIRM_POLLS + 1):
+            teach_slow_workers(context, "coupons")
+            wait_for_polls(kube, "coupons", 1)
+        assert [job["metadata"]["name"] for job in preflight_jobs(kube, "coupons")] == [check["jobName"]]
+        assert catchup_jobs(kube, "coupons") == []
+    assert 0 not in watch.seen and watch.seen, f"the pods were scaled to 0: {watch.seen}"
+    assert events(kube, "CatchupStarted") == []
+
+
+def test_an_image_that_passed_its_preflight_hands_over_and_is_not_checked_again(kube, broker):
+    topic = "okc-catchup-checked"
+    ends = backlog(broker, topic)
+    with operator(kube.url) as context:
+        kube.create(CR, resource(broker, "credits", topic, cooldownSeconds=0))
+        check = slow_workers_until_checking(kube, context, "credits")
+        wait_for(lambda: kube.get("batch/v1/jobs", check["jobName"]), 20, "the pre-flight Job")
+        wait_for_polls(kube, "credits", 2)  # polls while the check runs: the pods keep running, no Job yet
+        assert replicas(kube, "credits") != 0
+        assert catchup_jobs(kube, "credits") == [] and catchup_status(kube, "credits") == {}
+
+        finish_job(kube, check["jobName"], "Complete")  # the image ran the pre-flight
+        started = slow_workers_until_triggered(kube, context, "credits")
+        wait_for(lambda: replicas(kube, "credits") == 0, 20, "the Deployment scaled to 0")
+        checked = kube.get(CR, "credits")["status"]["catchupImageChecked"]
+        assert checked["image"] == CATCHUP["image"] and checked["jobName"] == check["jobName"]
+        assert any(CATCHUP["image"] in message for message in events(kube, "CatchupImageChecked"))
+        job_name = started["jobName"]
+        wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
+        commit_group(broker.bootstrap, f"g-{topic}", topic, ends)
+        finish_job(kube, job_name, "Complete")
+        wait_for(lambda: replicas(kube, "credits") == started["resumeReplicas"], 20, "the pods resumed")
+
+        # a second backlog, the same image: the hand-over starts without another check
+        more = produce_keyed(broker.bootstrap, topic, 8_000, 500, extra_config=EXACT_END_OFFSETS)
+        wait_for(lambda: (kube.get(CR, "credits").get("status") or {}).get("lag") == 8_000, 30, "the new lag")
+        second = slow_workers_until_triggered(kube, context, "credits")
+        assert second["jobName"] != job_name
+        assert second["fence"] == {f"{topic}:{p}": offset for p, offset in more.end_offsets.items()}
+        assert [job["metadata"]["name"] for job in preflight_jobs(kube, "credits")] == [check["jobName"]]
+        assert image_check_status(kube, "credits") == {}
+        assert sum(CATCHUP["image"] in message for message in events(kube, "CatchupCheckingImage")) == 1

@@ -21,6 +21,7 @@ from tests.operator.harness import CR, TimerRuns, wait_for, wait_for_polls
 from tests.operator.kubelet import consumer_labels, create_pod
 from tests.operator.test_operator_catchup import (
     backlog,
+    catchup_jobs,
     catchup_status,
     finish_job,
     resource,
@@ -339,6 +340,6 @@ def test_a_restarted_operator_resumes_the_hand_over_where_the_status_says(kube, 
         assert catchup_status(kube, "steadfast") == {}
         assert any(job_name in message for message in events(kube, "CatchupSucceeded"))
         assert catching_up(third, "steadfast") == 0
-    jobs = [job["metadata"]["name"] for job in kube.list("batch/v1/jobs", "default")]
+    jobs = catchup_jobs(kube, "steadfast")
     assert jobs == [job_name], f"one hand-over, one Job: {jobs}"
     assert sum(job_name in message for message in events(kube, "CatchupRunning")) == 1
