@@ -11,14 +11,15 @@ from keyorder.catchup.datasource import (
     PROGRESS_SCALE,
     Split,
     SplitReadError,
-    arrow_batches,
     arrow_schema,
     lane_hash,
     partition_route,
     read_split,
+    read_task,
 )
 from keyorder.devtools.loadgen import create_topics
 from tests.fakes import FakeClock
+from tests.support import EXACT_END_OFFSETS
 
 pytestmark = pytest.mark.broker
 
@@ -77,13 +78,34 @@ def test_a_fence_past_the_log_end_fails_the_split(broker, topic) -> None:
         list(read_split({"bootstrap.servers": broker.bootstrap}, "key", Split(topic, 0, 20, 40), timeout=30))
 
 
-def test_arrow_batches_keep_every_row_and_the_schema(broker, topic) -> None:
-    rows = list(read_split({"bootstrap.servers": broker.bootstrap}, "key", Split(topic, 0, 0, 30), timeout=30))
-    batches = list(arrow_batches(iter(rows), size=8))
-    assert [batch.num_rows for batch in batches] == [8, 8, 8, 7]
+def test_a_task_reads_its_partitions_interleaved_each_in_offset_order(broker) -> None:
+    """A by-partition task's input: every record and every split's end marker once, each partition's
+    offsets increasing across its splits, the partitions interleaved chunk by chunk by progress."""
+    name = f"src-{uuid.uuid4().hex[:8]}"
+    create_topics(broker.bootstrap, [name], 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, **EXACT_END_OFFSETS})
+    for partition, count in ((0, 30), (1, 12)):
+        for index in range(count):
+            producer.produce(name, key=f"k{index}".encode(), value=b"v", partition=partition)
+    assert producer.flush(30) == 0
+    splits = [
+        Split(name, 1, 0, 12, source=1),
+        Split(name, 0, 15, 30, source=0, range_start=0, range_end=30),  # out of order: read after 0..15
+        Split(name, 0, 0, 15, source=0, range_start=0, range_end=30),
+    ]
+    batches = list(read_task({"bootstrap.servers": broker.bootstrap}, "key", splits, timeout=30, chunk_rows=4))
     assert all(batch.schema == arrow_schema() for batch in batches)
-    offsets = [offset for batch in batches for offset in batch.column("offset").to_pylist()]
-    assert offsets == [*range(30), 30]  # the 30 records, then the marker at the fence
+    columns = [[batch.column(n).to_pylist() for n in arrow_schema().names] for batch in batches]
+    rows = [row for batch in columns for row in zip(*batch, strict=True)]
+    records = [(row[1], row[3]) for row in rows if row[8] is None]
+    assert [offset for source, offset in records if source == 0] == list(range(30))
+    assert [offset for source, offset in records if source == 1] == list(range(12))
+    markers = sorted((row[1], row[3], row[8]) for row in rows if row[8] is not None)
+    assert markers == [(0, 15, 15), (0, 30, 15), (1, 12, 12)]  # (source, fence, read) of each split
+    sources = [batch.column("source")[0].as_py() for batch in batches]
+    first = {source: sources.index(source) for source in (0, 1)}
+    last = {source: len(sources) - 1 - sources[::-1].index(source) for source in (0, 1)}
+    assert max(first.values()) < min(last.values()), sources  # interleaved, not one partition after the other
 
 
 class FlakyConsumer:

@@ -128,6 +128,25 @@ def test_drains_40k_messages_in_key_order_and_commits_the_fence(broker, spark, r
     assert group_committed(broker.bootstrap, group, name, 4) == more.end_offsets
 
 
+@pytest.mark.parametrize(("layout", "expected"), [("auto", "by-partition"), ("shuffle", "shuffle")])
+def test_both_layouts_handle_every_key_once_in_order(broker, spark, record_dir, layout, expected) -> None:
+    """4 even partitions on local[2]'s 2 key partitions: auto lets each task read 2 whole partitions and
+    handle them as it reads (several splits each, one after another); shuffle reads first, then moves keys."""
+    name = topic(broker)
+    produced = produce_keyed(broker.bootstrap, name, 12_000, 2_000, extra_config=EXACT_END_OFFSETS)
+    group = f"g-{name}"
+    _, outcome = run(spark, config(broker, name, group, split_offsets=1_000, layout=layout))
+
+    assert outcome.ok, (outcome.error, outcome.audit and outcome.audit.problems)
+    wave = outcome.report()["waves"][0]
+    assert wave["layout"]["layout"] == expected and wave["layout"]["tasks"] == 2
+    records = read_records(str(record_dir), name)
+    assert_key_order((key, seq) for key, seq, *_ in records)  # exactly once, in order, per key
+    assert len(records) == 12_000
+    assert (wave["read"], wave["processed"]) == (12_000, 12_000)
+    assert group_committed(broker.bootstrap, group, name, 4) == produced.end_offsets
+
+
 def test_failures_follow_the_pods_retry_and_dead_letter_policy(broker, spark, record_dir) -> None:
     name = topic(broker, partitions=2)
     events = []

@@ -29,6 +29,7 @@ of megabytes past its fence.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import logging
 import time
@@ -48,6 +49,8 @@ PROGRESS_SCALE = 1 << 20
 """``progress`` runs from 0 (the range's start) to PROGRESS_SCALE (its fence)."""
 READ_BATCH = 1000
 """Most records one ``consume`` call returns."""
+ARROW_BATCH_ROWS = 2_000
+"""Rows per Arrow batch a reader task yields (and per chunk when it interleaves partitions)."""
 PREFETCH_KBYTES = 4096
 """librdkafka's pre-fetch queue per reader (its default is 64 MiB), unless the properties set it."""
 READ_ERROR_PAUSE_MAX = 2.0
@@ -120,14 +123,71 @@ class KafkaRangeReader(DataSourceReader):
         self.timeout = float(options.get(OPTION_TIMEOUT, "120"))
 
     def partitions(self) -> list[InputPartition]:
-        return [InputPartition(split) for split in self.splits]
+        return [InputPartition(task) for task in self.splits]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        split = Split(*partition.value)
-        yield from arrow_batches(read_split(self.properties, self.ordering, split, self.timeout))
+        splits = [Split(*split) for split in partition.value]
+        yield from read_task(self.properties, self.ordering, splits, self.timeout)
 
 
-ARROW_BATCH_ROWS = 2_000
+def read_task(
+    properties: dict[str, str],
+    ordering: str,
+    splits: Sequence[Split],
+    timeout: float,
+    chunk_rows: int = ARROW_BATCH_ROWS,
+    **read_options: Any,
+) -> Iterator[Any]:
+    """One reader task's splits as Arrow batches: each partition's splits one after another, different
+    partitions interleaved by ``progress`` (a chunk at a time), as a pod's poll batches interleave them.
+    The by-partition layout hands these batches straight to the handlers, so no partition waits for
+    another to be read first."""
+    by_source: dict[int, list[Split]] = {}
+    for split in splits:
+        by_source.setdefault(split.source, []).append(split)
+
+    def rows(chain: list[Split]) -> Iterator[tuple]:
+        for split in sorted(chain, key=lambda s: s.start):
+            yield from read_split(properties, ordering, split, timeout, **read_options)
+
+    streams = [_chunks(rows(chain), chunk_rows) for chain in by_source.values()]
+    for chunk in merge_chunks(streams):
+        yield arrow_batch(chunk)
+
+
+def _chunks(rows: Iterator[tuple], size: int) -> Iterator[list[tuple]]:
+    chunk: list[tuple] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _chunk_progress(chunk: list[tuple]) -> int:
+    """The progress of a chunk's first record (-1 for end markers only: nothing to wait for)."""
+    for row in chunk:
+        if row[_MARKER_COLUMN] is None:
+            return int(row[_PROGRESS_COLUMN])
+    return -1
+
+
+def merge_chunks(streams: list[Iterator[list[tuple]]]) -> Iterator[list[tuple]]:
+    """Chunks of several streams, the one least far into its range first; each stream's own order kept."""
+    heads: list[tuple[int, int, list[tuple]]] = []
+    for index, stream in enumerate(streams):
+        chunk = next(stream, None)
+        if chunk is not None:
+            heads.append((_chunk_progress(chunk), index, chunk))
+    heapq.heapify(heads)
+    while heads:
+        _, index, chunk = heapq.heappop(heads)
+        yield chunk
+        following = next(streams[index], None)
+        if following is not None:
+            heapq.heappush(heads, (_chunk_progress(following), index, following))
 
 
 def arrow_schema():
@@ -149,25 +209,18 @@ def arrow_schema():
     )
 
 
-def arrow_batches(rows: Iterator[tuple], size: int = ARROW_BATCH_ROWS) -> Iterator[Any]:
-    """Rows as Arrow record batches: Spark takes them without converting row by row."""
+_PROGRESS_COLUMN = 2
+_MARKER_COLUMN = 8
+
+
+def arrow_batch(rows: list[tuple]) -> Any:
+    """Rows as one Arrow record batch: Spark takes it without converting row by row."""
     import pyarrow
 
     schema = arrow_schema()
-
-    def batch(columns: list[list]) -> Any:
-        arrays = [pyarrow.array(column, type=field.type) for column, field in zip(columns, schema, strict=True)]
-        return pyarrow.RecordBatch.from_arrays(arrays, schema=schema)
-
-    columns: list[list] = [[] for _ in schema.names]
-    for row in rows:
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
-        if len(columns[0]) >= size:
-            yield batch(columns)
-            columns = [[] for _ in schema.names]
-    if columns[0]:
-        yield batch(columns)
+    columns = zip(*rows, strict=True)
+    arrays = [pyarrow.array(list(column), type=field.type) for column, field in zip(columns, schema, strict=True)]
+    return pyarrow.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 class Split(NamedTuple):

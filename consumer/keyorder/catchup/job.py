@@ -41,6 +41,7 @@ from keyorder.catchup.datasource import (
     SOURCE_NAME,
     KafkaRangeDataSource,
 )
+from keyorder.catchup.layout import Layout, WaveLayout, choose_layout
 from keyorder.catchup.offsets import CatchupKafkaError, KafkaOffsets
 from keyorder.catchup.plan import (
     COUNTS,
@@ -154,10 +155,12 @@ class WaveOutcome:
     committed: bool = False
     error: str | None = None
     task_reruns: int = 0
+    """Handler tasks Spark ran again after an executor was lost (their keys may have been handled twice)."""
     task_threads: list[int] = field(default_factory=list)
     """Handler threads each task ran at once when it ended: fewer than --task-workers when the handler
     kept its Python worker busy with fewer (``keyorder.core.concurrency``)."""
-    """Handler tasks Spark ran again after an executor was lost (their keys may have been handled twice)."""
+    layout: WaveLayout | None = None
+    """How the wave's messages reached its handler tasks, and why (``layout.choose_layout``)."""
     dead_letters: list[tuple[str, int, int]] = field(default_factory=list)
     """(topic, partition, offset) of the dead-lettered messages (at most 1,000 per task and partition)."""
     attempts: int = 1
@@ -190,6 +193,7 @@ class WaveOutcome:
                 for name in ("read", "skipped", "processed", "dead_lettered")
             },
             "task_reruns": self.task_reruns,
+            "layout": self.layout.report() if self.layout else None,
             "task_threads": {"min": min(self.task_threads), "max": max(self.task_threads)}
             if self.task_threads
             else None,
@@ -476,34 +480,47 @@ class CatchupJob:
             done=done,
         )
 
-    def _records(self, plan: Plan, wave: list[OffsetRange]):
+    def _records(self, plan: Plan, wave: list[OffsetRange], layout: WaveLayout | None = None):
+        """The wave's records, read by the tasks of a by-partition ``layout``, else one reader task per split."""
         self.spark.dataSource.register(KafkaRangeDataSource)
         index = {tp: number for number, tp in enumerate(plan.sources)}
         whole = {(r.topic, r.partition): r for r in wave}
-        splits = [
-            [
-                s.topic,
-                s.partition,
-                s.start,
-                s.end,
-                index[(s.topic, s.partition)],
-                whole[(s.topic, s.partition)].start,
-                whole[(s.topic, s.partition)].end,
-                skip_runs(s, plan.done.get((s.topic, s.partition), frozenset())),
-            ]
-            for s in split_ranges(wave, self.config.split_offsets)
-        ]
+        splits: dict[int, list[list[Any]]] = {}
+        for s in split_ranges(wave, self.config.split_offsets):
+            source = index[(s.topic, s.partition)]
+            splits.setdefault(source, []).append(
+                [
+                    s.topic,
+                    s.partition,
+                    s.start,
+                    s.end,
+                    source,
+                    whole[(s.topic, s.partition)].start,
+                    whole[(s.topic, s.partition)].end,
+                    skip_runs(s, plan.done.get((s.topic, s.partition), frozenset())),
+                ]
+            )
+        if layout is not None and layout.layout is Layout.BY_PARTITION:
+            tasks = [[split for source in task for split in splits[source]] for task in layout.tasks]
+        else:
+            tasks = [[split] for source in sorted(splits) for split in splits[source]]
         reader_properties = {
             name: value for name, value in self.properties.items() if not name.startswith(("group.", "enable.auto."))
         }
         return (
             self.spark.read.format(SOURCE_NAME)
-            .option(OPTION_SPLITS, json.dumps(splits))
+            .option(OPTION_SPLITS, json.dumps(tasks))
             .option(OPTION_PROPERTIES, json.dumps(reader_properties))
             .option(OPTION_ORDERING, self.config.ordering.value)
             .option(OPTION_TIMEOUT, str(self.config.read_timeout))
             .load()
         )
+
+    def wave_layout(self, plan: Plan, wave: list[OffsetRange]) -> WaveLayout:
+        """How this wave's messages reach its key partitions (``--layout``; ``layout.choose_layout``)."""
+        index = {tp: number for number, tp in enumerate(plan.sources)}
+        sizes = {index[(r.topic, r.partition)]: r.offsets for r in wave}
+        return choose_layout(self.config.layout, sizes, self.key_partitions())
 
     def key_partitions(self) -> int:
         """``--key-partitions``, else one per core the job asked Spark for, after waiting (at most
@@ -675,11 +692,13 @@ class CatchupJob:
             run_id=run_id,
             wave=index,
         )
-        ordered = (
-            self._records(plan, wave)
-            .repartition(self.key_partitions(), "lane")
-            .sortWithinPartitions("progress", "source", "offset")
-        )
+        layout = self.wave_layout(plan, wave)
+        log.info("wave %d/%d: %s", index + 1, len(plan.waves), layout.reason)
+        records = self._records(plan, wave, layout)
+        if layout.layout is Layout.SHUFFLE:
+            records = records.repartition(self.key_partitions(), "lane").sortWithinPartitions(
+                "progress", "source", "offset"
+            )
         self._job_group = f"keyorder-catchup-{run_id}-wave-{index}"  # what cancel() cancels
         self.spark.sparkContext.setJobGroup(self._job_group, f"keyorder catch-up wave {index + 1}/{len(plan.waves)}")
         stop = threading.Event()
@@ -691,9 +710,10 @@ class CatchupJob:
         )
         watcher.start()
         try:
-            rows = ordered.mapInArrow(handler, SUMMARY_SCHEMA).collect()
+            rows = records.mapInArrow(handler, SUMMARY_SCHEMA).collect()
         except Exception as error:  # a task failed: the handler, Kafka, or a blocked key
-            return WaveOutcome(index, wave, time.monotonic() - wave_started, error=_first_line(error)), []
+            failed = WaveOutcome(index, wave, time.monotonic() - wave_started, error=_first_line(error), layout=layout)
+            return failed, []
         finally:
             stop.set()
             watcher.join()
@@ -708,6 +728,7 @@ class CatchupJob:
                 time.monotonic() - wave_started,
                 audit=audit(wave, split_ranges(wave, self.config.split_offsets), summaries),
                 task_reruns=len({row["task"] for row in rows if row["attempt"]}),
+                layout=layout,
                 task_threads=sorted({row["task"]: row["threads"] for row in rows}.values()),
                 dead_letters=[
                     (row["topic"], row["partition"], offset)

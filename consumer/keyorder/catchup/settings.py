@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from keyorder.catchup.layout import Layout
 from keyorder.catchup.plan import CommitMode
 from keyorder.catchup.positions import Position, PositionError, parse_position
 from keyorder.config import HandlerSettings, KafkaConnectionSettings, name_values, split_name_values
@@ -73,6 +74,15 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         description="Seconds to wait, before the first wave, for the executors' cores to register when "
         "--key-partitions is 0 (one partition per core asked for: spark.executor.instances x "
         "spark.executor.cores, spark.cores.max or local[n]).",
+    )
+    layout: Layout = Field(
+        Layout.AUTO,
+        description="How a wave's messages reach its handler tasks. by-partition: each task reads whole Kafka "
+        "partitions and handles their messages as it reads them (no shuffle, reading overlaps handling); "
+        "shuffle: every partition is read first, then each key moves to its key partition (any number of "
+        "tasks, balanced by key, but no handler starts before the last read); auto: by-partition when at "
+        "least as many partitions have messages as there are key partitions and whole partitions leave no "
+        "task more than 10% above an even share, else shuffle.",
     )
     task_workers: int = Field(
         16,
