@@ -108,6 +108,7 @@ class CatchupHandover:
             "(fix spec.catchup.image: build it from the image's `catchup` target with your handler)"
         )
         poll.warn("CatchupFailed", message)
+        poll.context.metrics.catchups.labels(self.namespace, self.name, "image_failed").inc()
         poll.condition("CatchupFailed", True, "ImageCheckFailed", message)
         poll.condition("CatchingUp", False, "ImageCheckFailed", message)
         status["catchupFailedGeneration"] = poll.meta.get("generation")

@@ -15,7 +15,8 @@ from keyorder_operator.catchup import largest_size
 from keyorder_operator.observe import LagSample
 from keyorder_operator.policy import Cause, Decision, LimitKind, RateSource, ScalingLimits, net_drain_seconds, step_cost
 
-CATCHUP_OUTCOMES = ("started", "succeeded", "failed", "missing")
+CATCHUP_OUTCOMES = ("started", "succeeded", "failed", "missing", "image_failed")
+"""``image_failed``: the image's pre-flight failed before any pod stopped (``image_check``); catch-up is then off."""
 
 
 class OperatorMetrics:
@@ -56,7 +57,7 @@ class OperatorMetrics:
         )
         self.catchups = Counter(
             "keyorder_operator_catchups",
-            "Catch-up Jobs by outcome: started, succeeded, failed.",
+            "Catch-up hand-overs by outcome: started, succeeded, failed, missing, image_failed (pre-flight).",
             [*labels, "outcome"],
             registry=self.registry,
         )

@@ -431,6 +431,13 @@ def test_an_image_that_fails_its_preflight_never_stops_the_pods_and_names_the_im
         assert "ImagePullBackOff" in failed["message"] and "The pods were not stopped" in failed["message"]
         assert any(image in message and "ImagePullBackOff" in message for message in events(kube, "CatchupFailed"))
         assert condition_entry(kube.get(CR, "coupons"), "CatchingUp")["status"] == "False"
+        outcomes = {
+            outcome: context.metrics.registry.get_sample_value(
+                "keyorder_operator_catchups_total", {"namespace": "default", "name": "coupons", "outcome": outcome}
+            )
+            for outcome in ("image_failed", "started")
+        }
+        assert outcomes == {"image_failed": 1.0, "started": 0.0}  # KeyorderCatchupFailed fires on image_failed
 
         # the backlog still looks hopeless (no cooldown), but this spec is not tried again: no second check
         for _ in range(CATCHUP_CONFIRM_POLLS + 1):

@@ -309,7 +309,8 @@ def test_prometheus_rule_has_the_issues_alerts_and_more(manifests):
     assert "(keyorder_partition_oldest_inflight_age_seconds)" in alerts["KeyorderKeyStuck"]["expr"]
     assert "rate(keyorder_messages_dead_lettered_total[5m])) > 0" in alerts["KeyorderDeadLettering"]["expr"]
     assert "keyorder_operator_lag_unavailable_total" in alerts["KeyorderLagUnknown"]["expr"]
-    assert 'keyorder_operator_catchups_total{outcome=~"failed|missing"}' in alerts["KeyorderCatchupFailed"]["expr"]
+    catchup_failed = 'keyorder_operator_catchups_total{outcome=~"failed|missing|image_failed"}'
+    assert catchup_failed in alerts["KeyorderCatchupFailed"]["expr"]
     for alert in alerts.values():
         assert alert["labels"]["team"] == "payments" and alert["labels"]["severity"] in ("warning", "critical")
         assert "{{ $labels." in alert["annotations"]["summary"]  # Prometheus templating survived Helm's
