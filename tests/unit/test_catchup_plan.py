@@ -538,13 +538,17 @@ def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:
     hot = CatchupBenchReport(
         parameters={},
         hot_keys=[
-            Measurement("io", "local[2] uniform keys W=16", 120_000, 8.0),
-            Measurement("io", "local[2] 4 hot keys x 10,000 W=16", 120_000, 16.0),
+            Measurement("io", "local[2] uniform keys | W=16 auto", 120_000, 8.0),
+            Measurement("io", "local[2] 4 hot keys x 10,000 | W=16 auto", 120_000, 16.0),
+            Measurement("io", "local[2] uniform keys | W=16 shuffle", 120_000, 10.0),
+            Measurement("io", "local[2] 4 hot keys x 10,000 | W=16 shuffle", 120_000, 12.5),
         ],
         hot_chain_seconds=10.0,
     )
-    assert hot.hot_key_ratios() == {"W=16": 0.5}
-    assert hot.hot_key_ceilings() == {"W=16": 0.8}  # the hot run cannot beat the 10 s chain: 8 / 10 at best
+    assert hot.hot_key_ratios() == {"W=16 auto": 0.5, "W=16 shuffle": 0.8}
+    # the hot run cannot beat the 10 s chain: 8 / 10 and 10 / 10 at best
+    assert hot.hot_key_ceilings() == {"W=16 auto": 0.8, "W=16 shuffle": 1.0}
+    assert hot.hot_chain_shares() == {"W=16 auto": 0.625, "W=16 shuffle": 0.8}  # the chain's share of the hot run
 
 
 @pytest.mark.parametrize(

@@ -42,10 +42,15 @@ class Profile:
     handler: str
     pod_workers: int
     spark_masters: tuple[str, ...]
+    shuffle_too: tuple[str, ...] = ()
+    """Masters also run with ``--layout shuffle``, to compare it with the default layout in the same run."""
 
 
 CPU_PROFILE = Profile(
-    "keyorder.devtools.catchup_bench_handlers:cpu", pod_workers=4, spark_masters=("local[1]", "local[2]")
+    "keyorder.devtools.catchup_bench_handlers:cpu",
+    pod_workers=4,
+    spark_masters=("local[1]", "local[2]"),
+    shuffle_too=("local[1]",),
 )
 IO_PROFILE = Profile(
     "keyorder.devtools.catchup_bench_handlers:io", pod_workers=64, spark_masters=("local[2]", "local[8]")
@@ -103,6 +108,8 @@ bound its rate; the I/O-bound one is bound by threads, and its per-core figure i
 
 
 HOT_KEYS = 4
+HOT_KEY_SETTINGS = ((16, "auto"), (16, "shuffle"), (8, "auto"))
+"""(task workers, layout) of the hot-keys runs: the defaults first (the only one with --quick)."""
 HOT_KEY_TARGET = 0.7
 """Hot-key throughput over uniform-key throughput, the issue's target."""
 
@@ -113,26 +120,31 @@ class CatchupBenchReport:
     spark_startup_seconds: float = 0.0
     measurements: list[Measurement] = field(default_factory=list)
     hot_keys: list[Measurement] = field(default_factory=list)
-    """The hot-keys scenario: per task-worker setting, uniform keys then the hot keys, same size and session."""
+    """The hot-keys scenario: per setting (task workers, layout), uniform keys then the hot keys, same size
+    and session; the runner names end in `` | <setting>``."""
     hot_chain_seconds: float = 0.0
     """One hot key's messages one after another, handler time only (measured on this machine): no run with
     the hot keys can be shorter."""
 
     def hot_key_ceilings(self) -> dict[str, float]:
-        """The best ratio each task-worker setting could reach: its uniform run's time over the hot chain's."""
+        """The best ratio each setting could reach: its uniform run's time over the hot chain's."""
         return {
-            uniform.runner.rsplit(" ", 1)[-1]: min(uniform.seconds / self.hot_chain_seconds, 1.0)
+            hot_setting(uniform): min(uniform.seconds / self.hot_chain_seconds, 1.0)
             for uniform in self.hot_keys[::2]
             if self.hot_chain_seconds
         }
 
     def hot_key_ratios(self) -> dict[str, float]:
-        """Hot over uniform throughput per task-worker setting (the runner names end in ``W=<n>``)."""
+        """Hot over uniform throughput per setting."""
         ratios = {}
         for uniform, hot in zip(self.hot_keys[::2], self.hot_keys[1::2], strict=True):
             if uniform.rate:
-                ratios[uniform.runner.rsplit(" ", 1)[-1]] = hot.rate / uniform.rate
+                ratios[hot_setting(uniform)] = hot.rate / uniform.rate
         return ratios
+
+    def hot_chain_shares(self) -> dict[str, float]:
+        """Per setting, the hot chain's time over the hot run's: 1.0 is a run as short as its hot key allows."""
+        return {hot_setting(hot): min(self.hot_chain_seconds / hot.seconds, 1.0) for hot in self.hot_keys[1::2]}
 
     def crossover(self, profile: str) -> dict:
         """The backlog above which the fastest Spark setting beats the pod, start-up included."""
@@ -184,14 +196,20 @@ class CatchupBenchReport:
                 "per_core_target": PER_CORE_TARGET,
                 "hot_keys": {
                     "measurements": [{**asdict(m), "rate": round(m.rate, 1)} for m in self.hot_keys],
-                    "ratios": {workers: round(ratio, 3) for workers, ratio in self.hot_key_ratios().items()},
+                    "ratios": {setting: round(ratio, 3) for setting, ratio in self.hot_key_ratios().items()},
                     "target": HOT_KEY_TARGET,
                     "hot_chain_seconds": round(self.hot_chain_seconds, 2),
-                    "ceilings": {workers: round(value, 3) for workers, value in self.hot_key_ceilings().items()},
+                    "ceilings": {setting: round(value, 3) for setting, value in self.hot_key_ceilings().items()},
+                    "chain_shares": {setting: round(value, 3) for setting, value in self.hot_chain_shares().items()},
                 },
             },
             indent=2,
         )
+
+
+def hot_setting(measurement: Measurement) -> str:
+    """The setting a hot-keys run used: what its runner name says after `` | ``."""
+    return measurement.runner.rsplit(" | ", 1)[-1]
 
 
 def crossover_messages(startup_seconds: float, pod_rate: float, spark_rate: float) -> float:
@@ -262,8 +280,11 @@ def drain_with_pod(bootstrap: str, topic: str, profile: Profile, messages: int, 
     )
 
 
-def bench_config(bootstrap: str, topic: str, profile: Profile, master: str, task_workers: int = 16):
+def bench_config(
+    bootstrap: str, topic: str, profile: Profile, master: str, task_workers: int = 16, layout: str = "auto"
+):
     """The settings of one measured catch-up run (a fresh group, nothing committed)."""
+    from keyorder.catchup.layout import Layout
     from keyorder.catchup.settings import CatchupConfig
 
     return CatchupConfig(
@@ -275,15 +296,23 @@ def bench_config(bootstrap: str, topic: str, profile: Profile, master: str, task
         commit="never",
         split_offsets=10_000,
         task_workers=task_workers,
+        layout=Layout(layout),
     )
 
 
 def drain_with_spark(
-    spark, bootstrap: str, topic: str, profile: Profile, master: str, runner: str | None = None, task_workers: int = 16
+    spark,
+    bootstrap: str,
+    topic: str,
+    profile: Profile,
+    master: str,
+    runner: str | None = None,
+    task_workers: int = 16,
+    layout: str = "auto",
 ) -> Measurement:
     from keyorder.catchup.job import CatchupJob
 
-    job = CatchupJob(bench_config(bootstrap, topic, profile, master, task_workers), spark=spark)
+    job = CatchupJob(bench_config(bootstrap, topic, profile, master, task_workers, layout), spark=spark)
     try:
         plan = job.plan()
         started, cpu_before = time.monotonic(), tree_cpu_seconds()
@@ -298,7 +327,7 @@ def drain_with_spark(
     report = outcome.report()
     return Measurement(
         short(profile.handler),
-        runner or f"spark {master}",
+        runner or f"spark {master}" + ("" if layout == "auto" else f" --layout {layout}"),
         report["processed"],
         round(seconds, 3),
         violations=report["violations"],
@@ -348,22 +377,13 @@ def hot_keys_scenario(
     spark, _ = sessions.get(bench_config(bootstrap, topics["uniform"], profile, master))
     drain_with_spark(spark, bootstrap, topics["uniform"], profile, master)  # warm up
     measurements = []
-    for workers in (16,) if quick else (16, 8):
-        runner = f"{master} %s W={workers}"
-        measurements.append(
-            drain_with_spark(spark, bootstrap, topics["uniform"], profile, master, runner % "uniform keys", workers)
-        )
-        measurements.append(
-            drain_with_spark(
-                spark,
-                bootstrap,
-                topics["hot"],
-                profile,
-                master,
-                runner % f"{HOT_KEYS} hot keys x {per_hot:,}",
-                workers,
+    for workers, layout in HOT_KEY_SETTINGS[:1] if quick else HOT_KEY_SETTINGS:
+        setting = f"W={workers} {layout}"
+        for scenario, keys in (("uniform", "uniform keys"), ("hot", f"{HOT_KEYS} hot keys x {per_hot:,}")):
+            runner = f"{master} {keys} | {setting}"
+            measurements.append(
+                drain_with_spark(spark, bootstrap, topics[scenario], profile, master, runner, workers, layout)
             )
-        )
     return measurements
 
 
@@ -481,6 +501,7 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
         produce_keyed(broker.bootstrap, warm_up_topic, WARM_UP_MESSAGES, args.keys, extra_config=EXACT_END_OFFSETS)
         progress.done()
         for profile in PROFILES if args.only != "hot-keys" else ():
+            measured_before = len(report.measurements)
             report.measurements.append(drain_with_pod(broker.bootstrap, topic, profile, messages, progress))
             masters = ("local[2]",) if args.quick else profile.spark_masters
             for master in masters:  # local[n]: n tasks at once, so one session per setting
@@ -489,7 +510,11 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
                 if startup is not None:  # JVM, JIT and Python workers: paid once per job
                     startups.append(startup + warm_up.seconds)
                 report.measurements.append(drain_with_spark(spark, broker.bootstrap, topic, profile, master))
-            for m in report.measurements[-1 - len(masters) :]:
+                if master in profile.shuffle_too and not args.quick:
+                    report.measurements.append(
+                        drain_with_spark(spark, broker.bootstrap, topic, profile, master, layout="shuffle")
+                    )
+            for m in report.measurements[measured_before + 1 :]:
                 print(
                     f"  {m.profile:<4} {m.runner:<16} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s, "
                     f"violations {m.violations})"
@@ -498,7 +523,7 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
             report.hot_keys = hot_keys_scenario(broker.bootstrap, args.partitions, args.quick, progress, sessions)
             report.hot_chain_seconds = hot_chain_seconds(args.quick)
             for m in report.hot_keys:
-                print(f"  hot keys {m.runner:<34} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s)")
+                print(f"  hot keys {m.runner:<48} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s)")
     report.spark_startup_seconds = sum(startups) / len(startups) if startups else 0.0
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "report.json").write_text(report.to_json() + "\n")
@@ -531,16 +556,16 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
                     f"CPU {figures['cpu_us_per_message']:.0f} us/msg against the pod's "
                     f"{per_core['pod_cpu_us_per_message']:.0f}"
                 )
-    ceilings = report.hot_key_ceilings()
-    for workers, ratio in report.hot_key_ratios().items():
+    ceilings, shares = report.hot_key_ceilings(), report.hot_chain_shares()
+    for setting, ratio in report.hot_key_ratios().items():
         print(
-            f"  hot keys, {workers} task workers: {ratio:.2f}x the uniform-keys throughput "
+            f"  hot keys, {setting}: {ratio:.2f}x the uniform-keys throughput "
             f"(target >= {HOT_KEY_TARGET}): "
             + ("met" if ratio >= HOT_KEY_TARGET else "missed")
             + (
-                f"; at most {ceilings[workers]:.2f}x here: one hot key's chain alone takes "
-                f"{report.hot_chain_seconds:.1f} s of handler time"
-                if workers in ceilings
+                f"; at most {ceilings[setting]:.2f}x here: one hot key's chain alone takes "
+                f"{report.hot_chain_seconds:.1f} s of handler time, {shares[setting]:.0%} of the hot run"
+                if setting in ceilings
                 else ""
             )
         )
