@@ -416,6 +416,9 @@ SPARK_OVERHEAD_MIB = 384
 """Spark's own default executor memory overhead (JVM off-heap, threads)."""
 PYTHON_WORKER_MIB = 160
 """A PySpark worker with keyorder, pandas, pyarrow and confluent-kafka imported (RSS, measured)."""
+PYTHON_WORKERS_PER_TASK = 2
+"""Python workers a running catch-up task holds at once: in the by-partition layout (``--layout``) the
+reader of its partitions runs beside its handlers."""
 
 
 def catchup_job_name(name: str, started_at: float, kind: str = "catchup") -> str:
@@ -543,11 +546,10 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         settings["spark.executor.instances"] = str(catchup.executors)
         # the cores the catch-up verdict counts (executors x executorCores) are the cores Spark asks for
         settings["spark.executor.cores"] = str(catchup.executor_cores)
-        # one Python worker per core lives beside the executor's JVM, in its memory overhead: Spark's
-        # default (384 MiB) does not hold two of them with their look-ahead (docs/catchup.md, Memory)
-        settings["spark.executor.memoryOverhead"] = (
-            f"{SPARK_OVERHEAD_MIB + catchup.executor_cores * (PYTHON_WORKER_MIB + TASK_LOOKAHEAD_MB)}m"
-        )
+        # a task's Python workers (reader and handlers) live beside the executor's JVM, in its memory
+        # overhead: Spark's default (384 MiB) does not hold them with their look-ahead (docs/catchup.md, Memory)
+        per_core = PYTHON_WORKERS_PER_TASK * PYTHON_WORKER_MIB + TASK_LOOKAHEAD_MB
+        settings["spark.executor.memoryOverhead"] = f"{SPARK_OVERHEAD_MIB + catchup.executor_cores * per_core}m"
         if on_kubernetes:  # and the executor pods request them, so the scheduler places them where they fit
             settings["spark.kubernetes.executor.request.cores"] = str(catchup.executor_cores)
         if not on_kubernetes:  # standalone or YARN executors: the handler's own variables (k8s: the template)

@@ -179,7 +179,7 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
         "--spark-conf",
         "spark.executor.instances=6",
         "--spark-conf",
-        "spark.executor.memoryOverhead=608m",  # 384 MiB + one Python worker (160) with its look-ahead (64)
+        "spark.executor.memoryOverhead=768m",  # 384 MiB + a reader and a handler worker (2 x 160) + look-ahead (64)
         "--spark-conf",
         "spark.executorEnv.ORDERS_DB=db:5432",  # the handler's own variables reach standalone/YARN executors
         "--spark-conf",
@@ -467,7 +467,7 @@ def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(
         assert spark["spark.executor.instances"] == str(spec.catchup.executors)
         assert spark["spark.executor.cores"] == str(spec.catchup.executor_cores)  # what the verdict counts
         if "spark.executor.memoryOverhead" not in spec.catchup.spark_conf:  # a Python worker per core fits
-            assert spark["spark.executor.memoryOverhead"] == f"{384 + 224 * spec.catchup.executor_cores}m"
+            assert spark["spark.executor.memoryOverhead"] == f"{384 + 384 * spec.catchup.executor_cores}m"
     if spec.catchup.master.startswith("k8s://"):
         assert spark["spark.kubernetes.container.image"] == "reg/spark:1"
         assert spark["spark.kubernetes.namespace"] == "shop"

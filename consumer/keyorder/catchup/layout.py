@@ -60,6 +60,10 @@ def deal_partitions(sizes: Mapping[int, int], tasks: int) -> tuple[tuple[int, ..
     return tuple(tuple(sorted(sources)) for _, sources in sorted(dealt.items()))
 
 
+def _tasks(count: int) -> str:
+    return f"{count} task" if count == 1 else f"{count} tasks"
+
+
 def choose_layout(requested: Layout, sizes: Mapping[int, int], key_partitions: int) -> WaveLayout:
     """The layout of a wave whose sources hold ``sizes`` messages (offsets) each, for ``key_partitions`` tasks."""
     busy = {source: size for source, size in sizes.items() if size > 0}
@@ -69,7 +73,7 @@ def choose_layout(requested: Layout, sizes: Mapping[int, int], key_partitions: i
 
     def by_partition(why: str) -> WaveLayout:
         return WaveLayout(
-            Layout.BY_PARTITION, len(dealt), f"{len(busy)} partitions read by {len(dealt)} tasks{why}", dealt
+            Layout.BY_PARTITION, len(dealt), f"{len(busy)} partitions read by {_tasks(len(dealt))}{why}", dealt
         )
 
     if requested is Layout.SHUFFLE:
