@@ -129,7 +129,7 @@ def test_drains_40k_messages_in_key_order_and_commits_the_fence(broker, spark, r
 
 
 @pytest.mark.parametrize(("layout", "expected"), [("auto", "by-partition"), ("shuffle", "shuffle")])
-def test_both_layouts_handle_every_key_once_in_order(broker, spark, record_dir, layout, expected) -> None:
+def test_both_layouts_handle_every_key_once_in_order(broker, spark, record_dir, capsys, layout, expected) -> None:
     """4 even partitions on local[2]'s 2 key partitions: auto lets each task read 2 whole partitions and
     handle them as it reads (several splits each, one after another); shuffle reads first, then moves keys."""
     name = topic(broker)
@@ -145,6 +145,7 @@ def test_both_layouts_handle_every_key_once_in_order(broker, spark, record_dir, 
     assert len(records) == 12_000
     assert (wave["read"], wave["processed"]) == (12_000, 12_000)
     assert group_committed(broker.bootstrap, group, name, 4) == produced.end_offsets
+    assert f"{expected} in 2 tasks" in capsys.readouterr().err  # the wave's line says how it ran
 
 
 def test_failures_follow_the_pods_retry_and_dead_letter_policy(broker, spark, record_dir) -> None:

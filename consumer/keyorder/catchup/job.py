@@ -704,7 +704,7 @@ class CatchupJob:
         stop = threading.Event()
         watcher = threading.Thread(
             target=self._show_progress,
-            args=(plan, index, accumulator, stop, started, handled_before),
+            args=(plan, index, layout, accumulator, stop, started, handled_before),
             name="catchup-progress",
             daemon=True,
         )
@@ -752,16 +752,24 @@ class CatchupJob:
             f"({handled / wave.seconds if wave.seconds else 0:,.0f} msg/s)"
             + (f", {len(wave.dead_letters):,} dead-lettered" if wave.dead_letters else "")
             + (f", {wave.task_reruns} task re-runs after a lost executor" if wave.task_reruns else "")
+            + (f", {wave.layout.layout.value} in {wave.layout.handler_tasks} tasks" if wave.layout else "")
             + _threads_note(wave.task_threads, self.config.task_workers)
             + f" · {time.monotonic() - started:.0f}s"
         )
         self.progress.done()
         log.info("%s", line)
-        self.progress.show(line)
+        self.progress.show(line, force=True)  # a wave's outcome is never skipped, also in a log (not a TTY)
         self.progress.done()
 
     def _show_progress(
-        self, plan: Plan, index: int, accumulator: Any, stop: threading.Event, started: float, handled_before: int
+        self,
+        plan: Plan,
+        index: int,
+        layout: WaveLayout,
+        accumulator: Any,
+        stop: threading.Event,
+        started: float,
+        handled_before: int,
     ) -> None:
         total = plan.offsets
         tracker = self.spark.sparkContext.statusTracker()
@@ -778,7 +786,8 @@ class CatchupJob:
             retry = f" (attempt {attempt} of {most})" if attempt > 1 else ""
             self.progress.show(
                 f"catch-up wave {index + 1}/{len(plan.waves)}{last}{retry} · {done:,}/{total:,} handled "
-                f"({done / total:.0%}) · {' · '.join(stages) or 'starting'} · {done / elapsed:,.0f} msg/s · "
+                f"({done / total:.0%}) · {layout.layout.value} · {' · '.join(stages) or 'starting'} · "
+                f"{done / elapsed:,.0f} msg/s · "
                 f"{elapsed:.0f}s"
             )
 
