@@ -135,9 +135,15 @@ def test_both_layouts_handle_every_key_once_in_order(broker, spark, record_dir, 
     name = topic(broker)
     produced = produce_keyed(broker.bootstrap, name, 12_000, 2_000, extra_config=EXACT_END_OFFSETS)
     group = f"g-{name}"
-    _, outcome = run(spark, config(broker, name, group, split_offsets=1_000, layout=layout))
+    job = CatchupJob(config(broker, name, group, split_offsets=1_000, layout=layout), spark=spark)
+    try:
+        outcome = job.run(job.plan())
+        live = job.live.total() if job.live is not None else None
+    finally:
+        job.close()
 
     assert outcome.ok, (outcome.error, outcome.audit and outcome.audit.problems)
+    assert live == 12_000  # the tasks' final reports reached the driver's live count (UDP from Spark's workers)
     wave = outcome.report()["waves"][0]
     assert wave["layout"]["layout"] == expected and wave["layout"]["tasks"] == 2
     records = read_records(str(record_dir), name)

@@ -38,6 +38,7 @@ import pandas
 from keyorder.adapters.dead_letters import KafkaDeadLetterSink
 from keyorder.adapters.handlers import LoadedHandler, load_handler
 from keyorder.catchup.datasource import route_of
+from keyorder.catchup.live import REPORT_INTERVAL, TaskReporter, WaveAttempt
 from keyorder.catchup.plan import COUNTS, PartitionCounts
 from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
 from keyorder.contracts import DeadLetterError, DeadLetterSink
@@ -198,6 +199,8 @@ class TaskRunner:
         dead_letter_timeout: float = DEAD_LETTER_TIMEOUT,
         lookahead_bytes: int = LOOKAHEAD_BYTES,
         cpu_clock: Callable[[], float] = time.process_time,
+        report: Callable[[int], None] | None = None,
+        report_interval: float = REPORT_INTERVAL,
     ) -> None:
         self.call = call
         self.policy = policy
@@ -230,6 +233,10 @@ class TaskRunner:
         """How many of the workers may run a handler at once (fewer when the handler keeps the GIL busy)."""
         self._active = 0
         self._last_offset: dict[int, int] = {}
+        self.report = report
+        """Called with the task's handled count about every ``report_interval`` seconds and once at the end
+        (``live.TaskReporter``: the driver's progress line while the task runs)."""
+        self.report_interval = report_interval
 
     # -- the feeder (Spark's iterator of Arrow batches, on the calling thread) ------------------------
     def run(self, frames: Iterator[Any]) -> None:
@@ -239,6 +246,14 @@ class TaskRunner:
         ]
         for thread in threads:
             thread.start()
+        finished = threading.Event()
+        reporter = (
+            threading.Thread(target=self._report_until, args=(finished,), name="keyorder-catchup-report", daemon=True)
+            if self.report is not None
+            else None
+        )
+        if reporter is not None:
+            reporter.start()
         try:
             for frame in frames:
                 deliveries = self._deliveries(frame)  # checked whole before any of it is handled
@@ -268,8 +283,22 @@ class TaskRunner:
                 self._work.notify_all()
             for thread in threads:
                 thread.join()
+            finished.set()
+            if reporter is not None:
+                reporter.join()
         if self._error is not None:
             raise self._error
+
+    def handled(self) -> int:
+        """Messages handled or dead-lettered so far."""
+        with self._lock:
+            return sum(counts.processed + counts.dead_lettered for counts in self.counts.values())
+
+    def _report_until(self, finished: threading.Event) -> None:
+        assert self.report is not None
+        while not finished.wait(self.report_interval):
+            self.report(self.handled())
+        self.report(self.handled())
 
     @property
     def thread_limit(self) -> int:
@@ -496,12 +525,21 @@ class ApplyHandler:
     """Their estimated memory at most (``footprint``)."""
     run_id: str = ""
     wave: int = 0
+    wave_attempt: int = 1
+    live_address: tuple[str, int] | None = None
+    """Where the driver's ``live.ProgressListener`` takes the running task's handled counts, or None."""
 
     def __call__(self, frames: Iterator[Any]) -> Iterator[Any]:
         call, close_loops = thread_safe_caller(load_handler(self.handler))
         sink = (
             LazyDeadLetters(self.producer_properties, self.dlq_topic)
             if self.policy.exhausted is ExhaustedPolicy.DLQ
+            else None
+        )
+        task, attempt = _task_attempt()
+        reporter = (
+            TaskReporter(self.live_address, WaveAttempt(self.run_id, self.wave, self.wave_attempt), task, attempt)
+            if self.live_address is not None
             else None
         )
         runner = TaskRunner(
@@ -515,12 +553,15 @@ class ApplyHandler:
             self.run_id,
             self.wave,
             lookahead_bytes=self.lookahead_bytes,
+            report=reporter,
         )
         try:
             runner.run(frames)
         finally:
             if sink is not None:
                 sink.close()
+            if reporter is not None:
+                reporter.close()
             close_loops()
         if self.progress is not None:
             finished = {
@@ -530,7 +571,6 @@ class ApplyHandler:
             }
             if finished:
                 self.progress.add(finished)
-        task, attempt = _task_attempt()
         rows = [
             {
                 "topic": self.sources[source][0],

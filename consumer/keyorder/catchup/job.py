@@ -42,6 +42,7 @@ from keyorder.catchup.datasource import (
     KafkaRangeDataSource,
 )
 from keyorder.catchup.layout import Layout, WaveLayout, choose_layout
+from keyorder.catchup.live import ProgressListener, WaveAttempt
 from keyorder.catchup.offsets import CatchupKafkaError, KafkaOffsets
 from keyorder.catchup.plan import (
     COUNTS,
@@ -396,6 +397,8 @@ class CatchupJob:
         self._attempt = (1, 1 + config.wave_retries)
         self._key_partitions: int | None = None
         self.key_partitions_reason = ""
+        self.live: ProgressListener | None = None
+        """Running tasks' handled counts (``live``), started with the first wave."""
 
     @property
     def spark(self):
@@ -431,6 +434,8 @@ class CatchupJob:
 
     def close(self) -> None:
         self.offsets.close()
+        if self.live is not None:
+            self.live.close()
         if self._owns_spark and self._spark is not None:
             stop_spark(self._spark)
 
@@ -515,6 +520,19 @@ class CatchupJob:
             .option(OPTION_TIMEOUT, str(self.config.read_timeout))
             .load()
         )
+
+    def _live_address(self, attempt: WaveAttempt) -> tuple[str, int] | None:
+        """Where this wave attempt's tasks send their handled counts: the driver's address as the executors
+        know it (``spark.driver.host``), the listener's port; None when no listener could start."""
+        if self.live is None:
+            try:
+                self.live = ProgressListener()
+            except OSError as error:
+                log.warning("no live progress from the tasks (handled counts at each task's end): %s", error)
+                return None
+        self.live.expect(attempt)
+        host = self.spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
+        return host, self.live.port
 
     def wave_layout(self, plan: Plan, wave: list[OffsetRange]) -> WaveLayout:
         """How this wave's messages reach its key partitions (``--layout``; ``layout.choose_layout``)."""
@@ -691,6 +709,8 @@ class CatchupJob:
             lookahead_bytes=self.config.task_lookahead_mb << 20,
             run_id=run_id,
             wave=index,
+            wave_attempt=self._attempt[0],
+            live_address=self._live_address(WaveAttempt(run_id, index, self._attempt[0])),
         )
         layout = self.wave_layout(plan, wave)
         log.info("wave %d/%d: %s", index + 1, len(plan.waves), layout.reason)
@@ -774,7 +794,8 @@ class CatchupJob:
         total = plan.offsets
         tracker = self.spark.sparkContext.statusTracker()
         while not stop.wait(0.5):
-            done = handled_before + sum(dict(accumulator.value).values())
+            live = self.live.total() if self.live is not None else 0
+            done = handled_before + max(sum(dict(accumulator.value).values()), live)
             stages = []
             for stage_id in tracker.getActiveStageIds():
                 info = tracker.getStageInfo(stage_id)
