@@ -101,6 +101,17 @@ def test_the_runtime_image_runs_keyorder_as_65532_and_processes_a_topic(images, 
     with container(images["runtime"]) as name:
         identity = subprocess.run(run_in(name, "id", "-u"), env=image.ENV, capture_output=True, text=True, check=True)
         assert identity.stdout.strip() == "65532"
+        # the handler image is no catch-up image: its pre-flight fails, naming what is missing (exit 2)
+        preflight = subprocess.run(
+            run_in(name, "keyorder", "catchup", "--preflight", "--handler", HANDLER),
+            env=image.ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert preflight.returncode == 2, preflight.stdout[-3000:] + preflight.stderr[-3000:]
+        assert "FAIL java" in preflight.stdout and "FAIL pyspark" in preflight.stdout, preflight.stdout
         command = run_in(
             name,
             "keyorder",
@@ -156,6 +167,17 @@ def test_the_catchup_image_drains_a_topic_on_local_spark(images, broker):
     create_topics(broker.bootstrap, [topic, f"{topic}.dlq"], 2)
     produced = produce_keyed(broker.bootstrap, topic, 300, 30, extra_config={"batch.num.messages": 1})
     with container(images["catchup"]) as name:
+        # the pre-flight the operator runs before it stops the pods passes in the catch-up image
+        preflight = subprocess.run(
+            run_in(name, "keyorder", "catchup", "--preflight", "--handler", HANDLER),
+            env=image.ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert preflight.returncode == 0, preflight.stdout[-3000:] + preflight.stderr[-3000:]
+        assert [line.split()[0] for line in preflight.stdout.splitlines()] == ["ok", "ok", "ok"], preflight.stdout
         done = subprocess.run(
             run_in(
                 name,
