@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import uuid
 from collections.abc import Iterator
@@ -267,6 +268,7 @@ def test_the_command_plans_and_rejects_bad_input(broker, spark, capsys) -> None:
     assert main([*common, "--plan"]) == 0
     shown = capsys.readouterr().err
     assert "messages 500 over 20 keys" in shown and "hottest keys" in shown
+    assert re.search(r"layout: (2 partitions read by 2 tasks|shuffle into 2 key partitions)", shown), shown
     assert spark.sparkContext._jsc is not None  # the command did not stop a session it did not start
 
     assert main([*common, "--until", "tomorrow"]) == 2

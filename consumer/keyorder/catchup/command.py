@@ -57,7 +57,7 @@ def _console():
     return Console(stderr=True, highlight=False)
 
 
-def print_plan(plan: Any, statistics: Any, key_partitions: int, cores: int) -> None:
+def print_plan(plan: Any, statistics: Any, key_partitions: int, cores: int, layouts: list[Any]) -> None:
     from rich.table import Table
 
     console = _console()
@@ -78,6 +78,12 @@ def print_plan(plan: Any, statistics: Any, key_partitions: int, cores: int) -> N
         f"{len(plan.waves)} wave{'s' if len(plan.waves) != 1 else ''}; commit "
         + ("each wave after its audit, the last one at the fence" if plan.commit else "nothing")
     )
+    reasons = [layout.reason for layout in layouts]
+    if reasons and len(set(reasons)) == 1:
+        console.print(f"layout: {reasons[0]}")
+    else:
+        for number, reason in enumerate(reasons, 1):
+            console.print(f"layout of wave {number}: {reason}")
     if statistics is not None:
         hottest = statistics.hottest[0][1] if statistics.hottest else 0
         console.print(
@@ -227,9 +233,11 @@ def catchup_command(args: argparse.Namespace) -> int:
                 return EXIT_FAILED if isinstance(error, CatchupKafkaError) else EXIT_CONFIG
             if args.plan:
                 statistics = job.key_statistics(plan)
-                print_plan(plan, statistics, job.key_partitions(), spark.sparkContext.defaultParallelism)
+                layouts = [job.wave_layout(plan, wave) for wave in plan.waves]
+                print_plan(plan, statistics, job.key_partitions(), spark.sparkContext.defaultParallelism, layouts)
                 return signal_exit_status(stop.signum) if stop.signum is not None else 0
-            print_plan(plan, None, job.key_partitions(), spark.sparkContext.defaultParallelism)
+            layouts = [job.wave_layout(plan, wave) for wave in plan.waves]
+            print_plan(plan, None, job.key_partitions(), spark.sparkContext.defaultParallelism, layouts)
             _console().print(f"Spark UI: {spark.sparkContext.uiWebUrl or 'disabled'}")
             outcome = job.run(plan)
             print_outcome(outcome)
