@@ -324,7 +324,9 @@ def test_a_wave_failed_by_a_crashed_python_worker_is_run_again_on_the_cluster(
         "record",
         records,
         report,
-        ["--wave-offsets", "50", "--wave-retry-pause", "0.5", "--key-partitions", "2"],
+        # by-partition: a task reads its partition and handles it as it reads (Python workers side by side),
+        # so the crash takes the reading task down too, and the retry reads again
+        ["--wave-offsets", "50", "--wave-retry-pause", "0.5", "--key-partitions", "2", "--layout", "by-partition"],
     )
     env = spark_env({"PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable})
     result = subprocess.run(command, capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path)
@@ -337,6 +339,7 @@ def test_a_wave_failed_by_a_crashed_python_worker_is_run_again_on_the_cluster(
     assert len(retried) == 1 and retried[0]["attempts"] == 2 and summary["wave_retries"] == 1
     assert "Python worker exited unexpectedly" in retried[0]["failed_attempts"][0]["error"]
     assert summary["waves_committed"] == summary["waves_planned"]
+    assert {wave["layout"]["layout"] for wave in summary["waves"]} == {"by-partition"}
     assert "waves run again after a failure" in result.stderr
     handled = [(key, seq) for key, seq, *_ in read_records(str(records), name)]
     assert_at_least_once(handled, {f"k{key}": messages // keys for key in range(keys)})
