@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from keyorder.catchup.apply import TaskRunner
 from keyorder.catchup.datasource import PROGRESS_SCALE, lane_hash
@@ -70,8 +69,6 @@ def test_a_running_task_reports_its_handled_count_before_it_ends() -> None:
     rows = [(lane_hash(b"k"), 0, n, n, b"k", b"v", [], None, None, None) for n in range(100)]  # one key: in order
     rows.append((0, 0, PROGRESS_SCALE, 100, None, None, [], None, 100, 0))
     runner = TaskRunner(call, RetryPolicy(), None, [("t", 0)], "key", 2, 1000, report=report, report_interval=0.02)
-    started = time.monotonic()
-    runner.run(iter([batch(rows)]))
-    assert time.monotonic() - started < 10
+    runner.run(iter([batch(rows)]))  # the handler's wait is the hang guard: without a report it fails
     assert any(0 < handled < 100 for handled in reports) and reports[-1] == 100  # partial counts, then the final one
     assert reports == sorted(reports)
