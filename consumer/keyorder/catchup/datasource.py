@@ -1,13 +1,15 @@
 """A Spark 4 Python Data Source that reads fenced offset ranges of Kafka partitions.
 
 Spark's own Kafka connector is a JVM jar; this reader needs only confluent-kafka, on the
-executors' Python. Each input split is one ``(topic, partition, start, end)``. The reader assigns
-the partition at ``start``, reads up to the fence ``end`` (excluded), and then emits one *end
-marker* row with the number of records it read, so the driver can prove every split reached its
-fence. Records the group's consumers already finished (the offsets their commit metadata lists
-above the committed one, shipped with the split) are read and counted in the marker as skipped,
-never yielded: no handler sees them, and the audit still accounts for every offset. Clients are
-created inside ``read()``: confluent-kafka objects do not pickle.
+executors' Python. Each split is one ``(topic, partition, start, end)``, and each reader task (Spark
+input partition) a list of splits: one split in the shuffle layout, its partitions' splits in the
+by-partition one (``layout``; ``read_task`` interleaves the partitions). The reader assigns a split's
+partition at ``start``, reads up to the fence ``end`` (excluded), and then emits one *end marker* row
+with the number of records it read, so the driver can prove every split reached its fence.
+Records the group's consumers already finished (the offsets their commit metadata lists above the
+committed one, shipped with the split) are read and counted in the marker as skipped, never
+yielded: no handler sees them, and the audit still accounts for every offset. Clients are created
+inside ``read()``: confluent-kafka objects do not pickle.
 
 Rows carry only fixed-width columns besides the record itself, so the shuffle hashes and the
 sort compares integers, never key bytes: ``lane`` (a stable 64-bit hash of the *route*, the bytes
@@ -117,13 +119,14 @@ class KafkaRangeDataSource(DataSource):
 
 class KafkaRangeReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.splits = json.loads(options[OPTION_SPLITS])
+        self.tasks = json.loads(options[OPTION_SPLITS])
+        """Each reader task's splits, as JSON lists in ``Split``'s field order."""
         self.properties = json.loads(options.get(OPTION_PROPERTIES, "{}"))
         self.ordering = options.get(OPTION_ORDERING, "key")
         self.timeout = float(options.get(OPTION_TIMEOUT, "120"))
 
     def partitions(self) -> list[InputPartition]:
-        return [InputPartition(task) for task in self.splits]
+        return [InputPartition(task) for task in self.tasks]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         splits = [Split(*split) for split in partition.value]
