@@ -469,11 +469,11 @@ def test_an_image_that_passed_its_preflight_hands_over_and_is_not_checked_again(
         job_name = started["jobName"]
         wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
         commit_group(broker.bootstrap, f"g-{topic}", topic, ends)
+        # a second backlog, the same image: the hand-over starts without another check. Produced while the
+        # Job still runs, so no hand-over can start (and fence) before all of it is in the log
+        more = produce_keyed(broker.bootstrap, topic, 8_000, 500, extra_config=EXACT_END_OFFSETS)
         finish_job(kube, job_name, "Complete")
         wait_for(lambda: replicas(kube, "credits") == started["resumeReplicas"], 20, "the pods resumed")
-
-        # a second backlog, the same image: the hand-over starts without another check
-        more = produce_keyed(broker.bootstrap, topic, 8_000, 500, extra_config=EXACT_END_OFFSETS)
 
         def new_backlog_seen() -> bool:  # the lag, or already a hand-over for it (the learned rate is still slow)
             status = kube.get(CR, "credits").get("status") or {}
