@@ -70,6 +70,11 @@ def _secret_value(secret: Any, namespace: str, name: str, key: str) -> str:
     raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
 
 
+def _label_selector(selector: dict[str, str]) -> str:
+    """``selector`` as the API's ``labelSelector`` (``key=value,...``)."""
+    return ",".join(f"{key}={value}" for key, value in selector.items())
+
+
 def _pod_metadata(pod: V1Pod) -> V1ObjectMeta:
     if pod.metadata is None:  # the API server always sets it on a listed pod
         raise ValueError("the Kubernetes API returned a pod without metadata")
@@ -316,27 +321,24 @@ class Kube:
         (consumer pods gone before a catch-up Job starts; the Job's driver and Spark executors gone before
         the consumer pods resume), and the cache watches only the consumer pods, which a stale view must not
         declare gone. It runs only during a hand-over, a list or two per poll."""
-        label_selector = ",".join(f"{key}={value}" for key, value in selector.items())
-        pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
         return sum(
             1
-            for pod in pods
-            if all((_pod_metadata(pod).labels or {}).get(key) == value for key, value in selector.items())
-            and (pod.status is None or pod.status.phase not in ("Succeeded", "Failed"))
+            for pod in self._listed_pods(namespace, selector)
+            if pod.status is None or pod.status.phase not in ("Succeeded", "Failed")
         )
 
     def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         """Pods matching ``selector`` as plain dicts, listed from the API (not the cache, which watches only the
         consumer pods): an image pre-flight's pod, for why it waits (``ImagePullBackOff``) or how it exited."""
-        label_selector = ",".join(f"{key}={value}" for key, value in selector.items())
-        listed = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
-        pods = [self.client.sanitize_for_serialization(pod) for pod in listed]
+        return [self.client.sanitize_for_serialization(pod) for pod in self._listed_pods(namespace, selector)]
+
+    def _listed_pods(self, namespace: str, selector: dict[str, str]) -> list[V1Pod]:
+        """Pods matching ``selector``, listed from the API server (never the cache), each checked against it."""
+        listed = self.core.list_namespaced_pod(namespace, label_selector=_label_selector(selector)).items
         return [
             pod
-            for pod in pods
-            if all(
-                ((pod.get("metadata") or {}).get("labels") or {}).get(key) == value for key, value in selector.items()
-            )
+            for pod in listed
+            if all((_pod_metadata(pod).labels or {}).get(key) == value for key, value in selector.items())
         ]
 
     def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
@@ -344,8 +346,7 @@ class Kube:
         cached = self.cache.pods(namespace, selector) if self.cache is not None else None
         if cached is not None:
             return ready_addresses(cached, selector)
-        label_selector = ",".join(f"{key}={value}" for key, value in selector.items())
-        listed = self.core.list_namespaced_pod(namespace, label_selector=label_selector).items
+        listed = self.core.list_namespaced_pod(namespace, label_selector=_label_selector(selector)).items
         pods = [self.client.sanitize_for_serialization(pod) for pod in listed]
         if self.cache is not None:
             self.cache.listed_pods(namespace, selector, pods)
