@@ -247,12 +247,11 @@ class TaskRunner:
         for thread in threads:
             thread.start()
         finished = threading.Event()
-        reporter = (
-            threading.Thread(target=self._report_until, args=(finished,), name="keyorder-catchup-report", daemon=True)
-            if self.report is not None
-            else None
-        )
-        if reporter is not None:
+        reporter = None
+        if self.report is not None:
+            reporter = threading.Thread(
+                target=self._report_until, args=(finished,), name="keyorder-catchup-report", daemon=True
+            )
             reporter.start()
         try:
             for frame in frames:

@@ -231,12 +231,11 @@ def catchup_command(args: argparse.Namespace) -> int:
             except (PlanError, CatchupKafkaError, SparkStartError, SparkSettingsError) as error:
                 print(f"keyorder catchup: {error}", file=sys.stderr)
                 return EXIT_FAILED if isinstance(error, CatchupKafkaError) else EXIT_CONFIG
+            layouts = [job.wave_layout(plan, wave) for wave in plan.waves]
             if args.plan:
                 statistics = job.key_statistics(plan)
-                layouts = [job.wave_layout(plan, wave) for wave in plan.waves]
                 print_plan(plan, statistics, job.key_partitions(), spark.sparkContext.defaultParallelism, layouts)
                 return signal_exit_status(stop.signum) if stop.signum is not None else 0
-            layouts = [job.wave_layout(plan, wave) for wave in plan.waves]
             print_plan(plan, None, job.key_partitions(), spark.sparkContext.defaultParallelism, layouts)
             _console().print(f"Spark UI: {spark.sparkContext.uiWebUrl or 'disabled'}")
             outcome = job.run(plan)

@@ -141,6 +141,10 @@ class Plan:
         """The partitions in plan order: rows carry an index into this list."""
         return [(r.topic, r.partition) for r in self.ranges]
 
+    def source_index(self) -> dict[TopicPartition, int]:
+        """Each partition's index in ``sources`` (the ``source`` its rows carry)."""
+        return {tp: number for number, tp in enumerate(self.sources)}
+
     def fence(self) -> dict[str, int]:
         return {f"{r.topic}:{r.partition}": r.end for r in self.ranges}
 
@@ -488,7 +492,7 @@ class CatchupJob:
     def _records(self, plan: Plan, wave: list[OffsetRange], layout: WaveLayout | None = None):
         """The wave's records, read by the tasks of a by-partition ``layout``, else one reader task per split."""
         self.spark.dataSource.register(KafkaRangeDataSource)
-        index = {tp: number for number, tp in enumerate(plan.sources)}
+        index = plan.source_index()
         whole = {(r.topic, r.partition): r for r in wave}
         splits: dict[int, list[list[Any]]] = {}
         for s in split_ranges(wave, self.config.split_offsets):
@@ -536,7 +540,7 @@ class CatchupJob:
 
     def wave_layout(self, plan: Plan, wave: list[OffsetRange]) -> WaveLayout:
         """How this wave's messages reach its key partitions (``--layout``; ``layout.choose_layout``)."""
-        index = {tp: number for number, tp in enumerate(plan.sources)}
+        index = plan.source_index()
         sizes = {index[(r.topic, r.partition)]: r.offsets for r in wave}
         return choose_layout(self.config.layout, sizes, self.key_partitions())
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from keyorder.catchup.layout import Layout
+from keyorder.catchup.layout import BALANCE_TOLERANCE, Layout
 from keyorder.catchup.plan import CommitMode
 from keyorder.catchup.positions import Position, PositionError, parse_position
 from keyorder.config import HandlerSettings, KafkaConnectionSettings, name_values, split_name_values
@@ -82,7 +82,7 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         "shuffle: every partition is read first, then each key moves to its key partition (any number of "
         "tasks, balanced by key, but no handler starts before the last read); auto: by-partition when at "
         "least as many partitions have messages as there are key partitions and whole partitions leave no "
-        "task more than 10% above an even share, else shuffle.",
+        f"task more than {BALANCE_TOLERANCE:.0%} above an even share, else shuffle.",
     )
     task_workers: int = Field(
         16,
