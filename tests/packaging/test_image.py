@@ -94,6 +94,18 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[i
     return {tp.partition: tp.offset for tp in offsets}
 
 
+def run_preflight(container_name: str) -> subprocess.CompletedProcess:
+    """``keyorder catchup --preflight`` in a running container, as the operator's image check runs it."""
+    return subprocess.run(
+        run_in(container_name, "keyorder", "catchup", "--preflight", "--handler", HANDLER),
+        env=image.ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_the_runtime_image_runs_keyorder_as_65532_and_processes_a_topic(images, broker, tmp_path):
     topic, group, port = "image-run", "image-run", free_port()
     create_topics(broker.bootstrap, [topic, f"{topic}.dlq"], 2)
@@ -102,14 +114,7 @@ def test_the_runtime_image_runs_keyorder_as_65532_and_processes_a_topic(images, 
         identity = subprocess.run(run_in(name, "id", "-u"), env=image.ENV, capture_output=True, text=True, check=True)
         assert identity.stdout.strip() == "65532"
         # the handler image is no catch-up image: its pre-flight fails, naming what is missing (exit 2)
-        preflight = subprocess.run(
-            run_in(name, "keyorder", "catchup", "--preflight", "--handler", HANDLER),
-            env=image.ENV,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        preflight = run_preflight(name)
         assert preflight.returncode == 2, preflight.stdout[-3000:] + preflight.stderr[-3000:]
         assert "FAIL java" in preflight.stdout and "FAIL pyspark" in preflight.stdout, preflight.stdout
         command = run_in(
@@ -168,14 +173,7 @@ def test_the_catchup_image_drains_a_topic_on_local_spark(images, broker):
     produced = produce_keyed(broker.bootstrap, topic, 300, 30, extra_config={"batch.num.messages": 1})
     with container(images["catchup"]) as name:
         # the pre-flight the operator runs before it stops the pods passes in the catch-up image
-        preflight = subprocess.run(
-            run_in(name, "keyorder", "catchup", "--preflight", "--handler", HANDLER),
-            env=image.ENV,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        preflight = run_preflight(name)
         assert preflight.returncode == 0, preflight.stdout[-3000:] + preflight.stderr[-3000:]
         assert [line.split()[0] for line in preflight.stdout.splitlines()] == ["ok", "ok", "ok"], preflight.stdout
         done = subprocess.run(
