@@ -204,7 +204,9 @@ class Cause(StrEnum):
     LAG_UNKNOWN = "lag_unknown"
     FALLBACK = "fallback"
     STEP_COST = "step_cost"
-    """More pods held back: the backlog drains at the current size before a scale step would settle."""
+    """More pods held back: the backlog drains at the current size before a scale step would settle,
+    or the backlog dominates and more pods would drain it no faster (a step would only pause the
+    partitions it moves)."""
 
 
 @dataclass(frozen=True)
@@ -361,6 +363,27 @@ def workers_for(capacity: int, replicas: int, partitions: int) -> int:
     return math.ceil(capacity * busiest / partitions)
 
 
+def drain_capacity(size: Size, partitions: int, workers_per_pod: int | None = None) -> float:
+    """Workers' worth of drain ``size`` gives a backlog spread over ``partitions``: the busiest pod (the
+    one with the most partitions) sets the pace at its workers per partition, within the CPU's bound on
+    workers per pod. 5 pods x 14 workers on 8 partitions drain as fast as 8 x 7: 56 either way."""
+    if size.replicas <= 0:
+        return 0.0
+    workers = min(size.workers, workers_per_pod) if workers_per_pod is not None else size.workers
+    if partitions <= 0:
+        return float(size.replicas * workers)
+    busiest = math.ceil(partitions / min(size.replicas, partitions))
+    return workers * partitions / busiest
+
+
+def on_current_pods(target: Size, current: Size, bound: Bound, limits: ScalingLimits, partitions: int) -> Size:
+    """``target``'s drain capacity on the pods in place: a live resize of their workers, no rebalance
+    (never fewer workers than they have), within the bounds."""
+    drain = math.ceil(drain_capacity(target, partitions, bound.workers_per_pod))
+    workers = max(workers_for(drain, current.replicas, partitions), current.workers)
+    return fitted(Size(current.replicas, workers), bound, limits, partitions)
+
+
 def shape(
     capacity: int,
     limits: ScalingLimits,
@@ -444,18 +467,22 @@ def reports_complete(observation: Observation) -> bool:
 
 
 def membership_changed(observation: Observation, state: ScalingState, limits: ScalingLimits) -> bool:
-    """A pod joined, left or rebalanced since the last poll, or some partition has no reporting pod:
-    the pods' queues were just emptied and are refilling, so their view (blocked keys, hot keys, idle
-    workers) says nothing yet. The first report the operator sees counts as such a change when the pods
-    hold fewer messages than workers while a backlog worth scaling for waits in Kafka: they have just
-    started and their look-ahead is still filling (a hot key's share is not visible yet)."""
+    """A pod joined or left since the last poll, or some partition has no reporting pod, or the pods
+    rebalanced and are still refilling: their view (blocked keys, hot keys, idle workers) says nothing
+    yet. A rebalance of the same pods, and the first report the operator sees, count as such a change
+    only while the pods hold fewer messages than workers although a backlog worth scaling for waits in
+    Kafka: their look-ahead is still filling (a hot key's share is not visible yet). Once it is full
+    (a deep backlog refills it within a second of an assignment) the view is as good as a settled one."""
     pods, previous = observation.pods, state.pod_totals
     if pods is None:
         return False
+    refilling = pods.queued < pods.workers and drainable_lag(observation) >= max(limits.activation_lag, 1)
     if previous is None:
-        return pods.queued < pods.workers and drainable_lag(observation) >= max(limits.activation_lag, 1)
+        return refilling
     unassigned = bool(observation.partitions) and pods.partitions_assigned < (observation.partitions or 0)
-    return unassigned or pods.rebalances_total != previous[2] or pods.pods != previous[3]
+    if unassigned or pods.pods != previous[3]:
+        return True
+    return pods.rebalances_total != previous[2] and refilling
 
 
 def silent_pods_caveat(observation: Observation, silent_polls: int) -> Caveat | None:
@@ -611,6 +638,14 @@ def step_outlasts_backlog(
 
 
 # -- steps 5 and 6: what is needed, and what can help ------------------------------------------------
+def backlog_dominates(lag: int, arrivals: float, limits: ScalingLimits) -> bool:
+    """Most of the needed rate is for draining the backlog within the target, not for keeping up with
+    arrivals: the need is passing (the size shrinks once the backlog is gone), so a reshape into more
+    pods is worth a rebalance only if it drains faster. When arrivals dominate, the size is a lasting
+    one and pods come first."""
+    return lag / limits.target_drain_seconds > arrivals / max(limits.target_utilization, 0.01)
+
+
 def drainable_lag(observation: Observation) -> int:
     """The lag minus what blocked keys pin; a lag of commit markers only counts as zero."""
     lag = observation.lag or 0
@@ -1231,8 +1266,19 @@ def _sized(
     if outlasted is not None:
         # the pods in place finish the backlog before new ones would own a partition: grow the workers
         # per pod instead (a live resize, no rebalance), within the bounds
-        workers = max(workers_for(target.capacity, current.replicas, partitions), current.workers)
-        target = fitted(Size(current.replicas, workers), hard, limits, partitions)
+        target = on_current_pods(target, current, hard, limits, partitions)
+    idle_step = (
+        outlasted is None
+        and target.replicas > current.replicas > 0
+        and backlog_dominates(lag, arrivals, limits)
+        and drain_capacity(target, partitions, hard.workers_per_pod)
+        <= drain_capacity(current, partitions, hard.workers_per_pod) * (1 + limits.tolerance)
+    )
+    if idle_step:
+        # more pods that drain no faster, within the tolerance (the busiest pod keeps as many workers per
+        # partition): the step would only pause the partitions it moves, so the pods in place keep the backlog
+        more_pods = target
+        target = on_current_pods(target, current, hard, limits, partitions)
     if target != current:
         if target.capacity > current.capacity:
             cause = Cause.SCALE_UP
@@ -1242,7 +1288,7 @@ def _sized(
             cause = Cause.RESHAPE
     elif waiting:
         cause = Cause.WAITING_FOR_RATE
-    if outlasted is not None and target.capacity <= current.capacity:
+    if (outlasted is not None or idle_step) and target.capacity <= current.capacity:
         cause = Cause.STEP_COST
     longest_period = max(
         (limit.period_seconds for limit in (*scale_up_rates(limits), *limits.scale_down_rates)), default=0
@@ -1294,6 +1340,12 @@ def _sized(
             f"{reason}; no more pods: the backlog drains in {duration(outlasted)} at this size, sooner than a "
             f"scale step settles here ({duration(cost or 0)}, measured), and new pods would only pause the "
             "partitions they take over"
+        )
+    if idle_step:
+        reason = (
+            f"{reason}; no more pods: {_size_words(more_pods)} would drain no faster than "
+            f"{_size_words(target)} (the busiest pod keeps as many workers per partition), and a scale step "
+            "would only pause the partitions it moves"
         )
     if limited is not None and not (target.capacity > current.capacity):
         reason = f"{reason}; {limited.message}"

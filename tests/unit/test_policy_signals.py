@@ -113,13 +113,25 @@ def interval(calls: int, handler_ms: float, **signals) -> PodSignals:
 
 def test_a_rebalance_interval_is_not_learned_from():
     """The issue's case: one 15 s rebalance drains 20 msg/s. Nothing is learned from it, and the size
-    is held while the pods refill their queues."""
-    rebalanced = replace(interval(28_800, 10.0), rebalances_total=12)
+    is held while the pods refill their queues (fewer messages held than workers)."""
+    rebalanced = replace(interval(28_800, 10.0, queued=100), rebalances_total=12)
     observation = Observation(lag=BACKLOG, partitions=12, drain_rate=20.0, pods=rebalanced)
     decision = decide(observation, LIMITS, LEARNED, 15)
     assert decision.state.efficiency_samples == LEARNED.efficiency_samples
     assert decision.cause is Cause.REBALANCING
     assert decision.target == Size(12, 16)
+
+
+def test_after_a_rebalance_refilled_queues_are_a_view_to_decide_on():
+    """The same pods rebalanced, but their look-ahead is full again (a deep backlog refills it within a
+    second): the poll decides instead of holding, and still learns nothing from the interval."""
+    rebalanced = replace(interval(28_800, 10.0), rebalances_total=12)
+    observation = Observation(lag=BACKLOG, partitions=12, drain_rate=20.0, pods=rebalanced)
+    decision = decide(observation, LIMITS, LEARNED, 15)
+    assert decision.cause is not Cause.REBALANCING
+    assert decision.state.efficiency_samples == LEARNED.efficiency_samples
+    joined = replace(observation, pods=replace(rebalanced, pods=13, workers=13 * 16))
+    assert decide(joined, LIMITS, LEARNED, 15).cause is Cause.REBALANCING, "a pod joined: always held"
 
 
 @pytest.mark.parametrize(
@@ -370,6 +382,29 @@ def test_scale_up_rate_limit_holds_pods_back_and_workers_make_up_the_capacity():
     later = decide(observation, limits, replace(decision.state, settled=True), 5)
     assert later.target.replicas == 5, "still inside the 15 s period"
     after = decide(observation, limits, replace(later.state, settled=True), 16)
+    assert after.target == later.target, "9 pods drain no faster than 5 with their workers: no step"
+    assert after.cause is Cause.STEP_COST
+    assert f"would drain no faster than 5 replicas x {later.target.workers} workers" in after.reason
+
+
+def test_after_a_rate_limited_step_more_pods_come_when_they_drain_faster():
+    """Workers per pod capped at 32: 5 pods drain at 32 workers per busiest pod's 3 partitions, 9 pods
+    at 32 per 2, so the next period's step adds drain capacity and is taken."""
+    limits = replace(LIMITS, max_workers=32, scale_up_rates=(RateLimit(RateKind.PODS, 4, 15),))
+    observation = Observation(lag=6_000_000, partitions=12, pods=pods(1, 16))
+    first = decide(observation, limits, ScalingState(Size(1, 16)), 0)
+    assert first.target == Size(5, 32)
+    after = decide(observation, limits, replace(first.state, settled=True), 16)
+    assert after.target.replicas == 9 and after.cause is Cause.SCALE_UP
+
+
+def test_after_a_rate_limited_step_pods_come_first_when_arrivals_dominate():
+    """Most of the need is arrivals (a lasting size, not a passing backlog): grow into the shape."""
+    limits = replace(LIMITS, scale_up_rates=(RateLimit(RateKind.PODS, 4, 15),))
+    observation = Observation(lag=1_000, partitions=12, arrival_rate=16_000.0, pods=pods(1, 16))
+    first = decide(observation, limits, ScalingState(Size(1, 16)), 0)
+    assert first.target.replicas == 5
+    after = decide(observation, limits, replace(first.state, settled=True, arrival_samples=(16_000.0,) * 3), 16)
     assert after.target.replicas == 9
 
 
@@ -469,7 +504,8 @@ def test_waking_from_zero_with_a_percent_policy_starts_pods():
 
 
 def test_the_default_scale_up_policy_is_hpas_4_pods_or_100_percent_per_15_s():
-    limits = replace(LIMITS, scale_up_rates=())
+    # workers per pod capped at 16, so each step's pods drain faster than the ones before
+    limits = replace(LIMITS, scale_up_rates=(), max_workers=16)
     observation = Observation(lag=6_000_000, partitions=24, pods=replace(pods(1, 16), partitions_assigned=24))
     first = decide(observation, limits, ScalingState(Size(1, 16)), 0)
     assert first.target.replicas == 5, "1 + 4 pods"

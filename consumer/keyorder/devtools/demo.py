@@ -431,6 +431,7 @@ def dev_command(args: argparse.Namespace) -> int:
     from keyorder_operator.pod_admin import fetch_reports, push_workers
     from keyorder_operator.pod_signals import combine
     from keyorder_operator.policy import (
+        Cause,
         LimitKind,
         Observation,
         RateKind,
@@ -517,6 +518,7 @@ def dev_command(args: argparse.Namespace) -> int:
         previous = None
         history: list[int] = []
         drained_at = scaled_in_at = None
+        previous_cause = None
         peak = Size(1, options.initial_workers)
         try:
             while time.monotonic() - started < options.timeout:
@@ -543,7 +545,9 @@ def dev_command(args: argparse.Namespace) -> int:
                 target = decision.target
                 pods.scale(target.replicas)
                 push_workers(addresses, 0, pods.token, target.workers)
-                if decision.scaled:
+                held_by_step_cost = decision.cause is Cause.STEP_COST and previous_cause is not Cause.STEP_COST
+                previous_cause = decision.cause
+                if decision.scaled or held_by_step_cost:  # a pod step refused is a decision too
                     timeline.decisions.append({"t": round(elapsed, 1), "reason": decision.reason})
                     if not options.ui:
                         print(f"  decision: {decision.reason}", flush=True)
