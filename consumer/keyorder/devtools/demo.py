@@ -150,6 +150,16 @@ def audit(journal: Path, expected: dict[str, int]) -> dict:
     }
 
 
+def crossing_seconds_before(previous, sample, threshold: int) -> float:
+    """Seconds before ``sample`` at which the committed total crossed ``threshold``, interpolated
+    linearly from ``previous`` (0 without one). Both groups' drain times are read this way, so one
+    polled every 2 s and one sampled every 0.25 s are not judged by their sampling intervals."""
+    if previous is None or sample.committed_total <= previous.committed_total:
+        return 0.0
+    beyond = (sample.committed_total - threshold) / (sample.committed_total - previous.committed_total)
+    return min(max(beyond, 0.0), 1.0) * max(sample.at - previous.at, 0.0)
+
+
 class View:
     """The live terminal view (rich), or one plain line per poll with ``--no-ui``."""
 
@@ -315,15 +325,18 @@ def run_fixed_group(
     seconds: float,
     interval: float,
     then_wait: float = 0.0,
+    committed_threshold: int | None = None,
 ) -> FixedGroupRun:
     """Run ``replicas`` pods with ``settings`` and sample the group's lag every ``interval`` seconds
     until a sample meets ``until`` (at most ``seconds``); with ``then_wait``, sample once more that
-    many seconds later. The pods are stopped before it returns. The comparisons of ``keyorder dev``
-    measure the autoscaled group against such fixed-size groups."""
+    many seconds later; with ``committed_threshold``, ``reached_after`` is when the committed total
+    crossed it (interpolated between samples). The pods are stopped before it returns. The comparisons
+    of ``keyorder dev`` measure the autoscaled group against such fixed-size groups."""
     group = settings["KEYORDER_GROUP_ID"]
     pods = LocalPods(workdir, settings, name=name)
     started = time.monotonic()
     pods.scale(replicas)
+    previous = None
     try:
         while time.monotonic() < started + seconds:
             time.sleep(interval)
@@ -335,10 +348,13 @@ def run_fixed_group(
                 continue
             if until(sample):
                 reached_after = time.monotonic() - started
+                if committed_threshold is not None:
+                    reached_after -= crossing_seconds_before(previous, sample, committed_threshold)
                 if not then_wait:
                     return FixedGroupRun(sample, reached_after)
                 time.sleep(then_wait)
                 return FixedGroupRun(sample, reached_after, later=lag_source.sample([TOPIC], group, time.time()))
+            previous = sample
         return FixedGroupRun()
     finally:
         pods.stop_all()
@@ -388,6 +404,7 @@ def measure_right_sized_group(
         until=lambda sample: sample.committed_total >= spike_end,
         seconds=options.timeout,
         interval=0.25,
+        committed_threshold=spike_end,
     )
     if run.died:
         return {"error": run.died}
@@ -562,10 +579,10 @@ def dev_command(args: argparse.Namespace) -> int:
                     peak = target
                 drain = observation.drain_rate
                 if sample:
+                    if drained_at is None and sample.committed_total >= spike_end:
+                        drained_at = round(elapsed - crossing_seconds_before(previous, sample, spike_end), 1)
                     previous = sample
                     history.append(sample.lag)
-                    if drained_at is None and sample.committed_total >= spike_end:
-                        drained_at = round(elapsed, 1)
                 timeline.points.append(
                     {
                         "t": round(elapsed, 2),
