@@ -467,22 +467,18 @@ def reports_complete(observation: Observation) -> bool:
 
 
 def membership_changed(observation: Observation, state: ScalingState, limits: ScalingLimits) -> bool:
-    """A pod joined or left since the last poll, or some partition has no reporting pod, or the pods
-    rebalanced and are still refilling: their view (blocked keys, hot keys, idle workers) says nothing
-    yet. A rebalance of the same pods, and the first report the operator sees, count as such a change
-    only while the pods hold fewer messages than workers although a backlog worth scaling for waits in
-    Kafka: their look-ahead is still filling (a hot key's share is not visible yet). Once it is full
-    (a deep backlog refills it within a second of an assignment) the view is as good as a settled one."""
+    """A pod joined, left or rebalanced since the last poll, or some partition has no reporting pod:
+    the pods' queues were just emptied and are refilling, so their view (blocked keys, hot keys, idle
+    workers) says nothing yet. The first report the operator sees counts as such a change when the pods
+    hold fewer messages than workers while a backlog worth scaling for waits in Kafka: they have just
+    started and their look-ahead is still filling (a hot key's share is not visible yet)."""
     pods, previous = observation.pods, state.pod_totals
     if pods is None:
         return False
-    refilling = pods.queued < pods.workers and drainable_lag(observation) >= max(limits.activation_lag, 1)
     if previous is None:
-        return refilling
+        return pods.queued < pods.workers and drainable_lag(observation) >= max(limits.activation_lag, 1)
     unassigned = bool(observation.partitions) and pods.partitions_assigned < (observation.partitions or 0)
-    if unassigned or pods.pods != previous[3]:
-        return True
-    return pods.rebalances_total != previous[2] and refilling
+    return unassigned or pods.rebalances_total != previous[2] or pods.pods != previous[3]
 
 
 def silent_pods_caveat(observation: Observation, silent_polls: int) -> Caveat | None:
