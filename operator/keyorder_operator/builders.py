@@ -43,6 +43,8 @@ ASSIGNMENT_STRATEGY_VARIABLE = "KEYORDER_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY"
 """The pods' ``partition.assignment.strategy`` (a Kafka property variable of ``keyorder run``)."""
 GROUP_PROTOCOL_VARIABLE = "KEYORDER_RDKAFKA_GROUP_PROTOCOL"
 """The pods' ``group.protocol``, set only for KIP-848's ``consumer`` (classic is librdkafka's default)."""
+GROUP_INSTANCE_ID_VARIABLE = "KEYORDER_RDKAFKA_GROUP_INSTANCE_ID"
+"""``group.instance.id`` of a pod with ``spec.kafka.staticMembership``: its own name (Downward API)."""
 ROLLING_UPDATE = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
 CUT_OVER = {"type": "Recreate"}
 """Every old pod stops (finishes, commits, leaves the group) before a new one starts."""
@@ -128,7 +130,10 @@ def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, Any]]:
         env[ASSIGNMENT_STRATEGY_VARIABLE] = spec.kafka.assignment_strategy.value
     if spec.handler.executor is not Executor.AUTO:  # pods only: a catch-up Job runs the handler on Spark
         env["KEYORDER_EXECUTOR"] = spec.handler.executor.value
-    return _env_list(env, spec)
+    listed = _env_list(env, spec)
+    if spec.kafka.static_membership:  # one id per pod: a shared id would fence all members but one
+        listed.append({"name": GROUP_INSTANCE_ID_VARIABLE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    return listed
 
 
 CONTAINER_SECURITY = {

@@ -46,6 +46,8 @@ SET_BY_SPEC = {
     "partition.assignment.strategy": "spec.kafka.assignmentStrategy (the operator must know it to move the group "
     "between eager and cooperative rebalancing without mixing the two)",
     "group.protocol": "spec.kafka.groupProtocol (the operator must know it to roll a change out safely)",
+    "group.instance.id": "spec.kafka.staticMembership (each pod needs an id of its own, its pod name; one id "
+    "shared by every pod would fence all but one)",
 }
 """Pod properties the operator sets from the spec; the Secret may not set them (the spec would win unseen)."""
 

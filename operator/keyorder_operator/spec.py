@@ -81,6 +81,7 @@ OPERATOR_ENV = frozenset(
         "KEYORDER_EXECUTOR",
         "KEYORDER_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY",  # spec.kafka.assignmentStrategy
         "KEYORDER_RDKAFKA_GROUP_PROTOCOL",  # spec.kafka.groupProtocol
+        "KEYORDER_RDKAFKA_GROUP_INSTANCE_ID",  # spec.kafka.staticMembership
         "POD_IP",
         "POD_NAME",
     }
@@ -163,6 +164,14 @@ class KafkaSpec(_Model):
         description="classic, or consumer (KIP-848: the broker assigns partitions incrementally; Apache Kafka 4.0 "
         "and later). With consumer, assignmentStrategy does not apply. A change rolls out like a change between "
         "eager and cooperative: every pod stops before the new ones start.",
+    )
+    static_membership: bool = Field(
+        False,
+        description="Each pod joins with group.instance.id set to its pod name (KIP-345, static membership): a "
+        "container restarted in place (a crash, an OOM kill) gets its partitions back without a rebalance if it "
+        "rejoins within session.timeout.ms, while its partitions wait for it that long. A pod that stops (scale-in, "
+        "rollout) still leaves the group at once. Pods of a Deployment get new names when they are replaced, so "
+        "only in-place restarts gain.",
     )
 
     @model_validator(mode="after")

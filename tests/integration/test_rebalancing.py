@@ -85,3 +85,34 @@ def test_group_protocol_consumer_on_a_broker_without_kip848_says_so(broker, make
     assert pod.runtime.snapshot.assigned_partitions == 0
     said = [record for record in caplog.records if "KIP-848" in record.getMessage()]
     assert len(said) == 1, "said once, not on every poll"
+
+
+def test_a_static_member_that_stops_leaves_the_group_so_its_partitions_move_at_once(
+    broker, make_topic, run_pod, caplog
+):
+    """librdkafka sends no LeaveGroup when a static member (``group.instance.id``) closes, so a pod
+    removed by a scale-in would hold its partitions, idle, for ``session.timeout.ms`` (here 20 s). The
+    pod leaves explicitly when it stops (the client clears its member id only once it has sent the
+    LeaveGroup), so the pod that follows it gets both partitions well within that, with every message
+    handled in key order. (The embedded broker is slow to add a member to a group with a static one,
+    so the second pod starts after the first has stopped.)"""
+    topic = make_topic(2)
+    produced = produce_keyed(broker.bootstrap, topic, 3_000, 50, seed=26)
+    recorder = Recorder(0.001, 0.003)
+    group = f"g-{topic}"
+    session = ["session.timeout.ms=20000", "heartbeat.interval.ms=500"]
+    static = run_pod(topic, recorder, group=group, kafka_property=[*session, f"group.instance.id={topic}-static"])
+    wait_for(lambda: static.runtime.snapshot.assigned_partitions == 2, 60, "the static pod to be assigned")
+    wait_until(lambda: recorder.count() >= 300, 60, "progress")
+    with caplog.at_level(logging.INFO, logger=kafka_source.__name__):
+        static.stop_event.set()
+        static.thread.join(60)
+    assert any("left the consumer group" in record.getMessage() for record in caplog.records), (
+        "the client did not send the static member's leave"
+    )
+    successor = run_pod(topic, recorder, group=group)
+    # a static member that did not leave would keep its partitions for its 20 s session timeout
+    wait_for(lambda: successor.runtime.snapshot.assigned_partitions == 2, 15, "the successor to take both partitions")
+    wait_until(lambda: len(set(recorder.records)) >= produced.total, 60, "every message handled")
+    assert_at_least_once(recorder.records, produced.sequences)
+    assert_first_processing_in_order(recorder.records)

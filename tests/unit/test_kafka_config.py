@@ -22,7 +22,7 @@ def test_without_a_secret_only_the_bootstrap_servers():
 def test_sasl_scram_properties_are_used_as_they_are_and_pod_only_ones_dropped():
     result = config(
         "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=u\nsasl.password=p\n"
-        "group.instance.id=x\nenable.auto.commit=false\nbootstrap.servers=ignored:1\n"
+        "group.remote.assignor=uniform\nenable.auto.commit=false\nbootstrap.servers=ignored:1\n"
     )
     assert result == {
         "security.protocol": "SASL_SSL",
@@ -77,6 +77,7 @@ def test_inline_pem_and_the_system_ca_store_are_kept():
             "partition.assignment.strategy is set by spec.kafka.assignmentStrategy",
         ),
         ("group.protocol=consumer", {}, "group.protocol is set by spec.kafka.groupProtocol"),
+        ("group.instance.id=ledger-1", {}, "group.instance.id is set by spec.kafka.staticMembership"),
     ],
 )
 def test_what_cannot_work_in_the_operator_is_refused_with_what_to_do(properties, files, expected):

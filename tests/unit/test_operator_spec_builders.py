@@ -8,6 +8,9 @@ from keyorder_operator.builders import (
     ASSIGNMENT_STRATEGY_VARIABLE as STRATEGY,
 )
 from keyorder_operator.builders import (
+    GROUP_INSTANCE_ID_VARIABLE as INSTANCE_ID,
+)
+from keyorder_operator.builders import (
     GROUP_PROTOCOL_VARIABLE as GROUP_PROTOCOL,
 )
 from keyorder_operator.builders import (
@@ -207,3 +210,14 @@ def test_a_move_to_or_from_kip848_is_a_cut_over_too():
     consumer_pods["status"] = {"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3}
     assert update_strategy(consumer, consumer_pods)["type"] == "RollingUpdate"
     assert update_strategy(parse_spec(MINIMAL), consumer_pods)["type"] == "Recreate"
+
+
+def test_static_membership_gives_each_pod_its_own_name_as_group_instance_id():
+    container = build_deployment(parse_spec(MINIMAL), OWNER, 1)["spec"]["template"]["spec"]["containers"][0]
+    assert INSTANCE_ID not in {item["name"] for item in container["env"]}, "off by default"
+    static = parse_spec(with_("kafka.staticMembership", True))
+    container = build_deployment(static, OWNER, 1)["spec"]["template"]["spec"]["containers"][0]
+    instance = [item for item in container["env"] if item["name"] == INSTANCE_ID]
+    assert instance == [{"name": INSTANCE_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    with pytest.raises(InvalidSpec, match=INSTANCE_ID):
+        parse_spec(with_("handler.env", [{"name": INSTANCE_ID, "value": "shared"}]))

@@ -49,6 +49,8 @@ PROBE_TIMEOUT = 0.5
 BROKER_ASSIGNS_SILENCE = 30.0
 """Seconds without any assignment, with ``group.protocol=consumer`` and a broker that answers, before the
 pod says the broker may not support KIP-848 (librdkafka then waits without a word)."""
+LEAVE_TIMEOUT = 5.0
+"""Seconds a static member waits, when it stops, for its revoke to be served and its LeaveGroup sent."""
 
 _NOT_CONTACTED = "no broker contacted yet"
 _UNREACHABLE_CODES = (KafkaError._ALL_BROKERS_DOWN,)
@@ -182,6 +184,7 @@ class KafkaSource:
         # answers the heartbeat and librdkafka says nothing, so the pod watches for the first assignment
         # (until one comes, or it has said so)
         self._awaiting_broker_assignment = broker_assigns(config)
+        self._static_member: str | None = config.get("group.instance.id") or None
         self._subscribed_at: float | None = None
         self._fetch_queues: dict[TopicPartitionId, int] = {}  # replaced whole by each statistics callback
         librdkafka_logger = logging.getLogger(LIBRDKAFKA_LOGGER)
@@ -428,4 +431,33 @@ class KafkaSource:
         return {(tp.topic, tp.partition): tp.offset if tp.error is None and tp.offset >= 0 else None for tp in found}
 
     def close(self) -> None:
+        """Leave the group and close the client. A static member (``group.instance.id``) leaves
+        explicitly first: librdkafka sends no LeaveGroup when one closes (KIP-345 keeps its partitions
+        for a restart within ``session.timeout.ms``), so a pod stopping for good, a scale-in, would
+        otherwise leave its partitions idle that long."""
+        if self._static_member and self._topics:
+            self._leave_group()
         self._consumer.close()
+
+    def _leave_group(self) -> None:
+        """``unsubscribe()`` revokes the assignment (the rebalance callbacks run inside ``poll``) and
+        then sends the LeaveGroup, clearing the member id; ``close()`` before that would skip it."""
+        if not self._consumer.memberid():
+            return  # never joined: nothing to leave
+        try:
+            self._consumer.unsubscribe()
+        except KafkaException as error:
+            log.warning("could not leave the consumer group before closing: %s", error.args[0].str())
+            return
+        deadline = self.clock() + LEAVE_TIMEOUT
+        while self._consumer.memberid() and self.clock() < deadline:
+            self._consumer.poll(0.05)  # a prefetched message returned here was never handled: re-delivered
+        if self._consumer.memberid():
+            log.warning(
+                "static member %s: the group did not confirm the leave within %.0fs; its partitions move once "
+                "session.timeout.ms passes",
+                self._static_member,
+                LEAVE_TIMEOUT,
+            )
+        else:
+            log.info("static member %s left the consumer group", self._static_member)
