@@ -291,7 +291,7 @@ class TaskRunner:
     def handled(self) -> int:
         """Messages handled or dead-lettered so far."""
         with self._lock:
-            return sum(counts.processed + counts.dead_lettered for counts in self.counts.values())
+            return sum(counts.handled for counts in self.counts.values())
 
     def _report_until(self, finished: threading.Event) -> None:
         assert self.report is not None
@@ -564,9 +564,7 @@ class ApplyHandler:
             close_loops()
         if self.progress is not None:
             finished = {
-                self.sources[source]: counts.processed + counts.dead_lettered
-                for source, counts in runner.counts.items()
-                if counts.processed + counts.dead_lettered
+                self.sources[source]: counts.handled for source, counts in runner.counts.items() if counts.handled
             }
             if finished:
                 self.progress.add(finished)

@@ -228,7 +228,7 @@ class Outcome:
         return self.error is None and self.audit is not None and self.audit.ok
 
     def report(self) -> dict[str, Any]:
-        handled = self.audit.total("processed") + self.audit.total("dead_lettered") if self.audit else 0
+        handled = self.audit.handled if self.audit else 0
         return {
             "ok": self.ok,
             "error": self.error,
@@ -640,7 +640,7 @@ class CatchupJob:
             if result.ok:
                 summaries += wave_summaries
                 done_splits += split_ranges(wave, self.config.split_offsets)
-                handled_before += result.audit.total("processed") + result.audit.total("dead_lettered")  # type: ignore[union-attr]
+                handled_before += result.audit.handled  # type: ignore[union-attr]
             if result.ok and plan.commit:
                 try:
                     self.offsets.commit_fence(wave, expected, fence_metadata(wave, plan.done))
@@ -764,7 +764,7 @@ class CatchupJob:
         )
 
     def _show_wave(self, plan: Plan, wave: WaveOutcome, started: float, retry_in: float | None = None) -> None:
-        handled = wave.audit.total("processed") + wave.audit.total("dead_lettered") if wave.audit else 0
+        handled = wave.audit.handled if wave.audit else 0
         state = "committed" if wave.committed else ("done" if wave.ok else f"failed: {wave.error or 'audit'}")
         most = 1 + self.config.wave_retries
         if retry_in is not None:

@@ -345,6 +345,11 @@ class PartitionCounts:
     violations: int = 0
     """Records seen out of (key, offset) order by the built-in check."""
 
+    @property
+    def handled(self) -> int:
+        """Records that left the handler for good: finished, or dead-lettered after their last attempt."""
+        return self.processed + self.dead_lettered
+
     def add(self, other: PartitionCounts) -> None:
         for name in COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -381,6 +386,11 @@ class Audit:
     def total(self, count: str) -> int:
         return sum(getattr(partition.counts, count) for partition in self.partitions)
 
+    @property
+    def handled(self) -> int:
+        """``PartitionCounts.handled`` over every partition."""
+        return sum(partition.counts.handled for partition in self.partitions)
+
 
 def audit(ranges: Iterable[OffsetRange], splits: Iterable[OffsetRange], summaries: Iterable[TaskSummary]) -> Audit:
     """Compare the tasks' reports with the plan; any problem means the fence must not be committed."""
@@ -407,9 +417,8 @@ def audit(ranges: Iterable[OffsetRange], splits: Iterable[OffsetRange], summarie
                 + (f" and skipped {counts.skipped}" if counts.skipped else "")
                 + f" from {entry.planned.offsets} offsets"
             )
-        handled = counts.processed + counts.dead_lettered
-        if handled != counts.read:
-            result.problems.append(f"{name}: read {counts.read} records but handled {handled}")
+        if counts.handled != counts.read:
+            result.problems.append(f"{name}: read {counts.read} records but handled {counts.handled}")
         if counts.violations:
             result.problems.append(f"{name}: {counts.violations} records out of key order")
     return result
