@@ -9,7 +9,10 @@ exclusive bounds in OpenAPI v3 form) and adds what JSON Schema cannot say:
   the models, and CEL rules only ever see absent or typed values.
 * Nested objects whose model field has a ``default_factory`` get ``default: {}``, so the API
   server fills in their own defaults too (and the scale subresource always finds
-  ``spec.replicas.min``).
+  ``spec.replicas.min``). At CRD creation the server checks that ``{}`` *as written*, its fields'
+  defaults not filled in, against the node's rules
+  (kubernetes/apiextensions-apiserver ``pkg/apiserver/schema/defaulting/validation.go``), so every
+  rule on a defaulted node reads its fields behind ``has()``.
 * The models' cross-field ``model_validator`` rules are restated as ``x-kubernetes-validations``
   (``VALIDATIONS``, kept to simple comparisons; tests evaluate them against the models' verdicts).
 * Fields marked with ``spec.kubernetes_type`` (the pod template's tolerations, volumes, env
@@ -72,7 +75,13 @@ KEEP = {
 
 VALIDATIONS: dict[type[BaseModel], list[dict[str, str]]] = {
     WorkersSpec: [
-        {"rule": "self.min <= self.initial && self.initial <= self.max", "message": "need min <= initial <= max"}
+        {
+            # guarded: the API server checks the node's ``default: {}`` as written, before its fields'
+            # defaults are filled in, and reading an absent field is an evaluation error that refuses the CRD
+            "rule": "!has(self.min) || !has(self.initial) || !has(self.max) || "
+            "(self.min <= self.initial && self.initial <= self.max)",
+            "message": "need min <= initial <= max",
+        }
     ],
     ReplicasSpec: [{"rule": "!has(self.max) || self.min <= self.max", "message": "min must be <= max"}],
     EnvVar: [{"rule": "!(has(self.value) && has(self.valueFrom))", "message": "set value or valueFrom, not both"}],

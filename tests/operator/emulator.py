@@ -12,6 +12,9 @@ to a request, where the operator depends on it:
   ``openAPIV3Schema`` and every ``x-kubernetes-validations`` rule (cel-python), on create, update, patch
   and apply; unknown fields pruned (refused with ``?fieldValidation=Strict``, with 400), ``default``s
   stored; a refusal is a 422 ``Invalid`` naming the field (``spec.x: Invalid value: ...``).
+* **CustomResourceDefinitions** (``crd_creation``): a CRD written through the API is checked as the server
+  checks it (structural schema, list-map keys, CEL rules that compile, every ``default`` as written against
+  its node's schema and rules) and refused with a 422 naming the field; an accepted one is served at once.
 * **The status subresource**: for a resource that has one, a write to the object ignores ``status`` and a
   write to ``.../status`` ignores everything else (metadata too), for POST, PUT and every PATCH
   (merge, JSON, strategic merge, apply).
@@ -59,7 +62,7 @@ import kmock
 import yaml
 from kmock._internal import dicts  # the very merge/JSON-patch logic kmock applies
 
-from tests.operator import authorization, server_side_apply
+from tests.operator import authorization, crd_creation, server_side_apply
 from tests.operator.crd_validation import CustomResourceSchema, Invalid, UnknownFields
 
 _WRITES = {kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE}
@@ -69,6 +72,7 @@ APPLY_PATCH = "application/apply-patch+yaml"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 CRD_VERBS = frozenset({"list", "watch", "get", "create", "patch", "update", "delete"})
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "orderedconsumers.keyorder.dev.yaml"
+CRD_RESOURCE = kmock.resource("apiextensions.k8s.io/v1/customresourcedefinitions")
 _SERVER_SET = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation")
 
 ObjectKey = tuple[Any, str | None, str]
@@ -355,6 +359,14 @@ class Emulator(kmock.KubernetesEmulator):
         pruned: list[str],
         strict: bool,
     ) -> dict[str, Any]:
+        if request.resource == CRD_RESOURCE:  # a definition: the API server's creation checks (crd_creation)
+            try:
+                crd_creation.check_crd(obj)
+            except Invalid as invalid:
+                name = (obj.get("metadata") or {}).get("name")
+                causes = [(error.path, str(error)) for error in invalid.errors]
+                raise _invalid(request.resource, "CustomResourceDefinition", name, causes) from None
+            return obj
         schema = self._schema(request.resource)
         if schema is None:
             return obj
@@ -421,6 +433,8 @@ class Emulator(kmock.KubernetesEmulator):
             uid=str(uuid.uuid4()), resourceVersion=self._next_revision(), generation=1, creationTimestamp=_now()
         )
         self.objects[key] = body
+        if resource == CRD_RESOURCE:
+            register_crd(self, body)  # created through the API: served from now on, as the server does
         self._index.setdefault(resource, {})[(namespace, meta["name"])] = None
         self._created[key] = int(meta["resourceVersion"])
         self._uids[meta["uid"]] = key
@@ -530,6 +544,8 @@ class Emulator(kmock.KubernetesEmulator):
             new_meta["generation"] = int(old_meta.get("generation") or 0) + 1
         new_meta["resourceVersion"] = self._next_revision()
         self._store(key, live, final)
+        if resource == CRD_RESOURCE:
+            register_crd(self, final)
         self._track_owners(key, current, final)
         await self._buses[resource].put({"type": "MODIFIED", "object": final})
         if new_meta.get("deletionTimestamp") and not new_meta.get("finalizers"):

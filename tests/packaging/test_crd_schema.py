@@ -149,7 +149,9 @@ def test_schema_is_structural(schema):
             assert all(isinstance(value, str) for value in node["enum"]) and node["type"] == "string", path
         if "default" in node:
             assert not list(OAS30Validator(node).iter_errors(node["default"])), f"{path}: invalid default"
-            assert not cel_violations(apply_defaults(node["default"], node), node), f"{path}: default breaks a rule"
+            # as written, nested defaults NOT filled in: the API server checks it so at CRD creation
+            # (apiextensions-apiserver pkg/apiserver/schema/defaulting/validation.go; tests/operator/crd_creation.py)
+            assert not cel_violations(node["default"], node), f"{path}: default breaks a rule"
         for rule in node.get("x-kubernetes-validations", []):
             assert node["type"] == "object" and rule.get("message"), path
             check_cel_syntax(rule["rule"])
