@@ -26,7 +26,10 @@ to a request, where the operator depends on it:
   removes the references instead. Done at once, in the deleting request (the real collector runs a
   moment later); foreground propagation is treated as background.
 * **Watches** deliver ADDED, MODIFIED and DELETED (with the object's last state, under a new
-  ``resourceVersion``), and honour ``?resourceVersion=N``; lists and watches honour ``labelSelector``.
+  ``resourceVersion``), and honour ``?resourceVersion=N``; lists and watches honour ``labelSelector``. A test
+  can expire the watch history (``expire_watches``, ``watches_interrupted``): a watch from an older version
+  is then answered with an ERROR event, a Status 410 Gone, and the client must list again; what was deleted
+  meanwhile sends no DELETED.
 * **Server-side apply** (``server_side_apply``): field ownership, 409 conflicts, ``force``,
   ``managedFields``; strategic merge patches with their list semantics.
 * **Authentication and RBAC** (``authorization``): a request with ``Authorization: Bearer <token>`` acts
@@ -68,6 +71,7 @@ from tests.operator.crd_validation import CustomResourceSchema, Invalid, Unknown
 _WRITES = {kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # as Kubernetes' generateName suffixes
 _CLOSE = object()  # put into the buses to end the watch streams
+_TERMINATE = object()  # put into the buses to end the open watch streams (``expire_watches``); later ones go on
 APPLY_PATCH = "application/apply-patch+yaml"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 CRD_VERBS = frozenset({"list", "watch", "get", "create", "patch", "update", "delete"})
@@ -190,6 +194,10 @@ class Emulator(kmock.KubernetesEmulator):
     warnings: list[str] = attrs.field(factory=list, init=False)
     """The API warnings sent (unknown fields pruned from a custom resource)."""
     _closing: bool = attrs.field(default=False, init=False)
+    expired_through: int = attrs.field(default=0, init=False)
+    """A watch from a resourceVersion at or below this one is answered 410 Gone (``expire_watches``)."""
+    _watches_connect: asyncio.Event = attrs.field(factory=lambda: _set(asyncio.Event()), init=False)
+    """Cleared while ``watches_interrupted``: a new watch request gets no answer until it is set again."""
     _index: dict[Any, dict[tuple[str | None, str], None]] = attrs.field(factory=dict, init=False)
     _created: dict[ObjectKey, int] = attrs.field(factory=dict, init=False)
     _uids: dict[str, ObjectKey] = attrs.field(factory=dict, init=False)
@@ -198,8 +206,38 @@ class Emulator(kmock.KubernetesEmulator):
     async def close_watches(self) -> None:
         """End every watch stream, now and later: aiohttp's shutdown would otherwise wait for them (60 s)."""
         self._closing = True
+        self._watches_connect.set()
         for bus in list(self._buses.values()):
             await bus.put(_CLOSE)
+
+    async def expire_watches(self) -> None:
+        """The watch cache lost its history, as kube-apiserver's does when it re-initialises from etcd or its
+        event window moves on (kubernetes/apiserver ``pkg/storage/cacher``): every open watch ends without an
+        event (``Cacher.terminateAllWatchers``), and a watch from any resourceVersion handed out so far is
+        answered with one ERROR event, a Status 410 ``Expired`` "too old resource version"
+        (``watchCacheHistory.GetIntervalLocked``, ``newErrWatcher``), so the client lists again. The revision
+        moves on by one (a write elsewhere in the cluster), so the new list's version can be watched from."""
+        async with self._write_lock:
+            self.expired_through = self.revision
+            self._next_revision()
+            self.committed = self.revision
+        for bus in list(self._buses.values()):
+            await bus.put(_TERMINATE)
+
+    @contextlib.asynccontextmanager
+    async def watches_interrupted(self) -> AsyncIterator[None]:
+        """Inside: the clients' watch connections are down (open watches end, a new watch request waits
+        unanswered), while writes go on; what changes meanwhile reaches no watch. On leaving, the history is
+        expired (``expire_watches``): the waiting watches are answered 410 Gone and the clients list again, so
+        an object deleted inside sends no DELETED to anyone."""
+        self._watches_connect.clear()
+        try:
+            for bus in list(self._buses.values()):
+                await bus.put(_TERMINATE)
+            yield
+        finally:
+            await self.expire_watches()
+            self._watches_connect.set()
 
     def field_managers(self, resource: Any, namespace: str | None, name: str) -> list[str]:
         """The field managers that have server-side applied the object."""
@@ -572,12 +610,52 @@ class Emulator(kmock.KubernetesEmulator):
         policy = request.params.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
         if policy == "Orphan" or options.get("orphanDependents") is True:
             await self._orphan_dependents(str(meta.get("uid")))
+        if (resource.group, resource.plural) == ("", "pods"):  # the one built-in kind deleted gracefully
+            return await self._delete_pod(key, live, current, _requested_grace(request))
         if meta.get("finalizers"):
             if not meta.get("deletionTimestamp"):  # soft deletion: a visible change
                 meta.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
                 meta["resourceVersion"] = self._next_revision()
                 self._store(key, live, current)
                 await self._buses[resource].put({"type": "MODIFIED", "object": current})
+            return current, 200
+        return await self._remove(key), 200
+
+    async def _delete_pod(
+        self, key: ObjectKey, live: kmock.KubernetesEmulator.Object, current: dict[str, Any], requested: int | None
+    ) -> tuple[dict[str, Any], int]:
+        """A pod's graceful deletion (kubernetes/apiserver ``pkg/registry/rest/delete.go`` ``BeforeDelete``,
+        ``pkg/registry/generic/registry/store.go`` ``Store.Delete``; the period from kubernetes/kubernetes
+        ``pkg/registry/core/pod/strategy.go`` ``CheckGracefulDelete``, ``pod_grace_period``). The pod gets
+        ``deletionTimestamp`` (now + the period) and ``deletionGracePeriodSeconds``, and, with a period above
+        zero, stays: terminating, until its kubelet deletes it with period 0 (the API server never removes it by
+        itself). A later deletion may only shorten the period. With period 0 (an unscheduled or finished pod, or
+        asked for) the mark is written (a MODIFIED event) and the pod removed in the same request."""
+        meta = current["metadata"]
+        if meta.get("deletionTimestamp"):
+            granted = meta.get("deletionGracePeriodSeconds")
+            if granted:  # a graceful deletion is pending
+                if requested is None or requested >= granted:
+                    return current, 200  # only a shorter period changes it
+                deadline = _parse_time(meta["deletionTimestamp"]) - datetime.timedelta(seconds=granted - requested)
+                period, now = requested, datetime.datetime.now(tz=datetime.UTC)
+                if deadline < now:  # never into the past; a graceful request stays graceful
+                    deadline, period = now, (1 if requested else 0)
+                meta.update(deletionTimestamp=_time(deadline), deletionGracePeriodSeconds=period)
+            elif meta.get("finalizers"):
+                return current, 200  # marked with period 0: its finalizers hold it
+            else:
+                return await self._remove(key), 200
+        else:
+            period = pod_grace_period(current, requested)
+            deadline = datetime.datetime.now(tz=datetime.UTC) + datetime.timedelta(seconds=period)
+            meta.update(deletionTimestamp=_time(deadline), deletionGracePeriodSeconds=period)
+            if meta.get("generation"):  # the first graceful deletion bumps the generation
+                meta["generation"] = int(meta["generation"]) + 1
+        meta["resourceVersion"] = self._next_revision()
+        self._store(key, live, current)
+        await self._buses[key[0]].put({"type": "MODIFIED", "object": current})
+        if period > 0 or meta.get("finalizers"):
             return current, 200
         return await self._remove(key), 200
 
@@ -775,11 +853,16 @@ class Emulator(kmock.KubernetesEmulator):
         happens: ADDED, MODIFIED, and DELETED with the object's last state. It subscribes to the bus *before*
         the snapshot, so that a write landing meanwhile is not lost, and never replays an older state (kopf lists,
         then watches from the list's version: a replayed stale object makes its finalizer JSON-patch fail)."""
+        if not self._watches_connect.is_set() and not self._closing:
+            await self._watches_connect.wait()  # an interrupted connection: no answer, not even the headers
         yield b""  # send the headers now
         if self._closing:
             return
         since = request.params.get("resourceVersion", "")
         since_revision = int(since) if since.isdigit() else 0
+        if since_revision and since_revision <= self.expired_through:
+            yield {"type": "ERROR", "object": _too_old(since_revision, self.expired_through + 1)}
+            return
         selector = label_selector(request.params.get("labelSelector", ""))
 
         def wanted(namespace: str | None, name: str | None) -> bool:
@@ -795,7 +878,7 @@ class Emulator(kmock.KubernetesEmulator):
                 if _revision(raw) > since_revision:  # NB: objects deleted after N but before now are not reported
                     yield {"type": "ADDED" if created > since_revision else "MODIFIED", "object": raw}
             async for event in bus.stream(since=marker):
-                if event is _CLOSE:
+                if event is _CLOSE or event is _TERMINATE:
                     return
                 raw = event.get("object", {})
                 meta = raw.get("metadata", {})
@@ -807,6 +890,25 @@ class Emulator(kmock.KubernetesEmulator):
                 yield event
         finally:
             await bus.unmark(marker)
+
+
+def _set(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event
+
+
+def _too_old(since: int, oldest_watchable: int) -> dict[str, Any]:
+    """The Status of a watch from an expired resourceVersion: apimachinery's ``errors.NewResourceExpired`` with
+    the cacher's message (``pkg/storage/cacher/watch_cache_history.go``)."""
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f"too old resource version: {since} ({oldest_watchable})",
+        "reason": "Expired",
+        "code": 410,
+    }
 
 
 def _revision(raw: Mapping[str, Any]) -> int:

@@ -333,6 +333,24 @@ class RunningEmulator(KubeHTTP):
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
+    def expire_watches(self, timeout: float = 10.0) -> None:
+        """``Emulator.expire_watches`` from the test thread: open watches end, and re-watching from an older
+        version is answered 410 Gone (the client lists again)."""
+        assert self._loop is not None and self.emulator is not None
+        asyncio.run_coroutine_threadsafe(self.emulator.expire_watches(), self._loop).result(timeout)
+
+    @contextlib.contextmanager
+    def watches_interrupted(self, timeout: float = 10.0) -> Iterator[None]:
+        """``Emulator.watches_interrupted`` from the test thread: inside, no watch connects and what changes
+        reaches no client; on leaving, the clients' watches are answered 410 Gone and they list again."""
+        assert self._loop is not None and self.emulator is not None
+        interrupted = self.emulator.watches_interrupted()
+        asyncio.run_coroutine_threadsafe(interrupted.__aenter__(), self._loop).result(timeout)
+        try:
+            yield
+        finally:
+            asyncio.run_coroutine_threadsafe(interrupted.__aexit__(None, None, None), self._loop).result(timeout)
+
     def refused(self) -> list[dict[str, Any]]:
         """The requests RBAC refused so far (method, path, verb, resource, namespace, name, user, message)."""
         assert self.emulator is not None

@@ -394,6 +394,49 @@ def test_watches_deliver_the_deletion_mark_and_the_deletion_with_the_last_state(
         ]
 
 
+def test_an_expired_watch_history_is_a_410_gone_and_what_vanished_meanwhile_sends_no_deleted(kube: RunningEmulator):
+    """kubernetes/apiserver ``pkg/storage/cacher/cacher.go`` and ``watch_cache_history.go``: when the watch cache
+    re-initialises, ``terminateAllWatchers`` ends every open watch without an event; a watch from a
+    resourceVersion older than the cache's history gets no HTTP error but one ERROR event carrying the Status of
+    apimachinery's ``errors.NewResourceExpired`` (``pkg/api/errors/errors.go``: code 410, reason ``Expired``,
+    "too old resource version: N (M)"; ``GetIntervalLocked``, ``newErrWatcher``), and the stream ends. The
+    client must list again (kopf: ``kopf/_cogs/clients/watching.py``, ``continuous_watch`` returns on an ERROR
+    of code 410 and ``infinite_watch`` lists again): an object deleted while no watch could see it is simply
+    missing from that list, and no DELETED is ever sent for it."""
+    kept = kube.create("v1/configmaps", {"metadata": {"name": "kept"}})
+    kube.create("v1/configmaps", {"metadata": {"name": "vanishing"}})
+    since = kept["metadata"]["resourceVersion"]
+    with watch(kube, "v1/configmaps", since) as stream:
+        assert next_event(stream)["object"]["metadata"]["name"] == "vanishing"
+        kube.expire_watches()
+        assert stream.readline() == b"", "an open watch ends when the watch cache's history is lost"
+    with watch(kube, "v1/configmaps", since) as stream:
+        gone = next_event(stream)
+        assert stream.readline() == b"", "the 410 ends the stream"
+    assert gone["type"] == "ERROR"
+    assert {key: gone["object"][key] for key in ("kind", "status", "reason", "code")} == {
+        "kind": "Status",
+        "status": "Failure",
+        "reason": "Expired",
+        "code": 410,
+    }
+    assert gone["object"]["message"].startswith(f"too old resource version: {since} (")
+
+    listed = kube.call("GET", resource_path("v1/configmaps", "default"))
+    relisted = listed["metadata"]["resourceVersion"]
+    with kube.watches_interrupted():
+        kube.delete("v1/configmaps", "vanishing")
+        kube.create("v1/configmaps", {"metadata": {"name": "newcomer"}})
+    with watch(kube, "v1/configmaps", relisted) as stream:
+        assert next_event(stream)["object"]["code"] == 410, "a version from before the interruption is gone too"
+    after = kube.call("GET", resource_path("v1/configmaps", "default"))
+    assert sorted(item["metadata"]["name"] for item in after["items"]) == ["kept", "newcomer"]
+    with watch(kube, "v1/configmaps", after["metadata"]["resourceVersion"]) as stream:
+        kube.patch("v1/configmaps", "kept", {"data": {"a": "b"}})
+        event = next_event(stream)  # the first event after the new list: nothing about the vanished object
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("MODIFIED", "kept")
+
+
 # ---------------------------------------------------------------- 6. RBAC
 
 
