@@ -164,12 +164,23 @@ class Authorizer:
                     aggregated[meta["name"]] = [selector.get("matchLabels") or {} for selector in selectors]
             elif doc["kind"] == "Role":
                 self.roles[(meta.get("namespace") or "", meta["name"])] = rules
-        for name, selectors in aggregated.items():
-            for other, other_labels in labels.items():
-                if other != name and any(
-                    all(other_labels.get(k) == v for k, v in selector.items()) for selector in selectors
-                ):
-                    self.cluster_roles[name] = self.cluster_roles[name] + self.cluster_roles[other]
+        # The aggregation controller (kubernetes/kubernetes pkg/controller/clusterroleaggregation/
+        # clusterroleaggregation_controller.go) sets an aggregated role's rules to the union of the rules of
+        # the roles its selectors match, and keeps doing so as those change: so aggregation is transitive
+        # (the built-in admin collects edit, which collects view). Repeated to a fixed point here.
+        own = {name: list(rules) for name, rules in self.cluster_roles.items()}
+        changed = True
+        while changed:
+            changed = False
+            for name, selectors in aggregated.items():
+                union = list(own[name])
+                for other, other_labels in labels.items():
+                    if other != name and any(
+                        all(other_labels.get(k) == v for k, v in selector.items()) for selector in selectors
+                    ):
+                        union += [rule for rule in self.cluster_roles[other] if rule not in union]
+                if set(union) != set(self.cluster_roles[name]):
+                    self.cluster_roles[name], changed = union, True
         self.cluster_bindings = [doc for doc in docs if doc["kind"] == "ClusterRoleBinding"]
         self.bindings = [doc for doc in docs if doc["kind"] == "RoleBinding"]
         self.service_accounts = [doc for doc in docs if doc["kind"] == "ServiceAccount"]
