@@ -20,6 +20,9 @@ to a request, where the operator depends on it:
   (merge, JSON, strategic merge, apply).
 * **Deletion**: an object with finalizers gets ``deletionTimestamp`` (a MODIFIED event) and stays until
   its finalizers are gone; no finalizer can be added meanwhile; without finalizers it is removed at once.
+  A pod is deleted gracefully: it gets ``deletionTimestamp`` and ``deletionGracePeriodSeconds`` and stays,
+  terminating, until its kubelet deletes it again with period 0 (the stand-in kubelet, ``kubelet``); a pod
+  no node runs (no ``spec.nodeName``) or that finished is removed at once (``pod_grace_period``).
 * **Garbage collection** (background propagation): when an object is removed, every object whose
   ``ownerReferences`` name its uid is deleted too, honouring their own finalizers, and so on down; one
   that still has another live owner only loses the dangling reference. ``propagationPolicy=Orphan``
@@ -85,6 +88,53 @@ logger = logging.getLogger(__name__)
 
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _time(moment: datetime.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str) -> datetime.datetime:
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+
+
+DEFAULT_TERMINATION_GRACE_SECONDS = 30
+"""A pod's ``spec.terminationGracePeriodSeconds`` when it sets none (kubernetes/kubernetes
+``pkg/apis/core/v1/defaults.go``, ``SetDefaults_PodSpec``: the emulator does not default built-in kinds, so
+the deletion reads it as the defaulted value)."""
+
+
+def pod_grace_period(pod: Mapping[str, Any], requested: int | None) -> int:
+    """The grace period of a pod's first deletion (kubernetes/kubernetes ``pkg/registry/core/pod/strategy.go``,
+    ``CheckGracefulDelete``): the one asked for, else the pod's ``terminationGracePeriodSeconds``; 0 for a pod
+    no node runs (no ``spec.nodeName``) or one that finished (phase ``Succeeded`` or ``Failed``); at least 1
+    when negative."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    period = requested if requested is not None else spec.get("terminationGracePeriodSeconds")
+    if period is None:
+        period = DEFAULT_TERMINATION_GRACE_SECONDS
+    if not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
+        period = 0
+    return 1 if period < 0 else int(period)
+
+
+def _requested_grace(request: kmock.Request) -> int | None:
+    """``gracePeriodSeconds`` of a DELETE: from its body (DeleteOptions) when it has one, else from the query
+    (kubernetes/apiserver ``pkg/endpoints/handlers/delete.go``, ``DeleteResource``); negative means 1
+    (``BeforeDelete``)."""
+    if isinstance(request.data, dict) and request.data:
+        value = request.data.get("gracePeriodSeconds")
+    else:
+        value = request.params.get("gracePeriodSeconds")
+    if value is None:
+        return None
+    try:
+        period = int(value)
+    except (TypeError, ValueError):
+        raise kmock.KubernetesError(
+            400, "BadRequest", f"gracePeriodSeconds: invalid value {value!r}: must be an integer", {}
+        ) from None
+    return 1 if period < 0 else period
 
 
 def _qualified(resource: Any) -> str:
@@ -972,5 +1022,6 @@ __all__ = [
     "label_selector",
     "load_builtin_resources",
     "older_crd",
+    "pod_grace_period",
     "register_crd",
 ]

@@ -9,6 +9,7 @@ Plain HTTP against the emulator, no kopf: these run in a fraction of a second ea
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import urllib.request
 from typing import Any
@@ -544,3 +545,71 @@ def walk(node: dict[str, Any]) -> Any:
     for key in ("items", "additionalProperties"):
         if isinstance(node.get(key), dict):
             yield from walk(node[key])
+
+
+# ---------------------------------------------------------------- terminating pods and the controllers' status
+
+
+def scheduled_pod(name: str, **spec: Any) -> dict[str, Any]:
+    """A pod bound to a node (``spec.nodeName``, as the scheduler binds it)."""
+    return {
+        "metadata": {"name": name, "labels": {"app": "x"}},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "x"}], **spec},
+    }
+
+
+def seconds_from_now(timestamp: str) -> float:
+    moment = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    return (moment - datetime.datetime.now(tz=datetime.UTC)).total_seconds()
+
+
+def test_a_running_pod_is_deleted_gracefully_and_stays_terminating_until_deleted_with_period_0(kube: RunningEmulator):
+    """kubernetes/kubernetes ``pkg/registry/core/pod/strategy.go`` (``CheckGracefulDelete``) and kubernetes/apiserver
+    ``pkg/registry/rest/delete.go`` (``BeforeDelete``), ``pkg/registry/generic/registry/store.go``
+    (``Store.Delete``): deleting a pod a node runs sets ``deletionTimestamp`` to now plus its
+    ``terminationGracePeriodSeconds`` and ``deletionGracePeriodSeconds`` to that period, bumps the generation,
+    and keeps the pod (a MODIFIED event); a later deletion may only shorten the period (moving the timestamp
+    back); the kubelet's deletion with period 0 (``pkg/kubelet/status/status_manager.go``) removes it."""
+    created = kube.create("v1/pods", scheduled_pod("web-0", terminationGracePeriodSeconds=45))
+    with watch(kube, "v1/pods", created["metadata"]["resourceVersion"]) as stream:
+        marked = kube.delete("v1/pods", "web-0")
+        meta = marked["metadata"]
+        assert meta["deletionGracePeriodSeconds"] == 45 and 40 <= seconds_from_now(meta["deletionTimestamp"]) <= 46
+        assert meta["generation"] == created["metadata"]["generation"] + 1
+        event = next_event(stream)
+        assert event["type"] == "MODIFIED" and event["object"]["metadata"]["deletionTimestamp"]
+        assert kube.get("v1/pods", "web-0") == marked, "a terminating pod is still there"
+
+        longer = kube.call("DELETE", resource_path("v1/pods", "default", "web-0"), {"gracePeriodSeconds": 60})
+        assert longer == marked, "a longer period changes nothing"
+        shorter = kube.call("DELETE", resource_path("v1/pods", "default", "web-0"), {"gracePeriodSeconds": 10})
+        assert shorter["metadata"]["deletionGracePeriodSeconds"] == 10
+        assert 5 <= seconds_from_now(shorter["metadata"]["deletionTimestamp"]) <= 11
+        assert next_event(stream)["type"] == "MODIFIED"
+
+        final = {"gracePeriodSeconds": 0, "preconditions": {"uid": created["metadata"]["uid"]}}
+        kube.call("DELETE", resource_path("v1/pods", "default", "web-0"), final)
+        assert kube.get("v1/pods", "web-0") is None
+        assert [next_event(stream)["type"] for _ in range(2)] == ["MODIFIED", "DELETED"]
+
+
+def test_a_pod_no_node_runs_or_a_finished_one_is_removed_at_once_and_the_default_period_is_30s(kube: RunningEmulator):
+    """kubernetes/kubernetes ``pkg/registry/core/pod/strategy.go`` (``CheckGracefulDelete``): the period is 0 for a
+    pod without ``spec.nodeName`` and for one in phase Succeeded or Failed, and the one asked for (the query's
+    ``gracePeriodSeconds`` when the DELETE has no body: kubernetes/apiserver ``pkg/endpoints/handlers/delete.go``)
+    wins over the pod's; ``pkg/apis/core/v1/defaults.go`` defaults ``terminationGracePeriodSeconds`` to 30."""
+    kube.create("v1/pods", {"metadata": {"name": "pending"}, "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    kube.delete("v1/pods", "pending")
+    assert kube.get("v1/pods", "pending") is None
+
+    kube.create("v1/pods", scheduled_pod("done"))
+    kube.patch("v1/pods", "done", {"status": {"phase": "Succeeded"}}, subresource="status")
+    kube.delete("v1/pods", "done")
+    assert kube.get("v1/pods", "done") is None
+
+    kube.create("v1/pods", scheduled_pod("defaulted"))
+    assert kube.delete("v1/pods", "defaulted")["metadata"]["deletionGracePeriodSeconds"] == 30
+
+    kube.create("v1/pods", scheduled_pod("forced", terminationGracePeriodSeconds=45))
+    kube.call("DELETE", resource_path("v1/pods", "default", "forced") + "?gracePeriodSeconds=0")
+    assert kube.get("v1/pods", "forced") is None
