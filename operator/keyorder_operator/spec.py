@@ -9,6 +9,7 @@ Field names are camelCase on the wire (Kubernetes convention) and snake_case in 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -39,6 +40,25 @@ KUBERNETES_TYPE = "x-keyorder-kubernetes-type"
 def kubernetes_type(name: str) -> dict[str, Any]:
     """``json_schema_extra`` of a field (or a list field's items) holding the Kubernetes type ``name``."""
     return {KUBERNETES_TYPE: name}
+
+
+LIST_TYPE = "x-kubernetes-list-type"
+LIST_MAP_KEYS = "x-kubernetes-list-map-keys"
+
+
+def keyed_list(*keys: str, items: str | None = None) -> dict[str, Any]:
+    """``json_schema_extra`` of a list whose items are unique by ``keys`` (``items``: their Kubernetes type).
+
+    Such a list ends up in a list of the pods that Kubernetes keys by the same fields (a container's env by
+    ``name``, its volumeMounts by ``mountPath``...), and server-side apply refuses an applied object with
+    two items of one key (structured-merge-diff's "duplicate entries for key"), so every apply of the
+    Deployment would fail. The CRD marks the list ``x-kubernetes-list-type: map`` with these keys (the API
+    server then refuses the duplicate when the resource is written), and ``duplicate_problems`` refuses it
+    in the operator, for a resource stored under an older CRD."""
+    extra: dict[str, Any] = {LIST_TYPE: "map", LIST_MAP_KEYS: list(keys)}
+    if items is not None:
+        extra["items"] = kubernetes_type(items)
+    return extra
 
 
 # What the operator itself puts into the pods it generates: a template may not replace any of it
@@ -224,7 +244,9 @@ class HandlerSpec(_Model):
     )
     env: list[EnvVar] = Field(
         default_factory=list,
-        description="Extra environment variables for the handler, literal or from a Secret/ConfigMap (valueFrom).",
+        description="Extra environment variables for the handler, literal or from a Secret/ConfigMap (valueFrom); "
+        "each name at most once.",
+        json_schema_extra=keyed_list("name"),
     )
     env_from: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -233,8 +255,9 @@ class HandlerSpec(_Model):
     )
     volume_mounts: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Mounts of spec.template.spec.volumes into the handler's container (Kubernetes VolumeMount).",
-        json_schema_extra={"items": kubernetes_type("VolumeMount")},
+        description="Mounts of spec.template.spec.volumes into the handler's container (Kubernetes VolumeMount); "
+        "each mountPath at most once.",
+        json_schema_extra=keyed_list("mountPath", items="VolumeMount"),
     )
     resources: Resources = Field(default_factory=Resources, description="Container resources.")
     termination_grace_period_seconds: int = Field(
@@ -256,8 +279,8 @@ class PodOptions(_Model):
 
     image_pull_secrets: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Secrets to pull the handler image from a private registry.",
-        json_schema_extra={"items": kubernetes_type("LocalObjectReference")},
+        description="Secrets to pull the handler image from a private registry; each name at most once.",
+        json_schema_extra=keyed_list("name", items="LocalObjectReference"),
     )
     service_account_name: str | None = Field(
         None,
@@ -276,15 +299,16 @@ class PodOptions(_Model):
     )
     topology_spread_constraints: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="How the pods spread over zones or nodes (select them by app.kubernetes.io/instance).",
-        json_schema_extra={"items": kubernetes_type("TopologySpreadConstraint")},
+        description="How the pods spread over zones or nodes (select them by app.kubernetes.io/instance); each "
+        "topologyKey and whenUnsatisfiable pair at most once.",
+        json_schema_extra=keyed_list("topologyKey", "whenUnsatisfiable", items="TopologySpreadConstraint"),
     )
     priority_class_name: str | None = Field(None, min_length=1, description="The pods' PriorityClass.")
     volumes: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Extra volumes (Secrets, ConfigMaps, emptyDir, CSI...; no hostPath), mounted by "
-        "handler.volumeMounts.",
-        json_schema_extra={"items": kubernetes_type("Volume")},
+        "handler.volumeMounts; each name at most once.",
+        json_schema_extra=keyed_list("name", items="Volume"),
     )
 
 
@@ -581,9 +605,7 @@ def template_problems(spec: OrderedConsumerSpec) -> list[tuple[str, str]]:
             problems.append((f"{path}.name", "a volume needs a name"))
         elif name in OPERATOR_VOLUMES:
             problems.append((f"{path}.name", f"{name!r} is the operator's own volume; choose another name"))
-        elif name in volume_names:
-            problems.append((f"{path}.name", f"{name!r} names two volumes"))
-        else:
+        else:  # a name given twice is a duplicate_problems finding
             volume_names.add(name)
         if "hostPath" in volume:
             problems.append(
@@ -604,11 +626,57 @@ def template_problems(spec: OrderedConsumerSpec) -> list[tuple[str, str]]:
     return problems
 
 
+def _keyed_lists(model: BaseModel, path: str) -> Iterator[tuple[str, list[Any], tuple[str, ...]]]:
+    """Every list marked by ``keyed_list`` in ``model`` and the models it holds: (field path, items, keys)."""
+    for name, field in type(model).model_fields.items():
+        value, field_path = getattr(model, name), f"{path}.{field.alias or name}"
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if extra.get(LIST_TYPE) == "map" and isinstance(value, list):
+            keys = extra[LIST_MAP_KEYS]
+            yield field_path, value, tuple(str(key) for key in keys) if isinstance(keys, list) else ()
+        if isinstance(value, BaseModel):
+            yield from _keyed_lists(value, field_path)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    yield from _keyed_lists(item, f"{field_path}[{index}]")
+
+
+def duplicate_problems(spec: OrderedConsumerSpec) -> list[tuple[str, str]]:
+    """Items of a keyed list (``keyed_list``) that repeat an earlier item's keys, or lack a key (field path,
+    message). The CRD refuses both; a resource stored under an older CRD still reaches the operator, and
+    server-side apply would refuse every Deployment built from it."""
+    problems: list[tuple[str, str]] = []
+    for path, items, keys in _keyed_lists(spec, "spec"):
+        named = " and ".join(keys)
+        first: dict[tuple[Any, ...], int] = {}
+        for index, item in enumerate(items):
+            fields = item.model_dump(by_alias=True) if isinstance(item, BaseModel) else dict(item)
+            missing = [key for key in keys if fields.get(key) is None]
+            if missing:
+                problems += [(f"{path}[{index}].{key}", f"required: the list is keyed by {named}") for key in missing]
+                continue
+            key = tuple(fields[key] for key in keys)
+            if key not in first:
+                first[key] = index
+                continue
+            where = f"{path}[{index}]" + (f".{keys[0]}" if len(keys) == 1 else "")
+            shown = ", ".join(f"{name} {value!r}" for name, value in zip(keys, key, strict=True))
+            problems.append(
+                (
+                    where,
+                    f"duplicate entry: {shown} is already {path}[{first[key]}]; Kubernetes keys this list by "
+                    f"{named}, and server-side apply refuses the pods' Deployment with two",
+                )
+            )
+    return problems
+
+
 def parse_spec(spec: dict) -> OrderedConsumerSpec:
     """Validate a resource's ``spec``; raises ``InvalidSpec`` naming each bad field as ``spec.a.b``.
 
-    Beyond the models, the pod template may not replace what the operator generates nor weaken the
-    pods' hardening (``template_problems``)."""
+    Beyond the models, a keyed list may not repeat a key (``duplicate_problems``), and the pod template may
+    not replace what the operator generates nor weaken the pods' hardening (``template_problems``)."""
     try:
         parsed = OrderedConsumerSpec.model_validate(spec)
     except ValidationError as error:
@@ -620,7 +688,7 @@ def parse_spec(spec: dict) -> OrderedConsumerSpec:
                 message = f"the operator owns the pods' hardening ({HARDENING}); a template cannot set it"
             problems.append((_path(location), message))
         raise InvalidSpec(problems) from None
-    problems = template_problems(parsed)
+    problems = duplicate_problems(parsed) + template_problems(parsed)
     if problems:
         raise InvalidSpec(problems)
     return parsed

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import types
+import typing
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from keyorder_operator.builders import (
     CONTAINER_SECURITY,
@@ -22,6 +25,7 @@ from keyorder_operator.spec import (
     OPERATOR_MOUNT_PATHS,
     OPERATOR_VOLUMES,
     InvalidSpec,
+    OrderedConsumerSpec,
     name_problem,
     parse_spec,
 )
@@ -214,3 +218,141 @@ def test_resource_names_must_fit_the_objects_named_after_them(name, accepted):
     assert (problem is None) is accepted, problem
     if problem is not None:
         assert "-metrics" in problem and str(MAX_NAME_LENGTH) in problem
+
+
+# Where each list of the spec ends up in the Deployment's pod template (None: nowhere as a list).
+LIST_DESTINATIONS = {
+    "spec.kafka.topics": None,  # one comma-separated variable
+    "spec.handler.env": "spec.template.spec.containers[].env",
+    "spec.handler.envFrom": "spec.template.spec.containers[].envFrom",
+    "spec.handler.volumeMounts": "spec.template.spec.containers[].volumeMounts",
+    "spec.template.spec.imagePullSecrets": "spec.template.spec.imagePullSecrets",
+    "spec.template.spec.tolerations": "spec.template.spec.tolerations",
+    "spec.template.spec.topologySpreadConstraints": "spec.template.spec.topologySpreadConstraints",
+    "spec.template.spec.volumes": "spec.template.spec.volumes",
+    "spec.scaling.scaleUpPolicies": None,
+    "spec.scaling.scaleDownPolicies": None,
+}
+
+
+def _spec_lists(model: type[BaseModel], path: str = "spec") -> list[str]:
+    """The list fields of the spec models (the lists inside the embedded Kubernetes types are the pods' own)."""
+    found = []
+    for name, field in model.model_fields.items():
+        field_path = f"{path}.{field.alias or name}"
+        annotation = field.annotation
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        options = [arg for arg in typing.get_args(annotation) if arg is not type(None)] if union else [annotation]
+        for option in options:
+            if typing.get_origin(option) is list:
+                found.append(field_path)
+            elif isinstance(option, type) and issubclass(option, BaseModel):
+                found += _spec_lists(option, field_path)
+    return found
+
+
+def test_every_list_that_lands_in_a_keyed_list_of_the_pods_is_keyed_alike_in_the_crd():
+    """Server-side apply refuses a Deployment whose keyed list (a container's env by name...) repeats a key,
+    so a spec list that lands in one must refuse duplicates itself: the same keys, in the CRD."""
+    from keyorder_operator.crd import crd_manifest
+    from tests.operator.server_side_apply import Schema
+
+    schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    lists = _spec_lists(OrderedConsumerSpec)
+    assert set(lists) == set(LIST_DESTINATIONS), "a new list in the spec: say where it lands in LIST_DESTINATIONS"
+    for path in lists:
+        node = schema
+        for part in path.split("."):
+            node = node["properties"][part]
+        destination = LIST_DESTINATIONS[path]
+        keys = None
+        if destination is not None:
+            position = Schema.of({"apiVersion": "apps/v1", "kind": "Deployment"})
+            for part in destination.split("."):
+                position = position.field(part.removesuffix("[]"))
+                if part.endswith("[]"):
+                    position = position.items()
+            keys = position.list_keys()
+        if keys is None:
+            assert node.get("x-kubernetes-list-type") in (None, "atomic"), path
+            continue
+        assert node.get("x-kubernetes-list-type") == "map", f"{path} lands in a list keyed by {keys}"
+        assert tuple(node["x-kubernetes-list-map-keys"]) in (keys, tuple(sorted(keys))), path
+        items = node["items"]
+        for key in keys:  # the API server refuses a CRD whose map key is neither required nor defaulted
+            assert key in items.get("required", []) or "default" in items["properties"][key], (path, key)
+
+
+@pytest.mark.parametrize(
+    ("template", "handler", "field", "repeated"),
+    [
+        (
+            {},
+            {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]},
+            "spec.handler.env[1].name",
+            "name 'A'",
+        ),
+        (
+            {"spec": {"volumes": [{"name": "fx", "emptyDir": {}}]}},
+            {
+                "volumeMounts": [
+                    {"name": "fx", "mountPath": "/fx"},
+                    {"name": "fx", "mountPath": "/fx", "readOnly": True},
+                ]
+            },
+            "spec.handler.volumeMounts[1].mountPath",
+            "mountPath '/fx'",
+        ),
+        (
+            {"spec": {"imagePullSecrets": [{"name": "registry"}, {"name": "registry"}]}},
+            {},
+            "spec.template.spec.imagePullSecrets[1].name",
+            "name 'registry'",
+        ),
+        (
+            {
+                "spec": {
+                    "topologySpreadConstraints": [
+                        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"},
+                        {"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"},
+                    ]
+                }
+            },
+            {},
+            "spec.template.spec.topologySpreadConstraints[1]",
+            "topologyKey 'zone', whenUnsatisfiable 'DoNotSchedule'",
+        ),
+        (
+            {"spec": {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "secret": {"secretName": "s"}}]}},
+            {},
+            "spec.template.spec.volumes[1].name",
+            "name 'a'",
+        ),
+    ],
+)
+def test_a_keyed_list_refuses_a_repeated_key_naming_the_field_and_the_first_item(template, handler, field, repeated):
+    with pytest.raises(InvalidSpec) as error:
+        parse_spec(spec_dict(template=template, **handler))
+    [(path, message)] = error.value.problems
+    assert path == field
+    assert message.startswith(f"duplicate entry: {repeated} is already {field.split('[')[0]}[0]"), message
+
+
+def test_an_image_pull_secret_without_a_name_is_refused():
+    """The list is keyed by name (a real API server's apply refuses an item that omits every key)."""
+    with pytest.raises(InvalidSpec) as error:
+        parse_spec(spec_dict(template={"spec": {"imagePullSecrets": [{}]}}))
+    assert error.value.problems == [
+        ("spec.template.spec.imagePullSecrets[0].name", "required: the list is keyed by name")
+    ]
+
+
+def test_the_same_key_in_two_different_lists_is_no_duplicate():
+    spec = parse_spec(
+        spec_dict(
+            template={"spec": {"volumes": [{"name": "fx", "emptyDir": {}}], "imagePullSecrets": [{"name": "fx"}]}},
+            env=[{"name": "fx", "value": "1"}, {"name": "FX", "value": "2"}],
+            volumeMounts=[{"name": "fx", "mountPath": "/fx"}, {"name": "fx", "mountPath": "/fx2"}],
+        )
+    )
+    assert [item.name for item in spec.handler.env] == ["fx", "FX"]
