@@ -27,6 +27,8 @@ from tests.operator.authorization import (
 )
 from tests.operator.emulator import APPLY_PATCH, CRD_FILE, register_crd
 from tests.operator.harness import CR, ApiError, KubeHTTP, RunningEmulator, resource_path, serve_emulator
+from tests.operator.kubelet import LocalKubelet
+from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -613,3 +615,109 @@ def test_a_pod_no_node_runs_or_a_finished_one_is_removed_at_once_and_the_default
     kube.create("v1/pods", scheduled_pod("forced", terminationGracePeriodSeconds=45))
     kube.call("DELETE", resource_path("v1/pods", "default", "forced") + "?gracePeriodSeconds=0")
     assert kube.get("v1/pods", "forced") is None
+
+
+def standin_deployment(name: str, strategy: str, replicas: int = 2) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "strategy": {"type": strategy},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [{"name": "c", "image": "x", "env": [{"name": "V", "value": "1"}]}],
+                },
+            },
+        },
+    }
+
+
+def pods_of(kube: KubeHTTP, name: str) -> list[dict[str, Any]]:
+    return [pod for pod in kube.list("v1/pods", "default") if pod["metadata"]["labels"].get("app") == name]
+
+
+def until_observed(kube: KubeHTTP, name: str, predicate: Any, what: str) -> dict[str, Any]:
+    """The Deployment's status once its controller has observed its current generation and ``predicate(status)``."""
+
+    def probe() -> dict[str, Any] | None:
+        deployment = kube.get("apps/v1/deployments", name) or {}
+        status = deployment.get("status") or {}
+        current = status.get("observedGeneration") == (deployment.get("metadata") or {}).get("generation")
+        return status if current and predicate(status) else None
+
+    return wait_for(probe, 10, what)
+
+
+def test_the_standin_controllers_leave_terminating_pods_out_of_status_replicas_and_report_observed_generation(
+    kube: RunningEmulator,
+):
+    """kubernetes/kubernetes ``pkg/controller/replicaset/replica_set_utils.go`` (``calculateStatus``: ``Replicas`` is
+    the number of active pods, ``controller.FilterActivePods``), ``pkg/controller/controller_utils.go``
+    (``IsPodActive``: no ``deletionTimestamp``, not Succeeded or Failed) and ``pkg/controller/deployment/sync.go``
+    (``calculateStatus``: ``ObservedGeneration`` is the Deployment's generation, ``UpdatedReplicas`` the new
+    ReplicaSet's replicas): a scaled-down pod still terminating is listed, yet ``status.replicas`` leaves it
+    out; zero counts are omitted (``omitempty`` in k8s.io/api ``apps/v1`` ``DeploymentStatus``), and
+    ``terminatingReplicas`` is absent without the ``DeploymentReplicaSetTerminatingReplicas`` feature."""
+    kube.create("apps/v1/deployments", standin_deployment("web", "RollingUpdate"))
+    with LocalKubelet(kube, "web", processes=False, period=0.05) as kubelet:
+        kubelet.hold_terminating.set()
+        status = until_observed(kube, "web", lambda s: s.get("readyReplicas") == 2, "2 ready pods")
+        assert (status["replicas"], status["updatedReplicas"]) == (2, 2) and "terminatingReplicas" not in status
+        assert all(
+            pod["spec"]["nodeName"] and pod["metadata"]["labels"]["pod-template-hash"] for pod in pods_of(kube, "web")
+        )
+
+        kube.patch("apps/v1/deployments", "web", {"spec": {"replicas": 1}})
+        status = until_observed(kube, "web", lambda s: s.get("replicas") == 1, "status.replicas 1")
+        terminating = [pod for pod in pods_of(kube, "web") if pod["metadata"].get("deletionTimestamp")]
+        assert len(pods_of(kube, "web")) == 2 and len(terminating) == 1, "the scaled-down pod is still there"
+        assert status["updatedReplicas"] == 1 and "terminatingReplicas" not in status
+
+        kube.patch("apps/v1/deployments", "web", {"spec": {"replicas": 0}})
+        status = until_observed(kube, "web", lambda s: "replicas" not in s, "no replicas")
+        assert status == {"observedGeneration": status["observedGeneration"]}, "zero counts are left out"
+        kubelet.hold_terminating.clear()
+        wait_for(lambda: not pods_of(kube, "web"), 10, "the kubelet to delete the terminated pods")
+
+
+@pytest.mark.parametrize("strategy", ["Recreate", "RollingUpdate"])
+def test_recreate_starts_no_new_pod_while_an_old_one_terminates_a_rolling_update_does(
+    kube: RunningEmulator, strategy: str
+):
+    """kubernetes/kubernetes ``pkg/controller/deployment/recreate.go`` (``rolloutRecreate``: the old ReplicaSets are
+    scaled to zero, and while ``oldPodsRunning``, any old pod not Succeeded or Failed, terminating ones included,
+    no new pod is made) and ``pkg/controller/replicaset/replica_set_utils.go`` (``calculateStatus``): after a
+    template change the Deployment reports 0 replicas and 0 updated while the old pods terminate; a rolling update
+    starts the new pods at once, beside the terminating old ones. ``terminatingReplicas`` (the feature
+    ``DeploymentReplicaSetTerminatingReplicas``, ``GetTerminatingReplicaCountForReplicaSets`` in
+    ``pkg/controller/deployment/util/deployment_util.go``) counts them."""
+    kube.create("apps/v1/deployments", standin_deployment("web", strategy))
+    with LocalKubelet(kube, "web", processes=False, period=0.05, terminating_replicas=True) as kubelet:
+        until_observed(kube, "web", lambda s: s.get("updatedReplicas") == 2, "2 pods of the first template")
+        first = {pod["metadata"]["labels"]["pod-template-hash"] for pod in pods_of(kube, "web")}
+        kubelet.hold_terminating.set()
+        env = [{"name": "V", "value": "2"}]
+        kube.patch(
+            "apps/v1/deployments",
+            "web",
+            {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x", "env": env}]}}}},
+        )
+        status = until_observed(kube, "web", lambda s: s.get("terminatingReplicas") == 2, "2 terminating")
+        old = [pod for pod in pods_of(kube, "web") if pod["metadata"]["labels"]["pod-template-hash"] in first]
+        assert len(old) == 2 and all(pod["metadata"].get("deletionTimestamp") for pod in old)
+        if strategy == "Recreate":
+            assert "replicas" not in status and "updatedReplicas" not in status, status
+            assert len(pods_of(kube, "web")) == 2, "a new pod started while old ones terminated"
+        else:
+            status = until_observed(kube, "web", lambda s: s.get("updatedReplicas") == 2, "new pods")
+            assert status["replicas"] == 2 and status["terminatingReplicas"] == 2
+            assert len(pods_of(kube, "web")) == 4, "the new pods run beside the terminating old ones"
+        kubelet.hold_terminating.clear()
+        status = until_observed(kube, "web", lambda s: s.get("terminatingReplicas") == 0, "the old pods gone")
+        status = until_observed(kube, "web", lambda s: s.get("updatedReplicas") == 2, "the rollout")
+        assert status["replicas"] == 2 and status["terminatingReplicas"] == 0
+        assert not first & {pod["metadata"]["labels"]["pod-template-hash"] for pod in pods_of(kube, "web")}
