@@ -12,9 +12,19 @@ first decisions have settled (``--settle``), the benchmark watches for ``--secon
   configured interval;
 - the operator's **CPU** (cores), **RSS** and **threads** (from /proc);
 - **API requests per poll** per resource: reads and writes the emulator received from the operator
-  (watch streams are counted apart: they are opened once, not per poll).
+  (watch streams are counted apart: they are opened once, not per poll);
+- **status writes**: write requests to the OrderedConsumers' status a second, how many of them changed
+  the stored status and which fields, and the times that moved without a change of what they date (a
+  condition's ``lastTransitionTime`` with the same ``status``, ``lastDecision.time`` with the same
+  reason; ``tests.operator.status_audit``); and the HorizontalPodAutoscaler lists a second.
 
     .venv/bin/python -m tools.operator_scale_bench --resources 50,200,500
+
+``--scale-to-zero`` is the steady state of a fleet at rest: the healthy resources read an empty topic
+with ``replicas.min: 0``, ``scaling.scaleToZero`` and no scale-down window, so after their first
+decisions they sit at zero pods and every poll decides the same (issue 35's scenario):
+
+    .venv/bin/python -m tools.operator_scale_bench --resources 500 --scale-to-zero --by-path
 
 Prints a table per N and writes ``operator-scale-bench.json``. One process at a time on the machine:
 the figures are about the operator's share of two cores.
@@ -46,8 +56,12 @@ from keyorder.devtools.embedded import EmbeddedBroker, free_port
 from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tests.operator.emulator import Emulator
 from tests.operator.harness import CR, serve_emulator, stop_process, write_kubeconfig
+from tests.operator.status_audit import AuditCounts, StatusAudit
 
 TOPIC = "bench-orders"
+EMPTY_TOPIC = "bench-empty"
+"""The ``--scale-to-zero`` resources' topic: nothing is ever produced to it."""
+HPA_LIST = "read GET /apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers"
 UNREACHABLE_SHARE = 0.05
 
 
@@ -98,17 +112,17 @@ def silent_kafka() -> Iterator[str]:
         listener.close()
 
 
-def resource(name: str, bootstrap: str, interval: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "keyorder.dev/v1alpha1",
-        "kind": "OrderedConsumer",
-        "metadata": {"name": name},
-        "spec": {
-            "kafka": {"bootstrapServers": bootstrap, "topics": [TOPIC], "groupId": f"g-{name}"},
-            "handler": {"image": "registry.example/orders:1.0", "handler": "orders.handler:handle"},
-            "scaling": {"pollIntervalSeconds": interval},
-        },
+def resource(name: str, bootstrap: str, interval: int, scale_to_zero: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "kafka": {"bootstrapServers": bootstrap, "topics": [TOPIC], "groupId": f"g-{name}"},
+        "handler": {"image": "registry.example/orders:1.0", "handler": "orders.handler:handle"},
+        "scaling": {"pollIntervalSeconds": interval},
     }
+    if scale_to_zero:
+        spec["kafka"]["topics"] = [EMPTY_TOPIC]
+        spec["replicas"] = {"min": 0}
+        spec["scaling"].update(scaleToZero=True, scaleDownStabilizationSeconds=0)
+    return {"apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "metadata": {"name": name}, "spec": spec}
 
 
 def poll_times(metrics_port: int) -> dict[str, float]:
@@ -139,18 +153,24 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def run_one(
-    count: int, interval: int, seconds: float, settle: float, broker: EmbeddedBroker, work: Path
+    count: int,
+    interval: int,
+    seconds: float,
+    settle: float,
+    broker: EmbeddedBroker,
+    work: Path,
+    scale_to_zero: bool = False,
 ) -> dict[str, Any]:
     counts = RequestCounts()
     counts.install()
     unreachable = max(round(count * UNREACHABLE_SHARE), 1)
-    with silent_kafka() as dead, serve_emulator() as kube:
+    with silent_kafka() as dead, StatusAudit().installed() as audit, serve_emulator() as kube:
         names = [f"ok-{index:04d}" for index in range(count - unreachable)]
         dead_names = [f"dead-{index:04d}" for index in range(unreachable)]
         for name in names:
-            kube.create(CR, resource(name, broker.bootstrap, interval))
+            kube.create(CR, resource(name, broker.bootstrap, interval, scale_to_zero))
         for name in dead_names:
-            kube.create(CR, resource(name, dead, interval))
+            kube.create(CR, resource(name, dead, interval, scale_to_zero))
         metrics_port, liveness_port = free_port(), free_port()
         kubeconfig = write_kubeconfig(kube.url, work / f"kubeconfig-{count}")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}
@@ -160,7 +180,10 @@ def run_one(
         with log_path.open("w") as log:
             operator = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
-            return measure(count, interval, seconds, settle, names, operator, metrics_port, counts)
+            result = measure(count, interval, seconds, settle, names, operator, metrics_port, counts, audit)
+            sizes = {item["metadata"]["name"]: (item.get("status") or {}).get("replicas") for item in kube.list(CR)}
+            result["healthy_at_zero_replicas"] = sum(1 for name in names if sizes.get(name) == 0)
+            return result
         finally:
             stop_process(operator)
             errors = [line for line in log_path.read_text().splitlines() if " ERROR " in line]
@@ -177,6 +200,7 @@ def measure(
     operator: subprocess.Popen[str],
     metrics_port: int,
     counts: RequestCounts,
+    audit: StatusAudit,
 ) -> dict[str, Any]:
     started = time.monotonic()
     seen: dict[str, list[float]] = {}
@@ -203,6 +227,7 @@ def measure(
     seen = {name: [at] for name, at in poll_times(metrics_port).items()}
     cpu_before, _, _ = process_usage(operator.pid)
     requests_before = counts.snapshot()
+    audit_before = audit.counts()
     window_start = time.monotonic()
     rss_peak = threads_peak = 0
     while time.monotonic() - window_start < seconds:
@@ -219,6 +244,7 @@ def measure(
     window = time.monotonic() - window_start
     cpu_after, _, _ = process_usage(operator.pid)
     requests = counts.snapshot() - requests_before
+    writes: AuditCounts = audit.counts() - audit_before
     gaps = [later - earlier for name in healthy for earlier, later in itertools.pairwise(seen.get(name, []))]
     polls = sum(max(len(polls) - 1, 0) for polls in seen.values())
     return {
@@ -238,6 +264,14 @@ def measure(
         "reads_per_poll": round(requests["read"] / polls, 3) if polls else None,
         "writes_per_poll": round(requests["write"] / polls, 3) if polls else None,
         "watch_requests": requests["watch"],
+        "status_write_requests_per_second": round(writes.write_requests / window, 2),
+        "status_changes_per_second": round(writes.stored / window, 2),
+        "status_write_requests_per_resource": round(writes.write_requests / count, 2),
+        "status_write_codes": {str(code): number for code, number in writes.requests.items()},
+        "status_fields_changed": dict(writes.fields.most_common()),
+        "times_moved_without_change": len(writes.moved),
+        "times_moved_examples": [vars(moved) for moved in writes.moved[:5]],
+        "hpa_lists_per_second": round(requests[HPA_LIST] / window, 2),
         "requests_by_path": {what: number for what, number in requests.items() if " " in what},
     }
 
@@ -245,14 +279,16 @@ def measure(
 def render(results: list[dict[str, Any]]) -> str:
     header = (
         "| resources | poll gap p50 / p95 / max (s) | p95 / interval | max / interval | CPU (cores) | RSS (MB) "
-        "| threads | reads / poll | writes / poll |"
+        "| threads | reads / poll | writes / poll | status writes / s (stored) | times moved | HPA lists / s |"
     )
-    lines = [header, "|" + "---|" * 9]
+    lines = [header, "|" + "---|" * 12]
     for row in results:
         lines.append(
             f"| {row['resources']} | {row['gap_p50']} / {row['gap_p95']} / {row['gap_max']} | "
             f"{row['gap_p95_ratio']}x | {row['gap_max_ratio']}x | {row['cpu_cores']} | {row['rss_mb']} | "
-            f"{row['threads']} | {row['reads_per_poll']} | {row['writes_per_poll']} |"
+            f"{row['threads']} | {row['reads_per_poll']} | {row['writes_per_poll']} | "
+            f"{row['status_write_requests_per_second']} ({row['status_changes_per_second']}) | "
+            f"{row['times_moved_without_change']} | {row['hpa_lists_per_second']} |"
         )
     return "\n".join(lines)
 
@@ -267,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", type=Path, default=Path("operator-scale-bench.json"))
     parser.add_argument("--by-path", action="store_true", help="also print the requests by method and path")
+    parser.add_argument(
+        "--scale-to-zero",
+        action="store_true",
+        help="the healthy resources read an empty topic and rest at zero pods (replicas.min 0, scaleToZero)",
+    )
     args = parser.parse_args(argv)
     try:
         sizes = [int(part) for part in args.resources.split(",") if part.strip()]
@@ -276,10 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--resources needs at least one count above 0, got {args.resources!r}")
     results = []
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="operator-bench-") as work:
-        create_topics(broker.bootstrap, [TOPIC], 4)
+        create_topics(broker.bootstrap, [TOPIC, EMPTY_TOPIC], 4)
         produce_keyed(broker.bootstrap, TOPIC, 2_000, 50, extra_config={"batch.num.messages": 1})
         for size in sizes:
-            results.append(run_one(size, args.interval, args.seconds, args.settle, broker, Path(work)))
+            results.append(
+                run_one(size, args.interval, args.seconds, args.settle, broker, Path(work), args.scale_to_zero)
+            )
             print(render(results[-1:]), flush=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     if args.by_path:
@@ -287,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"N={row['resources']}: requests in the window, by kind and path (names left out):")
             for what, number in sorted(row["requests_by_path"].items(), key=lambda item: -item[1]):
                 print(f"  {number:8d}  {what}")
+            print(f"  status fields changed: {row['status_fields_changed']}")
+            print(f"  status write codes: {row['status_write_codes']}")
+            for moved in row["times_moved_examples"]:
+                print(f"  moved without a change: {moved}")
     print(render(results))
     print(f"written to {args.output}")
     return 0
