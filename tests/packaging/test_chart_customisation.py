@@ -118,14 +118,18 @@ def test_namespace_users_get_orderedconsumer_rights_by_aggregation(manifests):
     docs = manifests["defaults"]
     writes = {"create", "update", "patch", "delete", "deletecollection"}
     reads = {"get", "list", "watch"}
+    resources = {"orderedconsumers", "orderedconsumers/status", "orderedconsumers/scale"}
     for role in ("admin", "edit"):
         granted = aggregated_rules(docs, role)
         assert {("keyorder.dev", "orderedconsumers", verb) for verb in reads | writes} <= granted, role
         assert ("keyorder.dev", "orderedconsumers/status", "get") in granted
-        assert {resource for _, resource, _ in granted} == {"orderedconsumers", "orderedconsumers/status"}
+        # kubectl scale okc (docs/install.md): as Kubernetes' edit role writes deployments/scale
+        # (kubernetes/kubernetes plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go)
+        assert {("keyorder.dev", "orderedconsumers/scale", verb) for verb in ("get", "update", "patch")} <= granted
+        assert {resource for _, resource, _ in granted} == resources
     view = aggregated_rules(docs, "view")
     assert {verb for _, _, verb in view} == reads, "view never writes"
-    assert {resource for _, resource, _ in view} == {"orderedconsumers", "orderedconsumers/status"}
+    assert {resource for _, resource, _ in view} == resources, "view reads the scale, as deployments/scale"
     bindings = find(docs, "ClusterRoleBinding") + find(docs, "RoleBinding")
     user_roles = {f"{RELEASE}-keyorder-operator-{role}" for role in ("admin", "edit", "view")}
     assert not [binding for binding in bindings if binding["roleRef"]["name"] in user_roles], "bound by the cluster"
