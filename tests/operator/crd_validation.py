@@ -10,7 +10,9 @@ and defaults OrderedConsumers as a real API server does) and the offline CRD che
    default, ``?fieldValidation=Strict``), refused;
 3. ``default``s are applied, recursively: a defaulted ``{}`` gets its own fields' defaults ("Defaulting");
 4. the object is checked against the version's ``openAPIV3Schema`` (openapi-schema-validator's
-   ``OAS30Validator``; ``x-kubernetes-int-or-string`` as an integer or a string);
+   ``OAS30Validator``; ``x-kubernetes-int-or-string`` as an integer or a string), and its lists against
+   their ``x-kubernetes-list-type`` (``list_type_errors``: a ``set`` item or a ``map`` key given twice is a
+   ``Duplicate value``; an update whose old object already broke it is not refused for it);
 5. every ``x-kubernetes-validations`` rule is evaluated with **cel-python** (``celpy``, the maintained
    CEL implementation on PyPI), as Kubernetes does ("Validation rules"): ``self`` is the value at the
    rule's node, typed by the schema (``number`` fields as doubles, ``integer`` as ints, objects as maps,
@@ -396,6 +398,109 @@ def cel_violations(
     return failures
 
 
+# ---------------------------------------------------------------- list-type uniqueness (x-kubernetes-list-type)
+
+
+def _go_value(value: Any) -> str:
+    """``value`` as Go's ``%#v`` prints a decoded JSON value held in an ``interface{}``."""
+    if value is None:
+        return "interface {}(nil)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e21 else repr(value)
+    if isinstance(value, dict):
+        fields = ", ".join(f"{json.dumps(key)}:{_go_value(value[key])}" for key in sorted(value))
+        return "map[string]interface {}{" + fields + "}"
+    if isinstance(value, list):
+        return "[]interface {}{" + ", ".join(_go_value(item) for item in value) + "}"
+    return str(value)
+
+
+def _bad_value(value: Any) -> str:
+    """A field error's value as ``field.Error.ErrorBody`` prints it up to Kubernetes 1.33 (k8s.io/apimachinery
+    ``pkg/util/validation/field/errors.go``: numbers and bools with ``%v``, strings with ``%q``, the rest with
+    ``%#v``); from 1.34 the rest is printed as JSON (``{"name":"A"}``)."""
+    if isinstance(value, bool | int | float):
+        return _go_value(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return _go_value(value)
+
+
+def _non_unique(items: list[Any]) -> list[int]:
+    """The index of each value's second appearance (apiextensions-apiserver ``validateListSet``: compound values
+    compared as their JSON, scalars by type and value)."""
+    seen: dict[Any, int] = {}
+    repeated = []
+    for index, item in enumerate(items):
+        if isinstance(item, dict | list):
+            key: Any = ("compound", json.dumps(item, sort_keys=True, separators=(",", ":")))
+        else:
+            key = (type(item).__name__, item)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] == 2:
+            repeated.append(index)
+    return repeated
+
+
+_UNSPECIFIED = ("unspecified",)
+"""A list-map item without the key (or a null item): equal to every other such item."""
+
+
+def _list_map_errors(items: list[Any], schema: dict[str, Any], path: str) -> list[FieldError]:
+    for index, item in enumerate(items):
+        if item is not None and not isinstance(item, dict):
+            return [
+                FieldError(
+                    _join(path, index), "Invalid value", "must be an object for an array of list-type map", item, True
+                )
+            ]
+    if len(items) <= 1:
+        return []
+    keys = list(schema.get("x-kubernetes-list-map-keys") or [])
+    if len(keys) == 1:
+        values = [item[keys[0]] if isinstance(item, dict) and keys[0] in item else _UNSPECIFIED for item in items]
+        shown = [{} if value == _UNSPECIFIED else {keys[0]: value} for value in values]
+    else:
+        shown = [{key: item[key] for key in keys if key in item} if isinstance(item, dict) else {} for item in items]
+        values = shown
+    return [
+        FieldError(_join(path, index), "Duplicate value", _bad_value(shown[index])) for index in _non_unique(values)
+    ]
+
+
+def list_type_errors(value: Any, schema: dict[str, Any], path: str = "") -> list[FieldError]:
+    """Where ``value`` breaks its lists' ``x-kubernetes-list-type``: an item of a ``set`` or a key of a ``map``
+    list given twice (kubernetes/apiextensions-apiserver ``pkg/apiserver/schema/listtype/validation.go``,
+    ``ValidateListSetsAndMaps``), worded as the API server words it: ``spec.handler.env[1]: Duplicate value:
+    map[string]interface {}{"name":"A"}``. Paths as ``field.Path`` renders them (a map's key as ``[key]``)."""
+    errors: list[FieldError] = []
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
+        for key, item in value.items():
+            if extra is not None:
+                errors += list_type_errors(item, extra, f"{path}[{key}]")
+            if key in properties:
+                errors += list_type_errors(item, properties[key], _join(path, key))
+    elif isinstance(value, list):
+        list_type = schema.get("x-kubernetes-list-type")
+        if list_type == "set":
+            errors += [
+                FieldError(_join(path, index), "Duplicate value", _bad_value(value[index]))
+                for index in _non_unique(value)
+            ]
+        elif list_type == "map":
+            errors += _list_map_errors(value, schema, path)
+        if isinstance(schema.get("items"), dict):
+            for index, item in enumerate(value):
+                errors += list_type_errors(item, schema["items"], _join(path, index))
+    return errors
+
+
 # ---------------------------------------------------------------- admission of a whole object
 
 
@@ -436,6 +541,9 @@ def admit(
         pruned += unknown
     resource = apply_defaults(resource, schema)
     errors = schema_errors(resource, schema, path)
+    # an update is refused for its lists only if the old object had none (the API server's ratcheting)
+    if old is None or not list_type_errors(old, schema, path):
+        errors += list_type_errors(resource, schema, path)
     if not any(error.type_error for error in errors):  # the API server's order: CEL unless a type is wrong
         errors += cel_violations(resource, schema, old, path, root=not path)
     if errors:
@@ -515,6 +623,7 @@ __all__ = [
     "drop_nulls",
     "evaluate_cel",
     "is_transition_rule",
+    "list_type_errors",
     "prune",
     "schema_errors",
     "strict_copy",

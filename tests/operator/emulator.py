@@ -34,7 +34,9 @@ to a request, where the operator depends on it:
   is then answered with an ERROR event, a Status 410 Gone, and the client must list again; what was deleted
   meanwhile sends no DELETED.
 * **Server-side apply** (``server_side_apply``): field ownership, 409 conflicts, ``force``,
-  ``managedFields``; strategic merge patches with their list semantics.
+  ``managedFields``; strategic merge patches with their list semantics. An applied configuration whose
+  keyed list repeats a key (a container's env by name...) is refused with the API server's 500 ("failed to
+  create typed patch object ...: duplicate entries for key [name=\"A\"]").
 * **Authentication and RBAC** (``authorization``): a request with ``Authorization: Bearer <token>`` acts
   as the identity ``tokens`` maps the token to (an unknown token: 401), and is authorised by
   ``authorizer`` (403 ``Forbidden`` worded as the API server words it, recorded in ``refused``); a request
@@ -410,6 +412,9 @@ class Emulator(kmock.KubernetesEmulator):
         if self._content_type(request) == APPLY_PATCH:
             if identity is not None and self._live(request.resource, request.namespace, request.name) is None:
                 self._authorize(request, identity, "create")  # an apply that creates is authorised as a create
+            refusal = self._typed_apply_refusal(request)
+            if refusal is not None:
+                return refusal, 500
             kind, body, commit = self._server_side_apply(request)
             result = (
                 await self._create(request, body, pruned, strict)
@@ -785,6 +790,27 @@ class Emulator(kmock.KubernetesEmulator):
             self._store(key, obj, current)
             self._track_owners(key, before, current)
             await self._buses[key[0]].put({"type": "MODIFIED", "object": current})
+
+    def _typed_apply_refusal(self, request: kmock.Request) -> dict[str, Any] | None:
+        """The Status of a 500 when the applied configuration fails structured-merge-diff's typed validation
+        (``server_side_apply.typed_patch_refusal``: a keyed list with a repeated key...), else ``None``. A
+        custom resource is typed by its CRD's schema, as the API server's type converter for it is."""
+        body = request.data if isinstance(request.data, dict) else yaml.safe_load(request.text or "")
+        if not request.params.get("fieldManager") or not isinstance(body, dict):
+            return None  # refused as such by _server_side_apply
+        crd = self._schema(request.resource)
+        schema = server_side_apply.Schema(crd.schema) if crd is not None else server_side_apply.Schema.of(body)
+        message = server_side_apply.typed_patch_refusal(body, schema)
+        if message is None:
+            return None
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "code": 500,
+        }
 
     def _server_side_apply(self, request: kmock.Request) -> tuple[str, dict[str, Any], Callable[[], None]]:
         """The apply as ``("create", object)`` (the object is missing) or ``("update", the object as it should

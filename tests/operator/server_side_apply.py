@@ -22,6 +22,10 @@ is a conflict (409 without ``force``; with it, ownership moves to the applier); 
 renders the ownership as ``metadata.managedFields`` (FieldsV1). Not imitated: ownership taken by plain
 updates (a merge patch or PUT changes the fields but not their owners). The list keys come from the
 real Kubernetes schemas bundled with kubernetes-validate.
+
+Before any of it, the applied configuration is validated as structured-merge-diff types it
+(``typed_errors``, ``typed_patch_refusal``): a keyed list whose items repeat a key is refused (the API
+server's 500), though the live object may hold duplicates another writer put there.
 """
 
 from __future__ import annotations
@@ -304,3 +308,116 @@ def merge_patch(before: Any, after: Any) -> Any:
         elif before[name] != value:
             patch[name] = merge_patch(before[name], value) if isinstance(value, dict) else value
     return patch
+
+
+# ---------------------------------------------------------------- the applied object's typed validation
+
+
+def _relationship(node: dict[str, Any] | None) -> tuple[str, tuple[str, ...]]:
+    """A list's element relationship and keys, as kube-openapi converts a schema for structured-merge-diff
+    (``pkg/schemaconv/smd.go``, ``getListElementRelationship``): ``x-kubernetes-list-type`` (``map`` with its
+    keys, ``set``), else a ``merge`` patch strategy (with its merge key: a map; without one: a set), else
+    atomic."""
+    if node is None:
+        return "atomic", ()
+    list_type = node.get("x-kubernetes-list-type")
+    if list_type is not None:
+        if list_type == "map":
+            return "associative", tuple(node.get("x-kubernetes-list-map-keys") or ())
+        return ("associative", ()) if list_type == "set" else ("atomic", ())
+    if node.get("x-kubernetes-patch-strategy") in ("merge", "merge,retainKeys"):
+        key = node.get("x-kubernetes-patch-merge-key")
+        return "associative", (key,) if isinstance(key, str) else ()
+    return "atomic", ()
+
+
+def _go_text(value: Any) -> str:
+    """A value as structured-merge-diff's ``value.ToString`` prints it (strings quoted, as Go's ``%q``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ",".join(_go_text(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "".join(f"{key}={_go_text(item)}" for key, item in value.items())
+    return str(value)
+
+
+def _item_element(item: Any, keys: tuple[str, ...], item_schema: Schema) -> str:
+    """The path element of an associative list's item (structured-merge-diff ``typed/helpers.go``,
+    ``keyedAssociativeListItemToPathElement`` / ``setItemToPathElement``, printed by ``fieldpath``'s
+    ``PathElement.String``); ``ValueError`` with the library's words when the item cannot have one."""
+    if not keys:  # a set of scalars
+        if isinstance(item, dict):
+            raise ValueError("associative list without keys has an element that's a map type")
+        if isinstance(item, list):
+            raise ValueError("not supported: associative list with lists as elements")
+        if item is None:
+            raise ValueError("associative list without keys has an element that's an explicit null")
+        return f"[={_go_text(item)}]"
+    if item is None:
+        raise ValueError("associative list with keys may not have a null element")
+    if not isinstance(item, dict):
+        raise ValueError("associative list with keys may not have non-map elements")
+    fields = {}
+    for key in keys:
+        default = ((item_schema.node or {}).get("properties") or {}).get(key, {}).get("default")
+        value = item.get(key, default if default is not None else DEFAULT_KEY_VALUES.get(key))
+        if value is not None:
+            fields[key] = value
+    if not fields:
+        raise ValueError(
+            f"associative list with keys has an element that omits all key fields {_go_text(list(keys))} "
+            "(and doesn't have default values for any key fields)"
+        )
+    return "[" + ",".join(f"{key}={_go_text(fields[key])}" for key in sorted(fields)) + "]"
+
+
+def typed_errors(value: Any, schema: Schema, path: str = "") -> list[str]:
+    """What structured-merge-diff's validation of an applied object refuses, as ``<path>: <message>``
+    (``typed/validate.go``: ``visitListItems``, ``visitMapItems``): an associative list whose items repeat a
+    key ("duplicate entries for key [name=\"A\"]"), an item that cannot have a key. Without the live object:
+    the API server validates the applied configuration alone, with duplicates forbidden
+    (k8s.io/apimachinery ``pkg/util/managedfields/internal/structuredmerge.go``, ``Apply``: "Don't allow
+    duplicates in the applied object"), and the live object with ``typed.AllowDuplicates``."""
+    errors: list[str] = []
+    if isinstance(value, dict):
+        for name, item in value.items():
+            errors += typed_errors(item, schema.field(name), f"{path}.{name}")
+    elif isinstance(value, list):
+        relationship, keys = _relationship(schema.node)
+        items = schema.items()
+        seen: set[str] = set()
+        for index, item in enumerate(value):
+            element = f"[{index}]"
+            if relationship == "associative":
+                try:
+                    element = _item_element(item, keys, items)
+                except ValueError as error:
+                    return [*errors, f"{path}: element {index}: {error}"]  # nothing deeper can be reported
+                if element in seen:
+                    errors.append(f"{path}: duplicate entries for key {element}")
+                seen.add(element)
+            errors += typed_errors(item, items, f"{path}{element}")
+    return errors
+
+
+def typed_patch_refusal(applied: dict[str, Any], schema: Schema) -> str | None:
+    """The message of the API server's refusal of an apply whose configuration fails typed validation
+    (``typed_errors``), or ``None``. The field manager returns a plain error (``structuredmerge.go``:
+    ``failed to create typed patch object (%v): %v`` with ``objectGVKNN``), which the API server answers as
+    a 500 with no reason (kubernetes/apiserver ``pkg/endpoints/handlers/responsewriters/status.go``,
+    ``ErrorToAPIStatus``: an error that is not a Status); several errors are listed as structured-merge-diff's
+    ``ValidationErrors.Error`` lists them."""
+    errors = typed_errors(applied, schema)
+    if not errors:
+        return None
+    metadata = applied.get("metadata") if isinstance(applied.get("metadata"), dict) else {}
+    group, _, version = str(applied.get("apiVersion", "")).rpartition("/")
+    kind = f"{group}/{version}, Kind={applied.get('kind')}"  # apimachinery GroupVersionKind.String
+    where = f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}; {kind}"
+    listed = errors[0] if len(errors) == 1 else "\n".join(["errors:", *(f"  {error}" for error in errors)])
+    return f"failed to create typed patch object ({where}): {listed}"

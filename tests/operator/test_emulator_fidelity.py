@@ -721,3 +721,112 @@ def test_recreate_starts_no_new_pod_while_an_old_one_terminates_a_rolling_update
         status = until_observed(kube, "web", lambda s: s.get("updatedReplicas") == 2, "the rollout")
         assert status["replicas"] == 2 and status["terminatingReplicas"] == 0
         assert not first & {pod["metadata"]["labels"]["pod-template-hash"] for pod in pods_of(kube, "web")}
+
+
+# ---------------------------------------------------------------- list-map keys: duplicates refused
+
+
+def deployment(name: str, env: list[dict[str, Any]]) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "consumer", "image": "registry.example/x:1", "env": env}]},
+            },
+        },
+    }
+
+
+def test_a_list_map_key_given_twice_is_refused_on_create_and_update_but_not_when_the_old_object_had_one(
+    kube: RunningEmulator,
+):
+    """kubernetes/apiextensions-apiserver ``pkg/apiserver/schema/listtype/validation.go``
+    (``ValidateListSetsAndMaps``, ``validateListMap``): an item of an ``x-kubernetes-list-type: map`` list whose
+    key an earlier item has is a ``field.Duplicate`` at the later item's index, its value the key fields (one
+    key: ``{key: value}``; several: the ones present). ``pkg/registry/customresource/strategy.go``: checked on
+    create (``Validate``) and update (``ValidateUpdate``), an update only if the old object had no such error
+    (ratcheting). The value is printed by k8s.io/apimachinery ``pkg/util/validation/field/errors.go``
+    (``ErrorBody``; ``%#v`` up to Kubernetes 1.33, JSON from 1.34)."""
+    body = refused(
+        lambda: kube.create(
+            CR,
+            consumer(
+                "twice",
+                handler={**SPEC["handler"], "env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]},
+            ),
+        ),
+        422,
+    )
+    assert body["reason"] == "Invalid"
+    assert body["message"] == (
+        'OrderedConsumer.keyorder.dev "twice" is invalid: '
+        'spec.handler.env[1]: Duplicate value: map[string]interface {}{"name":"A"}'
+    )
+    assert kube.get(CR, "twice") is None
+    spread = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+    kube.create(CR, consumer("spread", template={"spec": {"topologySpreadConstraints": [spread]}}))
+    patch = {"spec": {"template": {"spec": {"topologySpreadConstraints": [spread, {**spread, "maxSkew": 2}]}}}}
+    body = refused(lambda: kube.patch(CR, "spread", patch), 422)
+    assert (
+        "spec.template.spec.topologySpreadConstraints[1]: Duplicate value: "
+        'map[string]interface {}{"topologyKey":"zone", "whenUnsatisfiable":"DoNotSchedule"}'
+    ) in body["message"]
+    kube.patch(
+        CR, "spread", {"spec": {"template": {"spec": {"topologySpreadConstraints": [{**spread, "maxSkew": 3}]}}}}
+    )
+
+    from tests.operator.crd_validation import CustomResourceSchema
+
+    schema = CustomResourceSchema.of(yaml.safe_load(CRD_FILE.read_text()))
+    stored = consumer("old", handler={**SPEC["handler"], "env": [{"name": "A"}, {"name": "A"}]})
+    stored["metadata"]["namespace"] = "default"
+    updated = copy.deepcopy(stored)
+    updated["spec"]["ordering"] = "partition"
+    assert schema.admit(updated, old=stored)["spec"]["ordering"] == "partition", "stored under an older CRD"
+
+
+def test_an_applied_configuration_with_a_repeated_key_is_refused_with_a_500_while_a_live_duplicate_is_not(
+    kube: RunningEmulator,
+):
+    """k8s.io/apimachinery ``pkg/util/managedfields/internal/structuredmerge.go`` (``Apply``): the applied
+    configuration is typed without ``typed.AllowDuplicates`` ("Don't allow duplicates in the applied object"),
+    the live object with it; kubernetes-sigs/structured-merge-diff ``typed/validate.go`` (``visitListItems``:
+    "duplicate entries for key %v") and ``fieldpath/element.go`` (``PathElement.String``) word the error, and
+    kube-openapi ``pkg/schemaconv/smd.go`` (``getListElementRelationship``) makes a ``merge`` patch strategy's
+    merge key (a container's env by ``name``) a list-map key. The manager's plain error ("failed to create
+    typed patch object (%v): %v", ``objectGVKNN``) is a 500 without a reason: kubernetes/apiserver
+    ``pkg/endpoints/handlers/responsewriters/status.go`` (``ErrorToAPIStatus``). A custom resource is typed by
+    its CRD's schema, its list-map keys included."""
+    twice = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}, {"name": "A", "value": "3"}]
+    body = refused(lambda: apply(kube, "apps/v1/deployments", "orders", deployment("orders", twice)), 500)
+    assert body["message"] == (
+        "failed to create typed patch object (default/orders; apps/v1, Kind=Deployment): "
+        '.spec.template.spec.containers[name="consumer"].env: duplicate entries for key [name="A"]'
+    )
+    assert not body.get("reason")
+    assert kube.get("apps/v1/deployments", "orders") is None
+    ports = [{"containerPort": 8080}, {"containerPort": 8080, "protocol": "TCP"}]
+    both = deployment("orders", twice)
+    both["spec"]["template"]["spec"]["containers"][0]["ports"] = ports
+    body = refused(lambda: apply(kube, "apps/v1/deployments", "orders", both), 500)
+    assert body["message"].endswith(
+        "errors:\n"
+        '  .spec.template.spec.containers[name="consumer"].env: duplicate entries for key [name="A"]\n'
+        '  .spec.template.spec.containers[name="consumer"].ports: duplicate entries for key '
+        '[containerPort=8080,protocol="TCP"]'
+    )
+
+    kube.create("apps/v1/deployments", deployment("legacy", twice))  # a create keeps duplicates
+    apply(kube, "apps/v1/deployments", "legacy", deployment("legacy", [{"name": "A", "value": "9"}]))
+
+    custom = consumer("typed", handler={**SPEC["handler"], "env": [{"name": "A"}, {"name": "A"}]})
+    body = refused(lambda: apply(kube, CR, "typed", custom), 500)
+    assert body["message"] == (
+        "failed to create typed patch object (/typed; keyorder.dev/v1alpha1, Kind=OrderedConsumer): "
+        '.spec.handler.env: duplicate entries for key [name="A"]'
+    )
