@@ -12,7 +12,7 @@ template that would).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
@@ -220,30 +220,68 @@ def _variables(env: list[dict[str, Any]]) -> dict[str, Any]:
     return {str(item.get("name")): item.get("value") for item in env}
 
 
-def _rolled_out(deployment: dict[str, Any]) -> bool:
-    """The Deployment controller has seen the latest spec and no pod of an older template is left."""
+def _consumer_env(pod_spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The consumer container's variables in a pod spec (a pod's, or a template's): the container named
+    ``CONTAINER_NAME``, else the first (a Deployment of an older operator)."""
+    containers = pod_spec.get("containers") or [{}]
+    container = next((c for c in containers if c.get("name") == CONTAINER_NAME), containers[0])
+    return _variables(container.get("env") or [])
+
+
+def cutting_over(live: Mapping[str, Any] | None) -> bool:
+    """The live Deployment is in a cut-over: its update strategy is ``Recreate`` (``update_strategy`` then
+    needs its pods to tell whether the cut-over is done)."""
+    return ((live or {}).get("spec", {}).get("strategy") or {}).get("type") == CUT_OVER["type"]
+
+
+def cut_over_done(deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | None, kind: str) -> bool:
+    """Whether a cut-over to pods that rebalance as ``kind`` is over, so a rolling update can start no new pod
+    beside an old one. All of:
+
+    * the Deployment controller has observed the current spec (``status.observedGeneration`` at least
+      ``metadata.generation``): until then its counts describe an older template;
+    * every wanted replica is of the current template (``updatedReplicas`` at least ``spec.replicas``, and
+      ``replicas`` no more than ``updatedReplicas``: no active old pod);
+    * no pod is terminating by the status's own count (``status.terminatingReplicas``, Kubernetes 1.33+,
+      where the cluster reports it);
+    * and no pod of the group, terminating ones included, rebalances another way. This is what the counts
+      cannot say: a ReplicaSet's ``status.replicas`` leaves terminating pods out, so while the old pods
+      finish and leave the group the Deployment shows 0 and 0. Pods that finished (phase Succeeded or
+      Failed) are no members. ``pods`` None (not read) is not done either.
+    """
     status = deployment.get("status") or {}
-    generation = deployment.get("metadata", {}).get("generation", 0)
-    return status.get("observedGeneration", 0) >= generation and status.get("replicas", 0) <= status.get(
-        "updatedReplicas", 0
+    observed = status.get("observedGeneration")
+    if observed is None or observed < (deployment.get("metadata") or {}).get("generation", 0):
+        return False
+    wanted = (deployment.get("spec") or {}).get("replicas", 1)
+    updated = status.get("updatedReplicas") or 0
+    if updated < wanted or (status.get("replicas") or 0) > updated or (status.get("terminatingReplicas") or 0) > 0:
+        return False
+    if pods is None:
+        return False
+    return not any(
+        (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and rebalancing(_consumer_env(pod.get("spec") or {})) != kind
+        for pod in pods
     )
 
 
-def update_strategy(spec: OrderedConsumerSpec, live: dict[str, Any] | None) -> dict[str, Any]:
+def update_strategy(
+    spec: OrderedConsumerSpec, live: dict[str, Any] | None, pods: Sequence[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
     """How the Deployment replaces its pods: a rolling update, except when the pods move between eager,
     cooperative and KIP-848 rebalancing. One group cannot mix eager and cooperative members (the
     broker refuses the new pods' joins while old ones are in it; KIP-848's own upgrade path is not
     relied on), so that change is a cut-over (``Recreate``: every old pod finishes, commits and
-    leaves before a new one starts), kept until no old pod is left.
+    leaves before a new one starts), kept until ``cut_over_done`` says no old pod is left. ``pods``: the
+    group's pods as listed (terminating ones included), needed only while ``cutting_over(live)``.
     """
     if live is None:
         return ROLLING_UPDATE
-    live_containers = live.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or [{}]
-    live_env = _variables(live_containers[0].get("env") or [])
-    if rebalancing(live_env) != rebalancing(_variables(consumer_env(spec))):
+    kind = rebalancing(_variables(consumer_env(spec)))
+    if rebalancing(_consumer_env(live.get("spec", {}).get("template", {}).get("spec") or {})) != kind:
         return CUT_OVER
-    cutting_over = (live.get("spec", {}).get("strategy") or {}).get("type") == CUT_OVER["type"]
-    return CUT_OVER if cutting_over and not _rolled_out(live) else ROLLING_UPDATE
+    return CUT_OVER if cutting_over(live) and not cut_over_done(live, pods, kind) else ROLLING_UPDATE
 
 
 def build_deployment(

@@ -86,6 +86,22 @@ def replicas_of(deployment: dict[str, Any] | None) -> int | None:
     return None if deployment is None else (deployment.get("spec") or {}).get("replicas")
 
 
+def rolled_out(deployment: dict[str, Any] | None) -> bool:
+    """The Deployment controller has observed the current spec (``status.observedGeneration`` at least
+    ``metadata.generation``: until then the counts describe an older one) and all its pods are updated and
+    ready; False while pods start, roll or are missing, and for a missing Deployment. Zero counts are absent
+    from a status (the API leaves them out)."""
+    if deployment is None:
+        return False
+    wanted = (deployment.get("spec") or {}).get("replicas") or 0
+    status = deployment.get("status") or {}
+    observed = status.get("observedGeneration")
+    if observed is None or observed < ((deployment.get("metadata") or {}).get("generation") or 0):
+        return False
+    ready, updated = status.get("readyReplicas") or 0, status.get("updatedReplicas") or 0
+    return ready >= wanted and updated >= wanted and (status.get("replicas") or 0) <= wanted
+
+
 def scaler_owns_replicas(deployment: dict[str, Any] | None) -> bool:
     """The scaler's field manager owns the Deployment's ``spec.replicas`` (``metadata.managedFields``)."""
     for entry in ((deployment or {}).get("metadata") or {}).get("managedFields") or ():
@@ -328,8 +344,10 @@ class Kube:
         )
 
     def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        """Pods matching ``selector`` as plain dicts, listed from the API (not the cache, which watches only the
-        consumer pods): an image pre-flight's pod, for why it waits (``ImagePullBackOff``) or how it exited."""
+        """Pods matching ``selector`` as plain dicts, whole and listed from the API (never the cache, which
+        watches only the consumer pods and keeps little of them): an image pre-flight's pod, for why it waits
+        (``ImagePullBackOff``) or how it exited; the consumer pods during a cut-over, whose end depends on
+        their environment and on the terminating ones (``builders.cut_over_done``)."""
         return [self.client.sanitize_for_serialization(pod) for pod in self._listed_pods(namespace, selector)]
 
     def _listed_pods(self, namespace: str, selector: dict[str, str]) -> list[V1Pod]:
@@ -353,13 +371,5 @@ class Kube:
         return ready_addresses(pods, selector)
 
     def deployment_rolled_out(self, namespace: str, name: str) -> bool:
-        """All of the Deployment's pods are updated and ready (False while pods start, roll or are missing)."""
-        deployment = self.deployment(namespace, name)
-        if deployment is None:
-            return False
-        wanted = (deployment.get("spec") or {}).get("replicas") or 0
-        status = deployment.get("status")
-        if not status:
-            return wanted == 0
-        ready, updated = status.get("readyReplicas") or 0, status.get("updatedReplicas") or 0
-        return ready >= wanted and updated >= wanted and (status.get("replicas") or 0) <= wanted
+        """``rolled_out`` of the live Deployment (False when it is missing)."""
+        return rolled_out(self.deployment(namespace, name))

@@ -27,6 +27,8 @@ from keyorder_operator.builders import (
     build_pdb,
     build_service,
     build_service_account,
+    cutting_over,
+    selector_labels,
     update_strategy,
 )
 from keyorder_operator.kube import Kube, replicas_of, scaler_owns_replicas
@@ -77,13 +79,16 @@ def apply_owned_objects(
     replicas out, so the object's manager never writes a stale size over the scaler's, and a
     Deployment from an older release (replicas owned by the object's manager) has them handed to the
     scaler first, at their current value. Its update strategy is a cut-over while the pods move
-    between an eager and a cooperative assignment strategy (``update_strategy``).
+    between an eager and a cooperative assignment strategy (``update_strategy``); during one, the
+    group's pods are listed from the API server on every call (terminating ones too, which the
+    Deployment's counts leave out): the cut-over ends only when none of the old kind is left.
     """
     namespace, name = meta["namespace"], meta["name"]
     owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
     kube.ensure_secret(build_admin_secret(owner, secrets.token_urlsafe(32)), ADMIN_TOKEN_KEY)
     live_deployment = kube.deployment(namespace, name)
     live_replicas = replicas_of(live_deployment)
+    pods = kube.pods(namespace, selector_labels(name)) if cutting_over(live_deployment) else None
     creating = live_deployment is None
     if creating:
         decided = (status or {}).get("replicas")
@@ -99,7 +104,7 @@ def apply_owned_objects(
     missing = []
     for desired in (
         build_service_account(owner),
-        build_deployment(spec, owner, replicas, update_strategy(spec, live_deployment)),
+        build_deployment(spec, owner, replicas, update_strategy(spec, live_deployment, pods)),
         build_service(spec, owner),
         build_pdb(owner),
     ):

@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 
+from keyorder_operator.builders import ASSIGNMENT_STRATEGY_VARIABLE
 from keyorder_operator.kube import Kube
 from keyorder_operator.observe import KafkaLagSource, LagSample, LagUnavailable
 from keyorder_operator.reconcile import OperatorContext, register
 from tests.operator.harness import CR, api_client, polls_of, run_kopf, wait_for, wait_for_polls
+from tests.operator.kubelet import LocalKubelet
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -239,3 +241,59 @@ def test_every_failure_to_build_the_kafka_client_is_lag_unknown_with_its_reason(
         assert "s3cr3t-value" not in str(kube.get(CR, "creds")) and not any(
             "s3cr3t" in e for e in events(kube, "LagUnknown")
         )
+
+
+def test_a_cut_over_keeps_recreate_while_old_pods_terminate_and_rolls_again_once_they_are_gone(kube):
+    """A move from cooperative to eager is rolled out with ``Recreate`` (one group cannot mix them). While the old
+    pods terminate, the Deployment shows 0 replicas and 0 updated (a ReplicaSet counts no terminating pod), which
+    is not the end of the cut-over: the strategy stays ``Recreate`` over several polls and no eager pod starts;
+    once the old pods are gone and the new ones run, the operator goes back to ``RollingUpdate``. The stand-in
+    controllers (``LocalKubelet``, FAKE, object-only pods) hold the deleted pods terminating, as a slow node does,
+    and report no ``terminatingReplicas`` (a cluster before Kubernetes 1.35, or with the feature off)."""
+
+    def deployment() -> dict[str, Any]:
+        return kube.get("apps/v1/deployments", "switch") or {}
+
+    def strategy_variable(pod_spec: dict[str, Any]) -> str | None:
+        env = pod_spec["containers"][0].get("env") or []
+        return next((item.get("value") for item in env if item["name"] == ASSIGNMENT_STRATEGY_VARIABLE), None)
+
+    def pods() -> list[dict[str, Any]]:
+        return [pod for pod in kube.list("v1/pods", "default") if pod["metadata"]["name"].startswith("switch-")]
+
+    def terminating(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [pod for pod in listed if pod["metadata"].get("deletionTimestamp")]
+
+    with operator(kube.url), LocalKubelet(kube, "switch", processes=False, period=0.1) as kubelet:
+        kube.create(CR, resource("switch", replicas={"min": 2, "max": 4}))
+        wait_for(lambda: (deployment().get("status") or {}).get("readyReplicas") == 2, 30, "2 ready pods")
+        assert deployment()["spec"]["strategy"]["type"] == "RollingUpdate"
+        assert {strategy_variable(pod["spec"]) for pod in pods()} == {"cooperative-sticky"}
+
+        kubelet.hold_terminating.set()
+        kube.patch(CR, "switch", {"spec": {"kafka": {"assignmentStrategy": "range"}}})
+        wait_for(
+            lambda: strategy_variable(deployment()["spec"]["template"]["spec"]) == "range", 20, "the eager template"
+        )
+        assert deployment()["spec"]["strategy"] == {"type": "Recreate"}
+        wait_for(lambda: len(terminating(pods())) == 2, 20, "the old pods to terminate")
+        status = wait_for(
+            lambda: (
+                (s := deployment().get("status") or {}).get("observedGeneration")
+                == deployment()["metadata"]["generation"]
+                and s
+            ),
+            20,
+            "the controller to observe the cut-over",
+        )
+        assert not status.get("replicas") and not status.get("updatedReplicas"), "0 and 0 while the old pods go"
+        wait_for_polls(kube, "switch", 3)
+        assert deployment()["spec"]["strategy"] == {"type": "Recreate"}, "went back to rolling while old pods ran"
+        assert {strategy_variable(pod["spec"]) for pod in pods()} == {"cooperative-sticky"}, "eager and cooperative mix"
+
+        kubelet.hold_terminating.clear()
+        wait_for(lambda: deployment()["spec"]["strategy"]["type"] == "RollingUpdate", 30, "rolling updates again")
+        listed = pods()
+        assert not terminating(listed), "went back to rolling while an old pod was still there"
+        assert {strategy_variable(pod["spec"]) for pod in listed} == {"range"}
+        assert (deployment().get("status") or {}).get("updatedReplicas") == 2

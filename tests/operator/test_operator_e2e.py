@@ -90,8 +90,8 @@ def events(kube, reason: str) -> list[str]:
 @contextlib.contextmanager
 def rollout_reported_done(kube, name: str):
     """A stand-in for the Deployment controller (a fake, named as one): reports every replica of
-    Deployment ``name`` updated and ready, as pods of an older release would be that run but send
-    no scaling report. The operator then grows stepwise, doubling per poll.
+    Deployment ``name`` updated and ready, and its generation observed, as pods of an older release
+    would be that run but send no scaling report. The operator then grows stepwise, doubling per poll.
 
     It stops before the emulator does (the ``kube`` fixture outlives it), so any error it meets is
     real: the first one ends it and fails the test when the block exits."""
@@ -105,7 +105,13 @@ def rollout_reported_done(kube, name: str):
                 if deployment is None:
                     continue
                 wanted = deployment["spec"].get("replicas") or 0
-                status = {"replicas": wanted, "readyReplicas": wanted, "updatedReplicas": wanted}
+                generation = deployment["metadata"]["generation"]
+                status = {
+                    "observedGeneration": generation,
+                    "replicas": wanted,
+                    "readyReplicas": wanted,
+                    "updatedReplicas": wanted,
+                }
                 if {key: (deployment.get("status") or {}).get(key) for key in status} != status:
                     kube.patch("apps/v1/deployments", name, {"status": status}, subresource="status")
             except Exception as error:  # reported when the block exits

@@ -18,6 +18,8 @@ from keyorder_operator.builders import (
     build_pdb,
     build_service,
     build_service_account,
+    cut_over_done,
+    cutting_over,
     update_strategy,
 )
 from keyorder_operator.spec import AssignmentStrategy, InvalidSpec, parse_spec
@@ -177,16 +179,68 @@ def test_pods_get_cooperative_sticky_by_default_and_the_spec_can_choose_an_eager
             ),
             "Recreate",
         ),
-        # ... and then goes back to rolling updates
+        # ... and then goes back to rolling updates (the pods were listed: none of the old kind is left)
         ("cooperative-sticky", live("cooperative-sticky", "Recreate"), "RollingUpdate"),
     ],
 )
 def test_a_move_between_eager_and_cooperative_is_a_cut_over(desired, live_deployment, expected):
     spec = parse_spec(with_("kafka.assignmentStrategy", desired))
-    strategy = update_strategy(spec, live_deployment)
+    strategy = update_strategy(spec, live_deployment, pods=[])
     assert strategy["type"] == expected
     assert ("rollingUpdate" in strategy) == (expected == "RollingUpdate"), "Recreate refuses rollingUpdate"
     assert build_deployment(spec, OWNER, 3, strategy)["spec"]["strategy"] == strategy
+
+
+def pod(strategy: str | None, *, terminating: bool = False, phase: str = "Running") -> dict:
+    """A pod of the group as the API server lists it: made from a template whose consumer runs ``strategy``."""
+    metadata: dict = {"name": f"ledger-{strategy}", "labels": {"app.kubernetes.io/instance": "ledger"}}
+    if terminating:
+        metadata.update(deletionTimestamp="2026-01-01T00:00:30Z", deletionGracePeriodSeconds=30)
+    template = live(strategy)["spec"]["template"]
+    return {"metadata": metadata, "spec": {**template["spec"], "nodeName": "n1"}, "status": {"phase": phase}}
+
+
+COOPERATIVE, EAGER = "cooperative-sticky", "range"
+OBSERVED_ALL = {"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3}
+
+
+@pytest.mark.parametrize(
+    ("status", "pods", "expected"),
+    [
+        # the old pods terminate: a ReplicaSet counts no terminating pod, so the Deployment shows 0 and 0
+        ({"observedGeneration": 2}, [pod(EAGER, terminating=True)] * 3, "Recreate"),
+        # every replica updated, yet an old pod is still leaving the group
+        (OBSERVED_ALL, [pod(COOPERATIVE)] * 3 + [pod(EAGER, terminating=True)], "Recreate"),
+        # the pods were not read: no telling whether an old one is left
+        (OBSERVED_ALL, None, "Recreate"),
+        # the cluster counts terminating pods itself (Kubernetes 1.33+): not done while it counts any
+        ({**OBSERVED_ALL, "terminatingReplicas": 1}, [pod(COOPERATIVE)] * 3, "Recreate"),
+        # the controller has not observed the current spec: its counts are of an older one
+        ({"replicas": 3, "updatedReplicas": 3}, [pod(COOPERATIVE)] * 3, "Recreate"),
+        ({**OBSERVED_ALL, "observedGeneration": 1}, [pod(COOPERATIVE)] * 3, "Recreate"),
+        # the new pods are still being made
+        ({**OBSERVED_ALL, "updatedReplicas": 1, "replicas": 1}, [pod(COOPERATIVE)], "Recreate"),
+        # done: a terminating pod of the new kind mixes with nothing, a finished old one is no member
+        (OBSERVED_ALL, [pod(COOPERATIVE)] * 3 + [pod(COOPERATIVE, terminating=True)], "RollingUpdate"),
+        (OBSERVED_ALL, [pod(COOPERATIVE)] * 3 + [pod(EAGER, phase="Failed")], "RollingUpdate"),
+        (OBSERVED_ALL, [pod(COOPERATIVE)] * 3, "RollingUpdate"),
+    ],
+)
+def test_a_cut_over_ends_only_when_the_new_spec_is_observed_and_no_old_pod_is_left(status, pods, expected):
+    spec = parse_spec(with_("kafka.assignmentStrategy", COOPERATIVE))
+    strategy = update_strategy(spec, live(COOPERATIVE, "Recreate", status=status), pods)
+    assert strategy["type"] == expected
+
+
+def test_a_cut_over_at_zero_replicas_ends_when_no_old_pod_is_left():
+    spec = parse_spec(with_("kafka.assignmentStrategy", COOPERATIVE))
+    idle = live(COOPERATIVE, "Recreate", status={"observedGeneration": 2})  # zero counts are left out
+    idle["spec"]["replicas"] = 0
+    assert update_strategy(spec, idle, [pod(EAGER, terminating=True)])["type"] == "Recreate"
+    assert update_strategy(spec, idle, [])["type"] == "RollingUpdate"
+    assert cut_over_done(idle, [], "cooperative")
+    assert not cut_over_done(idle, [pod(COOPERATIVE), pod(EAGER, terminating=True)], "cooperative")
+    assert cutting_over(idle) and not cutting_over(live(COOPERATIVE)) and not cutting_over(None)
 
 
 def kip848(spec_dict: dict) -> dict:
