@@ -461,9 +461,10 @@ def test_a_failing_poll_sets_reconcile_failed_until_a_poll_succeeds(kube, broker
 
 def test_a_move_to_an_eager_strategy_is_a_cut_over_until_no_old_pod_is_left(kube, broker):
     """One group cannot mix eager and cooperative members, so the operator rolls such a change out
-    with ``Recreate`` and goes back to rolling updates once the Deployment reports no old pod. The
-    Deployment's status is written here, standing in for the Deployment controller (a fake, named
-    as one): the emulator runs no controllers."""
+    with ``Recreate`` and goes back to rolling updates once the Deployment reports no old pod (and no
+    pod of the old kind is listed: here none was ever made). The Deployment's status is written here,
+    standing in for the Deployment controller (a fake, named as one); ``test_operator_deployable`` has
+    the cut-over with pods that stay terminating."""
     topic = "okc-cut-over"
     create_topics(broker.bootstrap, [topic], 2)
 
