@@ -4,7 +4,8 @@ Only wiring: the flags (checked before anything starts), logging (text, or JSON 
 Kubernetes client configuration (in-cluster, else kubeconfig), the handler registry, the
 operator's metrics endpoint, and kopf's own settings (cluster-wide or a list of namespaces,
 peering for HA, liveness endpoint). Like ``keyorder run``, bad input stops it at start-up with
-exit status 2 and one line naming what is wrong, never a traceback.
+exit status 2 and one line naming what is wrong, never a traceback; so does a ``--peering`` object
+that does not exist (``peering``: kopf would otherwise keep every replica paused, saying so only at DEBUG).
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def add_operator_flags(parser: argparse.ArgumentParser) -> None:
         help="watch only this namespace (repeatable); default: the whole cluster",
     )
     parser.add_argument(
-        "--peering", default=None, help="kopf peering object name for high availability (default: standalone)"
+        "--peering",
+        default=None,
+        help="kopf peering object name for high availability; it must exist (a ClusterKopfPeering, or a "
+        "KopfPeering in each --namespace): checked at start-up and on each health probe (default: standalone)",
     )
     parser.add_argument("--metrics-port", type=int, default=8081, help="operator metrics port [default: 8081]")
     parser.add_argument(
@@ -221,6 +225,14 @@ def operator_command(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from keyorder_operator.kube import Kube
+    from keyorder_operator.peering import (
+        PeeringCheck,
+        PeeringUnusable,
+        peering_objects,
+        read_peering_object,
+        register_peering_probe,
+        wait_for_peering_objects,
+    )
     from keyorder_operator.reconcile import OperatorContext
 
     try:
@@ -230,12 +242,24 @@ def operator_command(args: argparse.Namespace) -> int:
         print(f"keyorder operator: {error}", file=sys.stderr)
         return EXIT_CONFIG
     configure_operator_logging(args.log_level, args.log_format)
+    api_client = kubernetes.client.ApiClient(api_configuration(args.handler_threads))
+    peering = peering_objects(args.peering, args.namespace) if args.peering else []
+    try:
+        wait_for_peering_objects(peering, lambda obj: read_peering_object(api_client, obj))
+    except PeeringUnusable as error:
+        print(f"keyorder operator: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     context = OperatorContext(
-        kube=Kube(kubernetes.client.ApiClient(api_configuration(args.handler_threads))),
+        kube=Kube(api_client),
         tick_seconds=args.tick,
         handler_threads=args.handler_threads,
     )
     registry = operator_registry(context)
+    if peering:
+        check = PeeringCheck(
+            peering, lambda obj: read_peering_object(api_client, obj), context.metrics.peering_object_present
+        )
+        register_peering_probe(registry, check)
     try:
         start_http_server(args.metrics_port, registry=context.metrics.registry)
     except OSError as error:

@@ -167,6 +167,13 @@ class OperatorMetrics:
             labels,
             registry=self.registry,
         )
+        self.peering_object_present = Gauge(
+            "keyorder_operator_peering_object_present",
+            "With --peering: 1 while the kopf peering object is there, 0 once it is gone (or its CRD, or the "
+            "right to read it): the standby replicas then never take over. Checked on each health probe.",
+            ["kind", "namespace", "name"],
+            registry=self.registry,
+        )
 
     def observed(
         self,

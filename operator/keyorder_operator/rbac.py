@@ -2,8 +2,9 @@
 
 ``kube.API_CALLS`` lists what keyorder's code calls; ``KOPF_NEEDS`` lists what the kopf framework
 calls (read from kopf's sources: its watchers, patching, event posting, peering and cluster
-observation). ``required_rules`` merges them for an install mode, so the Helm chart's RBAC can be
-checked against it in both directions: every call is allowed, and nothing else is.
+observation); ``PEERING_CHECK_NEEDS`` what keyorder's check of kopf's peering object reads (``peering``).
+``required_rules`` merges them for an install mode, so the Helm chart's RBAC can be checked against it in
+both directions: every call is allowed, and nothing else is.
 
 A permission is ``(scope, api group, resource, verb)``. Scope ``namespaced`` means "in each
 watched namespace" (a Role there, or the ClusterRole when watching the whole cluster);
@@ -102,6 +103,26 @@ KOPF_NEEDS = [
     ),
 ]
 
+PEERING_CHECK_NEEDS = [
+    Need(
+        "kopf.dev",
+        "kopfpeerings",
+        frozenset({"get"}),
+        "namespaced",
+        "keyorder reads the peering object at start-up and on each health probe (without it kopf pauses "
+        "every replica, or no standby takes over)",
+        when="peering+namespaced-mode",
+    ),
+    Need(
+        "kopf.dev",
+        "clusterkopfpeerings",
+        frozenset({"get"}),
+        "cluster",
+        "keyorder reads the peering object at start-up and on each health probe, cluster-wide mode",
+        when="peering+clusterwide-mode",
+    ),
+]
+
 Permission = tuple[str, str, str, str]
 
 
@@ -119,7 +140,7 @@ def _applies(when: str, *, clusterwide: bool, peering: bool, discovery: bool) ->
 def required_rules(*, clusterwide: bool, peering: bool, discovery: bool) -> set[Permission]:
     """Every ``(scope, group, resource, verb)`` the operator needs in this install mode."""
     needed = {("namespaced", group, resource, verb) for (group, resource), verbs in API_CALLS.items() for verb in verbs}
-    for need in KOPF_NEEDS:
+    for need in (*KOPF_NEEDS, *PEERING_CHECK_NEEDS):
         if _applies(need.when, clusterwide=clusterwide, peering=peering, discovery=discovery):
             needed |= {(need.scope, need.group, need.resource, verb) for verb in need.verbs}
     return needed

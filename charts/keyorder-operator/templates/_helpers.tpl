@@ -135,9 +135,10 @@ and kopf's needs): every call allowed, nothing more.
   resources: ["jobs"]
   verbs: ["get", "create"]
 {{- if and .Values.peering.enabled .Values.operator.watchNamespaces }}
-# kopf peering in this namespace: replicas record their liveness; only one handles resources.
+# kopf peering in this namespace: replicas record their liveness; only one handles resources
+# (list, watch, patch); the operator checks the object exists at start-up and on health probes (get).
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 {{- end }}

@@ -1,0 +1,282 @@
+"""Make kopf's peering fail loudly: with ``--peering NAME`` the peering object must exist.
+
+Why this exists: kopf's peering has no check of its own. ``kopf.run(peering_name=NAME)`` makes the peering
+mandatory (``settings.peering.mandatory = True``, kopf/_core/reactor/running.py), so each replica starts
+*paused*: ``spawn_missing_peerings`` (kopf/_core/reactor/orchestration.py) pre-activates the replica's
+``conflicts_found`` toggle, and only ``process_peering_event`` (kopf/_core/engines/peering.py) turns it
+off, when the watch of the peering resource delivers the object named NAME. Without that object no event
+ever comes: every replica stays paused for good and handles nothing, and kopf says so only at DEBUG (its
+keep-alive's PATCH gets a 404: "Keep-alive in 'NAME' cluster-wide: not found."). An object deleted while
+the operator runs leaves the active replica working, but the standbys never get another event: when the
+active one stops, none takes over.
+
+So, around kopf:
+
+* **At start-up** ``wait_for_peering_objects`` reads every object the peering uses (a ClusterKopfPeering
+  when the operator watches the whole cluster, else a KopfPeering in each watched namespace, as kopf's
+  ``guess_selectors`` picks them), waits up to ``START_GRACE_SECONDS`` for a missing one (Helm creates
+  objects of custom kinds after the Deployment: helm/helm pkg/release/util/kind_sorter.go sorts unknown
+  kinds last), then refuses to start with one line naming the object and how to create it.
+* **While running** ``PeeringCheck`` reads them again on every health probe (kopf's ``/healthz``; kopf
+  runs the probes at most every 10 s), logs an ERROR when one is gone and a WARNING when it is back, sets
+  ``keyorder_operator_peering_object_present``, and shows the state in ``/healthz``'s answer. It never
+  fails the probe: a liveness restart would turn a working replica into one that refuses to start.
+
+The decisions (which objects, what an answer means, the message, the waiting) are pure and take the
+reader, the clock and the sleep as parameters; ``read_peering_object`` is the one call to the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+GROUP = "kopf.dev"
+VERSION = "v1"
+START_GRACE_SECONDS = 10.0
+"""How long a start waits for a missing peering object before it refuses (Helm creates it just after the
+Deployment, usually before a pod of it has started)."""
+START_RETRY_SECONDS = 1.0
+AT_START = "so kopf would keep every replica paused"
+WHILE_RUNNING = (
+    "the replica handling resources goes on, but the standby replicas get no more peering events: none will "
+    "take over from it"
+)
+BACK_EMPTY = (
+    "kopf's replicas find it without their records and all resume handling resources until their next "
+    "keep-alives (within a minute) record them again and the standbys pause"
+)
+READ_TIMEOUT_SECONDS = 3.0
+"""A read on a health probe gives up after this (the chart's probes time out after 5 s)."""
+
+
+class PeeringUnusable(Exception):
+    """The peering object cannot be confirmed at start-up; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class PeeringObject:
+    """One object kopf's peering keeps alive."""
+
+    kind: str
+    plural: str
+    namespace: str | None
+    name: str
+
+    def __str__(self) -> str:
+        where = f' in namespace "{self.namespace}"' if self.namespace else ""
+        return f'{self.kind} "{self.name}" ({self.plural}.{GROUP}){where}'
+
+    def manifest(self) -> str:
+        """The object as one line of YAML-compatible JSON, for ``kubectl apply -f -``."""
+        metadata: dict[str, str] = {"name": self.name}
+        if self.namespace:
+            metadata["namespace"] = self.namespace
+        return json.dumps({"apiVersion": f"{GROUP}/{VERSION}", "kind": self.kind, "metadata": metadata})
+
+
+def peering_objects(name: str, namespaces: Sequence[str]) -> list[PeeringObject]:
+    """The objects ``keyorder operator --peering NAME`` uses: kopf peers cluster-wide when the operator
+    watches the whole cluster, else in each watched namespace (``settings.peering.clusterwide`` follows
+    ``clusterwide``: kopf/_core/reactor/running.py; ``guess_selectors``: kopf/_core/engines/peering.py)."""
+    if not namespaces:
+        return [PeeringObject("ClusterKopfPeering", "clusterkopfpeerings", None, name)]
+    return [PeeringObject("KopfPeering", "kopfpeerings", namespace, name) for namespace in namespaces]
+
+
+class Presence(Enum):
+    """What a read of a peering object found."""
+
+    PRESENT = "present"
+    ABSENT = "absent"
+    """The peering resource is served, the object is not there."""
+    UNSERVED = "unserved"
+    """The peering resource itself is not served: the kopf.dev CRDs are not installed."""
+    FORBIDDEN = "forbidden"
+    """The operator's RBAC does not let it read the object."""
+    UNREADABLE = "unreadable"
+    """Anything else (the API server unreachable, a timeout, a 5xx): nothing is known."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    presence: Presence
+    detail: str = ""
+    """For UNREADABLE and FORBIDDEN: what the API answered."""
+
+
+def interpret(obj: PeeringObject, status: int, body: str) -> Reading:
+    """An API answer to a GET of ``obj``. A 404 for a missing object is a ``Status`` naming it
+    (kubernetes/apiserver pkg/storage/errors/storage.go ``InterpretGetError``: ``NewNotFound(resource, name)``);
+    a 404 for a resource nobody serves names nothing (apiextensions-apiserver's ``crdHandler`` hands a request
+    for an unknown CRD to the not-found handler: pkg/apiserver/customresource_handler.go)."""
+    if 200 <= status < 300:
+        return Reading(Presence.PRESENT)
+    if status == 404:
+        try:
+            details = json.loads(body).get("details") or {}
+        except (ValueError, AttributeError):
+            details = {}
+        named = isinstance(details, dict) and details.get("name") == obj.name
+        return Reading(Presence.ABSENT if named else Presence.UNSERVED)
+    if status == 403:
+        return Reading(Presence.FORBIDDEN, _status_message(body) or "403 Forbidden")
+    return Reading(Presence.UNREADABLE, _status_message(body) or f"HTTP {status}")
+
+
+def _status_message(body: str) -> str:
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        return body.strip()[:200]
+    return str(message) if message else ""
+
+
+def problem(obj: PeeringObject, reading: Reading, consequence: str = AT_START) -> str:
+    """One line saying why ``obj`` is not usable and what to do (``consequence``: what kopf does without the
+    object, at start-up or while running)."""
+    kubectl = f"kubectl apply -f - <<<'{obj.manifest()}'"
+    if reading.presence is Presence.ABSENT:
+        return (
+            f"--peering: the peering object {obj} does not exist, {consequence}. "
+            f"Create it (helm: peering.create=true; or {kubectl}), or run without --peering"
+        )
+    if reading.presence is Presence.UNSERVED:
+        return (
+            f"--peering: the API server does not serve {obj.plural}.{GROUP}: the kopf peering CRDs are not "
+            "installed (the chart's crds/kopf-peerings.yaml). Install them and create the peering object, "
+            "or run without --peering"
+        )
+    if reading.presence is Presence.FORBIDDEN:
+        return (
+            f"--peering: the operator may not read the peering object {obj} ({reading.detail}). Grant get, "
+            f"list, watch and patch on {obj.plural}.{GROUP} (the chart does with peering.enabled=true)"
+        )
+    return f"--peering: cannot read the peering object {obj}: {reading.detail}"
+
+
+def wait_for_peering_objects(
+    objects: Sequence[PeeringObject],
+    read: Callable[[PeeringObject], Reading],
+    *,
+    grace_seconds: float = START_GRACE_SECONDS,
+    retry_seconds: float = START_RETRY_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Return once every object is there; raise ``PeeringUnusable`` naming the first that is still not
+    after ``grace_seconds`` (a missing CRD and a refusal are not waited for: waiting mends neither)."""
+    deadline = clock() + grace_seconds
+    waiting_said = False
+    for obj in objects:
+        while True:
+            reading = read(obj)
+            if reading.presence is Presence.PRESENT:
+                break
+            if reading.presence in (Presence.UNSERVED, Presence.FORBIDDEN) or clock() >= deadline:
+                raise PeeringUnusable(problem(obj, reading))
+            if not waiting_said:
+                logger.warning("%s; waiting up to %gs for it", problem(obj, reading), grace_seconds)
+                waiting_said = True
+            sleep(max(0.0, min(retry_seconds, deadline - clock())))
+
+
+class PeeringCheck:
+    """The running check: ``check()`` on every health probe (kopf runs the probe handlers one at a time).
+
+    Logs each change of an object's presence (ERROR when it goes; WARNING when it is back, since a recreated
+    object is empty and kopf's ``process_peering_event`` then resumes every replica until the keep-alives,
+    every 50-55 s, record them again; WARNING when it cannot be read) and sets the gauge: 1 present, 0 absent,
+    not served or not readable for RBAC; a read that failed otherwise (timeout, 5xx) leaves it as it was, since
+    nothing is known."""
+
+    def __init__(
+        self,
+        objects: Sequence[PeeringObject],
+        read: Callable[[PeeringObject], Reading],
+        gauge: Any,
+    ) -> None:
+        self.objects = list(objects)
+        self.read = read
+        self.gauge = gauge
+        self.last: dict[PeeringObject, Presence] = {}
+        for obj in self.objects:
+            self._series(obj).set(1)  # the start-up wait has just seen every one of them
+
+    def _series(self, obj: PeeringObject) -> Any:
+        return self.gauge.labels(obj.kind, obj.namespace or "", obj.name)
+
+    def check(self) -> dict[str, str]:
+        """Read every object once; the answer is what ``/healthz`` shows under ``peering``."""
+        shown = {}
+        for obj in self.objects:
+            reading = self.read(obj)
+            before = self.last.get(obj, Presence.PRESENT)
+            self.last[obj] = reading.presence
+            if reading.presence is Presence.PRESENT:
+                self._series(obj).set(1)
+                if before is not Presence.PRESENT:
+                    logger.warning("The peering object %s is back. %s", obj, BACK_EMPTY)
+            elif reading.presence is Presence.UNREADABLE:
+                if before is not Presence.UNREADABLE:
+                    logger.warning("%s (checked again on the next health probe)", problem(obj, reading))
+            else:
+                self._series(obj).set(0)
+                if before is not reading.presence:
+                    logger.error("%s", problem(obj, reading, WHILE_RUNNING))
+            shown[f"{obj.kind}/{obj.namespace + '/' if obj.namespace else ''}{obj.name}"] = reading.presence.value
+        return shown
+
+
+def read_peering_object(api_client: Any, obj: PeeringObject, timeout: float = READ_TIMEOUT_SECONDS) -> Reading:
+    """GET ``obj`` with the operator's credentials (the kubernetes client's ``CustomObjectsApi``)."""
+    import kubernetes
+    import urllib3
+
+    api = kubernetes.client.CustomObjectsApi(api_client)
+    try:
+        if obj.namespace is None:
+            api.get_cluster_custom_object(GROUP, VERSION, obj.plural, obj.name, _request_timeout=timeout)
+        else:
+            api.get_namespaced_custom_object(
+                GROUP, VERSION, obj.namespace, obj.plural, obj.name, _request_timeout=timeout
+            )
+    except kubernetes.client.ApiException as error:
+        body = error.body.decode(errors="replace") if isinstance(error.body, bytes) else str(error.body or "")
+        return interpret(obj, int(error.status or 0), body)
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        return Reading(Presence.UNREADABLE, f"{type(error).__name__}: {error}")
+    return Reading(Presence.PRESENT)
+
+
+def register_peering_probe(registry: Any, check: PeeringCheck) -> None:
+    """Run ``check`` on kopf's health probes, off kopf's event loop and off the handlers' thread pool
+    (a busy pool must not delay ``/healthz``)."""
+    import kopf
+
+    @kopf.on.probe(id="peering", registry=registry)
+    async def peering(**_: Any) -> dict[str, str]:
+        return await asyncio.to_thread(check.check)
+
+
+__all__ = [
+    "PeeringCheck",
+    "PeeringObject",
+    "PeeringUnusable",
+    "Presence",
+    "Reading",
+    "interpret",
+    "peering_objects",
+    "problem",
+    "read_peering_object",
+    "register_peering_probe",
+    "wait_for_peering_objects",
+]
