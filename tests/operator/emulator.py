@@ -37,6 +37,19 @@ to a request, where the operator depends on it:
   ``managedFields``; strategic merge patches with their list semantics. An applied configuration whose
   keyed list repeats a key (a container's env by name...) is refused with the API server's 500 ("failed to
   create typed patch object ...: duplicate entries for key [name=\"A\"]").
+* **Ownership taken by updates**: every create, update and patch that is not an apply gives its field
+  manager (``?fieldManager=``, else the User-Agent up to its first ``/``) the fields it added or changed, as a
+  ``managedFields`` entry with ``operation: Update`` (and ``subresource`` for ``.../status`` and
+  ``.../scale``), and takes them from every other manager, appliers included; a later apply that changes
+  them without ``force`` is then a 409 conflict naming that manager, and a forced one takes them back.
+* **The scale subresource** (``.../scale``) of Deployments and of custom resources whose CRD declares one
+  (``subresources.scale``): GET, PUT and PATCH (merge, JSON, strategic) of an ``autoscaling/v1`` Scale,
+  its ``resourceVersion`` a precondition; the write is validated as a write of the object. A Deployment's
+  scale writer owns ``spec.replicas`` afterwards (an Update entry with ``subresource: scale`` and no
+  time); a custom resource's scale write leaves ``managedFields`` as they were, as the API server does.
+  Not imitated: server-side apply to ``.../scale``.
+* **A watch a moment behind** (``watch_lag``): a test may hold back each watch event of a resource, as a
+  busy cluster delivers them to an informer some time after the write.
 * **Authentication and RBAC** (``authorization``): a request with ``Authorization: Bearer <token>`` acts
   as the identity ``tokens`` maps the token to (an unknown token: 401), and is authorised by
   ``authorizer`` (403 ``Forbidden`` worded as the API server words it, recorded in ``refused``); a request
@@ -228,10 +241,14 @@ class Emulator(kmock.KubernetesEmulator):
     revision: int = attrs.field(default=0, init=False)  # the last resourceVersion handed out (one counter, as etcd)
     committed: int = attrs.field(default=0, init=False)  # the last one whose write completed (lists report it)
     _write_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
-    applied: dict[ObjectKey, dict[str, dict[str, Any]]] = attrs.field(factory=dict, init=False)
-    """(resource, namespace, name) -> field manager -> what that manager last server-side applied."""
-    owned: dict[ObjectKey, dict[str, set[Any]]] = attrs.field(factory=dict, init=False)
-    """(resource, namespace, name) -> field manager -> the fields it owns (``server_side_apply.field_paths``)."""
+    applied: dict[ObjectKey, dict[server_side_apply.Manager, dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    """(resource, namespace, name) -> applier -> what that manager last server-side applied."""
+    owned: dict[ObjectKey, dict[server_side_apply.Manager, set[Any]]] = attrs.field(factory=dict, init=False)
+    """(resource, namespace, name) -> field manager (appliers and updaters) -> the fields it owns
+    (``server_side_apply.field_paths``)."""
+    watch_lag: dict[Any, float] = attrs.field(factory=dict)
+    """Resource -> seconds each of its watch events is held back before it is sent (events queue behind each
+    other): the operator's informer a moment behind the API server, as in a busy cluster. Empty: none."""
     schemas: dict[Any, CustomResourceSchema] = attrs.field(factory=dict, init=False)
     """Custom resources' schemas (``register_crd``): their objects are validated and defaulted."""
     tokens: dict[str, authorization.Identity] = attrs.field(factory=dict)
@@ -293,7 +310,7 @@ class Emulator(kmock.KubernetesEmulator):
 
     def field_managers(self, resource: Any, namespace: str | None, name: str) -> list[str]:
         """The field managers that have server-side applied the object."""
-        return sorted(self.applied.get((kmock.resource(resource), namespace, name), {}))
+        return sorted({manager.name for manager in self.applied.get((kmock.resource(resource), namespace, name), {})})
 
     # ------------------------------------------------------------ routing
 
@@ -403,10 +420,13 @@ class Emulator(kmock.KubernetesEmulator):
         self, request: kmock.Request, identity: authorization.Identity | None, pruned: list[str]
     ) -> tuple[Any, int]:
         strict = request.params.get("fieldValidation") == "Strict"
+        if request.subresource == "scale" and request.action != kmock.action.DELETE:
+            return await self._write_scale(request, pruned, strict)
+        updater = self._updater(request)
         if request.method == kmock.method.PUT:
-            return await self._update(request, request.data, pruned, strict, replace=True)
+            return await self._update(request, request.data, pruned, strict, replace=True, manager=updater)
         if request.action == kmock.action.CREATE:
-            return await self._create(request, request.data, pruned, strict)
+            return await self._create(request, request.data, pruned, strict, manager=updater)
         if request.action == kmock.action.DELETE:
             return await self._delete(request)
         if self._content_type(request) == APPLY_PATCH:
@@ -428,8 +448,42 @@ class Emulator(kmock.KubernetesEmulator):
             if live is None:
                 raise _not_found(request.resource, request.name)
             merged = server_side_apply.strategic_merge(live.raw, request.data)
-            return await self._update(request, merged, pruned, strict, preview=True)
-        return await self._update(request, request.data, pruned, strict)
+            return await self._update(request, merged, pruned, strict, preview=True, manager=updater)
+        return await self._update(request, request.data, pruned, strict, manager=updater)
+
+    def _updater(self, request: kmock.Request) -> server_side_apply.Manager:
+        """The field manager of a create, update or patch: ``?fieldManager=``, else the User-Agent up to its
+        first ``/`` (kubernetes/apiserver ``pkg/endpoints/handlers/create.go``, ``managerOrUserAgent``,
+        ``prefixFromUserAgent``), else ``unknown`` (apimachinery ``internal/buildmanagerinfo.go``); keyed by
+        the API version it writes and the subresource."""
+        resource = request.resource
+        user_agent = {key.lower(): value for key, value in request.headers.items()}.get("user-agent", "")
+        name = request.params.get("fieldManager") or _user_agent_prefix(user_agent) or "unknown"
+        api_version = f"{resource.group}/{resource.version}".lstrip("/")
+        return server_side_apply.Manager(name, "Update", api_version, request.subresource or "")
+
+    def _record_update(
+        self, key: ObjectKey, before: dict[str, Any] | None, after: dict[str, Any], manager: server_side_apply.Manager
+    ) -> None:
+        """An update's ownership, written into ``after``'s ``managedFields``: ``manager`` takes the fields it added
+        or changed from everyone (structured-merge-diff ``merge/update.go``, ``Updater.Update``), and its entry's
+        time moves when it took any (apimachinery ``internal/managedfieldsupdater.go``); the other entries keep
+        theirs. An entry written through a Deployment's ``.../scale`` has no time: the scale handler carries
+        over the times of the parent's entries (apimachinery ``pkg/util/managedfields/scalehandler.go``,
+        ``ToParent``), and the parent never has one under the Scale's API version."""
+        taken, removed = server_side_apply.changed_fields(before, after)
+        owners = server_side_apply.update_ownership(self.owned.get(key, {}), manager, taken, removed)
+        times = _entry_times(before)
+        if taken:
+            times[manager] = None if manager.subresource == "scale" else _now()
+        self.owned[key] = owners
+        meta = after.setdefault("metadata", {})
+        api_version = str(after.get("apiVersion") or f"{key[0].group}/{key[0].version}".lstrip("/"))
+        entries = server_side_apply.managed_fields(owners, api_version, None, times)
+        if entries:
+            meta["managedFields"] = entries
+        else:
+            meta.pop("managedFields", None)
 
     def _schema(self, resource: Any) -> CustomResourceSchema | None:
         return self.schemas.get(resource)
@@ -478,8 +532,15 @@ class Emulator(kmock.KubernetesEmulator):
             raise _invalid(request.resource, schema.kind, name, causes) from None
 
     async def _create(
-        self, request: kmock.Request, data: Any, pruned: list[str], strict: bool, status: int = 201
+        self,
+        request: kmock.Request,
+        data: Any,
+        pruned: list[str],
+        strict: bool,
+        status: int = 201,
+        manager: server_side_apply.Manager | None = None,
     ) -> tuple[dict[str, Any], int]:
+        """A POST (``manager``: who owns what it sets), or the object an apply creates (its fields already owned)."""
         resource = request.resource
         if not isinstance(data, dict):
             raise kmock.KubernetesError(400, "BadRequest", "the body must be a JSON object", {})
@@ -518,6 +579,8 @@ class Emulator(kmock.KubernetesEmulator):
             )
         for field in (*_SERVER_SET, "resourceVersion"):
             meta.pop(field, None)
+        if manager is not None:
+            meta.pop("managedFields", None)  # a create's own fields are what its manager owns
         if self._has_status_subresource(resource):
             body.pop("status", None)  # the status is written only through .../status
         body = self._admit(request, body, None, pruned, strict)
@@ -525,6 +588,9 @@ class Emulator(kmock.KubernetesEmulator):
         meta.update(
             uid=str(uuid.uuid4()), resourceVersion=self._next_revision(), generation=1, creationTimestamp=_now()
         )
+        if manager is not None:
+            self.owned.pop(key, None)
+            self._record_update(key, None, body, manager)
         self.objects[key] = body
         if resource == CRD_RESOURCE:
             register_crd(self, body)  # created through the API: served from now on, as the server does
@@ -543,13 +609,20 @@ class Emulator(kmock.KubernetesEmulator):
         strict: bool,
         replace: bool = False,
         preview: bool = False,
+        manager: server_side_apply.Manager | None = None,
     ) -> tuple[dict[str, Any], int]:
-        """A PUT (``replace``), a merge or JSON patch of ``data``, or (``preview``) the object as it should be."""
+        """A PUT (``replace``), a merge or JSON patch of ``data``, or (``preview``) the object as it should be;
+        ``manager``: the updater who takes the fields it changes (None: an apply, which tracks its own, or a
+        custom resource's scale write, which changes no owner)."""
         resource, name, subresource = request.resource, request.name, request.subresource
         key: ObjectKey = (resource, request.namespace, str(name))
         live = self._live(*key)
         has_status = self._has_status_subresource(resource)
-        if subresource not in (None, "status") or (subresource == "status" and not has_status):
+        if (
+            subresource not in (None, "status", "scale")
+            or (subresource == "status" and not has_status)
+            or (subresource == "scale" and self._scale_paths(resource) is None)
+        ):
             raise kmock.KubernetesError(404, "NotFound", "the server could not find the requested resource", {})
         if live is None:
             raise _not_found(resource, name)
@@ -628,9 +701,16 @@ class Emulator(kmock.KubernetesEmulator):
                         )
                     ],
                 )
+        if manager is not None:  # an update's managedFields are the server's (a client's own are not taken)
+            if "managedFields" in old_meta:
+                final.setdefault("metadata", {})["managedFields"] = old_meta["managedFields"]
+            else:
+                final.setdefault("metadata", {}).pop("managedFields", None)
         final = self._admit(request, final, current, pruned, strict)
         if final == current:
             return current, 200  # a no-op: no new version, no event (as the API server)
+        if manager is not None:
+            self._record_update(key, current, final, manager)
         new_meta = final.setdefault("metadata", {})
         changed = {k for k in set(final) | set(current) if k not in ("metadata", "status")}
         if any(final.get(k) != current.get(k) for k in changed):
@@ -815,9 +895,10 @@ class Emulator(kmock.KubernetesEmulator):
     def _server_side_apply(self, request: kmock.Request) -> tuple[str, dict[str, Any], Callable[[], None]]:
         """The apply as ``("create", object)`` (the object is missing) or ``("update", the object as it should
         be)``, and the function that records the managers' fields once the write is stored."""
-        manager = request.params.get("fieldManager")
-        if not manager:
+        name = request.params.get("fieldManager")
+        if not name:
             raise kmock.KubernetesError(422, "Invalid", "fieldManager is required for apply requests", {})
+        manager = server_side_apply.Manager(name, "Apply", "", request.subresource or "")
         body = request.data if isinstance(request.data, dict) else yaml.safe_load(request.text or "")
         if not isinstance(body, dict):
             raise kmock.KubernetesError(400, "BadRequest", "an apply body must be an object", {})
@@ -826,7 +907,7 @@ class Emulator(kmock.KubernetesEmulator):
             raise kmock.KubernetesError(400, "BadRequest", "the body's name and namespace must match the URL", {})
         obj: ObjectKey = (request.resource, request.namespace, str(request.name))
         live = self._live(*obj)
-        paths = server_side_apply.field_paths(body, server_side_apply.Schema.of(body))
+        paths = server_side_apply.strip_meta(server_side_apply.field_paths(body, server_side_apply.Schema.of(body)))
         api_version = str(body.get("apiVersion", ""))
         if live is None:
             owners, applied = {manager: paths}, {manager: copy.deepcopy(body)}
@@ -862,12 +943,12 @@ class Emulator(kmock.KubernetesEmulator):
         desired = server_side_apply.apply(live.raw, applied.get(manager), body, kept)
         applied[manager], owners[manager] = copy.deepcopy(body), paths
         live_owners = {other: fields for other, fields in owners.items() if fields}
-        entries = server_side_apply.managed_fields(live_owners, api_version, _now())
-        before = {entry.get("manager"): entry for entry in (live.raw.get("metadata") or {}).get("managedFields") or []}
-        for entry in entries:  # an entry whose fields did not change keeps its time (an apply may be a no-op)
-            previous = before.get(entry["manager"])
-            if previous is not None and {**previous, "time": entry["time"]} == entry:
-                entry["time"] = previous["time"]
+        # the applier's entry is dated when its apply changed the object; a no-op apply leaves the times as they
+        # were, a new co-owner's without one (apimachinery internal/managedfieldsupdater.go, Apply)
+        times = _entry_times(live.raw)
+        if _content(desired) != _content(live.raw):
+            times[manager] = _now()
+        entries = server_side_apply.managed_fields(live_owners, api_version, None, times)
         desired.setdefault("metadata", {})["managedFields"] = entries
 
         def commit_updated() -> None:
@@ -885,12 +966,129 @@ class Emulator(kmock.KubernetesEmulator):
             return None
         return self.objects[key]
 
+    # ------------------------------------------------------------ the scale subresource
+
+    def _scale_paths(self, resource: Any) -> ScalePaths | None:
+        """Where a resource's ``.../scale`` reads and writes (None: it has no scale subresource)."""
+        schema = self._schema(resource)
+        if schema is not None:
+            scale = schema.subresources.get("scale")
+            if not isinstance(scale, dict):
+                return None
+            selector = scale.get("labelSelectorPath")
+            return ScalePaths(
+                _json_path(scale["specReplicasPath"]),
+                _json_path(scale["statusReplicasPath"]),
+                _json_path(selector) if selector else None,
+                custom=True,
+            )
+        if (resource.group, resource.plural) == ("apps", "deployments"):
+            return DEPLOYMENT_SCALE
+        return None
+
+    def _read_scale(self, request: kmock.Request) -> dict[str, Any]:
+        """GET ``.../scale``: the object as an ``autoscaling/v1`` Scale (``ScalePaths.scale_of``); a custom
+        resource without the spec replicas field is a 500, as ``ScaleREST.Get`` answers."""
+        paths = self._scale_paths(request.resource)
+        if paths is None:
+            raise kmock.KubernetesError(404, "NotFound", "the server could not find the requested resource", {})
+        live = self._live(request.resource, request.namespace, request.name)
+        if live is None:
+            raise _not_found(request.resource, request.name)
+        if paths.custom and _nested(live.raw, paths.spec_replicas) is None:
+            raise kmock.KubernetesError(
+                500,
+                "InternalError",
+                f'Internal error occurred: the spec replicas field "{_dotted(paths.spec_replicas)}" does not exist',
+                {},
+            )
+        return paths.scale_of(live.raw)
+
+    async def _write_scale(self, request: kmock.Request, pruned: list[str], strict: bool) -> tuple[Any, int]:
+        """PUT or PATCH ``.../scale``: the request changes the object's Scale (a PUT replaces it, a patch is
+        applied to it), and the new ``spec.replicas`` goes to the object's replicas field, which is then written
+        as any update of the object is (validated, a new generation; the Scale's ``resourceVersion``, when set,
+        a precondition). kubernetes/apiextensions-apiserver ``pkg/registry/customresource/etcd.go``
+        (``ScaleREST.Update``, ``scaleUpdatedObjectInfo``) and kubernetes/kubernetes
+        ``pkg/registry/apps/deployment/storage/storage.go`` (the same for a Deployment, with ``ValidateScale``:
+        replicas >= 0, and a ``uid`` precondition). The answer is the Scale after the write."""
+        resource, name = request.resource, request.name
+        paths = self._scale_paths(resource)
+        if paths is None:
+            raise kmock.KubernetesError(404, "NotFound", "the server could not find the requested resource", {})
+        if self._content_type(request) == APPLY_PATCH:
+            raise kmock.KubernetesError(
+                415, "UnsupportedMediaType", "the emulator does not imitate server-side apply to .../scale", {}
+            )
+        live = self._live(resource, request.namespace, name)
+        if live is None:
+            raise _not_found(resource, name)
+        replicas_missing = paths.custom and _nested(live.raw, paths.spec_replicas) is None
+        old_scale = paths.scale_of(live.raw)
+        if request.method == kmock.method.PUT:
+            if not isinstance(request.data, dict):
+                raise kmock.KubernetesError(400, "BadRequest", "the body must be a JSON object", {})
+            scale = copy.deepcopy(request.data)
+        elif isinstance(request.data, dict | list):
+            scale = dicts.patch_dict(copy.deepcopy(old_scale), request.data)  # JsonPatchTestFailed etc. -> 422
+        else:
+            raise kmock.KubernetesError(400, "BadRequest", "the body must be a JSON object or a JSON-patch list", {})
+        spec = scale.get("spec") if isinstance(scale.get("spec"), dict) else {}
+        replicas = spec.get("replicas", 0)  # autoscaling/v1 ScaleSpec.replicas is omitempty: absent is 0
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise kmock.KubernetesError(
+                400, "BadRequest", f"Scale.spec.replicas: expected an integer, got {replicas!r}", {}
+            )
+        if replicas_missing and "replicas" not in spec:
+            raise kmock.KubernetesError(
+                400,
+                "BadRequest",
+                f'the spec replicas field "{_dotted(paths.spec_replicas)}" cannot be empty',
+                {},
+            )
+        scale_meta = scale.get("metadata") if isinstance(scale.get("metadata"), dict) else {}
+        if not paths.custom:
+            if replicas < 0:
+                message = f"spec.replicas: Invalid value: {replicas}: must be greater than or equal to 0"
+                raise kmock.KubernetesError(
+                    422,
+                    "Invalid",
+                    f'Scale.autoscaling "{name}" is invalid: {message}',
+                    {
+                        "name": name,
+                        "group": "autoscaling",
+                        "kind": "Scale",
+                        "causes": [{"reason": "FieldValueInvalid", "field": "spec.replicas", "message": message}],
+                    },
+                )
+            uid = scale_meta.get("uid")
+            if uid and uid != live.raw["metadata"].get("uid"):
+                raise _conflict(
+                    resource,
+                    name,
+                    f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                    f"{live.raw['metadata'].get('uid')}",
+                )
+        parent = copy.deepcopy(live.raw)
+        _set_nested(parent, paths.spec_replicas, replicas)
+        precondition = scale_meta.get("resourceVersion")
+        parent["metadata"]["resourceVersion"] = str(precondition or live.raw["metadata"]["resourceVersion"])
+        # a custom resource's scale write changes no owner: its scale scope's field manager has no schema for
+        # autoscaling/v1 Scale (the CRD's models plus apiextensions' static spec: customresource_handler.go,
+        # buildOpenAPIModelsForApply), so FieldManager.UpdateNoErrors keeps the live managedFields
+        # (apimachinery internal/fieldmanager.go; kubernetes/kubernetes issues #116311, #131892)
+        manager = None if paths.custom else self._updater(request)
+        stored, status = await self._update(request, parent, pruned, strict, preview=True, manager=manager)
+        return paths.scale_of(stored), status
+
     # ------------------------------------------------------------ reads
 
     def _get_resources(self) -> list[Any]:
         return list(set(kmock.KubernetesScaffold._get_resources(self)) | set(self._index))
 
     async def _serve_fetch(self, request: kmock.Request) -> Any:
+        if request.subresource == "scale":
+            return self._read_scale(request)
         if request.subresource not in (None, "status") or (
             request.subresource == "status" and not self._has_status_subresource(request.resource)
         ):
@@ -963,6 +1161,9 @@ class Emulator(kmock.KubernetesEmulator):
                     continue
                 if _revision(raw) <= max(sent.get(key, -1), since_revision):
                     continue  # already sent in the snapshot, or older than asked for
+                lag = self.watch_lag.get(request.resource)
+                if lag:
+                    await asyncio.sleep(lag)  # a watch a moment behind (``watch_lag``)
                 yield event
         finally:
             await bus.unmark(marker)
@@ -991,6 +1192,119 @@ def _revision(raw: Mapping[str, Any]) -> int:
     return int(raw.get("metadata", {}).get("resourceVersion") or 0)
 
 
+def _user_agent_prefix(user_agent: str) -> str:
+    """A User-Agent as a field manager: the part before its first ``/``, printable characters only, at most 128
+    bytes (kubernetes/apiserver ``pkg/endpoints/handlers/create.go``, ``prefixFromUserAgent``)."""
+    prefix = ""
+    for char in user_agent.split("/")[0]:
+        if not char.isprintable():
+            continue
+        if len((prefix + char).encode()) > 128:  # validation.FieldManagerMaxLength
+            break
+        prefix += char
+    return prefix
+
+
+def _entry_times(raw: Mapping[str, Any] | None) -> dict[server_side_apply.Manager, str | None]:
+    """Each ``managedFields`` entry's time (None: it has none), by manager."""
+    entries = ((raw or {}).get("metadata") or {}).get("managedFields") or []
+    return {server_side_apply.Manager.of_entry(entry): entry.get("time") for entry in entries}
+
+
+def _content(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """An object without what a write does not change by itself (``managedFields``, ``resourceVersion``)."""
+    meta = {k: v for k, v in (raw.get("metadata") or {}).items() if k not in ("managedFields", "resourceVersion")}
+    return {**raw, "metadata": meta}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalePaths:
+    """Where a scalable resource keeps what its ``autoscaling/v1`` Scale shows."""
+
+    spec_replicas: tuple[str, ...]
+    status_replicas: tuple[str, ...]
+    selector: tuple[str, ...] | None
+    """A custom resource's ``labelSelectorPath`` (a string field), or None."""
+    custom: bool
+    """A custom resource (the CRD's ``subresources.scale``); else a Deployment, whose ``status.selector`` is its
+    ``spec.selector`` as text."""
+
+    def scale_of(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The object's Scale, as ``scaleFromCustomResource`` (kubernetes/apiextensions-apiserver
+        ``pkg/registry/customresource/etcd.go``) and ``scaleFromDeployment`` (kubernetes/kubernetes
+        ``pkg/registry/apps/deployment/storage/storage.go``) build it; ``spec.replicas`` 0 and an empty selector
+        are left out (``omitempty``)."""
+        meta = raw.get("metadata") or {}
+        replicas = _nested(raw, self.spec_replicas)
+        if replicas is None:  # a custom resource without the field: 0; a Deployment's defaulted 1
+            replicas = 0 if self.custom else 1
+        status_replicas = _nested(raw, self.status_replicas)
+        if self.custom:
+            selector = _nested(raw, self.selector) if self.selector else None
+        else:
+            selector = selector_text((raw.get("spec") or {}).get("selector"))
+        scale: dict[str, Any] = {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                field: meta[field]
+                for field in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if meta.get(field) is not None
+            },
+            "spec": {"replicas": replicas} if replicas else {},
+            "status": {"replicas": status_replicas if isinstance(status_replicas, int) else 0},
+        }
+        if selector:
+            scale["status"]["selector"] = str(selector)
+        return scale
+
+
+DEPLOYMENT_SCALE = ScalePaths(("spec", "replicas"), ("status", "replicas"), None, custom=False)
+
+
+def _json_path(text: str) -> tuple[str, ...]:
+    """A CRD's replicas path (``.spec.replicas``) as keys (``splitReplicasPath``: the leading dot dropped)."""
+    return tuple(text.removeprefix(".").split("."))
+
+
+def _dotted(path: tuple[str, ...]) -> str:
+    return "." + ".".join(path)
+
+
+def _nested(raw: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(raw, Mapping):
+            return None
+        raw = raw.get(key)
+    return raw
+
+
+def _set_nested(raw: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        child = raw.get(key)
+        if not isinstance(child, dict):
+            child = raw[key] = {}
+        raw = child
+    raw[path[-1]] = value
+
+
+def selector_text(selector: Mapping[str, Any] | None) -> str:
+    """A LabelSelector as the API server writes it in ``Scale.status.selector`` (apimachinery
+    ``metav1.LabelSelectorAsSelector(...).String()``: requirements sorted by key, ``k=v``, ``k in (a,b)``,
+    ``k notin (a,b)``, ``k``, ``!k``, joined by commas)."""
+    requirements: list[tuple[str, str]] = []
+    for key, value in ((selector or {}).get("matchLabels") or {}).items():
+        requirements.append((key, f"{key}={value}"))
+    for expression in (selector or {}).get("matchExpressions") or []:
+        key, operator = expression.get("key", ""), expression.get("operator", "")
+        values = ",".join(sorted(expression.get("values") or []))
+        text = {"In": f"{key} in ({values})", "NotIn": f"{key} notin ({values})", "Exists": key}.get(
+            operator, f"!{key}"
+        )
+        requirements.append((key, text))
+    return ",".join(text for _, text in sorted(requirements))
+
+
 def load_builtin_resources(emulator: kmock.KubernetesEmulator) -> None:
     """``emulator.resources.load_bundled()`` without its DeprecationWarning (importlib.resources.read_binary)."""
     bundled = importlib.resources.files("kmock._internal") / "resources.json.gz"
@@ -1011,7 +1325,7 @@ def register_crd(emulator: Emulator, manifest: dict[str, Any] | Path = CRD_FILE)
         verbs=set(CRD_VERBS),
         shortnames=set(names.get("shortNames") or ()),
         categories=set(names.get("categories") or ()),
-        subresources={"status"} if "status" in schema.subresources else set(),
+        subresources={name for name in ("status", "scale") if name in schema.subresources},
     )
     emulator.schemas[kmock.resource(key)] = schema
     return key

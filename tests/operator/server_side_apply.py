@@ -15,13 +15,15 @@ A strategic merge patch (what a plain ``patch`` of the ``kubernetes`` client sen
 of the Kubernetes types by the same keys and never removes an item it does not name (``strategic_merge``):
 that is why a client-side patch of the whole object leaves removed env vars, ports and volumes behind.
 
-Field ownership, as the API server tracks it for applies (``field_paths``, ``conflicts``): each
-manager owns the fields of its last apply. A field another manager also owns is not removed when one
-of them leaves it out; applying a value that differs from the live one in a field another manager owns
-is a conflict (409 without ``force``; with it, ownership moves to the applier); ``managed_fields``
-renders the ownership as ``metadata.managedFields`` (FieldsV1). Not imitated: ownership taken by plain
-updates (a merge patch or PUT changes the fields but not their owners). The list keys come from the
-real Kubernetes schemas bundled with kubernetes-validate.
+Field ownership, as the API server tracks it (``field_paths``, ``conflicts``, ``changed_fields``): each
+applier owns the fields of its last apply; every other write (create, update, patch: ``operation:
+Update``) gives its manager the fields it added or changed and takes them from everyone else, appliers
+included (structured-merge-diff ``merge/update.go``, ``Updater.Update``). A field another manager also
+owns is not removed when one of them leaves it out; applying a value that differs from the live one in a
+field another manager owns is a conflict (409 without ``force``; with it, ownership moves to the
+applier); ``managed_fields`` renders the ownership as ``metadata.managedFields`` (FieldsV1), one entry
+per ``Manager`` (an applier by name, an updater by name, API version and subresource). The list keys
+come from the real Kubernetes schemas bundled with kubernetes-validate.
 
 Before any of it, the applied configuration is validated as structured-merge-diff types it
 (``typed_errors``, ``typed_patch_refusal``): a keyed list whose items repeat a key is refused (the API
@@ -33,6 +35,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,14 +165,106 @@ def value_at(obj: Any, path: FieldPath) -> Any:
     return obj
 
 
-def conflicts(live: dict[str, Any], applied: dict[str, Any], others: dict[str, set[FieldPath]]) -> list[str]:
-    """``manager: .path`` for every field ``applied`` would change that another manager owns."""
+def conflicts(live: dict[str, Any], applied: dict[str, Any], others: Mapping[Any, set[FieldPath]]) -> list[str]:
+    """``"manager": .path`` for every field ``applied`` would change that another manager owns (an updater
+    named as apimachinery's ``printManager`` names it: ``"kubectl" with subresource "scale" using apps/v1``)."""
     found = []
     for path in sorted(field_paths(applied, Schema.of(applied)), key=str):
         if value_at(live, path) == value_at(applied, path):
             continue  # the same value: both managers own it, no conflict
-        found += [f'"{manager}": {render_path(path)}' for manager, owned in sorted(others.items()) if path in owned]
+        found += [
+            f"{_printed(manager)}: {render_path(path)}"
+            for manager, owned in sorted(others.items(), key=_order)
+            if path in owned
+        ]
     return found
+
+
+@dataclass(frozen=True)
+class Manager:
+    """Who owns fields, as the API server keys ``managedFields`` entries (k8s.io/apimachinery
+    ``pkg/util/managedfields/internal/managedfields.go``, ``BuildManagerIdentifier``, and ``buildmanagerinfo.go``):
+    an applier by its name and subresource (not the API version: it stays one manager whatever version it
+    applies); an updater (create, update, patch) by its name, the API version it wrote and the subresource.
+    So one client that applies and also patches owns fields as two managers."""
+
+    name: str
+    operation: str = "Apply"
+    api_version: str = ""
+    """The updater's API version (``group/version``); empty for an applier."""
+    subresource: str = ""
+
+    @classmethod
+    def of_entry(cls, entry: Mapping[str, Any]) -> Manager:
+        """The manager a ``managedFields`` entry belongs to."""
+        operation = str(entry.get("operation") or "Apply")
+        return cls(
+            str(entry.get("manager") or ""),
+            operation,
+            "" if operation == "Apply" else str(entry.get("apiVersion") or ""),
+            str(entry.get("subresource") or ""),
+        )
+
+    def __str__(self) -> str:
+        """As a conflict names it (apimachinery ``internal/conflict.go``, ``printManager``)."""
+        text = json.dumps(self.name) + (f" with subresource {json.dumps(self.subresource)}" if self.subresource else "")
+        return f"{text} using {self.api_version}" if self.operation == "Update" else text
+
+
+def _printed(manager: Any) -> str:
+    return str(manager) if isinstance(manager, Manager) else json.dumps(str(manager))
+
+
+def _order(item: tuple[Any, Any]) -> str:
+    return _printed(item[0])
+
+
+STRIPPED: frozenset[FieldPath] = frozenset(
+    [("apiVersion",), ("kind",), ("metadata",)]
+    + [
+        ("metadata", name)
+        for name in (
+            "name",
+            "namespace",
+            "creationTimestamp",
+            "selfLink",
+            "uid",
+            "clusterName",
+            "generation",
+            "managedFields",
+            "resourceVersion",
+        )
+    ]
+)
+"""Fields nobody owns: the API server strips them from every manager's set (k8s.io/apimachinery
+``pkg/util/managedfields/internal/stripmeta.go``)."""
+
+
+def strip_meta(paths: set[FieldPath]) -> set[FieldPath]:
+    """``paths`` without the fields nobody owns (``STRIPPED``)."""
+    return {path for path in paths if path not in STRIPPED}
+
+
+def changed_fields(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> tuple[set[FieldPath], set[FieldPath]]:
+    """``(added or modified, removed)`` leaf fields from ``before`` to ``after`` (structured-merge-diff's
+    ``TypedValue.Compare``), the fields nobody owns left out: what an update gives its manager, and what it takes
+    from every other manager (``merge/update.go``, ``Updater.update``)."""
+    schema = Schema.of(dict(after or before or {}))
+    old = strip_meta(field_paths(dict(before or {}), schema))
+    new = strip_meta(field_paths(dict(after), schema))
+    taken = {path for path in new if path not in old or value_at(before, path) != value_at(after, path)}
+    return taken, old - new
+
+
+def update_ownership(
+    owners: Mapping[Manager, set[FieldPath]], manager: Manager, taken: set[FieldPath], removed: set[FieldPath]
+) -> dict[Manager, set[FieldPath]]:
+    """The owners after ``manager`` updated the object (``changed_fields``): every other manager loses what it
+    changed or removed, ``manager`` keeps what it owned (but the removed fields) and gains what it changed;
+    a manager left with nothing is dropped (structured-merge-diff ``merge/update.go``, ``Updater.Update``)."""
+    after = {other: set(fields) - taken - removed for other, fields in owners.items()}
+    after[manager] = after.get(manager, set()) | taken
+    return {other: fields for other, fields in after.items() if fields}
 
 
 def render_path(path: FieldPath) -> str:
@@ -181,26 +277,43 @@ def render_path(path: FieldPath) -> str:
     return "".join(parts)
 
 
-def managed_fields(owners: dict[str, set[FieldPath]], api_version: str, time: str) -> list[dict[str, Any]]:
-    """``metadata.managedFields`` for these owners (operation Apply, FieldsV1)."""
+def managed_fields(
+    owners: Mapping[Any, set[FieldPath]],
+    api_version: str,
+    time: str | None,
+    times: Mapping[Manager, str | None] | None = None,
+) -> list[dict[str, Any]]:
+    """``metadata.managedFields`` for these owners (``Manager``s, or appliers' names), FieldsV1. An applier's
+    entry shows ``api_version`` (an updater's its own); each entry's time is ``times[manager]`` when given
+    (``None``: no time, as an apply that changed nothing leaves a new co-owner), else ``time``. Sorted as the API
+    server sorts them (apimachinery ``internal/managedfields.go``, ``sortEncodedManagedFields``): appliers first,
+    then by time, name, API version and subresource."""
     entries = []
-    for manager, owned in sorted(owners.items()):
+    for key, owned in owners.items():
+        if not owned:
+            continue
+        manager = key if isinstance(key, Manager) else Manager(str(key))
         tree: dict[str, Any] = {}
         for path in owned:
             node = tree
             for segment in path:
                 name = "k:" + json_text(dict(segment[1])) if isinstance(segment, tuple) else f"f:{segment}"
                 node = node.setdefault(name, {})
-        entries.append(
-            {
-                "manager": manager,
-                "operation": "Apply",
-                "apiVersion": api_version,
-                "time": time,
-                "fieldsType": "FieldsV1",
-                "fieldsV1": tree,
-            }
-        )
+        entry: dict[str, Any] = {
+            "manager": manager.name,
+            "operation": manager.operation,
+            "apiVersion": manager.api_version or api_version,
+        }
+        when = times[manager] if times is not None and manager in times else time
+        if when is not None:
+            entry["time"] = when
+        entry.update(fieldsType="FieldsV1", fieldsV1=tree)
+        if manager.subresource:
+            entry["subresource"] = manager.subresource
+        entries.append(entry)
+    entries.sort(
+        key=lambda e: (e["operation"], e.get("time") or "", e["manager"], e["apiVersion"], e.get("subresource", ""))
+    )
     return entries
 
 

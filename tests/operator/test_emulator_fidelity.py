@@ -830,3 +830,282 @@ def test_an_applied_configuration_with_a_repeated_key_is_refused_with_a_500_whil
         "failed to create typed patch object (/typed; keyorder.dev/v1alpha1, Kind=OrderedConsumer): "
         '.spec.handler.env: duplicate entries for key [name="A"]'
     )
+
+
+# ---------------------------------------------------------------- ownership taken by updates; the scale subresource
+
+DEPLOYMENTS = "apps/v1/deployments"
+
+
+def scalable(name: str, replicas: int = 2) -> dict[str, Any]:
+    labels = {"app": name, "tier": "a"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {
+                "matchLabels": {"app": name},
+                "matchExpressions": [{"key": "tier", "operator": "In", "values": ["b", "a"]}],
+            },
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "img:1"}]}},
+        },
+    }
+
+
+def apply_as(kube: KubeHTTP, manager: str, resource: str, body: dict[str, Any], force: bool = False) -> Any:
+    path = resource_path(resource, "default", body["metadata"]["name"]) + f"?fieldManager={manager}"
+    return kube.call("PATCH", path + ("&force=true" if force else ""), body, content_type=APPLY_PATCH)
+
+
+def entries_of(obj: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """``managedFields`` by (manager, operation, subresource)."""
+    return {
+        (entry["manager"], entry["operation"], entry.get("subresource", "")): entry
+        for entry in obj["metadata"].get("managedFields") or []
+    }
+
+
+def owns(entry: dict[str, Any] | None, *path: str) -> bool:
+    node = (entry or {}).get("fieldsV1") or {}
+    for name in path:
+        if f"f:{name}" not in node:
+            return False
+        node = node[f"f:{name}"]
+    return True
+
+
+def test_creates_updates_and_patches_take_the_fields_they_change_and_a_later_apply_conflicts_with_them(
+    kube: RunningEmulator,
+):
+    """Every write that is not an apply records its field manager's ownership (``operation: Update``): the
+    manager is ``?fieldManager=``, else the User-Agent up to its first ``/`` (kubernetes/apiserver
+    ``pkg/endpoints/handlers/create.go`` ``managerOrUserAgent``/``prefixFromUserAgent``, called from
+    ``create.go``, ``update.go`` and ``patch.go`` through ``FieldManager.UpdateNoErrors``); it gains the fields it
+    added or changed and every other manager, appliers included, loses them (kubernetes-sigs/structured-merge-diff
+    ``merge/update.go``, ``Updater.Update`` and ``update``); its entry is keyed by name, API version and
+    subresource (k8s.io/apimachinery ``pkg/util/managedfields/internal/buildmanagerinfo.go``), dated when it took
+    fields (``internal/managedfieldsupdater.go``), and never holds name, uid, resourceVersion... (``stripmeta.go``).
+    An apply that changes such a field without force is a 409 naming the updater as ``internal/conflict.go``
+    ``printManager`` does; the same value is shared without conflict; a forced apply takes the field back.
+    An apply carrying a stale ``metadata.resourceVersion`` is refused like any update with one
+    (kubernetes/apiserver ``pkg/registry/generic/registry/store.go``, ``Store.Update``)."""
+    created = kube.call("POST", resource_path(DEPLOYMENTS, "default") + "?fieldManager=creator", scalable("web"))
+    [entry] = created["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"], entry["apiVersion"]) == ("creator", "Update", "apps/v1")
+    assert entry["time"] and entry["fieldsType"] == "FieldsV1" and "subresource" not in entry
+    assert owns(entry, "spec", "replicas") and owns(entry, "spec", "template", "spec", "containers")
+    assert not owns(entry, "metadata", "name") and not owns(entry, "metadata", "uid"), "stripped: nobody owns them"
+
+    patched = kube.patch(DEPLOYMENTS, "web", {"metadata": {"labels": {"team": "a"}}, "spec": {"replicas": 3}})
+    entries = entries_of(patched)
+    patcher = entries[("Python-urllib", "Update", "")]  # urllib's User-Agent is "Python-urllib/3.11"
+    assert owns(patcher, "spec", "replicas") and owns(patcher, "metadata", "labels", "team")
+    assert not owns(patcher, "spec", "template"), "only what the patch changed"
+    assert not owns(entries[("creator", "Update", "")], "spec", "replicas"), "taken from the creator"
+    assert owns(entries[("creator", "Update", "")], "spec", "template", "spec", "containers")
+
+    request = urllib.request.Request(
+        kube.url + resource_path(DEPLOYMENTS, "default", "web"),
+        data=json.dumps({"metadata": {"labels": {"team": "b"}}}).encode(),
+        method="PATCH",
+        headers={"Content-Type": "application/merge-patch+json", "User-Agent": "kubectl-edit/v1.31.0 (linux/amd64)"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        edited = json.loads(response.read())
+    assert owns(entries_of(edited)[("kubectl-edit", "Update", "")], "metadata", "labels", "team")
+    assert not owns(entries_of(edited)[("Python-urllib", "Update", "")], "metadata", "labels")
+
+    replicas = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}, "spec": {"replicas": 5}}
+    body = refused(lambda: apply_as(kube, "applier", DEPLOYMENTS, replicas), 409)
+    assert body["reason"] == "Conflict"
+    assert (
+        body["message"] == 'Apply failed with 1 conflict: conflict with "Python-urllib" using apps/v1: .spec.replicas'
+    )
+    shared = apply_as(kube, "applier", DEPLOYMENTS, {**replicas, "spec": {"replicas": 3}})  # the same value
+    assert owns(entries_of(shared)[("applier", "Apply", "")], "spec", "replicas")
+    assert owns(entries_of(shared)[("Python-urllib", "Update", "")], "spec", "replicas"), "shared, not taken"
+    forced = apply_as(kube, "applier", DEPLOYMENTS, replicas, force=True)
+    assert forced["spec"]["replicas"] == 5
+    assert not owns(entries_of(forced).get(("Python-urllib", "Update", "")), "spec", "replicas"), "taken back"
+
+    status = kube.patch(DEPLOYMENTS, "web", {"status": {"replicas": 1}}, subresource="status")
+    assert owns(entries_of(status)[("Python-urllib", "Update", "status")], "status", "replicas")
+
+    stale = {**replicas, "metadata": {"name": "web", "resourceVersion": created["metadata"]["resourceVersion"]}}
+    body = refused(lambda: apply_as(kube, "applier", DEPLOYMENTS, {**stale, "spec": {"replicas": 6}}, force=True), 409)
+    assert "the object has been modified" in body["message"]
+    assert kube.get(DEPLOYMENTS, "web")["spec"]["replicas"] == 5
+
+
+def scale_path(resource: str, name: str) -> str:
+    return resource_path(resource, "default", name, "scale")
+
+
+def test_the_scale_subresource_of_a_deployment_reads_and_writes_spec_replicas_and_its_writer_owns_them(
+    kube: RunningEmulator,
+):
+    """``deployments/scale`` as kubernetes/kubernetes ``pkg/registry/apps/deployment/storage/storage.go`` serves
+    it (``ScaleREST``, ``scaleFromDeployment``, ``scaleUpdatedObjectInfo``): an ``autoscaling/v1`` Scale with the
+    object's name, namespace, uid, resourceVersion and creationTimestamp, ``spec.replicas`` (omitempty: 0 is
+    left out), ``status.replicas`` and ``status.selector`` (``LabelSelectorAsSelector(...).String()``); a write
+    (PUT, or a patch of the Scale: kubectl scale's merge patch) moves the replicas to the Deployment, a set
+    ``resourceVersion`` a precondition, ``ValidateScale`` refusing a negative count. Its writer owns
+    ``spec.replicas`` from then on, through an Update entry with ``subresource: scale`` and no time
+    (k8s.io/apimachinery ``pkg/util/managedfields/scalehandler.go``, ``ToParent``), so the applier who had them
+    conflicts with it (a 409 unless forced). A resource without the subresource answers 404."""
+    applied = apply_as(kube, "objects", DEPLOYMENTS, scalable("web"))
+    scale = kube.call("GET", scale_path(DEPLOYMENTS, "web"))
+    meta = applied["metadata"]
+    assert scale == {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")},
+        "spec": {"replicas": 2},
+        "status": {"replicas": 0, "selector": "app=web,tier in (a,b)"},
+    }
+
+    scaled = kube.patch(DEPLOYMENTS, "web", {"spec": {"replicas": 3}}, subresource="scale")  # kubectl scale
+    assert scaled["kind"] == "Scale" and scaled["spec"] == {"replicas": 3}
+    stored = kube.get(DEPLOYMENTS, "web")
+    assert stored["spec"]["replicas"] == 3 and stored["metadata"]["generation"] == 2
+    assert stored["spec"]["template"] == applied["spec"]["template"], "only the replicas change"
+    entries = entries_of(stored)
+    scaler = entries[("Python-urllib", "Update", "scale")]
+    assert owns(scaler, "spec", "replicas") and scaler["apiVersion"] == "apps/v1" and "time" not in scaler
+    assert not owns(entries[("objects", "Apply", "")], "spec", "replicas"), "the scale write took it"
+
+    hpa = resource_path(DEPLOYMENTS, "default", "web", "scale") + "?fieldManager=horizontal-pod-autoscaler"
+    stale = {**scaled, "metadata": {**scaled["metadata"], "resourceVersion": meta["resourceVersion"]}}
+    body = refused(lambda: kube.call("PUT", hpa, {**stale, "spec": {"replicas": 4}}), 409)
+    assert "the object has been modified" in body["message"]
+    assert kube.call("PUT", hpa, {**scaled, "spec": {"replicas": 4}})["spec"] == {"replicas": 4}
+    entries = entries_of(kube.get(DEPLOYMENTS, "web"))
+    assert owns(entries[("horizontal-pod-autoscaler", "Update", "scale")], "spec", "replicas")
+    assert ("Python-urllib", "Update", "scale") not in entries, "an entry left with nothing goes"
+
+    body = refused(lambda: kube.patch(DEPLOYMENTS, "web", {"spec": {"replicas": -1}}, subresource="scale"), 422)
+    assert body["message"] == (
+        'Scale.autoscaling "web" is invalid: spec.replicas: Invalid value: -1: must be greater than or equal to 0'
+    )
+    zero = kube.call(
+        "PATCH",
+        scale_path(DEPLOYMENTS, "web"),
+        [{"op": "replace", "path": "/spec/replicas", "value": 0}],
+        "application/json-patch+json",
+    )
+    assert zero["spec"] == {} and kube.get(DEPLOYMENTS, "web")["spec"]["replicas"] == 0
+    assert ("horizontal-pod-autoscaler", "Update", "scale") not in entries_of(kube.get(DEPLOYMENTS, "web"))
+
+    body = refused(lambda: apply_as(kube, "objects", DEPLOYMENTS, scalable("web")), 409)
+    assert body["message"] == (
+        'Apply failed with 1 conflict: conflict with "Python-urllib" with subresource "scale" using apps/v1: '
+        ".spec.replicas"
+    )
+    taken = apply_as(kube, "objects", DEPLOYMENTS, scalable("web"), force=True)
+    assert taken["spec"]["replicas"] == 2 and ("Python-urllib", "Update", "scale") not in entries_of(taken)
+
+    kube.create("v1/services", {"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}})
+    refused(lambda: kube.call("GET", scale_path("v1/services", "web")), 404)
+
+
+WIDGETS = "example.com/v1/widgets"
+
+
+def widget_crd(plural: str, scale: bool) -> dict[str, Any]:
+    kind = plural.capitalize()[:-1]
+    version: dict[str, Any] = {
+        "name": "v1",
+        "served": True,
+        "storage": True,
+        "schema": {
+            "openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "spec": {
+                        "type": "object",
+                        "properties": {
+                            "replicas": {"type": "integer", "minimum": 0, "maximum": 10},
+                            "size": {"type": "string"},
+                        },
+                    },
+                    "status": {
+                        "type": "object",
+                        "properties": {"replicas": {"type": "integer"}, "selector": {"type": "string"}},
+                    },
+                },
+            }
+        },
+        "subresources": {"status": {}},
+    }
+    if scale:
+        version["subresources"]["scale"] = {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": plural[:-1], "kind": kind, "listKind": f"{kind}List"},
+            "versions": [version],
+        },
+    }
+
+
+def test_the_scale_subresource_of_a_custom_resource_follows_its_crds_paths_and_changes_no_owner() -> None:
+    """A custom resource's ``/scale`` as kubernetes/apiextensions-apiserver ``pkg/registry/customresource/etcd.go``
+    serves it: ``ScaleREST.Get`` builds the Scale from ``specReplicasPath``, ``statusReplicasPath`` and
+    ``labelSelectorPath`` (``scaleFromCustomResource``) and answers 500 when the spec replicas field is missing;
+    ``scaleUpdatedObjectInfo.UpdatedObject`` sets the spec replicas field, which is then validated by the CRD's
+    schema like any update, and a new generation is counted. Unlike a Deployment's, the write changes no owner:
+    the scale scope's field manager (``pkg/apiserver/customresource_handler.go``) is built from the CRD's models,
+    which have no ``autoscaling/v1`` Scale, so ``FieldManager.UpdateNoErrors`` (k8s.io/apimachinery
+    ``pkg/util/managedfields/internal/fieldmanager.go``) keeps the live managedFields (kubernetes/kubernetes issues
+    #116311 and #131892). A CRD without ``subresources.scale`` serves none. The OrderedConsumer's scale is
+    ``spec.replicas.min`` (what ``kubectl scale okc`` sets) and ``status.observedReplicas``."""
+
+    def with_widgets(emulator: Any) -> None:
+        register_crd(emulator, widget_crd("widgets", scale=True))
+        register_crd(emulator, widget_crd("gadgets", scale=False))
+
+    with serve_emulator(with_widgets) as kube:
+        created = kube.create(
+            WIDGETS,
+            {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": "s"}},
+        )
+        body = refused(lambda: kube.call("GET", scale_path(WIDGETS, "w")), 500)
+        assert body["reason"] == "InternalError"
+        assert 'the spec replicas field ".spec.replicas" does not exist' in body["message"]
+
+        scaled = kube.patch(WIDGETS, "w", {"spec": {"replicas": 2}}, subresource="scale")
+        assert scaled["spec"] == {"replicas": 2} and scaled["status"] == {"replicas": 0}
+        stored = kube.get(WIDGETS, "w")
+        assert stored["spec"] == {"size": "s", "replicas": 2} and stored["metadata"]["generation"] == 2
+        assert stored["metadata"]["managedFields"] == created["metadata"]["managedFields"], "no owner changed"
+
+        kube.patch(WIDGETS, "w", {"status": {"replicas": 1, "selector": "app=w"}}, subresource="status")
+        scale = kube.call("GET", scale_path(WIDGETS, "w"))
+        assert scale["status"] == {"replicas": 1, "selector": "app=w"} and scale["kind"] == "Scale"
+
+        body = refused(lambda: kube.patch(WIDGETS, "w", {"spec": {"replicas": 11}}, subresource="scale"), 422)
+        assert 'Widget.example.com "w" is invalid: spec.replicas: Invalid value: 11' in body["message"]
+        stale = {**scale, "metadata": {**scale["metadata"], "resourceVersion": created["metadata"]["resourceVersion"]}}
+        refused(lambda: kube.call("PUT", scale_path(WIDGETS, "w"), {**stale, "spec": {"replicas": 3}}), 409)
+        assert kube.get(WIDGETS, "w")["spec"]["replicas"] == 2
+
+        kube.create(
+            "example.com/v1/gadgets", {"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"}}
+        )
+        refused(lambda: kube.call("GET", scale_path("example.com/v1/gadgets", "g")), 404)
+
+        kube.create(CR, consumer("ledger"))
+        kube.patch(CR, "ledger", {"status": {"observedReplicas": 1}}, subresource="status")
+        okc = kube.patch(CR, "ledger", {"spec": {"replicas": 3}}, subresource="scale")  # kubectl scale okc ledger
+        assert okc["spec"] == {"replicas": 3} and okc["status"] == {"replicas": 1}
+        assert kube.get(CR, "ledger")["spec"]["replicas"]["min"] == 3
