@@ -27,7 +27,11 @@ EXTERNAL_METRICS = {
 
 
 def rules(chart: Any, prometheus_rule: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    values = {"monitoring": {"prometheusRule": {"enabled": True, **(prometheus_rule or {})}}}
+    values = {
+        "replicaCount": 2,
+        "peering": {"enabled": True},  # so that every alert renders (KeyorderPeeringObjectMissing needs peering)
+        "monitoring": {"prometheusRule": {"enabled": True, **(prometheus_rule or {})}},
+    }
     (rule,) = find(documents(chart.render(values, name=RELEASE, namespace=NAMESPACE)), "PrometheusRule")
     return {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
 

@@ -333,6 +333,23 @@ def test_alerts_can_be_tuned_and_disabled(chart):
     assert "> 60" in alerts["KeyorderKeyStuck"]["expr"] and alerts["KeyorderKeyStuck"]["for"] == "2m"
 
 
+def test_with_peering_an_alert_fires_when_the_peering_object_is_gone(chart):
+    """Without its peering object kopf's standbys never take over (``keyorder_operator.peering``): the operator
+    exports ``keyorder_operator_peering_object_present`` and the chart alerts on it, only when peering is on."""
+
+    def alerts(values):
+        values = {**values, "monitoring": {"prometheusRule": {"enabled": True}}}
+        (rule,) = find(documents(chart.render(values, name=RELEASE, namespace=NAMESPACE)), "PrometheusRule")
+        return {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+
+    missing = alerts({"replicaCount": 2, "peering": {"enabled": True}})["KeyorderPeeringObjectMissing"]
+    assert missing["expr"] == "keyorder_operator_peering_object_present == 0"
+    assert missing["for"] == "5m" and missing["labels"]["severity"] == "warning"
+    assert "{{ $labels.kind }} {{ $labels.name }}" in missing["annotations"]["summary"]
+    assert missing["annotations"]["runbook_url"].endswith("#keyorderpeeringobjectmissing")
+    assert "KeyorderPeeringObjectMissing" not in alerts({})
+
+
 def test_dashboard_configmap(manifests):
     (config_map,) = find(manifests["monitoring"], "ConfigMap", f"{RELEASE}-keyorder-operator-dashboard")
     assert config_map["metadata"]["namespace"] == "grafana"
