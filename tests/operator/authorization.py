@@ -2,13 +2,13 @@
 
 The rules come from rendering charts/keyorder-operator with the real Helm engine (``helm_python``, offline),
 once per test process (``chart_authorizer``), with the chart's default values: the install the tests run
-(kopf cluster-wide, no peering). They are evaluated as Kubernetes' RBAC authorizer does
-(https://kubernetes.io/docs/reference/access-authn-authz/rbac/): a request is allowed when a rule of a
-role bound to the user (a ClusterRoleBinding anywhere, a RoleBinding in the request's namespace) matches
-its API group, its resource (``deployments``, or ``resource/subresource`` such as ``orderedconsumers/status``
-and ``deployments/scale``), its verb and, where the rule lists ``resourceNames``, its object name.
-ClusterRoles with an ``aggregationRule`` collect the rules of the ClusterRoles their selectors match.
-The verb is the request's, as the API server names it
+(kopf cluster-wide, no peering), or with ``peering.enabled=true`` (``chart_authorizer(peering=True)``). They are
+evaluated as Kubernetes' RBAC authorizer does (https://kubernetes.io/docs/reference/access-authn-authz/rbac/):
+a request is allowed when a rule of a role bound to the user (a ClusterRoleBinding anywhere, a RoleBinding in
+the request's namespace) matches its API group, its resource (``deployments``, or ``resource/subresource``
+such as ``orderedconsumers/status`` and ``deployments/scale``), its verb and, where the rule lists
+``resourceNames``, its object name. ClusterRoles with an ``aggregationRule`` collect the rules of the
+ClusterRoles their selectors match. The verb is the request's, as the API server names it
 (https://kubernetes.io/docs/reference/access-authn-authz/authorization/#determine-the-request-verb):
 GET of one object ``get``, of a collection ``list``, with ``?watch=true`` ``watch``; POST ``create``;
 PUT ``update``; PATCH ``patch``; DELETE ``delete`` (``deletecollection`` on a collection). A server-side
@@ -272,12 +272,14 @@ def request_attributes(
 
 
 @functools.cache
-def chart_documents() -> tuple[dict[str, Any], ...]:
-    """The chart's RBAC manifests and ServiceAccount, rendered once per test process with default values."""
+def chart_documents(peering: bool = False) -> tuple[dict[str, Any], ...]:
+    """The chart's RBAC manifests and ServiceAccount, rendered once per test process with default values
+    (with ``peering``: ``peering.enabled=true``, the high-availability install)."""
     import helm_python
 
+    values = {"peering": {"enabled": True}} if peering else {}
     with helm_python.Chart.load(CHART) as chart:
-        rendered = chart.render({}, name=RELEASE, namespace=NAMESPACE)
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE)
     documents = []
     for path, text in sorted(rendered.items()):
         if path.endswith(".yaml"):
@@ -286,8 +288,8 @@ def chart_documents() -> tuple[dict[str, Any], ...]:
 
 
 @functools.cache
-def chart_authorizer() -> Authorizer:
-    return Authorizer([*chart_documents(), *DEFAULT_CLUSTER_POLICY])
+def chart_authorizer(peering: bool = False) -> Authorizer:
+    return Authorizer([*chart_documents(peering), *DEFAULT_CLUSTER_POLICY])
 
 
 @functools.cache

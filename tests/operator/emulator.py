@@ -54,6 +54,9 @@ to a request, where the operator depends on it:
   as the identity ``tokens`` maps the token to (an unknown token: 401), and is authorised by
   ``authorizer`` (403 ``Forbidden`` worded as the API server words it, recorded in ``refused``); a request
   without a token is the test's own, and is allowed everything.
+* **A resource nobody serves** (no CRD registered for it): a read or write of it is a 404 that names no
+  object, unlike the 404 of a missing object of a served resource (``register_peering_crds`` serves kopf's
+  peering resources from the chart's CRDs).
 
 Lookups go by (resource, namespace, name) and a per-resource index, never by scanning every object.
 """
@@ -1087,6 +1090,8 @@ class Emulator(kmock.KubernetesEmulator):
         return list(set(kmock.KubernetesScaffold._get_resources(self)) | set(self._index))
 
     async def _serve_fetch(self, request: kmock.Request) -> Any:
+        if request.resource not in self.resources and request.resource not in self._index:  # no CRD serves it
+            raise kmock.KubernetesError(404, "NotFound", "the server could not find the requested resource", {})
         if request.subresource == "scale":
             return self._read_scale(request)
         if request.subresource not in (None, "status") or (
@@ -1331,6 +1336,15 @@ def register_crd(emulator: Emulator, manifest: dict[str, Any] | Path = CRD_FILE)
     return key
 
 
+PEERING_CRDS_FILE = Path(__file__).resolve().parents[2] / "charts" / "keyorder-operator" / "crds" / "kopf-peerings.yaml"
+
+
+def register_peering_crds(emulator: Emulator) -> list[str]:
+    """Serve kopf's peering resources (ClusterKopfPeering, KopfPeering, group kopf.dev) from the chart's CRDs, as
+    a cluster with them installed does. Returns their ``group/version/plural`` keys."""
+    return [register_crd(emulator, crd) for crd in yaml.safe_load_all(PEERING_CRDS_FILE.read_text()) if crd]
+
+
 def older_crd(manifest: Path = CRD_FILE) -> dict[str, Any]:
     """The CRD without its CEL rules, its ``pattern``s and its ``metadata.name`` constraints (as an older release
     could have shipped it): what lets a spec that only the operator refuses reach the operator, whose own checks
@@ -1358,10 +1372,12 @@ def older_crd(manifest: Path = CRD_FILE) -> dict[str, Any]:
 __all__ = [
     "CRD_FILE",
     "CRD_VERBS",
+    "PEERING_CRDS_FILE",
     "Emulator",
     "label_selector",
     "load_builtin_resources",
     "older_crd",
     "pod_grace_period",
     "register_crd",
+    "register_peering_crds",
 ]

@@ -1,0 +1,147 @@
+"""``keyorder operator --peering NAME`` as users run it (a separate process, a kubeconfig, the chart's RBAC with
+``peering.enabled=true``) against an emulator serving kopf's peering CRDs.
+
+Without the peering object kopf keeps every replica paused and says so only at DEBUG (``keyorder_operator.peering``
+explains why): the operator must refuse to start, naming the object, and touch nothing. With it, the operator
+works; when it is deleted meanwhile, the operator says so at ERROR and in a metric, and stays alive."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from keyorder.devtools.embedded import free_port
+from tests.operator.authorization import chart_authorizer
+from tests.operator.conftest import fail_on_refusals
+from tests.operator.emulator import Emulator, register_peering_crds
+from tests.operator.harness import CR, RunningEmulator, serve_emulator, stop_process, wait_for, write_kubeconfig
+from tests.operator.test_operator_e2e import consumer_resource
+
+pytestmark = pytest.mark.timeout(150)
+
+PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
+NAME = "keyorder-operator"
+
+
+@pytest.fixture
+def kube_with_peering() -> Iterator[RunningEmulator]:
+    """The emulator with kopf's peering CRDs (from the chart's ``crds/``) and the chart's RBAC for the
+    high-availability install; any request of the operator that RBAC refused fails the test."""
+
+    def setup(emulator: Emulator) -> None:
+        register_peering_crds(emulator)
+        emulator.authorizer = chart_authorizer(peering=True)
+
+    with serve_emulator(setup) as running:
+        yield running
+        refused = running.refused()
+    fail_on_refusals(refused)
+
+
+@contextmanager
+def operator_process(kube: RunningEmulator, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, int]]:
+    """``keyorder operator --peering keyorder-operator`` with its metrics and liveness ports; stopped on exit."""
+    kubeconfig = write_kubeconfig(kube.url, tmp_path / "kubeconfig")
+    metrics_port, liveness_port = free_port(), free_port()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": "", "POD_ID": "operator-a"}
+    command = [sys.executable, "-m", "keyorder.cli", "operator", "--peering", NAME, "--tick", "0.5"]
+    command += ["--metrics-port", str(metrics_port), "--liveness", f"http://127.0.0.1:{liveness_port}/healthz"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield process, metrics_port, liveness_port
+    finally:
+        if process.poll() is None:
+            stop_process(process)
+
+
+def test_without_the_peering_object_the_operator_refuses_to_start_naming_it_and_touches_nothing(
+    kube_with_peering: RunningEmulator, tmp_path: Path
+) -> None:
+    kube = kube_with_peering
+    kube.create(CR, consumer_resource("ledger", "127.0.0.1:1", "payments"))
+    with operator_process(kube, tmp_path) as (operator, _, _):
+        try:
+            output, _ = operator.communicate(timeout=60)  # hang guard: it waits 10 s for the object, then stops
+        except subprocess.TimeoutExpired:
+            output, _ = stop_process(operator)
+            pytest.fail(f"the operator kept running without its peering object:\n{output[-3000:]}")
+    assert operator.returncode == 2, output[-3000:]
+    refusal = output.strip().splitlines()[-1]
+    assert refusal.startswith("keyorder operator: --peering: the peering object"), output[-3000:]
+    assert 'ClusterKopfPeering "keyorder-operator" (clusterkopfpeerings.kopf.dev) does not exist' in refusal
+    assert "peering.create=true" in refusal and "Traceback" not in output
+    assert kube.get("apps/v1/deployments", "ledger") is None
+    assert not kube.get(CR, "ledger")["metadata"].get("finalizers")  # kopf never took the resource on
+
+
+def peering_gauge(metrics_port: int) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "keyorder_operator_peering_object_present" and sample.labels == {
+                "kind": "ClusterKopfPeering",
+                "namespace": "",
+                "name": NAME,
+            }:
+                return sample.value
+    return None
+
+
+def health(liveness_port: int) -> tuple[int, dict]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{liveness_port}/healthz", timeout=5) as response:
+        return response.status, json.loads(response.read())
+
+
+def test_with_the_peering_object_the_operator_works_and_says_loudly_when_it_is_deleted(
+    kube_with_peering: RunningEmulator, tmp_path: Path
+) -> None:
+    kube = kube_with_peering
+    kube.create(PEERINGS, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": NAME}}, None)
+    kube.create(CR, consumer_resource("ledger", "127.0.0.1:1", "payments"))
+    failure: AssertionError | None = None
+    with operator_process(kube, tmp_path) as (operator, metrics_port, liveness_port):
+        try:
+
+            def running(value):
+                if operator.poll() is not None:
+                    raise AssertionError(f"the operator exited with {operator.returncode}")
+                return value
+
+            wait_for(lambda: running(kube.get("apps/v1/deployments", "ledger")), 60, "the operator's Deployment")
+            keepalive = wait_for(
+                lambda: (kube.get(PEERINGS, NAME, None).get("status") or {}).get("operator-a"), 30, "a keep-alive"
+            )
+            assert keepalive["lifetime"] == 60
+            assert health(liveness_port) == (200, {"peering": {f"ClusterKopfPeering/{NAME}": "present"}})
+            assert peering_gauge(metrics_port) == 1
+
+            kube.delete(PEERINGS, NAME, None)
+            # kopf runs the probes again once its last results are 10 s old: ask until one does
+            wait_for(
+                lambda: running(health(liveness_port))[1]["peering"][f"ClusterKopfPeering/{NAME}"] == "absent",
+                30,
+                "a health probe that sees the object gone",
+            )
+            status, _ = health(liveness_port)
+            assert status == 200  # liveness must not restart a working replica into one that refuses to start
+            assert peering_gauge(metrics_port) == 0
+        except AssertionError as error:
+            failure = error
+        finally:
+            output, _ = stop_process(operator)
+    if failure is not None:
+        raise AssertionError(f"{failure}\n--- the operator's output, last 4000 characters ---\n{output[-4000:]}")
+    errors = [line for line in output.splitlines() if "ERROR" in line and "peering" in line]
+    assert len(errors) == 1, output[-4000:]  # said once, not on every probe
+    assert 'ClusterKopfPeering "keyorder-operator" (clusterkopfpeerings.kopf.dev) does not exist' in errors[0]
+    assert "none will take over" in errors[0]
