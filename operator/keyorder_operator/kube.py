@@ -12,6 +12,7 @@ is listed in ``API_CALLS`` so the RBAC rules can be derived from, and checked ag
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from keyorder.config import decode_properties
+from keyorder_operator.cache import POD, WATCH_SELECTORS, kept_object
 
 if TYPE_CHECKING:
     from kubernetes.client import V1ObjectMeta, V1Pod
@@ -38,14 +40,17 @@ SCALE_FIELD_MANAGER = "keyorder-operator-scaler"
 """The autoscaler's own manager: it applies only ``spec.replicas``, so it must not share the object
 manager's applied configuration (an apply of one field would remove all the others)."""
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+LIST_PAGE = 500
+"""Objects per page of the cache's verification lists (client-go's pager uses the same)."""
 
 API_CALLS = {
     # patch: server-side apply updates; create: an apply that creates the object is also authorised as
-    # create (the API server checks both); get: a read the watched cache could not answer
-    ("apps", "deployments"): {"get", "patch", "create"},
-    ("", "services"): {"get", "patch", "create"},
-    ("policy", "poddisruptionbudgets"): {"get", "patch", "create"},
-    ("", "serviceaccounts"): {"get", "patch", "create"},
+    # create (the API server checks both); get: a read the watched cache could not answer; list: the
+    # cache's check after kopf listed the kind again (what vanished meanwhile sends no DELETED)
+    ("apps", "deployments"): {"get", "list", "patch", "create"},
+    ("", "services"): {"get", "list", "patch", "create"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "patch", "create"},
+    ("", "serviceaccounts"): {"get", "list", "patch", "create"},
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list"},
     ("batch", "jobs"): {"get", "create"},
@@ -207,18 +212,67 @@ class Kube:
         return None if found is None else str((found.get("metadata") or {}).get("resourceVersion"))
 
     def owned(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """An owned object as a plain dict, from the cache or else the API (``None`` when it does not exist)."""
+        """An owned object as a plain dict, from the cache or else the API (``None`` when it does not exist).
+        With a cache, what it keeps of the object (``cache.kept_object``), hit or miss alike."""
         if self.cache is not None:
+            self._verify_cache(kind, namespace)
             cached = self.cache.get(kind, namespace, name)
             if cached is not None:
                 return cached
         found = self._read(self._read_call(kind), namespace, name)
         if self.cache is not None:
-            if found is not None:
-                self.cache.put(kind, found)
-            else:
+            if found is None:
                 self.cache.drop(kind, namespace, name)
+                return None
+            self.cache.put(kind, found)
+            return kept_object(kind, found)
         return found
+
+    def _verify_cache(self, kind: str, namespace: str) -> None:
+        """After kopf listed ``kind`` again (a 410 Gone, a resumed watch), list it in ``namespace`` once and
+        drop from the cache what the API server no longer has: kopf sends no DELETED for what vanished while
+        it did not watch (``cache.OwnedObjectsCache.verification_due``). A failed list is logged and tried
+        again on a later read; the read goes on from the cache meanwhile."""
+        assert self.cache is not None
+        started = self.cache.verification_due(kind, namespace)
+        if started is None:
+            return
+        try:
+            present = self._listed_names(kind, namespace)
+        except Exception as error:  # logged; the read goes on from the cache, the check comes again
+            self.cache.verification_failed(kind, namespace)
+            log.warning("could not list %s in %s to check the cache after a re-list: %s", kind, namespace, error)
+            return
+        dropped = self.cache.verified(kind, namespace, started, present)
+        if dropped:
+            log.info("dropped %d %s(s) of %s from the cache: deleted while not watched", dropped, kind, namespace)
+
+    def _listed_names(self, kind: str, namespace: str) -> set[str]:
+        """The names of the operator's objects of ``kind`` in ``namespace`` (by the watches' label), listed
+        in pages of ``LIST_PAGE``, each page parsed as plain JSON and only the names kept (not the client's
+        models of a page of whole pods)."""
+        table: dict[str, Callable[..., Any]] = {
+            "Deployment": self.apps.list_namespaced_deployment,
+            "Service": self.core.list_namespaced_service,
+            "PodDisruptionBudget": self.policy.list_namespaced_pod_disruption_budget,
+            "ServiceAccount": self.core.list_namespaced_service_account,
+            POD: self.core.list_namespaced_pod,
+        }
+        names: set[str] = set()
+        token: str | None = None
+        while True:
+            response = table[kind](
+                namespace,
+                label_selector=WATCH_SELECTORS[kind],
+                limit=LIST_PAGE,
+                _continue=token,
+                _preload_content=False,
+            )
+            page = json.loads(response.data)
+            names.update(str((item.get("metadata") or {}).get("name")) for item in page.get("items") or ())
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return names
 
     def _read(self, read: Any, namespace: str, name: str) -> dict[str, Any] | None:
         """An object as a plain dict, through the client's ``read_namespaced_*`` call (``None`` when missing)."""
@@ -361,6 +415,8 @@ class Kube:
 
     def ready_pod_ips(self, namespace: str, selector: dict[str, str]) -> list[str]:
         """IPs of ready pods matching ``selector``, from the cache or else the API."""
+        if self.cache is not None:
+            self._verify_cache(POD, namespace)
         cached = self.cache.pods(namespace, selector) if self.cache is not None else None
         if cached is not None:
             return ready_addresses(cached, selector)

@@ -4,7 +4,9 @@ The API emulator stores Deployments but runs nothing. This stand-in (a fake, nam
 the Deployment and ReplicaSet controllers and the kubelet would, where the operator depends on it:
 
 * **Pods from the template.** It keeps ``spec.replicas`` pods of the current pod template: Pod objects
-  made from ``spec.template`` (its labels plus ``pod-template-hash``, its spec, bound to a node), each
+  made from ``spec.template`` (its labels plus ``pod-template-hash``, its spec, bound to a node), shaped as
+  a cluster returns them (``cluster_objects``: the API server's defaults, the owner reference to the
+  ReplicaSet, ``managedFields``, the kubelet's whole status), each
   running a real ``keyorder run`` process with the Deployment's own ``KEYORDER_*`` environment and its
   own loopback address (127.0.W.N, W one per pytest-xdist worker, so every pod listens on the CR's
   ``httpPort`` as in a cluster and parallel test workers never share an address); ``podIP`` and the
@@ -41,6 +43,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import datetime
 import hashlib
 import json
 import os
@@ -55,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from keyorder.devtools.embedded import FAST_GROUP_JOIN
+from tests.operator.cluster_objects import as_created, pod_status
 from tests.operator.harness import ApiError, KubeHTTP, resource_path
 
 LOOPBACK_NET = 1 + int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
@@ -250,7 +254,8 @@ class LocalKubelet:
         address = f"127.0.{LOOPBACK_NET}.{10 + self.started}"
         template = deployment["spec"]["template"]
         process, log_path = self._start_process(template, name, address) if self.processes else (None, None)
-        created = self.kube.create("v1/pods", pod_from_template(template, name, hashed))
+        made = pod_from_template(template, name, hashed)
+        created = self.kube.create("v1/pods", as_created(made, f"{self.name}-{hashed}", _now()))
         pod = LocalProcessPod(name, address, process, log_path, hashed, created["metadata"]["uid"])
         if process is None:  # an object-only pod is ready at once
             pod.ready = True
@@ -345,10 +350,15 @@ def create_pod(kube: KubeHTTP, name: str, labels: dict[str, str], container: str
 
 
 def report_pod_status(kube: KubeHTTP, name: str, address: str, ready: bool) -> None:
-    """What the kubelet reports of a running pod: its IP and whether it is ready."""
-    condition = {"type": "Ready", "status": "True" if ready else "False"}
-    status = {"podIP": address, "phase": "Running", "conditions": [condition]}
+    """What the kubelet reports of a running pod: its IP, whether it is ready, and the rest of a real pod's
+    status (``cluster_objects.pod_status``: conditions, container statuses, host IPs, start time)."""
+    pod = kube.get("v1/pods", name) or {"metadata": {"name": name}, "spec": {}}
+    status = pod_status(pod, address, ready=ready, now=_now())
     kube.patch("v1/pods", name, {"status": status}, subresource="status")
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _port(deployment: dict[str, Any]) -> int:

@@ -67,3 +67,46 @@ def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache_and_write
         for plural in ("deployments", "services", "serviceaccounts", "poddisruptionbudgets"):
             assert watches.get(plural) == "app.kubernetes.io/managed-by=keyorder-operator", watches
     assert kube.get(CR, "steady") is not None
+
+
+def test_what_vanished_while_the_watches_were_down_leaves_the_cache_and_is_recreated_at_once(kube):
+    """kopf lists again after a 410 Gone (``kopf/_cogs/clients/watching.py``: ``continuous_watch`` returns on
+    the ERROR of code 410, ``infinite_watch`` lists) and sends no DELETED for what was deleted while it did not
+    watch. The cache notices the listing and checks itself against a list of its own: the deleted pod leaves
+    it (no report fetch or worker push at its address) and the deleted Service and PodDisruptionBudget are
+    recreated within a few polls, not after the cache's ten-minute bound (``KEPT_SECONDS``)."""
+    selector = selector_labels("relist")
+    with operator(kube.url) as context:
+        kube.create(CR, resource("relist"))
+        wait_for(lambda: kube.get("apps/v1/deployments", "relist") is not None, 20, "the Deployment")
+        kube.create("v1/pods", consumer_pod("relist"))
+        kube.patch(
+            "v1/pods",
+            "relist-pod-1",
+            {"status": {"podIP": "127.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}},
+            subresource="status",
+        )
+        cache = context.kube.cache
+        wait_for(
+            lambda: (
+                [(p.get("status") or {}).get("podIP") for p in cache.pods("default", selector) or []] == ["127.0.0.9"]
+            ),
+            20,
+            "the pod in the cache",
+        )
+        wait_for_polls(kube, "relist", 2)
+        for kind, name in (("Service", "relist-metrics"), ("PodDisruptionBudget", "relist")):
+            assert cache.get(kind, "default", name) is not None, kind
+        service_uid = kube.get("v1/services", "relist-metrics")["metadata"]["uid"]
+
+        with kube.watches_interrupted():
+            kube.delete("v1/pods", "relist-pod-1")  # never scheduled: removed at once
+            kube.delete("v1/services", "relist-metrics")
+            kube.delete("policy/v1/poddisruptionbudgets", "relist")
+            assert kube.get("v1/pods", "relist-pod-1") is None and kube.get("v1/services", "relist-metrics") is None
+
+        recreated = wait_for(lambda: kube.get("v1/services", "relist-metrics"), 20, "the deleted Service recreated")
+        assert recreated["metadata"]["uid"] != service_uid
+        wait_for(lambda: kube.get("policy/v1/poddisruptionbudgets", "relist"), 20, "the deleted PDB recreated")
+        wait_for(lambda: not cache.pods("default", selector), 20, "the deleted pod gone from the cache")
+        assert context.kube.ready_pod_ips("default", selector) == []
