@@ -254,6 +254,8 @@ def read_peering_object(api_client: Any, obj: PeeringObject, timeout: float = RE
         return interpret(obj, int(error.status or 0), body)
     except (urllib3.exceptions.HTTPError, OSError) as error:
         return Reading(Presence.UNREADABLE, f"{type(error).__name__}: {error}")
+    except Exception as error:  # anything else is reported too (logged by the caller): the probe must not fail
+        return Reading(Presence.UNREADABLE, f"unexpected {type(error).__name__}: {error}")
     return Reading(Presence.PRESENT)
 
 

@@ -20,10 +20,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from keyorder.devtools.embedded import free_port
+from keyorder_operator.peering import Presence, Reading, peering_objects, read_peering_object
 from tests.operator.authorization import chart_authorizer
 from tests.operator.conftest import fail_on_refusals
 from tests.operator.emulator import Emulator, register_peering_crds
-from tests.operator.harness import CR, RunningEmulator, serve_emulator, stop_process, wait_for, write_kubeconfig
+from tests.operator.harness import (
+    CR,
+    RunningEmulator,
+    api_client,
+    serve_emulator,
+    stop_process,
+    wait_for,
+    write_kubeconfig,
+)
 from tests.operator.test_operator_e2e import consumer_resource
 
 pytestmark = pytest.mark.timeout(150)
@@ -145,3 +154,33 @@ def test_with_the_peering_object_the_operator_works_and_says_loudly_when_it_is_d
     assert len(errors) == 1, output[-4000:]  # said once, not on every probe
     assert 'ClusterKopfPeering "keyorder-operator" (clusterkopfpeerings.kopf.dev) does not exist' in errors[0]
     assert "none will take over" in errors[0]
+
+
+def test_a_read_tells_present_absent_unserved_forbidden_and_unreachable_apart_through_the_real_client() -> None:
+    """``read_peering_object`` with the kubernetes client's own exceptions: the chart's RBAC without peering (no
+    ``get`` on the peering resources: refused before anything is looked up, as the API server's authorization
+    filter runs before its handlers), its CRDs not installed, the object there or not, no API server at all."""
+    obj = peering_objects(NAME, [])[0]
+    with serve_emulator() as bare, api_client(bare.url) as client:
+        forbidden = read_peering_object(client, obj)
+        assert forbidden.presence is Presence.FORBIDDEN and "cannot get resource" in forbidden.detail, forbidden
+
+    def peering_rbac(emulator: Emulator) -> None:
+        emulator.authorizer = chart_authorizer(peering=True)
+
+    def peering_rbac_and_crds(emulator: Emulator) -> None:
+        peering_rbac(emulator)
+        register_peering_crds(emulator)
+
+    with serve_emulator(peering_rbac) as no_crds, api_client(no_crds.url) as client:
+        assert read_peering_object(client, obj).presence is Presence.UNSERVED
+
+    with serve_emulator(peering_rbac_and_crds) as kube, api_client(kube.url) as client:
+        assert read_peering_object(client, obj).presence is Presence.ABSENT
+        peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": NAME}}
+        kube.create(PEERINGS, peering, None)
+        assert read_peering_object(client, obj) == Reading(Presence.PRESENT)
+
+    with api_client(f"http://127.0.0.1:{free_port()}") as client:
+        unreachable = read_peering_object(client, obj, timeout=2)
+        assert unreachable.presence is Presence.UNREADABLE and "MaxRetryError" in unreachable.detail, unreachable
