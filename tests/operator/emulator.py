@@ -15,6 +15,9 @@ to a request, where the operator depends on it:
 * **CustomResourceDefinitions** (``crd_creation``): a CRD written through the API is checked as the server
   checks it (structural schema, list-map keys, CEL rules that compile, every ``default`` as written against
   its node's schema and rules) and refused with a 422 naming the field; an accepted one is served at once.
+* **A Deployment's pod-template labels are validated** as the API server's own Go validation checks them
+  (``builtin_validation``): a bad key or value is a 422 ``Invalid`` at ``spec.template.labels``. The rest
+  of the built-in kinds' validation is not imitated.
 * **The status subresource**: for a resource that has one, a write to the object ignores ``status`` and a
   write to ``.../status`` ignores everything else (metadata too), for POST, PUT and every PATCH
   (merge, JSON, strategic merge, apply).
@@ -86,7 +89,7 @@ import kmock
 import yaml
 from kmock._internal import dicts  # the very merge/JSON-patch logic kmock applies
 
-from tests.operator import authorization, crd_creation, server_side_apply
+from tests.operator import authorization, builtin_validation, crd_creation, server_side_apply
 from tests.operator.crd_validation import CustomResourceSchema, Invalid, UnknownFields
 
 _WRITES = {kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE}
@@ -517,6 +520,14 @@ class Emulator(kmock.KubernetesEmulator):
                 causes = [(error.path, str(error)) for error in invalid.errors]
                 raise _invalid(request.resource, "CustomResourceDefinition", name, causes) from None
             return obj
+        resource = request.resource
+        validate = builtin_validation.VALIDATORS.get((resource.group, resource.version, resource.plural))
+        if validate is not None and request.subresource is None:  # a built-in kind's own validation
+            errors = validate(obj)
+            if errors:
+                name = (obj.get("metadata") or {}).get("name")
+                causes = [(error.path, str(error)) for error in errors]
+                raise _invalid(resource, self._kind(resource), name, causes)
         schema = self._schema(request.resource)
         if schema is None:
             return obj
@@ -1346,9 +1357,9 @@ def register_peering_crds(emulator: Emulator) -> list[str]:
 
 
 def older_crd(manifest: Path = CRD_FILE) -> dict[str, Any]:
-    """The CRD without its CEL rules, its ``pattern``s and its ``metadata.name`` constraints (as an older release
-    could have shipped it): what lets a spec that only the operator refuses reach the operator, whose own checks
-    are then the last line."""
+    """The CRD without its CEL rules, its ``pattern``s, its list-map keys and its ``metadata.name`` constraints (as
+    an older release could have shipped it): what lets a spec that only the operator refuses reach the operator,
+    whose own checks are then the last line."""
     crd = yaml.safe_load(manifest.read_text())
 
     def strip(node: Any) -> None:
@@ -1356,6 +1367,8 @@ def older_crd(manifest: Path = CRD_FILE) -> dict[str, Any]:
             node.pop("x-kubernetes-validations", None)
             if isinstance(node.get("pattern"), str):
                 del node["pattern"]
+            if node.get("x-kubernetes-list-type") == "map":  # an older release's lists took duplicates
+                del node["x-kubernetes-list-type"], node["x-kubernetes-list-map-keys"]
             for value in node.values():
                 strip(value)
         elif isinstance(node, list):

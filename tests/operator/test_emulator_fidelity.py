@@ -1151,3 +1151,35 @@ def test_kopf_s_peering_objects_are_served_with_their_crds_and_a_missing_one_is_
         patched = kube.patch(peerings, "keyorder-operator", keepalive, None)
         assert patched["status"] == keepalive["status"]
         assert kube.get(peerings, "keyorder-operator", None)["status"] == keepalive["status"]
+
+
+def test_a_deployment_whose_pod_template_labels_are_invalid_is_refused_with_422_at_spec_template_labels(
+    kube: RunningEmulator,
+):
+    """kubernetes/kubernetes ``pkg/apis/apps/validation/validation.go`` (``ValidateDeploymentSpec`` ->
+    ``ValidatePodTemplateSpecForReplicaSet``) -> ``pkg/apis/core/validation/validation.go``
+    (``ValidatePodTemplateSpec``: ``unversionedvalidation.ValidateLabels(spec.Labels, fldPath.Child("labels"))``):
+    every write of a Deployment, an apply included, is refused (422 Invalid) for a bad label key or value, the
+    error at ``spec.template.labels`` (k8s.io/apimachinery ``pkg/apis/meta/v1/validation/validation.go``
+    ``ValidateLabels``), worded by ``pkg/util/validation/validation.go`` (``IsValidLabelValue``,
+    ``IsQualifiedName``, ``RegexError``; Kubernetes 1.29)."""
+    bad = deployment("labelled", [])
+    bad["spec"]["template"]["metadata"]["labels"]["team"] = "data platform"
+    body = refused(lambda: apply(kube, "apps/v1/deployments", "labelled", bad), 422)
+    assert body["reason"] == "Invalid"
+    assert body["message"] == (
+        'Deployment.apps "labelled" is invalid: spec.template.labels: Invalid value: "data platform": a valid label '
+        "must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+        "with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation "
+        "is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+    )
+    assert kube.get("apps/v1/deployments", "labelled") is None
+    kube.create("apps/v1/deployments", deployment("labelled", []))
+    key = deployment("labelled", [])
+    key["spec"]["template"]["metadata"]["labels"]["example.com/a/b"] = "x"
+    body = refused(lambda: kube.call("PUT", resource_path("apps/v1/deployments", "default", "labelled"), key), 422)
+    message = body["message"]
+    assert 'spec.template.labels: Invalid value: "example.com/a/b": a qualified name must consist of' in message
+    patch = {"spec": {"template": {"metadata": {"labels": {"Team_": "ok"}}}}}
+    body = refused(lambda: kube.patch("apps/v1/deployments", "labelled", patch), 422)
+    assert 'spec.template.labels: Invalid value: "Team_": name part must consist of' in body["message"]
