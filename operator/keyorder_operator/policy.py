@@ -48,7 +48,9 @@ The algorithm, in order:
     recommendation of the scale-up window, a scale-down the largest of the scale-down window. No
     scale-down while the lag grows. Then the rate limits (HPA's default: the larger of 4 pods or
     100% per 15 s) cap the change of replicas, workers per pod making up the capacity where the
-    pods are held back, within the CPU bound.
+    pods are held back, within the CPU bound. The memory of recommendations keeps only those a window
+    can still use (``window_memory``): a few entries, kept in status for a restarted operator
+    (``resumed``, and ``restart`` for when it is written).
 11. **The cost of a step**: every change of replicas is timed from the decision until every pod
     reports and every partition has an owner again (new pods starting, then the rebalance; the pods
     report when their partitions last changed). While the backlog drains at the current size sooner
@@ -224,7 +226,8 @@ class ScalingState:
 
     current: Size
     recommendations: tuple[tuple[float, int, int], ...] = ()
-    """Recent ``(time, replicas, workers)`` recommendations, for the stabilization windows."""
+    """Recent ``(time, replicas, workers)`` recommendations, for the stabilization windows: only those a
+    window can still use (``window_memory``), oldest first; the newest is always kept."""
     per_worker_rate: float | None = None
     """Messages/s of one key worker in use (the last decision's)."""
     rate_source: RateSource = RateSource.NONE
@@ -990,6 +993,41 @@ def stabilized(
     return Size(replicas, max(workers_for(capacity, replicas, partitions), 1))
 
 
+def window_memory(
+    recommendations: tuple[tuple[float, int, int], ...], now: float, limits: ScalingLimits
+) -> tuple[tuple[float, int, int], ...]:
+    """The recommendations the stabilization windows can still use from ``now`` on, oldest first: the
+    memory stays a few entries long however many polls a window spans (a steady recommendation is one
+    entry), and every later decision is the same as with the whole list.
+
+    The windows only ever ask for the largest replicas and capacity of the down-window and the smallest
+    of the up-window (``_stabilized_value``). A recommendation is of no further use once a later one is
+    at least as large in both (for the down-window's maximum) and at most as small in both or older than
+    the up-window (for its minimum): the later one stays in every window at least as long. The HPA keeps
+    every recommendation of the longest window instead, replacing the ones that fell out of it
+    (kubernetes/kubernetes ``pkg/controller/podautoscaler/horizontal.go``,
+    ``stabilizeRecommendationWithBehaviors``), in the controller's memory only; keyorder keeps the
+    short form in status (``restart``), so a restarted operator has it too. The newest is always kept:
+    an empty memory means "never recommended" to ``_sized``."""
+    kept: list[tuple[float, int, int]] = []
+    largest_replicas = largest_capacity = -1
+    smallest_replicas = smallest_capacity = math.inf
+    for at, replicas, workers in reversed(recommendations):
+        capacity = replicas * workers
+        age = now - at
+        for_down = age <= limits.scale_down_window_seconds and (
+            replicas > largest_replicas or capacity > largest_capacity
+        )
+        for_up = age <= limits.scale_up_window_seconds and (
+            replicas < smallest_replicas or capacity < smallest_capacity
+        )
+        if not kept or for_down or for_up:
+            kept.append((at, replicas, workers))
+        largest_replicas, largest_capacity = max(largest_replicas, replicas), max(largest_capacity, capacity)
+        smallest_replicas, smallest_capacity = min(smallest_replicas, replicas), min(smallest_capacity, capacity)
+    return tuple(reversed(kept))
+
+
 def replicas_at(changes: tuple[tuple[float, int], ...], current: int, since: float) -> int:
     """The replicas the group had at ``since``: what the first change after it started from."""
     later = [before for at, before in changes if at > since]
@@ -1306,7 +1344,7 @@ def _sized(
         handler_time=rate.handler_time,
         arrival_samples=arrival_samples,
         drainable_lag=lag,
-        recommendations=(*history, (now, recommended.replicas, recommended.workers)),
+        recommendations=window_memory((*history, (now, recommended.replicas, recommended.workers)), now, limits),
         pod_totals=pods.totals() if pods is not None else None,
         pod_totals_at=now if pods is not None else None,
         idle_polls=idle_polls,
@@ -1366,3 +1404,39 @@ def unapplied(state: ScalingState, current: Size) -> ScalingState:
     changes = tuple(change for change in state.replica_changes if change[0] != state.polled_at)
     started = None if state.step_started_at == state.polled_at else state.step_started_at
     return replace(state, current=current, settled=True, replica_changes=changes, step_started_at=started)
+
+
+MEASURED_EACH_POLL = (
+    "arrival_samples",
+    "drainable_lag",
+    "handler_time",
+    "held_polls",
+    "idle_polls",
+    "pod_totals",
+    "pod_totals_at",
+    "polled_at",
+    "saturated",
+    "settled",
+)
+"""The state fields that describe the last poll or two (the pods' totals and the lag at the last poll, the
+last intervals' arrivals and handler time, polls in a row counted from them): measured again after a
+restart, never resumed, because what status holds of them is as old as its last write."""
+
+
+def resumed(state: ScalingState, now: float) -> ScalingState:
+    """The state a started operator resumes from, given the one its predecessor kept in status.
+
+    What describes the last poll or two (``MEASURED_EACH_POLL``) starts afresh, as on a new resource: the
+    first poll after a start has no previous lag sample either. The rest (the windows' recommendations,
+    the rate limits' replica changes, the learned rates and step costs, the limit, the failed observations
+    and silent polls in a row) is taken as it was written. The newest recommendation counts as made
+    ``now``: status is written when the recommendations change, not when one is repeated, so the
+    predecessor made it on every poll since it was written, up to the moment it stopped (a restart after a
+    long outage waits a whole window before a scale-down, as a new resource does)."""
+    recommendations = state.recommendations
+    if recommendations:
+        *older, (at, replicas, workers) = recommendations
+        recommendations = (*older, (max(at, now), replicas, workers))
+    defaults = ScalingState(current=state.current)
+    fresh = {name: getattr(defaults, name) for name in MEASURED_EACH_POLL}
+    return replace(state, recommendations=recommendations, **fresh)

@@ -1,9 +1,13 @@
 """Helpers for the OrderedConsumer status: conditions (API conventions, one writer per type) and the
 policy state. Pure, except that ``write_conditions`` hands kopf a function to apply to the patch.
 
-The policy's memory (recent recommendations, learned per-worker rate, last lag sample) lives in
-the resource's status, so the operator itself is stateless: a restarted or failed-over operator
-continues exactly where the previous one stopped.
+The policy's memory lives in the operator's process between polls (``context.PollMemory``), in the
+``state_to_status`` form read back by ``state_from_status``, because status is written only when
+something in it changed. What a restarted or failed-over operator resumes from is the part of it kept
+in ``status.autoscaler`` (the windows' recommendations, the rate limits' replica changes, what was
+learned, the failed observations in a row), written at a bounded rate; what describes the last poll or
+two (the lag sample, the pods' totals) is measured again. ``restart`` says what survives and when it
+is written.
 """
 
 from __future__ import annotations
@@ -167,9 +171,13 @@ def _optional_int(data: Any) -> int | None:
 def state_from_status(status: dict[str, Any], spec: OrderedConsumerSpec, replicas: int | None) -> ScalingState:
     """The policy state kept in status (or the starting state of a new resource). Fields written by
     an older release are read where they mean the same, and dropped (learned again) where not."""
-    memory = status.get("autoscaler") or {}
     workers = status.get("workersPerPod") or spec.workers.initial
     current = Size(replicas if replicas is not None else max(spec.replicas.min, 1), workers)
+    return state_from_memory(status.get("autoscaler") or {}, current)
+
+
+def state_from_memory(memory: dict[str, Any], current: Size) -> ScalingState:
+    """The policy state from its ``state_to_status`` form (times in seconds), at size ``current``."""
     totals = memory.get("podTotals")
     try:
         source = RateSource(memory.get("rateSource") or RateSource.NONE.value)
@@ -252,14 +260,18 @@ def state_to_status(state: ScalingState) -> dict[str, Any]:
     }
 
 
-def memory_after(decision: Decision, spec: OrderedConsumerSpec) -> dict[str, Any]:
-    """The policy's memory to keep in status after ``decision``: in recommend-only mode the group kept
-    its size, so the memory says nothing was applied (``policy.unapplied``). The operator's poll and
-    ``keyorder simulate`` both store it through here."""
-    state = decision.state
+def state_after(decision: Decision, spec: OrderedConsumerSpec) -> ScalingState:
+    """The policy's state to keep after ``decision``: in recommend-only mode the group kept its size, so
+    the state says nothing was applied (``policy.unapplied``)."""
     if spec.scaling.mode is ScalingMode.RECOMMEND:
-        state = unapplied(state, decision.before)
-    return state_to_status(state)
+        return unapplied(decision.state, decision.before)
+    return decision.state
+
+
+def memory_after(decision: Decision, spec: OrderedConsumerSpec) -> dict[str, Any]:
+    """The policy's memory to keep after ``decision`` (``state_after``), in the ``state_to_status`` form.
+    The operator's poll (in its process) and ``keyorder simulate`` both keep it through here."""
+    return state_to_status(state_after(decision, spec))
 
 
 def sample_from_status(status: dict[str, Any]) -> LagSample | None:

@@ -1,0 +1,328 @@
+"""What survives an operator restart (``keyorder_operator.restart``): the autoscaler's record in
+``status.autoscaler`` (its round trip, what it leaves out, the write rate), the windows' short memory
+(``policy.window_memory``) deciding as the whole history, a restarted policy deciding as the process it
+replaces, and the first polls after a start spread over the interval. Time is a parameter throughout."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from dataclasses import fields, replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyorder_operator.policy import (
+    MEASURED_EACH_POLL,
+    Limited,
+    LimitKind,
+    Observation,
+    RateSource,
+    ScalingState,
+    Size,
+    decide,
+    resumed,
+    stabilized,
+    window_memory,
+)
+from keyorder_operator.restart import (
+    AUTOSCALER_SAVE_SECONDS,
+    NOT_RECORDED,
+    RecordError,
+    existed_before,
+    first_poll_at,
+    instant,
+    record_changes,
+    record_of,
+    save_due,
+    saved_at,
+    state_from_record,
+)
+from keyorder_operator.status import state_to_status
+from tests.unit.policy_fixtures import LIMITS
+
+T0 = 1_750_000_000.0
+"""A wall-clock moment (June 2025): the policy's times are seconds since the epoch."""
+
+LEARNED = ScalingState(
+    current=Size(3, 8),
+    recommendations=((T0 + 10.25, 4, 8), (T0 + 25.5, 3, 8)),
+    per_worker_rate=92.5,
+    rate_source=RateSource.HANDLER_TIME,
+    rate_samples=(50.0,),
+    efficiency_samples=(0.9, 0.95),
+    handler_time=0.0102,
+    arrival_samples=(400.0, 410.5, 399.0),
+    drainable_lag=12_345,
+    settled=False,
+    pod_totals=(1_000, 10.5, 2, 3, 4.25),
+    pod_totals_at=T0 + 25.5,
+    idle_polls=1,
+    failed_observations=2,
+    held_polls=1,
+    silent_polls=2,
+    replica_changes=((T0 + 25.5, 4),),
+    limit=Limited(LimitKind.HOT_KEY, "scaling cannot help: ..."),
+    limit_gone_polls=1,
+    workload="abc123",
+    cpu_workers_per_pod=2,
+    polled_at=T0 + 25.5,
+    saturated=True,
+    step_started_at=T0 + 25.5,
+    step_seconds=(12.5, 20.0),
+)
+"""A state with every field away from its default."""
+
+
+def through_the_api_server(record: dict) -> dict:
+    return json.loads(json.dumps(record))
+
+
+def test_the_record_round_trips_what_a_restart_resumes():
+    record = through_the_api_server(record_of(LEARNED, T0 + 26))
+    assert record["savedAt"] == "2025-06-15T15:07:06.000Z"
+    assert record["recommendations"] == [["2025-06-15T15:06:50.250Z", 4, 8], ["2025-06-15T15:07:05.500Z", 3, 8]]
+    assert record["replicaChanges"] == [["2025-06-15T15:07:05.500Z", 4]]
+    assert record["stepStartedAt"] == "2025-06-15T15:07:05.500Z"
+    assert saved_at(record) == T0 + 26
+    back = state_from_record(record, LEARNED.current)
+    defaults = ScalingState(current=LEARNED.current)
+    measured_again = {name: getattr(defaults, name) for name in MEASURED_EACH_POLL}
+    assert back == replace(LEARNED, **measured_again)
+    assert resumed(back, T0 + 90) == replace(
+        LEARNED, recommendations=((T0 + 10.25, 4, 8), (T0 + 90, 3, 8)), **measured_again
+    )
+
+
+def test_the_record_leaves_out_exactly_what_is_measured_each_poll():
+    """Every field of the policy's state is either in the record or measured again after a restart."""
+    defaults = ScalingState(current=LEARNED.current)
+    measured = replace(LEARNED, **{name: getattr(defaults, name) for name in MEASURED_EACH_POLL})
+    changed_keys = {key for key, value in state_to_status(LEARNED).items() if state_to_status(measured)[key] != value}
+    assert changed_keys == NOT_RECORDED
+    assert not NOT_RECORDED & set(record_of(LEARNED, T0))
+    assert {f.name for f in fields(ScalingState)} >= set(MEASURED_EACH_POLL)
+
+
+def test_times_are_kept_to_the_millisecond():
+    assert instant(T0 + 0.0004) == "2025-06-15T15:06:40.000Z"
+    assert instant(T0 + 0.9996) == "2025-06-15T15:06:41.000Z"
+    assert instant(T0 + 12.3456) == "2025-06-15T15:06:52.346Z"
+
+
+def test_a_record_an_older_release_wrote_is_read():
+    """Until this release, status held the whole state, times in seconds, with no ``savedAt``."""
+    old = through_the_api_server(state_to_status(LEARNED))
+    state = state_from_record(old, LEARNED.current)
+    assert state.recommendations == LEARNED.recommendations
+    assert state.replica_changes == LEARNED.replica_changes
+    assert state.step_started_at == LEARNED.step_started_at
+    assert saved_at(old) is None
+    assert resumed(state, T0 + 90).pod_totals is None, "a stale pod total would measure a rate over the outage"
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        ([1, 2], "status.autoscaler: expected a map"),
+        ({"recommendations": "often"}, "status.autoscaler.recommendations: expected a list"),
+        ({"recommendations": [[T0, 3]]}, "status.autoscaler.recommendations[0]: expected a list of 3 items"),
+        ({"recommendations": [["yesterday", 3, 8]]}, "status.autoscaler.recommendations[0][0]: 'yesterday'"),
+        ({"recommendations": [[T0, -1, 8]]}, "status.autoscaler.recommendations[0][1]: expected a count"),
+        ({"replicaChanges": [[T0, "two"]]}, "status.autoscaler.replicaChanges[0][1]: expected a count"),
+        ({"stepStartedAt": True}, "status.autoscaler.stepStartedAt: expected an ISO 8601 time"),
+        ({"savedAt": "soon"}, "status.autoscaler.savedAt: 'soon' is not an ISO 8601 time"),
+    ],
+)
+def test_an_unreadable_record_is_refused_naming_the_field(record, field):
+    with pytest.raises(RecordError, match="^" + field.replace("[", r"\[").replace("]", r"\]")):
+        state_from_record(record, Size(1, 16))
+        saved_at(record)
+
+
+# -- the windows' short memory ---------------------------------------------------------------------------
+
+recommendation_steps = st.lists(
+    st.tuples(st.integers(1, 40), st.integers(0, 6), st.integers(1, 5)), min_size=1, max_size=40
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(recommendation_steps, st.sampled_from([0, 30, 60]), st.sampled_from([0, 45, 120]))
+def test_the_short_memory_decides_as_the_whole_history(steps, up_window, down_window):
+    """Whatever is recommended, the windows stabilize every later recommendation the same from the short
+    memory as from every recommendation made: so it is what status keeps."""
+    limits = replace(LIMITS, scale_up_window_seconds=up_window, scale_down_window_seconds=down_window)
+    now, whole, short = T0, [], ()
+    for gap, replicas, workers in steps:
+        now += gap
+        for recommended in (Size(0, 1), Size(1, 3), Size(3, 2), Size(6, 5)):
+            for current in (Size(1, 1), Size(2, 4), Size(5, 3)):
+                expected = stabilized(recommended, current, tuple(whole), now, limits, 8)
+                assert stabilized(recommended, current, short, now, limits, 8) == expected
+        whole.append((now, replicas, workers))
+        short = window_memory((*short, (now, replicas, workers)), now, limits)
+        assert short[-1] == whole[-1], "the newest recommendation is always kept"
+
+
+def test_a_steady_recommendation_is_one_entry():
+    short: tuple = ()
+    for poll in range(200):
+        short = window_memory((*short, (T0 + 5 * poll, 4, 16)), T0 + 5 * poll, LIMITS)
+    assert short == ((T0 + 995, 4, 16),)
+
+
+# -- a restart decides as the process it replaces -----------------------------------------------------------
+
+
+START = Size(3, 16)
+
+
+def run(steps, restarts=(), every=AUTOSCALER_SAVE_SECONDS, start=START):
+    """Feed ``(time, lag)`` steps through ``decide`` as the operator's poll does: the record is written
+    by the poll's rule (``record_changes``, ``save_due``), and at each time in ``restarts`` a new operator
+    resumes from it (through JSON, as the API server keeps it). The targets, and when the record was written."""
+    state, record, last_saved = ScalingState(start), None, None
+    targets, writes = [], []
+    for now, lag in steps:
+        if now in restarts:
+            assert record is not None, "nothing to resume from"
+            state = resumed(state_from_record(through_the_api_server(record), state.current), now)
+            last_saved = saved_at(record)
+        drain = min(100.0 * state.current.capacity, lag) if lag else 0.0
+        decision = decide(Observation(lag=lag, partitions=4, drain_rate=drain), LIMITS, state, now)
+        state = decision.state
+        targets.append(decision.target)
+        stored = state_from_record(record, state.current) if record is not None else None
+        if save_due(record_changes(stored, state, LIMITS, now), decision.scaled, last_saved, now, every):
+            record, last_saved = record_of(state, now), now
+            writes.append(now)
+    return targets, writes
+
+
+BACKLOG_THEN_DRAINED = [
+    (T0 + t, lag) for t, lag in [(0, 6_000_000), (60, 6_000_000), (120, 0), (200, 0), (330, 0), (379, 0)]
+]
+"""A backlog sizes the group at 4 x 50 and keeps it there until 60 s; drained at 120 s, 1 x 16 is recommended
+from then on, and the 300 s window (counted from 60 s, the last recommendation of 4 x 50) lets it in at 360 s."""
+
+
+def test_without_a_restart_the_window_holds_the_scale_down_until_it_ends():
+    targets, writes = run(BACKLOG_THEN_DRAINED)
+    assert targets == [Size(4, 50)] * 5 + [Size(1, 16)]
+    # written with the resize, when the rate was no longer learned from the drain, at the first lower
+    # recommendation, with the resize
+    assert writes == [T0, T0 + 60, T0 + 120, T0 + 379]
+
+
+@pytest.mark.parametrize("restart", [200, 330, 379])
+def test_a_restart_inside_the_window_decides_as_the_process_it_replaces(restart):
+    """The recommendation of 4 x 50 made at 60 s survives the restart, and so does the lower one made
+    since. (The old operator kept in status only what it had at the resize at 0 s: restarted at 200 s,
+    it scaled down at 330 s, inside the window.)"""
+    continuous, _ = run(BACKLOG_THEN_DRAINED)
+    restarted, _ = run(BACKLOG_THEN_DRAINED, restarts={T0 + restart})
+    assert restarted == continuous
+
+
+@pytest.mark.parametrize("restart", [60, 120, 200, 330, 379])
+def test_a_restart_never_scales_down_sooner(restart):
+    """A restart before the poll that recommends less takes the newest recommendation status has as made
+    at the restart: the scale-down may come later (by up to the time between the two), never sooner."""
+    continuous, _ = run(BACKLOG_THEN_DRAINED)
+    restarted, _ = run(BACKLOG_THEN_DRAINED, restarts={T0 + restart})
+    for before, after in zip(continuous, restarted, strict=True):
+        assert (after.replicas, after.capacity) >= (before.replicas, before.capacity), (continuous, restarted)
+
+
+def test_a_restart_before_the_lower_recommendation_was_written_holds_a_whole_window():
+    """With a write rate that kept the first lower recommendation out of status, a restart takes the newest
+    one status has (4 x 50) as made at the restart: it never scales down sooner than the old process."""
+    targets, writes = run(BACKLOG_THEN_DRAINED, restarts={T0 + 200}, every=1_000)
+    assert writes[:1] == [T0] and T0 + 120 not in writes
+    assert targets[:5] == [Size(4, 50)] * 5
+
+
+# -- the write rate ---------------------------------------------------------------------------------------
+
+
+def polls(recommended, every=AUTOSCALER_SAVE_SECONDS, interval=5.0, resized_at=()):
+    """Polls every ``interval`` s for 10 minutes whose recommendation at poll i is ``recommended(i)``; the
+    times the record was written."""
+    state, record, last_saved, writes = ScalingState(Size(4, 16)), None, None, []
+    for poll in range(120):
+        now = T0 + interval * poll
+        replicas = recommended(poll)
+        state = replace(
+            state, recommendations=window_memory((*state.recommendations, (now, replicas, 16)), now, LIMITS)
+        )
+        stored = state_from_record(record, state.current) if record is not None else None
+        if save_due(record_changes(stored, state, LIMITS, now), poll in resized_at, last_saved, now, every):
+            record, last_saved = record_of(state, now), now
+            writes.append(now - T0)
+    return writes
+
+
+def test_a_steady_resource_writes_its_record_once():
+    assert polls(lambda poll: 4) == [0.0]
+
+
+def test_a_memory_that_changes_every_poll_is_written_at_most_once_per_save_interval():
+    writes = polls(lambda poll: 1 + poll % 4)  # a new recommendation on every poll
+    assert writes[0] == 0.0
+    gaps = [later - earlier for earlier, later in itertools.pairwise(writes)]
+    assert gaps and min(gaps) >= AUTOSCALER_SAVE_SECONDS
+    assert len(writes) <= 600 / AUTOSCALER_SAVE_SECONDS + 1
+
+
+def test_a_resize_writes_the_record_with_it():
+    """A resize writes status anyway: the record rides along, whatever the rate."""
+    writes = polls(lambda poll: 4 if poll < 7 else 2, every=10_000, resized_at={7})
+    assert writes == [0.0, 35.0]
+
+
+def test_counts_of_polls_in_a_row_matter_up_to_where_they_act():
+    limits = replace(LIMITS, fallback_after=3)
+    stored = as_stored = replace(LEARNED, failed_observations=3, silent_polls=2)
+    assert record_changes(as_stored, replace(stored, failed_observations=7, silent_polls=9), limits, T0 + 30) == ()
+    assert record_changes(as_stored, replace(stored, failed_observations=0), limits, T0 + 30) == (
+        "failedObservations",
+    ), "a reset count written late would make a restarted operator fall back after one failure"
+    no_fallback = replace(LIMITS, fallback_after=0)
+    assert record_changes(as_stored, replace(stored, failed_observations=0), no_fallback, T0 + 30) == ()
+
+
+def test_a_learned_figure_is_written_when_it_moved_beyond_the_tolerance():
+    drifted = replace(LEARNED, efficiency_samples=(0.9, 0.95, 0.93))  # median 0.925 -> 0.93
+    moved = replace(LEARNED, efficiency_samples=(0.7, 0.72))  # median 0.925 -> 0.71
+    assert record_changes(LEARNED, drifted, LIMITS, T0 + 30) == ()
+    assert record_changes(LEARNED, moved, LIMITS, T0 + 30) == ("learned",)
+    assert record_changes(LEARNED, replace(LEARNED, workload="new-image"), LIMITS, T0 + 30) == ("learned",)
+
+
+def test_nothing_stored_is_written_at_once():
+    assert save_due(record_changes(None, LEARNED, LIMITS, T0), False, T0 - 1, T0, 1_000)
+
+
+# -- the first polls after a start ----------------------------------------------------------------------
+
+
+def test_first_polls_are_spread_evenly_over_the_interval():
+    started, interval = T0, 15.0
+    uids = [str(uuid.uuid5(uuid.NAMESPACE_URL, f"okc-{n}")) for n in range(10_000)]
+    moments = [first_poll_at(uid, started, interval) for uid in uids]
+    assert all(started <= at < started + interval for at in moments)
+    counts = [0] * 10
+    for at in moments:
+        counts[int((at - started) / interval * 10)] += 1
+    assert all(850 <= count <= 1_150 for count in counts), counts
+    assert first_poll_at(uids[0], started + 60, interval) == moments[0] + 60, "a resource keeps its moment"
+
+
+def test_only_resources_that_existed_before_the_start_wait_for_their_moment():
+    started = T0 + 0.7  # 2025-06-15T15:06:40.700Z
+    assert existed_before("2025-06-15T15:06:39Z", started)
+    assert not existed_before("2025-06-15T15:06:40Z", started), "created in the second the operator started"
+    assert not existed_before(None, started)
