@@ -26,6 +26,15 @@ decisions they sit at zero pods and every poll decides the same (issue 35's scen
 
     .venv/bin/python -m tools.operator_scale_bench --resources 500 --scale-to-zero --by-path
 
+``--pods N`` is the memory scenario (issue 35): every resource runs N pods (``replicas.min`` = ``max`` = N) and
+its handler has a 40-variable environment; the pods are objects only (``tests.operator.fleet``), shaped as a
+cluster returns them (``managedFields``, the kubelet's status, the owner reference: ``tests.operator.
+cluster_objects``), Ready at loopback addresses nothing listens on. The peak RSS is the kernel's high-water
+mark of the operator process (``VmHWM``), start-up and the first listings included. ``--operator-pythonpath``
+runs the operator from another checkout's ``operator/`` directory (a before/after comparison):
+
+    .venv/bin/python -m tools.operator_scale_bench --resources 500 --pods 3 --seconds 60
+
 Prints a table per N and writes ``operator-scale-bench.json``. One process at a time on the machine:
 the figures are about the operator's share of two cores.
 """
@@ -54,7 +63,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from keyorder.devtools.embedded import EmbeddedBroker, free_port
 from keyorder.devtools.loadgen import create_topics, produce_keyed
+from tests.operator.cluster_objects import long_env
 from tests.operator.emulator import Emulator
+from tests.operator.fleet import ObjectFleet
 from tests.operator.harness import CR, serve_emulator, stop_process, write_kubeconfig
 from tests.operator.status_audit import AuditCounts, StatusAudit
 
@@ -112,7 +123,7 @@ def silent_kafka() -> Iterator[str]:
         listener.close()
 
 
-def resource(name: str, bootstrap: str, interval: int, scale_to_zero: bool = False) -> dict[str, Any]:
+def resource(name: str, bootstrap: str, interval: int, scale_to_zero: bool = False, pods: int = 0) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "kafka": {"bootstrapServers": bootstrap, "topics": [TOPIC], "groupId": f"g-{name}"},
         "handler": {"image": "registry.example/orders:1.0", "handler": "orders.handler:handle"},
@@ -122,6 +133,9 @@ def resource(name: str, bootstrap: str, interval: int, scale_to_zero: bool = Fal
         spec["kafka"]["topics"] = [EMPTY_TOPIC]
         spec["replicas"] = {"min": 0}
         spec["scaling"].update(scaleToZero=True, scaleDownStabilizationSeconds=0)
+    if pods:  # the memory scenario: a fixed size, and a handler environment as production ones are
+        spec["replicas"] = {"min": pods, "max": pods}
+        spec["handler"]["env"] = long_env()
     return {"apiVersion": "keyorder.dev/v1alpha1", "kind": "OrderedConsumer", "metadata": {"name": name}, "spec": spec}
 
 
@@ -147,6 +161,14 @@ def process_usage(pid: int) -> tuple[float, int, int]:
     return cpu, rss, int(status["Threads"])
 
 
+def peak_rss(pid: int) -> int:
+    """The most resident memory the process ever had, in bytes (the kernel's ``VmHWM``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/{pid}/status has no VmHWM line")
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
@@ -160,20 +182,29 @@ def run_one(
     broker: EmbeddedBroker,
     work: Path,
     scale_to_zero: bool = False,
+    pods: int = 0,
+    operator_pythonpath: str | None = None,
 ) -> dict[str, Any]:
     counts = RequestCounts()
     counts.install()
     unreachable = max(round(count * UNREACHABLE_SHARE), 1)
-    with silent_kafka() as dead, StatusAudit().installed() as audit, serve_emulator() as kube:
+    with (
+        silent_kafka() as dead,
+        StatusAudit().installed() as audit,
+        serve_emulator() as kube,
+        ObjectFleet(kube, running=bool(pods)) as fleet,
+    ):
         names = [f"ok-{index:04d}" for index in range(count - unreachable)]
         dead_names = [f"dead-{index:04d}" for index in range(unreachable)]
         for name in names:
-            kube.create(CR, resource(name, broker.bootstrap, interval, scale_to_zero))
+            kube.create(CR, resource(name, broker.bootstrap, interval, scale_to_zero, pods))
         for name in dead_names:
-            kube.create(CR, resource(name, dead, interval, scale_to_zero))
+            kube.create(CR, resource(name, dead, interval, scale_to_zero, pods))
         metrics_port, liveness_port = free_port(), free_port()
         kubeconfig = write_kubeconfig(kube.url, work / f"kubeconfig-{count}")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}
+        if operator_pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [operator_pythonpath, env.get("PYTHONPATH")]))
         command = [sys.executable, "-m", "keyorder.cli", "operator", "--metrics-port", str(metrics_port)]
         command += ["--liveness", f"http://127.0.0.1:{liveness_port}/healthz", "--log-level", "WARNING"]
         log_path = work / f"operator-{count}.log"
@@ -183,6 +214,10 @@ def run_one(
             result = measure(count, interval, seconds, settle, names, operator, metrics_port, counts, audit)
             sizes = {item["metadata"]["name"]: (item.get("status") or {}).get("replicas") for item in kube.list(CR)}
             result["healthy_at_zero_replicas"] = sum(1 for name in names if sizes.get(name) == 0)
+            result["rss_peak_mb"] = round(peak_rss(operator.pid) / 2**20, 1)
+            result["pods"] = fleet.pods
+            if fleet.errors:
+                print(f"  N={count}: the pods' stand-in met {len(fleet.errors)} errors; the first: {fleet.errors[0]}")
             return result
         finally:
             stop_process(operator)
@@ -278,14 +313,15 @@ def measure(
 
 def render(results: list[dict[str, Any]]) -> str:
     header = (
-        "| resources | poll gap p50 / p95 / max (s) | p95 / interval | max / interval | CPU (cores) | RSS (MB) "
+        "| resources | poll gap p50 / p95 / max (s) | p95 / interval | max / interval | CPU (cores) | RSS, peak (MB) "
         "| threads | reads / poll | writes / poll | status writes / s (stored) | times moved | HPA lists / s |"
     )
     lines = [header, "|" + "---|" * 12]
     for row in results:
         lines.append(
             f"| {row['resources']} | {row['gap_p50']} / {row['gap_p95']} / {row['gap_max']} | "
-            f"{row['gap_p95_ratio']}x | {row['gap_max_ratio']}x | {row['cpu_cores']} | {row['rss_mb']} | "
+            f"{row['gap_p95_ratio']}x | {row['gap_max_ratio']}x | {row['cpu_cores']} | "
+            f"{row['rss_mb']} (peak {row.get('rss_peak_mb')}) | "
             f"{row['threads']} | {row['reads_per_poll']} | {row['writes_per_poll']} | "
             f"{row['status_write_requests_per_second']} ({row['status_changes_per_second']}) | "
             f"{row['times_moved_without_change']} | {row['hpa_lists_per_second']} |"
@@ -308,7 +344,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the healthy resources read an empty topic and rest at zero pods (replicas.min 0, scaleToZero)",
     )
+    parser.add_argument(
+        "--pods",
+        type=int,
+        default=0,
+        help="every resource runs this many pods, objects shaped as a cluster returns them (the memory scenario)",
+    )
+    parser.add_argument(
+        "--operator-pythonpath",
+        help="run the operator from this directory (another checkout's operator/): a before/after comparison",
+    )
     args = parser.parse_args(argv)
+    if args.pods < 0:
+        parser.error(f"--pods must be 0 or more, got {args.pods}")
+    if args.pods and args.scale_to_zero:
+        parser.error("--pods fixes every resource's size; --scale-to-zero rests them at zero: choose one")
     try:
         sizes = [int(part) for part in args.resources.split(",") if part.strip()]
     except ValueError:
@@ -321,7 +371,17 @@ def main(argv: list[str] | None = None) -> int:
         produce_keyed(broker.bootstrap, TOPIC, 2_000, 50, extra_config={"batch.num.messages": 1})
         for size in sizes:
             results.append(
-                run_one(size, args.interval, args.seconds, args.settle, broker, Path(work), args.scale_to_zero)
+                run_one(
+                    size,
+                    args.interval,
+                    args.seconds,
+                    args.settle,
+                    broker,
+                    Path(work),
+                    args.scale_to_zero,
+                    args.pods,
+                    args.operator_pythonpath,
+                )
             )
             print(render(results[-1:]), flush=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
