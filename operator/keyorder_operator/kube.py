@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from keyorder.config import decode_properties
 from keyorder_operator.cache import POD, WATCH_SELECTORS, kept_object
+from keyorder_operator.refusals import Refusal, refusal_of
 
 if TYPE_CHECKING:
     from kubernetes.client import V1ObjectMeta, V1Pod
@@ -65,6 +66,15 @@ API_CALLS = {
 
 class JobConflict(RuntimeError):
     """A Job with the wanted name exists but was not created for this purpose."""
+
+
+class ApplyRefused(RuntimeError):
+    """The API server refused an apply for what the object is (``refusals.refusal_of``: 422 Invalid, or an
+    applied configuration that fails typed validation): sending it again would fail again."""
+
+    def __init__(self, refusal: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
 
 
 def _secret_value(secret: Any, namespace: str, name: str, key: str) -> str:
@@ -174,18 +184,25 @@ class Kube:
 
     def apply(self, desired: dict[str, Any], field_manager: str = FIELD_MANAGER) -> str:
         """Server-side apply ``desired`` (created if missing), forcing ownership of every field in it;
-        returns the applied object's resourceVersion."""
+        returns the applied object's resourceVersion. ``ApplyRefused`` when the API server refuses the object
+        itself (retrying cannot help); any other failure is raised as it came."""
         name, namespace = desired["metadata"]["name"], desired["metadata"]["namespace"]
         if desired["kind"] == "Deployment" and desired["spec"].get("strategy", {}).get("type") == "Recreate":
             self._drop_rolling_update(namespace, name)
-        applied = self._apply_call(desired["kind"])(
-            name,
-            namespace,
-            desired,
-            field_manager=field_manager,
-            force=True,
-            _content_type=APPLY_CONTENT_TYPE,
-        )
+        try:
+            applied = self._apply_call(desired["kind"])(
+                name,
+                namespace,
+                desired,
+                field_manager=field_manager,
+                force=True,
+                _content_type=APPLY_CONTENT_TYPE,
+            )
+        except ApiException as error:
+            refusal = refusal_of(desired["kind"], int(error.status or 0), error.body)
+            if refusal is None:
+                raise  # temporary, as far as anyone can tell: retried
+            raise ApplyRefused(refusal, f"{error.status} applying {desired['kind']} {namespace}/{name}") from error
         if self.cache is not None:  # write-through: the next check sees this version, not a stale event
             self.cache.put(desired["kind"], self.client.sanitize_for_serialization(applied))
         return str(applied.metadata.resource_version)

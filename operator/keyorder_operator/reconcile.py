@@ -5,11 +5,14 @@ tests (real kopf against an API emulator) run exactly the same code. Per resourc
 
 * on create/update/resume: validate the spec (invalid: ``InvalidSpec`` condition + Event, and
   nothing is touched), then apply the owned objects (``objects``): admin Secret, ServiceAccount,
-  Deployment, metrics Service and PodDisruptionBudget;
-* on a timer, every ``scaling.pollIntervalSeconds``: one ``poll.Poll`` re-applies the owned objects
-  (self-repair), observes lag in Kafka and the pods' reports, decides, scales the Deployment, pushes
-  the worker count to the ready pods and explains it in status, Events and metrics; or it advances a
-  catch-up hand-over (``handover``);
+  Deployment, metrics Service and PodDisruptionBudget. An object the API server refuses for what it
+  is (``kube.ApplyRefused``: 422 Invalid, a keyed list with a repeated key) makes the spec invalid
+  too: ``InvalidSpec`` names the spec field it was built from, and the apply is not retried until the
+  spec changes or the operator restarts (it would fail the same way); any other failure is retried;
+* on a timer, every ``scaling.pollIntervalSeconds``, unless the spec is invalid: one ``poll.Poll``
+  re-applies the owned objects (self-repair), observes lag in Kafka and the pods' reports, decides,
+  scales the Deployment, pushes the worker count to the ready pods and explains it in status, Events
+  and metrics; or it advances a catch-up hand-over (``handover``);
 * on every watch event of an owned object or a consumer pod: keep it in the cache the polls read
   (``cache``), so a steady poll reads nothing from the API server;
 * on delete: forget the resource's metric series and applied objects, and close its Kafka client;
@@ -27,6 +30,7 @@ import kopf
 from keyorder_operator.cache import OwnedObjectsCache
 from keyorder_operator.cache import register as watch_owned_objects
 from keyorder_operator.context import OperatorContext
+from keyorder_operator.kube import ApplyRefused
 from keyorder_operator.objects import apply_owned_objects
 from keyorder_operator.poll import Poll
 from keyorder_operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, OrderedConsumerSpec, name_problem, parse_spec
@@ -50,14 +54,23 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, field="spec", registry=registry)
     def reconcile_objects(body: Any, meta: Any, status: Any, patch: kopf.Patch, **_: Any) -> None:
-        spec = validated(body, patch, context.clock())
-        if spec is None:
+        now = context.clock()
+        try:
+            spec = checked(body)
+        except InvalidSpec as error:
+            report_validity(body, patch, error, now)
             return
         try:
             apply_owned_objects(context.kube, spec, meta, status, context.applied, always=True)
+        except ApplyRefused as refused:  # the object as built is refused: no retry can help, the spec must change
+            context.metrics.errors.labels(meta["namespace"], meta["name"]).inc()
+            report_validity(body, patch, InvalidSpec(refused.refusal.problems()), now)
+            return
         except Exception as error:
+            report_validity(body, patch, None, now)
             context.metrics.errors.labels(meta["namespace"], meta["name"]).inc()
             raise kopf.TemporaryError(f"applying objects failed: {error}", delay=10) from error
+        report_validity(body, patch, None, now)
         patch.status["observedGeneration"] = meta.get("generation")
 
     # optional: this handler adds no finalizer of its own; kopf still puts one on every OrderedConsumer for
@@ -73,28 +86,33 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             spec = parse_spec(dict(body.get("spec") or {}))
         except InvalidSpec:
             return  # reported by reconcile_objects; nothing is scaled for an invalid spec
+        if condition_is(list((status or {}).get("conditions") or []), "InvalidSpec"):
+            return  # the API server refused the objects built from it (reconcile_objects): the same
         with context.polling(str(meta.get("uid") or ""), meta["namespace"], meta["name"]) as alive:
             if alive:
                 Poll(context, body, meta, spec, dict(status or {}), patch, context.clock()).run()
 
 
-def validated(body: Any, patch: kopf.Patch, now: float) -> OrderedConsumerSpec | None:
-    """The parsed spec, or None after reporting it (the name too: the CRD refuses a bad one, but an
-    older CRD may not); a valid spec clears a previous InvalidSpec."""
+def checked(body: Any) -> OrderedConsumerSpec:
+    """The resource's parsed spec; ``InvalidSpec`` for a bad spec, or a bad name (the CRD refuses one, but an
+    older CRD may not)."""
+    problem = name_problem(str((body.get("metadata") or {}).get("name") or ""))
+    if problem is not None:
+        raise InvalidSpec([("metadata.name", problem)])
+    return parse_spec(dict(body.get("spec") or {}))
+
+
+def report_validity(body: Any, patch: kopf.Patch, invalid: InvalidSpec | None, now: float) -> None:
+    """The ``InvalidSpec`` condition: true with the problems (and a Warning Event when it starts or its message
+    changes) for ``invalid``, else false once a previous one is cleared. Invalid is the spec itself, or the
+    objects built from it that the API server refused (``kube.ApplyRefused``)."""
     conditions = list((body.get("status") or {}).get("conditions") or [])
-    try:
-        problem = name_problem(str((body.get("metadata") or {}).get("name") or ""))
-        if problem is not None:
-            raise InvalidSpec([("metadata.name", problem)])
-        spec = parse_spec(dict(body.get("spec") or {}))
-    except InvalidSpec as error:
+    if invalid is not None:
         before: dict[str, Any] = next((c for c in conditions if c.get("type") == "InvalidSpec"), {})
-        if not condition_is(conditions, "InvalidSpec") or before.get("message") != str(error):
-            kopf.warn(body, reason="InvalidSpec", message=str(error))
-        invalid = set_condition(conditions, "InvalidSpec", True, "InvalidSpec", str(error), now)
-        write_conditions(patch, invalid, SPEC_CONDITIONS)
-        return None
-    if condition_is(conditions, "InvalidSpec"):
+        if not condition_is(conditions, "InvalidSpec") or before.get("message") != str(invalid):
+            kopf.warn(body, reason="InvalidSpec", message=str(invalid))
+        updated = set_condition(conditions, "InvalidSpec", True, "InvalidSpec", str(invalid), now)
+        write_conditions(patch, updated, SPEC_CONDITIONS)
+    elif condition_is(conditions, "InvalidSpec"):
         valid = set_condition(conditions, "InvalidSpec", False, "Valid", "spec is valid", now)
         write_conditions(patch, valid, SPEC_CONDITIONS)
-    return spec
