@@ -26,6 +26,7 @@ from keyorder_operator.objects import AppliedObjects
 from keyorder_operator.observe import AdminClients, BoundedLagSource, KafkaLagSource, LagSource, LagUnavailable
 from keyorder_operator.operator_metrics import OperatorMetrics
 from keyorder_operator.pod_admin import fetch_reports, push_workers
+from keyorder_operator.restart import AUTOSCALER_SAVE_SECONDS
 from keyorder_operator.spec import OrderedConsumerSpec
 
 
@@ -33,12 +34,14 @@ from keyorder_operator.spec import OrderedConsumerSpec
 class PollMemory:
     """What one resource's poll keeps for the next one in the operator's memory, not in status: status is
     written only when what it shows changed, so a steady poll writes nothing. A restarted operator starts
-    from what status has (the autoscaler's memory is written there whenever the size changes)."""
+    from what status has: the part of the autoscaler's memory ``restart`` keeps in ``status.autoscaler``."""
 
     started_at: float | None = None
     """When the last poll started (wall clock): the schedule counts from it."""
     autoscaler: dict[str, Any] | None = None
     """The policy's memory after the last decision (``status.memory_after``)."""
+    autoscaler_saved_at: float | None = None
+    """When this process last wrote ``status.autoscaler`` (wall clock): the write rate counts from it."""
     last_sample: dict[str, Any] | None = None
     """The last lag sample (``status.sample_to_status``): rates are measured against it."""
 
@@ -70,6 +73,12 @@ class OperatorContext:
     """A failing cluster is asked again after the first period, doubling up to the second."""
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     applied: AppliedObjects = field(default_factory=AppliedObjects)
+    autoscaler_save_seconds: float = AUTOSCALER_SAVE_SECONDS
+    """At most one write of a resource's ``status.autoscaler`` in this many seconds, besides the one that
+    rides along with a resize (``restart.AUTOSCALER_SAVE_SECONDS``)."""
+    started_at: float | None = None
+    """When the operator started (wall clock; default: when the context is built): resources that existed
+    before are first polled spread over their first interval (``restart.first_poll_at``)."""
     _lag_sources: dict[tuple[str, str], tuple[tuple[tuple[str, str], ...], LagSource]] = field(default_factory=dict)
     _lag_sources_lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards ``_lag_sources``: kopf runs the handlers of different resources on different pool threads."""
@@ -78,6 +87,10 @@ class OperatorContext:
     _deleted_lock: threading.Lock = field(default_factory=threading.Lock)
     _memories: dict[tuple[str, str], PollMemory] = field(default_factory=dict)
     _memories_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.started_at is None:
+            self.started_at = self.clock()
 
     def poll_memory(self, namespace: str, name: str) -> PollMemory:
         """The resource's poll memory (empty for a resource this process has not polled yet)."""

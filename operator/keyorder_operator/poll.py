@@ -37,6 +37,17 @@ from keyorder_operator.policy import (
     Size,
     decide,
     net_drain_seconds,
+    resumed,
+)
+from keyorder_operator.restart import (
+    RecordError,
+    existed_before,
+    first_poll_at,
+    record_changes,
+    record_of,
+    save_due,
+    saved_at,
+    state_from_record,
 )
 from keyorder_operator.spec import PAUSE_ANNOTATION, OrderedConsumerSpec, ScalingMode
 from keyorder_operator.status import (
@@ -47,6 +58,7 @@ from keyorder_operator.status import (
     sample_from_status,
     sample_to_status,
     set_condition,
+    state_after,
     state_from_status,
     timestamp,
     write_conditions,
@@ -121,7 +133,18 @@ class Poll:
         last_poll = self.memory.started_at if self.memory.started_at is not None else self.status.get("lastPollAt")
         interval = self.spec.scaling.poll_interval_seconds
         slack = self.context.tick_seconds / 2
-        return not (isinstance(last_poll, int | float) and self.now - last_poll < max(interval - slack, slack))
+        if not isinstance(last_poll, int | float):
+            return self.first_poll_due(interval, slack)
+        return not self.now - last_poll < max(interval - slack, slack)
+
+    def first_poll_due(self, interval: float, slack: float) -> bool:
+        """The first poll of this resource since the operator started: one that existed before the start
+        waits for its own moment of the first interval (``restart.first_poll_at``), so a started operator
+        does not poll every resource on its first tick; one created since is polled at once."""
+        started = self.context.started_at
+        if started is None or not existed_before(self.meta.get("creationTimestamp"), started):
+            return True
+        return self.now >= first_poll_at(str(self.meta.get("uid") or self.name), started, interval) - slack
 
     @property
     def paused(self) -> bool:
@@ -195,9 +218,7 @@ class Poll:
             log.warning("%s/%s: re-applying the owned objects failed: %s", self.namespace, self.name, error)
 
     def size(self, replicas: int) -> None:
-        remembered = self.memory.autoscaler
-        kept = {**self.status, "autoscaler": remembered} if remembered is not None else self.status
-        state = state_from_status(kept, self.spec, replicas)
+        state = self.remembered_state(replicas)
         paused = self.paused
         observed = self.observe(state, replicas, paused)
         # recommend-only mode changes nothing, so beside another autoscaler is where it belongs
@@ -218,9 +239,7 @@ class Poll:
         self.explain_caveat(decision.caveat)
         self.memory.autoscaler = memory_after(decision, self.spec)
         applied = self.spec.scaling.mode is not ScalingMode.RECOMMEND
-        if (decision.scaled and applied) or not self.status.get("autoscaler"):
-            # status keeps what a restarted operator resumes from: written when the size changes, not per poll
-            self.patch.status["autoscaler"] = self.memory.autoscaler
+        self.keep_record(state_after(decision, self.spec), limits, resized=decision.scaled and applied)
         if self.spec.scaling.mode is ScalingMode.RECOMMEND:
             self.recommend(decision, current, paused, observed.pods)
             return
@@ -229,6 +248,41 @@ class Poll:
         if self.hand_over(observed, decision, limits, paused, replicas):
             return
         self.act(decision.target, decision.reason, decision.limited, decision.caveat, current, paused, observed.pods)
+
+    def remembered_state(self, replicas: int) -> ScalingState:
+        """The policy's state: this process's memory of the last poll or, on the first poll since the
+        operator started, what its predecessor kept in ``status.autoscaler``, resumed (``policy.resumed``)."""
+        remembered = self.memory.autoscaler
+        if remembered is not None:
+            return state_from_status({**self.status, "autoscaler": remembered}, self.spec, replicas)
+        fresh = state_from_status({**self.status, "autoscaler": None}, self.spec, replicas)
+        record = self.status.get("autoscaler")
+        if record is None:
+            return fresh
+        try:
+            stored = state_from_record(record, fresh.current)
+            self.memory.autoscaler_saved_at = saved_at(record)
+        except RecordError as error:
+            log.warning("%s/%s: %s; the autoscaler starts afresh", self.namespace, self.name, error)
+            return fresh
+        return resumed(stored, self.now)
+
+    def keep_record(self, state: ScalingState, limits: ScalingLimits, resized: bool) -> None:
+        """Write ``status.autoscaler`` when what a restarted operator would resume from differs from
+        ``state`` in a way that matters, at most once per ``autoscaler_save_seconds`` besides a resize
+        (``restart``). Compared with the record in status, so a write that was lost is made again."""
+        record = self.status.get("autoscaler")
+        stored: ScalingState | None = None
+        if record is not None:
+            try:
+                stored = state_from_record(record, state.current)
+            except RecordError as error:
+                log.warning("%s/%s: %s; it is written again", self.namespace, self.name, error)
+        changes = record_changes(stored, state, limits, self.now)
+        every = self.context.autoscaler_save_seconds
+        if save_due(changes, resized, self.memory.autoscaler_saved_at, self.now, every):
+            self.patch.status["autoscaler"] = record_of(state, self.now)
+            self.memory.autoscaler_saved_at = self.now
 
     def other_autoscaler(self, replicas: int) -> bool:
         """Whether another autoscaler (an HPA, or KEDA's) scales this Deployment: then the operator leaves
