@@ -202,7 +202,10 @@ class Kube:
             refusal = refusal_of(desired["kind"], int(error.status or 0), error.body)
             if refusal is None:
                 raise  # temporary, as far as anyone can tell: retried
-            raise ApplyRefused(refusal, f"{error.status} applying {desired['kind']} {namespace}/{name}") from error
+            causes = "; ".join(f"{field}: {message}" if field else message for field, message in refusal.causes)
+            raise ApplyRefused(
+                refusal, f"the API server refused {desired['kind']} {namespace}/{name}: {causes}"
+            ) from error
         if self.cache is not None:  # write-through: the next check sees this version, not a stale event
             self.cache.put(desired["kind"], self.client.sanitize_for_serialization(applied))
         return str(applied.metadata.resource_version)
