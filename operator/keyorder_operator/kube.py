@@ -117,14 +117,30 @@ def rolled_out(deployment: dict[str, Any] | None) -> bool:
     return ready >= wanted and updated >= wanted and (status.get("replicas") or 0) <= wanted
 
 
-def scaler_owns_replicas(deployment: dict[str, Any] | None) -> bool:
-    """The scaler's field manager owns the Deployment's ``spec.replicas`` (``metadata.managedFields``)."""
+def _applied_replicas(deployment: dict[str, Any] | None, manager: str) -> bool:
+    """``manager`` owns the Deployment's ``spec.replicas`` by server-side apply (``metadata.managedFields``)."""
     for entry in ((deployment or {}).get("metadata") or {}).get("managedFields") or ():
-        if entry.get("manager") == SCALE_FIELD_MANAGER and "f:replicas" in (
-            (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if (
+            entry.get("manager") == manager
+            and entry.get("operation", "Apply") == "Apply"
+            and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
         ):
             return True
     return False
+
+
+def scaler_owns_replicas(deployment: dict[str, Any] | None) -> bool:
+    """The scaler's field manager owns the Deployment's ``spec.replicas`` (``metadata.managedFields``)."""
+    return _applied_replicas(deployment, SCALE_FIELD_MANAGER)
+
+
+def replicas_to_hand_over(deployment: dict[str, Any] | None) -> bool:
+    """An older release's Deployment: the objects' manager applied ``spec.replicas`` and the scaler does not own
+    them, so the next apply of the object (which leaves them out) would remove them unless they are handed to
+    the scaler first. Not so when somebody else took them: an HPA's or ``kubectl scale``'s update makes its
+    writer their owner and takes them from every other manager, the objects' one included (server-side apply's
+    rule for updates), and then they are that writer's, not the operator's to take back."""
+    return _applied_replicas(deployment, FIELD_MANAGER) and not scaler_owns_replicas(deployment)
 
 
 def ready_addresses(pods: list[dict[str, Any]], selector: dict[str, str]) -> list[str]:
@@ -311,16 +327,48 @@ class Kube:
     def deployment_replicas(self, namespace: str, name: str) -> int | None:
         return replicas_of(self.deployment(namespace, name))
 
-    def scale(self, namespace: str, name: str, replicas: int) -> str:
+    def scale(self, namespace: str, name: str, replicas: int, *, expected: int | None = None) -> str | None:
         """Set a Deployment's replicas (server-side apply of that one field, by the scaler's own manager,
-        the only one that writes it); returns the resourceVersion."""
+        forced: the replicas are the autoscaler's); returns the resourceVersion.
+
+        With ``expected``, the replicas the caller decided from, only while the Deployment still has them: a
+        compare-and-swap. The apply carries the resourceVersion of a read that showed ``expected`` (the cache's,
+        else one from the API server), which the API server checks as it checks any update's (409 when the
+        object moved on), so a size somebody else wrote meanwhile (an HPA, ``kubectl scale``) is never
+        overwritten by a decision that did not see it, however far behind the watch is. A 409 is answered by
+        one fresh read: the same replicas (only something else changed: the status, say) are written at its
+        version; others mean the decision is stale, and nothing is written (None): the next poll decides from
+        the new size."""
+        if expected is None:
+            return self._apply_replicas(namespace, name, replicas, None)
+        deployment = self.deployment(namespace, name)
+        for fresh in (False, True):
+            if deployment is None or replicas_of(deployment) != expected:
+                return None  # gone (the repair recreates it), or the replicas moved: not this decision's to write
+            version = (deployment.get("metadata") or {}).get("resourceVersion")
+            if version:
+                try:
+                    return self._apply_replicas(namespace, name, replicas, str(version))
+                except ApiException as error:
+                    if error.status != 409:
+                        raise
+                    if fresh:
+                        return None  # it moved again between the fresh read and the write
+            deployment = self._read(self.apps.read_namespaced_deployment, namespace, name)
+            if self.cache is not None:
+                if deployment is None:
+                    self.cache.drop("Deployment", namespace, name)
+                else:
+                    self.cache.put("Deployment", deployment)
+        return None
+
+    def _apply_replicas(self, namespace: str, name: str, replicas: int, version: str | None) -> str:
+        """The scaler's apply of ``spec.replicas``; with ``version``, only onto that resourceVersion."""
+        metadata = {"name": name, "namespace": namespace}
+        if version is not None:
+            metadata["resourceVersion"] = version  # a precondition, as in any update
         return self.apply(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"replicas": replicas},
-            },
+            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": {"replicas": replicas}},
             field_manager=SCALE_FIELD_MANAGER,
         )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 import threading
 from typing import Any
@@ -31,8 +32,10 @@ from keyorder_operator.builders import (
     selector_labels,
     update_strategy,
 )
-from keyorder_operator.kube import Kube, replicas_of, scaler_owns_replicas
+from keyorder_operator.kube import Kube, replicas_of, replicas_to_hand_over
 from keyorder_operator.spec import OrderedConsumerSpec
+
+log = logging.getLogger(__name__)
 
 ObjectKey = tuple[str, str, str]
 """(namespace, owning resource's name, kind): a resource owns one object of each kind."""
@@ -78,10 +81,14 @@ def apply_owned_objects(
     else the minimum), which the scaler then applies too; every later apply of the object leaves
     replicas out, so the object's manager never writes a stale size over the scaler's, and a
     Deployment from an older release (replicas owned by the object's manager) has them handed to the
-    scaler first, at their current value. Its update strategy is a cut-over while the pods move
-    between an eager and a cooperative assignment strategy (``update_strategy``); during one, the
-    group's pods are listed from the API server on every call (terminating ones too, which the
-    Deployment's counts leave out): the cut-over ends only when none of the old kind is left.
+    scaler first, at their current value, only while they still have the value read (``Kube.scale``
+    with ``expected``); if they moved meanwhile, the Deployment waits for the next call. Replicas
+    somebody else owns (an HPA's or ``kubectl scale``'s update took them) are never taken back here:
+    the poll decides whether to scale (``poll.Poll.other_autoscaler``). Its update strategy is a
+    cut-over while the pods move between an eager and a cooperative assignment strategy
+    (``update_strategy``); during one, the group's pods are listed from the API server on every call
+    (terminating ones too, which the Deployment's counts leave out): the cut-over ends only when none
+    of the old kind is left.
     """
     namespace, name = meta["namespace"], meta["name"]
     owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
@@ -99,8 +106,13 @@ def apply_owned_objects(
         )
     else:
         replicas = None
-        if not scaler_owns_replicas(live_deployment):  # an older release's Deployment: hand them over first
-            kube.scale(namespace, name, live_replicas if live_replicas is not None else 1)
+    held = False
+    if replicas_to_hand_over(live_deployment) and live_replicas is not None:  # an older release's Deployment
+        held = kube.scale(namespace, name, live_replicas, expected=live_replicas) is None
+        if held:
+            log.info(
+                "%s/%s: the replicas moved while being handed to the scaler; the Deployment waits", namespace, name
+            )
     missing = []
     for desired in (
         build_service_account(owner),
@@ -110,6 +122,8 @@ def apply_owned_objects(
     ):
         kind, object_name = desired["kind"], desired["metadata"]["name"]
         key, wanted = (namespace, name, kind), fingerprint(desired)
+        if kind == "Deployment" and held:
+            continue  # applied without replicas it could remove them: not before the scaler holds them
         if not always:
             live_version = kube.resource_version(kind, namespace, object_name)
             if applied.unchanged(key, wanted, live_version):
@@ -117,7 +131,7 @@ def apply_owned_objects(
             if live_version is None:
                 missing.append(kind)
         version = kube.apply(desired)
-        if kind == "Deployment" and replicas is not None:
-            version = kube.scale(namespace, name, replicas)  # the scaler owns them from the start
+        if kind == "Deployment" and replicas is not None:  # the scaler owns them from the start
+            version = kube.scale(namespace, name, replicas, expected=replicas) or version
         applied.record(key, wanted, version)
     return missing

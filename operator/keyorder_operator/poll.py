@@ -427,10 +427,24 @@ class Poll:
         *,
         recommend: bool = False,
     ) -> None:
-        """Scale the Deployment, push the worker count, and say why in status, Events and metrics."""
+        """Scale the Deployment, push the worker count, and say why in status, Events and metrics. The
+        replicas are written only while the Deployment still has those the decision started from
+        (``Kube.scale`` with ``expected``): a size somebody wrote after this poll read it (``kubectl scale``,
+        an HPA) is never overwritten unseen; this poll then acts on nothing and the next one decides from
+        the new size (and finds the other autoscaler, if one wrote it)."""
         metrics = self.context.metrics
         if target.replicas != current.replicas:
-            self.context.kube.scale(self.namespace, self.name, target.replicas)
+            written = self.context.kube.scale(self.namespace, self.name, target.replicas, expected=current.replicas)
+            if written is None:
+                log.info(
+                    "%s/%s: the Deployment's replicas are no longer %d, the size this poll decided from; not "
+                    "scaling to %d, the next poll decides from the new size",
+                    self.namespace,
+                    self.name,
+                    current.replicas,
+                    target.replicas,
+                )
+                return
         changed = target != current
         if changed:
             metrics.decisions.labels(*self.labels, "up" if target.capacity > current.capacity else "down").inc()

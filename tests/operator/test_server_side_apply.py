@@ -207,3 +207,28 @@ def test_replicas_have_one_owner_and_re_applying_the_objects_never_resets_them(k
         handed = kube.get("apps/v1/deployments", "older")
     assert handed["spec"]["replicas"] == 3, "the hand-over kept the size"
     assert replica_owners(handed) == [SCALE_FIELD_MANAGER]
+
+
+def test_replicas_somebody_else_scaled_stay_theirs_and_the_scaler_writes_only_over_the_size_it_read(kube):
+    """``kubectl scale`` (or an HPA) writes the replicas by an update, which makes its writer their owner: the
+    operator re-applying its objects does not take them back (they are not an older release's to hand over),
+    and the scaler's compare-and-swap (``Kube.scale`` with ``expected``) writes only over the size it read."""
+    spec = parse_spec(
+        {
+            "kafka": {"bootstrapServers": "kafka:9092", "topics": ["t"], "groupId": "g"},
+            "handler": {"image": "img:1", "handler": "m:f"},
+        }
+    )
+    meta = {"name": "scaled", "namespace": "default", "uid": "uid-2"}
+    with api_client(kube.url, token=None) as client:
+        operator = Kube(client)
+        apply_owned_objects(operator, spec, meta, {}, AppliedObjects(), always=True)
+        kube.patch("apps/v1/deployments", "scaled", {"spec": {"replicas": 4}}, subresource="scale")
+        apply_owned_objects(operator, spec, meta, {"replicas": 1}, AppliedObjects(), always=True)
+        stored = kube.get("apps/v1/deployments", "scaled")
+        assert stored["spec"]["replicas"] == 4 and replica_owners(stored) == ["Python-urllib"]
+        assert operator.scale("default", "scaled", 2, expected=1) is None, "decided from a size no longer there"
+        assert kube.get("apps/v1/deployments", "scaled")["spec"]["replicas"] == 4
+        assert operator.scale("default", "scaled", 2, expected=4) is not None
+    stored = kube.get("apps/v1/deployments", "scaled")
+    assert stored["spec"]["replicas"] == 2 and replica_owners(stored) == [SCALE_FIELD_MANAGER]
