@@ -93,6 +93,11 @@ verified against a list of its own (``verification_due``)."""
 LISTING_WAIT_SECONDS = 5.0
 """A listing whose events keep coming is verified after this long anyway (and again once they stop)."""
 
+LISTING_CHUNK = 500
+"""kopf lists every watched kind in pages of this many objects (``settings.watching.chunk_size``; client-go's
+pager uses the same): a listing of a thousand pods is never held whole, which sets the operator's peak memory
+at start-up and after every re-list."""
+
 REBALANCING_VARIABLES = frozenset({ASSIGNMENT_STRATEGY_VARIABLE, GROUP_PROTOCOL_VARIABLE})
 """The Deployment's environment variables the operator reads back (``builders.update_strategy``); the pods'
 environment is read from a list of the API server during a cut-over, never from the cache."""
@@ -408,7 +413,9 @@ def register(registry: kopf.OperatorRegistry, cache: OwnedObjectsCache) -> None:
     @kopf.on.startup(registry=registry)
     def watch_only_the_operators_objects(settings: kopf.OperatorSettings, **_: Any) -> None:
         """Filter the watches on the API server (a ``labelSelector``): kopf's ``labels=`` filter alone runs
-        after every object of the kind in the cluster was sent to the operator."""
+        after every object of the kind in the cluster was sent to the operator. List in pages
+        (``LISTING_CHUNK``)."""
+        settings.watching.chunk_size = LISTING_CHUNK
         for kind, (group, _version, plural) in WATCHED_KINDS.items():
             settings.watching.label_selectors[(group, plural) if group else plural] = WATCH_SELECTORS[kind]
         settings.watching.label_selectors["pods"] = WATCH_SELECTORS[POD]

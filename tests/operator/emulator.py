@@ -32,7 +32,8 @@ to a request, where the operator depends on it:
   removes the references instead. Done at once, in the deleting request (the real collector runs a
   moment later); foreground propagation is treated as background.
 * **Watches** deliver ADDED, MODIFIED and DELETED (with the object's last state, under a new
-  ``resourceVersion``), and honour ``?resourceVersion=N``; lists and watches honour ``labelSelector``. A test
+  ``resourceVersion``), and honour ``?resourceVersion=N``; lists and watches honour ``labelSelector``, lists
+  ``limit`` and ``continue`` (pages in key order, the later ones from the current state, not a snapshot). A test
   can expire the watch history (``expire_watches``, ``watches_interrupted``): a watch from an older version
   is then answered with an ERROR event, a Status 410 Gone, and the client must list again; what was deleted
   meanwhile sends no DELETED.
@@ -67,12 +68,14 @@ Lookups go by (resource, namespace, name) and a per-resource index, never by sca
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import dataclasses
 import datetime
 import gzip
 import importlib.resources
+import json
 import logging
 import random
 import re
@@ -1127,14 +1130,33 @@ class Emulator(kmock.KubernetesEmulator):
         return keys
 
     async def _serve_list(self, request: kmock.Request) -> Any:
+        """The objects in key order (namespace, name), in pages when asked (``limit``, ``continue``): a page ends
+        with ``metadata.continue`` (kubernetes/apiserver ``pkg/storage/continue.go``: base64 of ``{"v", "rv",
+        "start"}``, the start key just after the page's last) and, without a selector, ``remainingItemCount``
+        (``PrepareContinueToken``); every page reports the first page's resourceVersion. A token from before
+        ``expire_watches`` is a 410 Expired (``pkg/storage/etcd3/errors.go``). Unlike the real server, which
+        serves the later pages from the first one's snapshot, they show the objects as they are now."""
         if request.resource not in self.resources and request.resource not in self._index:
             raise kmock.KubernetesError(404, "NotFound", "the server could not find the requested resource", {})
+        limit_text = request.params.get("limit", "")
+        limit = int(limit_text) if limit_text.isdigit() and int(limit_text) > 0 else None
+        start, revision = _decode_continue(request.params.get("continue", ""))
+        if revision is not None and revision <= self.expired_through:
+            raise kmock.KubernetesError(410, "Expired", _CONTINUE_EXPIRED, {})
         async with self._lock:
-            items = [self.objects[key].raw for key in self._keys(request)]
+            keyed = sorted((_list_key(request.namespace, key), key) for key in self._keys(request))
+            listed = [(text, key) for text, key in keyed if start is None or text >= start]
+            page = listed[:limit] if limit is not None else listed
+            items = [self.objects[key].raw for _, key in page]
+        metadata: dict[str, Any] = {"resourceVersion": str(revision if revision is not None else self.committed)}
+        if len(page) < len(listed):
+            metadata["continue"] = _continue_token(int(metadata["resourceVersion"]), page[-1][0] + "\x00")
+            if not request.params.get("labelSelector") and not request.params.get("fieldSelector"):
+                metadata["remainingItemCount"] = len(listed) - len(page)
         return {
             "apiVersion": f"{request.resource.group}/{request.resource.version}".lstrip("/"),
             "kind": f"{self._kind(request.resource)}List",
-            "metadata": {"resourceVersion": str(self.committed)},
+            "metadata": metadata,
             "items": items,
         }
 
@@ -1183,6 +1205,39 @@ class Emulator(kmock.KubernetesEmulator):
                 yield event
         finally:
             await bus.unmark(marker)
+
+
+_CONTINUE_EXPIRED = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new list "
+    "without the continue parameter."
+)
+
+
+def _list_key(namespace: str | None, key: ObjectKey) -> str:
+    """An object's key under a list's prefix, as etcd orders it: ``name`` in a namespace, ``namespace/name``
+    across the cluster."""
+    return key[2] if namespace is not None or key[1] is None else f"{key[1]}/{key[2]}"
+
+
+def _continue_token(revision: int, start: str) -> str:
+    """``storage.EncodeContinue``: unpadded URL-safe base64 of ``{"v": "meta.k8s.io/v1", "rv", "start"}``."""
+    text = json.dumps({"v": "meta.k8s.io/v1", "rv": revision, "start": start}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def _decode_continue(token: str) -> tuple[str | None, int | None]:
+    """``storage.DecodeContinue``: (start key, resourceVersion), or (None, None) without a token; 400 for one
+    that is not valid."""
+    if not token:
+        return None, None
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        revision, start = int(decoded["rv"]), str(decoded["start"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise kmock.KubernetesError(400, "BadRequest", f"continue key is not valid: {error}", {}) from None
+    if decoded.get("v") != "meta.k8s.io/v1" or revision == 0 or not start:
+        raise kmock.KubernetesError(400, "BadRequest", "continue key is not valid", {})
+    return start, revision
 
 
 def _set(event: asyncio.Event) -> asyncio.Event:

@@ -8,6 +8,7 @@ Plain HTTP against the emulator, no kopf: these run in a fraction of a second ea
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime
 import json
@@ -1183,3 +1184,39 @@ def test_a_deployment_whose_pod_template_labels_are_invalid_is_refused_with_422_
     patch = {"spec": {"template": {"metadata": {"labels": {"Team_": "ok"}}}}}
     body = refused(lambda: kube.patch("apps/v1/deployments", "labelled", patch), 422)
     assert 'spec.template.labels: Invalid value: "Team_": name part must consist of' in body["message"]
+
+
+def test_a_list_comes_in_pages_with_a_continue_token_as_the_api_server_encodes_it(kube: RunningEmulator):
+    """kubernetes/apiserver ``pkg/storage/continue.go`` (``EncodeContinue``, ``PrepareContinueToken``): with
+    ``limit`` a list returns that many objects in key order and ``metadata.continue``, unpadded URL-safe base64
+    of ``{"v": "meta.k8s.io/v1", "rv": <the first page's version>, "start": <last key + NUL>}``, plus
+    ``remainingItemCount`` when no selector filters; the last page has no token. Every page reports the first
+    page's resourceVersion. A token from before the history was compacted is a 410 Expired
+    (``pkg/storage/etcd3/errors.go``, ``continueExpired``); kopf lists in such pages with
+    ``settings.watching.chunk_size`` (``kopf/_cogs/clients/fetching.py``, ``fetch_objs``)."""
+    for name in ("e", "c", "a", "d", "b"):
+        kube.create("v1/configmaps", {"metadata": {"name": name, "labels": {"set": "x"}}})
+    path = resource_path("v1/configmaps", "default")
+    first = kube.call("GET", path + "?limit=2")
+    assert [item["metadata"]["name"] for item in first["items"]] == ["a", "b"]
+    token = first["metadata"]["continue"]
+    assert "=" not in token
+    decoded = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    version = first["metadata"]["resourceVersion"]
+    assert decoded == {"v": "meta.k8s.io/v1", "rv": int(version), "start": "b\x00"}
+    assert first["metadata"]["remainingItemCount"] == 3
+    kube.create("v1/configmaps", {"metadata": {"name": "f"}})  # a later write: the pages keep the first version
+    second = kube.call("GET", path + f"?limit=2&continue={token}")
+    assert [item["metadata"]["name"] for item in second["items"]] == ["c", "d"]
+    assert second["metadata"]["resourceVersion"] == version
+    third = kube.call("GET", path + f"?limit=3&continue={second['metadata']['continue']}")
+    assert [item["metadata"]["name"] for item in third["items"]] == ["e", "f"]
+    assert "continue" not in third["metadata"] and "remainingItemCount" not in third["metadata"]
+    selected = kube.call("GET", path + "?limit=2&labelSelector=set%3Dx")
+    assert "continue" in selected["metadata"] and "remainingItemCount" not in selected["metadata"]
+    across = kube.call("GET", resource_path("v1/configmaps") + "?limit=1")
+    assert json.loads(base64.urlsafe_b64decode(across["metadata"]["continue"] + "==="))["start"] == "default/a\x00"
+    kube.expire_watches()
+    expired = refused(lambda: kube.call("GET", path + f"?limit=2&continue={token}"), 410)
+    assert expired["reason"] == "Expired" and "continue parameter is too old" in expired["message"]
+    assert refused(lambda: kube.call("GET", path + "?continue=not-a-token"), 400)["reason"] == "BadRequest"

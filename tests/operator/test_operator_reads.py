@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from keyorder_operator.builders import selector_labels
+from keyorder_operator.cache import LISTING_CHUNK
 from tests.operator.emulator import Emulator
 from tests.operator.harness import CR, wait_for, wait_for_polls
 from tests.operator.test_operator_deployable import operator, resource
@@ -69,13 +70,25 @@ def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache_and_write
     assert kube.get(CR, "steady") is not None
 
 
-def test_what_vanished_while_the_watches_were_down_leaves_the_cache_and_is_recreated_at_once(kube):
+def test_what_vanished_while_the_watches_were_down_leaves_the_cache_and_is_recreated_at_once(kube, monkeypatch):
     """kopf lists again after a 410 Gone (``kopf/_cogs/clients/watching.py``: ``continuous_watch`` returns on
     the ERROR of code 410, ``infinite_watch`` lists) and sends no DELETED for what was deleted while it did not
     watch. The cache notices the listing and checks itself against a list of its own: the deleted pod leaves
     it (no report fetch or worker push at its address) and the deleted Service and PodDisruptionBudget are
-    recreated within a few polls, not after the cache's ten-minute bound (``KEPT_SECONDS``)."""
+    recreated within a few polls, not after the cache's ten-minute bound (``KEPT_SECONDS``). Every list, kopf's
+    and the cache's own, comes in pages (``LISTING_CHUNK``)."""
     selector = selector_labels("relist")
+    lists: list[tuple[str, str]] = []
+    handle = Emulator._handle
+
+    async def recorded(emulator, request):
+        watching = str(request.params.get("watch", "")).lower() in ("true", "1")
+        listing = request.name is None and getattr(request.resource, "plural", None) and not watching
+        if str(getattr(request.method, "value", request.method)).upper() == "GET" and listing:
+            lists.append((str(request.url.path), str(request.params.get("limit", ""))))
+        return await handle(emulator, request)
+
+    monkeypatch.setattr(Emulator, "_handle", recorded)
     with operator(kube.url) as context:
         kube.create(CR, resource("relist"))
         wait_for(lambda: kube.get("apps/v1/deployments", "relist") is not None, 20, "the Deployment")
@@ -110,3 +123,7 @@ def test_what_vanished_while_the_watches_were_down_leaves_the_cache_and_is_recre
         wait_for(lambda: kube.get("policy/v1/poddisruptionbudgets", "relist"), 20, "the deleted PDB recreated")
         wait_for(lambda: not cache.pods("default", selector), 20, "the deleted pod gone from the cache")
         assert context.kube.ready_pod_ips("default", selector) == []
+    assert ("/api/v1/pods", str(LISTING_CHUNK)) in lists, "kopf's listing of the pods"
+    assert ("/api/v1/namespaces/default/services", str(LISTING_CHUNK)) in lists, "the cache's check of the Services"
+    unpaged = [path for path, limit in lists if "/namespaces/" not in path and not limit]
+    assert not unpaged, f"kopf listed without pages: {unpaged}"
