@@ -22,7 +22,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from keyorder.config import decode_properties
-from keyorder_operator.cache import POD, WATCH_SELECTORS, kept_object
+from keyorder_operator.cache import LISTING_CHUNK, POD, WATCH_SELECTORS, kept_object
 from keyorder_operator.refusals import Refusal, refusal_of
 
 if TYPE_CHECKING:
@@ -41,8 +41,6 @@ SCALE_FIELD_MANAGER = "keyorder-operator-scaler"
 """The autoscaler's own manager: it applies only ``spec.replicas``, so it must not share the object
 manager's applied configuration (an apply of one field would remove all the others)."""
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
-LIST_PAGE = 500
-"""Objects per page of the cache's verification lists (client-go's pager uses the same)."""
 
 API_CALLS = {
     # patch: server-side apply updates; create: an apply that creates the object is also authorised as
@@ -285,7 +283,7 @@ class Kube:
 
     def _listed_names(self, kind: str, namespace: str) -> set[str]:
         """The names of the operator's objects of ``kind`` in ``namespace`` (by the watches' label), listed
-        in pages of ``LIST_PAGE``, each page parsed as plain JSON and only the names kept (not the client's
+        in pages of ``cache.LISTING_CHUNK``, each page parsed as plain JSON and only the names kept (not the client's
         models of a page of whole pods)."""
         table: dict[str, Callable[..., Any]] = {
             "Deployment": self.apps.list_namespaced_deployment,
@@ -300,7 +298,7 @@ class Kube:
             response = table[kind](
                 namespace,
                 label_selector=WATCH_SELECTORS[kind],
-                limit=LIST_PAGE,
+                limit=LISTING_CHUNK,
                 _continue=token,
                 _preload_content=False,
             )
