@@ -26,6 +26,7 @@ from keyorder_operator.kube import (
     Kube,
     ready_addresses,
     replicas_of,
+    replicas_to_hand_over,
     scaler_owns_replicas,
 )
 from keyorder_operator.spec import OrderedConsumerSpec
@@ -216,21 +217,29 @@ def test_a_read_walks_only_its_own_groups_pods(monkeypatch):
     assert len(cache.pods("ns", selector_labels("g7"))) == 4 and len(cache.pods("ns", selector_labels("g8"))) == 6
 
 
-def served_deployment(spec: OrderedConsumerSpec, strategy: dict, status: dict, generation: int = 3) -> dict:
+def served_deployment(
+    spec: OrderedConsumerSpec, strategy: dict, status: dict, replicas_by: str = SCALE_FIELD_MANAGER
+) -> dict:
     """The Deployment the operator applies, as a cluster returns it: metadata, the appliers' and the
-    controller's ``managedFields``, and ``status``."""
+    controller's ``managedFields``, and ``status``. ``replicas_by``: who owns ``spec.replicas`` (the scaler's
+    apply, the objects' apply of an older release, an HPA's update through the scale subresource)."""
     owner = {"metadata": {"name": "orders", "namespace": "ns", "uid": "u-1"}}
     applied = build_deployment(spec, owner, None, strategy)
     served = copy.deepcopy(applied)
     served["spec"]["replicas"] = 3
     paths = server_side_apply.field_paths(applied, server_side_apply.Schema.of(applied))
-    owners = {FIELD_MANAGER: paths, SCALE_FIELD_MANAGER: {("spec", "replicas")}}
-    served["metadata"].update(uid="d-1", resourceVersion="4711", generation=generation)
+    owners = {FIELD_MANAGER: paths | ({("spec", "replicas")} if replicas_by == FIELD_MANAGER else set())}
+    if replicas_by == SCALE_FIELD_MANAGER:
+        owners[SCALE_FIELD_MANAGER] = {("spec", "replicas")}
+    served["metadata"].update(uid="d-1", resourceVersion="4711", generation=3)
     served["status"] = status
     served["metadata"]["managedFields"] = [
         *server_side_apply.managed_fields(owners, "apps/v1", NOW),
         update_entry(served, {"status": status}, "kube-controller-manager", NOW, subresource="status"),
     ]
+    if replicas_by not in (SCALE_FIELD_MANAGER, FIELD_MANAGER):
+        scaled = {"spec": {"replicas": 3}}
+        served["metadata"]["managedFields"].append(update_entry(served, scaled, replicas_by, NOW, subresource="scale"))
     return served
 
 
@@ -265,25 +274,32 @@ def test_the_cache_keeps_only_what_the_operator_reads_and_every_reader_answers_a
         status["conditions"] = deployment_conditions(bool(status.get("readyReplicas")), "orders-5d8f", NOW)
     client = kubernetes.client.ApiClient()
     checked = 0
-    for live_spec in specs:
-        for strategy in (ROLLING_UPDATE, CUT_OVER):
-            for status in statuses:
-                whole = served_deployment(live_spec, strategy, status)
-                cache = OwnedObjectsCache()
-                cache.put("Deployment", whole)
-                cached, uncached = Kube(client, cache=cache), Kube(client)
-                uncached._read = lambda read, namespace, name, whole=whole: whole  # type: ignore[method-assign]
-                kept = cached.deployment("ns", "orders")
-                assert kept is not None and "managedFields" in whole["metadata"]
-                for reader in (replicas_of, scaler_owns_replicas):
-                    assert reader(kept) == reader(whole), reader
-                for spec in specs:
-                    assert update_strategy(spec, kept) == update_strategy(spec, whole)
-                for method in ("deployment_rolled_out", "deployment_pods_reported", "deployment_replicas"):
-                    assert getattr(cached, method)("ns", "orders") == getattr(uncached, method)("ns", "orders"), method
-                assert len(json.dumps(kept)) < len(json.dumps(whole)) / 4
-                checked += 1
-    assert checked == 24
+    variants = [
+        (live_spec, strategy, status, owner)
+        for live_spec in specs
+        for strategy in (ROLLING_UPDATE, CUT_OVER)
+        for status in statuses
+        for owner in (SCALE_FIELD_MANAGER, FIELD_MANAGER, "horizontal-pod-autoscaler")
+    ]
+    for live_spec, strategy, status, owner in variants:
+        whole = served_deployment(live_spec, strategy, status, owner)
+        cache = OwnedObjectsCache()
+        cache.put("Deployment", whole)
+        cached, uncached = Kube(client, cache=cache), Kube(client)
+        uncached._read = lambda read, namespace, name, whole=whole: whole  # type: ignore[method-assign]
+        kept = cached.deployment("ns", "orders")
+        assert kept is not None and "managedFields" in whole["metadata"]
+        for reader in (replicas_of, scaler_owns_replicas, replicas_to_hand_over):
+            assert reader(kept) == reader(whole), reader
+        for spec in specs:
+            assert update_strategy(spec, kept) == update_strategy(spec, whole)
+        for method in ("deployment_rolled_out", "deployment_pods_reported", "deployment_replicas"):
+            assert getattr(cached, method)("ns", "orders") == getattr(uncached, method)("ns", "orders"), method
+        assert len(json.dumps(kept)) < len(json.dumps(whole)) / 4
+        checked += 1
+    assert checked == 72
+    assert replicas_to_hand_over(served_deployment(specs[0], ROLLING_UPDATE, {}, FIELD_MANAGER))  # both kinds seen
+    assert not replicas_to_hand_over(served_deployment(specs[0], ROLLING_UPDATE, {}, "horizontal-pod-autoscaler"))
 
     deployment = served_deployment(specs[0], ROLLING_UPDATE, statuses[1])
     hashed = template_hash(deployment["spec"]["template"])
