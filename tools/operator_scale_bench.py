@@ -30,7 +30,10 @@ decisions they sit at zero pods and every poll decides the same (issue 35's scen
 its handler has a 40-variable environment; the pods are objects only (``tests.operator.fleet``), shaped as a
 cluster returns them (``managedFields``, the kubelet's status, the owner reference: ``tests.operator.
 cluster_objects``), Ready at loopback addresses nothing listens on. The peak RSS is the kernel's high-water
-mark of the operator process (``VmHWM``), start-up and the first listings included. ``--operator-pythonpath``
+mark of the operator process (``VmHWM``), start-up included; once every pod exists (and ``RELIST_AFTER``
+seconds more) the emulator's watch history is expired once, a 410 Gone after which kopf lists every kind
+again (the operator's worst moment: a listing of every pod, and the cache's check against its own lists), so
+the peak includes a full re-list. ``--operator-pythonpath``
 runs the operator from another checkout's ``operator/`` directory (a before/after comparison):
 
     .venv/bin/python -m tools.operator_scale_bench --resources 500 --pods 3 --seconds 60
@@ -161,6 +164,37 @@ def process_usage(pid: int) -> tuple[float, int, int]:
     return cpu, rss, int(status["Threads"])
 
 
+RELIST_AFTER = 20.0
+"""Seconds after the last pod of the ``--pods`` scenario exists before the watch history is expired."""
+
+
+@contextlib.contextmanager
+def relisted_once(kube: Any, fleet: ObjectFleet, pods: int, timeout: float = 900.0) -> Iterator[threading.Event]:
+    """Expire the emulator's watch history once (``Emulator.expire_watches``: the operator's watches are
+    answered 410 Gone and it lists everything again), ``RELIST_AFTER`` seconds after the fleet holds ``pods``
+    pods; the event is set once done. Nothing happens for ``pods`` 0."""
+    done, stop = threading.Event(), threading.Event()
+
+    def wait_then_expire() -> None:
+        deadline = time.monotonic() + timeout  # hang guard
+        while fleet.pods < pods and time.monotonic() < deadline:
+            if stop.wait(1.0):
+                return
+        if not stop.wait(RELIST_AFTER):
+            kube.expire_watches()
+            done.set()
+
+    thread = threading.Thread(target=wait_then_expire, name="relist-once", daemon=True)
+    if pods:
+        thread.start()
+    try:
+        yield done
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(30)  # hang guard
+
+
 def peak_rss(pid: int) -> int:
     """The most resident memory the process ever had, in bytes (the kernel's ``VmHWM``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -193,6 +227,7 @@ def run_one(
         StatusAudit().installed() as audit,
         serve_emulator() as kube,
         ObjectFleet(kube, running=bool(pods)) as fleet,
+        relisted_once(kube, fleet, count * pods) as relisted,
     ):
         names = [f"ok-{index:04d}" for index in range(count - unreachable)]
         dead_names = [f"dead-{index:04d}" for index in range(unreachable)]
@@ -216,6 +251,7 @@ def run_one(
             result["healthy_at_zero_replicas"] = sum(1 for name in names if sizes.get(name) == 0)
             result["rss_peak_mb"] = round(peak_rss(operator.pid) / 2**20, 1)
             result["pods"] = fleet.pods
+            result["relisted"] = relisted.is_set()
             if fleet.errors:
                 print(f"  N={count}: the pods' stand-in met {len(fleet.errors)} errors; the first: {fleet.errors[0]}")
             return result
