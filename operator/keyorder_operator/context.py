@@ -28,6 +28,7 @@ from keyorder_operator.operator_metrics import OperatorMetrics
 from keyorder_operator.pod_admin import fetch_reports, push_workers
 from keyorder_operator.restart import AUTOSCALER_SAVE_SECONDS
 from keyorder_operator.spec import OrderedConsumerSpec
+from keyorder_operator.status_view import WrittenStatus
 
 
 @dataclass
@@ -44,6 +45,9 @@ class PollMemory:
     """When this process last wrote ``status.autoscaler`` (wall clock): the write rate counts from it."""
     last_sample: dict[str, Any] | None = None
     """The last lag sample (``status.sample_to_status``): rates are measured against it."""
+    written: WrittenStatus = field(default_factory=WrittenStatus)
+    """This process's status writes that the watched body did not show at the last poll: the next poll
+    compares with them laid over the body (``status_view``), not with a body that lags behind them."""
 
 
 DELETED_REMEMBERED = 10_000

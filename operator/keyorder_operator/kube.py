@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 
 SECRET_SECONDS = 60.0
 """A Secret read is reused this long: a rotated Kafka password reaches the operator within a minute."""
+AUTOSCALERS_SECONDS = 15.0
+"""A namespace's list of HorizontalPodAutoscalers is reused this long by the polls that ask while a
+conflict lasts (its resources share it): a deleted HPA is seen within this. A poll whose replicas just
+moved without the operator asks for a list at most ``AUTOSCALERS_FRESH_SECONDS`` old."""
+AUTOSCALERS_FRESH_SECONDS = 1.0
+"""The floor: a namespace's HPAs are never listed more than once in this many seconds, however many of its
+resources ask (at 500 resources, a list per poll was 100 lists a second)."""
 
 FIELD_MANAGER = "keyorder-operator"
 """The field manager of everything the operator applies (``metadata.managedFields`` shows it)."""
@@ -172,6 +179,8 @@ class Kube:
         self.secret_seconds = secret_seconds
         self._monotonic = monotonic
         self._secrets: dict[tuple[str, str], tuple[float, Any]] = {}
+        self._autoscalers: dict[str, tuple[float, list[tuple[str, str, str]]]] = {}
+        """namespace -> (when listed, its HPAs as (name, target kind, target name))."""
         self.apps = kubernetes.client.AppsV1Api(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.policy = kubernetes.client.PolicyV1Api(api_client)
@@ -425,21 +434,32 @@ class Kube:
             return
         log.info("created Job %s/%s", namespace, name)
 
-    def autoscalers_of(self, namespace: str, deployment: str) -> list[str]:
+    def autoscalers_of(self, namespace: str, deployment: str, max_age: float = AUTOSCALERS_SECONDS) -> list[str]:
         """The HorizontalPodAutoscalers that scale Deployment ``deployment`` (KEDA's ScaledObjects work
-        through one each): their names. A cluster without the autoscaling/v2 API has none."""
+        through one each): their names. A cluster without the autoscaling/v2 API has none. The namespace's
+        list is shared by its resources and reused while younger than ``max_age`` seconds (never listed
+        more than once in ``AUTOSCALERS_FRESH_SECONDS``)."""
+        now = self._monotonic()
+        kept = self._autoscalers.get(namespace)
+        if kept is None or now - kept[0] >= max(max_age, AUTOSCALERS_FRESH_SECONDS):
+            kept = (now, self._list_autoscalers(namespace))
+            self._autoscalers[namespace] = kept
+        return sorted(name for name, kind, target in kept[1] if kind == "Deployment" and target == deployment)
+
+    def _list_autoscalers(self, namespace: str) -> list[tuple[str, str, str]]:
+        """A namespace's HPAs as (name, target kind, target name), listed from the API server."""
         try:
             listed = self.autoscaling.list_namespaced_horizontal_pod_autoscaler(namespace).items
         except ApiException as error:
             if error.status == 404:
                 return []
             raise
-        names = []
+        found = []
         for hpa in listed:
             target = hpa.spec.scale_target_ref if hpa.spec is not None else None
-            if target is not None and target.kind == "Deployment" and target.name == deployment:
-                names.append(str(hpa.metadata.name) if hpa.metadata is not None else "?")
-        return sorted(names)
+            if target is not None:
+                found.append((str(hpa.metadata.name) if hpa.metadata is not None else "?", target.kind, target.name))
+        return found
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Job as a plain dict (``None`` when it does not exist)."""

@@ -23,6 +23,7 @@ from keyorder_operator.catchup import CatchupGate, CatchupRun, catchup_verdict, 
 from keyorder_operator.context import OperatorContext, kafka_properties
 from keyorder_operator.handover import CatchupHandover
 from keyorder_operator.key_names import with_key_digests
+from keyorder_operator.kube import AUTOSCALERS_SECONDS
 from keyorder_operator.objects import apply_owned_objects
 from keyorder_operator.observe import LagSample, LagUnavailable, observation_from
 from keyorder_operator.pod_admin import needing_push
@@ -63,6 +64,7 @@ from keyorder_operator.status import (
     timestamp,
     write_conditions,
 )
+from keyorder_operator.status_view import after_write, changed_conditions, still_awaited, with_written
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +102,11 @@ class Poll:
     conditions: list[dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.conditions = list(self.status.get("conditions") or [])
         self.memory = self.context.poll_memory(self.namespace, self.name)
+        # compared with the status as this process last wrote it, not the watched body that may lag behind it
+        self.memory.written = still_awaited(self.status, self.memory.written, self.now)
+        self.status = with_written(self.status, self.memory.written)
+        self.conditions = list(self.status.get("conditions") or [])
 
     @property
     def namespace(self) -> str:
@@ -181,8 +186,18 @@ class Poll:
                 self.condition("ReconcileFailed", False, "PollSucceeded", "the last poll succeeded")
         finally:
             metrics.polled(self.labels, self.context.monotonic() - started)
+            self.write_status()
+
+    def write_status(self) -> None:
+        """Hand kopf what changed in status (nothing for a steady poll: no write at all), and remember it
+        as written, to compare the next polls with until the watched body shows it (``status_view``)."""
+        changed = changed_conditions(self.status, self.conditions, POLL_CONDITIONS)
+        if changed:
             write_conditions(self.patch, self.conditions, POLL_CONDITIONS)
-            drop_unchanged(self.patch, self.status)
+        drop_unchanged(self.patch, self.status)
+        fields = dict(self.patch.get("status") or {})
+        if fields or changed:
+            self.memory.written = after_write(self.memory.written, self.status, fields, changed, self.now)
 
     def poll_once(self) -> None:
         self.repair_objects()
@@ -287,14 +302,16 @@ class Poll:
     def other_autoscaler(self, replicas: int) -> bool:
         """Whether another autoscaler (an HPA, or KEDA's) scales this Deployment: then the operator leaves
         its replicas and the pods' workers alone and says so (``ScalingConflict``), rather than fight it.
-        Asked (one list of the namespace's HPAs) on the first poll, whenever the replicas moved without
-        the operator, and on every poll while the conflict lasts; a steady poll asks nothing."""
+        Asked on the first poll, whenever the replicas moved without the operator (a list at most a second
+        old), and on every poll while the conflict lasts (the namespace's list, shared by its resources, at
+        most ``kube.AUTOSCALERS_SECONDS`` old); a steady poll asks nothing."""
         decided = self.status.get("replicas")
         in_conflict = condition_is(self.conditions, "ScalingConflict")
         moved = not isinstance(decided, int) or decided != replicas
         if not (in_conflict or moved):
             return False
-        names = self.context.kube.autoscalers_of(self.namespace, self.name)
+        kube = self.context.kube
+        names = kube.autoscalers_of(self.namespace, self.name, max_age=0.0 if moved else AUTOSCALERS_SECONDS)
         if not names:
             if in_conflict:
                 self.condition("ScalingConflict", False, "NoOtherAutoscaler", "no other autoscaler scales the pods")

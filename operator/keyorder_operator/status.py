@@ -89,8 +89,18 @@ def merge_owned_conditions(
     Each handler works from the body it was given, which another handler may have changed since;
     writing its whole list back would undo that handler's conditions (a fixed spec's cleared
     InvalidSpec coming back, say). So a handler writes only the types it owns, onto the freshest list.
+
+    The given body may also be older than the stored list (the watch lags), so a condition whose
+    ``status`` the stored one already has keeps the stored ``lastTransitionTime``: it moves only on a
+    transition of what is stored, as apimachinery's ``meta.SetStatusCondition`` does
+    (k8s.io/apimachinery ``pkg/api/meta/conditions.go``).
     """
     replacements = {c["type"]: c for c in mine if c.get("type") in owned}
+    for before in stored:
+        mine_now = replacements.get(before.get("type"))
+        since = before.get("lastTransitionTime")
+        if mine_now is not None and before.get("status") == mine_now.get("status") and since:
+            replacements[mine_now["type"]] = {**mine_now, "lastTransitionTime": since}
     merged = [replacements.pop(c.get("type"), c) if c.get("type") in owned else c for c in stored]
     return merged + list(replacements.values())
 
