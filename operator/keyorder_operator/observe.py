@@ -133,7 +133,9 @@ class BoundedLagSource:
                 if kept is not None:
                     return kept
                 waited = max(now - self._in_flight_since, 0.0)
-                why = self._error or "Kafka has not answered yet"
+                # the reason the first wait gave, unchanged while the request hangs: the LagUnknown condition
+                # shows the reason, and a new wording of the same state would be a status write on each poll
+                why = self._error or self._unanswered()
                 raise LagUnavailable(f"{why} (asked {waited:.0f} s ago)", why)
             backing_off = self._retry_at is not None
             if backing_off and self._retry_at is not None and now < self._retry_at:
@@ -159,12 +161,15 @@ class BoundedLagSource:
                     raise LagUnavailable(f"asked again in the background after: {self._error}", self._error)
                 raise LagUnavailable(
                     f"Kafka has not answered within {self.wait_seconds:g} s (the answer is awaited)",
-                    self._error or f"Kafka has not answered within {self.wait_seconds:g} s",
+                    self._error or self._unanswered(),
                 )
             fresh = self._take_answer(request)
             if fresh is not None:
                 return fresh
             raise LagUnavailable(self._error)
+
+    def _unanswered(self) -> str:
+        return f"Kafka has not answered within {self.wait_seconds:g} s"
 
     def _probe(self, request: Request, now: float, done: threading.Event) -> None:
         started = self._monotonic()

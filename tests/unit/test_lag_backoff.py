@@ -162,6 +162,21 @@ def test_a_slow_cluster_answers_every_poll_one_poll_late_and_a_fast_one_is_curre
     assert answer.at == 130.0 and inner.calls == 4
 
 
+def test_a_request_that_hangs_gives_one_reason_on_every_poll_until_it_fails():
+    """The reason is what the LagUnknown condition shows: the same state in other words on the next poll
+    would be a status write for nothing (at 500 resources, the unreachable ones' only writes)."""
+    inner = BlockingSource()
+    source = BoundedLagSource(inner, wait_seconds=0.05)
+    reasons = []
+    for now in (100.0, 105.0, 110.0):
+        with pytest.raises(LagUnavailable) as raised:
+            source.sample(["t"], "g", now)
+        reasons.append(raised.value.reason)
+    assert reasons == ["Kafka has not answered within 0.05 s"] * 3
+    assert "asked 10 s ago" in str(raised.value)  # the message still says how long it has waited
+    inner.release.set()
+
+
 def test_a_kept_answer_is_never_returned_for_other_topics_or_another_group():
     inner = GatedSource(calls=2)
     source = BoundedLagSource(inner, wait_seconds=0.05)
