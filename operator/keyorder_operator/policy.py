@@ -1430,13 +1430,14 @@ def resumed(state: ScalingState, now: float) -> ScalingState:
     first poll after a start has no previous lag sample either. The rest (the windows' recommendations,
     the rate limits' replica changes, the learned rates and step costs, the limit, the failed observations
     and silent polls in a row) is taken as it was written. The newest recommendation counts as made
-    ``now``: status is written when the recommendations change, not when one is repeated, so the
-    predecessor made it on every poll since it was written, up to the moment it stopped (a restart after a
-    long outage waits a whole window before a scale-down, as a new resource does)."""
+    just before ``now`` (``SEED_AGE``, outside a zero-length up-window, as the seed of an empty memory):
+    status is written when the recommendations change, not when one is repeated, so the predecessor made
+    it on every poll since it was written, up to the moment it stopped (a restart after a long outage
+    waits a whole window before a scale-down, as a new resource does)."""
     recommendations = state.recommendations
     if recommendations:
         *older, (at, replicas, workers) = recommendations
-        recommendations = (*older, (max(at, now), replicas, workers))
+        recommendations = (*older, (max(at, now - SEED_AGE), replicas, workers))
     defaults = ScalingState(current=state.current)
     fresh = {name: getattr(defaults, name) for name in MEASURED_EACH_POLL}
     return replace(state, recommendations=recommendations, **fresh)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from keyorder_operator.policy import (
     MEASURED_EACH_POLL,
+    SEED_AGE,
     Limited,
     LimitKind,
     Observation,
@@ -92,7 +93,7 @@ def test_the_record_round_trips_what_a_restart_resumes():
     measured_again = {name: getattr(defaults, name) for name in MEASURED_EACH_POLL}
     assert back == replace(LEARNED, **measured_again)
     assert resumed(back, T0 + 90) == replace(
-        LEARNED, recommendations=((T0 + 10.25, 4, 8), (T0 + 90, 3, 8)), **measured_again
+        LEARNED, recommendations=((T0 + 10.25, 4, 8), (T0 + 90 - SEED_AGE, 3, 8)), **measured_again
     )
 
 
@@ -243,6 +244,17 @@ def test_a_restart_before_the_lower_recommendation_was_written_holds_a_whole_win
     targets, writes = run(BACKLOG_THEN_DRAINED, restarts={T0 + 200}, every=1_000)
     assert writes[:1] == [T0] and T0 + 120 not in writes
     assert targets[:5] == [Size(4, 50)] * 5
+
+
+def test_a_restart_holds_no_scale_up_the_process_it_replaces_would_make():
+    """With no scale-up window, a backlog on the first poll after a restart scales up at once: the newest
+    recommendation taken as made at the restart is not in a zero-length window (the simulator, restarting
+    the operator every minute, found the scale-up held one poll)."""
+    steady_then_backlog = [(T0 + t, lag) for t, lag in [(0, 50), (15, 50), (30, 50), (45, 6_000_000)]]
+    continuous, _ = run(steady_then_backlog, start=Size(1, 16))
+    restarted, _ = run(steady_then_backlog, restarts={T0 + 45}, start=Size(1, 16))
+    assert continuous[-1] == Size(4, 50)
+    assert restarted == continuous
 
 
 # -- the write rate ---------------------------------------------------------------------------------------
