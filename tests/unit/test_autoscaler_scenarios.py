@@ -1,7 +1,8 @@
 """The autoscaler judged over hours of a simulated group: every scenario of ``keyorder simulate``, on
 two seeds, must meet its criteria (``keyorder.devtools.groupsim``): the backlog within target in
 time, no overshoot, no minutes below the arrivals while the lag grows, few replica changes at steady
-load, never a scale-down while the lag grows, never an exception, and each scenario's own checks.
+load, never a scale-down while the lag grows, never an exception, and each scenario's own checks; and
+on one seed, again with the operator restarting every minute.
 
 Pure: the simulated group, the pods' own report code, the operator's parser and ``decide``; a few
 seconds in all. ``keyorder simulate NAME`` plots any of them.
@@ -24,6 +25,20 @@ def test_every_criterion_holds(scenario, seed):
     measured = measure(run(scenario, seed=seed))
     assert failures(measured) == [], f"{scenario.name} (seed {seed}): {scenario.summary}"
     assert measured.run.polls, "the policy was never asked"
+
+
+RESTART_EVERY = 61.0
+"""Seconds between operator restarts in the restart runs: every four polls or so, at a different moment
+of the poll interval each time."""
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda scenario: scenario.name)
+def test_every_criterion_holds_through_operator_restarts(scenario):
+    """The operator restarts every minute: each time its memory between polls is lost and it resumes from
+    what ``status.autoscaler`` held, written by the operator's own rule (``keyorder_operator.restart``), so
+    a window, a learned rate or a failure count that a restart lost would show here."""
+    measured = measure(run(scenario, seed=SEEDS[0], restart_every=RESTART_EVERY))
+    assert failures(measured) == [], f"{scenario.name} (restarted every {RESTART_EVERY:g} s): {scenario.summary}"
 
 
 def test_the_scenarios_cover_what_the_issue_names():

@@ -25,6 +25,12 @@ def add_simulate_flags(parser: argparse.ArgumentParser) -> None:
         "--output", type=Path, help="the PNG to write (default simulate-results/NAME.png; with 'all', a folder)"
     )
     parser.add_argument("--no-plot", action="store_true", help="print the criteria only")
+    parser.add_argument(
+        "--restart-every",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="restart the operator every SECONDS of simulated time: it resumes from status.autoscaler (default: never)",
+    )
 
 
 def _positive_hours(text: str) -> float:
@@ -35,6 +41,16 @@ def _positive_hours(text: str) -> float:
     if not 0 < hours <= 48:
         raise argparse.ArgumentTypeError(f"--hours must be above 0 and at most 48, got {text}")
     return hours
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--restart-every must be a number of seconds, got {text!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"--restart-every must be above 0 seconds, got {text}")
+    return seconds
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -65,7 +81,7 @@ def simulate_command(args: argparse.Namespace) -> int:
             if int(t) % 900 == 0:
                 print(f"  simulated {t / 60:.0f} of {total / 60:.0f} min", flush=True)
 
-        measured = measure(run(scenario, seed=args.seed, progress=progress))
+        measured = measure(run(scenario, seed=args.seed, progress=progress, restart_every=args.restart_every))
         missed = failures(measured)
         failed += bool(missed)
         print(_table(measured, missed))

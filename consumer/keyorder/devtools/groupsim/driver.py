@@ -7,6 +7,10 @@ stores it), the lag sample and the ready pods' reports (built by the pods' repor
 summed by the operator's) become the ``Observation`` through ``observation_from``, ``decide`` runs,
 and its target is applied: the Deployment's replicas, and the worker count pushed to the ready pods
 that answer. Everything is recorded in the run's timeline.
+
+With ``restart_every``, the operator also restarts that often: the memory it kept between polls is lost,
+and the next poll resumes from the record ``status.autoscaler`` held, written by the operator's own rule
+(``keyorder_operator.restart``: what is worth a write, at most once per ``AUTOSCALER_SAVE_SECONDS``).
 """
 
 from __future__ import annotations
@@ -21,13 +25,22 @@ from keyorder.devtools.groupsim.model import TOPIC, SimPod, SimulatedGroup
 from keyorder.devtools.groupsim.scenarios import Scenario
 from keyorder_operator.observe import LagSample, observation_from
 from keyorder_operator.pod_signals import combine, parse_report
-from keyorder_operator.policy import Decision, Observation, Size, decide
+from keyorder_operator.policy import Decision, Observation, Size, decide, resumed
+from keyorder_operator.restart import (
+    AUTOSCALER_SAVE_SECONDS,
+    record_changes,
+    record_of,
+    save_due,
+    saved_at,
+    state_from_record,
+)
 from keyorder_operator.spec import OrderedConsumerSpec, ScalingMode, parse_spec
 from keyorder_operator.status import (
     limits_from_spec,
     memory_after,
     sample_from_status,
     sample_to_status,
+    state_after,
     state_from_status,
 )
 
@@ -82,12 +95,27 @@ class Run:
     polls: list[PollRecord] = field(default_factory=list)
 
 
+@dataclass
+class KeptInStatus:
+    """What a restarted operator finds: ``status.autoscaler`` as the operator's rule last wrote it."""
+
+    record: dict[str, Any] | None = None
+    saved_at: float | None = None
+    """When the running operator last wrote it (the write rate counts from it)."""
+
+
 def _json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def run(scenario: Scenario, seed: int = 1, progress: Callable[[float], None] | None = None) -> Run:
-    """Simulate ``scenario`` with the random ``seed``; ``progress(t)`` is called every simulated minute."""
+def run(
+    scenario: Scenario,
+    seed: int = 1,
+    progress: Callable[[float], None] | None = None,
+    restart_every: float | None = None,
+) -> Run:
+    """Simulate ``scenario`` with the random ``seed``; ``progress(t)`` is called every simulated minute;
+    the operator restarts every ``restart_every`` simulated seconds (``None``: never)."""
     rng = random.Random(seed)
     spec = parse_spec(scenario.spec_at(0.0))
     group = SimulatedGroup(
@@ -103,6 +131,8 @@ def run(scenario: Scenario, seed: int = 1, progress: Callable[[float], None] | N
     if scenario.initial_backlog:
         group.add_arrivals(scenario.initial_backlog, scenario.weights_at(0.0))
     status: dict[str, Any] = {"workersPerPod": spec.workers.initial}
+    kept = KeptInStatus()
+    next_restart = restart_every
     result = Run(scenario, seed)
     next_poll = spec.scaling.poll_interval_seconds
     dt = scenario.step_seconds
@@ -123,8 +153,13 @@ def run(scenario: Scenario, seed: int = 1, progress: Callable[[float], None] | N
                 group.partitions[partition].blocked_at = group.partitions[partition].end
         group.step(dt)
         t = round(t + dt, 6)
+        if next_restart is not None and restart_every is not None and t >= next_restart - 1e-9:
+            # the operator's process memory is gone: the last lag sample and the policy's memory
+            status.pop("lastSample", None)
+            status.pop("autoscaler", None)
+            next_restart += restart_every
         if t >= next_poll - 1e-9:
-            _poll(scenario, spec, group, status, result, t)
+            _poll(scenario, spec, group, status, kept, result, t)
             next_poll += spec.scaling.poll_interval_seconds
         committed = sum(partition.last_commit for partition in group.partitions)
         result.points.append(
@@ -149,12 +184,22 @@ def run(scenario: Scenario, seed: int = 1, progress: Callable[[float], None] | N
 
 
 def _poll(
-    scenario: Scenario, spec: OrderedConsumerSpec, group: SimulatedGroup, status: dict[str, Any], result: Run, t: float
+    scenario: Scenario,
+    spec: OrderedConsumerSpec,
+    group: SimulatedGroup,
+    status: dict[str, Any],
+    kept: KeptInStatus,
+    result: Run,
+    t: float,
 ) -> None:
-    """One operator poll (``Poll.size``) at simulated second ``t``."""
+    """One operator poll (``Poll.size``) at simulated second ``t``. ``status`` holds the running operator's
+    memory (``autoscaler``, ``lastSample``: gone after a restart), ``kept`` what status holds for a restart."""
     now = EPOCH + t
     limits = limits_from_spec(spec)
     state = state_from_status(status, spec, group.replicas)
+    if "autoscaler" not in status and kept.record is not None:  # restarted: resume as Poll.remembered_state
+        state = resumed(state_from_record(_json(kept.record), state.current), now)
+        kept.saved_at = saved_at(kept.record)
     paused = scenario.paused_at(t)
 
     def answers(pod: SimPod) -> bool:
@@ -193,6 +238,11 @@ def _poll(
         return
     target = decision.target
     status["autoscaler"] = _json(memory_after(decision, spec))
+    after = state_after(decision, spec)
+    stored = state_from_record(kept.record, after.current) if kept.record is not None else None
+    resized = decision.scaled and spec.scaling.mode is not ScalingMode.RECOMMEND
+    if save_due(record_changes(stored, after, limits, now), resized, kept.saved_at, now, AUTOSCALER_SAVE_SECONDS):
+        kept.record, kept.saved_at = _json(record_of(after, now)), now
     if spec.scaling.mode is ScalingMode.RECOMMEND:
         target = current
     else:
