@@ -195,6 +195,20 @@ def relisted_once(kube: Any, fleet: ObjectFleet, pods: int, timeout: float = 900
             thread.join(30)  # hang guard
 
 
+def wait_for_relist(
+    relisted: threading.Event, fleet: ObjectFleet, pods: int, operator: subprocess.Popen[str], timeout: float = 1200.0
+) -> None:
+    """Wait until the fleet holds ``pods`` pods and the watch history was expired (``relisted_once``)."""
+    deadline = time.monotonic() + timeout  # hang guard
+    while not relisted.wait(5.0):
+        if operator.poll() is not None:
+            raise RuntimeError(f"the operator exited with {operator.returncode} before the re-list")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no re-list within {timeout:.0f} s: the fleet holds {fleet.pods} of {pods} pods")
+        print(f"\r  {fleet.pods} of {pods} pods ...", end="", flush=True)
+    print(f"\r  {fleet.pods} pods; the watch history expired (410 Gone), kopf lists again", flush=True)
+
+
 def peak_rss(pid: int) -> int:
     """The most resident memory the process ever had, in bytes (the kernel's ``VmHWM``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -246,6 +260,8 @@ def run_one(
         with log_path.open("w") as log:
             operator = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
+            if pods:  # the measured window comes after every pod exists and the re-list happened
+                wait_for_relist(relisted, fleet, count * pods, operator)
             result = measure(count, interval, seconds, settle, names, operator, metrics_port, counts, audit)
             sizes = {item["metadata"]["name"]: (item.get("status") or {}).get("replicas") for item in kube.list(CR)}
             result["healthy_at_zero_replicas"] = sum(1 for name in names if sizes.get(name) == 0)
