@@ -90,13 +90,18 @@ LISTING_QUIET_SECONDS = 1.0
 """A kopf listing is taken as complete once none of its events came for this long; then the cache is
 verified against a list of its own (``verification_due``)."""
 
-LISTING_WAIT_SECONDS = 5.0
-"""A listing whose events keep coming is verified after this long anyway (and again once they stop)."""
+LISTING_WAIT_SECONDS = 30.0
+"""A listing whose events keep coming is verified this long after it began, and at most once this often while
+they go on (a list of a namespace's pods is no small request); once more when they stop."""
 
 LISTING_CHUNK = 500
 """kopf lists every watched kind in pages of this many objects (``settings.watching.chunk_size``; client-go's
 pager uses the same): a listing of a thousand pods is never held whole, which sets the operator's peak memory
 at start-up and after every re-list."""
+
+CHECK_PAGE = 100
+"""The cache's own verification lists come in pages of this many objects, one list at a time: only the names
+are kept, but each page is parsed whole (a hundred pods as a cluster returns them are a few megabytes)."""
 
 REBALANCING_VARIABLES = frozenset({ASSIGNMENT_STRATEGY_VARIABLE, GROUP_PROTOCOL_VARIABLE})
 """The Deployment's environment variables the operator reads back (``builders.update_strategy``); the pods'
@@ -263,20 +268,23 @@ class OwnedObjectsCache:
     def verification_due(self, kind: str, namespace: str) -> float | None:
         """Whether ``kind`` in ``namespace`` must be listed to drop what vanished during a kopf listing: the
         time to pass to ``verified`` (the caller lists now), or None. Due once per listing (burst of listing
-        events of any kind), after its events stopped for ``LISTING_QUIET_SECONDS`` or ``LISTING_WAIT_SECONDS``
-        after it began; not due when no entry there was last seen before the listing began (nothing can be a
-        ghost). The caller must call ``verified`` or ``verification_failed``."""
+        events of any kind), after its events stopped for ``LISTING_QUIET_SECONDS``; while they keep coming (a
+        listing of thousands of objects on a busy event loop), once every ``LISTING_WAIT_SECONDS``. One
+        verification at a time, whatever the kind (its pages are what the operator's memory peaks on). Not due
+        when no entry there was last seen before the listing began (nothing can be a ghost). The caller must
+        call ``verified`` or ``verification_failed``."""
         now = self._monotonic()
         key = (kind, namespace)
         with self._lock:
             listing = self._listing
-            if listing is None or key in self._verifying:
+            if listing is None or self._verifying:
                 return None
             first, last = listing
-            if self._verified.get(key, -math.inf) >= last:
+            verified = self._verified.get(key, -math.inf)
+            if verified >= last:
                 return None  # verified since the last listing event
-            if now - last < LISTING_QUIET_SECONDS and now - first < LISTING_WAIT_SECONDS:
-                return None  # the listing is still coming
+            if now - last < LISTING_QUIET_SECONDS and now - max(first, verified) < LISTING_WAIT_SECONDS:
+                return None  # the listing is still coming, and was verified (or began) a moment ago
             if all(seen >= first for seen, _ in self._objects.get(key, {}).values()):
                 self._verified[key] = now  # everything here was seen during or after the listing
                 return None

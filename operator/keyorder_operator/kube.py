@@ -22,7 +22,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from keyorder.config import decode_properties
-from keyorder_operator.cache import LISTING_CHUNK, POD, WATCH_SELECTORS, kept_object
+from keyorder_operator.cache import CHECK_PAGE, POD, WATCH_SELECTORS, kept_object
 from keyorder_operator.refusals import Refusal, refusal_of
 
 if TYPE_CHECKING:
@@ -292,7 +292,7 @@ class Kube:
 
     def _listed_names(self, kind: str, namespace: str) -> set[str]:
         """The names of the operator's objects of ``kind`` in ``namespace`` (by the watches' label), listed
-        in pages of ``cache.LISTING_CHUNK``, each page parsed as plain JSON and only the names kept (not the client's
+        in pages of ``cache.CHECK_PAGE``, each page parsed as plain JSON and only the names kept (not the client's
         models of a page of whole pods)."""
         table: dict[str, Callable[..., Any]] = {
             "Deployment": self.apps.list_namespaced_deployment,
@@ -307,7 +307,7 @@ class Kube:
             response = table[kind](
                 namespace,
                 label_selector=WATCH_SELECTORS[kind],
-                limit=LISTING_CHUNK,
+                limit=CHECK_PAGE,
                 _continue=token,
                 _preload_content=False,
             )

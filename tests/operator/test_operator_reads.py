@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from keyorder_operator.builders import selector_labels
-from keyorder_operator.cache import LISTING_CHUNK
+from keyorder_operator.cache import CHECK_PAGE, LISTING_CHUNK
 from tests.operator.emulator import Emulator
 from tests.operator.harness import CR, wait_for, wait_for_polls
 from tests.operator.test_operator_deployable import operator, resource
@@ -76,7 +76,7 @@ def test_what_vanished_while_the_watches_were_down_leaves_the_cache_and_is_recre
     watch. The cache notices the listing and checks itself against a list of its own: the deleted pod leaves
     it (no report fetch or worker push at its address) and the deleted Service and PodDisruptionBudget are
     recreated within a few polls, not after the cache's ten-minute bound (``KEPT_SECONDS``). Every list, kopf's
-    and the cache's own, comes in pages (``LISTING_CHUNK``)."""
+    and the cache's own, comes in pages (``LISTING_CHUNK``, ``CHECK_PAGE``)."""
     selector = selector_labels("relist")
     lists: list[tuple[str, str]] = []
     handle = Emulator._handle
@@ -124,6 +124,6 @@ def test_what_vanished_while_the_watches_were_down_leaves_the_cache_and_is_recre
         wait_for(lambda: not cache.pods("default", selector), 20, "the deleted pod gone from the cache")
         assert context.kube.ready_pod_ips("default", selector) == []
     assert ("/api/v1/pods", str(LISTING_CHUNK)) in lists, "kopf's listing of the pods"
-    assert ("/api/v1/namespaces/default/services", str(LISTING_CHUNK)) in lists, "the cache's check of the Services"
+    assert ("/api/v1/namespaces/default/services", str(CHECK_PAGE)) in lists, "the cache's check of the Services"
     unpaged = [path for path, limit in lists if "/namespaces/" not in path and not limit]
     assert not unpaged, f"kopf listed without pages: {unpaged}"

@@ -113,6 +113,7 @@ def test_a_relisting_is_verified_once_its_events_stop_and_what_the_list_lacks_is
     started = cache.verification_due("Service", "ns")
     assert started == clock.now
     assert cache.verification_due("Service", "ns") is None, "one verification at a time"
+    assert cache.verification_due("Service", "other") is None, "one verification at a time, whatever it checks"
     cache.put("Service", service("created-meanwhile"))  # an event after the list started: newer than it
     assert cache.verified("Service", "ns", started, ["kept"]) == 1
     assert cache.get("Service", "ns", "vanished") is None
@@ -141,7 +142,7 @@ def test_a_listing_of_one_kind_verifies_every_kind_for_an_empty_listing_sends_no
     assert cache.get("PodDisruptionBudget", "ns", "orders") is None
 
 
-def test_a_listing_that_goes_on_is_verified_after_a_while_and_again_once_it_stops():
+def test_a_listing_that_goes_on_is_verified_every_while_and_again_once_it_stops():
     clock = FakeClock()
     cache = OwnedObjectsCache(monotonic=clock)
     cache.put("Service", service("old"))
@@ -152,8 +153,15 @@ def test_a_listing_that_goes_on_is_verified_after_a_while_and_again_once_it_stop
     started = cache.verification_due("Service", "ns")
     assert started is not None, "a long listing is verified before it ends"
     cache.verified("Service", "ns", started, ["old"])
-    clock.sleep(0.1)
-    cache.listing_noticed()  # more of the listing, after that verification started
+    lists = 0
+    for _ in range(int(2 * LISTING_WAIT_SECONDS / 0.5) + 2):  # the listing's events trickle on for a minute
+        clock.sleep(0.5)
+        cache.listing_noticed()
+        due = cache.verification_due("Service", "ns")
+        if due is not None:
+            lists += 1
+            cache.verified("Service", "ns", due, ["old"])
+    assert lists == 2, f"{lists} verification lists while the listing went on, not one every {LISTING_WAIT_SECONDS} s"
     clock.sleep(LISTING_QUIET_SECONDS)
     assert cache.verification_due("Service", "ns") is not None, "checked again once the listing stopped"
 
