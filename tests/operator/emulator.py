@@ -18,6 +18,9 @@ to a request, where the operator depends on it:
 * **A Deployment's pod-template labels are validated** as the API server's own Go validation checks them
   (``builtin_validation``): a bad key or value is a 422 ``Invalid`` at ``spec.template.labels``. The rest
   of the built-in kinds' validation is not imitated.
+* **Validating admission policies** (``admission_policy``, ``admission_policies``): a test's policy refuses the
+  writes of a resource its rule denies, after the kind's own validation, as the API server's
+  ValidatingAdmissionPolicy answers (422 ``Invalid`` by default, the policy and binding named).
 * **The status subresource**: for a resource that has one, a write to the object ignores ``status`` and a
   write to ``.../status`` ignores everything else (metadata too), for POST, PUT and every PATCH
   (merge, JSON, strategic merge, apply).
@@ -92,7 +95,7 @@ import kmock
 import yaml
 from kmock._internal import dicts  # the very merge/JSON-patch logic kmock applies
 
-from tests.operator import authorization, builtin_validation, crd_creation, server_side_apply
+from tests.operator import admission_policy, authorization, builtin_validation, crd_creation, server_side_apply
 from tests.operator.crd_validation import CustomResourceSchema, Invalid, UnknownFields
 
 _WRITES = {kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE}
@@ -258,6 +261,9 @@ class Emulator(kmock.KubernetesEmulator):
     watch_lag: dict[Any, float] = attrs.field(factory=dict)
     """Resource -> seconds each of its watch events is held back before it is sent (events queue behind each
     other): the operator's informer a moment behind the API server, as in a busy cluster. Empty: none."""
+    admission_policies: list[admission_policy.ValidatingAdmissionPolicy] = attrs.field(factory=list)
+    """The cluster's ValidatingAdmissionPolicies (``admission_policy``), in order; a test adds and removes them
+    (through ``call_in_loop``)."""
     schemas: dict[Any, CustomResourceSchema] = attrs.field(factory=dict, init=False)
     """Custom resources' schemas (``register_crd``): their objects are validated and defaulted."""
     tokens: dict[str, authorization.Identity] = attrs.field(factory=dict)
@@ -533,9 +539,9 @@ class Emulator(kmock.KubernetesEmulator):
                 raise _invalid(resource, self._kind(resource), name, causes)
         schema = self._schema(request.resource)
         if schema is None:
-            return obj
+            return self._admission_policies(request, obj, old)
         try:
-            return schema.admit(obj, old, strict=strict, pruned=pruned)
+            admitted = schema.admit(obj, old, strict=strict, pruned=pruned)
         except UnknownFields as unknown:
             raise kmock.KubernetesError(
                 400,
@@ -547,6 +553,17 @@ class Emulator(kmock.KubernetesEmulator):
             name = (obj.get("metadata") or {}).get("name")
             causes = [(error.path, str(error)) for error in invalid.errors]
             raise _invalid(request.resource, schema.kind, name, causes) from None
+        return self._admission_policies(request, admitted, old)
+
+    def _admission_policies(
+        self, request: kmock.Request, obj: dict[str, Any], old: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """Validating admission, after the kind's own validation (``admission_policy``): the first policy that
+        matches the write and denies it refuses it."""
+        for policy in self.admission_policies:
+            if policy.matches(request.resource, request.subresource):
+                policy.admit(request.resource, obj, old)
+        return obj
 
     async def _create(
         self,

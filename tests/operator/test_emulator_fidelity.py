@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.operator.admission_policy import ValidatingAdmissionPolicy
 from tests.operator.authorization import (
     OPERATOR_TOKEN,
     Attributes,
@@ -1220,3 +1221,67 @@ def test_a_list_comes_in_pages_with_a_continue_token_as_the_api_server_encodes_i
     expired = refused(lambda: kube.call("GET", path + f"?limit=2&continue={token}"), 410)
     assert expired["reason"] == "Expired" and "continue parameter is too old" in expired["message"]
     assert refused(lambda: kube.call("GET", path + "?continue=not-a-token"), 400)["reason"] == "BadRequest"
+
+
+# ---------------------------------------------------------------- validating admission policies
+
+
+def no_debug(obj: dict[str, Any], old: dict[str, Any] | None) -> str | None:
+    """A policy's rule: no container of a Deployment sets ``DEBUG``."""
+    containers = ((obj.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
+    if any(item.get("name") == "DEBUG" for container in containers for item in container.get("env") or []):
+        return "DEBUG may not be set in this namespace"
+    return None
+
+
+def test_a_validating_admission_policy_refuses_what_its_rule_denies_as_the_api_server_words_it(
+    kube: RunningEmulator,
+):
+    """kubernetes/apiserver ``pkg/admission/plugin/policy/validating/dispatcher.go`` (``Dispatch``): the first
+    denial, ``ValidatingAdmissionPolicy '<policy>' with binding '<binding>' denied request: <message>``, goes
+    through ``admission.NewForbidden`` (``pkg/admission/errors.go``; k8s.io/apimachinery
+    ``pkg/api/errors/errors.go`` ``NewForbidden``: ``deployments.apps "<name>" is forbidden: ...``, details with
+    the group, the resource as kind, the name), then gets the validation's reason (``Invalid`` when it has none)
+    with its code (``policy_decision.go`` ``reasonToCode``: 422; 403 for ``Forbidden``) and one cause with the
+    message and no field. ``pkg/registry/generic/registry/store.go`` (``Create``, ``Update``): the kind's own
+    validation runs first, and admission sees the object as it would be stored (an apply merged with the live
+    object). A rule for ``deployments`` does not match ``deployments/scale``."""
+    policy = ValidatingAdmissionPolicy("no-debug", "apps/v1/deployments", no_debug, binding="no-debug-here")
+    assert kube.emulator is not None
+    emulator = kube.emulator
+    kube.call_in_loop(lambda: emulator.admission_policies.append(policy))
+    kube.create("apps/v1/deployments", deployment("held", []))
+
+    debug_env = [{"name": "DEBUG", "value": "1"}]
+    debug = deployment("held", debug_env)
+    body = refused(lambda: apply(kube, "apps/v1/deployments", "held", debug), 422)
+    denied = (
+        "ValidatingAdmissionPolicy 'no-debug' with binding 'no-debug-here' denied request: "
+        "DEBUG may not be set in this namespace"
+    )
+    assert body["reason"] == "Invalid"
+    assert body["message"] == f'deployments.apps "held" is forbidden: {denied}'
+    assert body["details"] == {"name": "held", "group": "apps", "kind": "deployments", "causes": [{"message": denied}]}
+    created = refused(lambda: kube.create("apps/v1/deployments", deployment("new", debug_env)), 422)
+    assert created["message"].startswith('deployments.apps "new" is forbidden: ValidatingAdmissionPolicy')
+
+    # the object as it would be stored: an apply of the replicas alone, onto a Deployment without DEBUG, passes
+    replicas = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "held"}, "spec": {"replicas": 3}}
+    apply(kube, "apps/v1/deployments", "held", replicas)
+    assert kube.get("apps/v1/deployments", "held")["spec"]["replicas"] == 3
+    kube.patch("apps/v1/deployments", "held", {"spec": {"replicas": 4}}, subresource="scale")  # not matched
+    assert policy.denied == 2  # the apply and the create
+
+    # the kind's own validation first
+    labelled = deployment("labelled", debug_env)
+    labelled["spec"]["template"]["metadata"]["labels"]["team"] = "data platform"
+    body = refused(lambda: apply(kube, "apps/v1/deployments", "labelled", labelled), 422)
+    assert body["message"].startswith('Deployment.apps "labelled" is invalid: spec.template.labels')
+    assert policy.denied == 2
+
+    policy.reason = "Forbidden"
+    assert refused(lambda: apply(kube, "apps/v1/deployments", "held", debug), 403)["reason"] == "Forbidden"
+
+    kube.call_in_loop(lambda: emulator.admission_policies.remove(policy))
+    apply(kube, "apps/v1/deployments", "held", debug)  # the policy gone, the same apply passes
+    assert kube.get("apps/v1/deployments", "held")["spec"]["template"]["spec"]["containers"][0]["env"] == debug_env
