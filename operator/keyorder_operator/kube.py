@@ -205,22 +205,16 @@ class Kube:
         }
         return table[kind]
 
-    def apply(self, desired: dict[str, Any], field_manager: str = FIELD_MANAGER) -> str:
-        """Server-side apply ``desired`` (created if missing), forcing ownership of every field in it;
-        returns the applied object's resourceVersion. ``ApplyRefused`` when the API server refuses the object
-        itself (retrying cannot help); any other failure is raised as it came."""
+    def apply(self, desired: dict[str, Any]) -> str:
+        """Server-side apply the object ``desired`` (created if missing) by the objects' manager, forcing
+        ownership of every field in it; returns the applied object's resourceVersion. ``ApplyRefused`` when the
+        API server refuses the object itself (retrying the same object cannot help); any other failure is raised
+        as it came."""
         name, namespace = desired["metadata"]["name"], desired["metadata"]["namespace"]
         if desired["kind"] == "Deployment" and desired["spec"].get("strategy", {}).get("type") == "Recreate":
             self._drop_rolling_update(namespace, name)
         try:
-            applied = self._apply_call(desired["kind"])(
-                name,
-                namespace,
-                desired,
-                field_manager=field_manager,
-                force=True,
-                _content_type=APPLY_CONTENT_TYPE,
-            )
+            return self._server_side_apply(desired, FIELD_MANAGER)
         except ApiException as error:
             refusal = refusal_of(desired["kind"], int(error.status or 0), error.body)
             if refusal is None:
@@ -229,6 +223,17 @@ class Kube:
             raise ApplyRefused(
                 refusal, f"the API server refused {desired['kind']} {namespace}/{name}: {causes}"
             ) from error
+
+    def _server_side_apply(self, desired: dict[str, Any], field_manager: str) -> str:
+        """The apply itself, forced, written through to the cache; API errors raised as they came."""
+        applied = self._apply_call(desired["kind"])(
+            desired["metadata"]["name"],
+            desired["metadata"]["namespace"],
+            desired,
+            field_manager=field_manager,
+            force=True,
+            _content_type=APPLY_CONTENT_TYPE,
+        )
         if self.cache is not None:  # write-through: the next check sees this version, not a stale event
             self.cache.put(desired["kind"], self.client.sanitize_for_serialization(applied))
         return str(applied.metadata.resource_version)
@@ -370,13 +375,16 @@ class Kube:
         return None
 
     def _apply_replicas(self, namespace: str, name: str, replicas: int, version: str | None) -> str:
-        """The scaler's apply of ``spec.replicas``; with ``version``, only onto that resourceVersion."""
+        """The scaler's apply of ``spec.replicas``; with ``version``, only onto that resourceVersion. A refusal
+        is raised as the API server's error, never as ``ApplyRefused``: what it refuses is the Deployment as it
+        stands (an admission policy, a Deployment nobody can update), not a spec field, and the next poll
+        tries again."""
         metadata = {"name": name, "namespace": namespace}
         if version is not None:
             metadata["resourceVersion"] = version  # a precondition, as in any update
-        return self.apply(
+        return self._server_side_apply(
             {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": {"replicas": replicas}},
-            field_manager=SCALE_FIELD_MANAGER,
+            SCALE_FIELD_MANAGER,
         )
 
     def ensure_secret(self, desired: dict[str, Any], key: str) -> str:

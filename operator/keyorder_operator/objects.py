@@ -10,6 +10,11 @@ applied and the resourceVersion the API server gave it. An object still at that 
 desired state is the same, needs only a read; any other change (an edit, a deletion, a new spec, a
 status update) gets the apply again. A restarted operator remembers nothing and applies everything
 once.
+
+An object the API server refuses (``kube.ApplyRefused``) is remembered too, and skipped by the polls'
+repair until ``refusals.REFUSED_RETRY_SECONDS`` have passed (the refusal may come from outside the spec and
+go away: an admission policy); the other objects are applied all the same, and the poll goes on with what
+exists.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import secrets
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from keyorder_operator.builders import (
@@ -32,7 +40,8 @@ from keyorder_operator.builders import (
     selector_labels,
     update_strategy,
 )
-from keyorder_operator.kube import Kube, replicas_of, replicas_to_hand_over
+from keyorder_operator.kube import ApplyRefused, Kube, replicas_of, replicas_to_hand_over
+from keyorder_operator.refusals import REFUSED_RETRY_SECONDS, RefusedApply
 from keyorder_operator.spec import OrderedConsumerSpec
 
 log = logging.getLogger(__name__)
@@ -43,10 +52,22 @@ ObjectKey = tuple[str, str, str]
 
 class AppliedObjects:
     """What the operator last applied per owned object: (fingerprint of the desired object, the
-    resourceVersion the apply returned). Shared by kopf's handler threads, hence the lock."""
+    resourceVersion the apply returned); and the objects the API server refused (``RefusedApply``), which
+    the polls' repair sends again only every ``refused_retry_seconds``. Shared by kopf's handler threads,
+    hence the lock."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        refused_retry_seconds: float = REFUSED_RETRY_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.refused_retry_seconds = refused_retry_seconds
+        """A refused object is applied again after this long (``refusals.REFUSED_RETRY_SECONDS``)."""
+        self._monotonic = monotonic
         self._applied: dict[ObjectKey, tuple[str, str]] = {}
+        self._refused: dict[ObjectKey, RefusedApply] = {}
+        self._retried: dict[tuple[str, str], float] = {}
+        """(namespace, resource's name) -> when its refused objects were last sent again (``retry_due``)."""
         self._lock = threading.Lock()
 
     def unchanged(self, key: ObjectKey, fingerprint: str, live_version: str | None) -> bool:
@@ -55,14 +76,47 @@ class AppliedObjects:
             return live_version is not None and self._applied.get(key) == (fingerprint, live_version)
 
     def record(self, key: ObjectKey, fingerprint: str, version: str) -> None:
+        """The object was applied: it is no longer refused."""
         with self._lock:
             self._applied[key] = (fingerprint, version)
+            self._refused.pop(key, None)
+
+    def record_refusal(self, key: ObjectKey, fingerprint: str, refused: ApplyRefused) -> None:
+        with self._lock:
+            self._refused[key] = RefusedApply(fingerprint, refused.refusal, str(refused), self._monotonic())
+
+    def held_back(self, key: ObjectKey, fingerprint: str) -> bool:
+        """This very object was refused less than ``refused_retry_seconds`` ago: not worth sending yet."""
+        with self._lock:
+            refused = self._refused.get(key)
+            return refused is not None and refused.holds(fingerprint, self._monotonic(), self.refused_retry_seconds)
+
+    def refusals(self, namespace: str, name: str) -> list[RefusedApply]:
+        """The resource's objects refused at their last apply, in the order they are applied."""
+        with self._lock:
+            return [refused for key, refused in self._refused.items() if key[:2] == (namespace, name)]
+
+    def retry_due(self, namespace: str, name: str) -> bool:
+        """Whether to send the resource's refused objects again now: no refusal of them and no such retry
+        younger than ``refused_retry_seconds`` (nothing remembered, after a restart, is due at once). A True
+        answer counts as the retry, so a retry that fails for another reason waits its period too."""
+        now = self._monotonic()
+        with self._lock:
+            times = [refused.at for key, refused in self._refused.items() if key[:2] == (namespace, name)]
+            times.append(self._retried.get((namespace, name), -math.inf))
+            if any(now - at < self.refused_retry_seconds for at in times):
+                return False
+            self._retried[(namespace, name)] = now
+            return True
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted resource's objects (their names may be reused by a new resource)."""
         with self._lock:
             for key in [key for key in self._applied if key[:2] == (namespace, name)]:
                 del self._applied[key]
+            for key in [key for key in self._refused if key[:2] == (namespace, name)]:
+                del self._refused[key]
+            self._retried.pop((namespace, name), None)
 
 
 def fingerprint(desired: dict[str, Any]) -> str:
@@ -89,6 +143,10 @@ def apply_owned_objects(
     (``update_strategy``); during one, the group's pods are listed from the API server on every call
     (terminating ones too, which the Deployment's counts leave out): the cut-over ends only when none
     of the old kind is left.
+
+    An object the API server refuses (``kube.ApplyRefused``) is remembered in ``applied`` and the others
+    are applied all the same; then the first refusal is raised. Unless ``always``, an object refused as it
+    is now less than ``applied.refused_retry_seconds`` ago is skipped (not sent, not raised again).
     """
     namespace, name = meta["namespace"], meta["name"]
     owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
@@ -114,6 +172,7 @@ def apply_owned_objects(
                 "%s/%s: the replicas moved while being handed to the scaler; the Deployment waits", namespace, name
             )
     missing = []
+    refused: list[ApplyRefused] = []
     for desired in (
         build_service_account(owner),
         build_deployment(spec, owner, replicas, update_strategy(spec, live_deployment, pods)),
@@ -125,13 +184,22 @@ def apply_owned_objects(
         if kind == "Deployment" and held:
             continue  # applied without replicas it could remove them: not before the scaler holds them
         if not always:
+            if applied.held_back(key, wanted):
+                continue  # refused as it is, a moment ago: sent again once the retry period has passed
             live_version = kube.resource_version(kind, namespace, object_name)
             if applied.unchanged(key, wanted, live_version):
                 continue
             if live_version is None:
                 missing.append(kind)
-        version = kube.apply(desired)
+        try:
+            version = kube.apply(desired)
+        except ApplyRefused as error:  # the other objects do not depend on this one: they are applied still
+            applied.record_refusal(key, wanted, error)
+            refused.append(error)
+            continue
         if kind == "Deployment" and replicas is not None:  # the scaler owns them from the start
             version = kube.scale(namespace, name, replicas, expected=replicas) or version
         applied.record(key, wanted, version)
+    if refused:
+        raise refused[0]
     return missing

@@ -7,12 +7,16 @@ tests (real kopf against an API emulator) run exactly the same code. Per resourc
   nothing is touched), then apply the owned objects (``objects``): admin Secret, ServiceAccount,
   Deployment, metrics Service and PodDisruptionBudget. An object the API server refuses for what it
   is (``kube.ApplyRefused``: 422 Invalid, a keyed list with a repeated key) makes the spec invalid
-  too: ``InvalidSpec`` names the spec field it was built from, and the apply is not retried until the
-  spec changes or the operator restarts (it would fail the same way); any other failure is retried;
-* on a timer, every ``scaling.pollIntervalSeconds``, unless the spec is invalid: one ``poll.Poll``
-  re-applies the owned objects (self-repair), observes lag in Kafka and the pods' reports, decides,
-  scales the Deployment, pushes the worker count to the ready pods and explains it in status, Events
-  and metrics; or it advances a catch-up hand-over (``handover``);
+  too: ``InvalidSpec`` names the spec field it was built from (one Event per distinct refusal), the
+  other objects are applied all the same, and the refused one is sent again only every
+  ``refusals.REFUSED_RETRY_SECONDS`` (``retry_refused``), not on every poll: a refusal may come from
+  outside the spec (an admission policy) and go away, and then ``InvalidSpec`` clears. Any other
+  failure is retried at once;
+* on a timer, every ``scaling.pollIntervalSeconds``, unless the spec itself is invalid: one
+  ``poll.Poll`` re-applies the owned objects (self-repair; a refused one waits for its retry),
+  observes lag in Kafka and the pods' reports, decides, scales the Deployment, pushes the worker count
+  to the ready pods and explains it in status, Events and metrics; or it advances a catch-up hand-over
+  (``handover``). A refused object stops none of this: the Deployment that exists is scaled as before;
 * on every watch event of an owned object or a consumer pod: keep it in the cache the polls read
   (``cache``), so a steady poll reads nothing from the API server;
 * on delete: forget the resource's metric series and applied objects, and close its Kafka client;
@@ -23,6 +27,7 @@ Each handler writes only the conditions it owns (``status.SPEC_CONDITIONS``, ``s
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import kopf
@@ -37,6 +42,8 @@ from keyorder_operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, OrderedC
 from keyorder_operator.status import SPEC_CONDITIONS, condition_is, set_condition, write_conditions
 
 __all__ = ["OperatorContext", "register"]
+
+log = logging.getLogger(__name__)
 
 
 def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
@@ -62,14 +69,43 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             return
         try:
             apply_owned_objects(context.kube, spec, meta, status, context.applied, always=True)
-        except ApplyRefused as refused:  # the object as built is refused: no retry can help, the spec must change
+        except ApplyRefused:  # sending the same object again soon would fail the same way (retry_refused)
             context.metrics.errors.labels(meta["namespace"], meta["name"]).inc()
-            report_validity(body, patch, InvalidSpec(refused.refusal.problems()), now)
+            report_validity(body, patch, refused_objects(meta), now)
             return
         except Exception as error:
-            report_validity(body, patch, None, now)
+            report_validity(body, patch, refused_objects(meta), now)
             context.metrics.errors.labels(meta["namespace"], meta["name"]).inc()
             raise kopf.TemporaryError(f"applying objects failed: {error}", delay=10) from error
+        report_validity(body, patch, None, now)
+        patch.status["observedGeneration"] = meta.get("generation")
+
+    def refused_objects(meta: Any) -> InvalidSpec | None:
+        """The resource's objects the API server refused at their last apply, as the spec's problems."""
+        refused = context.applied.refusals(meta["namespace"], meta["name"])
+        return InvalidSpec([problem for each in refused for problem in each.refusal.problems()]) if refused else None
+
+    def retry_refused(body: Any, meta: Any, status: Any, patch: kopf.Patch, spec: OrderedConsumerSpec) -> None:
+        """While ``InvalidSpec`` says the API server refused an owned object, apply the objects again every
+        ``context.applied.refused_retry_seconds`` (at once after a restart): what refused them may have gone
+        (an admission policy removed), and then the condition clears. Refused again: the condition stays, with
+        an Event only if the refusal's message changed. Failed otherwise: logged, tried again after the period."""
+        conditions = list((status or {}).get("conditions") or [])
+        namespace, name = meta["namespace"], meta["name"]
+        if not condition_is(conditions, "InvalidSpec") or not context.applied.retry_due(namespace, name):
+            return
+        now = context.clock()
+        try:
+            apply_owned_objects(context.kube, spec, meta, status, context.applied, always=True)
+        except ApplyRefused:
+            context.metrics.errors.labels(namespace, name).inc()
+            report_validity(body, patch, refused_objects(meta), now)
+            return
+        except Exception as error:  # logged and counted; the poll goes on with what exists
+            context.metrics.errors.labels(namespace, name).inc()
+            log.warning("%s/%s: applying the refused objects again failed: %s", namespace, name, error)
+            return
+        log.info("%s/%s: the API server accepts the objects it refused before", namespace, name)
         report_validity(body, patch, None, now)
         patch.status["observedGeneration"] = meta.get("generation")
 
@@ -83,14 +119,20 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     @kopf.timer(*resource, interval=context.tick_seconds, sharp=True, registry=registry)
     def autoscale(body: Any, meta: Any, status: Any, patch: kopf.Patch, **_: Any) -> None:
         try:
-            spec = parse_spec(dict(body.get("spec") or {}))
+            spec = checked(body)
         except InvalidSpec:
             return  # reported by reconcile_objects; nothing is scaled for an invalid spec
-        if condition_is(list((status or {}).get("conditions") or []), "InvalidSpec"):
-            return  # the API server refused the objects built from it (reconcile_objects): the same
-        with context.polling(str(meta.get("uid") or ""), meta["namespace"], meta["name"]) as alive:
-            if alive:
-                Poll(context, body, meta, spec, dict(status or {}), patch, context.clock()).run()
+        namespace, name = meta["namespace"], meta["name"]
+        with context.polling(str(meta.get("uid") or ""), namespace, name) as alive:
+            if not alive:
+                return
+            # an object the API server refused stops nothing else: the poll scales what exists
+            retry_refused(body, meta, status, patch, spec)
+            known = context.applied.refusals(namespace, name)
+            Poll(context, body, meta, spec, dict(status or {}), patch, context.clock()).run()
+            if any(refused not in known for refused in context.applied.refusals(namespace, name)):
+                # the poll's repair met a refusal (an edited object re-applied, a policy added): say so
+                report_validity(body, patch, refused_objects(meta), context.clock())
 
 
 def checked(body: Any) -> OrderedConsumerSpec:
@@ -105,7 +147,8 @@ def checked(body: Any) -> OrderedConsumerSpec:
 def report_validity(body: Any, patch: kopf.Patch, invalid: InvalidSpec | None, now: float) -> None:
     """The ``InvalidSpec`` condition: true with the problems (and a Warning Event when it starts or its message
     changes) for ``invalid``, else false once a previous one is cleared. Invalid is the spec itself, or the
-    objects built from it that the API server refused (``kube.ApplyRefused``)."""
+    objects built from it that the API server refused (``kube.ApplyRefused``, sent again every
+    ``refusals.REFUSED_RETRY_SECONDS``)."""
     conditions = list((body.get("status") or {}).get("conditions") or [])
     if invalid is not None:
         before: dict[str, Any] = next((c for c in conditions if c.get("type") == "InvalidSpec"), {})

@@ -15,7 +15,13 @@ answers are such refusals:
 
 Every other failure (conflicts, throttling, timeouts, webhooks, a 500 of another kind) stays temporary.
 ``spec_field`` names the resource's field the refused object field was built from (builders.py's layout),
-so the ``InvalidSpec`` condition points the user at what to change. Pure: no I/O, no kopf.
+so the ``InvalidSpec`` condition points the user at what to change.
+
+A refusal is permanent for the object as sent, not for ever: a 422 may come from outside the spec (a
+ValidatingAdmissionPolicy's denial is 422 ``Invalid`` by default: kubernetes/apiserver
+``pkg/admission/plugin/policy/validating/dispatcher.go``; an immutable field an upgrade changed), and the
+cluster may change under it (the policy removed). So the same object is sent again, but only every
+``REFUSED_RETRY_SECONDS`` (``RefusedApply.holds``), not on every poll. Pure: no I/O, no kopf.
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ from dataclasses import dataclass
 
 TYPED_PATCH_REFUSAL = "failed to create typed patch object"
 """How the API server's field manager words an applied configuration that fails its typed validation."""
+
+REFUSED_RETRY_SECONDS = 300.0
+"""An owned object the API server refused is applied again, unchanged, after this many seconds: often enough
+that an outside fix (an admission policy removed or changed) clears ``InvalidSpec`` within minutes, seldom
+enough that a refusal that stays (the spec's own fault) costs one apply per resource per period. A changed
+object (a new spec) is applied at once."""
 
 _SMD_ERROR = re.compile(r"^\s*(\.[^\s:]*): (.+)$")
 """One error of structured-merge-diff's ``ValidationErrors``: ``<.path>: <message>``."""
@@ -73,10 +85,27 @@ class Refusal:
 
     def problems(self) -> list[tuple[str, str]]:
         """(the spec field it points at, why), as ``spec.InvalidSpec`` takes them."""
+        built = f"the API server refused the {self.kind} built from it"
         return [
-            (spec_field(self.kind, field), f"the API server refused the {self.kind} built from it: {field}: {message}")
+            (spec_field(self.kind, field), f"{built}: {field}: {message}" if field else f"{built}: {message}")
             for field, message in self.causes
         ]
+
+
+@dataclass(frozen=True)
+class RefusedApply:
+    """An owned object the API server refused: the fingerprint of the object as sent, the refusal, the error's
+    message (``kube.ApplyRefused``), and when (a monotonic clock's seconds)."""
+
+    fingerprint: str
+    refusal: Refusal
+    message: str
+    at: float
+
+    def holds(self, fingerprint: str, now: float, retry_seconds: float = REFUSED_RETRY_SECONDS) -> bool:
+        """Whether an apply of the object with ``fingerprint`` at ``now`` should be skipped: it is the object
+        refused, and the refusal is younger than ``retry_seconds``."""
+        return fingerprint == self.fingerprint and now - self.at < retry_seconds
 
 
 def refusal_of(kind: str, status: int, body: str | bytes | None) -> Refusal | None:

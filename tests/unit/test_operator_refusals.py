@@ -6,7 +6,11 @@ import json
 
 import pytest
 
+from keyorder_operator.kube import ApplyRefused
+from keyorder_operator.objects import AppliedObjects, apply_owned_objects
 from keyorder_operator.refusals import Refusal, refusal_of, spec_field
+from keyorder_operator.spec import parse_spec
+from tests.fakes import FakeClock
 
 DUPLICATE_ENV = (
     "failed to create typed patch object (payments/ledger; apps/v1, Kind=Deployment): "
@@ -128,3 +132,107 @@ def test_the_problems_name_the_spec_field_and_quote_the_server():
         )
     ]
     assert spec_field("Service", "spec.ports[0].port") == "spec"
+
+
+def test_a_refusal_naming_no_field_quotes_the_server_alone():
+    """A ValidatingAdmissionPolicy's denial is a 422 Invalid whose one cause has a message and no field."""
+    denied = "ValidatingAdmissionPolicy 'no-debug' denied request: DEBUG may not be set"
+    body = status(422, f'deployments.apps "ledger" is forbidden: {denied}', "Invalid", [{"message": denied}])
+    refusal = refusal_of("Deployment", 422, body)
+    assert refusal is not None
+    assert refusal.problems() == [("spec", f"the API server refused the Deployment built from it: {denied}")]
+
+
+REFUSED = ApplyRefused(Refusal("Deployment", 422, (("", "denied"),)), "the API server refused Deployment ns/a: denied")
+
+
+def test_a_refused_object_is_held_back_for_the_retry_period_and_a_changed_one_is_not():
+    clock = FakeClock()
+    applied = AppliedObjects(refused_retry_seconds=300, monotonic=clock)
+    key = ("ns", "a", "Deployment")
+    applied.record_refusal(key, "v1", REFUSED)
+    assert applied.held_back(key, "v1") and not applied.held_back(key, "v2")  # a new spec is sent at once
+    assert [refused.message for refused in applied.refusals("ns", "a")] == [str(REFUSED)]
+    assert applied.refusals("ns", "b") == []
+    clock.sleep(299)
+    assert applied.held_back(key, "v1")
+    clock.sleep(1)
+    assert not applied.held_back(key, "v1")  # the period is over: sent again
+    applied.record(key, "v1", "7")
+    assert applied.refusals("ns", "a") == [] and not applied.held_back(key, "v1")
+
+
+def test_the_refused_objects_are_retried_once_per_period_whatever_the_outcome():
+    """After a restart nothing is remembered: due at once. A retry counts whether it was refused again or failed
+    otherwise, so a resource is retried at most once per period."""
+    clock = FakeClock()
+    applied = AppliedObjects(refused_retry_seconds=300, monotonic=clock)
+    assert applied.retry_due("ns", "a")  # nothing remembered (a restart): at once
+    assert not applied.retry_due("ns", "a")  # that retry failed otherwise (a timeout): not again at once
+    clock.sleep(300)
+    assert applied.retry_due("ns", "a")
+    applied.record_refusal(("ns", "a", "Deployment"), "v1", REFUSED)  # refused again
+    clock.sleep(299)
+    assert not applied.retry_due("ns", "a") and applied.retry_due("ns", "b")
+    clock.sleep(1)
+    assert applied.retry_due("ns", "a")
+    applied.forget("ns", "a")
+    assert applied.refusals("ns", "a") == [] and applied.retry_due("ns", "a")
+
+
+class RefusingKube:
+    """FAKE ``kube.Kube`` for ``apply_owned_objects``: every object exists, at version "1" until an apply of it
+    lands ("2"); it refuses the applies of the kinds in ``refusing`` (``ApplyRefused``) and records the rest."""
+
+    def __init__(self, refusing: set[str]) -> None:
+        self.refusing = refusing
+        self.applied: list[str] = []
+        self.sent: list[str] = []
+
+    def ensure_secret(self, desired: dict, key: str) -> str:
+        return "token"
+
+    def deployment(self, namespace: str, name: str) -> dict | None:
+        return {"metadata": {"name": name, "resourceVersion": "1"}, "spec": {"replicas": 2}}
+
+    def resource_version(self, kind: str, namespace: str, name: str) -> str | None:
+        return "2" if kind in self.applied else "1"
+
+    def apply(self, desired: dict) -> str:
+        self.sent.append(desired["kind"])
+        if desired["kind"] in self.refusing:
+            raise ApplyRefused(Refusal(desired["kind"], 422, (("", "denied"),)), f"refused {desired['kind']}")
+        self.applied.append(desired["kind"])
+        return "2"
+
+
+def test_a_refused_object_leaves_the_others_applied_and_the_repair_skips_it_until_its_retry():
+    spec = parse_spec(
+        {
+            "kafka": {"bootstrapServers": "k:9092", "topics": ["orders"], "groupId": "orders"},
+            "handler": {"image": "registry.example/orders:1.0", "handler": "orders.handler:handle"},
+        }
+    )
+    meta = {"namespace": "ns", "name": "orders", "uid": "u-1"}
+    clock = FakeClock()
+    applied = AppliedObjects(refused_retry_seconds=300, monotonic=clock)
+    kube = RefusingKube({"Deployment"})
+    with pytest.raises(ApplyRefused, match="refused Deployment"):
+        apply_owned_objects(kube, spec, meta, {}, applied, always=True)  # type: ignore[arg-type]
+    assert kube.applied == ["ServiceAccount", "Service", "PodDisruptionBudget"]  # after the refused one too
+    assert [refused.refusal.kind for refused in applied.refusals("ns", "orders")] == ["Deployment"]
+
+    kube.sent.clear()
+    assert apply_owned_objects(kube, spec, meta, {}, applied, always=False) == []  # type: ignore[arg-type]
+    assert kube.sent == []  # the repair: the others unchanged, the refused one held back (not raised again)
+    clock.sleep(300)
+    with pytest.raises(ApplyRefused):
+        apply_owned_objects(kube, spec, meta, {}, applied, always=False)  # type: ignore[arg-type]
+    assert kube.sent == ["Deployment"]  # its period over: sent again, refused again
+    kube.refusing.clear()  # what refused it is gone (an admission policy removed)
+    clock.sleep(299)
+    kube.sent.clear()
+    apply_owned_objects(kube, spec, meta, {}, applied, always=False)  # type: ignore[arg-type]
+    assert kube.sent == []  # the repair waits for the period
+    apply_owned_objects(kube, spec, meta, {}, applied, always=True)  # type: ignore[arg-type]
+    assert "Deployment" in kube.applied and applied.refusals("ns", "orders") == []  # a retry (or a new spec): sent
