@@ -6,10 +6,17 @@ The decision to hand over is pure (``catchup.catchup_verdict``), and so are the 
 does the I/O of each step for one poll (the pre-flight Job, scale, create the Job, Events, status),
 through the poll's patch and conditions, so a hand-over survives an operator restart exactly where the
 status says it is.
+
+Its writes of the replicas are compare-and-swaps, as every other (``Kube.scale`` with ``expected``: the
+replicas this poll read): a size written meanwhile (``kubectl scale``, an HPA) is never overwritten by a
+step that did not see it. Replicas another autoscaler scales (``Poll.other_autoscaler``:
+``ScalingConflict``) are never written at all: a hand-over not yet running ends without a Job, and one
+whose Job runs leaves the pods' size to that autoscaler when it ends.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
@@ -47,10 +54,12 @@ from keyorder_operator.image_check import (
 )
 from keyorder_operator.kube import JobConflict
 from keyorder_operator.policy import duration
-from keyorder_operator.status import timestamp
+from keyorder_operator.status import condition_is, timestamp
 
 if TYPE_CHECKING:
     from keyorder_operator.poll import Poll
+
+log = logging.getLogger(__name__)
 
 
 class CatchupHandover:
@@ -136,8 +145,19 @@ class CatchupHandover:
         poll.condition("CatchingUp", True, "CheckingImage", message)
 
     def start(self, trigger: str, end_offsets: tuple[tuple[str, int, int], ...], replicas: int) -> None:
-        """Record the fence, scale the pods to 0; the Job starts once they are gone."""
+        """Record the fence, scale the pods to 0 (from ``replicas``, the size this poll read: if it moved
+        meanwhile, nothing starts and the next poll decides from the new size); the Job starts once they are
+        gone."""
         poll = self.poll
+        if self.kube.scale(self.namespace, self.name, 0, expected=replicas) is None:
+            log.info(
+                "%s/%s: the replicas are no longer %d, the size this poll read; the catch-up hand-over does not "
+                "start, the next poll decides from the new size",
+                self.namespace,
+                self.name,
+                replicas,
+            )
+            return
         run = CatchupRun(
             Phase.STOPPING_PODS,
             catchup_job_name(self.name, poll.now),
@@ -145,7 +165,6 @@ class CatchupHandover:
             poll.now,
             resume_replicas=max(replicas, poll.spec.replicas.min, 1),
         )
-        self.kube.scale(self.namespace, self.name, 0)
         poll.context.metrics.catchups.labels(self.namespace, self.name, "started").inc()
         poll.context.metrics.catching_up.labels(self.namespace, self.name).set(1)
         poll.info("CatchupStarted", f"{trigger}; stopping the pods for Job {run.job_name} (fence in status.catchup)")
@@ -155,10 +174,24 @@ class CatchupHandover:
         poll.patch.status["lastDecision"] = {"reason": f"catch-up: {trigger}", "time": timestamp(poll.now)}
 
     def follow(self, run: CatchupRun, replicas: int) -> None:
-        """Advance a hand-over: pods gone -> create the Job; Job finished and its pods gone -> resume the pods."""
+        """Advance a hand-over: pods gone -> create the Job; Job finished and its pods gone -> resume the pods.
+        ``replicas``: the Deployment's, as this poll read them."""
         poll, kube = self.poll, self.kube
-        if replicas != 0:
-            kube.scale(self.namespace, self.name, 0)  # nothing may consume the group while the Job owns it
+        # the replicas the hand-over may write over (None: not its to write: another autoscaler's, or moved)
+        current: int | None = replicas
+        if poll.other_autoscaler(replicas):  # an HPA took the replicas: never taken back (ScalingConflict)
+            current = None
+            if run.phase is Phase.STOPPING_PODS:
+                self.finish(
+                    run,
+                    JobState.FAILED,
+                    "another autoscaler scales the Deployment (condition ScalingConflict names it): the pods cannot "
+                    "be stopped for the Job; no Job was started",
+                    current,
+                )
+                return
+        elif replicas != 0:  # nothing may consume the group while the Job owns it (a kubectl scale, say)
+            current = 0 if kube.scale(self.namespace, self.name, 0, expected=replicas) is not None else None
         if run.phase is Phase.STOPPING_PODS:
             left = max(
                 kube.pod_count(self.namespace, selector_labels(self.name)),
@@ -169,11 +202,12 @@ class CatchupHandover:
                     run,
                     JobState.FAILED,
                     f"{left} consumer pods did not stop within {poll.now - run.started_at:.0f} s; no Job was started",
+                    current,
                 )
             elif left:
                 poll.condition("CatchingUp", True, "StoppingPods", f"waiting for {left} consumer pods to stop")
             else:
-                self.start_job(run)
+                self.start_job(run, current)
             return
         job = kube.job(self.namespace, run.job_name)
         outcome = job_state(job)
@@ -201,7 +235,7 @@ class CatchupHandover:
                 f"Job {run.job_name} {what} after {poll.now - run.started_at:.0f} s (a failed catch-up keeps "
                 "the waves it committed; the rest is the pods' again)"
             )
-        self.finish(run, outcome, detail)
+        self.finish(run, outcome, detail, current)
 
     def finishing_already(self) -> bool:
         """The last poll waited for the Job's pods too (its Event was posted then)."""
@@ -209,7 +243,7 @@ class CatchupHandover:
             entry.get("type") == "CatchingUp" and entry.get("reason") == "Finishing" for entry in self.poll.conditions
         )
 
-    def start_job(self, run: CatchupRun) -> None:
+    def start_job(self, run: CatchupRun, replicas: int | None) -> None:
         poll = self.poll
         try:
             self.kube.create_job(
@@ -217,25 +251,35 @@ class CatchupHandover:
             )
         except (ApiException, JobConflict) as error:
             reason = error.reason if isinstance(error, ApiException) else str(error)
-            self.finish(run, JobState.FAILED, f"Job {run.job_name} could not be created: {reason}")
+            self.finish(run, JobState.FAILED, f"Job {run.job_name} could not be created: {reason}", replicas)
             return
         poll.info("CatchupRunning", f"pods stopped; Job {run.job_name} started")
         poll.patch.status["catchup"] = run.running().to_status()
         poll.condition("CatchingUp", True, "Running", f"Job {run.job_name} handles the backlog up to the fence")
 
-    def finish(self, run: CatchupRun, outcome: JobState, detail: str) -> None:
-        """Give the group back to the pods, and say how the hand-over ended."""
+    def finish(self, run: CatchupRun, outcome: JobState, detail: str, replicas: int | None) -> None:
+        """Give the group back to the pods, and say how the hand-over ended. The pods' size goes back to
+        ``run.resume_replicas`` only from ``replicas``, the size the hand-over knows the Deployment has (a
+        compare-and-swap); with ``None`` (another autoscaler's replicas, or moved since this poll's read), or
+        if they moved meanwhile, it is left as it is, and the next poll decides from it."""
         poll = self.poll
-        self.kube.scale(self.namespace, self.name, run.resume_replicas)
+        resumed = (
+            replicas is not None
+            and self.kube.scale(self.namespace, self.name, run.resume_replicas, expected=replicas) is not None
+        )
+        if resumed:
+            where = "it" if outcome is JobState.SUCCEEDED else "the group's committed offsets"
+            pods = f"{run.resume_replicas} pods resume from {where}"
+        elif condition_is(poll.conditions, "ScalingConflict"):
+            pods = "the pods' replicas are left to the other autoscaler (condition ScalingConflict names it)"
+        else:
+            pods = "the pods' replicas moved during the hand-over and are left as they are"
         if outcome is JobState.SUCCEEDED:
-            message = f"{detail}; {run.resume_replicas} pods resume from it"
+            message = f"{detail}; {pods}"
             poll.info("CatchupSucceeded", message)
             poll.condition("CatchupFailed", False, "Succeeded", message)
         else:
-            message = (
-                f"{detail}; {run.resume_replicas} pods resume from the group's committed offsets. "
-                "Automatic catch-up is off until the spec changes."
-            )
+            message = f"{detail}; {pods}. Automatic catch-up is off until the spec changes."
             poll.warn("CatchupFailed", message)
             poll.condition("CatchupFailed", True, "JobFailed", message)
             poll.patch.status["catchupFailedGeneration"] = poll.meta.get("generation")
@@ -248,5 +292,6 @@ class CatchupHandover:
         status["catchupVotes"] = 0
         status["lastSample"] = None  # rates must not span the hand-over
         poll.memory.last_sample = None
-        status["replicas"] = run.resume_replicas
+        if resumed:
+            status["replicas"] = run.resume_replicas
         status["lastDecision"] = {"reason": message, "time": timestamp(poll.now)}
