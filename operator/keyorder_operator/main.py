@@ -229,6 +229,7 @@ def operator_command(args: argparse.Namespace) -> int:
         PeeringCheck,
         PeeringUnusable,
         peering_objects,
+        probe_api_client,
         read_peering_object,
         register_peering_probe,
         wait_for_peering_objects,
@@ -256,8 +257,11 @@ def operator_command(args: argparse.Namespace) -> int:
     )
     registry = operator_registry(context)
     if peering:
+        reader = probe_api_client(api_client)
         check = PeeringCheck(
-            peering, lambda obj: read_peering_object(api_client, obj), context.metrics.peering_object_present
+            peering,
+            lambda obj, timeout: read_peering_object(reader, obj, timeout),
+            context.metrics.peering_object_present,
         )
         register_peering_probe(registry, check)
     try:

@@ -20,10 +20,14 @@ So, around kopf:
 * **While running** ``PeeringCheck`` reads them again on every health probe (kopf's ``/healthz``; kopf
   runs the probes at most every 10 s), logs an ERROR when one is gone and a WARNING when it is back, sets
   ``keyorder_operator_peering_object_present``, and shows the state in ``/healthz``'s answer. It never
-  fails the probe: a liveness restart would turn a working replica into one that refuses to start.
+  fails the probe: a liveness restart would turn a working replica into one that refuses to start. Nor
+  may it outlast the probe: all its reads share one deadline, ``CHECK_BUDGET_SECONDS``, inside the
+  chart's liveness ``timeoutSeconds``; the objects it had no time for are shown ``unchecked`` and read
+  first on the next probe.
 
-The decisions (which objects, what an answer means, the message, the waiting) are pure and take the
-reader, the clock and the sleep as parameters; ``read_peering_object`` is the one call to the API.
+The decisions (which objects, what an answer means, the message, the waiting, the check's deadline) are
+pure and take the reader, the clock and the sleep as parameters; ``read_peering_object`` is the one call to
+the API (on the probe, through ``probe_api_client``: no retries, so a read ends within its timeout).
 """
 
 from __future__ import annotations
@@ -55,7 +59,16 @@ BACK_EMPTY = (
     "keep-alives (within a minute) record them again and the standbys pause"
 )
 READ_TIMEOUT_SECONDS = 3.0
-"""A read on a health probe gives up after this (the chart's probes time out after 5 s)."""
+"""A read of one peering object gives up after this."""
+CHECK_BUDGET_SECONDS = 3.0
+"""All the reads of one health probe's check together give up after this (one deadline, however many
+namespaces): the chart's liveness and readiness probes time out after 5 s (``timeoutSeconds``), and kopf's
+``/healthz`` answers only once every probe handler has, so a check that read its objects one after another,
+each with its own timeout, would fail the probe with two namespaces and a hung API server."""
+MIN_READ_SECONDS = 0.2
+"""A read is not started with less time than this left before the check's deadline."""
+UNCHECKED = "unchecked"
+"""What ``/healthz`` shows for an object the check had no time left to read."""
 
 
 class PeeringUnusable(Exception):
@@ -196,18 +209,28 @@ class PeeringCheck:
     object is empty and kopf's ``process_peering_event`` then resumes every replica until the keep-alives,
     every 50-55 s, record them again; WARNING when it cannot be read) and sets the gauge: 1 present, 0 absent,
     not served or not readable for RBAC; a read that failed otherwise (timeout, 5xx) leaves it as it was, since
-    nothing is known."""
+    nothing is known. ``read(obj, timeout)`` reads one object within ``timeout`` seconds; all the reads of one
+    check end by ``budget_seconds`` after it starts (``clock``: monotonic seconds). An object left unread is
+    shown ``unchecked``, its gauge and state as they were, and is read first by the next check."""
 
     def __init__(
         self,
         objects: Sequence[PeeringObject],
-        read: Callable[[PeeringObject], Reading],
+        read: Callable[[PeeringObject, float], Reading],
         gauge: Any,
+        budget_seconds: float = CHECK_BUDGET_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.objects = list(objects)
         self.read = read
         self.gauge = gauge
+        self.budget_seconds = budget_seconds
+        self.clock = clock
         self.last: dict[PeeringObject, Presence] = {}
+        self._first = 0
+        """Where the next check starts: at the first object the last one had no time for."""
+        self._short = False
+        """The last check ran out of time (said once, when it starts)."""
         for obj in self.objects:
             self._series(obj).set(1)  # the start-up wait has just seen every one of them
 
@@ -215,10 +238,28 @@ class PeeringCheck:
         return self.gauge.labels(obj.kind, obj.namespace or "", obj.name)
 
     def check(self) -> dict[str, str]:
-        """Read every object once; the answer is what ``/healthz`` shows under ``peering``."""
-        shown = {}
-        for obj in self.objects:
-            reading = self.read(obj)
+        """Read every object once, within the budget; the answer is what ``/healthz`` shows under ``peering``."""
+        deadline = self.clock() + self.budget_seconds
+        order = self.objects[self._first :] + self.objects[: self._first]
+        shown: dict[str, str] = {}
+        for position, obj in enumerate(order):
+            left = deadline - self.clock()
+            if left < MIN_READ_SECONDS:
+                unread = order[position:]
+                shown.update((_shown_name(each), UNCHECKED) for each in unread)
+                self._first = self.objects.index(unread[0])
+                if not self._short:
+                    logger.warning(
+                        "The peering check ran out of its %gs before it read %s (%d of %d objects): the API server "
+                        "answers slowly or not at all; they are read first on the next health probe",
+                        self.budget_seconds,
+                        ", ".join(str(each) for each in unread),
+                        len(unread),
+                        len(order),
+                    )
+                self._short = True
+                return shown
+            reading = self.read(obj, min(READ_TIMEOUT_SECONDS, left))
             before = self.last.get(obj, Presence.PRESENT)
             self.last[obj] = reading.presence
             if reading.presence is Presence.PRESENT:
@@ -232,12 +273,32 @@ class PeeringCheck:
                 self._series(obj).set(0)
                 if before is not reading.presence:
                     logger.error("%s", problem(obj, reading, WHILE_RUNNING))
-            shown[f"{obj.kind}/{obj.namespace + '/' if obj.namespace else ''}{obj.name}"] = reading.presence.value
+            shown[_shown_name(obj)] = reading.presence.value
+        self._first, self._short = 0, False
         return shown
 
 
+def _shown_name(obj: PeeringObject) -> str:
+    """How ``/healthz`` names an object: ``Kind/[namespace/]name``."""
+    return f"{obj.kind}/{obj.namespace + '/' if obj.namespace else ''}{obj.name}"
+
+
+def probe_api_client(api_client: Any) -> Any:
+    """A client for the health probe's reads: the operator's configuration (credentials, token refresh) without
+    urllib3's retries. By default urllib3 retries a GET that timed out three times, each with the whole timeout
+    again, so a read meant to give up after 3 s would take 12 s against a hung API server, past the probe's."""
+    import copy
+
+    import kubernetes
+
+    configuration = copy.deepcopy(api_client.configuration)
+    configuration.retries = False
+    return kubernetes.client.ApiClient(configuration)
+
+
 def read_peering_object(api_client: Any, obj: PeeringObject, timeout: float = READ_TIMEOUT_SECONDS) -> Reading:
-    """GET ``obj`` with the operator's credentials (the kubernetes client's ``CustomObjectsApi``)."""
+    """GET ``obj`` with the operator's credentials (the kubernetes client's ``CustomObjectsApi``), giving up
+    after ``timeout`` seconds in all (the client's ``_request_timeout`` as one number is urllib3's total)."""
     import kubernetes
     import urllib3
 
@@ -277,6 +338,7 @@ __all__ = [
     "Reading",
     "interpret",
     "peering_objects",
+    "probe_api_client",
     "problem",
     "read_peering_object",
     "register_peering_probe",

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from keyorder.devtools.embedded import free_port
-from keyorder_operator.peering import Presence, Reading, peering_objects, read_peering_object
+from keyorder_operator.peering import Presence, Reading, peering_objects, probe_api_client, read_peering_object
 from tests.operator.authorization import chart_authorizer
 from tests.operator.conftest import fail_on_refusals
 from tests.operator.emulator import Emulator, register_peering_crds
@@ -184,3 +187,48 @@ def test_a_read_tells_present_absent_unserved_forbidden_and_unreachable_apart_th
     with api_client(f"http://127.0.0.1:{free_port()}") as client:
         unreachable = read_peering_object(client, obj, timeout=2)
         assert unreachable.presence is Presence.UNREADABLE and "MaxRetryError" in unreachable.detail, unreachable
+
+
+@contextmanager
+def hung_api_server() -> Iterator[tuple[str, list[socket.socket]]]:
+    """An API server that accepts connections and never answers: its URL, and the connections it accepted."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", accepted
+    finally:
+        stop.set()
+        thread.join(5)  # hang guard
+        for connection in accepted:
+            connection.close()
+        listener.close()
+
+
+def test_a_probe_read_of_a_hung_api_server_ends_within_its_timeout() -> None:
+    """urllib3 retries a GET that timed out three times, each with the whole timeout again: the probe's reads go
+    through ``probe_api_client`` (no retries), so one read sends one request and ends within its timeout, and
+    the check's deadline holds against a real client."""
+    obj = peering_objects(NAME, [])[0]
+    with hung_api_server() as (url, accepted), api_client(url) as client:
+        probe = probe_api_client(client)
+        try:
+            started = time.monotonic()
+            reading = read_peering_object(probe, obj, timeout=0.5)
+            elapsed = time.monotonic() - started
+        finally:
+            probe.close()
+        assert reading.presence is Presence.UNREADABLE, reading
+        assert elapsed < 1.5, f"a 0.5 s read took {elapsed:.1f} s"
+        assert len(accepted) == 1, f"{len(accepted)} requests for one read"

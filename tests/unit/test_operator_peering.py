@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from keyorder_operator.operator_metrics import OperatorMetrics
 from keyorder_operator.peering import (
+    CHECK_BUDGET_SECONDS,
+    READ_TIMEOUT_SECONDS,
     PeeringCheck,
     PeeringObject,
     PeeringUnusable,
@@ -158,7 +160,7 @@ def gauge_value(metrics: OperatorMetrics, obj: PeeringObject) -> float | None:
 def test_the_running_check_says_once_when_the_object_goes_and_when_it_is_back(caplog) -> None:
     metrics = OperatorMetrics(CollectorRegistry())
     presence = [Presence.PRESENT]
-    check = PeeringCheck([CLUSTER], lambda _: Reading(presence[0], "detail"), metrics.peering_object_present)
+    check = PeeringCheck([CLUSTER], lambda _, __: Reading(presence[0], "detail"), metrics.peering_object_present)
     assert gauge_value(metrics, CLUSTER) == 1  # the start-up wait has just seen it
     with caplog.at_level(logging.INFO, logger="keyorder_operator.peering"):
         assert check.check() == {"ClusterKopfPeering/keyorder-operator": "present"}
@@ -190,8 +192,79 @@ def test_the_running_check_shows_each_namespace_s_object() -> None:
     objects = peering_objects("p", ["team-a", "team-b"])
     check = PeeringCheck(
         objects,
-        lambda obj: Reading(Presence.ABSENT if obj.namespace == "team-b" else Presence.PRESENT),
+        lambda obj, _: Reading(Presence.ABSENT if obj.namespace == "team-b" else Presence.PRESENT),
         metrics.peering_object_present,
     )
     assert check.check() == {"KopfPeering/team-a/p": "present", "KopfPeering/team-b/p": "absent"}
     assert [gauge_value(metrics, obj) for obj in objects] == [1, 0]
+
+
+LIVENESS_TIMEOUT_SECONDS = 5
+"""The chart's ``livenessProbe.timeoutSeconds`` (charts/keyorder-operator/values.yaml)."""
+
+
+class SlowServer:
+    """An API server that answers each read after ``seconds`` of the fake clock (``None``: never, the read uses
+    its whole timeout up), presence ``PRESENT``; records each read's timeout."""
+
+    def __init__(self, time: FakeTime, seconds: float | None) -> None:
+        self.time, self.seconds = time, seconds
+        self.timeouts: list[tuple[str | None, float]] = []
+
+    def read(self, obj: PeeringObject, timeout: float) -> Reading:
+        self.timeouts.append((obj.namespace, timeout))
+        if self.seconds is None or self.seconds > timeout:
+            self.time.sleep(timeout)
+            return Reading(Presence.UNREADABLE, "timed out")
+        self.time.sleep(self.seconds)
+        return Reading(Presence.PRESENT)
+
+
+def test_the_running_check_ends_within_one_deadline_whatever_the_number_of_namespaces(caplog) -> None:
+    """A hung API server: each read would take its whole timeout; three namespaces must not make the check
+    outlast the liveness probe's timeout. What it had no time for is shown unchecked, kept as it was, and read
+    first on the next probe."""
+    assert READ_TIMEOUT_SECONDS <= CHECK_BUDGET_SECONDS < LIVENESS_TIMEOUT_SECONDS
+    metrics = OperatorMetrics(CollectorRegistry())
+    objects = peering_objects("p", ["team-a", "team-b", "team-c"])
+    time = FakeTime()
+    hung = SlowServer(time, None)
+    check = PeeringCheck(objects, hung.read, metrics.peering_object_present, clock=time.clock)
+    with caplog.at_level(logging.WARNING, logger="keyorder_operator.peering"):
+        started = time.now
+        shown = check.check()
+        assert time.now - started <= CHECK_BUDGET_SECONDS
+        assert shown == {
+            "KopfPeering/team-a/p": "unreadable",
+            "KopfPeering/team-b/p": "unchecked",
+            "KopfPeering/team-c/p": "unchecked",
+        }
+        assert [gauge_value(metrics, obj) for obj in objects] == [1, 1, 1]  # nothing known: as they were
+        assert any("ran out of its 3s before it read" in record.getMessage() for record in caplog.records)
+
+        hung.timeouts.clear()
+        started = time.now
+        assert check.check()["KopfPeering/team-b/p"] == "unreadable"  # the unread ones first
+        assert time.now - started <= CHECK_BUDGET_SECONDS
+        assert [namespace for namespace, _ in hung.timeouts] == ["team-b"]
+        said = len([record for record in caplog.records if "ran out" in record.getMessage()])
+        assert said == 1  # said when it starts, not on every probe
+
+
+def test_a_slow_api_server_gets_what_is_left_of_the_deadline_for_each_read() -> None:
+    metrics = OperatorMetrics(CollectorRegistry())
+    objects = peering_objects("p", ["team-a", "team-b", "team-c"])
+    time = FakeTime()
+    slow = SlowServer(time, 1.2)
+    check = PeeringCheck(objects, slow.read, metrics.peering_object_present, budget_seconds=3.0, clock=time.clock)
+    started = time.now
+    shown = check.check()
+    assert time.now - started <= 3.0
+    assert [namespace for namespace, _ in slow.timeouts] == ["team-a", "team-b", "team-c"]
+    assert [timeout for _, timeout in slow.timeouts] == pytest.approx([3.0, 1.8, 0.6])  # what is left, each
+    assert list(shown.values()) == ["present", "present", "unreadable"]
+
+    fast = SlowServer(time, 0.1)
+    check.read = fast.read
+    assert set(check.check().values()) == {"present"}  # all read: the next check starts from the first again
+    assert [namespace for namespace, _ in fast.timeouts] == ["team-a", "team-b", "team-c"]
