@@ -1433,11 +1433,23 @@ def resumed(state: ScalingState, now: float) -> ScalingState:
     just before ``now`` (``SEED_AGE``, outside a zero-length up-window, as the seed of an empty memory):
     status is written when the recommendations change, not when one is repeated, so the predecessor made
     it on every poll since it was written, up to the moment it stopped (a restart after a long outage
-    waits a whole window before a scale-down, as a new resource does)."""
-    recommendations = state.recommendations
+    waits a whole window before a scale-down, as a new resource does).
+
+    Nothing in it happened after ``now``: a time later than that (the predecessor's clock was a little
+    ahead: ``restart.RECORD_CLOCK_SKEW_SECONDS``) is taken as ``now`` (a recommendation, as made just before
+    it), so it holds nothing past its own window from now on."""
+    seeded = now - SEED_AGE
+    recommendations = tuple((min(at, seeded), replicas, workers) for at, replicas, workers in state.recommendations)
     if recommendations:
-        *older, (at, replicas, workers) = recommendations
-        recommendations = (*older, (max(at, now - SEED_AGE), replicas, workers))
+        *older, (_, replicas, workers) = recommendations
+        recommendations = (*older, (seeded, replicas, workers))
+    started = state.step_started_at
     defaults = ScalingState(current=state.current)
     fresh = {name: getattr(defaults, name) for name in MEASURED_EACH_POLL}
-    return replace(state, recommendations=recommendations, **fresh)
+    return replace(
+        state,
+        recommendations=recommendations,
+        replica_changes=tuple((min(at, now), before) for at, before in state.replica_changes),
+        step_started_at=min(started, now) if started is not None else None,
+        **fresh,
+    )

@@ -275,8 +275,8 @@ class Poll:
         if record is None:
             return fresh
         try:
-            stored = state_from_record(record, fresh.current)
-            self.memory.autoscaler_saved_at = saved_at(record)
+            stored = state_from_record(record, fresh.current, self.now)
+            self.memory.autoscaler_saved_at = saved_at(record, self.now)
         except RecordError as error:
             log.warning("%s/%s: %s; the autoscaler starts afresh", self.namespace, self.name, error)
             return fresh
@@ -290,7 +290,7 @@ class Poll:
         stored: ScalingState | None = None
         if record is not None:
             try:
-                stored = state_from_record(record, state.current)
+                stored = state_from_record(record, state.current, self.now)
             except RecordError as error:
                 log.warning("%s/%s: %s; it is written again", self.namespace, self.name, error)
         changes = record_changes(stored, state, limits, self.now)

@@ -15,7 +15,11 @@ depend on beyond the next poll or two, the *record*, is kept in ``status.autosca
 
 What describes the last poll or two (``policy.MEASURED_EACH_POLL``: the pods' totals and the lag at the
 last poll, the last arrivals and handler time) is left out and measured again after a start. Times are
-wall-clock instants (ISO 8601, UTC, to the millisecond), the clock the policy's ``now`` comes from.
+wall-clock instants (ISO 8601, UTC, to the millisecond), the clock the policy's ``now`` comes from. The
+replica that wrote them may have had another clock: a time later than this one's by more than
+``RECORD_CLOCK_SKEW_SECONDS`` (or no instant at all, such as ``1e20`` seconds) makes the record unreadable
+(``RecordError``, naming the field; the autoscaler starts afresh and the record is written again), and
+``policy.resumed`` takes a time up to that much later as now.
 
 The record is written when it differs from the stored one in a way a restarted operator would decide
 differently on (``record_changes``), at most once per ``AUTOSCALER_SAVE_SECONDS`` per resource, and with
@@ -78,29 +82,51 @@ NOT_RECORDED = frozenset(
 """The ``state_to_status`` keys of ``policy.MEASURED_EACH_POLL``: left out of the record."""
 
 
+RECORD_CLOCK_SKEW_SECONDS = 60.0
+"""How much later than this operator's clock a time in ``status.autoscaler`` may be: the replica that wrote
+it (before a failover) may have a clock a little ahead. Up to this, ``policy.resumed`` takes the time as
+now; beyond it the record is refused (a recommendation dated tomorrow would hold a scale-down until
+tomorrow)."""
+
+
 class RecordError(ValueError):
     """``status.autoscaler`` cannot be read; the message names the field."""
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def instant(seconds: float) -> str:
     """A wall-clock time as status keeps it: ISO 8601, UTC, to the millisecond."""
-    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=round(seconds * 1000))
+    moment = EPOCH + timedelta(milliseconds=round(seconds * 1000))
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def seconds_of(value: Any, field: str) -> float:
-    """A time from status: an ISO 8601 instant, or seconds since the epoch (an older release's record)."""
+def seconds_of(value: Any, field: str, now: float | None = None) -> float:
+    """A time from status: an ISO 8601 instant, or seconds since the epoch (an older release's record). With
+    ``now``, a time later than it by more than ``RECORD_CLOCK_SKEW_SECONDS`` is refused too."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
+        seconds = float(value)
+    elif isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value)
-        except ValueError:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            seconds = (moment - EPOCH).total_seconds()
+        except (OverflowError, ValueError):
             raise RecordError(f"{field}: {value!r} is not an ISO 8601 time") from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-        return moment.timestamp()
-    raise RecordError(f"{field}: expected an ISO 8601 time, got {value!r}")
+    else:
+        raise RecordError(f"{field}: expected an ISO 8601 time, got {value!r}")
+    try:
+        instant(seconds)  # a time status can hold again: finite, in the years 1 to 9999
+    except (OverflowError, ValueError):
+        raise RecordError(f"{field}: {value!r} is out of range (a time in the years 1 to 9999)") from None
+    if now is not None and seconds > now + RECORD_CLOCK_SKEW_SECONDS:
+        raise RecordError(
+            f"{field}: {instant(seconds)} is {seconds - now:.0f} s later than this operator's clock "
+            f"({instant(now)}; more than {RECORD_CLOCK_SKEW_SECONDS:.0f} s): written by a clock ahead of it"
+        )
+    return seconds
 
 
 def _entries(value: Any, field: str, width: int) -> list[list[Any]]:
@@ -132,37 +158,39 @@ def record_of(state: ScalingState, saved_at: float) -> dict[str, Any]:
     return {"savedAt": instant(saved_at), **memory}
 
 
-def state_from_record(record: Any, current: Size) -> ScalingState:
+def state_from_record(record: Any, current: Size, now: float | None = None) -> ScalingState:
     """The state ``status.autoscaler`` holds, at size ``current`` (not yet ``policy.resumed``). Reads
     records of older releases too (times in seconds, the whole state); raises ``RecordError`` naming
-    the field when it cannot be read."""
+    the field when it cannot be read, or (given ``now``) when a time in it is later than ``now`` by more
+    than ``RECORD_CLOCK_SKEW_SECONDS``."""
     field = "status.autoscaler"
     if not isinstance(record, dict):
         raise RecordError(f"{field}: expected a map, got {record!r}")
     memory = dict(record)
     memory["recommendations"] = [
-        [seconds_of(at, f"{field}.recommendations[{index}][0]"), replicas, workers]
+        [seconds_of(at, f"{field}.recommendations[{index}][0]", now), replicas, workers]
         for index, (at, replicas, workers) in enumerate(
             _entries(record.get("recommendations"), f"{field}.recommendations", 3)
         )
     ]
     memory["replicaChanges"] = [
-        [seconds_of(at, f"{field}.replicaChanges[{index}][0]"), before]
+        [seconds_of(at, f"{field}.replicaChanges[{index}][0]", now), before]
         for index, (at, before) in enumerate(_entries(record.get("replicaChanges"), f"{field}.replicaChanges", 2))
     ]
     if record.get("stepStartedAt") is not None:
-        memory["stepStartedAt"] = seconds_of(record["stepStartedAt"], f"{field}.stepStartedAt")
+        memory["stepStartedAt"] = seconds_of(record["stepStartedAt"], f"{field}.stepStartedAt", now)
     try:
         return state_from_memory(memory, current)
     except (TypeError, ValueError, IndexError) as error:
         raise RecordError(f"{field}: {type(error).__name__}: {error}") from None
 
 
-def saved_at(record: Any) -> float | None:
-    """When ``status.autoscaler`` was written (``None``: never, or by a release that did not say)."""
+def saved_at(record: Any, now: float | None = None) -> float | None:
+    """When ``status.autoscaler`` was written (``None``: never, or by a release that did not say); refused
+    as ``state_from_record`` refuses a time."""
     if not isinstance(record, dict) or record.get("savedAt") is None:
         return None
-    return seconds_of(record["savedAt"], "status.autoscaler.savedAt")
+    return seconds_of(record["savedAt"], "status.autoscaler.savedAt", now)
 
 
 def as_recorded(state: ScalingState) -> ScalingState:

@@ -1,7 +1,8 @@
 """What survives an operator restart (``keyorder_operator.restart``): the autoscaler's record in
-``status.autoscaler`` (its round trip, what it leaves out, the write rate), the windows' short memory
-(``policy.window_memory``) deciding as the whole history, a restarted policy deciding as the process it
-replaces, and the first polls after a start spread over the interval. Time is a parameter throughout."""
+``status.autoscaler`` (its round trip, what it leaves out, the write rate, the times it refuses), the windows'
+short memory (``policy.window_memory``) deciding as the whole history, a restarted policy deciding as the
+process it replaces, and the first polls after a start spread over the interval. Time is a parameter
+throughout."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from keyorder_operator.policy import (
 from keyorder_operator.restart import (
     AUTOSCALER_SAVE_SECONDS,
     NOT_RECORDED,
+    RECORD_CLOCK_SKEW_SECONDS,
     RecordError,
     existed_before,
     first_poll_at,
@@ -43,6 +45,7 @@ from keyorder_operator.restart import (
 )
 from keyorder_operator.status import state_to_status
 from tests.unit.policy_fixtures import LIMITS
+from tests.unit.poll_fixtures import Clocks, poll_context, poll_of
 
 T0 = 1_750_000_000.0
 """A wall-clock moment (June 2025): the policy's times are seconds since the epoch."""
@@ -338,3 +341,65 @@ def test_only_resources_that_existed_before_the_start_wait_for_their_moment():
     assert existed_before("2025-06-15T15:06:39Z", started)
     assert not existed_before("2025-06-15T15:06:40Z", started), "created in the second the operator started"
     assert not existed_before(None, started)
+
+
+# -- times the record cannot have (review F3) -----------------------------------------------------------
+
+
+def test_a_time_that_is_no_instant_is_refused_naming_the_field():
+    """``1e20`` seconds is no time status can hold: read as one, writing the record again overflowed on
+    every poll, and the resource was never scaled again."""
+    for value in (1e20, -1e20):
+        with pytest.raises(RecordError, match=r"^status\.autoscaler\.recommendations\[0\]\[0\]: .* out of range"):
+            state_from_record({"recommendations": [[value, 3, 8]]}, Size(1, 16))
+    with pytest.raises(RecordError, match=r"^status\.autoscaler\.savedAt: .* out of range"):
+        saved_at({"savedAt": 1e20})
+
+
+@pytest.mark.parametrize("field", ["recommendations", "replicaChanges", "stepStartedAt", "savedAt"])
+def test_a_time_later_than_this_operator_s_clock_beyond_the_skew_is_refused_naming_the_field(field):
+    """A replica whose clock ran ahead (by a day here) wrote the record: its times would hold a scale-down
+    until that day. Up to ``RECORD_CLOCK_SKEW_SECONDS`` ahead is a clock a little off, and read."""
+    ahead = instant(T0 + 86_400)
+    record = {
+        "recommendations": [[ahead, 3, 8]] if field == "recommendations" else [],
+        "replicaChanges": [[ahead, 2]] if field == "replicaChanges" else [],
+        "stepStartedAt": ahead if field == "stepStartedAt" else None,
+        "savedAt": ahead if field == "savedAt" else instant(T0),
+    }
+    with pytest.raises(RecordError, match=rf"^status\.autoscaler\.{field}\b.* later than this operator's clock"):
+        state_from_record(record, Size(1, 16), T0)
+        saved_at(record, T0)
+    state_from_record(record, Size(1, 16), T0 + 86_400 - RECORD_CLOCK_SKEW_SECONDS)
+    saved_at(record, T0 + 86_400 - RECORD_CLOCK_SKEW_SECONDS)
+
+
+def test_a_resumed_state_has_nothing_later_than_now():
+    """Times a little ahead of this operator's clock (a predecessor's clock within the skew) are taken as now:
+    a recommendation as made just before it, so it holds a scale-down no longer than its window from now."""
+    ahead = replace(
+        LEARNED,
+        recommendations=((T0 + 20, 4, 8), (T0 + 30, 3, 8)),
+        replica_changes=((T0 + 30, 4),),
+        step_started_at=T0 + 30,
+    )
+    state = resumed(ahead, T0)
+    assert state.recommendations == ((T0 - SEED_AGE, 4, 8), (T0 - SEED_AGE, 3, 8))
+    assert state.replica_changes == ((T0, 4),)
+    assert state.step_started_at == T0
+
+
+@pytest.mark.parametrize("bad", [1e20, instant(T0 + 86_400)], ids=["no time", "a day ahead"])
+def test_a_record_with_an_impossible_time_starts_the_autoscaler_afresh_and_is_written_again(bad, caplog):
+    """The poll's side: the record is refused with a warning naming the field, the autoscaler starts as on a
+    new resource, and the next record replaces the bad one."""
+    record = {"savedAt": instant(T0 - 10), "recommendations": [[bad, 3, 8]]}
+    poll = poll_of(poll_context(Clocks(T0, 100.0)), {"autoscaler": record})
+    with caplog.at_level("WARNING", logger="keyorder_operator.poll"):
+        state = poll.remembered_state(3)
+    assert state.recommendations == ()
+    assert "status.autoscaler.recommendations[0][0]" in caplog.text
+    decision = decide(Observation(lag=0, partitions=4, drain_rate=0.0), LIMITS, state, poll.now)
+    poll.keep_record(decision.state, LIMITS, resized=False)
+    written = poll.patch.status["autoscaler"]["recommendations"]
+    assert written[-1] == [instant(T0), 1, 16] and all(at <= instant(T0) for at, *_ in written), written
