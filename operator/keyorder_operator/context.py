@@ -40,7 +40,7 @@ class PollMemory:
     started_at: float | None = None
     """When the last poll started (wall clock): the schedule counts from it."""
     autoscaler: dict[str, Any] | None = None
-    """The policy's memory after the last decision (``status.memory_after``)."""
+    """The policy's memory after the last decision, in the ``status.state_to_status`` form (``Poll.remember``)."""
     autoscaler_saved_at: float | None = None
     """When this process last wrote ``status.autoscaler`` (wall clock): the write rate counts from it."""
     last_sample: dict[str, Any] | None = None

@@ -1406,6 +1406,18 @@ def unapplied(state: ScalingState, current: Size) -> ScalingState:
     return replace(state, current=current, settled=True, replica_changes=changes, step_started_at=started)
 
 
+def not_resized(decision: Decision, now: float) -> ScalingState:
+    """The state to keep after ``decision`` (made at ``now``) when its change of replicas was not made: the
+    Deployment no longer had the replicas it decided from (``kubectl scale`` or an HPA wrote others, and
+    the write was refused), or a catch-up hand-over stops the pods instead. The group has the size it had,
+    the change does not count against the rate limits and starts no scale step; the recommendation stays
+    made. It is not settled: somebody else changed its size, so the next drain rate is over two sizes."""
+    state = decision.state
+    changes = tuple(change for change in state.replica_changes if change[0] != now)
+    started = None if state.step_started_at == now else state.step_started_at
+    return replace(state, current=decision.before, settled=False, replica_changes=changes, step_started_at=started)
+
+
 MEASURED_EACH_POLL = (
     "arrival_samples",
     "drainable_lag",

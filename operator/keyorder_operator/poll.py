@@ -38,6 +38,7 @@ from keyorder_operator.policy import (
     Size,
     decide,
     net_drain_seconds,
+    not_resized,
     resumed,
 )
 from keyorder_operator.restart import (
@@ -55,12 +56,12 @@ from keyorder_operator.status import (
     POLL_CONDITIONS,
     condition_is,
     limits_from_spec,
-    memory_after,
     sample_from_status,
     sample_to_status,
     set_condition,
     state_after,
     state_from_status,
+    state_to_status,
     timestamp,
     write_conditions,
 )
@@ -252,17 +253,29 @@ class Poll:
         if decision.handler_seconds is not None:
             self.patch.status["pods"]["handlerMilliseconds"] = round(decision.handler_seconds * 1000, 3)
         self.explain_caveat(decision.caveat)
-        self.memory.autoscaler = memory_after(decision, self.spec)
-        applied = self.spec.scaling.mode is not ScalingMode.RECOMMEND
-        self.keep_record(state_after(decision, self.spec), limits, resized=decision.scaled and applied)
         if self.spec.scaling.mode is ScalingMode.RECOMMEND:
+            self.remember(state_after(decision, self.spec), limits, resized=False)
             self.recommend(decision, current, paused, observed.pods)
             return
         if self.status.get("recommendation") is not None:
             self.patch.status["recommendation"] = None  # the mode went back to apply
         if self.hand_over(observed, decision, limits, paused, replicas):
+            self.remember(not_resized(decision, self.now), limits, resized=False)  # the pods stop instead
             return
-        self.act(decision.target, decision.reason, decision.limited, decision.caveat, current, paused, observed.pods)
+        # the memory and the record say the group was resized only once the replicas are written
+        if not self.write_replicas(decision.target, current):
+            self.remember(not_resized(decision, self.now), limits, resized=False)
+            return
+        self.remember(decision.state, limits, resized=decision.scaled)
+        self.explain(
+            decision.target, decision.reason, decision.limited, decision.caveat, current, paused, observed.pods
+        )
+
+    def remember(self, state: ScalingState, limits: ScalingLimits, resized: bool) -> None:
+        """Keep ``state`` for the next poll (in memory) and, when it matters, for a restart (``keep_record``);
+        ``resized``: the replicas were written."""
+        self.memory.autoscaler = state_to_status(state)
+        self.keep_record(state, limits, resized)
 
     def remembered_state(self, replicas: int) -> ScalingState:
         """The policy's state: this process's memory of the last poll or, on the first poll since the
@@ -444,24 +457,47 @@ class Poll:
         *,
         recommend: bool = False,
     ) -> None:
-        """Scale the Deployment, push the worker count, and say why in status, Events and metrics. The
-        replicas are written only while the Deployment still has those the decision started from
-        (``Kube.scale`` with ``expected``): a size somebody wrote after this poll read it (``kubectl scale``,
-        an HPA) is never overwritten unseen; this poll then acts on nothing and the next one decides from
-        the new size (and finds the other autoscaler, if one wrote it)."""
+        """Scale the Deployment (``write_replicas``), push the worker count, and say why in status, Events
+        and metrics (``explain``)."""
+        if self.write_replicas(target, current):
+            self.explain(target, reason, limited, caveat, current, paused, pods, recommend=recommend)
+
+    def write_replicas(self, target: Size, current: Size) -> bool:
+        """Write the Deployment's replicas for ``target``, only while it still has those the decision started
+        from (``Kube.scale`` with ``expected``); False when it no longer has them. A size somebody wrote
+        after this poll read it (``kubectl scale``, an HPA) is never overwritten unseen: this poll then acts
+        on nothing and the next one decides from the new size (and finds the other autoscaler, if one wrote
+        it)."""
+        if target.replicas == current.replicas:
+            return True
+        written = self.context.kube.scale(self.namespace, self.name, target.replicas, expected=current.replicas)
+        if written is None:
+            log.info(
+                "%s/%s: the Deployment's replicas are no longer %d, the size this poll decided from; not "
+                "scaling to %d, the next poll decides from the new size",
+                self.namespace,
+                self.name,
+                current.replicas,
+                target.replicas,
+            )
+            return False
+        return True
+
+    def explain(
+        self,
+        target: Size,
+        reason: str,
+        limited: Limited | None,
+        caveat: Caveat | None,
+        current: Size,
+        paused: bool,
+        pods: PodsRead,
+        *,
+        recommend: bool = False,
+    ) -> None:
+        """After ``target``'s replicas were written: push the worker count, and say why in status, Events
+        and metrics."""
         metrics = self.context.metrics
-        if target.replicas != current.replicas:
-            written = self.context.kube.scale(self.namespace, self.name, target.replicas, expected=current.replicas)
-            if written is None:
-                log.info(
-                    "%s/%s: the Deployment's replicas are no longer %d, the size this poll decided from; not "
-                    "scaling to %d, the next poll decides from the new size",
-                    self.namespace,
-                    self.name,
-                    current.replicas,
-                    target.replicas,
-                )
-                return
         changed = target != current
         if changed:
             metrics.decisions.labels(*self.labels, "up" if target.capacity > current.capacity else "down").inc()

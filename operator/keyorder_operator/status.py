@@ -279,8 +279,9 @@ def state_after(decision: Decision, spec: OrderedConsumerSpec) -> ScalingState:
 
 
 def memory_after(decision: Decision, spec: OrderedConsumerSpec) -> dict[str, Any]:
-    """The policy's memory to keep after ``decision`` (``state_after``), in the ``state_to_status`` form.
-    The operator's poll (in its process) and ``keyorder simulate`` both keep it through here."""
+    """The policy's memory to keep after ``decision`` (``state_after``), in the ``state_to_status`` form, as
+    ``keyorder simulate`` keeps it. The operator's poll keeps the same, except after a decision whose
+    replicas it could not write (``policy.not_resized``: ``poll.Poll.size``)."""
     return state_to_status(state_after(decision, spec))
 
 

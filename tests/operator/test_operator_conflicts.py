@@ -28,6 +28,7 @@ from tests.operator.emulator import Emulator
 from tests.operator.harness import CR, wait_for, wait_for_polls
 from tests.operator.test_operator_deployable import condition, events, operator, resource
 from tests.operator.test_operator_e2e import operator as e2e_operator
+from tests.operator.test_operator_e2e import rollout_reported_done
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -184,3 +185,76 @@ def test_a_size_written_while_a_poll_is_in_flight_is_never_overwritten_by_that_p
         assert writes[len(before) :] == [(SCALE_FIELD_MANAGER, 3, 2)], "one write, from the size kubectl set"
     finally:
         GatedNoKafka.opened.set()
+
+
+class GatedBacklog:
+    """A lag source with a backlog (6,000,000 messages on 4 partitions) whose reads wait, each at its own gate,
+    until the test opens it (``arrived[n]``, ``opened[n]``, n counting the reads): polls held between their read
+    of the Deployment and their decision, as in ``GatedNoKafka``, but deciding to scale up."""
+
+    reads = 0
+    arrived = [threading.Event() for _ in range(3)]
+    opened = [threading.Event() for _ in range(3)]
+
+    def __init__(self, properties: dict[str, str]) -> None:
+        self.properties = properties
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.reads = 0
+        for event in (*cls.arrived, *cls.opened):
+            event.clear()
+
+    def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
+        read, GatedBacklog.reads = GatedBacklog.reads, GatedBacklog.reads + 1
+        if read < len(GatedBacklog.arrived):
+            GatedBacklog.arrived[read].set()
+            assert GatedBacklog.opened[read].wait(60), f"the test never opened the gate of read {read}"  # hang guard
+        return LagSample(at=now, partitions=4, end_total=6_000_000, committed_total=0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_scale_up_whose_write_was_refused_is_no_replica_change_and_no_step(kube, monkeypatch):
+    """``kubectl scale`` to 3 lands while a poll decides 1 -> 2 from 1: its write is refused (review F1). The
+    autoscaler's memory, and its record in status, must not say the group was resized: with a replica change
+    from 1 and a step started, the next polls applied the rate limits from 1 and timed a step that never ran."""
+    GatedBacklog.reset()
+    quiet_pods = {"fetch_reports": lambda *_: ([], []), "push": lambda *_: (0, [])}
+    with (
+        writes_to_replicas(monkeypatch, "held") as writes,
+        rollout_reported_done(kube, "held"),
+        e2e_operator(kube.url, lag_source_for=GatedBacklog, lag_wait_seconds=60, **quiet_pods) as context,
+    ):
+        try:
+            kube.create(CR, resource("held", scaling={"pollIntervalSeconds": 1}))
+            assert GatedBacklog.arrived[0].wait(30), "no poll read the lag"  # the first one, from 1 replica, waits
+            assert kube.get(DEPLOYMENTS, "held")["spec"]["replicas"] == 1
+            before = list(writes)
+            kubectl_scale(kube, "held", 3)
+            # the rollout of 3 done, as the operator's watch shows it: else the poll holds the size while it runs
+            seen = context.kube
+            wait_for(
+                lambda: (
+                    seen.deployment_replicas("default", "held") == 3 and seen.deployment_rolled_out("default", "held")
+                ),
+                10,
+                "the rollout of 3 seen",
+            )
+            GatedBacklog.opened[0].set()  # it decides 1 -> 2, from a size no longer there
+            # the next poll, held before it decides: the memory and the record as the first one left them
+            assert GatedBacklog.arrived[1].wait(30), "no second poll"
+            assert writes[len(before) :] == [], "the refused poll wrote the replicas"
+            record = (kube.get(CR, "held").get("status") or {}).get("autoscaler") or {}
+            memory = context.poll_memory("default", "held").autoscaler or {}
+            assert [replicas for _, replicas, _ in record.get("recommendations") or []] == [2], record
+            assert "replicaChanges" not in record and "stepStartedAt" not in record, record
+            assert memory.get("replicaChanges") == [] and memory.get("stepStartedAt") is None, memory
+            GatedBacklog.opened[1].set()
+            GatedBacklog.opened[2].set()
+            wait_for(lambda: writes[len(before) :], 30, "a scale-up from the size kubectl set")
+            assert writes[len(before)][1] == 3, writes
+        finally:  # a poll held at a gate would hold kopf's exit
+            for gate in GatedBacklog.opened:
+                gate.set()

@@ -1,8 +1,8 @@
 """What survives an operator restart (``keyorder_operator.restart``): the autoscaler's record in
 ``status.autoscaler`` (its round trip, what it leaves out, the write rate, the times it refuses), the windows'
 short memory (``policy.window_memory``) deciding as the whole history, a restarted policy deciding as the
-process it replaces, and the first polls after a start spread over the interval. Time is a parameter
-throughout."""
+process it replaces, a resize not made kept as none, and the first polls after a start spread over the
+interval. Time is a parameter throughout."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from keyorder_operator.policy import (
     ScalingState,
     Size,
     decide,
+    not_resized,
     resumed,
     stabilized,
     window_memory,
@@ -403,3 +404,23 @@ def test_a_record_with_an_impossible_time_starts_the_autoscaler_afresh_and_is_wr
     poll.keep_record(decision.state, LIMITS, resized=False)
     written = poll.patch.status["autoscaler"]["recommendations"]
     assert written[-1] == [instant(T0), 1, 16] and all(at <= instant(T0) for at, *_ in written), written
+
+
+# -- a decision whose replicas were not written (review F1) -----------------------------------------------
+
+
+def test_a_resize_not_made_is_neither_a_replica_change_nor_a_step():
+    """``kubectl scale`` to 3 lands while a poll decides 1 -> 2 from 1: the write is refused. Kept as made, the
+    next polls would apply the rate limits from 1 and time a step that never ran."""
+    before = ScalingState(Size(1, 16), replica_changes=((T0 - 5, 2),))  # scaled down from 2 a poll ago
+    decision = decide(Observation(lag=6_000_000, partitions=4), LIMITS, before, T0)
+    assert decision.target.replicas > 1 and decision.state.replica_changes[-1] == (T0, 1)
+    assert decision.state.step_started_at == T0
+    kept = not_resized(decision, T0)
+    assert kept.current == Size(1, 16)
+    assert kept.replica_changes == ((T0 - 5, 2),)
+    assert kept.step_started_at is None
+    assert not kept.settled, "somebody else changed the size: the next drain is over two sizes"
+    assert kept.recommendations == decision.state.recommendations, "the recommendation was made all the same"
+    record = record_of(kept, T0)
+    assert record["replicaChanges"] == [[instant(T0 - 5), 2]] and "stepStartedAt" not in record
