@@ -46,8 +46,9 @@ class PollMemory:
     last_sample: dict[str, Any] | None = None
     """The last lag sample (``status.sample_to_status``): rates are measured against it."""
     written: WrittenStatus = field(default_factory=WrittenStatus)
-    """This process's status writes that the watched body did not show at the last poll: the next poll
-    compares with them laid over the body (``status_view``), not with a body that lags behind them."""
+    """This process's status writes that the watched body did not show at the last poll (times monotonic):
+    the next poll compares with them laid over the body (``status_view``), not with a body that lags behind
+    them."""
 
 
 DELETED_REMEMBERED = 10_000

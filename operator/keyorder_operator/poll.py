@@ -103,9 +103,12 @@ class Poll:
     conditions: list[dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.monotonic = self.context.monotonic()
+        """The poll's moment on the monotonic clock (``now`` is the wall clock's): for the ages of what the
+        process remembers, which a wall clock set forward or back must not change."""
         self.memory = self.context.poll_memory(self.namespace, self.name)
         # compared with the status as this process last wrote it, not the watched body that may lag behind it
-        self.memory.written = still_awaited(self.status, self.memory.written, self.now)
+        self.memory.written = still_awaited(self.status, self.memory.written, self.monotonic)
         self.status = with_written(self.status, self.memory.written)
         self.conditions = list(self.status.get("conditions") or [])
 
@@ -198,7 +201,7 @@ class Poll:
         drop_unchanged(self.patch, self.status)
         fields = dict(self.patch.get("status") or {})
         if fields or changed:
-            self.memory.written = after_write(self.memory.written, self.status, fields, changed, self.now)
+            self.memory.written = after_write(self.memory.written, self.status, fields, changed, self.monotonic)
 
     def poll_once(self) -> None:
         self.repair_objects()

@@ -1,6 +1,7 @@
 """The status a poll compares against: the resource's status as kopf last saw it, with this operator's own
 last writes laid over it until the watch shows them. Pure: the poll keeps the ``WrittenStatus`` in its
-memory (``context.PollMemory``) and passes the time in.
+memory (``context.PollMemory``) and passes the time in, from the monotonic clock (``Poll.monotonic``): a
+wall clock set back would hold a lost write for as long, and one set forward would drop every awaited one.
 
 Why: status is written only when something in it changed (``poll.drop_unchanged``), and a condition's
 ``lastTransitionTime`` moves only when its ``status`` does (``status.set_condition``). Both compare with
@@ -47,9 +48,10 @@ class WrittenStatus:
     """What this process wrote to one resource's status that its watched body may not show yet."""
 
     fields: dict[str, tuple[Any, float]] = field(default_factory=dict)
-    """Top-level status field -> (its value as stored after the write, ``None``: removed; when written)."""
+    """Top-level status field -> (its value as stored after the write, ``None``: removed; when written, on
+    the monotonic clock)."""
     conditions: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
-    """Condition type -> (the condition as written; when written)."""
+    """Condition type -> (the condition as written; when written, on the monotonic clock)."""
 
     def __bool__(self) -> bool:
         return bool(self.fields or self.conditions)
@@ -63,7 +65,7 @@ def still_awaited(
     status: dict[str, Any], written: WrittenStatus | None, now: float, catch_up_seconds: float = CATCH_UP_SECONDS
 ) -> WrittenStatus:
     """The part of ``written`` that ``status`` (the watched body's) does not show yet, written less than
-    ``catch_up_seconds`` ago."""
+    ``catch_up_seconds`` before ``now`` (monotonic, as the times in ``written``)."""
     if not written:
         return WrittenStatus()
     conditions = _conditions_by_type(status)
@@ -108,7 +110,7 @@ def after_write(
 ) -> WrittenStatus:
     """``written`` with one more write: ``status_patch`` (the merge patch of the status fields, as sent)
     applied to ``compared`` (the status the poll compared against), and ``conditions`` (those whose write
-    was handed to kopf; empty: none)."""
+    was handed to kopf; empty: none), made at ``now`` (monotonic)."""
     fields = dict(written.fields)
     for key, value in status_patch.items():
         fields[key] = (merge_patched(compared.get(key), value) if value is not None else None, now)

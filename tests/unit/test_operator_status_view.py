@@ -21,6 +21,7 @@ from keyorder_operator.status_view import (
     still_awaited,
     with_written,
 )
+from tests.unit.poll_fixtures import TICK, Clocks, poll_context, poll_of
 
 STALE_BODY = {
     "replicas": 1,
@@ -127,3 +128,24 @@ def test_only_the_owned_conditions_that_differ_need_a_write():
     assert changed_conditions(compared, other, POLL_CONDITIONS) == []  # not the poll's to write
     moved = set_condition(same, "LagUnknown", True, "LagUnavailable", "no broker", 2000.0)
     assert [c["type"] for c in changed_conditions(compared, moved, POLL_CONDITIONS)] == ["LagUnknown"]
+
+
+def test_the_catch_up_time_is_counted_on_the_monotonic_clock():
+    """The poll's side, with the wall clock set (review F8). Set forward an hour, the write made a tick ago is
+    still awaited (compared with the stale body, the poll would write it again); set back an hour, a write the
+    body never shows is compared with the body again after ``CATCH_UP_SECONDS``, not an hour later."""
+    for jump in (3_600.0, -3_600.0):
+        clocks = Clocks(1_750_000_000.0, 100.0)
+        context = poll_context(clocks)
+        first = poll_of(context, STALE_BODY)
+        first.patch.status["replicas"] = 0
+        first.write_status()
+        assert set(first.memory.written.fields) == {"replicas"}
+        clocks.wall += jump
+        waited = 0.0
+        while waited < CATCH_UP_SECONDS:  # the body never shows the write; the poll looks every tick
+            assert poll_of(context, STALE_BODY).status["replicas"] == 0, (jump, waited)
+            clocks.advance(TICK)
+            waited += TICK
+        later = poll_of(context, STALE_BODY)
+        assert not later.memory.written and later.status["replicas"] == 1, jump
