@@ -9,6 +9,7 @@ its flags; the tests build it around the API emulator and the real broker.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -26,7 +27,7 @@ from keyorder_operator.objects import AppliedObjects
 from keyorder_operator.observe import AdminClients, BoundedLagSource, KafkaLagSource, LagSource, LagUnavailable
 from keyorder_operator.operator_metrics import OperatorMetrics
 from keyorder_operator.pod_admin import fetch_reports, push_workers
-from keyorder_operator.restart import AUTOSCALER_SAVE_SECONDS
+from keyorder_operator.restart import AUTOSCALER_SAVE_SECONDS, became_active
 from keyorder_operator.spec import OrderedConsumerSpec
 from keyorder_operator.status_view import WrittenStatus
 
@@ -35,8 +36,11 @@ from keyorder_operator.status_view import WrittenStatus
 class PollMemory:
     """What one resource's poll keeps for the next one in the operator's memory, not in status: status is
     written only when what it shows changed, so a steady poll writes nothing. A restarted operator starts
-    from what status has: the part of the autoscaler's memory ``restart`` keeps in ``status.autoscaler``."""
+    from what status has: the part of the autoscaler's memory ``restart`` keeps in ``status.autoscaler``;
+    so does one whose memory is older than ``restart.memory_lasts`` (``OperatorContext.poll_memory``)."""
 
+    looked_at: float | None = None
+    """When this process last looked at the resource, due or not (monotonic): the memory's age."""
     started_at: float | None = None
     """When the last poll started (wall clock): the schedule counts from it."""
     autoscaler: dict[str, Any] | None = None
@@ -82,8 +86,14 @@ class OperatorContext:
     """At most one write of a resource's ``status.autoscaler`` in this many seconds, besides the one that
     rides along with a resize (``restart.AUTOSCALER_SAVE_SECONDS``)."""
     started_at: float | None = None
-    """When the operator started (wall clock; default: when the context is built): resources that existed
-    before are first polled spread over their first interval (``restart.first_poll_at``)."""
+    """When the operator started (wall clock; default: when the context is built): the moment it became
+    active (``active_since``) unless its first look at a resource came much later."""
+    _last_tick: float | None = None
+    """When a poll last looked at any resource (monotonic; at first, when the context was built)."""
+    _active_since: float = 0.0
+    """``active_since``: resources that existed before are first polled spread over their first interval
+    (``restart.first_poll_at``)."""
+    _activity_lock: threading.Lock = field(default_factory=threading.Lock)
     _lag_sources: dict[tuple[str, str], tuple[tuple[tuple[str, str], ...], LagSource]] = field(default_factory=dict)
     _lag_sources_lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards ``_lag_sources``: kopf runs the handlers of different resources on different pool threads."""
@@ -96,11 +106,44 @@ class OperatorContext:
     def __post_init__(self) -> None:
         if self.started_at is None:
             self.started_at = self.clock()
+        self._last_tick = self.monotonic()
+        self._active_since = self.started_at
 
-    def poll_memory(self, namespace: str, name: str) -> PollMemory:
-        """The resource's poll memory (empty for a resource this process has not polled yet)."""
+    def poll_memory(
+        self, namespace: str, name: str, looked_at: float | None = None, lasts: float = math.inf
+    ) -> PollMemory:
+        """The resource's poll memory: empty for a resource this process has not polled yet. A poll passes
+        ``looked_at`` (monotonic) and how long a memory ``lasts`` (``restart.memory_lasts``): a memory not
+        looked at for longer is from before a pause (kopf's peering paused this replica, and another one
+        may have polled and written status since), so the poll gets an empty one and resumes from status,
+        as after a restart."""
+        key = (namespace, name)
         with self._memories_lock:
-            return self._memories.setdefault((namespace, name), PollMemory())
+            memory = self._memories.get(key)
+            if memory is None or (
+                looked_at is not None and memory.looked_at is not None and looked_at - memory.looked_at > lasts
+            ):
+                memory = self._memories[key] = PollMemory()
+            if looked_at is not None:
+                memory.looked_at = looked_at
+            return memory
+
+    @property
+    def active_since(self) -> float:
+        """When this process became active (wall clock): its start, or the first look at a resource after
+        ``restart.ACTIVE_GAP_TICKS`` ticks without one (``looked``). A kopf peering standby's timers run only
+        once it takes over, maybe hours after it started; a paused replica's, once it resumes."""
+        with self._activity_lock:
+            return self._active_since
+
+    def looked(self, now: float, monotonic: float) -> float:
+        """A poll looked at a resource at ``now`` (wall clock; ``monotonic``): ``active_since``, updated."""
+        with self._activity_lock:
+            if became_active(self._last_tick, monotonic, self.tick_seconds):
+                self._active_since = now
+            # polls on other threads may tell their looks a little out of order
+            self._last_tick = monotonic if self._last_tick is None else max(self._last_tick, monotonic)
+            return self._active_since
 
     @contextlib.contextmanager
     def polling(self, uid: str, namespace: str, name: str) -> Iterator[bool]:

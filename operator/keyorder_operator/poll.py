@@ -43,8 +43,9 @@ from keyorder_operator.policy import (
 )
 from keyorder_operator.restart import (
     RecordError,
-    existed_before,
     first_poll_at,
+    first_poll_spread,
+    memory_lasts,
     record_changes,
     record_of,
     save_due,
@@ -106,7 +107,9 @@ class Poll:
         self.monotonic = self.context.monotonic()
         """The poll's moment on the monotonic clock (``now`` is the wall clock's): for the ages of what the
         process remembers, which a wall clock set forward or back must not change."""
-        self.memory = self.context.poll_memory(self.namespace, self.name)
+        lasts = memory_lasts(self.spec.scaling.poll_interval_seconds, self.context.tick_seconds)
+        self.memory = self.context.poll_memory(self.namespace, self.name, self.monotonic, lasts)
+        self.active_since = self.context.looked(self.now, self.monotonic)
         # compared with the status as this process last wrote it, not the watched body that may lag behind it
         self.memory.written = still_awaited(self.status, self.memory.written, self.monotonic)
         self.status = with_written(self.status, self.memory.written)
@@ -147,13 +150,14 @@ class Poll:
         return not self.now - last_poll < max(interval - slack, slack)
 
     def first_poll_due(self, interval: float, slack: float) -> bool:
-        """The first poll of this resource since the operator started: one that existed before the start
-        waits for its own moment of the first interval (``restart.first_poll_at``), so a started operator
-        does not poll every resource on its first tick; one created since is polled at once."""
-        started = self.context.started_at
-        if started is None or not existed_before(self.meta.get("creationTimestamp"), started):
+        """The first poll of this resource since the operator started or took over (or since its memory was
+        dropped, ``restart.memory_lasts``): one that existed before the operator became active waits for
+        its own moment of the first interval from then (``restart.first_poll_at``), so a started operator,
+        or a standby taking over, does not poll every resource on its first tick; one created since is
+        polled at once."""
+        if not first_poll_spread(self.meta.get("creationTimestamp"), self.active_since):
             return True
-        return self.now >= first_poll_at(str(self.meta.get("uid") or self.name), started, interval) - slack
+        return self.now >= first_poll_at(str(self.meta.get("uid") or self.name), self.active_since, interval) - slack
 
     @property
     def paused(self) -> bool:

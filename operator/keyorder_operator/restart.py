@@ -27,10 +27,21 @@ every resize (which writes status anyway). A steady resource writes nothing; a r
 the last ``AUTOSCALER_SAVE_SECONDS`` of changes, and the newest recommendation, repeated since it was
 written, counts as made up to the restart (``policy.resumed``).
 
-A started operator finds every resource due: without a spread, its first tick would poll them all at
-once, a burst at Kafka and the API server. A resource that existed before the start is first polled at
-its own moment of its first interval (``first_poll_at``: a share of the interval from a digest of its
-UID, so the moments are spread evenly and stay put across restarts); one created since is polled at once.
+A failover is a restart without a new process: with kopf's peering, a standby replica's timers do not
+run until it takes over, maybe hours after it started, and a replica paused meanwhile (another one with a
+higher priority came) runs them again later with its memory from before the pause, while the replica
+that acted meanwhile wrote status. So the memory of a resource that this process has not looked at
+for longer than ``memory_lasts`` (two poll intervals and a tick: at least one poll missed) is dropped
+and the poll resumes from status, as after a restart.
+
+A started operator, or one that takes over, finds every resource due: without a spread, its first tick
+would poll them all at once, a burst at Kafka and the API server. The moment it became active is the
+first tick of any resource after ``ACTIVE_GAP_TICKS`` ticks without one (``became_active``; or its start,
+when a tick came sooner). A resource that existed before that moment is first polled at its own moment
+of its first interval from there (``first_poll_at``: a share of the interval from a digest of its UID,
+so the moments are spread evenly and stay put across restarts); one created since (or up to
+``CREATED_JUST_BEFORE_SECONDS`` before: the first tick that made the operator active may be its own) is
+polled at once.
 
 Pure, time a parameter: the poll (``poll.Poll``) reads status and writes the record.
 """
@@ -87,6 +98,18 @@ RECORD_CLOCK_SKEW_SECONDS = 60.0
 it (before a failover) may have a clock a little ahead. Up to this, ``policy.resumed`` takes the time as
 now; beyond it the record is refused (a recommendation dated tomorrow would hold a scale-down until
 tomorrow)."""
+
+MEMORY_GAP_INTERVALS = 2
+"""A resource's memory not looked at for this many poll intervals (and a tick) is dropped (``memory_lasts``)."""
+
+ACTIVE_GAP_TICKS = 3
+"""No tick of any resource for this many ticks: the operator was paused (a kopf peering standby), or had
+nothing to poll; the next tick is when it became active again (``became_active``)."""
+
+CREATED_JUST_BEFORE_SECONDS = 5.0
+"""A resource created this little before the operator became active counts as created since (its first
+poll is not spread): kopf starts a new resource's timer a moment after the creation, and that first tick
+may be the one that made the operator active."""
 
 
 class RecordError(ValueError):
@@ -271,19 +294,39 @@ def save_due(changes: tuple[str, ...], resized: bool, last_saved: float | None, 
     return now - last_saved >= every or now < last_saved  # a clock set back does not stop the writes
 
 
+def memory_lasts(interval: float, tick: float) -> float:
+    """Seconds a resource's memory in the process stays good without a look at the resource: two poll
+    intervals (an interval is at least a tick) and a tick. A longer gap missed at least one poll: the
+    replica was paused (kopf's peering) and another one may have polled and written status since."""
+    return MEMORY_GAP_INTERVALS * max(interval, tick) + tick
+
+
+def became_active(last_tick: float | None, now: float, tick: float) -> bool:
+    """Whether a tick at ``now`` (monotonic) is the first after a silence: no tick of any resource since
+    ``last_tick`` for more than ``ACTIVE_GAP_TICKS`` ticks (``None``: none ever)."""
+    return last_tick is None or now - last_tick > ACTIVE_GAP_TICKS * tick
+
+
 def first_poll_at(uid: str, started_at: float, interval: float) -> float:
-    """When a resource that existed before the operator started is first polled: its own share of the
-    first interval, from a digest of its UID (even over the interval, the same after every restart)."""
+    """When a resource that existed before the operator started (or became active) is first polled: its
+    own share of the first interval, from a digest of its UID (even over the interval, the same after
+    every restart)."""
     share = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:8], "big") / 2**64
     return started_at + share * interval
 
 
 def existed_before(created: Any, started_at: float) -> bool:
     """Whether a resource's ``metadata.creationTimestamp`` (whole seconds) is before the second the
-    operator started in. Unknown: no (it is polled at once)."""
+    operator started (or became active) in. Unknown: no (it is polled at once)."""
     if not isinstance(created, str):
         return False
     try:
         return seconds_of(created, "metadata.creationTimestamp") < math.floor(started_at)
     except RecordError:
         return False
+
+
+def first_poll_spread(created: Any, active_since: float) -> bool:
+    """Whether a resource's first poll since the operator became active at ``active_since`` waits for its
+    moment (``first_poll_at``): it existed more than ``CREATED_JUST_BEFORE_SECONDS`` before."""
+    return existed_before(created, active_since - CREATED_JUST_BEFORE_SECONDS)

@@ -16,7 +16,9 @@ conditions it writes, so what it last wrote is what the API server holds, until 
 
 A written field is laid over the body until the body shows it, or for at most ``CATCH_UP_SECONDS``: a write
 that never shows (it failed, or another writer, a failed-over operator, changed the field since) is then
-compared with the body again, and written again if it differs.
+compared with the body again, and written again if it differs. A replica paused longer than
+``restart.memory_lasts`` (kopf's peering) drops its memory, this with it: what it wrote before the pause is
+not laid over what its successor wrote.
 """
 
 from __future__ import annotations

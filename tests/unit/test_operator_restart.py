@@ -1,8 +1,8 @@
 """What survives an operator restart (``keyorder_operator.restart``): the autoscaler's record in
 ``status.autoscaler`` (its round trip, what it leaves out, the write rate, the times it refuses), the windows'
 short memory (``policy.window_memory``) deciding as the whole history, a restarted policy deciding as the
-process it replaces, a resize not made kept as none, and the first polls after a start spread over the
-interval. Time is a parameter throughout."""
+process it replaces, a resize not made kept as none, a failover (a memory from before a pause dropped), and
+the first polls after a start or a takeover spread over the interval. Time is a parameter throughout."""
 
 from __future__ import annotations
 
@@ -31,13 +31,18 @@ from keyorder_operator.policy import (
     window_memory,
 )
 from keyorder_operator.restart import (
+    ACTIVE_GAP_TICKS,
     AUTOSCALER_SAVE_SECONDS,
+    CREATED_JUST_BEFORE_SECONDS,
     NOT_RECORDED,
     RECORD_CLOCK_SKEW_SECONDS,
     RecordError,
+    became_active,
     existed_before,
     first_poll_at,
+    first_poll_spread,
     instant,
+    memory_lasts,
     record_changes,
     record_of,
     save_due,
@@ -46,7 +51,7 @@ from keyorder_operator.restart import (
 )
 from keyorder_operator.status import state_to_status
 from tests.unit.policy_fixtures import LIMITS
-from tests.unit.poll_fixtures import Clocks, poll_context, poll_of
+from tests.unit.poll_fixtures import INTERVAL, TICK, Clocks, poll_context, poll_of
 
 T0 = 1_750_000_000.0
 """A wall-clock moment (June 2025): the policy's times are seconds since the epoch."""
@@ -424,3 +429,91 @@ def test_a_resize_not_made_is_neither_a_replica_change_nor_a_step():
     assert kept.recommendations == decision.state.recommendations, "the recommendation was made all the same"
     record = record_of(kept, T0)
     assert record["replicaChanges"] == [[instant(T0 - 5), 2]] and "stepStartedAt" not in record
+
+
+# -- a failover (review F2) -------------------------------------------------------------------------------
+
+
+def test_a_memory_is_kept_while_the_process_looks_and_dropped_after_a_gap_longer_than_it_lasts():
+    assert memory_lasts(15, 5) == 35
+    assert memory_lasts(1, 5) == 15, "an interval shorter than a tick is a tick"
+    clocks = Clocks(T0, 100.0)
+    context = poll_context(clocks)
+    memory = poll_of(context).memory
+    memory.autoscaler = {"failedObservations": 7}
+    for _ in range(20):  # looked at every tick: the memory stays, however long
+        clocks.advance(TICK)
+        assert poll_of(context).memory is memory
+    clocks.advance(memory_lasts(INTERVAL, TICK))  # paused: up to the limit, kept
+    assert poll_of(context).memory is memory
+    clocks.advance(memory_lasts(INTERVAL, TICK) + 0.001)
+    assert poll_of(context).memory is not memory
+    assert context.poll_memory("default", "orders").autoscaler is None
+
+
+def test_a_replica_paused_longer_than_its_memory_lasts_resumes_from_what_its_successor_wrote():
+    """kopf's peering paused this replica (another one with a higher priority came) and resumed it later: the
+    replica that acted meanwhile wrote status. The memory from before the pause (its failed observations, its
+    last lag sample, its own writes awaited in the watched body) is not laid over it."""
+    clocks = Clocks(T0, 100.0)
+    context = poll_context(clocks)
+    before = poll_of(context, {"lag": 5})
+    before.memory.autoscaler = state_to_status(ScalingState(Size(4, 16), failed_observations=7))
+    before.memory.started_at = before.now
+    before.memory.last_sample = {"at": before.now, "partitions": 4, "endTotal": 10, "committedTotal": 5}
+    before.patch.status["lag"] = 0
+    before.write_status()
+    assert before.memory.written
+    clocks.advance(600)  # paused for ten minutes
+    successor = ScalingState(Size(2, 16), recommendations=((clocks.wall - 10, 2, 16),), failed_observations=1)
+    status = {"lag": 9, "autoscaler": through_the_api_server(record_of(successor, clocks.wall - 5))}
+    after = poll_of(context, status)
+    assert after.memory.autoscaler is None and after.memory.last_sample is None and not after.memory.written
+    assert after.status["lag"] == 9, "its own write from before the pause was laid over the successor's"
+    state = after.remembered_state(2)
+    assert state.failed_observations == 1
+    assert state.recommendations == ((clocks.wall - SEED_AGE, 2, 16),)
+    assert after.memory.autoscaler_saved_at == clocks.wall - 5
+
+
+UIDS = [str(uuid.uuid5(uuid.NAMESPACE_URL, f"okc-{n}")) for n in range(40)]
+
+
+def test_a_standby_that_takes_over_spreads_its_first_polls_over_the_interval_from_the_takeover():
+    """The standby started an hour before it took over; kopf ran none of its timers meanwhile. Its first polls
+    are spread over the first interval from the takeover, not all made on its first tick."""
+    clocks = Clocks(T0, 100.0)
+    context = poll_context(clocks)  # the standby starts, paused by kopf's peering
+    clocks.advance(3_600)
+    takeover = clocks.wall
+    due = {uid for n, uid in enumerate(UIDS) if poll_of(context, name=f"okc-{n}", uid=uid).due()}
+    assert len(due) < len(UIDS) / 2, f"{len(due)} of {len(UIDS)} polled on the first tick"
+    slack = TICK / 2
+    assert due == {uid for uid in UIDS if first_poll_at(uid, takeover, INTERVAL) - slack <= takeover}
+    assert context.active_since == takeover
+    clocks.advance(TICK)
+    later = {uid for n, uid in enumerate(UIDS) if poll_of(context, name=f"okc-{n}", uid=uid).due()}
+    assert later == {uid for uid in UIDS if first_poll_at(uid, takeover, INTERVAL) - slack <= takeover + TICK}
+    assert context.active_since == takeover, "a tick after a tick is no takeover"
+
+
+def test_the_operator_is_active_from_its_start_or_from_the_first_tick_after_a_silence():
+    clocks = Clocks(T0, 100.0)
+    context = poll_context(clocks)
+    clocks.advance(ACTIVE_GAP_TICKS * TICK)  # the first tick as soon as kopf runs: active since the start
+    assert context.looked(clocks.wall, clocks.monotonic) == T0
+    clocks.advance(ACTIVE_GAP_TICKS * TICK + 0.001)  # no tick of anything meanwhile: paused, or nothing to poll
+    assert context.looked(clocks.wall, clocks.monotonic) == clocks.wall
+    assert became_active(None, 0.0, TICK)
+
+
+def test_a_resource_created_since_or_just_before_the_takeover_is_polled_at_once():
+    clocks = Clocks(T0, 100.0)
+    context = poll_context(clocks)
+    clocks.advance(3_600)
+    late = next(uid for uid in UIDS if first_poll_at(uid, clocks.wall, INTERVAL) > clocks.wall + INTERVAL / 2)
+    just_before = instant(clocks.wall - CREATED_JUST_BEFORE_SECONDS + 1)
+    assert poll_of(context, uid=late, created=just_before).due()
+    assert not poll_of(context, name="older", uid=late, created=instant(T0)).due()
+    assert first_poll_spread(instant(T0), clocks.wall)
+    assert not first_poll_spread(just_before, clocks.wall)
