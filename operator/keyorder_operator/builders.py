@@ -234,6 +234,31 @@ def cutting_over(live: Mapping[str, Any] | None) -> bool:
     return ((live or {}).get("spec", {}).get("strategy") or {}).get("type") == CUT_OVER["type"]
 
 
+def controller_observed(deployment: Mapping[str, Any]) -> bool:
+    """The Deployment controller has observed the current spec (``status.observedGeneration`` at least
+    ``metadata.generation``): until then the status's counts describe an older one."""
+    observed = (deployment.get("status") or {}).get("observedGeneration")
+    return observed is not None and observed >= ((deployment.get("metadata") or {}).get("generation") or 0)
+
+
+def wanted_replicas(deployment: Mapping[str, Any]) -> int:
+    """``spec.replicas``, or 1 where it is absent, as the API server defaults it (apps/v1 defaults.go)."""
+    replicas = (deployment.get("spec") or {}).get("replicas")
+    return 1 if replicas is None else int(replicas)
+
+
+def rolled_out(deployment: Mapping[str, Any] | None) -> bool:
+    """The Deployment controller has observed the current spec and all its pods are updated and ready;
+    False while pods start, roll or are missing, and for a missing Deployment. Zero counts are absent from a
+    status (the API leaves them out). The autoscaler takes the Deployment's counts as the pods' state only
+    then."""
+    if deployment is None or not controller_observed(deployment):
+        return False
+    wanted, status = wanted_replicas(deployment), deployment.get("status") or {}
+    ready, updated = status.get("readyReplicas") or 0, status.get("updatedReplicas") or 0
+    return ready >= wanted and updated >= wanted and (status.get("replicas") or 0) <= wanted
+
+
 def cut_over_done(deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | None, kind: str) -> bool:
     """Whether a cut-over to pods that rebalance as ``kind`` is over, so a rolling update can start no new pod
     beside an old one. All of:
@@ -249,11 +274,9 @@ def cut_over_done(deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any
       finish and leave the group the Deployment shows 0 and 0. Pods that finished (phase Succeeded or
       Failed) are no members. ``pods`` None (not read) is not done either.
     """
-    status = deployment.get("status") or {}
-    observed = status.get("observedGeneration")
-    if observed is None or observed < (deployment.get("metadata") or {}).get("generation", 0):
+    if not controller_observed(deployment):
         return False
-    wanted = (deployment.get("spec") or {}).get("replicas", 1)
+    status, wanted = deployment.get("status") or {}, wanted_replicas(deployment)
     updated = status.get("updatedReplicas") or 0
     if updated < wanted or (status.get("replicas") or 0) > updated or (status.get("terminatingReplicas") or 0) > 0:
         return False

@@ -243,14 +243,13 @@ class OwnedObjectsCache:
 
     def forget_pods(self, namespace: str, selector: dict[str, str]) -> None:
         """Drop what is kept of a deleted group's pods (their own DELETED events come too)."""
+        group = (namespace, _instance(selector))
         with self._lock:
-            self._no_pods.get((namespace, _instance(selector)), {}).pop(_selector_key(selector), None)
-
-    def found_no_pods(self, namespace: str, selector: dict[str, str]) -> None:
-        """The API server has no pod for ``selector`` (a group at zero, or pods not created yet): kept for
-        ``NO_PODS_SECONDS``, so a group without pods is not listed on every poll either."""
-        with self._lock:
-            self._found_no_pods(namespace, selector)
+            empty = self._no_pods.get(group)
+            if empty is not None:
+                empty.pop(_selector_key(selector), None)
+                if not empty:
+                    del self._no_pods[group]
 
     def drop_pod(self, namespace: str, name: str) -> None:
         with self._lock:
@@ -368,10 +367,12 @@ class OwnedObjectsCache:
         group = (namespace, (meta.get("labels") or {}).get(INSTANCE, ""))
         self._groups.setdefault(group, {})[name] = None
         empty = self._no_pods.get(group)
-        if empty:
+        if empty is not None:
             for key, (_, selector) in list(empty.items()):
                 if _matches(pod, selector):
                     del empty[key]  # the group has a pod now: read it from here
+            if not empty:
+                del self._no_pods[group]  # no entry kept for a group with nothing believed empty
 
     def _unindex(self, namespace: str, name: str, pod: dict[str, Any]) -> None:
         group = (namespace, ((pod.get("metadata") or {}).get("labels") or {}).get(INSTANCE, ""))
@@ -382,6 +383,8 @@ class OwnedObjectsCache:
                 del self._groups[group]
 
     def _found_no_pods(self, namespace: str, selector: dict[str, str]) -> None:
+        """The API server has no pod for ``selector`` (a group at zero, or pods not created yet): kept for
+        ``NO_PODS_SECONDS``, so a group without pods is not listed on every poll either."""
         self._no_pods.setdefault((namespace, _instance(selector)), {})[_selector_key(selector)] = (
             self._monotonic(),
             dict(selector),

@@ -22,6 +22,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 
 from keyorder.config import decode_properties
+from keyorder_operator.builders import rolled_out
 from keyorder_operator.cache import CHECK_PAGE, POD, WATCH_SELECTORS, kept_object
 from keyorder_operator.refusals import Refusal, refusal_of
 
@@ -36,11 +37,9 @@ SECRET_SECONDS = 60.0
 """A Secret read is reused this long: a rotated Kafka password reaches the operator within a minute."""
 AUTOSCALERS_SECONDS = 15.0
 """A namespace's list of HorizontalPodAutoscalers is reused this long by the polls that ask while a
-conflict lasts (its resources share it): a deleted HPA is seen within this. A poll whose replicas just
-moved without the operator asks for a list at most ``AUTOSCALERS_FRESH_SECONDS`` old."""
-AUTOSCALERS_FRESH_SECONDS = 1.0
-"""The floor: a namespace's HPAs are never listed more than once in this many seconds, however many of its
-resources ask (at 500 resources, a list per poll was 100 lists a second)."""
+conflict lasts (its resources share it; at 500 resources a list per poll was 100 lists a second): a
+deleted HPA is seen within this. A poll whose replicas just moved without the operator lists afresh
+(``max_age=0``), so an HPA created a moment ago is never missed; such polls are rare."""
 
 FIELD_MANAGER = "keyorder-operator"
 """The field manager of everything the operator applies (``metadata.managedFields`` shows it)."""
@@ -104,22 +103,6 @@ def _pod_metadata(pod: V1Pod) -> V1ObjectMeta:
 def replicas_of(deployment: dict[str, Any] | None) -> int | None:
     """A Deployment's ``spec.replicas`` (``None`` for a missing Deployment, or one without the field)."""
     return None if deployment is None else (deployment.get("spec") or {}).get("replicas")
-
-
-def rolled_out(deployment: dict[str, Any] | None) -> bool:
-    """The Deployment controller has observed the current spec (``status.observedGeneration`` at least
-    ``metadata.generation``: until then the counts describe an older one) and all its pods are updated and
-    ready; False while pods start, roll or are missing, and for a missing Deployment. Zero counts are absent
-    from a status (the API leaves them out)."""
-    if deployment is None:
-        return False
-    wanted = (deployment.get("spec") or {}).get("replicas") or 0
-    status = deployment.get("status") or {}
-    observed = status.get("observedGeneration")
-    if observed is None or observed < ((deployment.get("metadata") or {}).get("generation") or 0):
-        return False
-    ready, updated = status.get("readyReplicas") or 0, status.get("updatedReplicas") or 0
-    return ready >= wanted and updated >= wanted and (status.get("replicas") or 0) <= wanted
 
 
 def _applied_replicas(deployment: dict[str, Any] | None, manager: str) -> bool:
@@ -445,12 +428,16 @@ class Kube:
     def autoscalers_of(self, namespace: str, deployment: str, max_age: float = AUTOSCALERS_SECONDS) -> list[str]:
         """The HorizontalPodAutoscalers that scale Deployment ``deployment`` (KEDA's ScaledObjects work
         through one each): their names. A cluster without the autoscaling/v2 API has none. The namespace's
-        list is shared by its resources and reused while younger than ``max_age`` seconds (never listed
-        more than once in ``AUTOSCALERS_FRESH_SECONDS``)."""
+        list is shared by its resources and reused while younger than ``max_age`` seconds (0: listed now).
+        Lists too old for any poll to reuse are forgotten whenever one is made, so the memory is bounded by
+        the namespaces in conflict, not by every namespace that ever was."""
         now = self._monotonic()
         kept = self._autoscalers.get(namespace)
-        if kept is None or now - kept[0] >= max(max_age, AUTOSCALERS_FRESH_SECONDS):
+        if kept is None or max_age <= 0 or now - kept[0] >= max_age:
             kept = (now, self._list_autoscalers(namespace))
+            self._autoscalers = {
+                other: listed for other, listed in self._autoscalers.items() if now - listed[0] < AUTOSCALERS_SECONDS
+            }
             self._autoscalers[namespace] = kept
         return sorted(name for name, kind, target in kept[1] if kind == "Deployment" and target == deployment)
 

@@ -1,10 +1,10 @@
-"""``kube.rolled_out``: when the autoscaler may take the Deployment's counts as the pods' current state."""
+"""``builders.rolled_out``: when the autoscaler may take the Deployment's counts as the pods' current state."""
 
 from __future__ import annotations
 
 import pytest
 
-from keyorder_operator.kube import rolled_out
+from keyorder_operator.builders import rolled_out
 
 
 def deployment(replicas: int, status: dict | None, generation: int = 2) -> dict:

@@ -60,14 +60,14 @@ def test_a_group_without_pods_is_believed_empty_for_a_while_and_a_new_pod_ends_i
     cache = OwnedObjectsCache(monotonic=clock)
     orders, other = selector_labels("orders"), selector_labels("refunds")
     assert cache.pods("ns", orders) is None  # never asked: a miss, read from the API server
-    cache.found_no_pods("ns", orders)
-    cache.found_no_pods("ns", other)
+    cache.listed_pods("ns", orders, [])
+    cache.listed_pods("ns", other, [])
     assert cache.pods("ns", orders) == []  # known empty: no read
     cache.put_pod(pod("refunds-1", "refunds"))  # another group's pod: the orders group stays known empty
     assert cache.pods("ns", orders) == [] and [p["metadata"]["name"] for p in cache.pods("ns", other)] == ["refunds-1"]
     clock.sleep(NO_PODS_SECONDS + 1)
     assert cache.pods("ns", orders) is None  # believed long enough: asked again
-    cache.found_no_pods("ns", orders)
+    cache.listed_pods("ns", orders, [])
     cache.put_pod(pod("orders-1", "orders"))
     assert [p["metadata"]["name"] for p in cache.pods("ns", orders)] == ["orders-1"]
     cache.drop_pod("ns", "orders-1")
