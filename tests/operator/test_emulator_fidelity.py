@@ -725,6 +725,48 @@ def test_recreate_starts_no_new_pod_while_an_old_one_terminates_a_rolling_update
         assert not first & {pod["metadata"]["labels"]["pod-template-hash"] for pod in pods_of(kube, "web")}
 
 
+def test_kopf_s_peering_objects_are_served_with_their_crds_and_a_missing_one_is_a_404_naming_it() -> None:
+    """With kopf's peering CRDs installed, a missing peering object's GET and PATCH (kopf's keep-alive) answer 404
+    NotFound naming the object: kubernetes/apiserver ``pkg/registry/generic/registry/store.go`` (``Get`` through
+    ``pkg/storage/errors/storage.go`` ``InterpretGetError``; ``Update`` returns ``NewNotFound`` since a custom
+    resource does not allow create-on-update: kubernetes/apiextensions-apiserver
+    ``pkg/registry/customresource/strategy.go``), worded by k8s.io/apimachinery ``NewNotFound``:
+    ``<plural>.<group> "<name>" not found`` with ``details`` name, group, kind. Without the CRDs the same GET is a
+    404 naming nothing: apiextensions-apiserver's ``crdHandler.ServeHTTP`` (``pkg/apiserver/customresource_handler.go``)
+    hands a resource no CRD defines to its delegate, ending in kubernetes/apiserver
+    ``pkg/util/notfoundhandler/not_found_handler.go`` (``http.NotFound``). The CRDs have no status subresource, so
+    kopf's merge-patch of ``status`` is stored through the object itself. The operator tells "create the object"
+    from "install the CRDs" by exactly this difference (``keyorder_operator.peering.interpret``)."""
+    from tests.operator.emulator import register_peering_crds
+
+    peerings = "kopf.dev/v1/clusterkopfpeerings"
+    path = resource_path(peerings, None, "keyorder-operator")
+    with serve_emulator(rbac=False) as bare:
+        unserved = refused(lambda: bare.call("GET", path), 404)
+        assert not (unserved.get("details") or {}).get("name"), unserved
+
+    with serve_emulator(lambda emulator: register_peering_crds(emulator), rbac=False) as kube:
+        for call in (lambda: kube.call("GET", path), lambda: kube.patch(peerings, "keyorder-operator", {}, None)):
+            missing = refused(call, 404)
+            assert missing["reason"] == "NotFound"
+            assert missing["message"] == 'clusterkopfpeerings.kopf.dev "keyorder-operator" not found'
+            assert missing["details"] == {
+                "name": "keyorder-operator",
+                "group": "kopf.dev",
+                "kind": "clusterkopfpeerings",
+            }
+        in_namespace = resource_path("kopf.dev/v1/kopfpeerings", "default", "keyorder-operator")
+        namespaced = refused(lambda: kube.call("GET", in_namespace), 404)
+        assert namespaced["message"] == 'kopfpeerings.kopf.dev "keyorder-operator" not found'
+
+        peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "keyorder-operator"}}
+        kube.create(peerings, peering, namespace=None)
+        keepalive = {"status": {"pod-a": {"priority": 7, "lifetime": 60, "lastseen": "2026-01-01T00:00:00+00:00"}}}
+        patched = kube.patch(peerings, "keyorder-operator", keepalive, None)
+        assert patched["status"] == keepalive["status"]
+        assert kube.get(peerings, "keyorder-operator", None)["status"] == keepalive["status"]
+
+
 # ---------------------------------------------------------------- list-map keys: duplicates refused
 
 
@@ -1111,48 +1153,6 @@ def test_the_scale_subresource_of_a_custom_resource_follows_its_crds_paths_and_c
         okc = kube.patch(CR, "ledger", {"spec": {"replicas": 3}}, subresource="scale")  # kubectl scale okc ledger
         assert okc["spec"] == {"replicas": 3} and okc["status"] == {"replicas": 1}
         assert kube.get(CR, "ledger")["spec"]["replicas"]["min"] == 3
-
-
-def test_kopf_s_peering_objects_are_served_with_their_crds_and_a_missing_one_is_a_404_naming_it() -> None:
-    """With kopf's peering CRDs installed, a missing peering object's GET and PATCH (kopf's keep-alive) answer 404
-    NotFound naming the object: kubernetes/apiserver ``pkg/registry/generic/registry/store.go`` (``Get`` through
-    ``pkg/storage/errors/storage.go`` ``InterpretGetError``; ``Update`` returns ``NewNotFound`` since a custom
-    resource does not allow create-on-update: kubernetes/apiextensions-apiserver
-    ``pkg/registry/customresource/strategy.go``), worded by k8s.io/apimachinery ``NewNotFound``:
-    ``<plural>.<group> "<name>" not found`` with ``details`` name, group, kind. Without the CRDs the same GET is a
-    404 naming nothing: apiextensions-apiserver's ``crdHandler.ServeHTTP`` (``pkg/apiserver/customresource_handler.go``)
-    hands a resource no CRD defines to its delegate, ending in kubernetes/apiserver
-    ``pkg/util/notfoundhandler/not_found_handler.go`` (``http.NotFound``). The CRDs have no status subresource, so
-    kopf's merge-patch of ``status`` is stored through the object itself. The operator tells "create the object"
-    from "install the CRDs" by exactly this difference (``keyorder_operator.peering.interpret``)."""
-    from tests.operator.emulator import register_peering_crds
-
-    peerings = "kopf.dev/v1/clusterkopfpeerings"
-    path = resource_path(peerings, None, "keyorder-operator")
-    with serve_emulator(rbac=False) as bare:
-        unserved = refused(lambda: bare.call("GET", path), 404)
-        assert not (unserved.get("details") or {}).get("name"), unserved
-
-    with serve_emulator(lambda emulator: register_peering_crds(emulator), rbac=False) as kube:
-        for call in (lambda: kube.call("GET", path), lambda: kube.patch(peerings, "keyorder-operator", {}, None)):
-            missing = refused(call, 404)
-            assert missing["reason"] == "NotFound"
-            assert missing["message"] == 'clusterkopfpeerings.kopf.dev "keyorder-operator" not found'
-            assert missing["details"] == {
-                "name": "keyorder-operator",
-                "group": "kopf.dev",
-                "kind": "clusterkopfpeerings",
-            }
-        in_namespace = resource_path("kopf.dev/v1/kopfpeerings", "default", "keyorder-operator")
-        namespaced = refused(lambda: kube.call("GET", in_namespace), 404)
-        assert namespaced["message"] == 'kopfpeerings.kopf.dev "keyorder-operator" not found'
-
-        peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "keyorder-operator"}}
-        kube.create(peerings, peering, namespace=None)
-        keepalive = {"status": {"pod-a": {"priority": 7, "lifetime": 60, "lastseen": "2026-01-01T00:00:00+00:00"}}}
-        patched = kube.patch(peerings, "keyorder-operator", keepalive, None)
-        assert patched["status"] == keepalive["status"]
-        assert kube.get(peerings, "keyorder-operator", None)["status"] == keepalive["status"]
 
 
 def test_a_deployment_whose_pod_template_labels_are_invalid_is_refused_with_422_at_spec_template_labels(
