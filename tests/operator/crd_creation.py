@@ -17,7 +17,9 @@ CRDs through it). Each check follows a file of kubernetes/apiextensions-apiserve
 * ``pkg/apis/apiextensions/validation/validation.go``: ``properties`` and ``additionalProperties`` are
   mutually exclusive; ``x-kubernetes-list-type`` is atomic, set or map; a map list has keys, an object
   items schema, scalar key properties, and every key required or defaulted and not nullable; every
-  ``x-kubernetes-validations`` rule compiles.
+  ``x-kubernetes-validations`` entry has a rule, a one-line message (required for a rule on several
+  lines), a supported reason and a ``fieldPath`` naming a field of its node
+  (``pkg/apiserver/schema/cel/validation.go`` ``ValidFieldPath``), and its rule compiles.
 * ``pkg/apiserver/schema/defaulting/validation.go`` (``ValidateDefaults``): every ``default`` is checked
   **as written**, its nested defaults NOT filled in: it must survive pruning unchanged ("must not have
   unknown fields"), pass the node's OpenAPI schema, and pass the CEL rules of the node and of everything
@@ -143,13 +145,8 @@ def _structural_errors(node: dict[str, Any], path: str, level: str) -> list[Fiel
                 )
             )
     errors += _list_type_errors(node, path)
-    for rule in node.get("x-kubernetes-validations") or []:
-        try:
-            check_cel_syntax(rule.get("rule", ""))
-        except CelSyntaxError as error:
-            errors.append(
-                FieldError(_child(path, "x-kubernetes-validations"), "Invalid value", f"compilation failed: {error}")
-            )
+    for index, rule in enumerate(node.get("x-kubernetes-validations") or []):
+        errors += _rule_errors(rule, node, f"{path}.x-kubernetes-validations[{index}]")
     if isinstance(node.get("items"), dict):
         errors += _structural_errors(node["items"], _child(path, "items"), "item")
     for name, child in properties.items():
@@ -159,6 +156,85 @@ def _structural_errors(node: dict[str, Any], path: str, level: str) -> list[Fiel
     if isinstance(extra, dict):
         errors += _structural_errors(extra, _child(path, "additionalProperties"), "field")
     return errors
+
+
+_REASONS = ("FieldValueDuplicate", "FieldValueForbidden", "FieldValueInvalid", "FieldValueRequired")
+
+
+def _rule_errors(rule: dict[str, Any], node: dict[str, Any], path: str) -> list[FieldError]:
+    """What validation.go checks of one ``x-kubernetes-validations`` entry before compiling it: a rule, a
+    one-line message (required when the rule spans lines), a supported reason, a ``fieldPath`` that names a
+    field of the node (``cel.ValidFieldPath``); then the rule must compile."""
+    text, message = str(rule.get("rule") or "").strip(), rule.get("message")
+    errors: list[FieldError] = []
+    if not text:
+        errors.append(FieldError(_child(path, "rule"), "Required value", "rule is not specified"))
+    elif message is not None and not str(message).strip():
+        errors.append(
+            FieldError(_child(path, "message"), "Invalid value", "must be non-empty if specified", message, True)
+        )
+    elif message is not None and "\n" in str(message).strip():
+        errors.append(
+            FieldError(_child(path, "message"), "Invalid value", "must not contain line breaks", message, True)
+        )
+    elif "\n" in text and not str(message or "").strip():
+        errors.append(
+            FieldError(
+                _child(path, "message"), "Required value", "message must be specified if rule contains line breaks"
+            )
+        )
+    if "reason" in rule and rule["reason"] not in _REASONS:
+        supported = ", ".join(f'"{reason}"' for reason in _REASONS)
+        errors.append(
+            FieldError(
+                _child(path, "reason"), "Unsupported value", f"supported values: {supported}", rule["reason"], True
+            )
+        )
+    field_path = rule.get("fieldPath")
+    if field_path is not None:
+        if not str(field_path).strip():
+            errors.append(
+                FieldError(
+                    _child(path, "fieldPath"), "Invalid value", "must be non-empty if specified", field_path, True
+                )
+            )
+        elif "\n" in str(field_path):
+            errors.append(
+                FieldError(_child(path, "fieldPath"), "Invalid value", "must not contain line breaks", field_path, True)
+            )
+        elif not _field_path_valid(node, str(field_path)):
+            errors.append(
+                FieldError(_child(path, "fieldPath"), "Invalid value", "must be a valid path", field_path, True)
+            )
+    if text:
+        try:
+            check_cel_syntax(text)
+        except CelSyntaxError as error:
+            errors.append(FieldError(_child(path, "rule"), "Invalid value", f"compilation failed: {error}"))
+    return errors
+
+
+_PATH_TOKEN = re.compile(r"\.([^.\[\]]+)|\['((?:[^'\\]|\\.)*)'\]")
+
+
+def _field_path_valid(node: dict[str, Any], path: str) -> bool:
+    """``cel.ValidFieldPath``: ``.name`` and ``['key']`` steps, each through the node's ``properties`` (a map's
+    ``additionalProperties`` takes any key); no list indices."""
+    position, schema = 0, node
+    while position < len(path):
+        match = _PATH_TOKEN.match(path, position)
+        if match is None:
+            return False
+        name = match.group(1) if match.group(1) is not None else match.group(2)
+        properties = schema.get("properties") or {}
+        if match.group(1) is None and not properties and isinstance(schema.get("additionalProperties"), dict):
+            schema = schema["additionalProperties"]
+        elif name in properties:
+            schema = properties[name]
+        else:
+            return False
+        position = match.end()
+    return position > 0
 
 
 def _nested_errors(node: dict[str, Any], path: str) -> list[FieldError]:

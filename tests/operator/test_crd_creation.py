@@ -146,7 +146,8 @@ def test_a_guarded_rule_on_a_defaulted_node_is_accepted_and_still_applies(api):
             {"type": "object", "properties": {"a": {"type": "string"}}, "anyOf": [{"type": "object"}]},
             "properties[spec].anyOf[0].type: Forbidden: must be empty to be structural",
         ),
-        # apiextensions/validation/validation.go ValidateCustomResourceDefinitionOpenAPISchema
+        # apiextensions/validation/validation.go ValidateCustomResourceDefinitionOpenAPISchema (and, for
+        # fieldPath, pkg/apiserver/schema/cel/validation.go ValidFieldPath)
         (
             {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {"type": "string"}},
             "additionalProperties: Forbidden: additionalProperties and properties are mutual exclusive",
@@ -175,7 +176,23 @@ def test_a_guarded_rule_on_a_defaulted_node_is_accepted_and_still_applies(api):
                 "x-kubernetes-validations": [{"rule": "self.a >"}],
                 "properties": {"a": {"type": "integer"}},
             },
-            "x-kubernetes-validations: Invalid value",
+            "x-kubernetes-validations[0].rule: Invalid value",
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "x-kubernetes-validations": [{"rule": "self.a > 0", "fieldPath": ".b"}],
+            },
+            'x-kubernetes-validations[0].fieldPath: Invalid value: ".b": must be a valid path',
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "x-kubernetes-validations": [{"rule": "self.a > 0", "reason": "TooBig"}],
+            },
+            "x-kubernetes-validations[0].reason: Unsupported value",
         ),
     ],
     ids=[
@@ -186,6 +203,8 @@ def test_a_guarded_rule_on_a_defaulted_node_is_accepted_and_still_applies(api):
         "map key not required",
         "map keys without map",
         "rule that does not compile",
+        "fieldPath naming no field",
+        "unsupported reason",
     ],
 )
 def test_schemas_the_api_server_refuses(api, spec, expected):
