@@ -252,7 +252,8 @@ class Poll:
         if not self.spec.scaling.enabled:
             target = Size(self.spec.replicas.min, self.spec.workers.initial)
             reason = f"scaling disabled: {target.replicas} replicas x {target.workers} workers"
-            self.act(target, reason, None, None, current, paused, observed.pods)
+            if self.write_replicas(target, current):
+                self.explain(target, reason, None, None, current, paused, observed.pods)
             return
         limits = limits_from_spec(self.spec)
         decision = decide(observed.observation, limits, state, self.now)
@@ -364,7 +365,8 @@ class Poll:
         if (before.get("replicas"), before.get("workersPerPod")) != (target.replicas, target.workers):
             self.info("Recommended", f"recommend only (nothing applied): {decision.reason}")
         self.patch.status["recommendation"] = recommendation
-        self.act(current, decision.reason, decision.limited, decision.caveat, current, paused, pods, recommend=True)
+        # nothing is written: the size stays as it is
+        self.explain(current, decision.reason, decision.limited, decision.caveat, current, paused, pods, recommend=True)
 
     def observe(self, state: ScalingState, replicas: int, paused: bool) -> Observed:
         """Lag from Kafka, reports from the pods; the status and metrics of what was seen."""
@@ -451,23 +453,6 @@ class Poll:
             handover.start(trigger, observed.sample.end_offsets, replicas)
             return True
         return False
-
-    def act(
-        self,
-        target: Size,
-        reason: str,
-        limited: Limited | None,
-        caveat: Caveat | None,
-        current: Size,
-        paused: bool,
-        pods: PodsRead,
-        *,
-        recommend: bool = False,
-    ) -> None:
-        """Scale the Deployment (``write_replicas``), push the worker count, and say why in status, Events
-        and metrics (``explain``)."""
-        if self.write_replicas(target, current):
-            self.explain(target, reason, limited, caveat, current, paused, pods, recommend=recommend)
 
     def write_replicas(self, target: Size, current: Size) -> bool:
         """Write the Deployment's replicas for ``target``, only while it still has those the decision started
