@@ -114,6 +114,21 @@ def last_poll_at(kube: KubeHTTP, name: str, namespace: str = "default") -> float
     return max(times) if times else None
 
 
+def first_polls(kube: KubeHTTP, names: list[str], timeout: float, what: str) -> dict[str, float]:
+    """Wait until the in-process operator has polled each OrderedConsumer of ``names``, and return when each
+    was first polled (``last_poll_at`` watched closely, so the first one seen is the first one made)."""
+    polled: dict[str, float] = {}
+
+    def all_polled() -> bool:
+        for name in names:
+            if name not in polled and (at := last_poll_at(kube, name)) is not None:
+                polled[name] = at
+        return len(polled) == len(names)
+
+    wait_for(all_polled, timeout, what, interval=0.05)
+    return polled
+
+
 def wait_for_polls(
     kube: KubeHTTP, name: str, count: int, namespace: str = "default", timeout_per_poll: float = 20.0
 ) -> float:

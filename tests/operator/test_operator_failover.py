@@ -25,7 +25,7 @@ from keyorder_operator.kube import Kube
 from keyorder_operator.policy import ScalingState, Size
 from keyorder_operator.reconcile import register
 from keyorder_operator.restart import CREATED_JUST_BEFORE_SECONDS, first_poll_at, instant, record_of
-from tests.operator.harness import CR, api_client, last_poll_at, polls_of, run_kopf, wait_for
+from tests.operator.harness import CR, api_client, first_polls, polls_of, run_kopf, wait_for
 from tests.operator.test_operator_deployable import NoKafka, resource
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -72,27 +72,19 @@ def test_a_standby_that_takes_over_spreads_its_first_polls_over_the_interval_fro
         time.sleep(max(interval, CREATED_JUST_BEFORE_SECONDS) + 2)
         takeover = time.time()
         with acting(kube.url, standby):
-            first_polls: dict[str, float] = {}
-
-            def all_polled() -> bool:
-                for name in names:
-                    if name not in first_polls and (at := last_poll_at(kube, name)) is not None:
-                        first_polls[name] = at
-                return len(first_polls) == len(names)
-
-            wait_for(all_polled, interval + 30, "a first poll of every resource by the standby", interval=0.05)
+            polled = first_polls(kube, names, interval + 30, "a first poll of every resource by the standby")
     early = {
-        name: round(first_polls[name] - first_poll_at(uids[name], takeover, interval), 2)
+        name: round(polled[name] - first_poll_at(uids[name], takeover, interval), 2)
         for name in names
-        if first_polls[name] < first_poll_at(uids[name], takeover, interval) - TICK / 2
+        if polled[name] < first_poll_at(uids[name], takeover, interval) - TICK / 2
     }
     assert not early, f"polled before their moment of the first interval after the takeover (seconds): {early}"
-    span = max(first_polls.values()) - min(first_polls.values())
+    span = max(polled.values()) - min(polled.values())
     assert span > 2 * TICK, f"the first polls came within {span:.2f} s of each other"
     active = standby.active_since
     # event order: active from the takeover's first tick, before any first poll
-    assert takeover <= active < min(first_polls.values()) + TICK
-    assert all(first_polls[name] >= first_poll_at(uids[name], active, interval) - TICK / 2 for name in names)
+    assert takeover <= active < min(polled.values()) + TICK
+    assert all(polled[name] >= first_poll_at(uids[name], active, interval) - TICK / 2 for name in names)
 
 
 def test_a_replica_paused_longer_than_its_memory_lasts_resumes_from_what_its_successor_wrote(kube):

@@ -32,6 +32,19 @@ def consumer_pod(instance: str) -> dict:
     }
 
 
+def a_resource_with_a_ready_pod(kube, name: str) -> None:
+    """OrderedConsumer ``name``, once its Deployment exists, with one Ready pod at 127.0.0.9 (no kubelet)."""
+    kube.create(CR, resource(name))
+    wait_for(lambda: kube.get("apps/v1/deployments", name) is not None, 20, "the Deployment")
+    kube.create("v1/pods", consumer_pod(name))
+    kube.patch(
+        "v1/pods",
+        f"{name}-pod-1",
+        {"status": {"podIP": "127.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}},
+        subresource="status",
+    )
+
+
 def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache_and_writes_nothing(kube, monkeypatch):
     writes: list[str] = []
     watches: dict[str, str] = {}
@@ -46,15 +59,7 @@ def test_a_steady_poll_reads_the_owned_objects_and_pods_from_the_cache_and_write
 
     monkeypatch.setattr(Emulator, "_handle", recorded)
     with operator(kube.url) as context:
-        kube.create(CR, resource("steady"))
-        wait_for(lambda: kube.get("apps/v1/deployments", "steady") is not None, 20, "the Deployment")
-        kube.create("v1/pods", consumer_pod("steady"))
-        kube.patch(
-            "v1/pods",
-            "steady-pod-1",
-            {"status": {"podIP": "127.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}},
-            subresource="status",
-        )
+        a_resource_with_a_ready_pod(kube, "steady")
         wait_for_polls(kube, "steady", 3)  # the watches have delivered everything by now
         misses, hits = counted(context, "miss"), counted(context, "hit")
         writes.clear()
@@ -90,15 +95,7 @@ def test_what_vanished_while_the_watches_were_down_leaves_the_cache_and_is_recre
 
     monkeypatch.setattr(Emulator, "_handle", recorded)
     with operator(kube.url) as context:
-        kube.create(CR, resource("relist"))
-        wait_for(lambda: kube.get("apps/v1/deployments", "relist") is not None, 20, "the Deployment")
-        kube.create("v1/pods", consumer_pod("relist"))
-        kube.patch(
-            "v1/pods",
-            "relist-pod-1",
-            {"status": {"podIP": "127.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}},
-            subresource="status",
-        )
+        a_resource_with_a_ready_pod(kube, "relist")
         cache = context.kube.cache
         wait_for(
             lambda: (

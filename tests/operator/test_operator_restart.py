@@ -13,7 +13,7 @@ import pytest
 
 from keyorder.devtools.loadgen import create_topics, produce_keyed
 from keyorder_operator.restart import CREATED_JUST_BEFORE_SECONDS, first_poll_at, seconds_of
-from tests.operator.harness import CR, last_poll_at, wait_for, wait_for_polls
+from tests.operator.harness import CR, first_polls, last_poll_at, wait_for, wait_for_polls
 from tests.operator.test_operator_e2e import (
     commit_group,
     consumer_resource,
@@ -111,23 +111,15 @@ def test_the_first_polls_after_a_restart_are_spread_over_the_interval(kube, brok
         time.sleep(max(0.0, created + CREATED_JUST_BEFORE_SECONDS + 1.5 - time.time()))
 
     with operator(kube.url) as second:
-        first_polls: dict[str, float] = {}
-
-        def all_polled() -> bool:
-            for name in names:
-                if name not in first_polls and (at := last_poll_at(kube, name)) is not None:
-                    first_polls[name] = at
-            return len(first_polls) == len(names)
-
-        wait_for(all_polled, 8 + 30, "a first poll of every resource by the new operator", interval=0.05)
+        polled = first_polls(kube, names, 8 + 30, "a first poll of every resource by the new operator")
         started = second.started_at
         tick = second.tick_seconds
     assert started is not None
     early = {
-        name: round(first_polls[name] - first_poll_at(uids[name], started, 8), 2)
+        name: round(polled[name] - first_poll_at(uids[name], started, 8), 2)
         for name in names
-        if first_polls[name] < first_poll_at(uids[name], started, 8) - tick / 2
+        if polled[name] < first_poll_at(uids[name], started, 8) - tick / 2
     }
     assert not early, f"polled before their moment of the first interval (seconds late, negative: early): {early}"
-    span = max(first_polls.values()) - min(first_polls.values())
+    span = max(polled.values()) - min(polled.values())
     assert span > 2 * tick, f"the first polls came within {span:.2f} s of each other"
