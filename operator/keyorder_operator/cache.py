@@ -122,12 +122,17 @@ def _kept_metadata(meta: dict[str, Any], *fields: str) -> dict[str, Any]:
     return {name: copy.deepcopy(meta[name]) for name in names if meta.get(name) is not None}
 
 
+def owns_replicas(entry: dict[str, Any]) -> bool:
+    """Whether a Deployment's ``managedFields`` entry owns ``spec.replicas``."""
+    return "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
+
+
 def _replicas_owners(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """The ``managedFields`` entries that own ``spec.replicas``, with only that field (who owns the size is
     what the operator reads; the rest of ``fieldsV1`` is most of a Deployment's ``managedFields``)."""
     kept = []
     for entry in entries or ():
-        if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+        if owns_replicas(entry):
             reduced = {key: value for key, value in entry.items() if key != "fieldsV1"}
             kept.append({**reduced, "fieldsV1": {"f:spec": {"f:replicas": {}}}})
     return kept

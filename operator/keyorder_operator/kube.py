@@ -23,7 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from keyorder.config import decode_properties
 from keyorder_operator.builders import rolled_out
-from keyorder_operator.cache import CHECK_PAGE, POD, WATCH_SELECTORS, kept_object
+from keyorder_operator.cache import CHECK_PAGE, POD, WATCH_SELECTORS, kept_object, owns_replicas
 from keyorder_operator.refusals import Refusal, refusal_of
 
 if TYPE_CHECKING:
@@ -108,11 +108,7 @@ def replicas_of(deployment: dict[str, Any] | None) -> int | None:
 def _applied_replicas(deployment: dict[str, Any] | None, manager: str) -> bool:
     """``manager`` owns the Deployment's ``spec.replicas`` by server-side apply (``metadata.managedFields``)."""
     for entry in ((deployment or {}).get("metadata") or {}).get("managedFields") or ():
-        if (
-            entry.get("manager") == manager
-            and entry.get("operation", "Apply") == "Apply"
-            and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
-        ):
+        if entry.get("manager") == manager and entry.get("operation", "Apply") == "Apply" and owns_replicas(entry):
             return True
     return False
 
