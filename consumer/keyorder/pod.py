@@ -39,6 +39,25 @@ from keyorder.workers import AsyncWorkerPool, Completions, ThreadWorkerPool, Wor
 log = logging.getLogger(__name__)
 
 
+def runtime_settings(config: RunConfig) -> RuntimeSettings:
+    """The poll loop's settings from a pod's configuration (the pod simulation builds its pods with it too)."""
+    return RuntimeSettings(
+        topics=tuple(config.topics),
+        flow=FlowLimits(
+            config.max_inflight,
+            config.max_inflight_per_partition,
+            config.max_uncommitted,
+            config.resume_ratio,
+            config.pause_after,
+        ),
+        poll_batch=config.poll_batch,
+        commit_interval=config.commit_interval,
+        revoke_drain_timeout=config.revoke_drain_timeout,
+        shutdown_grace=config.shutdown_grace,
+        max_workers=config.max_workers,
+    )
+
+
 class Pod:
     """One keyorder consumer process: runtime, workers, DLQ producer and HTTP server."""
 
@@ -71,21 +90,7 @@ class Pod:
                 config.workers,
                 cores,
             )
-        settings = RuntimeSettings(
-            topics=tuple(config.topics),
-            flow=FlowLimits(
-                config.max_inflight,
-                config.max_inflight_per_partition,
-                config.max_uncommitted,
-                config.resume_ratio,
-                config.pause_after,
-            ),
-            poll_batch=config.poll_batch,
-            commit_interval=config.commit_interval,
-            revoke_drain_timeout=config.revoke_drain_timeout,
-            shutdown_grace=config.shutdown_grace,
-            max_workers=config.max_workers,
-        )
+        settings = runtime_settings(config)
         try:
             self.source = KafkaSource(consumer_properties(config, properties))
         except SourceError as error:

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -228,10 +228,19 @@ class ProcessWorkerPool(ThreadWorkerPool):
 
     executor = "process"
 
-    def __init__(self, load: Loader, *args: Any, handler_timeout: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        load: Loader,
+        *args: Any,
+        handler_timeout: float | None = None,
+        start_child: Callable[[Loader, int], _Child] = _Child,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(_never_called, *args, **kwargs)
         self._load = load
         self.handler_timeout = handler_timeout or None
+        self._new_child = start_child
+        """Starts one worker process (the pod simulation passes one whose process is simulated)."""
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -241,10 +250,9 @@ class ProcessWorkerPool(ThreadWorkerPool):
         children: list[_Child] = []
         try:
             for worker in workers:
-                children.append(_Child(self._load, worker.id))
-            with ThreadPoolExecutor(max_workers=min(len(children), 32) or 1) as waiting:
-                for future in [waiting.submit(child.await_ready, START_TIMEOUT) for child in children]:
-                    future.result()
+                children.append(self._new_child(self._load, worker.id))
+            for child in children:  # they load side by side: waiting for each in turn takes the slowest's time
+                child.await_ready(START_TIMEOUT)
         except BaseException:
             for child in children:
                 child.discard()
@@ -278,7 +286,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
                 worker.child.close()
 
     def _start_child(self, worker: _ProcessWorker) -> _Child:
-        child = _Child(self._load, worker.id)
+        child = self._new_child(self._load, worker.id)
         try:
             child.await_ready(START_TIMEOUT)
         except BaseException:

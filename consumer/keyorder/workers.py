@@ -79,10 +79,10 @@ class Completions(deque[tuple["Delivery", bool]]):
     inside the Kafka client for a fixed timeout: the workers must not idle while the loop sleeps.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, threads: Threads = threading) -> None:
         super().__init__()
         self._wanted = 0  # completions the waiting loop asked for; 0 while it does not wait
-        self._arrived = threading.Event()
+        self._arrived = threads.Event()
 
     def signal(self) -> None:
         """After appending: wake the poll loop if it waits for this many."""
@@ -101,6 +101,17 @@ class Completions(deque[tuple["Delivery", bool]]):
             self._arrived.wait(timeout)
         self._wanted = 0
         return len(self) >= at_least
+
+
+class Threads(Protocol):
+    """Where a pool gets its threads, locks and conditions: the ``threading`` module itself, or the
+    pod simulation's deterministic scheduler (``tests/simulation``), which runs one thread at a time
+    on a virtual clock so that a seed decides every interleaving."""
+
+    Thread: Callable[..., threading.Thread]
+    Lock: Callable[[], Any]
+    Condition: Callable[..., threading.Condition]
+    Event: Callable[[], threading.Event]
 
 
 class WorkerCrashed(RuntimeError):
@@ -309,8 +320,10 @@ class _PoolBase:
         completions: Completions,
         clock: Callable[[], float] = time.monotonic,
         lifecycle: Lifecycle = NO_HOOKS,
+        threads: Threads = threading,
     ) -> None:
         self._handler = handler
+        self._threads = threads
         self.lifecycle = lifecycle
         self.retry = retry
         self.dead_letters = dead_letters
@@ -322,7 +335,7 @@ class _PoolBase:
         """Batches from the poll loop not yet in the scheduler. ``submit`` only appends, without the
         lock (``deque.append`` is atomic), so the poll thread never waits for a worker's turn; workers
         fold them in under the lock on their next turn."""
-        self._lock = threading.Lock()
+        self._lock = threads.Lock()
         self._workers: dict[int, _Worker] = {}
         self._ids = itertools.count()
         self._retired = WorkerStats()
@@ -513,7 +526,7 @@ class ThreadWorkerPool(_PoolBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._condition = threading.Condition(self._lock)
+        self._condition = self._threads.Condition(self._lock)
         self._idle = 0
 
     def start(self) -> None:
@@ -532,7 +545,7 @@ class ThreadWorkerPool(_PoolBase):
         self._start_thread(self._new_worker())
 
     def _start_thread(self, worker: _Worker) -> None:
-        worker.thread = threading.Thread(target=self._run, args=(worker,), name=f"keyorder-worker-{worker.id}",
+        worker.thread = self._threads.Thread(target=self._run, args=(worker,), name=f"keyorder-worker-{worker.id}",
                                          daemon=True)  # fmt: skip
         with self._lock:
             self._workers[worker.id] = worker
