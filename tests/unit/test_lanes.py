@@ -216,6 +216,26 @@ def test_withdraw_keeps_a_lane_shared_by_two_partitions_in_order() -> None:
     assert take_all(scheduler, 0.0) == ["y1", "y2"], "the lane is ready again once its parked head left"
 
 
+def test_withdrawing_a_blocked_parked_head_leaves_the_next_head_unblocked() -> None:
+    """Issue 36 defect 9: blocked is the head's state; the head that follows it has not failed."""
+    revoked, kept = Partition("revoked"), Partition("kept")
+    scheduler = LaneScheduler()
+    scheduler.add([delivery("x1", b"K", revoked, offset=5), delivery("y1", b"K", kept, offset=7)])
+    head = take_one(scheduler, 0.0)
+    assert head is not None and head.message.name == "x1"
+    scheduler.park(head, due=50.0, blocked=True)
+    assert scheduler.summary().blocked == 1
+    assert names(scheduler.withdraw(lambda item: item.partition is revoked)) == ["x1"]
+    after = scheduler.summary()
+    assert (after.blocked, after.parked, after.parked_heads) == (0, 0, frozenset()), "y1 never failed"
+    y1 = take_one(scheduler, 0.0)
+    assert y1 is not None and y1.message.name == "y1"
+    running = scheduler.summary()
+    assert (running.blocked, running.parked_heads) == (0, frozenset()), "y1 runs for the first time, not blocked"
+    scheduler.park(y1, due=1.0)
+    assert scheduler.summary().parked_heads == {(kept, 7, False)}, "a plain retry of y1, not a blocked one"
+
+
 def test_drain_returns_everything_not_running() -> None:
     scheduler = LaneScheduler()
     scheduler.add(lane_deliveries("A1", "A2", "B1", "U1"))

@@ -146,10 +146,12 @@ class LaneScheduler:
             self._queued -= len(lane.deliveries) - len(keep)
             head_withdrawn = not keep or keep[0] is not lane.deliveries[0]
             lane.deliveries = keep
-            if lane.parked_until is not None and head_withdrawn:
-                self._unpark(lane)
-                if keep:
-                    self._ready.append(lane_id)
+            if head_withdrawn:
+                lane.blocked = False  # blocked is the head's state: the next head has not failed yet
+                if lane.parked_until is not None:
+                    self._unpark(lane)
+                    if keep:
+                        self._ready.append(lane_id)
             if not keep:
                 self._forget(lane_id)
         if withdrawn:
@@ -271,7 +273,7 @@ class LaneScheduler:
         return lane is None or lane.parked_until != entry[0]
 
     def _unpark(self, lane: _Lane) -> None:
-        lane.parked_until = None  # a blocked lane stays blocked while its head is retried: only success clears it
+        lane.parked_until = None  # a blocked lane stays blocked while its head is retried, until the head leaves
         self._parked -= 1
 
     def _forget(self, lane_id: Hashable) -> None:
