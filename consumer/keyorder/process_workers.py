@@ -17,8 +17,11 @@ time.
 Faults: a process that dies (segfault, OOM kill, ``os._exit``) is replaced on the next batch; the
 message it was running fails with ``WorkerProcessDied`` and is retried under the retry policy (or
 dead-lettered), the messages after it in the batch run again as if never taken, and the ones
-before it keep the outcome the progress block recorded. A message running longer than
-``handler_timeout`` has its process killed and replaced, and fails with ``HandlerTimedOut``.
+before it keep the outcome the progress block recorded. A process that died while idle, or before
+it began the batch, ran none of it: the whole batch runs again as if never taken (the progress
+block still describes the previous batch; ``_Child.slot`` tells by the batch number). A message
+running longer than ``handler_timeout`` has its process killed and replaced, and fails with
+``HandlerTimedOut``.
 Both are counted (``WorkerStats.process_restarts``, ``WorkerStats.interrupted``).
 
 Threading: each worker thread owns its ``_Child`` (process, socket and progress block); ``stop``
@@ -44,6 +47,7 @@ from keyorder.core.lanes import Delivery
 from keyorder.worker_process import (
     FAILED,
     MAX_BATCH,
+    NOT_STARTED,
     PROGRESS_BYTES,
     RUNNING,
     SUCCEEDED,
@@ -140,6 +144,8 @@ class _Child:
         self.connection = Connection(ours.detach())
         self.connection.send(Init(load=load, worker=worker_id))
         self.alive = True
+        self.batches = 0
+        """The number of the batch last sent (they count from 1)."""
 
     @property
     def pid(self) -> int:
@@ -162,9 +168,11 @@ class _Child:
 
     def run(self, batch: list[tuple[Any, ...]], timeout: float | None) -> list[Any] | str:
         """Send a batch and wait for its results; ``"crashed"`` or ``"timeout"`` when the process died
-        or was killed for running a message longer than ``timeout`` (the progress block tells which)."""
+        (before the batch too: the send fails) or was killed for running a message longer than
+        ``timeout``. ``slot`` then tells what became of each message."""
+        self.batches += 1
         try:
-            self.connection.send(batch)
+            self.connection.send((self.batches, batch))
             if timeout:  # without one, recv alone: a poll per batch would cost another system call
                 while not self.connection.poll(min(timeout / 4, 1.0)):
                     if self._overran(timeout):
@@ -175,6 +183,13 @@ class _Child:
         except (EOFError, OSError):
             self.kill()  # reaps it (it exited: its end of the socket closed)
             return "crashed"
+
+    def slot(self, index: int) -> tuple[int, float]:
+        """``(status, handler seconds)`` of message ``index`` of the batch last sent. ``NOT_STARTED``
+        when the process did not begin that batch: its progress block still holds the one before."""
+        if self.progress.batch() != self.batches:
+            return NOT_STARTED, 0.0
+        return self.progress.slot(index)
 
     def _overran(self, timeout: float) -> bool:
         index, started_at = self.progress.running()
@@ -389,9 +404,16 @@ class ProcessWorkerPool(ThreadWorkerPool):
         if not self.stopping:
             stats.process_restarts[reason] += 1
         returncode = child.process.returncode
+        statuses = [child.slot(index) for index in range(len(batch))]
+        if not self.stopping and all(status != RUNNING for status, _seconds in statuses):
+            log.warning(
+                "worker process %d %s between messages (%d of a batch of %d not started); it is replaced "
+                "and those run again",
+                child.pid, _exit_reason(returncode),
+                sum(status == NOT_STARTED for status, _seconds in statuses), len(batch),
+            )  # fmt: skip
         outcomes = []
-        for index, delivery in enumerate(batch):
-            status, seconds = child.progress.slot(index)
+        for delivery, (status, seconds) in zip(batch, statuses, strict=True):
             if status == SUCCEEDED:
                 outcomes.append(self._succeeded_in(worker, delivery, seconds, self.clock()))
             elif status == FAILED:  # its error text was in the lost reply

@@ -8,16 +8,21 @@ batch holds the heads of distinct lanes.
 
 The wire protocol (``multiprocessing.connection`` frames over a socket pair):
 
-* pod -> process: first ``Init`` (the loader of the handler and its hooks), then batches (lists of
-  message fields, ``message_fields``), then ``None`` to stop;
+* pod -> process: first ``Init`` (the loader of the handler and its hooks), then batches
+  (``(number, fields)``: the batch's number, counting from 1, and a list of message fields,
+  ``message_fields``), then ``None`` to stop;
 * process -> pod: ``("ready", pid, False)`` or ``("failed", description, bad_input)`` once, then one result list per
   batch: per message a float (the handler's seconds: it returned) or ``(seconds, error type name,
   error text)`` (it raised), or ``None`` (not started: the pod asked to stop mid-batch).
 
 The progress block (``Progress``, a few shared bytes) says which message of the batch is running
 and since when, and what happened to the ones before it. The pod reads it only to attribute a
-crash (the process died: the block survives it) and to enforce the handler timeout; it is written
-only here. Any other way for the pod to learn this would cost a round trip per message.
+crash (the process died: the block survives it) and to enforce the handler timeout; only the stop
+flag is written by the pod, the rest only here. Any other way for the pod to learn this would cost
+a round trip per message. The block names the batch it describes (``begin_batch`` writes the
+batch's number after clearing the slots): a process that dies before it began a batch (killed
+while idle, or while unpickling the batch) leaves the previous batch's slots, and the pod must not
+read those as the new batch's outcomes.
 """
 
 from __future__ import annotations
@@ -42,7 +47,10 @@ MAX_BATCH = 64
 """Most messages in one batch (the progress block has one slot per message)."""
 
 NOT_STARTED, RUNNING, SUCCEEDED, FAILED = 0, 1, 2, 3
-_HEADER = struct.Struct("=dii")  # started_at (monotonic seconds), running index (-1: none), stop requested
+# started_at (monotonic seconds), running index (-1: none), stop requested, number of the batch the slots describe
+_HEADER = struct.Struct("=diiq")
+_RUNNING = struct.Struct("=di")  # started_at and running index, at offset 0
+_INDEX_AT, _STOP_AT, _BATCH_AT = 8, 12, 16
 _SLOT = struct.Struct("=bd")  # status, handler seconds
 PROGRESS_BYTES = _HEADER.size + MAX_BATCH * _SLOT.size
 PARENT_CHECK_SECONDS = 1.0
@@ -80,39 +88,47 @@ class Progress:
     def __init__(self, fd: int, fresh: bool = False) -> None:
         self.map = mmap.mmap(fd, PROGRESS_BYTES)
         if fresh:  # the pod, on a zeroed block: nothing runs yet (index 0 would be a message started at 0.0)
-            _HEADER.pack_into(self.map, 0, 0.0, -1, 0)
+            _HEADER.pack_into(self.map, 0, 0.0, -1, 0, 0)
 
     # -- written by the worker process ---------------------------------------------------------------
-    def begin_batch(self, size: int) -> None:
+    def begin_batch(self, number: int, size: int) -> None:
+        """Clear the slots, then name the batch: a process that dies in between leaves the previous
+        batch's number, so the pod reads every message of this one as not started."""
         for index in range(size):
             _SLOT.pack_into(self.map, _HEADER.size + index * _SLOT.size, NOT_STARTED, 0.0)
+        struct.pack_into("=q", self.map, _BATCH_AT, number)
 
     def start(self, index: int, now: float) -> None:
         _SLOT.pack_into(self.map, _HEADER.size + index * _SLOT.size, RUNNING, 0.0)
-        struct.pack_into("=di", self.map, 0, now, index)
+        _RUNNING.pack_into(self.map, 0, now, index)
 
     def finish(self, index: int, status: int, seconds: float) -> None:
         _SLOT.pack_into(self.map, _HEADER.size + index * _SLOT.size, status, seconds)
-        struct.pack_into("=i", self.map, 8, -1)
+        struct.pack_into("=i", self.map, _INDEX_AT, -1)
 
     def stop_requested(self) -> bool:
         return bool(_HEADER.unpack_from(self.map)[2])
 
     # -- read by the pod -------------------------------------------------------------------------------
     def request_stop(self) -> None:
-        struct.pack_into("=i", self.map, 12, 1)
+        struct.pack_into("=i", self.map, _STOP_AT, 1)
+
+    def batch(self) -> int:
+        """The number of the batch the slots describe (0: none began yet)."""
+        number: int = _HEADER.unpack_from(self.map)[3]
+        return number
 
     def running(self) -> tuple[int, float]:
         """``(index, started_at)`` of the running message, read twice to rule out a torn read;
         ``(-1, 0.0)`` when none is running (or the reads disagreed)."""
-        started_at, index, _stop = _HEADER.unpack_from(self.map)
-        again, index_again, _stop = _HEADER.unpack_from(self.map)
+        started_at, index = _RUNNING.unpack_from(self.map)
+        again, index_again = _RUNNING.unpack_from(self.map)
         if index < 0 or index != index_again or started_at != again:
             return -1, 0.0
         return index, started_at
 
     def slot(self, index: int) -> tuple[int, float]:
-        """``(status, handler seconds)`` of message ``index`` of the current batch."""
+        """``(status, handler seconds)`` of message ``index`` of batch ``batch()``."""
         status, seconds = _SLOT.unpack_from(self.map, _HEADER.size + index * _SLOT.size)
         return status, seconds
 
@@ -152,9 +168,9 @@ class _Runner:
             call_sync_handler(self.handler, message)
 
 
-def run_batch(runner: _Runner, progress: Progress, batch: list[tuple[Any, ...]]) -> list[Any]:
-    """Run every message of ``batch`` in order; the result list the pod expects (see the module doc)."""
-    progress.begin_batch(len(batch))
+def run_batch(runner: _Runner, progress: Progress, number: int, batch: list[tuple[Any, ...]]) -> list[Any]:
+    """Run every message of batch ``number`` in order; the result list the pod expects (see the module doc)."""
+    progress.begin_batch(number, len(batch))
     results: list[Any] = []
     clock = time.monotonic
     for index, fields in enumerate(batch):
@@ -202,12 +218,13 @@ def serve(connection: Connection, progress: Progress) -> int:
     try:
         while True:
             try:
-                batch = connection.recv()
+                frame = connection.recv()
             except EOFError:  # the pod closed its end (it stopped, or died)
                 break
-            if batch is None:
+            if frame is None:
                 break
-            connection.send(run_batch(runner, progress, batch))
+            number, batch = frame
+            connection.send(run_batch(runner, progress, number, batch))
     finally:
         try:
             runner.teardown()

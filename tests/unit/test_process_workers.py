@@ -132,6 +132,80 @@ def test_a_worker_process_killed_mid_message_is_replaced_and_its_message_retried
     assert sum(s.failed for s in stats) == 1 and sum(s.retried for s in stats) == 1
 
 
+class ValueThatKillsItsUnpickler(bytes):
+    """A message value whose first unpickling ends the worker process (as a ``MemoryError`` while
+    reading the batch would), before it begins the batch; later copies unpickle as plain bytes."""
+
+    sent = 0
+
+    def __reduce_ex__(self, protocol):  # type: ignore[no-untyped-def]  # pickled once per batch sent
+        self.sent += 1
+        return (os._exit, (9,)) if self.sent == 1 else (bytes, (bytes(self),))
+
+
+def _one_worker_after_a_first_batch(completions: Completions) -> tuple[ProcessWorkerPool, int]:
+    """A one-process pool that ran ``a``/0 (its progress slot 0 says SUCCEEDED), now idle."""
+    pool = process_pool("record", 1, completions)
+    pool.start()
+    pool.submit(keyed(["a"]))
+    wait_until(lambda: len(completions) == 1, 30, "the first batch handled")
+    (pid,) = live_children(pool)
+    return pool, pid
+
+
+def _assert_ran_in_a_new_process_as_never_started(pool, completions, record_file, died: int) -> None:
+    wait_until(lambda: len(completions) == 2, 30, "the second batch settled")
+    (_first, (delivery, handled)) = completions
+    assert (delivery.message.key, handled) == (b"b", True)
+    runs = {(key, seq): pid for key, seq, pid, _start, _end in process_handlers.runs(record_file)}
+    assert ("b", 0) in runs, "b/0 was reported handled but never ran: the previous batch's outcome was read"
+    assert runs[("b", 0)] != died and runs[("b", 0)] in live_children(pool), "not run by the replacement"
+    assert delivery.attempts == 1, "the batch the dead process never began must not count an attempt"
+    stats = pool.stats()
+    assert sum(s.process_restarts["crashed"] for s in stats) == 1
+    assert sum(s.interrupted["crashed"] for s in stats) == 0, "no message was running"
+    assert sum(s.failed for s in stats) == 0 and sum(s.retried for s in stats) == 0
+    assert sum(s.processed for s in stats) == 2
+
+
+def test_a_worker_process_killed_while_idle_runs_the_next_batch_in_its_replacement(record_file):
+    """Killed between two batches (an OOM kill): sending the next one fails (EPIPE); the progress
+    block still holds the first batch's SUCCEEDED slot, which is not the second batch's outcome."""
+    completions = Completions()
+    pool, idle = _one_worker_after_a_first_batch(completions)
+    try:
+        os.kill(idle, signal.SIGKILL)
+        wait_until(lambda: _is_zombie(idle), 30, "the kill")
+        pool.submit(keyed(["b"]))
+        _assert_ran_in_a_new_process_as_never_started(pool, completions, record_file, idle)
+    finally:
+        pool.stop(5)
+
+
+def test_a_worker_process_dying_before_it_begins_a_batch_runs_that_batch_in_its_replacement(record_file):
+    """The process receives the batch and dies unpickling it: the pod's send succeeded, its receive
+    fails, and the progress block still describes the batch before."""
+    completions = Completions()
+    pool, receiver = _one_worker_after_a_first_batch(completions)
+    try:
+        (delivery,) = keyed(["b"])
+        delivery.message.value = ValueThatKillsItsUnpickler(b"0")
+        pool.submit([delivery])
+        _assert_ran_in_a_new_process_as_never_started(pool, completions, record_file, receiver)
+        assert delivery.message.value.sent == 2, "sent to the process that died, then to its replacement"
+    finally:
+        pool.stop(5)
+
+
+def _is_zombie(pid: int) -> bool:
+    """Dead, not yet reaped (or gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def test_a_message_past_the_handler_timeout_has_its_process_killed_and_is_retried(record_file, monkeypatch):
     monkeypatch.setenv("KEYORDER_TEST_STALL_KEY", "slow")
     completions = Completions()
