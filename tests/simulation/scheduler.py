@@ -10,8 +10,8 @@ where one seed decides everything. Here the real code keeps its real threads, bu
 * control returns to the driver (``run``) at every blocking point, which the code reaches through
   this module's ``Lock``, ``Condition``, ``Event``, ``Thread.join`` and ``sleep`` (the pools and the
   runtime take them through their ``threads``/``clock``/``sleep`` seams), and, with probability
-  ``preemption``, around taking and releasing a lock and setting or clearing an event, so that races between a check and a
-  wait are explored too;
+  ``preemption``, around taking and releasing a lock and setting or clearing an event, so that
+  races between a check and a wait are explored too;
 * the driver picks the next runnable thread with the seeded ``rng``; when none can run, virtual
   time jumps to the earliest deadline (a sleep, a timed wait) or timer (``call_at``).
 
