@@ -38,6 +38,14 @@ PARTLY_PAUSED_TIMEOUT = 0.005
 """Seconds a ``consume`` may wait for messages while some partitions are paused: their resumes
 must not wait out the poll timeout of the partitions that are fetching."""
 
+SHUTDOWN_POLL_INTERVAL = 0.005
+"""Seconds between the shutdown's collections of finished messages while it waits for handlers."""
+
+SHUTDOWN_LOOK_INTERVAL = 0.025
+"""Seconds between the shutdown's looks at the lanes for something that can still finish (a running
+handler or a ready lane): ``lane_summary`` walks every lane under the pool's lock, too dear for each
+collection on a pod with many keys."""
+
 
 @dataclass(frozen=True)
 class RuntimeSettings:
@@ -56,7 +64,8 @@ class RuntimeSettings:
     revoke_drain_timeout: float = 10.0
     """Seconds a revoked partition's in-flight messages may take to finish before they are abandoned."""
     shutdown_grace: float = 25.0
-    """Seconds in-flight messages may take to finish on shutdown (keep below the pod's grace period)."""
+    """Seconds in-flight messages may take to finish on shutdown (keep below the pod's grace period); the
+    wait ends earlier once no handler runs and no lane is ready (what is left is parked or blocked)."""
     max_workers: int = 4096
     """Upper bound for a live resize."""
     snapshot_interval: float = 0.5
@@ -434,22 +443,43 @@ class ConsumerRuntime:
 
     # -- shutdown -------------------------------------------------------------------------------------
     def _shutdown(self) -> None:
+        """Let what can still finish finish (within the grace), hand back the rest, commit, close.
+
+        The wait ends as soon as nothing in flight can finish by itself: no handler is running and no
+        lane is ready to run. What is left then is parked for a retry's backoff or blocked
+        (``onExhausted: block``): waiting for it would only spend the grace, since the pod stops
+        before it is due. ``pool.stop`` hands it back, and the final commit stays at its offset, so
+        the next owner runs it again.
+        """
         self.stopping = True
-        settings = self.settings
-        deadline = self.clock() + settings.shutdown_grace
+        settings, clock = self.settings, self.clock
+        deadline = clock() + settings.shutdown_grace
         log.info("shutting down: waiting up to %.0fs for %d in-flight messages", settings.shutdown_grace, self.inflight)
-        while self.inflight and self.clock() < deadline:
-            self.sleep(0.005)
+        next_look = clock()
+        self._collect_completions()
+        while self.inflight and (now := clock()) < deadline:
+            if now >= next_look:  # the lanes are O(lanes) to count, under the pool's lock: not every turn
+                lanes = self.pool.lane_summary()
+                if not lanes.running and not lanes.ready:
+                    log.info(
+                        "shutdown: no handler is running and no lane is ready; not waiting for the %d lanes "
+                        "parked for a retry (%d of them blocked)",
+                        lanes.parked,
+                        lanes.blocked,
+                    )
+                    break
+                next_look = now + SHUTDOWN_LOOK_INTERVAL
+            self.sleep(SHUTDOWN_POLL_INTERVAL)
             self._collect_completions()
-            self.committer.periodic(self.partitions.values(), self.clock())
-        self.pool.stop(max(deadline - self.clock(), 0.5))
+            self.committer.periodic(self.partitions.values(), clock())
+        self.pool.stop(max(deadline - clock(), 0.5))
         self._collect_completions()
         if self.inflight:
             log.warning("shutdown: %d in-flight messages abandoned; they are re-delivered after restart", self.inflight)
         self.committer.commit(self.partitions.values(), asynchronous=False)
         self._closing = True
         self.source.close()
-        self._publish_snapshot(self.clock())
+        self._publish_snapshot(clock())
         log.info("stopped")
 
     # -- observability --------------------------------------------------------------------------------

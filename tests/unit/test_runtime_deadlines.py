@@ -10,6 +10,9 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
+from keyorder.core import offset_metadata
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.routing import Ordering
 from keyorder.message import Message
@@ -21,26 +24,54 @@ from tests.fakes import FakeClock, RecordingSource
 PID = ("t", 0)
 
 
+PARKED_FOR_A_RETRY = RetryPolicy(
+    max_attempts=5, initial_backoff=60.0, max_backoff=60.0, exhausted=ExhaustedPolicy.BLOCK
+)
+BLOCKED_AT_ONCE = RetryPolicy(max_attempts=1, initial_backoff=60.0, max_backoff=60.0, exhausted=ExhaustedPolicy.BLOCK)
+
+
 class Scenario:
     """Offsets 0..5 on one partition: key ``slow`` (0) is inside its handler until released, key
-    ``failing`` (1) is parked for a 60 s retry, and keys ``a``/``b`` (2..5) are queued behind W=2."""
+    ``failing`` (1) is parked for a 60 s retry (or blocked, retried every 60 s), and keys ``a``/``b``
+    (2..5) are queued behind W=2.
 
-    def __init__(self, revoke_drain_timeout: float = 10.0, shutdown_grace: float = 25.0) -> None:
+    ``release_after``: the slow handler returns once the runtime has slept that many (fake) seconds
+    from then on; the runtime's sleep that reaches it waits (in real time) until the handler's
+    completion is queued, so the fake time it took is exact."""
+
+    def __init__(
+        self, revoke_drain_timeout: float = 10.0, shutdown_grace: float = 25.0, retry: RetryPolicy = PARKED_FOR_A_RETRY
+    ) -> None:
         self.release = threading.Event()
+        self.release_at: float | None = None
         self.started: list[int] = []
         self.clock = FakeClock()
         self.source = RecordingSource({PID: 0})
-        completions = Completions()
-        retry = RetryPolicy(max_attempts=5, initial_backoff=60.0, max_backoff=60.0, exhausted=ExhaustedPolicy.BLOCK)
+        self.completions = completions = Completions()
         self.pool = ThreadWorkerPool(self.handle, 2, retry, None, completions, clock=self.clock)
         settings = RuntimeSettings(
             topics=("t",), revoke_drain_timeout=revoke_drain_timeout, shutdown_grace=shutdown_grace
         )
         self.runtime = ConsumerRuntime(
-            settings, self.source, self.pool, Ordering.KEY, completions, clock=self.clock, sleep=self.clock.sleep
+            settings, self.source, self.pool, Ordering.KEY, completions, clock=self.clock, sleep=self.sleep
         )
         self.runtime._on_assign([PID])
         self.pool.start()
+
+    def release_after(self, seconds: float) -> None:
+        self.release_at = self.clock() + seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.clock.sleep(seconds)
+        if self.release_at is not None and self.clock() >= self.release_at and not self.release.is_set():
+            self.release.set()
+            wait_until(lambda: len(self.completions) > 0, 5, "the released handler's completion")
+
+    def wait_for_the_queued_keys(self) -> None:
+        """Until keys a and b (2..5) are done: what is left is the slow handler (if held) and the failing key."""
+        wait_until(
+            lambda: len(self.started) >= 6 and self.pool.lane_summary().ready == 0, 5, "the queued keys to finish"
+        )
 
     def handle(self, message: Message) -> None:
         self.started.append(message.offset)
@@ -112,5 +143,53 @@ def test_shutdown_waits_up_to_the_grace_period_then_commits_the_min_offset() -> 
         assert 25.0 <= waited < 25.1, f"waited {waited:.3f}s of fake time"
         offsets, asynchronous = scenario.source.commits[-1]
         assert offsets[PID][0] == 0 and not asynchronous, "the final synchronous commit at the stuck min-offset"
+    finally:
+        scenario.stop()
+
+
+def committed_with_done_above(source: RecordingSource) -> tuple[int, set[int]]:
+    offsets, asynchronous = source.commits[-1]
+    assert not asynchronous, "the last commit is the synchronous one of the shutdown"
+    position, metadata = offsets[PID]
+    return position, offset_metadata.decode(metadata, position)
+
+
+def test_shutdown_waits_for_a_running_handler_but_not_for_a_parked_retry() -> None:
+    scenario = Scenario(shutdown_grace=25.0)
+    try:
+        scenario.dispatch()
+        scenario.wait_for_the_queued_keys()
+        before = scenario.clock()
+        scenario.release_after(3.0)
+        scenario.runtime._shutdown()
+        waited = scenario.clock() - before
+        assert 3.0 <= waited < 3.1, f"waited {waited:.3f}s of fake time: the handler took 3 s, the retry is due in 60"
+        assert committed_with_done_above(scenario.source) == (1, {2, 3, 4, 5}), (
+            "committed below the parked offset 1, with everything finished above it (0 included) done"
+        )
+        assert scenario.started.count(1) == 1, "the parked key was not retried"
+        assert scenario.runtime.inflight == 0, "the parked delivery was handed back"
+    finally:
+        scenario.stop()
+
+
+@pytest.mark.parametrize("retry", [PARKED_FOR_A_RETRY, BLOCKED_AT_ONCE], ids=["parked", "blocked"])
+def test_shutdown_with_no_handler_running_ends_at_once_and_leaves_the_stuck_offset_uncommitted(
+    retry: RetryPolicy,
+) -> None:
+    scenario = Scenario(shutdown_grace=25.0, retry=retry)
+    try:
+        scenario.release.set()  # the slow key finishes at once
+        scenario.dispatch()
+        scenario.wait_for_the_queued_keys()
+        wait_until(lambda: scenario.pool.lane_summary().running == 0, 5, "every handler to return")
+        assert scenario.pool.lane_summary().blocked == (1 if retry is BLOCKED_AT_ONCE else 0)
+        before = scenario.clock()
+        scenario.runtime._shutdown()
+        waited = scenario.clock() - before
+        assert waited < 0.1, f"waited {waited:.3f}s of fake time with nothing that could finish (grace 25 s)"
+        position, done = committed_with_done_above(scenario.source)
+        assert (position, done) == (1, {2, 3, 4, 5}), "offset 1 is re-delivered after the restart, nothing else"
+        assert scenario.runtime.inflight == 0
     finally:
         scenario.stop()
