@@ -127,25 +127,35 @@ class _Child:
 
     def __init__(self, load: Loader, worker_id: int) -> None:
         self.worker_id = worker_id
-        ours, theirs = socket.socketpair()
         progress_fd = _progress_file()
         try:
+            self.process, self.connection = self._start_process(progress_fd)
+            self.progress = Progress(progress_fd, fresh=True)
+        finally:
+            os.close(progress_fd)  # the map keeps the memory
+        self.connection.send(Init(load=load, worker=worker_id))
+        self.alive = True
+        self.batches = 0
+        """The number of the batch last sent (they count from 1)."""
+
+    def _start_process(self, progress_fd: int) -> tuple[subprocess.Popen[bytes], Connection]:
+        """Start the worker process, handing it one end of a socket pair and the progress block;
+        the pod's end of the socket. (The pod simulation starts a simulated process here.)"""
+        ours, theirs = socket.socketpair()
+        try:
             environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
-            self.process = subprocess.Popen(
+            process = subprocess.Popen(
                 [sys.executable, "-c", _CHILD_MAIN, str(theirs.fileno()), str(progress_fd)],
                 pass_fds=(theirs.fileno(), progress_fd),
                 stdin=subprocess.DEVNULL,
                 env=environment,
             )
-            self.progress = Progress(progress_fd, fresh=True)
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
-            os.close(progress_fd)  # the map keeps the memory
-        self.connection = Connection(ours.detach())
-        self.connection.send(Init(load=load, worker=worker_id))
-        self.alive = True
-        self.batches = 0
-        """The number of the batch last sent (they count from 1)."""
+        return process, Connection(ours.detach())
 
     @property
     def pid(self) -> int:

@@ -41,7 +41,7 @@ from typing import Any
 STUCK_AFTER = 60.0
 """Real seconds one step of a managed thread may take before the run is declared stuck."""
 
-_RUNNABLE, _RUNNING, _BLOCKED, _DONE = "runnable", "running", "blocked", "done"
+_RUNNABLE, _RUNNING, _BLOCKED, _FROZEN, _DONE = "runnable", "running", "blocked", "frozen", "done"
 
 
 class Terminated(BaseException):
@@ -118,8 +118,25 @@ class Simulation:
         return thread
 
     def alive(self) -> list[str]:
-        """Names of the managed threads that have not finished."""
-        return [managed.name for managed in self._threads if managed.state is not _DONE]
+        """Names of the managed threads that have not finished (frozen ones count as gone)."""
+        return [managed.name for managed in self._threads if managed.state not in (_DONE, _FROZEN)]
+
+    def freeze(self, thread: SimThread) -> None:
+        """Stop a thread where it is, for good, without running another line of it: what SIGKILL does
+        to a process (the simulated worker processes' threads). ``close`` unwinds it at the end."""
+        managed = thread._managed
+        if managed is None or managed.state in (_DONE, _FROZEN):
+            return
+        if managed.state is _RUNNING:
+            raise RuntimeError("a thread cannot freeze itself")
+        if managed.waitlist is not None and managed in managed.waitlist:
+            managed.waitlist.remove(managed)
+        managed.waitlist = None
+        if managed in self._runnable:
+            self._runnable.remove(managed)
+        managed.state = _FROZEN
+        managed.generation += 1
+        self._wake_all(managed.joiners)
 
     def blocked(self) -> list[str]:
         """Names of the managed threads blocked right now (for a report)."""
@@ -330,7 +347,7 @@ class SimThread:
         return self._managed.ident if self._managed is not None else None
 
     def is_alive(self) -> bool:
-        return self._managed is not None and self._managed.state is not _DONE
+        return self._managed is not None and self._managed.state not in (_DONE, _FROZEN)
 
     def join(self, timeout: float | None = None) -> None:
         managed = self._managed
@@ -338,7 +355,7 @@ class SimThread:
             raise RuntimeError("cannot join a thread before it is started")
         simulation = self._simulation
         deadline = None if timeout is None else simulation.now + max(timeout, 0.0)
-        while managed.state is not _DONE:
+        while managed.state not in (_DONE, _FROZEN):
             if not simulation._block(managed.joiners, deadline) and deadline is not None:
                 return
 

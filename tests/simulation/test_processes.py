@@ -1,0 +1,102 @@
+"""The simulated worker processes run the real child code, and die where a seed says."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from keyorder.core.lanes import Delivery
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.message import Message
+from keyorder.process_workers import ProcessWorkerPool
+from keyorder.workers import NO_HOOKS, Completions, Lifecycle
+from tests.simulation.processes import SimulatedChild, child_factory, live_processes
+from tests.simulation.scheduler import Simulation
+
+
+class _Partition:
+    revoked = dropped = False
+
+
+def _load(handler: Any) -> tuple[Any, Lifecycle]:
+    return handler, NO_HOOKS
+
+
+def _pool(simulation: Simulation, calls: list, children: list[SimulatedChild], workers: int = 1) -> tuple:
+    def handler(message: Message) -> None:
+        calls.append((message.key, message.offset))
+        simulation.sleep(0.01)
+
+    completions = Completions(threads=simulation)
+    pool = ProcessWorkerPool(
+        functools.partial(_load, handler),
+        workers,
+        RetryPolicy(3, 0.05, exhausted=ExhaustedPolicy.BLOCK, random=simulation.rng.random),
+        None,
+        completions,
+        clock=simulation.clock,
+        threads=simulation,
+        start_child=child_factory(simulation, children),
+    )
+    return pool, completions
+
+
+def _messages(first: int, count: int) -> list[Message]:
+    return [Message("t", 0, offset, f"k{offset}".encode(), b"", (), 0) for offset in range(first, first + count)]
+
+
+def test_the_pool_runs_messages_through_the_real_child_code_and_stops_it() -> None:
+    simulation = Simulation(3)
+    calls: list = []
+    children: list[SimulatedChild] = []
+    pool, completions = _pool(simulation, calls, children, workers=2)
+
+    def main() -> None:
+        pool.start()
+        pool.submit([Delivery(message, message.key, _Partition, simulation.now) for message in _messages(0, 20)])
+        while len(completions) < 20:
+            completions.wait(20, 1.0)
+        pool.stop(1.0)
+
+    simulation.spawn(main, name="main")
+    simulation.run(limit=60)
+    assert simulation.errors == []
+    assert sorted(offset for _key, offset in calls) == list(range(20))
+    assert all(handled for _delivery, handled in completions)
+    assert live_processes(children) == [] and simulation.alive() == []
+    assert {child.process.returncode for child in children} == {0}
+
+
+def test_a_process_killed_while_idle_does_not_make_the_next_batch_count_as_handled() -> None:
+    """Issue 36, defect 1: the next batch after an idle death must run (or be retried), never be
+    taken as handled from the previous batch's progress slots."""
+    simulation = Simulation(4)
+    calls: list = []
+    children: list[SimulatedChild] = []
+    pool, completions = _pool(simulation, calls, children)
+    killed: list[str] = []
+
+    def main() -> None:
+        pool.start()
+        pool.submit([Delivery(message, message.key, _Partition, simulation.now) for message in _messages(0, 1)])
+        while len(completions) < 1:
+            completions.wait(1, 1.0)
+        simulation.sleep(1.0)  # idle: the kill lands now
+        pool.submit([Delivery(message, message.key, _Partition, simulation.now) for message in _messages(1, 1)])
+        while len(completions) < 2:
+            completions.wait(2, 1.0)
+        pool.stop(1.0)
+
+    def kill() -> None:
+        (process,) = live_processes(children)
+        process.kill()
+        killed.append(process.killed_while or "")
+
+    simulation.call_at(0.5, kill)
+    simulation.spawn(main, name="main")
+    simulation.run(limit=60)
+    assert killed == ["idle"]
+    ran = {offset for _key, offset in calls}
+    handled = [delivery.message.offset for delivery, ok in completions if ok]
+    assert [offset for offset in handled if offset not in ran] == [], "counted as handled without running"
+    assert sorted(ran) == [0, 1]
