@@ -407,7 +407,9 @@ class _PoolBase:
         wait (``None``: until woken), or ``EXIT``. Caller holds ``_lock``."""
         scheduler = self._scheduler
         for outcome in outcomes:
-            if outcome.kind is PARKED:
+            # A revoke withdraws what is parked and waits only for what runs: a delivery whose partition
+            # was revoked while it ran goes back now (the new owner retries it), it is never parked.
+            if outcome.kind is PARKED and not outcome.delivery.partition.revoked:
                 scheduler.park(outcome.delivery, outcome.due, outcome.blocked)
             else:
                 scheduler.finished(outcome.delivery)
@@ -454,10 +456,20 @@ class _PoolBase:
         return _Outcome(FINISHED, delivery)
 
     def _failed(self, worker: _Worker, delivery: Delivery, error: BaseException) -> _Outcome | None:
-        """Record a handler failure; the lane's outcome, or ``None`` when the caller must dead-letter."""
+        """Record a handler failure; the lane's outcome, or ``None`` when the caller must dead-letter.
+
+        A failure in a partition revoked meanwhile is handed back, neither retried nor dead-lettered: the
+        new owner runs it again under its own retry policy, and the revoke waits for no backoff. (A
+        revoke landing after this check is caught by ``_turn``, which never parks a revoked delivery.)"""
         stats = worker.stats
         stats.failed += 1
         message = delivery.message
+        if delivery.partition.revoked:
+            log.info(
+                "handler failed on %s[%d]@%d after its partition was revoked; the new owner retries it: %s: %s",
+                message.topic, message.partition, message.offset, type(error).__name__, error,
+            )  # fmt: skip
+            return _Outcome(HANDED_BACK, delivery)
         verdict, delay = self.retry.after_failure(delivery.attempts)
         if verdict is Verdict.DEAD_LETTER:
             return None
