@@ -108,10 +108,15 @@ class Threads(Protocol):
     pod simulation's deterministic scheduler (``tests/simulation``), which runs one thread at a time
     on a virtual clock so that a seed decides every interleaving."""
 
-    Thread: Callable[..., threading.Thread]
-    Lock: Callable[[], Any]
-    Condition: Callable[..., threading.Condition]
-    Event: Callable[[], threading.Event]
+    # read-only, so that a module (``threading``), whose attributes are classes, matches
+    @property
+    def Thread(self) -> Callable[..., threading.Thread]: ...
+    @property
+    def Lock(self) -> Callable[[], Any]: ...
+    @property
+    def Condition(self) -> Callable[..., threading.Condition]: ...
+    @property
+    def Event(self) -> Callable[[], threading.Event]: ...
 
 
 class WorkerCrashed(RuntimeError):
