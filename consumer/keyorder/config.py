@@ -633,10 +633,18 @@ def consumer_properties(config: KafkaConnectionSettings, properties: Mapping[str
     """Consumer settings: keyorder's defaults, overridden by the user's properties.
 
     With ``group.protocol=consumer`` (KIP-848) the broker assigns the partitions and librdkafka
-    refuses a client-side ``partition.assignment.strategy``, so that default is left out.
+    refuses a client-side ``partition.assignment.strategy``, so that default is left out. A static
+    member (``group.instance.id``) on that protocol is refused: its leave is only temporary
+    (``kafka_source.static_member_cannot_leave``).
     """
-    from keyorder.adapters.kafka_source import broker_assigns  # here: only a consumer needs the Kafka client
+    from keyorder.adapters.kafka_source import (  # here: only a consumer needs the Kafka client
+        STATIC_MEMBER_ON_CONSUMER_PROTOCOL,
+        broker_assigns,
+        static_member_cannot_leave,
+    )
 
+    if static_member_cannot_leave(properties):
+        raise ConfigError(STATIC_MEMBER_ON_CONSUMER_PROTOCOL)
     defaults = dict(CONSUMER_DEFAULTS)
     if broker_assigns(properties):
         del defaults["partition.assignment.strategy"]

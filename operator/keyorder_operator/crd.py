@@ -55,6 +55,7 @@ from keyorder_operator.spec import (
     NAME_RULE,
     PLURAL,
     SHORT_NAME,
+    STATIC_MEMBERSHIP_RULE,
     VERSION,
     CatchupSpec,
     EnvVar,
@@ -101,7 +102,13 @@ VALIDATIONS: dict[type[BaseModel], list[dict[str, str]]] = {
             "rule": "!(has(self.groupProtocol) && self.groupProtocol == 'consumer' && has(self.assignmentStrategy))",
             "message": "assignmentStrategy applies to groupProtocol classic only; with consumer the broker assigns",
             "fieldPath": ".assignmentStrategy",
-        }
+        },
+        {
+            "rule": "!(has(self.groupProtocol) && self.groupProtocol == 'consumer' && "
+            "has(self.staticMembership) && self.staticMembership)",
+            "message": STATIC_MEMBERSHIP_RULE,
+            "fieldPath": ".staticMembership",
+        },
     ],
     CatchupSpec: [
         {

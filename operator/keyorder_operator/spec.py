@@ -191,7 +191,7 @@ class KafkaSpec(_Model):
         "container restarted in place (a crash, an OOM kill) gets its partitions back without a rebalance if it "
         "rejoins within session.timeout.ms, while its partitions wait for it that long. A pod that stops (scale-in, "
         "rollout) still leaves the group at once. Pods of a Deployment get new names when they are replaced, so "
-        "only in-place restarts gain.",
+        "only in-place restarts gain. groupProtocol classic only (with consumer a static member cannot leave).",
     )
 
     @model_validator(mode="after")
@@ -202,6 +202,21 @@ class KafkaSpec(_Model):
                 "assigns the partitions"
             )
         return self
+
+    @model_validator(mode="after")
+    def _static_membership_only_for_classic(self) -> KafkaSpec:
+        if self.group_protocol is GroupProtocol.CONSUMER and self.static_membership:
+            raise ValueError(STATIC_MEMBERSHIP_RULE)
+        return self
+
+
+STATIC_MEMBERSHIP_RULE = (
+    "staticMembership applies to groupProtocol classic only: with groupProtocol consumer (KIP-848) librdkafka's "
+    "leave for a static member is temporary (member epoch -2), so a stopped pod's partitions stay with it until "
+    "session.timeout.ms expires; set staticMembership false or groupProtocol classic"
+)
+"""Why static membership on KIP-848's protocol is refused (the model and the CRD's CEL rule say the same;
+``keyorder.adapters.kafka_source.static_member_cannot_leave`` cites librdkafka)."""
 
 
 class EnvVar(_Model):

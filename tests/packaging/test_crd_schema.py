@@ -324,6 +324,10 @@ BROKEN_BY_RULES = {
         "scaling", {"fallback": {"failureThreshold": 3, "replicas": 0}}
     ),
     "catch-up enabled without its image": changed("catchup", {"enabled": True}),
+    # librdkafka's leave of a static member under KIP-848 is temporary (member epoch -2)
+    "static membership on the consumer protocol": changed(
+        "kafka.groupProtocol", "consumer", **{"kafka.staticMembership": True}
+    ),
 }
 """Resources that pass the OpenAPI schema and only the CEL rules (and the models' validators) refuse."""
 
@@ -338,6 +342,10 @@ ACCEPTED_BY_RULES = {
     "workers all equal": changed("workers", {"min": 8, "initial": 8, "max": 8}),
     "catch-up enabled with its image": changed("catchup", {"enabled": True, "image": "reg/spark:1"}),
     "catch-up disabled without an image": changed("catchup", {"enabled": False}),
+    "static membership on the classic protocol": changed("kafka.staticMembership", True),
+    "static membership off on the consumer protocol": changed(
+        "kafka.groupProtocol", "consumer", **{"kafka.staticMembership": False}
+    ),
 }
 
 
@@ -359,7 +367,9 @@ def test_cross_field_rules_refuse_what_the_models_refuse(case, schema):
     accepted, why = operator_accepts(resource)
     assert not accepted
     # the rule's message says the same thing as the model's
-    assert any(word in why for word in ("min", "max", "initial", "scaleToZero", "catchup.image")), why
+    assert any(word in why for word in ("min", "max", "initial", "scaleToZero", "catchup.image", "staticMembership")), (
+        why
+    )
 
 
 @pytest.mark.parametrize("case", sorted(ACCEPTED_BY_RULES))

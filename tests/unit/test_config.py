@@ -563,6 +563,58 @@ def test_consumer_properties_defaults_and_forced_group() -> None:
     assert "partition.assignment.strategy" not in consumer_properties(config, {"group.protocol": "consumer"})
 
 
+# --- refused combinations of the consumer's properties -------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["consumer", "CONSUMER", " consumer "])
+def test_a_static_member_on_the_consumer_protocol_is_refused(protocol: str) -> None:
+    """librdkafka's leave of a static member under KIP-848 is temporary (member epoch -2): the broker keeps
+    its partitions until the session times out, so the pod's leave on SIGTERM would free nothing."""
+    properties = {"bootstrap.servers": "b", "group.instance.id": "pod-1", "group.protocol": protocol}
+    with pytest.raises(ConfigError) as caught:
+        consumer_properties(load(), properties)
+    message = str(caught.value)
+    assert "group.instance.id" in message and "group.protocol=consumer" in message
+    assert "temporary" in message and "session.timeout.ms" in message
+    assert "Remove group.instance.id" in message and "group.protocol=classic" in message
+
+
+def test_a_static_member_set_by_environment_on_the_consumer_protocol_is_refused() -> None:
+    """The operator's way in: the pod name as KEYORDER_RDKAFKA_GROUP_INSTANCE_ID, the protocol beside it."""
+    env = {"KEYORDER_RDKAFKA_GROUP_INSTANCE_ID": "orders-7d9-x2", "KEYORDER_RDKAFKA_GROUP_PROTOCOL": "consumer"}
+    config = load({"bootstrap_servers": "b:9092"}, env)
+    with pytest.raises(ConfigError, match=r"group\.instance\.id"):
+        consumer_properties(config, kafka_properties(config, env))
+
+
+@pytest.mark.parametrize(
+    "properties",
+    [
+        {"group.instance.id": "pod-1"},  # static on the classic protocol: its LeaveGroup removes it
+        {"group.instance.id": "pod-1", "group.protocol": "classic"},
+        {"group.protocol": "consumer"},  # dynamic on KIP-848: leaves with epoch -1
+        {"group.instance.id": "", "group.protocol": "consumer"},  # empty: not a static member
+    ],
+)
+def test_static_membership_or_the_consumer_protocol_alone_is_accepted(properties: dict[str, str]) -> None:
+    assert consumer_properties(load(), properties)["group.id"] == "g1"
+
+
+def test_kafka_source_refuses_a_static_member_on_the_consumer_protocol() -> None:
+    """The adapter refuses it too, whoever builds it (before any client exists)."""
+    from keyorder.adapters.kafka_source import KafkaSource
+    from keyorder.contracts import SourceError
+
+    config = {
+        "bootstrap.servers": "localhost:1",
+        "group.id": "g",
+        "group.instance.id": "p",
+        "group.protocol": "consumer",
+    }
+    with pytest.raises(SourceError, match=r"group\.instance\.id"):
+        KafkaSource(config)
+
+
 def test_producer_properties_drop_consumer_only_keys() -> None:
     kept = {
         "bootstrap.servers": "b:9092",

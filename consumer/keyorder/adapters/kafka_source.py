@@ -75,6 +75,38 @@ def broker_assigns(properties: Mapping[str, Any]) -> bool:
     return str(properties.get("group.protocol", "")).strip().lower() == "consumer"
 
 
+def static_member(properties: Mapping[str, Any]) -> str | None:
+    """The member's ``group.instance.id`` (KIP-345 static membership), or None for a dynamic member."""
+    return str(properties.get("group.instance.id") or "").strip() or None
+
+
+def static_member_cannot_leave(properties: Mapping[str, Any]) -> bool:
+    """Whether ``properties`` make a static member on KIP-848's consumer group protocol, which cannot leave.
+
+    Under ``group.protocol=consumer`` librdkafka leaves the group with a ConsumerGroupHeartbeat whose
+    member epoch is -2 for a static member (``group.instance.id`` set), -1 only for a dynamic one:
+    librdkafka src/rdkafka_cgrp.c, ``rd_kafka_cgrp_consumer_leave`` (``if
+    (RD_KAFKA_CGRP_IS_STATIC_MEMBER(rkcg)) member_epoch = -2``), reached from ``unsubscribe`` and
+    ``close`` through ``rd_kafka_cgrp_leave_maybe``. Epoch -2 is KIP-848's temporary leave (the member
+    will rejoin): the broker keeps the member's partitions until ``session.timeout.ms`` expires, so the
+    explicit leave of a stopping static pod (``KafkaSource.close``) frees nothing, and librdkafka has no
+    option to leave for good. The classic protocol's LeaveGroup does remove the member
+    (``rd_kafka_cgrp_leave``), so the combination is refused (``STATIC_MEMBER_ON_CONSUMER_PROTOCOL``).
+    """
+    return static_member(properties) is not None and broker_assigns(properties)
+
+
+STATIC_MEMBER_ON_CONSUMER_PROTOCOL = (
+    "the Kafka properties group.instance.id (static membership) and group.protocol=consumer cannot be "
+    "combined: under the consumer group protocol (KIP-848) librdkafka's leave for a static member is a "
+    "temporary one (member epoch -2, librdkafka src/rdkafka_cgrp.c rd_kafka_cgrp_consumer_leave), so the "
+    "broker keeps this pod's partitions, unread, until session.timeout.ms expires even after the pod has "
+    "stopped. Remove group.instance.id (a dynamic member leaves at once), or use group.protocol=classic "
+    "to keep static membership (docs/rebalancing.md)"
+)
+"""Why a static member on KIP-848's protocol is refused (``static_member_cannot_leave``), and what to do."""
+
+
 LIBRDKAFKA_LOGGER = "keyorder.librdkafka"
 """The logger every librdkafka client of the pod logs through (this consumer and the dead-letter producer)."""
 
@@ -184,7 +216,9 @@ class KafkaSource:
         # answers the heartbeat and librdkafka says nothing, so the pod watches for the first assignment
         # (until one comes, or it has said so)
         self._awaiting_broker_assignment = broker_assigns(config)
-        self._static_member: str | None = config.get("group.instance.id") or None
+        if static_member_cannot_leave(config):  # consumer_properties refuses it first: this guards other builders
+            raise SourceError(STATIC_MEMBER_ON_CONSUMER_PROTOCOL)
+        self._static_member = static_member(config)
         self._subscribed_at: float | None = None
         self._fetch_queues: dict[TopicPartitionId, int] = {}  # replaced whole by each statistics callback
         librdkafka_logger = logging.getLogger(LIBRDKAFKA_LOGGER)
@@ -434,7 +468,8 @@ class KafkaSource:
         """Leave the group and close the client. A static member (``group.instance.id``) leaves
         explicitly first: librdkafka sends no LeaveGroup when one closes (KIP-345 keeps its partitions
         for a restart within ``session.timeout.ms``), so a pod stopping for good, a scale-in, would
-        otherwise leave its partitions idle that long."""
+        otherwise leave its partitions idle that long. The classic protocol only: under KIP-848's a
+        static member's leave is temporary, and that combination is refused (``static_member_cannot_leave``)."""
         if self._static_member and self._topics:
             self._leave_group()
         self._consumer.close()
