@@ -3,16 +3,18 @@
 ``FakeClock`` stands in for ``time.monotonic``/``time.sleep`` (time is a parameter everywhere in the
 engine), so deadlines and pacing are table tests instead of sleeps. ``RecordingSource`` is an
 in-memory ``contracts.Source`` that records commits; the real broker covers the Kafka behaviour in
-tests/integration/.
+tests/integration/. ``HoldingPool`` is a pool whose deliveries finish only when the test says so.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from keyorder.contracts import CommitError, CommitOutcome, RebalanceCallback, TopicPartitionId
+from keyorder.core.lanes import Delivery, LaneSummary
 from keyorder.message import Message
+from keyorder.workers import Completions, PoolHealth
 
 
 class FakeClock:
@@ -93,3 +95,57 @@ class RecordingSource:
 
     def close(self) -> None:
         pass
+
+
+class HoldingPool:
+    """FAKE WorkerPool without workers: it keeps what it is given until the test says a delivery is
+    done (``finish``), so the poll loop's reaction to each completion is exact and single-threaded."""
+
+    executor = "fake"
+
+    def __init__(self, completions: Completions, size: int = 1) -> None:
+        self.health = PoolHealth()
+        self.completions = completions
+        self.held: list[Delivery] = []
+        self._size = size
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, deliveries: list[Delivery]) -> None:
+        self.held.extend(deliveries)
+
+    def finish(self, count: int = 1, partition: TopicPartitionId | None = None) -> None:
+        """The ``count`` oldest deliveries (of ``partition``, if given) are done, as a worker reports them."""
+        done = [d for d in self.held if partition is None or (d.message.topic, d.message.partition) == partition]
+        done = done[:count]
+        self.held = [delivery for delivery in self.held if delivery not in done]
+        for delivery in done:
+            self.completions.append((delivery, True))
+        self.completions.signal()
+
+    def withdraw(self, should_withdraw: Callable[[Delivery], bool]) -> list[Delivery]:
+        withdrawn = [delivery for delivery in self.held if should_withdraw(delivery)]
+        self.held = [delivery for delivery in self.held if not should_withdraw(delivery)]
+        return withdrawn
+
+    def resize(self, workers: int) -> None:
+        self._size = workers
+
+    def stop(self, timeout: float) -> None:
+        for delivery in self.held:
+            self.completions.append((delivery, False))
+        self.held = []
+
+    def stats(self) -> list:
+        return []
+
+    def lane_summary(self) -> LaneSummary:
+        return LaneSummary(running=len(self.held))
+
+    def worker_pids(self) -> list[int]:
+        return []

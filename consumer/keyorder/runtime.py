@@ -10,6 +10,10 @@ Threading: everything here runs on the poll-loop thread, rebalance callbacks inc
 inside ``consume``). Other threads only call ``request_resize`` (an int assignment) and read
 ``snapshot``, an immutable object the loop republishes every ``snapshot_interval``.
 
+Flow control: each turn asks ``FlowControl`` whether to read, pause or resume, which walks every
+partition. A decision stands while what it was made from stands (see ``_apply_flow``): a pod with
+thousands of partitions, some of them paused, turns every 5 ms and must not walk them all each time.
+
 Time: ``clock`` and ``sleep`` are injected (tests drive the revoke and shutdown deadlines and the
 commit pacing with a fake clock); nothing here reads ``time`` directly.
 """
@@ -20,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from keyorder.committer import Committer
 from keyorder.contracts import CommitOutcome, Source, SourceError, TopicPartitionId
@@ -72,6 +76,17 @@ class RuntimeSettings:
     """Seconds between refreshes of the metrics snapshot."""
     broker_timeout: float = 10.0
     """Seconds to wait for the broker in blocking calls (committed offsets, synchronous commit)."""
+
+
+@dataclass(frozen=True)
+class _StandingDecision:
+    """A flow decision the loop goes on with while nothing it was made from changes."""
+
+    made_from: tuple[int, int, int]
+    """``ConsumerRuntime._decision_inputs()`` when it was made."""
+    capacity: int
+    decision: FlowDecision[TopicPartitionId]
+    """With no pause or resume left to apply (those were applied when it was made)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +190,11 @@ class ConsumerRuntime:
         self._reading = self._waiting = 0.0
         self._holds = 0
         self._holding = False
+        self._load_changes = 0
+        """Bumped by whatever changes a count flow control decides on: a partition's in-flight or
+        uncommitted count, the pod's, or the assigned partitions (messages received, completions,
+        hand-backs, rebalances, commit results). Poll thread only."""
+        self._standing: _StandingDecision | None = None
 
     # -- called from other threads ---------------------------------------------------------------
     def request_resize(self, workers: int) -> int:
@@ -190,6 +210,8 @@ class ConsumerRuntime:
 
     def record_commit_outcomes(self, outcomes: list[CommitOutcome]) -> None:
         """Commit results from the source (on the poll thread, inside ``consume``)."""
+        if outcomes:
+            self._load_changes += 1  # a confirmed commit lowers the uncommitted counts
         self.committer.record_outcomes(outcomes)
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -237,7 +259,8 @@ class ConsumerRuntime:
         have finished. While every partition is paused, a non-blocking call serves the client's
         rebalance callbacks. Either way the loop then waits for the completions that can end the
         hold or a pause, not a fixed poll timeout: the workers must not run dry meanwhile. While
-        only some partitions are paused, a short timeout keeps their resumes prompt.
+        only some partitions are paused, a short timeout keeps their resumes prompt; such a turn
+        with nothing new costs no flow decision (``_apply_flow``).
         """
         settings, clock = self.settings, self.clock
         capacity, decision = self._apply_flow()
@@ -264,6 +287,7 @@ class ConsumerRuntime:
         return []
 
     def _dispatch(self, messages: list, now: float) -> None:
+        self._load_changes += 1
         partitions = self.partitions
         lane_of = self._lane_of
         deliveries: list[Delivery] = []
@@ -309,13 +333,18 @@ class ConsumerRuntime:
             if handled and not state.dropped:
                 state.offsets.completed(delivery.message.offset)
                 state.completed += 1
-        self.inflight -= finished
+        if finished:
+            self.inflight -= finished
+            self._load_changes += 1
 
     def _hand_back(self, deliveries: list[Delivery]) -> None:
         """Deliveries withdrawn from the scheduler unprocessed: no longer in flight, offsets untouched."""
+        if not deliveries:
+            return
         for delivery in deliveries:
             delivery.partition.outstanding -= 1
         self.inflight -= len(deliveries)
+        self._load_changes += 1
 
     def _apply_resize(self) -> None:
         target = self._requested_workers
@@ -327,11 +356,28 @@ class ConsumerRuntime:
         loads = {pid: Load(state.offsets.inflight, state.offsets.uncommitted) for pid, state in self.partitions.items()}
         return loads, Load(self.inflight, sum(load.uncommitted for load in loads.values()))
 
+    def _decision_inputs(self) -> tuple[int, int, int]:
+        """Changes to the loads, and commits sent or failed (a synchronous result confirms inside ``commit``)."""
+        return self._load_changes, self.committer.commits, self.committer.failures
+
     def _apply_flow(self) -> tuple[int, FlowDecision[TopicPartitionId]]:
-        """Pause/resume partitions by their loads; how many messages may be taken now, and the decision."""
+        """Pause/resume partitions by their loads; how many messages may be taken now, and the decision.
+
+        Deciding is O(partitions), and while some partitions are paused the loop turns every
+        ``PARTLY_PAUSED_TIMEOUT``. So the last decision stands, and is neither remade nor re-applied,
+        while nothing it was made from changed (``_decision_inputs``) and it has no time limit:
+        ``FlowControl.decide`` changes its answer over time only by ending a hold, and a decision
+        with a hold is remade each turn. So is one made under commit pressure whose early commit
+        its pacing put off: that commit is still to be sent.
+        """
+        standing = self._standing
+        if standing is not None and standing.made_from == self._decision_inputs():
+            return standing.capacity, standing.decision
         loads, pod = self._loads()
         now = self.clock()
-        if self.committer.early(self.partitions.values(), now, self.flow.commit_pressure(loads, pod)):
+        pressure = self.flow.commit_pressure(loads, pod)
+        committed_early = self.committer.early(self.partitions.values(), now, pressure)
+        if committed_early:
             loads, pod = self._loads()
         decision = self.flow.decide(loads, pod, now)
         if decision.to_pause:
@@ -340,11 +386,18 @@ class ConsumerRuntime:
             self.source.pause(decision.to_pause)
         if decision.to_resume:
             self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in decision.to_resume})
-        return self.flow.capacity(pod), decision
+        capacity = self.flow.capacity(pod)
+        if decision.hold is None and (committed_early or not pressure):
+            applied = replace(decision, to_pause=[], to_resume=[])
+            self._standing = _StandingDecision(self._decision_inputs(), capacity, applied)
+        else:
+            self._standing = None
+        return capacity, decision
 
     # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
     def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:
         self._rebalances += 1
+        self._load_changes += 1
         if partition_ids:
             self._assignment_changed_at = self.clock()
         if partition_ids and self._emptied_at is not None:
@@ -423,6 +476,7 @@ class ConsumerRuntime:
 
     def _drop(self, partition_ids: Iterable[TopicPartitionId]) -> None:
         partition_ids = list(partition_ids)
+        self._load_changes += 1
         for pid in partition_ids:
             state = self.partitions.pop(pid, None)
             if state is not None:
