@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import random
 import re
@@ -145,6 +146,14 @@ MAX_BACKOFF_SECONDS = 24 * 3600.0
 """Upper bound of the retry backoffs (a day): larger values only break timers."""
 MAX_GRACE_SECONDS = 3600.0
 """Upper bound of the shutdown grace and the commit interval (an hour)."""
+MAX_POLL_INTERVAL_DEFAULT_MS = 300_000
+"""librdkafka's default ``max.poll.interval.ms`` (src/rdkafka_conf.c)."""
+UNPOLLED_MARGIN_SECONDS = 5.0
+"""What a drain that runs without calling ``consume`` (the shutdown grace, the revoke drain timeout) must
+leave of ``max.poll.interval.ms`` beyond ``--pause-after``: the poll loop's last call may be a poll timeout
+earlier, the worker pools get at least 0.5 s to stop after the grace, the final commit is a synchronous round
+trip to the group coordinator, and librdkafka checks the interval only twice a second
+(``check_unpolled_drains``)."""
 HEALTHZ_STALL_SECONDS = 60.0
 """``/healthz`` fails after the poll loop stalled this long (``adapters.http_server.STALL_SECONDS``; a test
 keeps them equal, the adapter imports this module so it cannot be imported here)."""
@@ -337,7 +346,8 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         allow_inf_nan=False,
         description="Seconds the handlers still running on revoked partitions may take to finish (their queued "
         "and retry-waiting messages are handed back at once). Below 60: the poll loop waits meanwhile, and "
-        "/healthz fails after 60 s without a poll.",
+        "/healthz fails after 60 s without a poll; and at most max.poll.interval.ms minus --pause-after minus "
+        "5 s (the group's rebalance timeout).",
     )
     shutdown_grace: float = Field(
         25.0,
@@ -345,7 +355,9 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         le=MAX_GRACE_SECONDS,
         allow_inf_nan=False,
         description="Seconds in-flight messages may take to finish "
-        "on SIGTERM (keep below the pod's terminationGracePeriodSeconds); at most an hour.",
+        "on SIGTERM (keep below the pod's terminationGracePeriodSeconds); at most an hour, and at most "
+        "max.poll.interval.ms (librdkafka's default 300000) minus --pause-after minus 5 s: nothing calls the "
+        "Kafka client meanwhile, and past that interval the pod would leave the group while it still drains.",
     )
     http_host: str = Field("0.0.0.0", description="Address of the metrics/health/admin HTTP server.")
     http_port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: any free port).")
@@ -635,7 +647,8 @@ def consumer_properties(config: KafkaConnectionSettings, properties: Mapping[str
     With ``group.protocol=consumer`` (KIP-848) the broker assigns the partitions and librdkafka
     refuses a client-side ``partition.assignment.strategy``, so that default is left out. A static
     member (``group.instance.id``) on that protocol is refused: its leave is only temporary
-    (``kafka_source.static_member_cannot_leave``).
+    (``kafka_source.static_member_cannot_leave``). For a pod (a ``RunConfig``), its drains must fit
+    within ``max.poll.interval.ms`` (``check_unpolled_drains``).
     """
     from keyorder.adapters.kafka_source import (  # here: only a consumer needs the Kafka client
         STATIC_MEMBER_ON_CONSUMER_PROTOCOL,
@@ -645,10 +658,80 @@ def consumer_properties(config: KafkaConnectionSettings, properties: Mapping[str
 
     if static_member_cannot_leave(properties):
         raise ConfigError(STATIC_MEMBER_ON_CONSUMER_PROTOCOL)
+    if isinstance(config, RunConfig):  # a catch-up job has no poll loop to drain
+        check_unpolled_drains(config, properties)
     defaults = dict(CONSUMER_DEFAULTS)
     if broker_assigns(properties):
         del defaults["partition.assignment.strategy"]
     return {**defaults, **properties, "group.id": config.group_id}
+
+
+def max_poll_interval_ms(properties: Mapping[str, str]) -> int:
+    """The consumer's ``max.poll.interval.ms``: the property's, or librdkafka's default."""
+    value = properties.get("max.poll.interval.ms")
+    if value is None:
+        return MAX_POLL_INTERVAL_DEFAULT_MS
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(
+            f"Kafka property max.poll.interval.ms={value!r}: must be a whole number of milliseconds"
+        ) from None
+
+
+def longest_unpolled_drain(max_poll_interval: int, pause_after: float) -> float:
+    """The longest drain, in seconds, that runs without calling ``consume`` and still stays comfortably
+    below ``max.poll.interval.ms`` (``max_poll_interval``, in ms): the loop may already have gone
+    ``pause_after`` without a call when the drain starts, and ``UNPOLLED_MARGIN_SECONDS`` covers the rest."""
+    return max_poll_interval / 1000 - pause_after - UNPOLLED_MARGIN_SECONDS
+
+
+def unpolled_drain_problems(
+    drains: Mapping[str, float], pause_after: float, max_poll_interval: int, pause_after_name: str
+) -> list[str]:
+    """Why each of ``drains`` (its name, e.g. a flag, -> seconds) would outlast ``max.poll.interval.ms``.
+
+    Nothing calls the Kafka client's ``consume`` while the pod drains on SIGTERM (the shutdown grace), nor
+    during a revoke's drain when the loop served the revoke from a non-blocking call (every partition
+    paused): librdkafka suspends the poll timer only inside a *blocking* call (``rd_kafka_app_poll_start``
+    sets ``rk_ts_last_poll`` to INT64_MAX only when the timeout is not 0, src/rdkafka_int.h; the rebalance
+    callback is served inside ``rd_kafka_q_serve_rkmessages``, src/rdkafka_queue.c). Past the interval its
+    timer (``rd_kafka_cgrp_max_poll_interval_check_tmr_cb``, src/rdkafka_cgrp.c, every 500 ms) leaves the
+    group: the final commit fails, and another member handles the same keys while this pod still does.
+    A revoke served inside a blocking call is bounded as well: the group's rebalance timeout is
+    ``max.poll.interval.ms`` (JoinGroup's RebalanceTimeoutMs in ``rd_kafka_JoinGroupRequest``,
+    src/rdkafka_request.c; KIP-848's heartbeat in ``rd_kafka_cgrp_consumer_group_heartbeat``), and a member
+    that has not finished revoking by then is removed. ``pause_after_name`` names ``--pause-after``.
+    """
+    longest = longest_unpolled_drain(max_poll_interval, pause_after)
+    problems = []
+    for name, seconds in drains.items():
+        if seconds <= longest:
+            continue
+        needed = math.ceil((seconds + pause_after + UNPOLLED_MARGIN_SECONDS) * 1000)
+        problems.append(
+            f"{name} ({seconds:g} s) must stay below max.poll.interval.ms ({max_poll_interval} ms) minus "
+            f"{pause_after_name} ({pause_after:g} s) minus {UNPOLLED_MARGIN_SECONDS:g} s: at most {longest:g} s. "
+            "Nothing calls the Kafka client's consume while the pod drains, and the poll loop may already have "
+            f"gone {pause_after_name} without a call; past max.poll.interval.ms librdkafka leaves the group, the "
+            "final commit fails and another pod handles the same keys while this one still does. Lower "
+            f"{name}, or raise max.poll.interval.ms to at least {needed}"
+        )
+    return problems
+
+
+def check_unpolled_drains(config: RunConfig, properties: Mapping[str, str]) -> None:
+    """Refuse a shutdown grace or revoke drain timeout that could outlast ``max.poll.interval.ms``
+    (``unpolled_drain_problems``)."""
+    drains = {
+        f"{flag_name('shutdown_grace')} / {env_name('shutdown_grace')}": config.shutdown_grace,
+        f"{flag_name('revoke_drain_timeout')} / {env_name('revoke_drain_timeout')}": config.revoke_drain_timeout,
+    }
+    problems = unpolled_drain_problems(
+        drains, config.pause_after, max_poll_interval_ms(properties), flag_name("pause_after")
+    )
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def producer_properties(properties: Mapping[str, str]) -> dict[str, str]:

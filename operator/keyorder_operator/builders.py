@@ -115,12 +115,11 @@ def _env_list(env: dict[str, str], spec: OrderedConsumerSpec) -> list[dict[str, 
 
 def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, Any]]:
     """The pod's configuration, as the ``KEYORDER_*`` variables of ``keyorder run``."""
-    grace = max(spec.handler.termination_grace_period_seconds - 5, 1)
     env = {
         **_handler_env(spec),
         "KEYORDER_WORKERS": str(spec.workers.initial),
         "KEYORDER_MAX_WORKERS": str(spec.workers.max),
-        "KEYORDER_SHUTDOWN_GRACE": str(grace),
+        "KEYORDER_SHUTDOWN_GRACE": str(spec.handler.shutdown_grace_seconds),
         "KEYORDER_HTTP_PORT": str(spec.http_port),
         "KEYORDER_ADMIN_TOKEN_FILE": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
     }

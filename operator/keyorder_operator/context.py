@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from keyorder.config import ConfigError
 from keyorder_operator.builders import admin_secret_name, selector_labels
-from keyorder_operator.kafka_config import operator_kafka_config
+from keyorder_operator.kafka_config import operator_kafka_config, pods_drain_problem
 from keyorder_operator.kube import Kube
 from keyorder_operator.objects import AppliedObjects
 from keyorder_operator.observe import AdminClients, BoundedLagSource, KafkaLagSource, LagSource, LagUnavailable
@@ -214,17 +214,29 @@ class OperatorContext:
 
 def kafka_properties(context: OperatorContext, spec: OrderedConsumerSpec, namespace: str) -> dict[str, str]:
     """The operator's Kafka configuration for a resource (``kafka_config``); any failure is ``LagUnavailable``
-    naming the Secret or property (never a value)."""
+    naming the Secret or property (never a value). So is a spec whose pods would refuse to start because their
+    drains could outlast the Secret's ``max.poll.interval.ms`` (``pods_drain_problem``): the Secret is read
+    here, so this is where the operator can tell, and the pods' refusal shows only in their logs."""
     reference = spec.kafka.properties_secret_ref
     if reference is None:
-        return operator_kafka_config(spec.kafka.bootstrap_servers)
+        properties = operator_kafka_config(spec.kafka.bootstrap_servers)
+    else:
+        try:
+            secret = context.kube.read_secret(namespace, reference.name)
+            properties = operator_kafka_config(
+                spec.kafka.bootstrap_servers, secret, reference.key, f"{namespace}/{reference.name}"
+            )
+        except ApiException as error:
+            what = "does not exist" if error.status == 404 else f"cannot be read: {error.status} {error.reason}"
+            raise LagUnavailable(
+                f"Secret {namespace}/{reference.name} (spec.kafka.propertiesSecretRef) {what}"
+            ) from None
+        except ConfigError as error:
+            raise LagUnavailable(str(error)) from None
     try:
-        secret = context.kube.read_secret(namespace, reference.name)
-        return operator_kafka_config(
-            spec.kafka.bootstrap_servers, secret, reference.key, f"{namespace}/{reference.name}"
-        )
-    except ApiException as error:
-        what = "does not exist" if error.status == 404 else f"cannot be read: {error.status} {error.reason}"
-        raise LagUnavailable(f"Secret {namespace}/{reference.name} (spec.kafka.propertiesSecretRef) {what}") from None
-    except ConfigError as error:
+        problem = pods_drain_problem(spec, properties)
+    except ConfigError as error:  # max.poll.interval.ms is not a number
         raise LagUnavailable(str(error)) from None
+    if problem is not None:
+        raise LagUnavailable(problem)
+    return properties

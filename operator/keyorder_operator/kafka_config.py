@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from keyorder.config import ConfigError, parse_properties
+from keyorder.config import (
+    ConfigError,
+    RunConfig,
+    env_name,
+    max_poll_interval_ms,
+    parse_properties,
+    unpolled_drain_problems,
+)
+from keyorder_operator.spec import OrderedConsumerSpec
 
 MOUNT_DIR = "/etc/keyorder/kafka"
 """Where the pods see the properties Secret (``builders.KAFKA_PROPERTIES_DIR`` mounts it there)."""
@@ -101,6 +109,55 @@ def operator_kafka_config(
             properties[pem] = secret[path[len(MOUNT_DIR) + 1 :]]
     properties["bootstrap.servers"] = bootstrap_servers
     return {name: value for name, value in properties.items() if not name.startswith(POD_ONLY_PREFIXES)}
+
+
+MAX_POLL_INTERVAL_VARIABLE = "KEYORDER_RDKAFKA_MAX_POLL_INTERVAL_MS"
+"""The pods' variable for ``max.poll.interval.ms``: set in ``spec.handler.env`` it overrides the Secret's."""
+
+
+def pods_drain_problem(spec: OrderedConsumerSpec, properties: Mapping[str, str]) -> str | None:
+    """Why the pods of ``spec`` would refuse to start because a drain could outlast ``max.poll.interval.ms``
+    (``keyorder.config.unpolled_drain_problems``, the pods' own rule), or ``None``.
+
+    ``properties`` are the resource's Kafka properties (``operator_kafka_config``: the Secret's
+    ``max.poll.interval.ms`` stays in them). The pods read a variable of ``spec.handler.env`` over the
+    Secret (``KEYORDER_RDKAFKA_MAX_POLL_INTERVAL_MS``, ``KEYORDER_PAUSE_AFTER``,
+    ``KEYORDER_REVOKE_DRAIN_TIMEOUT``); with ``envFrom``, or a value from ``valueFrom``, the operator cannot
+    know what they get, and says nothing (the pods still refuse, naming the settings). The shutdown grace is
+    the operator's: ``spec.handler.terminationGracePeriodSeconds`` less 5 s.
+    """
+    handler = spec.handler
+    if handler.env_from:
+        return None
+    literal: dict[str, str] = {}
+    for variable in handler.env:
+        if variable.value_from is not None:
+            if variable.name in (MAX_POLL_INTERVAL_VARIABLE, env_name("pause_after"), env_name("revoke_drain_timeout")):
+                return None
+            continue
+        literal[variable.name] = variable.value or ""
+    defaults = RunConfig.model_fields
+    try:
+        pause_after = float(literal.get(env_name("pause_after"), defaults["pause_after"].default))
+        revoke_drain = float(literal.get(env_name("revoke_drain_timeout"), defaults["revoke_drain_timeout"].default))
+    except ValueError:
+        return None  # the pods refuse the value, naming the variable
+    interval = dict(properties)
+    if MAX_POLL_INTERVAL_VARIABLE in literal:
+        interval["max.poll.interval.ms"] = literal[MAX_POLL_INTERVAL_VARIABLE]
+    drains = {
+        f"the pods' shutdown grace (spec.handler.terminationGracePeriodSeconds "
+        f"{handler.termination_grace_period_seconds} less 5 s)": float(handler.shutdown_grace_seconds),
+        f"{env_name('revoke_drain_timeout')} (spec.handler.env)": revoke_drain,
+    }
+    problems = unpolled_drain_problems(drains, pause_after, max_poll_interval_ms(interval), env_name("pause_after"))
+    if not problems:
+        return None
+    where = (
+        "the properties Secret (spec.kafka.propertiesSecretRef)"
+        + f" or {MAX_POLL_INTERVAL_VARIABLE} in spec.handler.env"
+    )
+    return "; ".join(problems) + f" (max.poll.interval.ms is set in {where}); the pods refuse to start"
 
 
 def redact(message: str, properties: Mapping[str, str]) -> str:

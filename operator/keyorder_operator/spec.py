@@ -107,6 +107,8 @@ OPERATOR_ENV = frozenset(
     }
 )
 HARDENING = "non-root, read-only root filesystem, no capabilities, seccomp RuntimeDefault"
+SHUTDOWN_RESERVE_SECONDS = 5
+"""Of a pod's termination grace period, what is kept for the end of its shutdown (commit, leave, close)."""
 
 
 class _Model(BaseModel):
@@ -276,8 +278,19 @@ class HandlerSpec(_Model):
     )
     resources: Resources = Field(default_factory=Resources, description="Container resources.")
     termination_grace_period_seconds: int = Field(
-        30, ge=5, le=3600, description="Pod termination grace period; in-flight messages get this minus 5 s to finish."
+        30,
+        ge=5,
+        le=3600,
+        description="Pod termination grace period; in-flight messages get this minus 5 s to finish. That shutdown "
+        "grace plus the pods' pause-after (0.5 s) plus 5 s must fit in their max.poll.interval.ms (librdkafka's "
+        "default 300000: at most 299 here unless the properties Secret raises it); else the pods refuse to start "
+        "and the operator says why (LagUnknown).",
     )
+
+    @property
+    def shutdown_grace_seconds(self) -> int:
+        """The pods' ``--shutdown-grace``: the termination grace period less 5 s for the rest of the shutdown."""
+        return max(self.termination_grace_period_seconds - SHUTDOWN_RESERVE_SECONDS, 1)
 
 
 class PodMetadata(_Model):

@@ -615,6 +615,74 @@ def test_kafka_source_refuses_a_static_member_on_the_consumer_protocol() -> None
         KafkaSource(config)
 
 
+@pytest.mark.parametrize(
+    ("flags", "properties", "named", "value"),
+    [
+        # librdkafka's default max.poll.interval.ms (300 s) minus --pause-after (0.5 s) minus 5 s: 294.5 s
+        ({"shutdown_grace": "294.6"}, {}, "--shutdown-grace / KEYORDER_SHUTDOWN_GRACE", "294.6 s"),
+        ({"shutdown_grace": "3600"}, {}, "--shutdown-grace / KEYORDER_SHUTDOWN_GRACE", "3600 s"),
+        ({"shutdown_grace": "25"}, {"max.poll.interval.ms": "30000"}, "--shutdown-grace", "25 s"),
+        ({"shutdown_grace": "20", "pause_after": "10"}, {"max.poll.interval.ms": "30000"}, "--shutdown-grace", "20 s"),
+        (
+            {"revoke_drain_timeout": "30", "shutdown_grace": "10"},
+            {"max.poll.interval.ms": "30000"},
+            "--revoke-drain-timeout / KEYORDER_REVOKE_DRAIN_TIMEOUT",
+            "30 s",
+        ),
+    ],
+)
+def test_a_drain_that_could_outlast_max_poll_interval_is_refused(
+    flags: dict[str, str], properties: dict[str, str], named: str, value: str
+) -> None:
+    """Nothing calls consume while the pod drains; past max.poll.interval.ms librdkafka leaves the group, the
+    final commit fails, and another pod runs the same keys while this one still does."""
+    with pytest.raises(ConfigError) as caught:
+        consumer_properties(load(flags), properties)
+    message = str(caught.value)
+    assert f"{named}" in message and f"({value})" in message
+    maximum = properties.get("max.poll.interval.ms", "300000")
+    assert f"max.poll.interval.ms ({maximum} ms)" in message and "--pause-after" in message
+    assert "leaves the group" in message and "raise max.poll.interval.ms to at least" in message
+
+
+def test_the_error_says_how_far_to_raise_max_poll_interval() -> None:
+    with pytest.raises(ConfigError) as caught:
+        consumer_properties(load({"shutdown_grace": "600", "pause_after": "2"}), {})
+    assert "at least 607000" in str(caught.value)  # 600 + 2 + 5 s
+    accepted = consumer_properties(
+        load({"shutdown_grace": "600", "pause_after": "2"}), {"max.poll.interval.ms": "607000"}
+    )
+    assert accepted["max.poll.interval.ms"] == "607000"
+
+
+@pytest.mark.parametrize(
+    ("flags", "properties"),
+    [
+        ({}, {}),  # the defaults: 25 s grace, 10 s revoke drain, 0.5 s pause-after, 300 s interval
+        ({"shutdown_grace": "294.5"}, {}),  # exactly the margin
+        ({"shutdown_grace": "3600"}, {"max.poll.interval.ms": "3605500"}),
+        ({"revoke_drain_timeout": "24.5", "shutdown_grace": "24.5"}, {"max.poll.interval.ms": "30000"}),
+    ],
+)
+def test_drains_comfortably_below_max_poll_interval_are_accepted(
+    flags: dict[str, str], properties: dict[str, str]
+) -> None:
+    assert consumer_properties(load(flags), properties)["group.id"] == "g1"
+
+
+def test_max_poll_interval_that_is_not_a_number_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"max\.poll\.interval\.ms='5m': must be a whole number of milliseconds"):
+        consumer_properties(load(), {"max.poll.interval.ms": "5m"})
+
+
+def test_a_catchup_job_has_no_drain_to_check() -> None:
+    """consumer_properties serves the catch-up job too (a KafkaConnectionSettings, no poll loop)."""
+    from keyorder.config import KafkaConnectionSettings
+
+    settings = KafkaConnectionSettings(topics=["t"], group_id="g")
+    assert consumer_properties(settings, {"max.poll.interval.ms": "1000"})["group.id"] == "g"
+
+
 def test_producer_properties_drop_consumer_only_keys() -> None:
     kept = {
         "bootstrap.servers": "b:9092",

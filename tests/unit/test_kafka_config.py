@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder_operator.kafka_config import CredentialsError, operator_kafka_config, redact
+from keyorder_operator.context import OperatorContext, kafka_properties
+from keyorder_operator.kafka_config import (
+    MAX_POLL_INTERVAL_VARIABLE,
+    CredentialsError,
+    operator_kafka_config,
+    pods_drain_problem,
+    redact,
+)
+from keyorder_operator.observe import LagUnavailable
+from keyorder_operator.spec import OrderedConsumerSpec, parse_spec
 
 CA = "-----BEGIN CERTIFICATE-----\nMIIBCA\n-----END CERTIFICATE-----\n"
 CERT = "-----BEGIN CERTIFICATE-----\nMIIBCERT\n-----END CERTIFICATE-----\n"
@@ -99,3 +108,95 @@ def test_errors_never_show_a_value():
         redact(text, properties)
         == 'Invalid value "<redacted>" for configuration property "sasl.password" (servers kafka:9092)'
     )
+
+
+# --- the pods' drains against max.poll.interval.ms ------------------------------------------------
+
+
+def spec_with(termination_grace: int = 30, env: list | None = None, **handler: object) -> OrderedConsumerSpec:
+    return parse_spec(
+        {
+            "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "orders"},
+            "handler": {
+                "image": "registry.example/orders:1.0",
+                "handler": "orders.handler:handle",
+                "terminationGracePeriodSeconds": termination_grace,
+                "env": env or [],
+                **handler,
+            },
+        }
+    )
+
+
+def test_the_default_spec_keeps_the_pods_drains_below_the_default_max_poll_interval():
+    """30 s termination grace: a 25 s shutdown grace, 10 s revoke drain, against librdkafka's 300 s."""
+    assert pods_drain_problem(spec_with(), operator_kafka_config("kafka:9092")) is None
+
+
+@pytest.mark.parametrize(
+    ("termination_grace", "properties", "env", "expected"),
+    [
+        # 295 s of shutdown grace + 0.5 s --pause-after + 5 s margin > 300 s (librdkafka's default)
+        (300, {}, [], "at least 300500"),
+        (3600, {}, [], "terminationGracePeriodSeconds 3600 less 5 s) (3595 s)"),
+        (30, {"max.poll.interval.ms": "20000"}, [], "max.poll.interval.ms (20000 ms)"),
+        # the pods read spec.handler.env over the Secret
+        (
+            600,
+            {"max.poll.interval.ms": "900000"},
+            [{"name": "KEYORDER_RDKAFKA_MAX_POLL_INTERVAL_MS", "value": "60000"}],
+            "(60000 ms)",
+        ),
+        (250, {}, [{"name": "KEYORDER_PAUSE_AFTER", "value": "60"}], "minus KEYORDER_PAUSE_AFTER (60 s)"),
+        (
+            30,
+            {"max.poll.interval.ms": "30000"},
+            [{"name": "KEYORDER_REVOKE_DRAIN_TIMEOUT", "value": "29"}],
+            "KEYORDER_REVOKE_DRAIN_TIMEOUT (spec.handler.env) (29 s)",
+        ),
+    ],
+)
+def test_a_spec_whose_pods_would_outlast_max_poll_interval_is_reported(termination_grace, properties, env, expected):
+    problem = pods_drain_problem(spec_with(termination_grace, env), {"bootstrap.servers": "kafka:9092", **properties})
+    assert problem is not None and expected in problem, problem
+    assert "leaves the group" in problem and "the pods refuse to start" in problem
+    assert "spec.kafka.propertiesSecretRef" in problem  # where to raise it
+
+
+@pytest.mark.parametrize(
+    ("termination_grace", "properties", "env"),
+    [
+        (299, {}, []),  # 294 s of shutdown grace: the largest with the default interval
+        (600, {"max.poll.interval.ms": "700000"}, []),
+        (600, {}, [{"name": MAX_POLL_INTERVAL_VARIABLE, "value": "700000"}]),
+    ],
+)
+def test_a_max_poll_interval_that_leaves_room_is_accepted(termination_grace, properties, env):
+    assert pods_drain_problem(spec_with(termination_grace, env), properties) is None
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [
+        {"envFrom": [{"configMapRef": {"name": "orders-settings"}}]},
+        {
+            "env": [
+                {
+                    "name": "KEYORDER_RDKAFKA_MAX_POLL_INTERVAL_MS",
+                    "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+                }
+            ]
+        },
+    ],
+)
+def test_what_the_operator_cannot_see_is_not_guessed(handler):
+    """From envFrom or valueFrom the pods may get any interval: the pods themselves still refuse a bad one."""
+    assert pods_drain_problem(spec_with(3600, **handler), {}) is None
+
+
+def test_the_operator_reports_it_where_it_reads_the_kafka_properties():
+    """context.kafka_properties: LagUnknown (condition and Event) names it, as for the Secret's other refusals."""
+    context = OperatorContext(kube=None, clock=lambda: 0.0, monotonic=lambda: 0.0)  # type: ignore[arg-type]
+    with pytest.raises(LagUnavailable, match="terminationGracePeriodSeconds 600"):
+        kafka_properties(context, spec_with(600), "default")
+    assert kafka_properties(context, spec_with(), "default") == {"bootstrap.servers": "kafka:9092"}
