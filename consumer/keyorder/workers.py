@@ -17,8 +17,11 @@ A worker loops: under the lock, settle the outcomes of its previous deliveries (
 their lane parked for a retry) and take the head of the next ready lane; outside the lock, run
 the handler. One lock acquisition per turn; a thread worker takes a few lanes per turn when the
 handler is fast and ready lanes outnumber the workers (``_take_limit``), each lane still one
-message at a time. Lanes are never bound to workers, so a resize only starts or retires workers
-(a retiring worker finishes its current message first) and takes effect on the next message.
+message at a time. An idle worker waits until woken or until the earliest parked lane is due; a
+turn that parks a lane and does not wait itself (it runs another lane, or retires) wakes one idle
+worker to recompute that wait. Lanes are never bound to workers, so a resize only starts or
+retires workers (a retiring worker finishes its current message first) and takes effect on the
+next message.
 
 Threading contract: the poll-loop thread calls ``submit``/``withdraw``/``resize``/``stop``; the
 scheduler is touched only under ``_lock``; each worker writes only its own ``WorkerStats`` (metrics
@@ -396,7 +399,8 @@ class _PoolBase:
         raise NotImplementedError
 
     def _wake_others(self, lanes: int) -> None:
-        """Caller holds ``_lock`` on a worker's turn: wake up to ``lanes`` idle workers for ready lanes."""
+        """Caller holds ``_lock`` on a worker's turn: wake up to ``lanes`` idle workers (for ready
+        lanes, or one to recompute its wait for a lane parked meanwhile)."""
         raise NotImplementedError
 
     def _fold_inbox(self) -> None:
@@ -409,13 +413,20 @@ class _PoolBase:
     # -- under the lock, on a worker's turn ------------------------------------------------------------
     def _turn(self, worker: _Worker, outcomes: list[_Outcome]) -> list[Delivery] | float | None:
         """Settle ``outcomes``; then the next deliveries (heads of distinct ready lanes), or seconds to
-        wait (``None``: until woken), or ``EXIT``. Caller holds ``_lock``."""
+        wait (``None``: until woken), or ``EXIT``. Caller holds ``_lock``.
+
+        Idle workers wait for the earliest due time they saw on their own turn. A lane parked here
+        may be due sooner (or be the only one parked while they wait for nothing): unless this worker
+        goes on to wait itself, it wakes one idle worker to recompute its wait. Idle workers count
+        themselves under the lock of the turn that chose their wait, so this turn sees them."""
         scheduler = self._scheduler
+        parked = False
         for outcome in outcomes:
             # A revoke withdraws what is parked and waits only for what runs: a delivery whose partition
             # was revoked while it ran goes back now (the new owner retries it), it is never parked.
             if outcome.kind is PARKED and not outcome.delivery.partition.revoked:
                 scheduler.park(outcome.delivery, outcome.due, outcome.blocked)
+                parked = True
             else:
                 scheduler.finished(outcome.delivery)
                 self.completions.append((outcome.delivery, outcome.kind is FINISHED))
@@ -424,12 +435,14 @@ class _PoolBase:
         if self._inbox:
             self._fold_inbox()
         if worker.retiring or self.stopping:
-            self._wake_others(scheduler.ready)
+            self._wake_others(max(scheduler.ready, parked))
             return EXIT
         now = self.clock()
         deliveries = scheduler.take(now, self._take_limit(worker, scheduler.ready))
         self._wake_others(scheduler.ready)  # whoever folded the batches in, idle workers get the rest
         if deliveries:
+            if parked:
+                self._wake_others(1)  # this worker runs, so one idle worker watches the new due time
             return deliveries
         return scheduler.seconds_until_due(now)
 
@@ -690,7 +703,8 @@ class AsyncWorkerPool(_PoolBase):
 
     Threading: the tasks and ``_idle`` live on the loop thread; the poll thread reaches them through
     ``call_soon_threadsafe``. An idle worker parks a future in ``_idle`` right after seeing no ready
-    lane (no ``await`` in between), so a wake-up scheduled by ``submit`` can never be missed.
+    lane (no ``await`` in between), so neither a wake-up scheduled by ``submit`` nor one from another
+    worker's turn that parked a lane (both run on the loop thread) can be missed.
     """
 
     executor = "async"
