@@ -709,17 +709,33 @@ class AsyncWorkerPool(_PoolBase):
 
     executor = "async"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        event_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="keyorder-async-workers", daemon=True)
+        self._loop = event_loop()
+        """The workers' loop (the pod simulation passes one on its virtual clock)."""
+        self._thread = self._threads.Thread(target=self._loop.run_forever, name="keyorder-async-workers", daemon=True)
         self._idle: deque[asyncio.Future[None]] = deque()
+
+    def _run_on_loop(self, coroutine: Any, timeout: float | None) -> Any:
+        """Run ``coroutine`` on the workers' loop and wait here for its result (``TimeoutError`` after
+        ``timeout``). The wait is an Event of the pool's ``Threads`` kit, so the simulation schedules it."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        done = self._threads.Event()
+        future.add_done_callback(lambda _future: done.set())
+        if not done.wait(timeout):
+            raise TimeoutError(f"the workers' event loop did not answer within {timeout}s")
+        return future.result()
 
     def start(self) -> None:
         """Start the event loop, run the set-up hook on it, then start the workers."""
         self._thread.start()
         try:
-            asyncio.run_coroutine_threadsafe(run_async_hook(self.lifecycle.setup), self._loop).result()
+            self._run_on_loop(run_async_hook(self.lifecycle.setup), None)
         except Exception as error:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
@@ -844,7 +860,7 @@ class AsyncWorkerPool(_PoolBase):
 
         if self._thread.is_alive():
             try:
-                asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout + 5)
+                self._run_on_loop(shutdown(), timeout + 5)
             except TimeoutError:  # a handler blocks the event loop (a sync call inside async def)
                 log.error(
                     "async workers did not stop within %.0fs: the event loop is blocked by a handler", timeout + 5
