@@ -292,3 +292,13 @@ def test_forgetting_a_partition_clears_its_hold_and_slowness() -> None:
     assert flow.paused == set()
     decision = step(flow, {"p0": 10}, now=2.0)
     assert decision.to_pause == [] and decision.hold == pytest.approx(0.5), "re-assigned: a fresh hold"
+
+
+def test_a_partition_paused_on_its_uncommitted_bound_holds_up_no_other_partition() -> None:
+    """Issue 36, defect 6: full in flight too, it used to add a hold of pause_after."""
+    flow = FlowControl(UNCOMMITTED)  # 2 partitions: bounds 50 in flight, 200 uncommitted
+    decision = flow.decide({"p0": Load(50, 200), "p1": Load(1, 10)}, Load(51, 210), 0.0)
+    assert decision.to_pause == ["p0"]
+    assert decision.hold is None, "p1 is read past the paused p0"
+    decision = flow.decide({"p0": Load(50, 200), "p1": Load(3, 12)}, Load(53, 212), 1.0)
+    assert decision.hold is None and flow.paused == {"p0"}

@@ -30,7 +30,7 @@ reached many times a second, and pausing each time left the workers idle most of
    drains within ``pause_after`` again. A pod still full after ``pause_after`` pauses every
    partition. A full uncommitted count pauses at once: only a commit confirmed by the broker
    lowers it, the client reports those only while it is called, and a blocked head offset can
-   keep it full for long.
+   keep it full for long. A paused partition holds up nothing: the others are read past it.
 
 Holds are bounded by ``pause_after``, so the loop still calls the client (rebalance callbacks,
 ``max.poll.interval.ms``) at least that often.
@@ -205,7 +205,7 @@ class FlowControl(Generic[PartitionKey]):
             if partition in self._slow or left <= 0:
                 self._slow.add(partition)
                 wanted.add(partition)
-            else:
+            elif partition not in wanted:  # paused already (uncommitted): the others are read past it
                 holds.append(left)
         if self._pod_uncommitted_full:
             wanted = set(partitions)
