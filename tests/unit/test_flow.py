@@ -61,32 +61,13 @@ def test_partitions_are_paused_independently() -> None:
     assert flow.paused == {"p2"}
 
 
-def test_pod_saturation_pauses_every_partition_and_resumes_them_at_pod_low_water() -> None:
-    flow = FlowControl(LIMITS)
-    counts = {"p0": 34, "p1": 33, "p2": 33}  # each far below its own bound
+def test_a_pod_at_its_bound_pauses_no_partition_under_its_own_bounds() -> None:
+    """The pod bound limits the read (capacity); only a partition's own bounds pause it."""
+    flow = FlowControl(LIMITS)  # 10 partitions: bound 10 each, pod bound 100
+    counts = {f"p{index}": 10 for index in range(9)} | {"p9": 4}
     to_pause, _ = decide(flow, counts, pod_inflight=100)
-    assert flow.pod_saturated
-    assert sorted(to_pause) == ["p0", "p1", "p2"]
-
-    # Draining but above the pod low-water mark (50): everything stays paused.
-    to_pause, to_resume = decide(flow, {"p0": 9, "p1": 9, "p2": 9}, pod_inflight=60)
-    assert (to_pause, to_resume) == ([], [])
-    assert flow.paused == {"p0", "p1", "p2"}
-
-    # Low-water reached: all resume, except a partition that is full on its own.
-    to_pause, to_resume = decide(flow, {"p0": 4, "p1": 4, "p2": 10}, pod_inflight=50)
-    assert not flow.pod_saturated
-    assert to_pause == []
-    assert sorted(to_resume) == ["p0", "p1"]
-    assert flow.paused == {"p2"}
-
-
-def test_pod_saturation_covers_partitions_that_arrive_while_saturated() -> None:
-    flow = FlowControl(LIMITS)
-    decide(flow, {"p0": 5}, pod_inflight=100)
-    to_pause, _ = decide(flow, {"p0": 5, "p1": 0}, pod_inflight=80)
-    assert to_pause == ["p1"]
-    assert flow.paused == {"p0", "p1"}
+    assert sorted(to_pause) == [f"p{index}" for index in range(9)], "p9 is under its bound: not paused"
+    assert flow.capacity(Load(100, 100)) >= 1, "and it may be read"
 
 
 def test_revoked_partition_is_forgotten() -> None:
@@ -100,8 +81,10 @@ def test_revoked_partition_is_forgotten() -> None:
     assert flow.paused == set()
 
 
-@pytest.mark.parametrize(("pod_inflight", "capacity"), [(0, 100), (40, 60), (99, 1), (100, 0), (150, 0)])
-def test_capacity(pod_inflight: int, capacity: int) -> None:
+@pytest.mark.parametrize(("pod_inflight", "capacity"), [(0, 100), (40, 60), (95, 5), (99, 1), (100, 1), (150, 1)])
+def test_capacity_is_the_pod_headroom_and_at_least_one(pod_inflight: int, capacity: int) -> None:
+    """Nothing paused: the headroom. At least 1: a read happens only with no hold and a partition
+    under its bounds, which leaves room unless there are more partitions than the pod bound."""
     assert FlowControl(LIMITS).capacity(Load(pod_inflight, pod_inflight)) == capacity
 
 
@@ -141,7 +124,7 @@ def test_default_limits() -> None:
 @settings(max_examples=200)
 @given(steps=st.lists(st.dictionaries(st.sampled_from(["p0", "p1", "p2"]), st.integers(0, 40)), max_size=40))
 def test_decide_invariants(steps: list[dict[str, int]]) -> None:
-    """Whatever the counts: at the bound -> paused; low-water and no saturation -> running;
+    """Whatever the counts: at the bound -> paused; at low water -> running, however full the pod;
     between the marks the previous state holds; the returned lists describe the state change."""
     flow = FlowControl(
         FlowLimits(
@@ -151,17 +134,14 @@ def test_decide_invariants(steps: list[dict[str, int]]) -> None:
     for counts in steps:
         pod = sum(counts.values())
         before = set(flow.paused)
-        was_saturated = flow.pod_saturated
         to_pause, to_resume = decide(flow, counts, pod)
         assert len(set(to_pause)) == len(to_pause) and len(set(to_resume)) == len(to_resume)
         before &= set(counts)  # a partition that left is forgotten, not resumed
         assert flow.paused == (before | set(to_pause)) - set(to_resume)
         assert not set(to_pause) & before and set(to_resume) <= before
         assert flow.paused <= set(counts)
-        saturated = pod >= 60 or (was_saturated and pod > 30)
-        assert flow.pod_saturated is saturated
         for partition, inflight in counts.items():
-            if saturated or inflight >= 20:
+            if inflight >= 20:
                 assert partition in flow.paused
             elif inflight <= 10:
                 assert partition not in flow.paused
@@ -176,7 +156,7 @@ def test_partition_bound_is_capped_at_a_fair_share_of_the_pod_bound() -> None:
     assert control.partition_bound(20_000) == Load(1, 2)
     # four partitions: the first two to fill up are paused at their share, before the pod saturates
     to_pause, _ = decide(control, {"p0": 2_500, "p1": 2_500, "p2": 0, "p3": 0}, pod_inflight=5_000)
-    assert sorted(to_pause) == ["p0", "p1"] and not control.pod_saturated
+    assert sorted(to_pause) == ["p0", "p1"]
 
 
 UNCOMMITTED = FlowLimits(
@@ -198,15 +178,15 @@ def test_uncommitted_bound_pauses_a_partition_with_few_messages_in_flight() -> N
 def test_resume_needs_both_counts_at_low_water() -> None:
     flow = FlowControl(UNCOMMITTED)
     flow.decide({"p0": Load(100, 400)}, Load(100, 400), 0.0)
-    assert flow.paused == {"p0"} and flow.pod_saturated
+    assert flow.paused == {"p0"}
     decision = flow.decide({"p0": Load(10, 300)}, Load(10, 300), 1.0)
-    assert decision.to_resume == [] and flow.pod_saturated, "in flight is low but uncommitted is not"
+    assert decision.to_resume == [], "in flight is low but uncommitted is not"
     decision = flow.decide({"p0": Load(10, 150)}, Load(10, 150), 2.0)
-    assert decision.to_resume == ["p0"] and not flow.pod_saturated
+    assert decision.to_resume == ["p0"]
 
 
 @pytest.mark.parametrize(
-    ("pod", "capacity"), [(Load(0, 0), 100), (Load(10, 350), 50), (Load(90, 100), 10), (Load(0, 400), 0)]
+    ("pod", "capacity"), [(Load(0, 0), 100), (Load(10, 350), 50), (Load(90, 100), 10), (Load(0, 400), 1)]
 )
 def test_capacity_is_limited_by_both_bounds(pod: Load, capacity: int) -> None:
     assert FlowControl(UNCOMMITTED).capacity(pod) == capacity
@@ -263,16 +243,26 @@ def test_a_partition_that_outlasted_a_hold_is_paused_at_once_until_it_drains_in_
     assert decision.to_pause == [] and decision.hold == pytest.approx(0.5)
 
 
-def test_the_full_pod_holds_then_pauses_every_partition() -> None:
+def test_partitions_full_at_their_fair_shares_hold_then_pause() -> None:
     flow = FlowControl(
         FlowLimits(max_inflight=30, max_inflight_per_partition=30, max_uncommitted=10_000, pause_after=0.5)
     )
-    decision = step(flow, {"p0": 10, "p1": 10, "p2": 10}, now=0.0)
-    assert flow.pod_saturated and decision.to_pause == [] and decision.hold == pytest.approx(0.5)
+    decision = step(flow, {"p0": 10, "p1": 10, "p2": 10}, now=0.0)  # fair share 10 each
+    assert decision.to_pause == [] and decision.hold == pytest.approx(0.5)
     decision = step(flow, {"p0": 10, "p1": 10, "p2": 9}, now=0.5)
     assert sorted(decision.to_pause) == ["p0", "p1", "p2"] and decision.hold is None
     decision = step(flow, {"p0": 5, "p1": 5, "p2": 5}, now=0.7)
-    assert sorted(decision.to_resume) == ["p0", "p1", "p2"] and not flow.pod_saturated
+    assert sorted(decision.to_resume) == ["p0", "p1", "p2"]
+
+
+def test_a_partition_paused_on_its_uncommitted_bound_holds_up_no_other_partition() -> None:
+    """Issue 36, defect 6: full in flight too, it used to add a hold of pause_after."""
+    flow = FlowControl(UNCOMMITTED)  # 2 partitions: bounds 50 in flight, 200 uncommitted
+    decision = flow.decide({"p0": Load(50, 200), "p1": Load(1, 10)}, Load(51, 210), 0.0)
+    assert decision.to_pause == ["p0"]
+    assert decision.hold is None, "p1 is read past the paused p0"
+    decision = flow.decide({"p0": Load(50, 200), "p1": Load(3, 12)}, Load(53, 212), 1.0)
+    assert decision.hold is None and flow.paused == {"p0"}
 
 
 def test_release_after_is_what_brings_the_fullest_hold_to_its_low_water_mark() -> None:
@@ -292,13 +282,3 @@ def test_forgetting_a_partition_clears_its_hold_and_slowness() -> None:
     assert flow.paused == set()
     decision = step(flow, {"p0": 10}, now=2.0)
     assert decision.to_pause == [] and decision.hold == pytest.approx(0.5), "re-assigned: a fresh hold"
-
-
-def test_a_partition_paused_on_its_uncommitted_bound_holds_up_no_other_partition() -> None:
-    """Issue 36, defect 6: full in flight too, it used to add a hold of pause_after."""
-    flow = FlowControl(UNCOMMITTED)  # 2 partitions: bounds 50 in flight, 200 uncommitted
-    decision = flow.decide({"p0": Load(50, 200), "p1": Load(1, 10)}, Load(51, 210), 0.0)
-    assert decision.to_pause == ["p0"]
-    assert decision.hold is None, "p1 is read past the paused p0"
-    decision = flow.decide({"p0": Load(50, 200), "p1": Load(3, 12)}, Load(53, 212), 1.0)
-    assert decision.hold is None and flow.paused == {"p0"}

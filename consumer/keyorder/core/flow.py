@@ -1,4 +1,5 @@
-"""Backpressure: which partitions to pause and resume so that memory and re-delivery stay bounded.
+"""Backpressure: which partitions to pause and resume, and how much to read, so that memory and
+re-delivery stay bounded and no partition's backlog stops another's.
 
 A blocking queue in the poll loop would stall every partition when one fills up. Instead the
 poll loop pauses individual partitions, bounding two different resources:
@@ -13,30 +14,56 @@ poll loop pauses individual partitions, bounding two different resources:
 
 A partition is *full* when either of its counts reaches its bound, until both are at or below
 the low-water mark (``resume_ratio`` of the bound). A partition's bounds are capped at its fair
-share of the pod bounds (pod bound / assigned partitions): otherwise the first partitions fetched
-would take the whole pod budget and the others would starve. The pod is full at the pod bounds.
+share of the pod bounds (pod bound / assigned partitions), so the partitions' bounds add up to at
+most the pod's: otherwise the first partitions fetched would take the whole pod budget and the
+others would starve.
 
 What fullness does comes in two steps, because pausing is not free: librdkafka drops a paused
 partition's prefetched messages, and after the resume the partition waits a fetch round trip, or
 up to ``fetch.queue.backoff.ms``, before it delivers again. With a fast handler the bounds are
 reached many times a second, and pausing each time left the workers idle most of the time.
 
-1. **Hold**: while a partition (or the pod) is full, the poll loop stops reading and waits for
-   the workers; the Kafka client's prefetch queue is the buffer meanwhile. Reading goes on the
-   moment the counts are back at the low-water mark, from messages already fetched.
+1. **Hold**: while a partition is full in flight, the poll loop stops reading and waits for the
+   workers; the Kafka client's prefetch queue is the buffer meanwhile. Reading goes on the moment
+   the count is back at the low-water mark, from messages already fetched.
 2. **Pause**: a partition still full in flight after ``pause_after`` seconds is paused, so the
    others can be read past it (a hot or blocked key, a slow handler), and stays paused until its
    low-water mark. It is remembered as slow and paused at once the next time it fills, until it
-   drains within ``pause_after`` again. A pod still full after ``pause_after`` pauses every
-   partition. A full uncommitted count pauses at once: only a commit confirmed by the broker
-   lowers it, the client reports those only while it is called, and a blocked head offset can
-   keep it full for long. A paused partition holds up nothing: the others are read past it.
+   drains within ``pause_after`` again. A full uncommitted count pauses at once: only a commit
+   confirmed by the broker lowers it, the client reports those only while it is called, and a
+   blocked head offset can keep it full for long. A paused partition holds up nothing.
+
+**The pod bound limits each read, and pauses nothing.** A read takes at most the pod's headroom
+(pod bound minus what the pod holds, in each count), so without a paused partition over its bound
+the pod holds at most its bounds. But partitions that cannot drain (a blocked key under
+``onExhausted: block``, a long retry backoff, a hung handler) may hold the pod bound by
+themselves: one that filled while it was the only partition had the whole pod for its share, and
+its messages never leave. Pausing the whole pod until it drained, as flow control once did, then
+stopped every other partition for good, those assigned later too. So the read may also take what
+the pod has room for when each paused partition counts only up to its bound (what it holds beyond
+was read under a larger share, or in the read that crossed its bound) and handlers still running
+for revoked partitions do not count: at least one message, at most one partition bound.
+
+**Guarantee.** A partition that is not full (under its bounds, or back at its low-water marks
+since it filled) is never paused, whatever the other partitions hold, and the loop may read at
+least one message once no partition holds the reading: within ``pause_after``.
+
+**Memory bound**, for each count (B: ``max_inflight`` for in flight, ``max_uncommitted`` for
+uncommitted; b: a partition's bound). A partition is read only while under its bounds, and a read
+takes at most the headroom, or at most b. So the pod holds at most what it held after its last
+read within the headroom (at most B), plus, for each partition read since, under twice the bound
+it was read under: under ``B + 2 * sum(b)``. With n partitions assigned (n <= B), n * b <= B: under
+3 * B while the assignment does not grow. A partition assigned later, while the others are
+blocked, adds under 2 * B / n (n counting it). Handlers still running for revoked partitions come
+on top, one message each. Without a paused partition over its bound (n <= B), the pod holds at
+most B and those.
 
 Holds are bounded by ``pause_after``, so the loop still calls the client (rebalance callbacks,
 ``max.poll.interval.ms``) at least that often.
 
 Pure: it is told the counts and the time, and answers with the partitions whose state must
-change and whether the loop may read.
+change, whether the loop may read, and how much. Its answer changes over time only by a hold
+ending.
 """
 
 from __future__ import annotations
@@ -49,15 +76,16 @@ from typing import Generic, TypeVar
 @dataclass(frozen=True, slots=True)
 class FlowLimits:
     max_inflight: int = 10_000
-    """Unfinished messages per pod (payload memory) before every partition is paused."""
+    """Unfinished messages per pod (payload memory): the most one read brings the pod to, unless
+    partitions paused at their bounds hold more than their bounds (see the module docstring)."""
     max_inflight_per_partition: int = 5_000
-    """Unfinished messages per partition before that partition is paused."""
+    """Unfinished messages per partition before that partition is held, then paused."""
     max_uncommitted: int = 50_000
-    """Messages at or above the committed offsets per pod (the crash re-delivery bound)."""
+    """Messages at or above the committed offsets per pod (the crash re-delivery bound), as ``max_inflight``."""
     resume_ratio: float = 0.5
-    """A paused partition (or pod) resumes when its counts fall to this fraction of the bounds."""
+    """A paused partition resumes when its counts fall to this fraction of its bounds."""
     pause_after: float = 0.5
-    """Seconds a full partition (or the full pod) may hold up reading before it is paused (0: at once)."""
+    """Seconds a partition full in flight may hold up reading before it is paused (0: at once)."""
 
     def __post_init__(self) -> None:
         if min(self.max_inflight, self.max_inflight_per_partition, self.max_uncommitted) < 1:
@@ -89,29 +117,26 @@ class FlowDecision(Generic[PartitionKey]):
     to_pause: list[PartitionKey]
     to_resume: list[PartitionKey]
     hold: float | None
-    """Seconds the loop should not read (a full partition or pod within its hold), at most; None: read."""
+    """Seconds the loop should not read (a partition full in flight within its hold), at most; None: read."""
     release_after: int
     """The fewest finished messages after which a hold or a pause may end (at least 1): a loop that
     does not read waits for that many completions rather than for a fixed time."""
 
 
 class FlowControl(Generic[PartitionKey]):
-    """Hold and pause state for the pod and each partition."""
+    """Hold and pause state for each partition, and the size of the next read."""
 
     def __init__(self, limits: FlowLimits) -> None:
         self.limits = limits
         self.pod_bound = Load(limits.max_inflight, limits.max_uncommitted)
-        self._pod_inflight_full_since: float | None = None
-        self._pod_uncommitted_full = False
         self._inflight_full: dict[PartitionKey, float] = {}  # partitions full in flight, and since when
         self._uncommitted_full: set[PartitionKey] = set()
         self._slow: set[PartitionKey] = set()  # outlasted a hold: paused at once when full again
         self.paused: set[PartitionKey] = set()
-
-    @property
-    def pod_saturated(self) -> bool:
-        """The pod holds its bound of either count (until both are at the low-water mark)."""
-        return self._pod_inflight_full_since is not None or self._pod_uncommitted_full
+        self._bound = self.partition_bound(0)  # each partition's, at the last decide
+        self._uncounted = Load(0, 0)
+        """What the pod held at the last decide that does not count against the next read: paused
+        partitions' loads beyond their bounds, and handlers still running for revoked partitions."""
 
     def partition_bound(self, partitions: int) -> Load:
         """Per-partition bounds with ``partitions`` assigned: the configured ones, capped at a fair share."""
@@ -122,9 +147,20 @@ class FlowControl(Generic[PartitionKey]):
         )
 
     def capacity(self, pod: Load) -> int:
-        """How many more messages the pod may take in now."""
-        limits = self.limits
-        return max(min(limits.max_inflight - pod.inflight, limits.max_uncommitted - pod.uncommitted), 0)
+        """How many messages the next read may take, at least 1, for the pod load the last ``decide`` was given.
+
+        The pod's headroom in both counts; or, where that is less, up to one partition bound of the
+        room left with each paused partition counted only up to its bound (module docstring).
+        """
+        bound, uncounted = self._bound, self._uncounted
+        return min(
+            self._room(self.pod_bound.inflight - pod.inflight, bound.inflight, uncounted.inflight),
+            self._room(self.pod_bound.uncommitted - pod.uncommitted, bound.uncommitted, uncounted.uncommitted),
+        )
+
+    @staticmethod
+    def _room(headroom: int, partition_bound: int, uncounted: int) -> int:
+        return max(headroom, min(partition_bound, max(headroom + uncounted, 1)))
 
     def commit_pressure(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> bool:
         """True when a commit now would let work resume: an uncommitted bound is half-used.
@@ -142,16 +178,12 @@ class FlowControl(Generic[PartitionKey]):
         """True when ``partitions`` (the assigned count, at least one) are all paused: nothing to read."""
         return partitions > 0 and len(self.paused) >= partitions
 
-    def _release_after(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> int:
-        """``FlowDecision.release_after``. A partition (or the pod) full in flight is released when its
-        in-flight count falls to the low-water mark; an uncommitted bound is released by committing
-        instead, which the loop does when it wakes."""
-        ratio = self.limits.resume_ratio
-        needed = []
-        if self._pod_inflight_full_since is not None:
-            needed.append(pod.inflight - int(self.pod_bound.inflight * ratio))
-        low_water = int(self.partition_bound(len(partitions)).inflight * ratio)
-        needed.extend(partitions[key].inflight - low_water for key in self._inflight_full if key in partitions)
+    def _release_after(self, partitions: Mapping[PartitionKey, Load]) -> int:
+        """``FlowDecision.release_after``. A partition full in flight is released when its in-flight
+        count falls to the low-water mark; an uncommitted bound is released by committing instead,
+        which the loop does when it wakes."""
+        low_water = int(self._bound.inflight * self.limits.resume_ratio)
+        needed = [partitions[key].inflight - low_water for key in self._inflight_full]
         return max(1, min(needed, default=1))
 
     def forget(self, partitions: Iterable[PartitionKey]) -> None:
@@ -165,24 +197,15 @@ class FlowControl(Generic[PartitionKey]):
     def decide(self, partitions: Mapping[PartitionKey, Load], pod: Load, now: float) -> FlowDecision[PartitionKey]:
         """Hold, pause and resume for the current loads at time ``now``; updates ``paused``.
 
-        Each count has its own hysteresis (full at its bound, released at its low-water mark). A
-        full uncommitted count pauses at once: only a commit releases it, and a blocked head offset
-        may hold it for long. A full in-flight count holds reading for up to ``pause_after`` first.
+        ``pod`` is what the whole pod holds: the partitions' loads, and in flight also what handlers
+        still run for revoked partitions. Each count of each partition has its own hysteresis (full
+        at its bound, released at its low-water mark). A full uncommitted count pauses at once: only
+        a commit releases it, and a blocked head offset may hold it for long. A full in-flight count
+        holds reading for up to ``pause_after`` first, unless the partition is paused already.
         """
         limits, ratio = self.limits, self.limits.resume_ratio
-        pod_bound = self.pod_bound
-        if pod.inflight >= pod_bound.inflight:
-            if self._pod_inflight_full_since is None:
-                self._pod_inflight_full_since = now
-        elif pod.inflight <= pod_bound.inflight * ratio:
-            self._pod_inflight_full_since = None
-        if pod.uncommitted >= pod_bound.uncommitted:
-            self._pod_uncommitted_full = True
-        elif pod.uncommitted <= pod_bound.uncommitted * ratio:
-            self._pod_uncommitted_full = False
-
         self.forget([partition for partition in self._tracked() if partition not in partitions])
-        bound = self.partition_bound(len(partitions))
+        bound = self._bound = self.partition_bound(len(partitions))
         inflight_full, uncommitted_full = self._inflight_full, self._uncommitted_full
         for partition, load in partitions.items():
             if load.inflight >= bound.inflight:
@@ -199,27 +222,30 @@ class FlowControl(Generic[PartitionKey]):
                 uncommitted_full.discard(partition)
 
         holds: list[float] = []
-        wanted = set(uncommitted_full)
+        paused = set(uncommitted_full)
         for partition, since in inflight_full.items():
             left = since + limits.pause_after - now
             if partition in self._slow or left <= 0:
                 self._slow.add(partition)
-                wanted.add(partition)
-            elif partition not in wanted:  # paused already (uncommitted): the others are read past it
+                paused.add(partition)
+            elif partition not in paused:  # paused already: the others are read past it
                 holds.append(left)
-        if self._pod_uncommitted_full:
-            wanted = set(partitions)
-        elif self._pod_inflight_full_since is not None:
-            left = self._pod_inflight_full_since + limits.pause_after - now
-            if left <= 0:
-                wanted = set(partitions)
-            else:
-                holds.append(left)
-        to_pause = [partition for partition in wanted if partition not in self.paused]
-        to_resume = [partition for partition in self.paused if partition not in wanted]
-        self.paused = wanted
-        hold = min(holds) if holds and len(wanted) < len(partitions) else None
-        return FlowDecision(to_pause, to_resume, hold, self._release_after(partitions, pod))
+        to_pause = [partition for partition in paused if partition not in self.paused]
+        to_resume = [partition for partition in self.paused if partition not in paused]
+        self.paused = paused
+        self._uncounted = self._uncounted_load(partitions, pod)
+        return FlowDecision(to_pause, to_resume, min(holds, default=None), self._release_after(partitions))
+
+    def _uncounted_load(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> Load:
+        """``_uncounted`` for these loads, with ``paused`` and ``_bound`` already decided."""
+        bound = self._bound
+        inflight = pod.inflight - sum(load.inflight for load in partitions.values())  # revoked partitions' handlers
+        uncommitted = pod.uncommitted - sum(load.uncommitted for load in partitions.values())
+        for partition in self.paused:
+            load = partitions[partition]
+            inflight += max(load.inflight - bound.inflight, 0)
+            uncommitted += max(load.uncommitted - bound.uncommitted, 0)
+        return Load(max(inflight, 0), max(uncommitted, 0))
 
     def _tracked(self) -> set[PartitionKey]:
         return {*self._inflight_full, *self._uncommitted_full, *self._slow, *self.paused}
