@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import random
 import zlib
 
@@ -203,13 +204,13 @@ def test_unusable_but_harmless_metadata_is_not_reported_as_refused() -> None:
 def test_a_sparse_set_over_a_huge_span_never_builds_the_bitset(monkeypatch: pytest.MonkeyPatch) -> None:
     """5x10^7 offsets of span (a compacted topic): the bitset would be 6 MB per commit."""
     built: list[int] = []
-    real_bits = offset_metadata._bits
+    real_build = offset_metadata._Bitset._build
 
-    def spy(base: int, done: list[int]) -> bytes:
-        built.append(offset_metadata._bits_length(base, done))
-        return real_bits(base, done)
+    def spy(self: offset_metadata._Bitset, stop: int) -> None:
+        real_build(self, stop)
+        built.append(len(self.built))
 
-    monkeypatch.setattr(offset_metadata, "_bits", spy)
+    monkeypatch.setattr(offset_metadata._Bitset, "_build", spy)
     base = 10**9
     done = [base + delta for delta in range(1_000_000, 50_000_001, 1_000_000)]
     metadata = encode(base, done)
@@ -219,6 +220,89 @@ def test_a_sparse_set_over_a_huge_span_never_builds_the_bitset(monkeypatch: pyte
     dense = [base + delta for delta in range(2, 4001, 2)]
     assert _kind(encode(base, dense)) == "b"
     assert built and max(built) <= 500, "the bitset is built only when it is the smaller payload"
+
+
+class _CountingZlib:
+    """``zlib`` for the codec, counting the bytes it is given to compress."""
+
+    def __init__(self) -> None:
+        self.compressed = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(zlib, name)
+
+    def compress(self, data: bytes, level: int = -1) -> bytes:
+        self.compressed += len(data)
+        return zlib.compress(data, level)
+
+    def compressobj(self, *args: object) -> _CountingCompressor:
+        return _CountingCompressor(self, zlib.compressobj(*args))  # type: ignore[arg-type]
+
+
+class _CountingCompressor:
+    def __init__(self, counter: _CountingZlib, compressor: zlib._Compress) -> None:
+        self.counter, self.compressor = counter, compressor
+
+    def compress(self, data: bytes) -> bytes:
+        self.counter.compressed += len(data)
+        return self.compressor.compress(data)
+
+    def copy(self) -> _CountingCompressor:
+        return _CountingCompressor(self.counter, self.compressor.copy())
+
+    def flush(self, *args: int) -> bytes:
+        return self.compressor.flush(*args)
+
+
+@pytest.mark.parametrize("density", [0.5, 0.9, 0.1, 0.01])
+def test_a_set_far_past_the_limit_costs_about_what_fits(monkeypatch: pytest.MonkeyPatch, density: float) -> None:
+    """50,000 done offsets above a stuck one (issue 36, defect 8): the encoder compresses about the
+    bytes it keeps, a few times over at most, not the whole payload once per step of a search."""
+    counting = _CountingZlib()
+    monkeypatch.setattr(offset_metadata, "zlib", counting)
+    base = 10**9
+    rng = random.Random(8)
+    done = sorted(base + 1 + delta for delta in rng.sample(range(int(50_000 / density)), 50_000))
+    metadata = encode(base, done)
+    assert len(metadata) <= MAX_METADATA_BYTES
+    kept = decode(metadata, base)
+    _assert_lowest_prefix(kept, done)
+    assert len(kept) < len(done)
+    payload_kept = len(zlib.decompress(base64.urlsafe_b64decode(metadata.split(":", 3)[3])))
+    assert counting.compressed <= 3 * payload_kept, (counting.compressed, payload_kept)
+
+
+_BASE = 1_000_000
+_RNG = random.Random(36)
+_HALF = [offset for offset in range(_BASE + 1, _BASE + 2001) if _RNG.random() < 0.5]
+_SPARSE = list(itertools.accumulate([_BASE, *(_RNG.randint(1, 60) for _ in range(300))]))[1:]
+
+
+@pytest.mark.parametrize(
+    ("name", "done", "limit", "old", "kept"),
+    [
+        ("runs, whole", [_BASE + 2, _BASE + 3, _BASE + 4, _BASE + 10, _BASE + 400], 4096,
+         "ko1:1000000:r:eNpjZGZlbGVmBAAB0wCU", 5),
+        ("bitset, whole", list(range(_BASE + 2, _BASE + 200, 2)), 4096, "ko1:1000000:b:eNpbtQo70AIA12sQGw==", 99),
+        ("empty", [], 4096, "ko1:1000000:r:eNoDAAAAAAE=", 0),
+        ("bitset, cut", _HALF, 160,
+         "ko1:1000000:b:eNoBYQCe_0EFOVU9pD-mTs-d0_pbSMCawocoYq7ycVni3jBd-SIndqMu2h8gaFwDohHhovoiNmW2NcjI6iRdk6UMjCtrCGi"
+         "GCO-SjA9bp1GIwNIPrWcwc9TUijQryL9469SVmPBNEXTLgS7W", 368),
+        ("runs, cut", _SPARSE, 160,
+         "ko1:1000000:r:eNoNjYEKggAQQ3kkqVhmaVApFQUZQSlWJvb__-Vj3LHtxm7gy4-INXMu7iMftnoFHSN3dcCDihsbVsQcSKllLSfO9DTykrep"
+         "SvU01dlW27BnJhK9l9fezN8Z_bJjYV_GlRwIGdRLMQF9tgil", 70),
+    ],
+)  # fmt: skip
+def test_metadata_written_by_the_first_encoder_still_decodes(
+    name: str, done: list[int], limit: int, old: str, kept: int
+) -> None:
+    """``old``: what the encoder before issue 36 wrote (a binary search re-encoding every prefix):
+    pods that committed it are read by this one; it writes the same, or keeps as many offsets."""
+    assert decode(old, _BASE) == set(done[:kept]), name
+    new = encode(_BASE, done, limit=limit)
+    if "cut" not in name:  # the whole set fits: the same string
+        assert new == old, name
+    assert len(new) <= limit and len(decode(new, _BASE)) >= kept, name
 
 
 @settings(max_examples=150)
@@ -237,3 +321,71 @@ def test_round_trip_of_sparse_sets_over_huge_spans(base: int, gaps: list[int], l
     _assert_lowest_prefix(decode(metadata, base), done)
     if limit == MAX_METADATA_BYTES:
         assert decode(metadata, base) == set(done)  # 200 runs of <= 5 bytes each always fit
+
+
+def _reference_runs(base: int, done: list[int]) -> tuple[bytes, list[int]]:
+    """The run-length payload and where it may be cut, built the plain way (no early stop)."""
+    out, ends, cursor = bytearray(), [], base + 1
+    for first, last in _runs_of(done):
+        out += _varints(first - cursor, last - first + 1)
+        ends.append(len(out))
+        cursor = last + 1
+    return bytes(out), ends
+
+
+def _runs_of(done: list[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for offset in done:
+        if runs and runs[-1][1] == offset - 1:
+            runs[-1] = (runs[-1][0], offset)
+        else:
+            runs.append((offset, offset))
+    return runs
+
+
+def _reference_bits(base: int, done: list[int]) -> bytes:
+    bits = bytearray((done[-1] - base + 7) // 8 if done else 0)
+    for offset in done:
+        bits[(offset - base - 1) >> 3] |= 1 << ((offset - base - 1) & 7)
+    return bytes(bits)
+
+
+@st.composite
+def clustered_sets(draw: st.DrawFn) -> tuple[int, list[int]]:
+    """Blocks of done offsets with gaps between them: dense, sparse or mixed, up to ~40,000 offsets."""
+    base = draw(st.integers(0, 10**12))
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    longest_gap, longest_block = draw(st.integers(1, 300)), draw(st.integers(1, 40))
+    done, cursor = [], base
+    for _block in range(draw(st.integers(0, 2000))):
+        cursor += rng.randint(1, longest_gap)
+        length = rng.randint(1, longest_block)
+        done.extend(range(cursor, cursor + length))
+        cursor += length
+    return base, done
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=clustered_sets(), limit=st.integers(64, 1500))
+def test_the_kept_prefix_stops_only_where_1_256_more_does_not_fit(case: tuple[int, list[int]], limit: int) -> None:
+    """The payload is cut where it may be (after a run, after a byte of the bitset), and the cut is
+    (nearly) the longest that fits: the whole payload, or one of the next cuts up to 1/256 further
+    does not fit. (Compressed size is not quite monotonic, so a longer prefix may fit again.)"""
+    base, done = case
+    metadata = encode(base, done, limit=limit)
+    assert len(metadata) <= limit
+    _assert_lowest_prefix(decode(metadata, base), done)
+    kind, packed = metadata.split(":", 3)[2:]
+    kept = len(zlib.decompress(base64.urlsafe_b64decode(packed)))
+    if kind == "r":
+        payload, cuts = _reference_runs(base, done)
+    else:
+        payload = _reference_bits(base, done)
+        cuts = list(range(1, len(payload) + 1))
+    assert kept == 0 or kept in cuts
+    if kept == len(payload):
+        return
+    budget = (limit - (len(metadata) - len(packed))) // 4 * 3
+    following = [cut for cut in cuts if cut > kept]
+    reach = max(kept + (kept >> 8), following[0])
+    assert any(len(zlib.compress(payload[:cut], 9)) > budget for cut in following if cut <= reach), (kept, reach)

@@ -8,13 +8,20 @@ next owner of the partition skips them.
 Format: ``ko1:<base>:<kind>:<urlsafe-base64(zlib(payload))>``, where ``base`` is the committed
 offset the set is relative to and ``kind`` is ``r`` (varint run lengths, alternating not-done /
 done starting at base+1) or ``b`` (bitset, bit i = offset base+1+i). The smaller is chosen. The
-result never exceeds ``MAX_METADATA_BYTES``: when it would, the highest offsets are dropped
-(safe: a dropped offset is merely processed again, at-least-once is kept).
+result never exceeds ``MAX_METADATA_BYTES`` (``limit``): when it would, the highest offsets are
+dropped (safe: a dropped offset is merely processed again, at-least-once is kept). The format is
+unchanged since the first release: what any version wrote, this one reads.
 
 Encoding never materialises the offset span: the run-length payload is built from the offsets
 themselves, and the bitset only when it is the smaller one (so it is never larger than the runs).
 A sparse set over a span of 10^8 offsets (a compacted topic) costs as much as its offsets, not
-12 MB of zero bits.
+12 MB of zero bits. Nor does it read much more of a long set than it keeps, since it runs on the
+poll thread at every commit: the choice of payload counts runs only until the answer is certain,
+the payload is built only as far as it is compressed, and one zlib stream advances along it,
+probing where the cut falls by interpolating the sizes seen (``_longest_fitting_stream``). The
+cut falls after a run, or after a byte of the bitset, within 1/256 of the longest prefix that
+fits. For the cost against the previous encoder (a binary search that re-encoded every prefix),
+see docs/performance.md ("Commit metadata").
 
 Decoding is forgiving: absent, foreign or corrupt metadata, or metadata written for a different
 base, yields an empty set (brokers such as the test broker do not store metadata at all). It is
@@ -28,8 +35,10 @@ offsets are merely processed again.
 from __future__ import annotations
 
 import base64
+import bisect
+import itertools
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 PREFIX = "ko1"
@@ -51,13 +60,12 @@ MAX_OFFSET = 2**63 - 1
 _MAX_VARINT_BYTES = 10  # a 64-bit value
 
 
-def _varints(numbers: Sequence[int]) -> bytes:
+def _varint(number: int) -> bytes:
     out = bytearray()
-    for number in numbers:
-        while number >= 0x80:
-            out.append((number & 0x7F) | 0x80)
-            number >>= 7
-        out.append(number)
+    while number >= 0x80:
+        out.append((number & 0x7F) | 0x80)
+        number >>= 7
+    out.append(number)
     return bytes(out)
 
 
@@ -77,16 +85,101 @@ def _read_varints(data: bytes) -> list[int]:
     return numbers
 
 
-def _runs(base: int, done: Sequence[int]) -> bytes:
-    runs: list[int] = []
-    cursor = base + 1  # base itself is the lowest unfinished offset: never done
-    for offset in done:
-        if offset == cursor and runs:
-            runs[-1] += 1
-        else:
-            runs.extend((offset - cursor, 1))
-        cursor = offset + 1
-    return _varints(runs)
+_RUN_SCAN_CHUNK = 4096
+
+
+class _RunEnds:
+    """Where the runs of consecutive offsets in ``done`` end (indexes into it), found a chunk at a
+    time: deciding the payload needs only their number, and only until it is large enough."""
+
+    def __init__(self, done: Sequence[int]) -> None:
+        self.done = done
+        self.ends: list[int] = []
+        self._scanned = 0  # offsets whose run end is known
+
+    def scan(self) -> bool:
+        """Find the run ends of the next chunk; False when all are found."""
+        done, start = self.done, self._scanned
+        if start >= len(done):
+            return False
+        stop = min(start + _RUN_SCAN_CHUNK, len(done))
+        append = self.ends.append
+        previous = done[start]
+        for index, offset in enumerate(done[start + 1 : stop + 1], start):  # and the next chunk's first
+            if offset != previous + 1:
+                append(index)
+            previous = offset
+        if stop == len(done):
+            append(stop - 1)
+        self._scanned = stop
+        return True
+
+    def count_past(self, bound: int) -> int:
+        """The number of runs, counted only until it passes ``bound``."""
+        while len(self.ends) <= bound and self.scan():
+            pass
+        return len(self.ends)
+
+
+class _Runs:
+    """The run-length payload: varint (gap, length) pairs, not-done then done, from base + 1, built
+    only as far as it is read. It may be cut after any pair (``ends``: the payload's length after
+    each pair built so far). ``length`` is exact once ``complete``, an upper bound before."""
+
+    def __init__(self, base: int, runs: _RunEnds, length_bound: int) -> None:
+        self.built = bytearray()
+        self.ends: list[int] = []
+        self.complete = not runs.done
+        self.length = 0 if not runs.done else length_bound
+        self._wanted = 0
+        self._builder = self._build(base, runs)
+
+    def _build(self, base: int, runs: _RunEnds) -> Iterator[None]:
+        """Appends pairs, pausing once ``_wanted`` bytes are built."""
+        out, ends, done = self.built, self.ends, runs.done
+        append = out.append
+        cursor = base + 1  # base itself is the lowest unfinished offset: never done
+        first_index = built_runs = 0
+        while built_runs < len(runs.ends) or runs.scan():
+            for last_index in itertools.islice(runs.ends, built_runs, None):
+                first, last = done[first_index], done[last_index]
+                gap, length = first - cursor, last - first + 1
+                if gap < 0x80:
+                    append(gap)
+                else:
+                    out += _varint(gap)
+                if length < 0x80:
+                    append(length)
+                else:
+                    out += _varint(length)
+                ends.append(len(out))
+                cursor, first_index = last + 1, last_index + 1
+                built_runs += 1
+                if len(out) >= self._wanted:
+                    yield
+        self.complete, self.length = True, len(out)
+
+    def build_past(self, size: int) -> None:
+        """Build until more than ``size`` bytes are built, or all of it."""
+        if not self.complete and len(self.built) <= size:
+            self._wanted = size + 1
+            next(self._builder, None)
+
+    def cut(self, at: int) -> int:
+        """The longest cut of at most ``at`` bytes (0: none)."""
+        self.build_past(at)
+        index = bisect.bisect_right(self.ends, at)
+        return self.ends[index - 1] if index else 0
+
+    def next_cut(self, after: int) -> int:
+        """The shortest cut longer than ``after`` bytes (``length + 1``: none)."""
+        self.build_past(after)
+        index = bisect.bisect_right(self.ends, after)
+        return self.ends[index] if index < len(self.ends) else self.length + 1
+
+    def read(self, start: int, stop: int) -> bytes:
+        self.build_past(stop - 1)
+        return bytes(self.built[start:stop])
 
 
 def _bits_length(base: int, done: Sequence[int]) -> int:
@@ -94,37 +187,121 @@ def _bits_length(base: int, done: Sequence[int]) -> int:
     return (done[-1] - base + 7) // 8 if done else 0
 
 
-def _bits(base: int, done: Sequence[int]) -> bytes:
-    bits = bytearray(_bits_length(base, done))
-    for offset in done:
-        index = offset - base - 1
-        bits[index >> 3] |= 1 << (index & 7)
-    return bytes(bits)
+class _Bitset:
+    """The bitset payload (bit i, LSB first, is offset base + 1 + i), built only as far as it is read:
+    when the set is truncated, only the bytes that fit (and a few probed beyond) are ever built.
+    It may be cut after any byte."""
+
+    def __init__(self, base: int, done: Sequence[int]) -> None:
+        self.first, self.done, self.length = base + 1, done, _bits_length(base, done)
+        self.built = bytearray()
+        self._unbuilt = 0  # index in ``done`` of the first offset not in ``built``
+
+    def cut(self, at: int) -> int:
+        return min(at, self.length)
+
+    def next_cut(self, after: int) -> int:
+        return after + 1
+
+    def read(self, start: int, stop: int) -> bytes:
+        self._build(stop)
+        return bytes(self.built[start:stop])
+
+    def _build(self, stop: int) -> None:
+        if stop <= len(self.built):
+            return
+        origin = self.first + 8 * len(self.built)
+        upto = bisect.bisect_left(self.done, self.first + 8 * stop, self._unbuilt)
+        piece = bytearray(stop - len(self.built))
+        for offset in self.done[self._unbuilt : upto]:
+            index = offset - origin
+            piece[index >> 3] |= 1 << (index & 7)
+        self.built += piece
+        self._unbuilt = upto
 
 
-def _encode_all(base: int, done: Sequence[int]) -> str:
-    runs = _runs(base, done)
-    # The bitset is built only when it is smaller than the runs, so its size is bounded by the
-    # number of offsets, never by their span (a sparse set over a huge span stays cheap).
-    kind, payload = ("r", runs) if len(runs) <= _bits_length(base, done) else ("b", _bits(base, done))
-    packed = base64.urlsafe_b64encode(zlib.compress(payload, 9)).decode()
-    return f"{PREFIX}:{base}:{kind}:{packed}"
+_Payload = _Runs | _Bitset
+
+
+def _choose(base: int, done: Sequence[int]) -> tuple[str, _Payload]:
+    """The smaller payload, counted before compression (runs on a tie), decided reading as little
+    as it can: a run takes at least 2 bytes and at most a varint of the span and one of the count,
+    and there are at most as many runs as offsets."""
+    runs = _RunEnds(done)
+    if not done:
+        return "r", _Runs(base, runs, 0)
+    bits_length = _bits_length(base, done)
+    most_per_run = len(_varint(done[-1] - base)) + len(_varint(len(done)))
+    if len(done) * most_per_run <= bits_length:  # sparse: no need to count the runs
+        return "r", _Runs(base, runs, len(done) * most_per_run)
+    count = runs.count_past(bits_length // 2)
+    if 2 * count > bits_length:
+        return "b", _Bitset(base, done)
+    payload = _Runs(base, runs, count * most_per_run)
+    if count * most_per_run > bits_length:  # the bounds do not tell: build it to see
+        payload.build_past(bits_length)
+        if not payload.complete or payload.length > bits_length:
+            return "b", _Bitset(base, done)
+    return "r", payload
+
+
+_PROBES = 64
+"""Most trial compressions per encoding (a handful are needed: sizes grow almost linearly)."""
+
+
+def _longest_fitting_stream(payload: _Payload, budget: int) -> tuple[int, bytes]:
+    """``(cut, stream)``: the longest prefix of ``payload`` that ends at one of its cuts and whose
+    zlib stream takes at most ``budget`` bytes (to within 1/256 of its length), and that stream.
+    ``(0, b"")`` when not even the empty stream fits.
+
+    One compressor advances along the payload; each probe compresses only the bytes past the
+    longest prefix known to fit, on a copy of it. The next probe is interpolated from the sizes seen
+    (compressed size grows almost linearly with the payload), so a few probes find the cut, and
+    the bytes compressed stay near the kept prefix's, however long the payload."""
+    compressor = zlib.compressobj(9)
+    fed, out, tail = 0, b"", compressor.copy().flush()  # the prefix known to fit and its stream
+    if len(tail) > budget:
+        return 0, b""
+    too_long, too_long_size = payload.length + 1, 0  # the shortest cut known not to fit (none yet)
+    for _probe in range(_PROBES):
+        size = len(out) + len(tail)
+        if fed == payload.length or (too_long <= payload.length and too_long - fed <= max(1, fed >> 8)):
+            break
+        if too_long > payload.length:  # nothing overflowed yet: extrapolate from the start
+            estimate = budget if fed == 0 else fed * (budget - size) // max(size, 1) + fed
+            estimate = min(estimate, 4 * fed + budget, payload.length)  # at most a few times longer
+        else:  # between a prefix that fits and one that does not
+            estimate = fed + (budget - size) * (too_long - fed) // max(too_long_size - size, 1)
+            estimate = max(min(estimate, too_long - 1), fed + (too_long - fed) // 8)  # shrink it by 1/8 at least
+        stop = payload.cut(estimate)
+        if stop <= fed:
+            stop = payload.next_cut(fed)
+        if stop >= too_long or stop > payload.length:
+            break
+        trial = compressor.copy()
+        piece = trial.compress(payload.read(fed, stop))
+        trial_tail = trial.copy().flush()
+        trial_size = len(out) + len(piece) + len(trial_tail)
+        if trial_size <= budget:
+            compressor, fed, out, tail = trial, stop, out + piece, trial_tail
+        else:
+            too_long, too_long_size = stop, trial_size
+    return fed, out + tail
 
 
 def encode(base: int, done: Sequence[int], limit: int = MAX_METADATA_BYTES) -> str:
-    """Metadata for committing ``base`` with completed offsets ``done`` (ascending, all > base)."""
-    done = [offset for offset in done if offset > base]
-    text = _encode_all(base, done)
-    if len(text) <= limit:
-        return text
-    low, high = 0, len(done)  # keep the longest prefix that fits
-    while low < high:
-        middle = (low + high + 1) // 2
-        if len(_encode_all(base, done[:middle])) <= limit:
-            low = middle
-        else:
-            high = middle - 1
-    return _encode_all(base, done[:low])
+    """Metadata for committing ``base`` with completed offsets ``done`` (ascending, all > base).
+
+    The smaller payload of the two kinds (counted before compression) is written; when its stream
+    does not fit ``limit``, it is cut after the longest prefix that does (see the module doc)."""
+    done = done[bisect.bisect_right(done, base) :]
+    kind, payload = _choose(base, done)
+    header = f"{PREFIX}:{base}:{kind}:"
+    budget = (limit - len(header)) // 4 * 3  # the stream's bytes whose base64 fits
+    cut, stream = _longest_fitting_stream(payload, budget)
+    if cut == 0:  # nothing fits (or nothing is done): the one encoding of the empty set
+        return f"{PREFIX}:{base}:r:{base64.urlsafe_b64encode(zlib.compress(b'', 9)).decode()}"
+    return header + base64.urlsafe_b64encode(stream).decode()
 
 
 class Decoded(NamedTuple):
