@@ -378,7 +378,9 @@ class ProcessWorkerPool(ThreadWorkerPool):
         if child is None or not child.alive:
             try:
                 child = worker.child = self._replace(worker)
-            except HandlerSetupError as error:  # cannot run anything: the pod exits, these are re-delivered
+            except HandlerSetupError as error:
+                # cannot run anything: the pod exits, these are re-delivered, and _turn hands back their
+                # keys with them, so that the other workers, still running until the pool stops, run none
                 self._crashed(worker, error)
                 worker.retiring = True
                 return [_Outcome(HANDED_BACK, delivery) for delivery in batch]

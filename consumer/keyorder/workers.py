@@ -23,6 +23,13 @@ worker to recompute that wait. Lanes are never bound to workers, so a resize onl
 retires workers (a retiring worker finishes its current message first) and takes effect on the
 next message.
 
+A lane never moves past a head handed back unprocessed: the partition's commit stays below that
+head, so its next owner runs it again, and must not find later messages of its key marked done.
+For a revoked partition the revoke takes the rest; on shutdown no worker takes a lane again; and
+when a partition stays assigned (a replacement worker process could not start, so the pod exits
+while the other workers still run) the key of that partition goes back with its head
+(``_give_up_key``).
+
 Threading contract: the poll-loop thread calls ``submit``/``withdraw``/``resize``/``stop``; the
 scheduler is touched only under ``_lock``; each worker writes only its own ``WorkerStats`` (metrics
 read them under the lock). Finished deliveries are handed back to the poll loop through the
@@ -41,7 +48,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -349,6 +356,9 @@ class _PoolBase:
         self._retired = WorkerStats()
         self._target = workers
         self.stopping = False
+        self._given_up: list[tuple[Hashable, Any]] = []
+        """``(lane id, partition)`` of each head handed back while its partition stayed assigned: that
+        key of that partition runs no more in this pod (``_give_up_key``). Empty unless the pod is exiting."""
 
     # -- the poll loop's side --------------------------------------------------------------------
     @property
@@ -408,7 +418,15 @@ class _PoolBase:
         wakes idle workers for the lanes that became ready)."""
         inbox = self._inbox
         while inbox:
-            self._scheduler.add(inbox.popleft())
+            deliveries = inbox.popleft()
+            if self._given_up:  # only once a head was handed back while its partition stays assigned
+                refused = [delivery for delivery in deliveries if self._given_up_on(delivery)]
+                if refused:
+                    deliveries = [delivery for delivery in deliveries if not self._given_up_on(delivery)]
+                    for delivery in refused:
+                        self.completions.append((delivery, False))
+                    self.completions.signal()
+            self._scheduler.add(deliveries)
 
     # -- under the lock, on a worker's turn ------------------------------------------------------------
     def _turn(self, worker: _Worker, outcomes: list[_Outcome]) -> list[Delivery] | float | None:
@@ -422,14 +440,17 @@ class _PoolBase:
         scheduler = self._scheduler
         parked = False
         for outcome in outcomes:
+            delivery = outcome.delivery
             # A revoke withdraws what is parked and waits only for what runs: a delivery whose partition
             # was revoked while it ran goes back now (the new owner retries it), it is never parked.
-            if outcome.kind is PARKED and not outcome.delivery.partition.revoked:
-                scheduler.park(outcome.delivery, outcome.due, outcome.blocked)
+            if outcome.kind is PARKED and not delivery.partition.revoked:
+                scheduler.park(delivery, outcome.due, outcome.blocked)
                 parked = True
-            else:
-                scheduler.finished(outcome.delivery)
-                self.completions.append((outcome.delivery, outcome.kind is FINISHED))
+                continue
+            scheduler.finished(delivery)
+            self.completions.append((delivery, outcome.kind is FINISHED))
+            if outcome.kind is HANDED_BACK and not delivery.partition.revoked and not self.stopping:
+                self._give_up_key(delivery)
         if outcomes:
             self.completions.signal()
         if self._inbox:
@@ -445,6 +466,27 @@ class _PoolBase:
                 self._wake_others(1)  # this worker runs, so one idle worker watches the new due time
             return deliveries
         return scheduler.seconds_until_due(now)
+
+    def _give_up_key(self, head: Delivery) -> None:
+        """Caller holds ``_lock``: ``head`` was handed back unprocessed while its partition stays
+        assigned (a replacement worker process could not start: the pod is exiting). The partition's
+        commit stays below it, so the next owner runs it again; had the lane moved on, the key's next
+        messages would run here first and be marked done in the commit metadata, and the next owner
+        would run ``head`` after them. So the key of that partition goes back with it: what is queued
+        now and what the poll loop submits until the pool stops. (Not while stopping: no worker takes
+        a lane then, and ``stop`` hands back all that is queued. Nor for a revoked partition: the
+        revoke withdraws the rest and the poll loop submits no more of it.)"""
+        lane_id, partition = head.lane_id, head.partition
+        self._given_up.append((lane_id, partition))
+        for delivery in self._scheduler.withdraw(
+            lambda queued: queued.lane_id == lane_id and queued.partition is partition
+        ):
+            self.completions.append((delivery, False))
+
+    def _given_up_on(self, delivery: Delivery) -> bool:
+        return any(
+            delivery.lane_id == lane_id and delivery.partition is partition for lane_id, partition in self._given_up
+        )
 
     def _take_limit(self, worker: _Worker, ready: int) -> int:
         """Lanes one worker takes per turn (the async pool: always one)."""
