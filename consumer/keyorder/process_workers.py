@@ -12,7 +12,10 @@ a resize starts or stops processes.
 The hop costs a pickle of the message fields and a socket round trip. When the handler is fast and
 ready lanes outnumber the workers, one round trip carries the heads of several lanes
 (``_take_limit``): they run one after the other in the process, each lane still one message at a
-time.
+time. Their outcomes come back together, so a revoke of one of the batch's partitions, and a retry's
+due time, wait for the whole batch (a thread worker settles those at once): ``MAX_BATCH`` times
+``FAST_PROCESS_HANDLER_SECONDS`` (0.128 s) for handlers as fast as batching requires on average, and
+longer by whatever one call of the batch takes beyond that.
 
 Faults: a process that dies (segfault, OOM kill, ``os._exit``) is replaced on the next batch; the
 message it was running fails with ``WorkerProcessDied`` and is retried under the retry policy (or

@@ -17,9 +17,11 @@ A worker loops: under the lock, settle the outcomes of its previous deliveries (
 their lane parked for a retry) and take the head of the next ready lane; outside the lock, run
 the handler. One lock acquisition per turn; a thread worker takes a few lanes per turn when the
 handler is fast and ready lanes outnumber the workers (``_take_limit``), each lane still one
-message at a time. An idle worker waits until woken or until the earliest parked lane is due; a
-turn that parks a lane and does not wait itself (it runs another lane, or retires) wakes one idle
-worker to recompute that wait. Lanes are never bound to workers, so a resize only starts or
+message at a time; it settles a parked lane at once, and everything so far once a revoke came, so
+neither a retry's due time nor a revoke waits for the rest of the batch (``_run_taken``). An idle
+worker waits until woken or until the earliest parked lane is due; a turn that parks a lane and
+does not wait itself (it runs another lane, or retires) wakes one idle worker to recompute that
+wait. Lanes are never bound to workers, so a resize only starts or
 retires workers (a retiring worker finishes its current message first) and takes effect on the
 next message.
 
@@ -356,6 +358,8 @@ class _PoolBase:
         self._retired = WorkerStats()
         self._target = workers
         self.stopping = False
+        self._withdrawals = 0
+        """Calls of ``withdraw`` (revokes), so a worker running a batch sees one came (``_run_taken``)."""
         self._given_up: list[tuple[Hashable, Any]] = []
         """``(lane id, partition)`` of each head handed back while its partition stayed assigned: that
         key of that partition runs no more in this pod (``_give_up_key``). Empty unless the pod is exiting."""
@@ -369,6 +373,7 @@ class _PoolBase:
     def withdraw(self, should_withdraw: Callable[[Delivery], bool]) -> list[Delivery]:
         """Remove the matching deliveries that are not running (revoke); the caller accounts for them."""
         with self._lock:
+            self._withdrawals += 1
             self._fold_inbox()
             withdrawn = self._scheduler.withdraw(should_withdraw)
         if withdrawn:
@@ -438,6 +443,24 @@ class _PoolBase:
         goes on to wait itself, it wakes one idle worker to recompute its wait. Idle workers count
         themselves under the lock of the turn that chose their wait, so this turn sees them."""
         scheduler = self._scheduler
+        parked = self._settle_outcomes(outcomes)
+        if self._inbox:
+            self._fold_inbox()
+        if worker.retiring or self.stopping:
+            self._wake_others(scheduler.ready + parked)
+            return EXIT
+        now = self.clock()
+        deliveries = scheduler.take(now, self._take_limit(worker, scheduler.ready))
+        self._wake_others(scheduler.ready)  # whoever folded the batches in, idle workers get the rest
+        if deliveries:
+            if parked:
+                self._wake_others(1)  # this worker runs, so one idle worker watches the new due time
+            return deliveries
+        return scheduler.seconds_until_due(now)
+
+    def _settle_outcomes(self, outcomes: list[_Outcome]) -> bool:
+        """Caller holds ``_lock``: finish or park each outcome's lane; True if one was parked."""
+        scheduler = self._scheduler
         parked = False
         for outcome in outcomes:
             delivery = outcome.delivery
@@ -453,19 +476,7 @@ class _PoolBase:
                 self._give_up_key(delivery)
         if outcomes:
             self.completions.signal()
-        if self._inbox:
-            self._fold_inbox()
-        if worker.retiring or self.stopping:
-            self._wake_others(max(scheduler.ready, parked))
-            return EXIT
-        now = self.clock()
-        deliveries = scheduler.take(now, self._take_limit(worker, scheduler.ready))
-        self._wake_others(scheduler.ready)  # whoever folded the batches in, idle workers get the rest
-        if deliveries:
-            if parked:
-                self._wake_others(1)  # this worker runs, so one idle worker watches the new due time
-            return deliveries
-        return scheduler.seconds_until_due(now)
+        return parked
 
     def _give_up_key(self, head: Delivery) -> None:
         """Caller holds ``_lock``: ``head`` was handed back unprocessed while its partition stays
@@ -684,12 +695,34 @@ class ThreadWorkerPool(_PoolBase):
             outcomes = self._run_taken(worker, turn)
 
     def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[_Outcome]:
-        """Run the heads taken in one turn (distinct lanes), one after the other; their outcomes."""
-        # on shutdown, lanes taken but not started go back unprocessed (committed below them)
-        return [
-            _Outcome(HANDED_BACK, delivery) if self.stopping else self._execute(worker, delivery)
-            for delivery in deliveries
-        ]
+        """Run the heads taken in one turn (distinct lanes), one after the other; the outcomes left
+        for the next turn to settle.
+
+        Outcomes wait for that turn (one lock round trip per batch), except where someone waits for
+        them. A parked lane is settled at once, with the outcomes before it, so that its due time is
+        watched while the batch runs on. After a revoke (``withdraw``) came during the batch, what ran
+        so far is settled at once and the revoked partitions' lanes not yet started go back unrun:
+        a revoke waits for no handler of the batch but the one running when it came.
+        """
+        outcomes: list[_Outcome] = []
+        withdrawals = self._withdrawals
+        remaining = deque(deliveries)
+        while remaining:
+            delivery = remaining.popleft()
+            if self.stopping:  # on shutdown, lanes taken but not started go back unprocessed (committed below)
+                outcomes.append(_Outcome(HANDED_BACK, delivery))
+                continue
+            outcome = self._execute(worker, delivery)
+            outcomes.append(outcome)
+            if remaining and (outcome.kind is PARKED or self._withdrawals != withdrawals):
+                withdrawals = self._withdrawals
+                outcomes += [_Outcome(HANDED_BACK, taken) for taken in remaining if taken.partition.revoked]
+                remaining = deque(taken for taken in remaining if not taken.partition.revoked)
+                with self._condition:
+                    parked = self._settle_outcomes(outcomes)
+                    self._wake_others(self._scheduler.ready + parked)  # this worker runs on
+                outcomes = []
+        return outcomes
 
     def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
         handed_back = self._handed_back_if_revoked(delivery)
