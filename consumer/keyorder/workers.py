@@ -466,10 +466,16 @@ class _PoolBase:
             delivery = outcome.delivery
             # A revoke withdraws what is parked and waits only for what runs: a delivery whose partition
             # was revoked while it ran goes back now (the new owner retries it), it is never parked.
-            if outcome.kind is PARKED and not delivery.partition.revoked:
-                scheduler.park(delivery, outcome.due, outcome.blocked)
-                parked = True
-                continue
+            if outcome.kind is PARKED:
+                if not delivery.partition.revoked:
+                    scheduler.park(delivery, outcome.due, outcome.blocked)
+                    parked = True
+                    continue
+                message = delivery.message  # revoked after its retry was logged: say what happens instead
+                log.info(
+                    "%s[%d]@%d: its partition was revoked before its retry was scheduled; handed back, "
+                    "its new owner runs it again", message.topic, message.partition, message.offset,
+                )  # fmt: skip
             scheduler.finished(delivery)
             self.completions.append((delivery, outcome.kind is FINISHED))
             if outcome.kind is HANDED_BACK and not delivery.partition.revoked and not self.stopping:
@@ -567,6 +573,13 @@ class _PoolBase:
     ) -> _Outcome:
         if publish_error is not None:
             message = delivery.message
+            if delivery.partition.revoked:  # revoked during the write: nothing to keep it for here
+                log.error(
+                    "could not dead-letter %s[%d]@%d, and its partition was revoked meanwhile: handed back, "
+                    "its new owner runs it again: %s",
+                    message.topic, message.partition, message.offset, publish_error,
+                )  # fmt: skip
+                return _Outcome(HANDED_BACK, delivery)
             log.error(
                 "could not dead-letter %s[%d]@%d, keeping it in flight and retrying the DLQ write in %.0fs: %s",
                 message.topic, message.partition, message.offset, self.retry.max_backoff, publish_error,

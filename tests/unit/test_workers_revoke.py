@@ -168,3 +168,47 @@ def test_a_revoke_between_the_failure_and_the_settling_still_hands_the_delivery_
         assert pool.lane_summary().active == 0
     finally:
         pool.stop(5)
+
+
+class SinkDownDuringTheRevoke(FakeDeadLetters):
+    """The DLQ write fails while the delivery's partition is revoked (the revoke lands during the write)."""
+
+    def __init__(self, partition: Partition) -> None:
+        super().__init__()
+        self.partition = partition
+
+    def publish(self, message: Message, error: BaseException, attempts: int) -> None:
+        self.partition.revoked = True
+        raise ConnectionError("DLQ broker down")
+
+
+@pytest.mark.parametrize("pool_type", [ThreadWorkerPool, AsyncWorkerPool])
+def test_a_failed_dead_letter_write_in_a_revoked_partition_is_logged_as_handed_back(
+    pool_type: type, caplog: pytest.LogCaptureFixture
+) -> None:
+    partition = Partition()
+
+    def failing(_message: Message) -> None:
+        raise ValueError("bad message")
+
+    if pool_type is AsyncWorkerPool:
+
+        async def handler(message: Message) -> None:
+            failing(message)
+
+        run: Any = handler
+    else:
+        run = failing
+    completions = Completions()
+    pool = pool_type(run, 1, DEAD_LETTER_NOW, SinkDownDuringTheRevoke(partition), completions, clock=FakeClock())
+    pool.start()
+    try:
+        pool.submit([delivery(0, partition)])
+        wait_until(lambda: completions, 10, "the delivery back while the clock stands still")  # hang guard
+        assert settled(completions) == [(0, False)], "handed back: its new owner runs it again"
+        assert pool.lane_summary().active == 0
+    finally:
+        pool.stop(5)
+    (record,) = [record for record in caplog.records if "could not dead-letter" in record.getMessage()]
+    assert "keeping it in flight" not in record.getMessage(), "nothing here keeps it in flight"
+    assert "handed back" in record.getMessage() and "new owner" in record.getMessage()
