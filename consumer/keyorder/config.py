@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticUndefined
 
 from keyorder.adapters.dead_letters import dead_letter_topic
+from keyorder.core.flow import CEILING
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.routing import Ordering
 
@@ -309,17 +310,24 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
     max_inflight: int = Field(
         10_000,
         ge=1,
-        description="Unfinished messages per pod before the pod stops reading (bounds payload memory).",
+        description="Unfinished messages per pod: a read takes the pod at most to it (bounds payload memory). "
+        "Partitions that cannot drain (a blocked key, a hung handler) may hold more than their share and do not "
+        f"stop the others, so the pod may hold more, never more than {CEILING}x this: there every partition is "
+        "paused until it is one partition's share below (docs/configuration.md, Memory).",
     )
     max_inflight_per_partition: int = Field(
-        5_000, ge=1, description="Unfinished messages per partition before the pod stops reading it."
+        5_000,
+        ge=1,
+        description="Unfinished messages per partition (at most its fair share of --max-inflight) before the pod "
+        "stops reading it: held, then paused after --pause-after. The read that fills it may take it past; "
+        f"the pod stays within {CEILING}x --max-inflight.",
     )
     max_uncommitted: int = Field(
         50_000,
         ge=1,
-        description="Messages at or above the committed offsets per "
-        "pod, finished or not, before partitions are paused: the most a crash "
-        "re-delivers.",
+        description="Messages at or above the committed offsets per pod, finished or not, before partitions are "
+        f"paused: what a crash re-delivers. At most {CEILING}x this, when partitions that cannot commit (a "
+        "blocked key) hold more than their share (docs/configuration.md, Memory).",
     )
     resume_ratio: float = Field(
         0.5,
@@ -332,9 +340,9 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         ge=0,
         le=60,
         allow_inf_nan=False,
-        description="Seconds a partition (or the pod) at its in-flight bound only stops the reading, keeping "
-        "the client's prefetched messages, before it is paused so that the others are read past it "
-        "(0: pause at once).",
+        description="Seconds a partition at its in-flight bound only stops the reading, keeping the client's "
+        "prefetched messages, before it is paused so that the others are read past it (0: pause at once); "
+        f"the pod then holds up to {CEILING}x --max-inflight.",
     )
     poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
     commit_interval: float = Field(

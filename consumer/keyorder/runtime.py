@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from keyorder.committer import Committer
 from keyorder.contracts import CommitOutcome, Source, SourceError, TopicPartitionId
 from keyorder.core import offset_metadata
-from keyorder.core.flow import FlowControl, FlowDecision, FlowLimits, Load
+from keyorder.core.flow import CEILING, FlowControl, FlowDecision, FlowLimits, Load
 from keyorder.core.lanes import Delivery
 from keyorder.core.partitions import PartitionState
 from keyorder.core.routing import Ordering, lane_function
@@ -195,6 +195,7 @@ class ConsumerRuntime:
         uncommitted count, the pod's, or the assigned partitions (messages received, completions,
         hand-backs, rebalances, commit results). Poll thread only."""
         self._standing: _StandingDecision | None = None
+        self._at_ceiling = False  # flow control's, as last logged
 
     # -- called from other threads ---------------------------------------------------------------
     def request_resize(self, workers: int) -> int:
@@ -380,6 +381,8 @@ class ConsumerRuntime:
         if committed_early:
             loads, pod = self._loads()
         decision = self.flow.decide(loads, pod, now)
+        if self.flow.at_ceiling != self._at_ceiling:
+            self._log_ceiling(pod)
         if decision.to_pause:
             for pid in decision.to_pause:
                 self.partitions[pid].pauses += 1
@@ -393,6 +396,28 @@ class ConsumerRuntime:
         else:
             self._standing = None
         return capacity, decision
+
+    def _log_ceiling(self, pod: Load) -> None:
+        self._at_ceiling = self.flow.at_ceiling
+        ceiling = self.flow.ceiling
+        if self._at_ceiling:
+            log.warning(
+                "flow control: the pod holds %d messages in flight and %d uncommitted, at its ceiling (%d and %d: "
+                "%d x --max-inflight and --max-uncommitted); every partition is paused until the pod is one "
+                "partition bound below it. Partitions that cannot drain (blocked keys, long retries, hung "
+                "handlers) hold it; keyorder_partition_inflight_messages and _uncommitted_messages show which",
+                pod.inflight,
+                pod.uncommitted,
+                ceiling.inflight,
+                ceiling.uncommitted,
+                CEILING,
+            )
+        else:
+            log.info(
+                "flow control: the pod is back under its ceiling (%d in flight, %d uncommitted); reading again",
+                pod.inflight,
+                pod.uncommitted,
+            )
 
     # -- rebalance callbacks (run inside consume, on the poll thread) --------------------------------
     def _on_assign(self, partition_ids: list[TopicPartitionId]) -> None:

@@ -1,4 +1,5 @@
-"""FlowControl: per-partition and pod-wide holds and pauses with hysteresis, and FlowLimits validation.
+"""FlowControl: per-partition holds and pauses with hysteresis, the size of a read, and FlowLimits
+validation (partitions that cannot drain: test_flow_blocked.py; the pod's ceiling: test_flow_ceiling.py).
 
 Most tests use ``pause_after=0`` (a full partition is paused at once) to pin the hysteresis; the
 hold tests at the end give it time."""
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from keyorder.core.flow import FlowControl, FlowLimits, Load
 
-# Per partition: pause at >= 10, resume at <= 5. Pod: pause all at >= 100, resume at <= 50.
+# Per partition: pause at >= 10, resume at <= 5. Pod: reads up to 100 (its ceiling, 300, is not reached here).
 # The uncommitted bound is set far away here, so these tests exercise the in-flight bounds.
 LIMITS = FlowLimits(
     max_inflight=100, max_inflight_per_partition=10, max_uncommitted=10_000, resume_ratio=0.5, pause_after=0
@@ -154,7 +155,7 @@ def test_partition_bound_is_capped_at_a_fair_share_of_the_pod_bound() -> None:
     assert control.partition_bound(1) == Load(5_000, 50_000)
     assert control.partition_bound(4) == Load(2_500, 12_500)
     assert control.partition_bound(20_000) == Load(1, 2)
-    # four partitions: the first two to fill up are paused at their share, before the pod saturates
+    # four partitions: the first two to fill up are paused at their share, before the pod is at its bound
     to_pause, _ = decide(control, {"p0": 2_500, "p1": 2_500, "p2": 0, "p3": 0}, pod_inflight=5_000)
     assert sorted(to_pause) == ["p0", "p1"]
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyorder.core.flow import FlowControl, FlowLimits, Load
+from keyorder.core.flow import CEILING, FlowControl, FlowLimits, Load
 
 # Per partition (2 assigned): 50 in flight, 200 uncommitted; pod: 100 and 400.
 TWO = FlowLimits(max_inflight=100, max_inflight_per_partition=100, max_uncommitted=400, pause_after=0.5)
@@ -109,23 +109,35 @@ class SimulatedPod:
         return Load(sum(self.inflight.values()), sum(self.uncommitted.values()))
 
     def memory_bound(self) -> Load:
-        """The module docstring's: B + 2 * (the bounds each partition was last read under)."""
+        """The module docstring's: B + 2 * (the bounds each partition was last read under), and never
+        past the ceiling (CEILING * B)."""
         limits = self.flow.limits
         return Load(
-            limits.max_inflight + 2 * sum(bound.inflight for bound in self.read_under.values()),
-            limits.max_uncommitted + 2 * sum(bound.uncommitted for bound in self.read_under.values()),
+            min(
+                limits.max_inflight + 2 * sum(bound.inflight for bound in self.read_under.values()),
+                CEILING * limits.max_inflight,
+            ),
+            min(
+                limits.max_uncommitted + 2 * sum(bound.uncommitted for bound in self.read_under.values()),
+                CEILING * limits.max_uncommitted,
+            ),
         )
 
 
-ACTIONS = st.one_of(
-    st.tuples(st.just("assign"), st.integers(0, 5)),
-    st.tuples(st.just("revoke"), st.integers(0, 5)),
-    st.tuples(st.just("block"), st.integers(0, 5)),
-    st.tuples(st.just("finish"), st.integers(0, 5), st.integers(1, 30)),
-    st.tuples(st.just("commit"), st.integers(0, 5)),
-    st.tuples(st.just("tick"), st.sampled_from([0.125, 0.375, 0.625, 1.5])),  # exact in binary: holds end exactly
-    *[st.tuples(st.just("read"), st.lists(st.integers(0, 5), min_size=1, max_size=3))] * 3,  # reads, mostly
-)
+def actions(partitions: int) -> st.SearchStrategy[tuple]:
+    """What happens to partitions p0 .. p<partitions - 1>, and to time."""
+    index = st.integers(0, partitions - 1)
+    return st.one_of(
+        st.tuples(st.just("assign"), index),
+        st.tuples(st.just("revoke"), index),
+        st.tuples(st.just("block"), index),
+        st.tuples(st.just("finish"), index, st.integers(1, 30)),
+        st.tuples(st.just("commit"), index),
+        st.tuples(st.just("tick"), st.sampled_from([0.125, 0.375, 0.625, 1.5])),  # exact in binary: holds end exactly
+        *[st.tuples(st.just("read"), st.lists(index, min_size=1, max_size=3))] * 3,  # reads, mostly
+    )
+
+
 LIMITS = st.builds(
     FlowLimits,
     max_inflight=st.integers(5, 40),
@@ -136,14 +148,14 @@ LIMITS = st.builds(
 )
 
 
-def run(limits: FlowLimits, actions: list[tuple], assignments: bool) -> None:
-    """Play ``actions``; after each decision check that every partition under its bounds may be read
-    within ``pause_after``, and after each read the memory bound. ``assignments``: assign and revoke
-    act (else the first three partitions stay assigned throughout)."""
+def run(limits: FlowLimits, steps: list[tuple], assignments: bool) -> None:
+    """Play ``steps``; after each decision check that every partition under its bounds may be read
+    within ``pause_after`` unless the pod is at its ceiling, and after each read the memory bound.
+    ``assignments``: assign and revoke act (else the first three partitions stay assigned throughout)."""
     sim = SimulatedPod(FlowControl(limits))
     for name in ("p0", "p1", "p2"):
         sim.inflight[name] = sim.uncommitted[name] = 0
-    for action in actions:
+    for action in steps:
         kind, name = action[0], f"p{action[1]}" if action[0] != "tick" else ""
         if kind == "tick":
             sim.now += action[1]
@@ -170,10 +182,13 @@ def read(sim: SimulatedPod, targets: list[str], fixed_assignment: bool) -> None:
     loads = sim.loads()
     decision = flow.decide(loads, sim.total(), sim.now)
     bound = flow.partition_bound(len(loads))
+    if flow.at_ceiling:
+        assert flow.paused == set(loads), f"at the ceiling with {sim.total()}, but {flow.paused} paused of {loads}"
     for name, load in loads.items():
         if (
             load.inflight < bound.inflight * limits.resume_ratio
             and load.uncommitted < bound.uncommitted * limits.resume_ratio
+            and not flow.at_ceiling
         ):
             assert name not in flow.paused, f"{name} at {load} is under its low-water marks but paused"
     assert decision.hold is None or 0 < decision.hold <= limits.pause_after
@@ -194,24 +209,27 @@ def read(sim: SimulatedPod, targets: list[str], fixed_assignment: bool) -> None:
     if fixed_assignment and len(loads) <= limits.max_inflight:
         fixed = 3 * limits.max_inflight, 3 * limits.max_uncommitted
         assert total.inflight < fixed[0] and total.uncommitted < fixed[1], f"{total} at or past 3 * the pod bounds"
+        assert not flow.at_ceiling, "a fixed assignment never reaches the ceiling"
 
 
 @settings(max_examples=150)
-@given(limits=LIMITS, actions=st.lists(ACTIONS, max_size=80))
+@given(limits=LIMITS, steps=st.lists(actions(3), min_size=20, max_size=80))
 def test_reading_keeps_within_the_memory_bound_and_reaches_every_partition_under_its_bounds(
-    limits: FlowLimits, actions: list[tuple]
+    limits: FlowLimits, steps: list[tuple]
 ) -> None:
-    """A fixed assignment: the pod holds under 3 * its bounds, and no partition under its low-water
-    marks is paused, however many partitions are blocked at their bounds."""
-    run(limits, actions, assignments=False)
+    """A fixed assignment: the pod holds under 3 * its bounds (its ceiling is never reached), and no
+    partition under its low-water marks is paused, however many partitions are blocked at their bounds."""
+    run(limits, steps, assignments=False)
 
 
-@settings(max_examples=150)
-@given(limits=LIMITS, actions=st.lists(ACTIONS, max_size=80))
+@settings(max_examples=300)
+@given(limits=LIMITS, steps=st.lists(actions(12), min_size=40, max_size=120))
 def test_partitions_assigned_and_revoked_while_others_are_blocked_keep_within_the_memory_bound(
-    limits: FlowLimits, actions: list[tuple]
+    limits: FlowLimits, steps: list[tuple]
 ) -> None:
-    run(limits, actions, assignments=True)
+    """Up to 12 partitions, assigned one at a time beside blocked ones: never past the ceiling, and
+    every partition is paused while the pod is at it."""
+    run(limits, steps, assignments=True)
 
 
 @settings(max_examples=150)
@@ -229,8 +247,9 @@ def test_partitions_assigned_and_revoked_while_others_are_blocked_keep_within_th
 def test_a_partition_with_nothing_in_it_is_never_paused_whatever_the_others_hold(
     pause_after: float, steps: list[dict[str, Load]]
 ) -> None:
-    """Random loads, one decision per 0.2 s: an empty partition is never paused, and when nothing
-    holds the reading, the pod takes at least one message."""
+    """Random loads, one decision per 0.2 s: an empty partition is never paused while the pod is
+    under its ceiling (3 * 60 in flight, 3 * 200 uncommitted), and when nothing holds the reading,
+    the pod takes at least one message."""
     flow = FlowControl(
         FlowLimits(max_inflight=60, max_inflight_per_partition=40, max_uncommitted=200, pause_after=pause_after)
     )
@@ -238,7 +257,7 @@ def test_a_partition_with_nothing_in_it_is_never_paused_whatever_the_others_hold
         pod_load = pod(loads)
         decision = flow.decide(loads, pod_load, index * 0.2)
         for name, load in loads.items():
-            if load == Load(0, 0):
+            if load == Load(0, 0) and not flow.at_ceiling:
                 assert name not in flow.paused, f"step {index}: empty {name} paused, loads {loads}"
         if decision.hold is None and not flow.all_paused(len(loads)):
             assert flow.capacity(pod_load) >= 1, f"step {index}: nothing to read, loads {loads}"

@@ -133,3 +133,34 @@ def test_an_early_commit_put_off_by_its_pacing_is_sent_on_a_later_turn_without_a
     early_turn = asynchronous[1][0]
     assert early_turn > 3, "sent on a later turn than the completion's (3), with nothing new since"
     assert decided_on[-1] == early_turn, "decisions are remade until that commit, and not after it"
+
+
+def test_a_pod_at_its_ceiling_pauses_every_partition_keeps_calling_the_client_and_reads_again_below_it(
+    caplog,  # type: ignore[no-untyped-def]
+) -> None:
+    """The ceiling is 3 x the pod bounds (30 in flight here). P0 brings 30 in one turn (as partitions
+    read under larger shares, then blocked, would): every partition is paused, P1 too, and the loop
+    goes on calling the client without waiting (rebalances, max.poll.interval.ms) until the pod is a
+    partition bound (5) below the ceiling."""
+    clock, stop, completions = FakeClock(), threading.Event(), Completions()
+    pool = HoldingPool(completions)
+    script: dict[int, Callable[[], list[Message]]] = {
+        0: lambda: [message(0, offset, f"k{offset}") for offset in range(30)],
+        10: lambda: (pool.finish(4), [])[1],  # 26: not yet a partition bound below
+        20: lambda: (pool.finish(1), [])[1],  # 25: released
+    }
+    source = ScriptedSource(clock, stop, turns=30, script=script)
+    limits = FlowLimits(max_inflight=10, max_inflight_per_partition=10, max_uncommitted=100, pause_after=0.0)
+    # every partition paused: each turn waits up to poll_timeout for completions, on the real clock
+    settings = RuntimeSettings(topics=("t",), flow=limits, poll_timeout=0.001, shutdown_grace=0.05)
+    runtime = ConsumerRuntime(settings, source, pool, Ordering.KEY, completions, clock, clock.sleep)
+    with caplog.at_level("INFO", logger="keyorder.runtime"):
+        runtime.run(stop)
+
+    assert sorted(source.paused) == [P0, P1], "both paused at the ceiling, P1 with nothing in it"
+    assert source.timeouts[1:21] == [0] * 20, "every partition paused: a call that only serves the client"
+    assert source.resumed == [(21, [P1])], "below the ceiling P1 is read again; P0 stays paused on its own bound"
+    assert source.timeouts[21:] == [0.001] * 9, "some partitions paused: the poll timeout (under 5 ms)"
+    ceiling_logs = [record.getMessage() for record in caplog.records if "ceiling" in record.getMessage()]
+    assert len(ceiling_logs) == 2 and "at its ceiling (30 and 300" in ceiling_logs[0], ceiling_logs
+    assert "back under its ceiling" in ceiling_logs[1]

@@ -33,7 +33,7 @@ reached many times a second, and pausing each time left the workers idle most of
    confirmed by the broker lowers it, the client reports those only while it is called, and a
    blocked head offset can keep it full for long. A paused partition holds up nothing.
 
-**The pod bound limits each read, and pauses nothing.** A read takes at most the pod's headroom
+**The pod bound limits each read; the ceiling pauses.** A read takes at most the pod's headroom
 (pod bound minus what the pod holds, in each count), so without a paused partition over its bound
 the pod holds at most its bounds. But partitions that cannot drain (a blocked key under
 ``onExhausted: block``, a long retry backoff, a hung handler) may hold the pod bound by
@@ -44,19 +44,40 @@ the pod has room for when each paused partition counts only up to its bound (wha
 was read under a larger share, or in the read that crossed its bound) and handlers still running
 for revoked partitions do not count: at least one message, at most one partition bound.
 
-**Guarantee.** A partition that is not full (under its bounds, or back at its low-water marks
-since it filled) is never paused, whatever the other partitions hold, and the loop may read at
-least one message once no partition holds the reading: within ``pause_after``.
+That alone would let memory grow with each change of the assignment: partitions assigned one at a
+time while the others are blocked each add up to two partition bounds of a shrinking share, B * (1
++ 1/2 + 1/3 + ...) in all (2.9 * B with 10 partitions, 4.3 * B with 40). Hence a hard **ceiling**
+of ``CEILING`` (3) times each pod bound: no read goes past it, and a pod that reaches it in either
+count pauses every partition until that count is back one partition bound below it (room for one
+more read). Three times, because a pod whose assignment is fixed never reaches it (below), so the
+ceiling costs nothing where the rule above suffices; twice would stop a healthy partition behind
+blocked ones with a fixed assignment (four partitions, three of them blocked: they can hold 2 * B
+less two messages).
 
 **Memory bound**, for each count (B: ``max_inflight`` for in flight, ``max_uncommitted`` for
-uncommitted; b: a partition's bound). A partition is read only while under its bounds, and a read
-takes at most the headroom, or at most b. So the pod holds at most what it held after its last
-read within the headroom (at most B), plus, for each partition read since, under twice the bound
-it was read under: under ``B + 2 * sum(b)``. With n partitions assigned (n <= B), n * b <= B: under
-3 * B while the assignment does not grow. A partition assigned later, while the others are
-blocked, adds under 2 * B / n (n counting it). Handlers still running for revoked partitions come
-on top, one message each. Without a paused partition over its bound (n <= B), the pod holds at
-most B and those.
+uncommitted; b: a partition's bound). **The pod never holds more than 3 * B**, handlers still
+running for revoked partitions included: payload memory at most 3 * ``max_inflight`` messages, a
+crash re-delivers at most 3 * ``max_uncommitted``. The one exception is out of flow control's hands:
+a message librdkafka returns from a paused partition (it drops their prefetch; the loop takes what
+it returns rather than lose it), or from a partition assigned inside the call the loop makes while
+no partition is assigned, when revoked partitions' handlers alone fill the ceiling. Below the
+ceiling: a partition is read only while under its bounds, and a read takes at most the headroom, or
+at most b. So the pod holds at most what it held when it last held at most B, plus, for each
+partition read since, under twice the bound it was read under: under ``B + 2 * sum(b)``. With n
+partitions assigned (n <= B), n * b <= B: **under 3 * B while the assignment has not changed since
+the pod last held at most B**, so the ceiling stops no read then. Without a paused partition over
+its bound, the pod holds at most B, plus the handlers still running for revoked partitions.
+
+**Guarantee.** A partition that is not full (under its bounds, or back at its low-water marks
+since it filled) is never paused while the pod is under its ceiling, whatever the other partitions
+hold, and the loop may read at least one message once no partition holds the reading: within
+``pause_after``. **What waits at the ceiling:** every partition, healthy ones included, until the pod
+is one partition bound below it. Healthy partitions drain fast, so the ceiling stays reached only
+while partitions that cannot drain (and handlers of revoked partitions that hang) hold nearly 3 * B
+by themselves, which takes assignment changes while they were stuck: partitions assigned one at a
+time, or partitions read under a larger share. Then nothing is read until those drain (a blocked
+key's retry succeeds, a hung handler returns) or are revoked; the loop still calls the client, so
+the pod stays in its group and rebalances go on.
 
 Holds are bounded by ``pause_after``, so the loop still calls the client (rebalance callbacks,
 ``max.poll.interval.ms``) at least that often.
@@ -72,16 +93,22 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+CEILING = 3
+"""The pod never holds more than this many times its bounds (``max_inflight``, ``max_uncommitted``):
+the least multiple a fixed assignment never reaches (module docstring)."""
+
 
 @dataclass(frozen=True, slots=True)
 class FlowLimits:
     max_inflight: int = 10_000
     """Unfinished messages per pod (payload memory): the most one read brings the pod to, unless
-    partitions paused at their bounds hold more than their bounds (see the module docstring)."""
+    partitions paused at their bounds hold more than their bounds; never past ``CEILING`` times it
+    (see the module docstring)."""
     max_inflight_per_partition: int = 5_000
     """Unfinished messages per partition before that partition is held, then paused."""
     max_uncommitted: int = 50_000
-    """Messages at or above the committed offsets per pod (the crash re-delivery bound), as ``max_inflight``."""
+    """Messages at or above the committed offsets per pod (the crash re-delivery bound), as ``max_inflight``:
+    never past ``CEILING`` times it."""
     resume_ratio: float = 0.5
     """A paused partition resumes when its counts fall to this fraction of its bounds."""
     pause_after: float = 0.5
@@ -100,7 +127,7 @@ class FlowLimits:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """What a partition (or the pod) holds."""
+    """What a partition, or the whole pod, holds."""
 
     inflight: int
     uncommitted: int
@@ -129,6 +156,8 @@ class FlowControl(Generic[PartitionKey]):
     def __init__(self, limits: FlowLimits) -> None:
         self.limits = limits
         self.pod_bound = Load(limits.max_inflight, limits.max_uncommitted)
+        self.ceiling = Load(CEILING * limits.max_inflight, CEILING * limits.max_uncommitted)
+        self._at_ceiling = (False, False)  # in flight, uncommitted: reached, and not yet back a partition bound below
         self._inflight_full: dict[PartitionKey, float] = {}  # partitions full in flight, and since when
         self._uncommitted_full: set[PartitionKey] = set()
         self._slow: set[PartitionKey] = set()  # outlasted a hold: paused at once when full again
@@ -146,21 +175,34 @@ class FlowControl(Generic[PartitionKey]):
             max(1, limits.max_uncommitted // share),
         )
 
+    @property
+    def at_ceiling(self) -> bool:
+        """The pod reached its ceiling in a count, which is not yet back a partition bound below it:
+        every partition is paused."""
+        return any(self._at_ceiling)
+
     def capacity(self, pod: Load) -> int:
-        """How many messages the next read may take, at least 1, for the pod load the last ``decide`` was given.
+        """How many messages the next read may take, for the pod load the last ``decide`` was given.
 
         The pod's headroom in both counts; or, where that is less, up to one partition bound of the
-        room left with each paused partition counted only up to its bound (module docstring).
+        room left with each paused partition counted only up to its bound (module docstring); never
+        past the ceiling. At least 1: the loop's call also serves the client, and a read happens only
+        with a partition not paused, so under the ceiling.
         """
-        bound, uncounted = self._bound, self._uncounted
-        return min(
-            self._room(self.pod_bound.inflight - pod.inflight, bound.inflight, uncounted.inflight),
-            self._room(self.pod_bound.uncommitted - pod.uncommitted, bound.uncommitted, uncounted.uncommitted),
+        bound, uncounted, ceiling = self._bound, self._uncounted, self.ceiling
+        return max(
+            1,
+            min(
+                self._room(self.pod_bound.inflight - pod.inflight, bound.inflight, uncounted.inflight),
+                self._room(self.pod_bound.uncommitted - pod.uncommitted, bound.uncommitted, uncounted.uncommitted),
+                ceiling.inflight - pod.inflight,
+                ceiling.uncommitted - pod.uncommitted,
+            ),
         )
 
     @staticmethod
     def _room(headroom: int, partition_bound: int, uncounted: int) -> int:
-        return max(headroom, min(partition_bound, max(headroom + uncounted, 1)))
+        return max(headroom, min(partition_bound, headroom + uncounted))
 
     def commit_pressure(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> bool:
         """True when a commit now would let work resume: an uncommitted bound is half-used.
@@ -178,12 +220,15 @@ class FlowControl(Generic[PartitionKey]):
         """True when ``partitions`` (the assigned count, at least one) are all paused: nothing to read."""
         return partitions > 0 and len(self.paused) >= partitions
 
-    def _release_after(self, partitions: Mapping[PartitionKey, Load]) -> int:
+    def _release_after(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> int:
         """``FlowDecision.release_after``. A partition full in flight is released when its in-flight
-        count falls to the low-water mark; an uncommitted bound is released by committing instead,
-        which the loop does when it wakes."""
+        count falls to the low-water mark, the pod at its ceiling in flight a partition bound below
+        it; an uncommitted bound or ceiling is released by committing instead, which the loop does
+        when it wakes."""
         low_water = int(self._bound.inflight * self.limits.resume_ratio)
         needed = [partitions[key].inflight - low_water for key in self._inflight_full]
+        if self._at_ceiling[0]:
+            needed.append(pod.inflight - (self.ceiling.inflight - self._bound.inflight))
         return max(1, min(needed, default=1))
 
     def forget(self, partitions: Iterable[PartitionKey]) -> None:
@@ -201,7 +246,9 @@ class FlowControl(Generic[PartitionKey]):
         still run for revoked partitions. Each count of each partition has its own hysteresis (full
         at its bound, released at its low-water mark). A full uncommitted count pauses at once: only
         a commit releases it, and a blocked head offset may hold it for long. A full in-flight count
-        holds reading for up to ``pause_after`` first, unless the partition is paused already.
+        holds reading for up to ``pause_after`` first, unless the partition is paused already. Each
+        count of the pod has a hysteresis too: at its ceiling every partition is paused, until it is
+        a partition bound below.
         """
         limits, ratio = self.limits, self.limits.resume_ratio
         self.forget([partition for partition in self._tracked() if partition not in partitions])
@@ -220,9 +267,14 @@ class FlowControl(Generic[PartitionKey]):
                 uncommitted_full.add(partition)
             elif load.uncommitted <= bound.uncommitted * ratio:
                 uncommitted_full.discard(partition)
+        ceiling, (inflight_at_ceiling, uncommitted_at_ceiling) = self.ceiling, self._at_ceiling
+        self._at_ceiling = (
+            self._at_ceiling_now(inflight_at_ceiling, pod.inflight, ceiling.inflight, bound.inflight),
+            self._at_ceiling_now(uncommitted_at_ceiling, pod.uncommitted, ceiling.uncommitted, bound.uncommitted),
+        )
 
         holds: list[float] = []
-        paused = set(uncommitted_full)
+        paused = set(partitions) if self.at_ceiling else set(uncommitted_full)
         for partition, since in inflight_full.items():
             left = since + limits.pause_after - now
             if partition in self._slow or left <= 0:
@@ -234,7 +286,12 @@ class FlowControl(Generic[PartitionKey]):
         to_resume = [partition for partition in self.paused if partition not in paused]
         self.paused = paused
         self._uncounted = self._uncounted_load(partitions, pod)
-        return FlowDecision(to_pause, to_resume, min(holds, default=None), self._release_after(partitions))
+        return FlowDecision(to_pause, to_resume, min(holds, default=None), self._release_after(partitions, pod))
+
+    @staticmethod
+    def _at_ceiling_now(was: bool, count: int, ceiling: int, partition_bound: int) -> bool:
+        """A pod count's hysteresis: reached at the ceiling, released a partition bound below it."""
+        return count >= ceiling or (was and count > ceiling - partition_bound)
 
     def _uncounted_load(self, partitions: Mapping[PartitionKey, Load], pod: Load) -> Load:
         """``_uncounted`` for these loads, with ``paused`` and ``_bound`` already decided."""
