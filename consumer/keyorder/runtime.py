@@ -47,8 +47,8 @@ SHUTDOWN_POLL_INTERVAL = 0.005
 
 SHUTDOWN_LOOK_INTERVAL = 0.025
 """Seconds between the shutdown's looks at the lanes for something that can still finish (a running
-handler or a ready lane): ``lane_summary`` walks every lane under the pool's lock, too dear for each
-collection on a pod with many keys."""
+handler, a ready lane, a retry due within the grace): ``lane_summary`` walks every lane under the
+pool's lock, too dear for each collection on a pod with many keys."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,8 @@ class RuntimeSettings:
     """Seconds a revoked partition's in-flight messages may take to finish before they are abandoned."""
     shutdown_grace: float = 25.0
     """Seconds in-flight messages may take to finish on shutdown (keep below the pod's grace period); the
-    wait ends earlier once no handler runs and no lane is ready (what is left is parked or blocked)."""
+    wait ends earlier once no handler runs, no lane is ready and no retry is due within it (what is left
+    is blocked, or parked past the grace)."""
     max_workers: int = 4096
     """Upper bound for a live resize."""
     snapshot_interval: float = 0.5
@@ -524,11 +525,12 @@ class ConsumerRuntime:
     def _shutdown(self) -> None:
         """Let what can still finish finish (within the grace), hand back the rest, commit, close.
 
-        The wait ends as soon as nothing in flight can finish by itself: no handler is running and no
-        lane is ready to run. What is left then is parked for a retry's backoff or blocked
-        (``onExhausted: block``): waiting for it would only spend the grace, since the pod stops
-        before it is due. ``pool.stop`` hands it back, and the final commit stays at its offset, so
-        the next owner runs it again.
+        The wait ends as soon as nothing in flight can finish within the grace: no handler is running,
+        no lane is ready to run, and no retry is due before the deadline (``LaneSummary.next_retry_due``,
+        on the pool's clock, which is this loop's). What is left then is parked for a retry due after
+        the grace, or blocked (``onExhausted: block``, whose retries only succeed once what blocks it
+        is fixed): waiting for it would only spend the grace. ``pool.stop`` hands it back, and the
+        final commit stays at its offset, so the next owner runs it again.
         """
         self.stopping = True
         settings, clock = self.settings, self.clock
@@ -539,10 +541,11 @@ class ConsumerRuntime:
         while self.inflight and (now := clock()) < deadline:
             if now >= next_look:  # the lanes are O(lanes) to count, under the pool's lock: not every turn
                 lanes = self.pool.lane_summary()
-                if not lanes.running and not lanes.ready:
+                retry_due = lanes.next_retry_due
+                if not lanes.running and not lanes.ready and (retry_due is None or retry_due >= deadline):
                     log.info(
-                        "shutdown: no handler is running and no lane is ready; not waiting for the %d lanes "
-                        "parked for a retry (%d of them blocked)",
+                        "shutdown: no handler is running, no lane is ready and no retry is due within the grace; "
+                        "not waiting for the %d lanes parked for a retry (%d of them blocked)",
                         lanes.parked,
                         lanes.blocked,
                     )

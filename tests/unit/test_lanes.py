@@ -160,6 +160,28 @@ def test_earliest_due_lane_is_retried_first() -> None:
     assert take_all(scheduler, 6.0) == ["A1"]
 
 
+def test_the_summary_names_the_earliest_retry_due_of_lanes_not_blocked() -> None:
+    """What a shutdown waits for: a retry due within its grace. A blocked lane's next retry is not
+    counted (it holds its partition for good), nor is a lane no longer parked."""
+    scheduler = LaneScheduler()
+    assert scheduler.summary().next_retry_due is None
+    scheduler.add(lane_deliveries("A1", "B1", "C1"))
+    a1, b1, c1 = (take_one(scheduler, 0.0) for _ in range(3))
+    assert a1 is not None and b1 is not None and c1 is not None
+    scheduler.park(a1, due=1.0, blocked=True)
+    scheduler.park(b1, due=7.0)
+    assert scheduler.summary().next_retry_due == 7.0, "A is blocked: not counted, though due first"
+    scheduler.park(c1, due=3.0)
+    assert scheduler.summary().next_retry_due == 3.0
+    assert scheduler.summary().ready == 0, "parked lanes, due or not, are ready only once a take wakes them"
+    retried = take_one(scheduler, 4.0)  # A (blocked, due at 1.0) is taken first, then C
+    assert retried is a1 and take_one(scheduler, 4.0) is c1
+    assert scheduler.summary().next_retry_due == 7.0, "C runs again: no longer parked"
+    scheduler.finished(c1)
+    assert scheduler.withdraw(lambda delivery: delivery is b1) == [b1]
+    assert scheduler.summary().next_retry_due is None
+
+
 def test_unordered_deliveries_are_lanes_of_their_own() -> None:
     scheduler = LaneScheduler()
     assert scheduler.add(lane_deliveries("U1", "U2", "U3")) == 3

@@ -28,6 +28,10 @@ PARKED_FOR_A_RETRY = RetryPolicy(
     max_attempts=5, initial_backoff=60.0, max_backoff=60.0, exhausted=ExhaustedPolicy.BLOCK
 )
 BLOCKED_AT_ONCE = RetryPolicy(max_attempts=1, initial_backoff=60.0, max_backoff=60.0, exhausted=ExhaustedPolicy.BLOCK)
+RETRIED_IN_A_SECOND = RetryPolicy(max_attempts=5, initial_backoff=1.0, max_backoff=1.0, exhausted=ExhaustedPolicy.DLQ)
+BLOCKED_RETRIED_EVERY_SECOND = RetryPolicy(
+    max_attempts=1, initial_backoff=1.0, max_backoff=1.0, exhausted=ExhaustedPolicy.BLOCK
+)
 
 
 class Scenario:
@@ -37,13 +41,23 @@ class Scenario:
 
     ``release_after``: the slow handler returns once the runtime has slept that many (fake) seconds
     from then on; the runtime's sleep that reaches it waits (in real time) until the handler's
-    completion is queued, so the fake time it took is exact."""
+    completion is queued, so the fake time it took is exact.
+
+    ``failures``: how many attempts of the failing key raise (None: all). With fewer, the runtime's
+    sleep that reaches the retry's due time waits (in real time) until the retry's completion is
+    queued: an idle worker waits for a due time in real seconds, the runtime's sleep is fake."""
 
     def __init__(
-        self, revoke_drain_timeout: float = 10.0, shutdown_grace: float = 25.0, retry: RetryPolicy = PARKED_FOR_A_RETRY
+        self,
+        revoke_drain_timeout: float = 10.0,
+        shutdown_grace: float = 25.0,
+        retry: RetryPolicy = PARKED_FOR_A_RETRY,
+        failures: int | None = None,
     ) -> None:
         self.release = threading.Event()
         self.release_at: float | None = None
+        self.failures = failures
+        self.retry_due: float | None = None
         self.started: list[int] = []
         self.clock = FakeClock()
         self.source = RecordingSource({PID: 0})
@@ -66,6 +80,9 @@ class Scenario:
         if self.release_at is not None and self.clock() >= self.release_at and not self.release.is_set():
             self.release.set()
             wait_until(lambda: len(self.completions) > 0, 5, "the released handler's completion")
+        if self.retry_due is not None and self.clock() >= self.retry_due:
+            self.retry_due = None
+            wait_until(lambda: len(self.completions) > 0, 5, "the retry's completion")
 
     def wait_for_the_queued_keys(self) -> None:
         """Until keys a and b (2..5) are done: what is left is the slow handler (if held) and the failing key."""
@@ -77,7 +94,9 @@ class Scenario:
         self.started.append(message.offset)
         if message.key == b"slow":
             self.release.wait(30)
-        elif message.key == b"failing":
+        elif message.key == b"failing" and (
+            self.failures is None or self.started.count(message.offset) <= self.failures
+        ):
             raise RuntimeError("downstream refused")
         else:
             time.sleep(0.05)
@@ -173,7 +192,33 @@ def test_shutdown_waits_for_a_running_handler_but_not_for_a_parked_retry() -> No
         scenario.stop()
 
 
-@pytest.mark.parametrize("retry", [PARKED_FOR_A_RETRY, BLOCKED_AT_ONCE], ids=["parked", "blocked"])
+def test_shutdown_waits_for_a_retry_due_within_the_grace_and_commits_it() -> None:
+    """No handler running and no lane ready, but the failing key's retry is due in 1 s of a 25 s
+    grace: it runs (and succeeds) before the pod stops, and its offset is committed."""
+    scenario = Scenario(shutdown_grace=25.0, retry=RETRIED_IN_A_SECOND, failures=1)
+    try:
+        scenario.release.set()  # the slow key finishes at once
+        scenario.dispatch()
+        scenario.wait_for_the_queued_keys()
+        wait_until(lambda: scenario.pool.lane_summary().running == 0, 5, "every handler to return")
+        scenario.retry_due = scenario.pool.lane_summary().next_retry_due
+        assert scenario.retry_due is not None and scenario.retry_due - scenario.clock() <= 1.0
+        before = scenario.clock()
+        scenario.runtime._shutdown()
+        waited = scenario.clock() - before
+        assert scenario.started.count(1) == 2, f"offset 1 ran {scenario.started.count(1)} times (waited {waited:.3f}s)"
+        assert waited <= 1.1, f"waited {waited:.3f}s of fake time: the retry was due within 1 s"
+        assert committed_with_done_above(scenario.source) == (6, set()), "everything handled and committed"
+        assert scenario.runtime.inflight == 0
+    finally:
+        scenario.stop()
+
+
+@pytest.mark.parametrize(
+    "retry",
+    [PARKED_FOR_A_RETRY, BLOCKED_AT_ONCE, BLOCKED_RETRIED_EVERY_SECOND],
+    ids=["parked past the grace", "blocked", "blocked, retried within the grace"],
+)
 def test_shutdown_with_no_handler_running_ends_at_once_and_leaves_the_stuck_offset_uncommitted(
     retry: RetryPolicy,
 ) -> None:
@@ -183,7 +228,7 @@ def test_shutdown_with_no_handler_running_ends_at_once_and_leaves_the_stuck_offs
         scenario.dispatch()
         scenario.wait_for_the_queued_keys()
         wait_until(lambda: scenario.pool.lane_summary().running == 0, 5, "every handler to return")
-        assert scenario.pool.lane_summary().blocked == (1 if retry is BLOCKED_AT_ONCE else 0)
+        assert scenario.pool.lane_summary().blocked == (0 if retry is PARKED_FOR_A_RETRY else 1)
         before = scenario.clock()
         scenario.runtime._shutdown()
         waited = scenario.clock() - before

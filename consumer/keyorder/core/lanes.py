@@ -74,6 +74,10 @@ class LaneSummary:
     """Lanes waiting for a retry's due time (blocked ones included)."""
     blocked: int = 0
     """Parked lanes whose head exhausted its attempts under the ``block`` policy."""
+    next_retry_due: float | None = None
+    """The earliest due time of the parked lanes that are not blocked (a retry's backoff; it may be
+    past, for a lane due but not yet taken); ``None`` when no such lane is parked. A shutdown waits
+    for it if it falls within its grace; a blocked lane's next retry is not counted."""
     queued: int = 0
     """Deliveries held by the lanes (running heads included)."""
     longest_backlog: int = 0
@@ -222,6 +226,7 @@ class LaneScheduler:
         longest, blocked, heads = 0, 0, []
         longest_id: Hashable | None = None
         longest_partition: Any = None
+        next_retry_due: float | None = None
         for lane_id, lane in self._lanes.items():
             if len(lane.deliveries) > longest:
                 longest, longest_id, longest_partition = len(lane.deliveries), lane_id, lane.deliveries[0].partition
@@ -229,12 +234,16 @@ class LaneScheduler:
                 head = lane.deliveries[0]
                 heads.append((head.partition, head.message.offset, lane.blocked))
                 blocked += lane.blocked
+                due = lane.parked_until
+                if due is not None and not lane.blocked and (next_retry_due is None or due < next_retry_due):
+                    next_retry_due = due
         ready = len(self._ready)
         return LaneSummary(
             ready=ready,
             running=self._running,
             parked=self._parked,
             blocked=blocked,
+            next_retry_due=next_retry_due,
             queued=self._queued,
             longest_backlog=longest,
             parked_heads=frozenset(heads),
