@@ -18,7 +18,8 @@ import math
 import os
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -154,7 +155,12 @@ UNPOLLED_MARGIN_SECONDS = 5.0
 leave of ``max.poll.interval.ms`` beyond ``--pause-after``: the poll loop's last call may be a poll timeout
 earlier, the worker pools get at least 0.5 s to stop after the grace, the final commit is a synchronous round
 trip to the group coordinator, and librdkafka checks the interval only twice a second
-(``check_unpolled_drains``)."""
+(``check_unpolled_drains``). An executor whose pool may take longer to stop adds its own
+(``shutdown_overrun``)."""
+ASYNC_STOP_OVERRUN_SECONDS = 5.0 + 5.0
+"""How long ``AsyncWorkerPool.stop`` may run past its timeout (workers.py): it waits up to 5 s more for the
+event loop's shutdown (the handlers' cancellation, the tear-down hook), then up to 5 s for the loop's thread.
+Those are literals there; keep this equal to them."""
 HEALTHZ_STALL_SECONDS = 60.0
 """``/healthz`` fails after the poll loop stalled this long (``adapters.http_server.STALL_SECONDS``; a test
 keeps them equal, the adapter imports this module so it cannot be imported here)."""
@@ -364,8 +370,10 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         allow_inf_nan=False,
         description="Seconds in-flight messages may take to finish "
         "on SIGTERM (keep below the pod's terminationGracePeriodSeconds); at most an hour, and at most "
-        "max.poll.interval.ms (librdkafka's default 300000) minus --pause-after minus 5 s: nothing calls the "
-        "Kafka client meanwhile, and past that interval the pod would leave the group while it still drains.",
+        "max.poll.interval.ms (librdkafka's default 300000) minus --pause-after minus 5 s, minus what the "
+        "executor's workers may take to stop after it (process, async and auto: docs/configuration.md): nothing "
+        "calls the Kafka client meanwhile, and past that interval the pod would leave the group while it still "
+        "drains.",
     )
     http_host: str = Field("0.0.0.0", description="Address of the metrics/health/admin HTTP server.")
     http_port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: any free port).")
@@ -687,17 +695,56 @@ def max_poll_interval_ms(properties: Mapping[str, str]) -> int:
         ) from None
 
 
-def longest_unpolled_drain(max_poll_interval: int, pause_after: float) -> float:
+@dataclass(frozen=True)
+class UnpolledDrain:
+    """A wait of the pod during which nothing calls the Kafka client's ``consume``."""
+
+    name: str
+    """The setting that sets it, as the error names it (a flag, a variable, a spec field)."""
+    seconds: float
+    overrun: float = 0.0
+    """Seconds that may follow it, still without a call: the worker pool's stop past the shutdown grace
+    (``shutdown_overrun``)."""
+    overrun_why: str = ""
+
+
+def shutdown_overrun(executor: str, executor_name: str | None = None) -> tuple[float, str]:
+    """How long the pool of ``executor`` (``--executor``, which ``executor_name`` names in the reason) may take
+    to stop past the shutdown grace, before the pod's final commit and still without a call to ``consume``,
+    beyond what ``UNPOLLED_MARGIN_SECONDS`` covers; and why, for the error. ``auto`` may turn out async (an
+    ``async def`` handler)."""
+    if executor == "process":
+        from keyorder.process_workers import TEARDOWN_TIMEOUT  # here: the process executor's module is large
+
+        join = TEARDOWN_TIMEOUT + 1  # ProcessWorkerPool.stop's join of each worker after the grace
+        return join, (
+            f"after the grace the process executor's worker processes get up to {join:g} s for their tear-down "
+            "hooks, or to exit once killed"
+        )
+    if executor in ("async", "auto"):
+        why = (
+            f"after the grace the async executor waits up to {ASYNC_STOP_OVERRUN_SECONDS:g} s more for its event "
+            "loop: the handlers' cancellation, the tear-down hook, the loop's thread"
+        )
+        if executor == "auto":
+            named = executor_name or flag_name("executor")
+            why += f"; with {named} auto the handler may be async def: say thread if it is not"
+        return ASYNC_STOP_OVERRUN_SECONDS, why
+    return 0.0, ""
+
+
+def longest_unpolled_drain(max_poll_interval: int, pause_after: float, overrun: float = 0.0) -> float:
     """The longest drain, in seconds, that runs without calling ``consume`` and still stays comfortably
     below ``max.poll.interval.ms`` (``max_poll_interval``, in ms): the loop may already have gone
-    ``pause_after`` without a call when the drain starts, and ``UNPOLLED_MARGIN_SECONDS`` covers the rest."""
-    return max_poll_interval / 1000 - pause_after - UNPOLLED_MARGIN_SECONDS
+    ``pause_after`` without a call when the drain starts, ``overrun`` may follow it (``UnpolledDrain``),
+    and ``UNPOLLED_MARGIN_SECONDS`` covers the rest."""
+    return max_poll_interval / 1000 - pause_after - UNPOLLED_MARGIN_SECONDS - overrun
 
 
 def unpolled_drain_problems(
-    drains: Mapping[str, float], pause_after: float, max_poll_interval: int, pause_after_name: str
+    drains: Iterable[UnpolledDrain], pause_after: float, max_poll_interval: int, pause_after_name: str
 ) -> list[str]:
-    """Why each of ``drains`` (its name, e.g. a flag, -> seconds) would outlast ``max.poll.interval.ms``.
+    """Why each of ``drains`` would outlast ``max.poll.interval.ms``, with what may follow it.
 
     Nothing calls the Kafka client's ``consume`` while the pod drains on SIGTERM (the shutdown grace), nor
     during a revoke's drain when the loop served the revoke from a non-blocking call (every partition
@@ -711,18 +758,20 @@ def unpolled_drain_problems(
     src/rdkafka_request.c; KIP-848's heartbeat in ``rd_kafka_cgrp_consumer_group_heartbeat``), and a member
     that has not finished revoking by then is removed. ``pause_after_name`` names ``--pause-after``.
     """
-    longest = longest_unpolled_drain(max_poll_interval, pause_after)
     problems = []
-    for name, seconds in drains.items():
+    for drain in drains:
+        name, seconds = drain.name, drain.seconds
+        longest = longest_unpolled_drain(max_poll_interval, pause_after, drain.overrun)
         if seconds <= longest:
             continue
-        needed = math.ceil((seconds + pause_after + UNPOLLED_MARGIN_SECONDS) * 1000)
+        needed = math.ceil((seconds + pause_after + UNPOLLED_MARGIN_SECONDS + drain.overrun) * 1000)
+        overrun = f" minus {drain.overrun:g} s ({drain.overrun_why})" if drain.overrun else ""
         problems.append(
             f"{name} ({seconds:g} s) must stay below max.poll.interval.ms ({max_poll_interval} ms) minus "
-            f"{pause_after_name} ({pause_after:g} s) minus {UNPOLLED_MARGIN_SECONDS:g} s: at most {longest:g} s. "
-            "Nothing calls the Kafka client's consume while the pod drains, and the poll loop may already have "
-            f"gone {pause_after_name} without a call; past max.poll.interval.ms librdkafka leaves the group, the "
-            "final commit fails and another pod handles the same keys while this one still does. Lower "
+            f"{pause_after_name} ({pause_after:g} s) minus {UNPOLLED_MARGIN_SECONDS:g} s{overrun}: at most "
+            f"{longest:g} s. Nothing calls the Kafka client's consume while the pod drains, and the poll loop may "
+            f"already have gone {pause_after_name} without a call; past max.poll.interval.ms librdkafka leaves the "
+            "group, the final commit fails and another pod handles the same keys while this one still does. Lower "
             f"{name}, or raise max.poll.interval.ms to at least {needed}"
         )
     return problems
@@ -730,11 +779,18 @@ def unpolled_drain_problems(
 
 def check_unpolled_drains(config: RunConfig, properties: Mapping[str, str]) -> None:
     """Refuse a shutdown grace or revoke drain timeout that could outlast ``max.poll.interval.ms``
-    (``unpolled_drain_problems``)."""
-    drains = {
-        f"{flag_name('shutdown_grace')} / {env_name('shutdown_grace')}": config.shutdown_grace,
-        f"{flag_name('revoke_drain_timeout')} / {env_name('revoke_drain_timeout')}": config.revoke_drain_timeout,
-    }
+    (``unpolled_drain_problems``): the grace with what the executor's pool may take to stop past it
+    (``shutdown_overrun``), the revoke drain alone (no pool stops)."""
+    drains = [
+        UnpolledDrain(
+            f"{flag_name('shutdown_grace')} / {env_name('shutdown_grace')}",
+            config.shutdown_grace,
+            *shutdown_overrun(config.executor),
+        ),
+        UnpolledDrain(
+            f"{flag_name('revoke_drain_timeout')} / {env_name('revoke_drain_timeout')}", config.revoke_drain_timeout
+        ),
+    ]
     problems = unpolled_drain_problems(
         drains, config.pause_after, max_poll_interval_ms(properties), flag_name("pause_after")
     )

@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from keyorder.config import (
     ConfigError,
     RunConfig,
+    UnpolledDrain,
     env_name,
     max_poll_interval_ms,
     parse_properties,
+    shutdown_overrun,
     unpolled_drain_problems,
 )
 from keyorder_operator.spec import OrderedConsumerSpec
@@ -124,7 +126,8 @@ def pods_drain_problem(spec: OrderedConsumerSpec, properties: Mapping[str, str])
     Secret (``KEYORDER_RDKAFKA_MAX_POLL_INTERVAL_MS``, ``KEYORDER_PAUSE_AFTER``,
     ``KEYORDER_REVOKE_DRAIN_TIMEOUT``); with ``envFrom``, or a value from ``valueFrom``, the operator cannot
     know what they get, and says nothing (the pods still refuse, naming the settings). The shutdown grace is
-    the operator's: ``spec.handler.terminationGracePeriodSeconds`` less 5 s.
+    the operator's: ``spec.handler.terminationGracePeriodSeconds`` less 5 s, followed by what the pods'
+    executor (``spec.handler.executor``) may take to stop after it (``keyorder.config.shutdown_overrun``).
     """
     handler = spec.handler
     if handler.env_from:
@@ -145,11 +148,17 @@ def pods_drain_problem(spec: OrderedConsumerSpec, properties: Mapping[str, str])
     interval = dict(properties)
     if MAX_POLL_INTERVAL_VARIABLE in literal:
         interval["max.poll.interval.ms"] = literal[MAX_POLL_INTERVAL_VARIABLE]
-    drains = {
-        f"the pods' shutdown grace (spec.handler.terminationGracePeriodSeconds "
-        f"{handler.termination_grace_period_seconds} less 5 s)": float(handler.shutdown_grace_seconds),
-        f"{env_name('revoke_drain_timeout')} (spec.handler.env)": revoke_drain,
-    }
+    overrun, overrun_why = shutdown_overrun(handler.executor.value, "spec.handler.executor")
+    drains = [
+        UnpolledDrain(
+            f"the pods' shutdown grace (spec.handler.terminationGracePeriodSeconds "
+            f"{handler.termination_grace_period_seconds} less 5 s)",
+            float(handler.shutdown_grace_seconds),
+            overrun,
+            overrun_why,
+        ),
+        UnpolledDrain(f"{env_name('revoke_drain_timeout')} (spec.handler.env)", revoke_drain),
+    ]
     problems = unpolled_drain_problems(drains, pause_after, max_poll_interval_ms(interval), env_name("pause_after"))
     if not problems:
         return None

@@ -22,6 +22,7 @@ from keyorder.config import (
 )
 from keyorder.core.retry import ExhaustedPolicy
 from keyorder.core.routing import Ordering
+from keyorder.process_workers import TEARDOWN_TIMEOUT
 
 REQUIRED_FLAGS = {"handler": "app.handlers:handle", "topics": "orders", "group_id": "g1"}
 
@@ -647,10 +648,10 @@ def test_a_drain_that_could_outlast_max_poll_interval_is_refused(
 
 def test_the_error_says_how_far_to_raise_max_poll_interval() -> None:
     with pytest.raises(ConfigError) as caught:
-        consumer_properties(load({"shutdown_grace": "600", "pause_after": "2"}), {})
+        consumer_properties(load({"shutdown_grace": "600", "pause_after": "2", "executor": "thread"}), {})
     assert "at least 607000" in str(caught.value)  # 600 + 2 + 5 s
     accepted = consumer_properties(
-        load({"shutdown_grace": "600", "pause_after": "2"}), {"max.poll.interval.ms": "607000"}
+        load({"shutdown_grace": "600", "pause_after": "2", "executor": "thread"}), {"max.poll.interval.ms": "607000"}
     )
     assert accepted["max.poll.interval.ms"] == "607000"
 
@@ -658,16 +659,52 @@ def test_the_error_says_how_far_to_raise_max_poll_interval() -> None:
 @pytest.mark.parametrize(
     ("flags", "properties"),
     [
-        ({}, {}),  # the defaults: 25 s grace, 10 s revoke drain, 0.5 s pause-after, 300 s interval
-        ({"shutdown_grace": "294.5"}, {}),  # exactly the margin
-        ({"shutdown_grace": "3600"}, {"max.poll.interval.ms": "3605500"}),
-        ({"revoke_drain_timeout": "24.5", "shutdown_grace": "24.5"}, {"max.poll.interval.ms": "30000"}),
+        ({}, {}),  # the defaults: 25 s grace, 10 s revoke drain, 0.5 s pause-after, 300 s interval, auto
+        ({"shutdown_grace": "294.5", "executor": "thread"}, {}),  # exactly the margin
+        ({"shutdown_grace": "3600", "executor": "thread"}, {"max.poll.interval.ms": "3605500"}),
+        (
+            {"revoke_drain_timeout": "24.5", "shutdown_grace": "24.5", "executor": "thread"},
+            {"max.poll.interval.ms": "30000"},
+        ),
     ],
 )
 def test_drains_comfortably_below_max_poll_interval_are_accepted(
     flags: dict[str, str], properties: dict[str, str]
 ) -> None:
     assert consumer_properties(load(flags), properties)["group.id"] == "g1"
+
+
+@pytest.mark.parametrize(
+    ("executor", "overrun", "why"),
+    [
+        ("thread", 0.0, None),
+        ("async", 10.0, "the async executor waits up to 10 s more for its event loop"),
+        ("auto", 10.0, "with --executor auto the handler may be async def"),
+        ("process", TEARDOWN_TIMEOUT + 1, "worker processes get up to 11 s for their tear-down hooks"),
+    ],
+)
+def test_the_shutdown_grace_leaves_room_for_the_executors_stop_after_it(
+    executor: str, overrun: float, why: str | None
+) -> None:
+    """After the grace the pool's stop may run on (ProcessWorkerPool.stop joins each worker for its
+    tear-down up to TEARDOWN_TIMEOUT + 1 s, AsyncWorkerPool.stop waits 5 s more for its loop and 5 s
+    for its thread) before the final commit, still without a call to consume."""
+    longest = 300 - 0.5 - 5 - overrun  # librdkafka's default interval, the default --pause-after
+    assert consumer_properties(load({"executor": executor, "shutdown_grace": f"{longest:g}"}), {})["group.id"]
+    with pytest.raises(ConfigError) as caught:
+        consumer_properties(load({"executor": executor, "shutdown_grace": f"{longest + 0.1:g}"}), {})
+    message = str(caught.value)
+    assert f"at most {longest:g} s" in message and "at least 300100" in message, message
+    if why is None:
+        assert "minus 5 s: at most" in message, "no overrun named for the thread executor"
+    else:
+        assert f"minus 5 s minus {overrun:g} s (" in message and why in message, message
+
+
+def test_the_revoke_drain_leaves_no_room_for_a_pools_stop() -> None:
+    """No pool stops after a revoke's drain: the process executor's tear-down allowance is not taken from it."""
+    flags = {"executor": "process", "revoke_drain_timeout": "24.5", "shutdown_grace": "13.5"}
+    assert consumer_properties(load(flags), {"max.poll.interval.ms": "30000"})["group.id"] == "g1"
 
 
 def test_max_poll_interval_that_is_not_a_number_is_refused_by_name() -> None:

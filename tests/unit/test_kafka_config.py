@@ -136,8 +136,8 @@ def test_the_default_spec_keeps_the_pods_drains_below_the_default_max_poll_inter
 @pytest.mark.parametrize(
     ("termination_grace", "properties", "env", "expected"),
     [
-        # 295 s of shutdown grace + 0.5 s --pause-after + 5 s margin > 300 s (librdkafka's default)
-        (300, {}, [], "at least 300500"),
+        # 295 s of shutdown grace + 0.5 s --pause-after + 5 s margin + 10 s (auto may be async) > 300 s
+        (300, {}, [], "at least 310500"),
         (3600, {}, [], "terminationGracePeriodSeconds 3600 less 5 s) (3595 s)"),
         (30, {"max.poll.interval.ms": "20000"}, [], "max.poll.interval.ms (20000 ms)"),
         # the pods read spec.handler.env over the Secret
@@ -166,13 +166,34 @@ def test_a_spec_whose_pods_would_outlast_max_poll_interval_is_reported(terminati
 @pytest.mark.parametrize(
     ("termination_grace", "properties", "env"),
     [
-        (299, {}, []),  # 294 s of shutdown grace: the largest with the default interval
+        (289, {}, []),  # 284 s of shutdown grace: the largest with the default interval (auto: maybe async)
         (600, {"max.poll.interval.ms": "700000"}, []),
         (600, {}, [{"name": MAX_POLL_INTERVAL_VARIABLE, "value": "700000"}]),
     ],
 )
 def test_a_max_poll_interval_that_leaves_room_is_accepted(termination_grace, properties, env):
     assert pods_drain_problem(spec_with(termination_grace, env), properties) is None
+
+
+@pytest.mark.parametrize(
+    ("executor", "largest_termination_grace", "why"),
+    [
+        ("thread", 299, None),  # 294 s of grace <= 300 - 0.5 - 5
+        ("async", 289, "the async executor waits up to 10 s more"),  # 284 <= 284.5
+        ("auto", 289, "with spec.handler.executor auto the handler may be async def"),
+        ("process", 288, "worker processes get up to 11 s for their tear-down hooks"),  # 283 <= 283.5
+    ],
+)
+def test_the_pods_shutdown_grace_leaves_room_for_their_executors_stop(executor, largest_termination_grace, why):
+    """As the pods' own rule (keyorder.config.shutdown_overrun): after the grace the pool's stop may run on
+    before the final commit, without a call to consume, for as long as the spec's executor allows."""
+    assert pods_drain_problem(spec_with(largest_termination_grace, executor=executor), {}) is None
+    problem = pods_drain_problem(spec_with(largest_termination_grace + 1, executor=executor), {})
+    assert problem is not None and "the pods refuse to start" in problem
+    if why is None:
+        assert "minus 5 s: at most 294.5 s" in problem, problem
+    else:
+        assert why in problem, problem
 
 
 @pytest.mark.parametrize(
