@@ -149,7 +149,7 @@ class RuntimeSnapshot:
     waiting_seconds: float = 0.0
     """Seconds the poll loop waited for the workers while flow control held or paused every partition."""
     holds: int = 0
-    """Times a full partition (or pod) made the poll loop stop reading (flow control's first step)."""
+    """Times a partition full in flight made the poll loop stop reading (flow control's first step)."""
 
 
 class ConsumerRuntime:
@@ -256,13 +256,14 @@ class ConsumerRuntime:
     def _read(self) -> list:
         """Take what the client has; or, while flow control holds or pauses, wait for the workers.
 
-        While a partition (or the pod) is full within its hold, the loop does not call the client:
-        its prefetched messages stay queued there, and reading goes on as soon as enough messages
-        have finished. While every partition is paused, a non-blocking call serves the client's
-        rebalance callbacks. Either way the loop then waits for the completions that can end the
-        hold or a pause, not a fixed poll timeout: the workers must not run dry meanwhile. While
-        only some partitions are paused, a short timeout keeps their resumes prompt; such a turn
-        with nothing new costs no flow decision (``_apply_flow``).
+        While a partition is full in flight within its hold, the loop does not call the client: its
+        prefetched messages stay queued there, and reading goes on as soon as enough messages have
+        finished. While every partition is paused (each on its own bounds, or all of them at the
+        pod's ceiling), a non-blocking call serves the client's rebalance callbacks. Either way the
+        loop then waits for the completions that can end the hold or a pause, not a fixed poll
+        timeout: the workers must not run dry meanwhile. While only some partitions are paused, a
+        short timeout keeps their resumes prompt; such a turn with nothing new costs no flow
+        decision (``_apply_flow``).
         """
         settings, clock = self.settings, self.clock
         capacity, decision = self._apply_flow()
@@ -273,9 +274,9 @@ class ConsumerRuntime:
         all_paused = self.flow.all_paused(len(self.partitions))
         started = clock()
         # without a partition the call only serves the group join, whatever handlers a revoke left running
-        if not self.partitions or (hold is None and capacity and not all_paused):
+        if not self.partitions or (hold is None and not all_paused):
             timeout = min(settings.poll_timeout, PARTLY_PAUSED_TIMEOUT) if self.flow.paused else settings.poll_timeout
-            messages = self.source.consume(max(1, min(settings.poll_batch, capacity)), timeout)
+            messages = self.source.consume(min(settings.poll_batch, capacity), timeout)  # capacity: at least 1
             self._reading += clock() - started
             return messages
         if all_paused:

@@ -121,7 +121,7 @@ class KeyorderCollector(Collector):
         yield loop
         yield CounterMetricFamily(
             "keyorder_flow_holds",
-            "Times a full partition (or the full pod) stopped the reading while the workers caught up "
+            "Times a partition full in flight stopped the reading while the workers caught up "
             "(flow control's first step; the client keeps its prefetched messages).",
             value=snapshot.holds,
         )
