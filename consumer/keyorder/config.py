@@ -157,10 +157,6 @@ earlier, the worker pools get at least 0.5 s to stop after the grace, the final 
 trip to the group coordinator, and librdkafka checks the interval only twice a second
 (``check_unpolled_drains``). An executor whose pool may take longer to stop adds its own
 (``shutdown_overrun``)."""
-ASYNC_STOP_OVERRUN_SECONDS = 5.0 + 5.0
-"""How long ``AsyncWorkerPool.stop`` may run past its timeout (workers.py): it waits up to 5 s more for the
-event loop's shutdown (the handlers' cancellation, the tear-down hook), then up to 5 s for the loop's thread.
-Those are literals there; keep this equal to them."""
 HEALTHZ_STALL_SECONDS = 60.0
 """``/healthz`` fails after the poll loop stalled this long (``adapters.http_server.STALL_SECONDS``; a test
 keeps them equal, the adapter imports this module so it cannot be imported here)."""
@@ -722,14 +718,17 @@ def shutdown_overrun(executor: str, executor_name: str | None = None) -> tuple[f
             "hooks, or to exit once killed"
         )
     if executor in ("async", "auto"):
+        from keyorder.workers import ASYNC_LOOP_STOP_SECONDS
+
+        overrun = 2 * ASYNC_LOOP_STOP_SECONDS  # AsyncWorkerPool.stop: the loop's shutdown, then its thread
         why = (
-            f"after the grace the async executor waits up to {ASYNC_STOP_OVERRUN_SECONDS:g} s more for its event "
+            f"after the grace the async executor waits up to {overrun:g} s more for its event "
             "loop: the handlers' cancellation, the tear-down hook, the loop's thread"
         )
         if executor == "auto":
             named = executor_name or flag_name("executor")
             why += f"; with {named} auto the handler may be async def: say thread if it is not"
-        return ASYNC_STOP_OVERRUN_SECONDS, why
+        return overrun, why
     return 0.0, ""
 
 

@@ -786,6 +786,11 @@ class ThreadWorkerPool(_PoolBase):
             log.error("the handler's tear-down hook failed: %s: %s", type(error).__name__, error)
 
 
+ASYNC_LOOP_STOP_SECONDS = 5.0
+"""Seconds ``AsyncWorkerPool.stop`` waits, past its timeout, for the event loop's shutdown (the handlers'
+cancellation, the tear-down hook), then again for the loop's thread (``config.shutdown_overrun`` counts both)."""
+
+
 class AsyncWorkerPool(_PoolBase):
     """Key workers as asyncio tasks on one event-loop thread, for ``async def`` handlers.
 
@@ -826,7 +831,7 @@ class AsyncWorkerPool(_PoolBase):
             self._run_on_loop(run_async_hook(self.lifecycle.setup), None)
         except Exception as error:
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
+            self._thread.join(ASYNC_LOOP_STOP_SECONDS)
             if not self._thread.is_alive():
                 self._loop.close()
             raise HandlerSetupError(f"the handler's set-up hook failed: {type(error).__name__}: {error}") from error
@@ -948,13 +953,14 @@ class AsyncWorkerPool(_PoolBase):
 
         if self._thread.is_alive():
             try:
-                self._run_on_loop(shutdown(), timeout + 5)
+                self._run_on_loop(shutdown(), timeout + ASYNC_LOOP_STOP_SECONDS)
             except TimeoutError:  # a handler blocks the event loop (a sync call inside async def)
                 log.error(
-                    "async workers did not stop within %.0fs: the event loop is blocked by a handler", timeout + 5
+                    "async workers did not stop within %.0fs: the event loop is blocked by a handler",
+                    timeout + ASYNC_LOOP_STOP_SECONDS,
                 )
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
+            self._thread.join(ASYNC_LOOP_STOP_SECONDS)
         if not self._thread.is_alive():
             self._loop.close()
         self._abandon_queued()

@@ -282,9 +282,10 @@ class HandlerSpec(_Model):
         ge=5,
         le=3600,
         description="Pod termination grace period; in-flight messages get this minus 5 s to finish. That shutdown "
-        "grace plus the pods' pause-after (0.5 s) plus 5 s must fit in their max.poll.interval.ms (librdkafka's "
-        "default 300000: at most 299 here unless the properties Secret raises it); else the pods refuse to start "
-        "and the operator says why (LagUnknown).",
+        "grace, plus the pods' pause-after (0.5 s), plus 5 s, plus what the executor's stop may take after it "
+        "(async or auto 10 s, process 11 s), must fit in their max.poll.interval.ms (librdkafka's default "
+        "300000: at most 299 here for the thread executor, 289 for async or auto, 288 for process, unless the "
+        "properties Secret raises it); else the pods refuse to start and the operator says why (LagUnknown).",
     )
 
     @property
