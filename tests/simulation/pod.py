@@ -1,0 +1,192 @@
+"""One simulated pod: the real runtime and pool of a ``RunConfig``, on the simulation and its broker.
+
+The composition mirrors ``keyorder.pod.Pod`` (``runtime_settings(config)``, the pool of the
+configured executor with the retry policy and the dead-letter sink, the source wired to
+``runtime.record_commit_outcomes``), with the simulation's seams in place of the real world: the
+pools and ``Completions`` take their threads, locks, conditions and events from the simulation
+(``threads=``), the runtime and pools its clock and sleep, the process executor its simulated
+worker processes (``processes.child_factory``), and the source is a ``SimulatedSource`` built from
+the consumer properties ``config.consumer_properties`` gives, which is also where keyorder refuses
+a configuration it cannot run safely.
+
+A pod session ends in one of three ways: its poll loop returns after ``stop`` is set (SIGTERM), it
+raises (a fatal source error: the pod exits and is restarted), or ``crash`` stops every one of its
+threads and worker processes where they are (SIGKILL: nothing more runs, nothing is committed or
+left; the broker notices when the session times out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from keyorder.config import RunConfig, consumer_properties, kafka_properties
+from keyorder.contracts import SourceError
+from keyorder.pod import runtime_settings
+from keyorder.process_workers import ProcessWorkerPool
+from keyorder.runtime import ConsumerRuntime
+from keyorder.workers import NO_HOOKS, Completions, Lifecycle, ThreadWorkerPool, WorkerPool
+from tests.simulation.broker import SimulatedBroker, SimulatedSource
+from tests.simulation.processes import SimulatedChild, child_factory
+from tests.simulation.scheduler import SimThread, Simulation, Terminated
+from tests.simulation.workload import Journal, Plan, SimulatedDeadLetters, make_handler
+
+
+class PodThreads:
+    """The simulation's Threads kit for one pod, remembering every thread the pod starts (to check that
+    none is left behind, and to stop them all on a crash)."""
+
+    def __init__(self, simulation: Simulation, prefix: str) -> None:
+        self.simulation = simulation
+        self.prefix = prefix
+        self.started: list[SimThread] = []
+        self.Lock = simulation.Lock
+        self.Condition = simulation.Condition
+        self.Event = simulation.Event
+
+    def Thread(self, *args: Any, name: str | None = None, **kwargs: Any) -> SimThread:
+        thread = self.simulation.Thread(*args, name=f"{self.prefix}/{name or 'thread'}", **kwargs)
+        self.started.append(thread)
+        return thread
+
+
+def _load(handler: Callable[[Any], None]) -> tuple[Callable[[Any], None], Lifecycle]:
+    return handler, NO_HOOKS
+
+
+@dataclass
+class Ending:
+    """How and when a pod session ended."""
+
+    at: float
+    how: str
+    """``stopped`` (after SIGTERM), ``exited`` (its loop raised) or ``crashed`` (SIGKILL)."""
+    error: BaseException | None = None
+    lanes_left: int = 0
+    threads_left: list[str] = field(default_factory=list)
+    processes_left: list[int] = field(default_factory=list)
+
+
+class SimPod:
+    """One pod session: its runtime, pool, source and stop signal."""
+
+    def __init__(self, simulation: Simulation, broker: SimulatedBroker, journal: Journal, plan: Plan,
+                 config: RunConfig, session: int) -> None:  # fmt: skip
+        self.simulation = simulation
+        self.config = config
+        self.session = session
+        self.name = f"pod{session}"
+        properties = consumer_properties(config, kafka_properties(config, environ={}))
+        self.threads = PodThreads(simulation, self.name)
+        self.completions = Completions(threads=self.threads)  # type: ignore[arg-type]
+        # the jitter's random source is the run's, not an unseeded one (config.retry_policy's): replayable
+        retry = dataclasses.replace(config.retry_policy(), random=random.Random(simulation.rng.random()).random)
+        dead_letters = SimulatedDeadLetters(journal, plan, simulation, session) if config.on_exhausted == "dlq" else None
+        slow = {key.name if key.name is not None else "<none>": key.slow for key in plan.keys}
+        handler = make_handler(journal, plan, slow, simulation, session)
+        self.children: list[SimulatedChild] = []
+        pool: WorkerPool
+        if config.executor == "process":
+            pool = ProcessWorkerPool(
+                functools.partial(_load, handler),
+                config.workers,
+                retry,
+                dead_letters,
+                self.completions,
+                clock=simulation.clock,
+                threads=self.threads,
+                handler_timeout=config.handler_timeout,
+                start_child=child_factory(simulation, self.children),
+            )
+        else:
+            pool = ThreadWorkerPool(
+                handler, config.workers, retry, dead_letters, self.completions, clock=simulation.clock,
+                threads=self.threads,
+            )  # fmt: skip
+        self.pool = pool
+        self.source = SimulatedSource(broker, properties, session, self.name)
+        self.runtime = ConsumerRuntime(
+            runtime_settings(config), self.source, pool, config.ordering, self.completions,
+            clock=simulation.clock, sleep=simulation.sleep,
+        )  # fmt: skip
+        self.source.on_commit_result = self.runtime.record_commit_outcomes
+        self.stop = simulation.Event()
+        self.started_at = simulation.clock()
+        self.stop_requested_at: float | None = None
+        self.ending: Ending | None = None
+        self.on_end: list[Callable[[SimPod], None]] = []
+        self.poll_thread: SimThread | None = None
+
+    def start(self) -> None:
+        self.poll_thread = self.simulation.spawn(self._run, name=f"{self.name}/poll")
+
+    def _run(self) -> None:
+        error: BaseException | None = None
+        try:
+            self.runtime.run(self.stop)  # type: ignore[arg-type]
+        except SourceError as fatal:  # a fatal client error: the pod exits, and is restarted
+            error = fatal
+        except Terminated:
+            raise
+        except BaseException as unexpected:  # a bug: the checks report it
+            error = unexpected
+        ending = Ending(self.simulation.clock(), "stopped" if error is None else "exited", error)
+        ending.lanes_left = self.pool.lane_summary().queued
+        ending.threads_left = [thread.name for thread in self.threads.started if thread.is_alive()]
+        ending.processes_left = [child.process.pid for child in self.children if child.process.poll() is None]
+        self.ending = ending
+        if not self.source.closed:  # the process exits without leaving: the group notices at the session timeout
+            self.source.freeze()
+            for child in self.children:
+                child.process.kill()  # type: ignore[union-attr]
+            for thread in self.threads.started:
+                if thread.is_alive():
+                    self.simulation.freeze(thread)
+        for listener in self.on_end:
+            listener(self)
+
+    @property
+    def running(self) -> bool:
+        return self.ending is None
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_requested_at is not None or self.runtime.stopping
+
+    def sigterm(self) -> None:
+        if self.ending is None and self.stop_requested_at is None:
+            self.stop_requested_at = self.simulation.clock()
+            self.stop.set()
+
+    def crash(self) -> None:
+        """SIGKILL: every thread and worker process of the pod stops where it is, for good."""
+        if self.ending is not None:
+            return
+        self.source.freeze()
+        for child in self.children:
+            child.process.kill()  # type: ignore[union-attr]
+        for thread in [*self.threads.started, self.poll_thread]:
+            if thread is not None and thread.is_alive():
+                self.simulation.freeze(thread)
+        self.ending = Ending(self.simulation.clock(), "crashed")
+        for listener in self.on_end:
+            listener(self)
+
+    def busy_threads(self) -> set[int]:
+        """Thread identities that are (or run the handler for) this pod's workers."""
+        identities = {thread.ident for thread in self.threads.started if thread.ident is not None}
+        for child in self.children:
+            process = child.process
+            identity = getattr(getattr(process, "_thread", None), "ident", None)
+            if identity is not None:
+                identities.add(identity)
+        return identities
+
+
+def current_thread_ident() -> int:
+    return threading.get_ident()
