@@ -214,14 +214,7 @@ class Simulation:
             entry = heapq.heappop(deadlines)
             if self._stale(entry):
                 continue
-            managed = entry[3]
-            if managed.waitlist is not None and managed in managed.waitlist:
-                managed.waitlist.remove(managed)
-            managed.waitlist = None
-            managed.woken = False
-            managed.state = _RUNNABLE
-            managed.generation += 1
-            self._runnable.append(managed)
+            self._unblock(entry[3], woken=False)
 
     @staticmethod
     def _stale(entry: tuple[float, int, int, _Managed]) -> bool:
@@ -272,12 +265,15 @@ class Simulation:
 
     def _wake(self, managed: _Managed) -> None:
         """Make a blocked thread runnable: its wait returns True."""
-        if managed.state is not _BLOCKED:
-            return
+        if managed.state is _BLOCKED:
+            self._unblock(managed, woken=True)
+
+    def _unblock(self, managed: _Managed, woken: bool) -> None:
+        """A blocked thread leaves its wait list and becomes runnable; its wait returns ``woken``."""
         if managed.waitlist is not None and managed in managed.waitlist:
             managed.waitlist.remove(managed)
         managed.waitlist = None
-        managed.woken = True
+        managed.woken = woken
         managed.state = _RUNNABLE
         managed.generation += 1
         self._runnable.append(managed)
