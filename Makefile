@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test test-fast lint check docs crds locks generate bench clean image kubernetes-types
+.PHONY: demo test test-fast soak lint check docs crds locks generate bench clean image kubernetes-types
 
 SOURCES := consumer operator tests examples tools
 
@@ -46,6 +46,13 @@ bench: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
+
+# The pod simulation over many seeds (docs/testing.md, "Simulation of the pod"): `make test` runs 300 of them;
+# a failing seed prints the command that replays it. SEEDS=A-B picks others, SOAK_JOBS the processes.
+SEEDS ?= 0-9999
+SOAK_JOBS ?= 2
+soak: $(STAMP)
+	PYTHONHASHSEED=0 $(PY) -m tests.simulation --seeds $(SEEDS) --jobs $(SOAK_JOBS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check $(SOURCES)

@@ -288,6 +288,9 @@ class SimulatedBroker:
         def joined() -> None:
             if source.closed or source.frozen:
                 return
+            if self.down:  # the coordinator cannot be reached: the join completes after the outage
+                self.sim.call_at(self.down_until + delay, joined)
+                return
             self._members_made += 1
             member = Member(source, self._members_made)
             self.members[member.member_id] = member
@@ -298,7 +301,9 @@ class SimulatedBroker:
                     if kept_for == instance:
                         del self.kept_for_static[tp]
                         self._release_handover(tp)
-                for other in [m for m in self.members.values() if m is not member and m.source.static_instance == instance]:
+                for other in [
+                    m for m in self.members.values() if m is not member and m.source.static_instance == instance
+                ]:
                     self.fence(other)
             self.note(f"{member.member_id} joined")
             self.schedule_rebalance()
@@ -314,6 +319,10 @@ class SimulatedBroker:
 
     def _rebalance_if_due(self) -> None:
         if self._rebalance_due is None or self._rebalance_due > self.now():
+            return
+        if self.down:  # no coordinator to rebalance with until the outage ends
+            self._rebalance_due = self.down_until + self.rebalance_delay[0]
+            self.sim.call_at(self._rebalance_due, self._rebalance_if_due)
             return
         self._rebalance_due = None
         self._rebalance()
@@ -463,7 +472,11 @@ class SimulatedBroker:
         owned = self._remove(member, "fenced by a new member with the same group.instance.id")
         self.expiries.append((self.now(), source.session, owned, "fenced"))
         if not source.frozen and not source.closed:
-            error = KafkaError(KafkaError.FENCED_INSTANCE_ID, "Broker: Static consumer fenced by other consumer with same group.instance.id", fatal=True)
+            error = KafkaError(
+                KafkaError.FENCED_INSTANCE_ID,
+                "Broker: Static consumer fenced by other consumer with same group.instance.id",
+                fatal=True,
+            )
             source.queue_event(("error", error))
 
     def leave(self, source: SimulatedSource) -> None:
@@ -516,8 +529,13 @@ class SimulatedBroker:
         self.sim.call_at(until + 1e-6, self.schedule_rebalance)
 
     # -- commits ------------------------------------------------------------------------------------------
-    def store_commit(self, source: SimulatedSource, offsets: Mapping[TopicPartitionId, tuple[int, str]],
-                     sent_at: float, asynchronous: bool) -> tuple[str | None, list[CommitOutcome]]:  # fmt: skip
+    def store_commit(
+        self,
+        source: SimulatedSource,
+        offsets: Mapping[TopicPartitionId, tuple[int, str]],
+        sent_at: float,
+        asynchronous: bool,
+    ) -> tuple[str | None, list[CommitOutcome]]:
         """Apply one OffsetCommit request now: the request's error (``None``: answered) and per-partition outcomes.
 
         The broker checks the member, not the partitions (Kafka's GroupCoordinator ``handleCommitOffsets``
@@ -529,8 +547,11 @@ class SimulatedBroker:
         if self.down:
             error = KafkaError(KafkaError._TRANSPORT, "Broker: transport failure").str()
             for tp, (offset, metadata) in offsets.items():
-                self.commits.append(CommitRecord(source.session, tp, offset, metadata, sent_at, asynchronous, now,
-                                                 error, self.logs[tp].epoch))  # fmt: skip
+                self.commits.append(
+                    CommitRecord(
+                        source.session, tp, offset, metadata, sent_at, asynchronous, now, error, self.logs[tp].epoch
+                    )
+                )
             self._failed(source)
             return error, []
         faults = self.commit_faults
@@ -539,8 +560,11 @@ class SimulatedBroker:
         if faults is not None and faults.whole_request and self.rng.random() < faults.share:
             error = KafkaError(faults.code).str()
             for tp, (offset, metadata) in offsets.items():
-                self.commits.append(CommitRecord(source.session, tp, offset, metadata, sent_at, asynchronous, now,
-                                                 error, self.logs[tp].epoch))  # fmt: skip
+                self.commits.append(
+                    CommitRecord(
+                        source.session, tp, offset, metadata, sent_at, asynchronous, now, error, self.logs[tp].epoch
+                    )
+                )
             self._failed(source)
             return error, []
         member_error = None
@@ -552,8 +576,9 @@ class SimulatedBroker:
             if error is None and faults is not None and not faults.whole_request and self.rng.random() < faults.share:
                 error = KafkaError(faults.code).str()
             log_ = self.logs[tp]
-            self.commits.append(CommitRecord(source.session, tp, offset, metadata, sent_at, asynchronous, now, error,
-                                             log_.epoch))  # fmt: skip
+            self.commits.append(
+                CommitRecord(source.session, tp, offset, metadata, sent_at, asynchronous, now, error, log_.epoch)
+            )
             if error is None:
                 log_.committed = (offset, metadata, log_.epoch)
             else:
@@ -614,6 +639,9 @@ class SimulatedSource:
         self.handed_out: list[tuple[float, Record]] = []
         """Every record ``consume`` returned, with the time (for the invariants)."""
         self.revokes: list[RevokeSpan] = []
+        self.long_consumes: list[tuple[float, float]] = []
+        """(start, end) of the ``consume`` calls that took longer than a second (callbacks blocked in them):
+        a SIGTERM arriving meanwhile is noticed by the poll loop only at their end."""
         self.lost: list[tuple[float, list[TopicPartitionId], str]] = []
         self.consumes = 0
         broker.sources.append(self)
@@ -630,8 +658,10 @@ class SimulatedSource:
         """The pod was killed (SIGKILL): this client does nothing any more; the broker learns it only when
         the session times out."""
         self.frozen = True
-        self.broker.sim.call_at(self.broker.now() + self.session_timeout,
-                                lambda: self.broker.expire(self, "session timed out (the pod was killed)"))  # fmt: skip
+        self.broker.sim.call_at(
+            self.broker.now() + self.session_timeout,
+            lambda: self.broker.expire(self, "session timed out (the pod was killed)"),
+        )
 
     def _check_frozen(self) -> None:
         if self.frozen:
@@ -672,7 +702,8 @@ class SimulatedSource:
         self._check_frozen()
         self.consumes += 1
         sim = self.sim
-        deadline = sim.clock() + max(timeout, 0.0)
+        started = sim.clock()
+        deadline = started + max(timeout, 0.0)
         if timeout > 0:
             self._in_blocking_poll = True
         messages: list[Message] = []
@@ -691,6 +722,8 @@ class SimulatedSource:
             self._in_blocking_poll = False
             self._last_poll = sim.clock()
             self._arm_max_poll_check()
+            if sim.clock() - started > 1.0:
+                self.long_consumes.append((started, sim.clock()))
         if self.broker.down:
             self.broker_reachable = False  # KafkaSource._mark_unreachable, on librdkafka's _ALL_BROKERS_DOWN
             self.broker_error = "Local: All broker connections are down"
@@ -771,8 +804,17 @@ class SimulatedSource:
                 fetching.position += 1
                 chunk -= 1
                 self.handed_out.append((self.sim.clock(), record))
-                out.append(Message(record.topic, record.partition, record.offset, record.key,
-                                   broker.value_of(record), (), record.produced_at))  # fmt: skip
+                out.append(
+                    Message(
+                        record.topic,
+                        record.partition,
+                        record.offset,
+                        record.key,
+                        broker.value_of(record),
+                        (),
+                        record.produced_at,
+                    )
+                )
             if len(out) >= wanted:
                 break
         return out

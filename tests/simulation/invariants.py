@@ -270,9 +270,7 @@ def check_at_least_once(world: World) -> list[Violation]:
         return []
     first = min(missing, key=lambda record: (record.produced_at, record.ident))
     calls = [call for call in world.journal.calls if call.record.ident == first.ident]
-    tried = (
-        f"{len(calls)} calls, the last {calls[-1].outcome} at {calls[-1].started:.3f}s" if calls else "never called"
-    )
+    tried = f"{len(calls)} calls, the last {calls[-1].outcome} at {calls[-1].started:.3f}s" if calls else "never called"
     return [
         Violation(
             "at least once",
@@ -332,8 +330,12 @@ def check_revokes(world: World) -> list[Violation]:
                 bound = span.started + QUICK
                 why = "no handler of its partitions was running"
             else:
-                ends = [_batch_end(world, work) if hasattr(work, "attempt") else
-                        (work.ended if work.ended is not None else float("inf")) for work in running]  # fmt: skip
+                ends = [
+                    _batch_end(world, work)
+                    if hasattr(work, "attempt")
+                    else (work.ended if work.ended is not None else float("inf"))
+                    for work in running
+                ]
                 bound = min(max(ends), span.started + drain) + QUICK
                 why = f"the {len(running)} handler calls it waited for ended by {max(ends):.3f}s"
             if span.ended > bound + 1e-9:
@@ -358,6 +360,8 @@ def check_shutdowns(world: World) -> list[Violation]:
         if ending is None or ending.how != "stopped" or pod.stop_requested_at is None:
             continue
         asked = pod.stop_requested_at
+        # the loop notices the stop when the client call it is in returns (a callback may block in it)
+        asked = max([asked, *(end for start, end in pod.source.long_consumes if start <= asked < end)])
         revoking = sum(
             (span.ended or ending.at) - max(span.started, asked)
             for span in pod.source.revokes
@@ -408,19 +412,28 @@ def check_leftovers(world: World) -> list[Violation]:
         still_running = world.calls_running_at(pod.session, ending.at)
         if ending.lanes_left and not still_running:
             violations.append(
-                Violation("left behind", ending.at,
-                          f"pod session {pod.session} stopped with {ending.lanes_left} deliveries still in its lanes")  # fmt: skip
+                Violation(
+                    "left behind",
+                    ending.at,
+                    f"pod session {pod.session} stopped with {ending.lanes_left} deliveries still in its lanes",
+                )
             )
         threads = [name for name in ending.threads_left if not world.thread_in_handler(name, ending.at)]
         if threads:
             violations.append(
-                Violation("left behind", ending.at,
-                          f"pod session {pod.session} stopped with threads still alive: {', '.join(threads)}")  # fmt: skip
+                Violation(
+                    "left behind",
+                    ending.at,
+                    f"pod session {pod.session} stopped with threads still alive: {', '.join(threads)}",
+                )
             )
         if ending.processes_left:
             violations.append(
-                Violation("left behind", ending.at,
-                          f"pod session {pod.session} stopped with worker processes alive: {ending.processes_left}")  # fmt: skip
+                Violation(
+                    "left behind",
+                    ending.at,
+                    f"pod session {pod.session} stopped with worker processes alive: {ending.processes_left}",
+                )
             )
     return violations
 
@@ -431,7 +444,8 @@ def check_handovers(world: World) -> list[Violation]:
     for handover in world.broker.handovers:
         if not handover.kept:
             continue
-        released = handover.released_at if handover.released_at is not None else end
+        kept_until = [world.broker.kept_for_static[tp][1] for tp in handover.kept if tp in world.broker.kept_for_static]
+        released = handover.released_at if handover.released_at is not None else max(kept_until, default=end)
         if released - handover.closed_at > HANDOVER_BOUND:
             violations.append(
                 Violation(
@@ -583,7 +597,7 @@ class HoldCheck:
             return decision
         limits = flow.limits
         ratio = limits.resume_ratio
-        if pod_load.inflight > limits.max_inflight * ratio:
+        if pod_load.inflight >= limits.max_inflight:  # (the code before issue 36 also held for a full pod)
             return decision
         bound = flow.partition_bound(len(partitions))
         if any(load.inflight > bound.inflight * ratio for tp, load in partitions.items() if tp not in flow.paused):

@@ -75,20 +75,31 @@ class Ending:
 class SimPod:
     """One pod session: its runtime, pool, source and stop signal."""
 
-    def __init__(self, simulation: Simulation, broker: SimulatedBroker, journal: Journal, plan: Plan,
-                 config: RunConfig, session: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        simulation: Simulation,
+        broker: SimulatedBroker,
+        journal: Journal,
+        plan: Plan,
+        config: RunConfig,
+        session: int,
+        generation: int = 0,
+    ) -> None:
         self.simulation = simulation
         self.config = config
         self.session = session
         self.name = f"pod{session}"
         properties = consumer_properties(config, kafka_properties(config, environ={}))
+        if generation and properties.get("group.instance.id"):  # a rolling restart's new pod has a new name
+            properties["group.instance.id"] = f"{properties['group.instance.id']}-{generation}"
         self.threads = PodThreads(simulation, self.name)
         self.completions = Completions(threads=self.threads)  # type: ignore[arg-type]
         # the jitter's random source is the run's, not an unseeded one (config.retry_policy's): replayable
         retry = dataclasses.replace(config.retry_policy(), random=random.Random(simulation.rng.random()).random)
-        dead_letters = SimulatedDeadLetters(journal, plan, simulation, session) if config.on_exhausted == "dlq" else None
-        slow = {key.name if key.name is not None else "<none>": key.slow for key in plan.keys}
-        handler = make_handler(journal, plan, slow, simulation, session)
+        dead_letters = (
+            SimulatedDeadLetters(journal, plan, simulation, session) if config.on_exhausted == "dlq" else None
+        )
+        handler = make_handler(journal, plan, simulation, session)
         self.children: list[SimulatedChild] = []
         pool: WorkerPool
         if config.executor == "process":
@@ -105,15 +116,25 @@ class SimPod:
             )
         else:
             pool = ThreadWorkerPool(
-                handler, config.workers, retry, dead_letters, self.completions, clock=simulation.clock,
+                handler,
+                config.workers,
+                retry,
+                dead_letters,
+                self.completions,
+                clock=simulation.clock,
                 threads=self.threads,
-            )  # fmt: skip
+            )
         self.pool = pool
         self.source = SimulatedSource(broker, properties, session, self.name)
         self.runtime = ConsumerRuntime(
-            runtime_settings(config), self.source, pool, config.ordering, self.completions,
-            clock=simulation.clock, sleep=simulation.sleep,
-        )  # fmt: skip
+            runtime_settings(config),
+            self.source,
+            pool,
+            config.ordering,
+            self.completions,
+            clock=simulation.clock,
+            sleep=simulation.sleep,
+        )
         self.source.on_commit_result = self.runtime.record_commit_outcomes
         self.stop = simulation.Event()
         self.started_at = simulation.clock()

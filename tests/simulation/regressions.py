@@ -1,5 +1,216 @@
-"""Named regression plans (filled in below)."""
+"""Issue 36's defects as named plans of the pod simulation: each one failed on the code before its fix.
+
+A random seed finds an interleaving by chance; these plans make one likely on purpose, with a
+workload and faults aimed at one defect, so that each defect keeps a seed that would catch it
+again. ``python -m tests.simulation --regressions`` runs them all; ``--plan NAME --seed N`` one.
+Each entry names the invariant that failed on the code before the fix and the message it gave
+there (run against commit 62264b1 in a worktree, with ``tests/simulation`` copied in); defect 8 (the
+poll loop's CPU cost) is a cost, not an invariant, and has none.
+"""
 
 from __future__ import annotations
 
-REGRESSIONS: dict = {}
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tests.simulation.workload import Burst, Fault, HandlerPlan, Key, Plan, Scripted
+
+
+@dataclass(frozen=True)
+class Regression:
+    defect: str
+    """The defect of issue 36 it stands for."""
+    seed: int
+    plan: Callable[[int], Plan]
+    failed_before: str
+    """The violation it reported on the code before the fix."""
+
+
+def _flags(**overrides: Any) -> dict[str, Any]:
+    flags: dict[str, Any] = {
+        "topics": "orders",
+        "group_id": "simulated",
+        "bootstrap_servers": "simulated:9092",
+        "handler": "tests.simulation.workload:handler_for_the_process_executor",
+        "executor": "thread",
+        "workers": 2,
+        "max_workers": 16,
+        "max_inflight": 100,
+        "max_inflight_per_partition": 50,
+        "max_uncommitted": 400,
+        "pause_after": 0.5,
+        "poll_batch": 100,
+        "commit_interval": 0.2,
+        "max_attempts": 3,
+        "retry_initial_backoff": 0.05,
+        "retry_max_backoff": 0.5,
+        "on_exhausted": "dlq",
+        "revoke_drain_timeout": 5.0,
+        "shutdown_grace": 10.0,
+        "kafka_property": [],
+    }
+    flags.update(overrides)
+    return flags
+
+
+def _handler(seed: int, **overrides: Any) -> HandlerPlan:
+    values: dict[str, Any] = {
+        "seed": seed,
+        "fail_rate": 0.0,
+        "flaky_attempts": 1,
+        "base_duration": (0.005, 0.02),
+        "long_rate": 0.0,
+        "long_duration": (0.5, 1.0),
+        "dead_letter_failures": 0,
+    }
+    values.update(overrides)
+    return HandlerPlan(**values)
+
+
+def _plan(
+    name: str,
+    seed: int,
+    flags: dict[str, Any],
+    keys: tuple[Key, ...],
+    script: tuple[Scripted, ...],
+    faults: tuple[Fault, ...] = (),
+    partitions: int = 1,
+    bursts: tuple[Burst, ...] = (),
+    handler: HandlerPlan | None = None,
+) -> Plan:
+    return Plan(
+        seed,
+        flags,
+        {"orders": partitions},
+        keys,
+        bursts,
+        faults,
+        handler or _handler(seed),
+        quiet_limit=60.0,
+        preemption=0.2,
+        name=name,
+        script=script,
+    )
+
+
+def idle_process_killed(seed: int) -> Plan:
+    """Defect 1: a worker process killed while idle made the next batch count as handled without running."""
+    keys = (Key("a", 1.0, (0,)),)
+    script = tuple(Scripted(0.5 + 0.1 * index, "a", 0) for index in range(3))
+    script += tuple(Scripted(3.0 + 0.1 * index, "a", 0) for index in range(3))
+    faults = (Fault(2.0, "kill_process", {"busy": False}),)
+    return _plan("idle-process-killed", seed, _flags(executor="process", workers=1), keys, script, faults)
+
+
+def blocked_key_stalls_the_pod(seed: int) -> Plan:
+    """Defect 2: a partition blocked by a poison key (onExhausted block) held the pod's budget, and the
+    healthy partition stayed paused for good."""
+    keys = (Key("poison", 1.0, (0,), poison=1.0), Key("healthy", 1.0, (1,)))
+    script = tuple(Scripted(0.5 + 0.01 * index, "poison", 0, poison=True) for index in range(12))
+    script += tuple(Scripted(0.6 + 0.1 * index, "healthy", 1) for index in range(40))
+    flags = _flags(
+        on_exhausted="block",
+        max_attempts=1,
+        max_inflight=8,
+        max_inflight_per_partition=8,
+        max_uncommitted=8,
+        pause_after=0.1,
+        retry_max_backoff=1.0,
+    )
+    return _plan("blocked-key-stalls-the-pod", seed, flags, keys, script, partitions=2)
+
+
+def revoke_waits_for_a_failed_handler(seed: int) -> Plan:
+    """Defect 3: a handler of a revoked partition that failed after the withdraw kept the revoke waiting
+    for the whole drain timeout."""
+    keys = (Key("a", 1.0, (0,), fails=1, duration=1.0), Key("b", 1.0, (1,)))
+    script = (Scripted(0.5, "a", 0), *(Scripted(0.5 + 0.2 * index, "b", 1) for index in range(20)))
+    faults = (Fault(1.2, "move_elsewhere", {"partition": 0, "seconds": 2.0}),)
+    flags = _flags(revoke_drain_timeout=5.0, retry_initial_backoff=0.2, retry_max_backoff=0.2)
+    return _plan("revoke-waits-for-a-failed-handler", seed, flags, keys, script, faults, partitions=2)
+
+
+def static_member_keeps_partitions(seed: int) -> Plan:
+    """Defect 4: a static member under group.protocol=consumer only leaves for a while (member epoch -2);
+    the broker kept the stopped pod's partitions until the session timed out."""
+    keys = (Key("a", 1.0, (0, 1)),)
+    script = tuple(Scripted(0.5 + 0.2 * index, "a", index % 2) for index in range(40))
+    faults = (Fault(2.0, "rolling_restart", {"restart_after": 0.5}),)  # the old pod stops for good
+    flags = _flags(kafka_property=["group.protocol=consumer", "group.instance.id=pod-a"])
+    return _plan("static-member-keeps-partitions", seed, flags, keys, script, faults, partitions=2)
+
+
+def shutdown_waits_for_a_blocked_key(seed: int) -> Plan:
+    """Defect 5: SIGTERM waited the whole shutdown grace for a blocked key with no handler running."""
+    keys = (Key("poison", 1.0, (0,), poison=1.0), Key("b", 1.0, (0,)))
+    script = (Scripted(0.5, "poison", 0, poison=True), *(Scripted(0.6 + 0.1 * index, "b", 0) for index in range(10)))
+    faults = (Fault(3.0, "sigterm", {"restart_after": 1.0}),)
+    flags = _flags(on_exhausted="block", max_attempts=1, retry_max_backoff=60.0, shutdown_grace=10.0)
+    return _plan("shutdown-waits-for-a-blocked-key", seed, flags, keys, script, faults)
+
+
+def paused_partition_holds(seed: int) -> Plan:
+    """Defect 6: a partition paused on its uncommitted bound that was also full in flight still held up
+    reading for --pause-after."""
+    keys = (Key("poison", 1.0, (0,), poison=1.0), Key("healthy", 1.0, (1,)))
+    # exactly the poison partition's bounds (4 in flight, 4 uncommitted): paused on its uncommitted bound and
+    # full in flight, and no more than the pod's low-water mark (the pod bound stalls nothing here)
+    script = tuple(Scripted(0.5 + 0.01 * index, "poison", 0, poison=True) for index in range(4))
+    script += tuple(Scripted(0.6 + 0.05 * index, "healthy", 1) for index in range(80))
+    flags = _flags(
+        on_exhausted="block",
+        max_attempts=1,
+        max_inflight=8,
+        max_inflight_per_partition=4,
+        max_uncommitted=8,
+        pause_after=5.0,
+        retry_max_backoff=1.0,
+    )
+    return _plan("paused-partition-holds", seed, flags, keys, script, partitions=2)
+
+
+def retry_due_time_missed(seed: int) -> Plan:
+    """Defect 7: a retry parked by a worker that went on to a long handler was not run at its due time
+    while the other worker idled (a batch of fast lanes settled its park only at the batch's end)."""
+    fast = tuple(Key(f"f{index}", 1.0, (0,), duration=0.00001) for index in range(12))
+    keys = (*fast, Key("retry", 1.0, (0,), fails=1, duration=0.00001), Key("long", 1.0, (0,), duration=10.0))
+    script = tuple(Scripted(0.3 + 0.001 * index, f"f{index % 12}", 0) for index in range(400))
+    # four ready lanes for two workers: one worker takes the first two in one turn (the handler is fast)
+    script += (Scripted(2.0, "retry", 0), Scripted(2.0, "long", 0), Scripted(2.0, "f0", 0), Scripted(2.0, "f1", 0))
+    flags = _flags(
+        workers=2,
+        retry_initial_backoff=0.1,
+        retry_max_backoff=0.1,
+        poll_batch=500,
+        max_inflight=500,
+        max_inflight_per_partition=500,
+        max_uncommitted=2000,
+        commit_interval=0.05,
+        pause_after=0.0,
+    )
+    return _plan("retry-due-time-missed", seed, flags, keys, script)
+
+
+def withdrawn_blocked_head(seed: int) -> Plan:
+    """Defect 9: withdrawing a blocked head (its partition revoked) left its lane marked blocked, so the
+    key's next head (from another partition) was reported blocked though it never failed."""
+    keys = (Key("k", 1.0, (0, 1), duration=0.5),)
+    script = (Scripted(0.5, "k", 0, poison=True), *(Scripted(0.8 + 0.05 * index, "k", 1) for index in range(4)))
+    # the first attempt fails at about 1.02 s; its retry waits at least half the 1 s backoff: revoked while parked
+    faults = (Fault(1.2, "move_elsewhere", {"partition": 0, "seconds": 3.0}),)
+    flags = _flags(on_exhausted="block", max_attempts=1, retry_max_backoff=1.0)
+    return _plan("withdrawn-blocked-head", seed, flags, keys, script, faults, partitions=2)
+
+
+REGRESSIONS: dict[str, Regression] = {
+    "idle-process-killed": Regression("1", 1, idle_process_killed, ""),
+    "blocked-key-stalls-the-pod": Regression("2", 1, blocked_key_stalls_the_pod, ""),
+    "revoke-waits-for-a-failed-handler": Regression("3", 1, revoke_waits_for_a_failed_handler, ""),
+    "static-member-keeps-partitions": Regression("4", 1, static_member_keeps_partitions, ""),
+    "shutdown-waits-for-a-blocked-key": Regression("5", 1, shutdown_waits_for_a_blocked_key, ""),
+    "paused-partition-holds": Regression("6", 1, paused_partition_holds, ""),
+    "retry-due-time-missed": Regression("7", 1, retry_due_time_missed, ""),
+    "withdrawn-blocked-head": Regression("9", 1, withdrawn_blocked_head, ""),
+}
+"""Name -> regression (the name is ``--plan``'s value)."""

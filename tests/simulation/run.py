@@ -43,6 +43,8 @@ from tests.simulation.workload import Call, Fault, Journal, Plan, make_plan
 
 REPLAY = "PYTHONHASHSEED=0 .venv/bin/python -m tests.simulation"
 """How a run is replayed (from the repository root)."""
+SETTLE_SECONDS = 5.0
+"""Virtual seconds the quiet phase lasts at least after the last fault or record."""
 
 
 class _Capture(logging.Handler):
@@ -108,6 +110,7 @@ class World:
         self.retry_due: dict[tuple[str, int, int], tuple[float, float]] = {}
         self.final = False
         self.ticking = True
+        self.generation = 0
         self.holds: list[HoldCheck] = []
         self._unhandled: dict[tuple[tuple[str, int], str], deque[Record]] = {}
         self._chains_of: dict[tuple[str, int], list[str]] = {tp: [] for tp in self.broker.logs}
@@ -132,7 +135,9 @@ class World:
         bound = 2 * settings.poll_timeout + config.pause_after + config.commit_interval + 0.02 + 1.0
         if config.executor == "process":
             handler = self.plan.handler
-            longest = handler.base_duration[1] + max((key.slow for key in self.plan.keys), default=0.0)
+            longest = max(
+                (key.slow + (key.duration or handler.base_duration[1]) for key in self.plan.keys), default=0.0
+            )
             bound += MAX_BATCH * longest
         return bound
 
@@ -276,7 +281,7 @@ class World:
     # -- the run ------------------------------------------------------------------------------------------------
     def start_pod(self) -> SimPod:
         session = len(self.pods) + 1
-        pod = SimPod(self.sim, self.broker, self.journal, self.plan, self.config, session)
+        pod = SimPod(self.sim, self.broker, self.journal, self.plan, self.config, session, self.generation)
         self.pods.append(pod)
         self.holds.append(HoldCheck(self, pod))
         pod.on_end.append(self._pod_ended)
@@ -356,15 +361,21 @@ class World:
         if kind == "resize" and pod is not None:
             pod.runtime.request_resize(params["workers"])
         elif kind == "move_elsewhere":
-            broker.move_elsewhere(rng.choice(tps), params["seconds"])
+            tp = (tps[0][0], params["partition"]) if "partition" in params else rng.choice(tps)
+            broker.move_elsewhere(tp, params["seconds"])
         elif kind == "session_lost" and pod is not None:
             broker.expire(pod.source, "session timed out (heartbeats failed)")
         elif kind == "commit_failures":
-            code = rng.choice([KafkaError.REQUEST_TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE,
-                               KafkaError.REBALANCE_IN_PROGRESS])  # fmt: skip
-            broker.commit_faults = _commit_faults(sim.clock() + params["seconds"], params["whole"], code, params["share"])
+            code = rng.choice(
+                [KafkaError.REQUEST_TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.REBALANCE_IN_PROGRESS]
+            )
+            broker.commit_faults = _commit_faults(
+                sim.clock() + params["seconds"], params["whole"], code, params["share"]
+            )
         elif kind == "consumer_error" and pod is not None:
-            code = rng.choice([KafkaError._TRANSPORT, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_LEADER_FOR_PARTITION])
+            code = rng.choice(
+                [KafkaError._TRANSPORT, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_LEADER_FOR_PARTITION]
+            )
             pod.source.queue_event(("error", KafkaError(code, "simulated fetch error", fatal=False)))
         elif kind == "fatal_error" and pod is not None:
             pod.restart_after = params["restart_after"]  # type: ignore[attr-defined]
@@ -381,12 +392,15 @@ class World:
             broker.down_until = sim.clock() + params["seconds"]
             for source in [p.source for p in pods]:
                 if params["seconds"] > source.session_timeout:
-                    sim.call_at(sim.clock() + source.session_timeout,
-                                lambda s=source: broker.expire(s, "session timed out (no broker reachable)"))  # fmt: skip
+                    sim.call_at(
+                        sim.clock() + source.session_timeout,
+                        lambda s=source: broker.expire(s, "session timed out (no broker reachable)"),
+                    )
         elif kind == "sigterm" and pod is not None:
             pod.restart_after = params["restart_after"]  # type: ignore[attr-defined]
             pod.sigterm()
         elif kind == "rolling_restart" and pod is not None:
+            self.generation += 1  # a Deployment's new pod: a new name, so a new group.instance.id if static
             self.start_pod()
             sim.call_at(sim.clock() + params["restart_after"], pod.sigterm)
         elif kind == "crash" and pod is not None:
@@ -416,6 +430,10 @@ class World:
         try:
             for burst in plan.bursts:
                 sim.call_at(burst.start, lambda b=burst: self.produce_burst(b.count, b.rate))
+            topic = next(iter(plan.topics))
+            for scripted in plan.script:
+                key = scripted.key.encode() if scripted.key is not None else None
+                sim.call_at(scripted.at, lambda k=key, r=scripted: self.broker.produce(topic, r.partition, k, r.poison))
             for fault in plan.faults:
                 sim.call_at(fault.at, lambda f=fault: self.apply(f))
             sim.call_at(TICK, self._tick)
@@ -434,7 +452,11 @@ class World:
             )
             for pod in self.running_pods():
                 self.violations.append(
-                    Violation("shutdown bound", sim.clock(), f"pod session {pod.session} never stopped after the final SIGTERM")
+                    Violation(
+                        "shutdown bound",
+                        sim.clock(),
+                        f"pod session {pod.session} never stopped after the final SIGTERM",
+                    )
                 )
             self.ticking = False
         finally:
@@ -451,9 +473,13 @@ class World:
         # a pod that died holds its partitions until its session times out
         session_timeout = max((pod.source.session_timeout for pod in self.pods), default=45.0)
         stall_limit = self.monitor.bound + per_record + 4 * config.retry_max_backoff + session_timeout + 10.0
+        settled = start + SETTLE_SECONDS  # what the last faults started (a partition moved away for a while) plays out
         while True:
-            sim.run(until=lambda: self.remaining == 0 and bool(self.running_pods()), limit=sim.clock() + 5.0)
-            if self.remaining == 0 and self.running_pods():
+            sim.run(
+                until=lambda: self.remaining == 0 and bool(self.running_pods()) and sim.clock() >= settled,
+                limit=max(sim.clock() + 5.0, settled),
+            )
+            if self.remaining == 0 and self.running_pods() and sim.clock() >= settled:
                 return
             progress = max(self.journal.handled_at.values(), default=start)
             if sim.clock() - max(progress, start) > min(stall_limit, self.plan.quiet_limit):
@@ -520,15 +546,26 @@ def _trace(world: World) -> list[str]:
     for call in world.journal.calls:
         took = f"{call.ended - call.started:.3f}s" if call.ended is not None else "never ended"
         events.append(
-            (call.started, f"pod{call.session} call {call.record.describe()} attempt {call.attempt} -> {call.outcome} ({took})")
+            (
+                call.started,
+                f"pod{call.session} call {call.record.describe()} attempt {call.attempt} -> {call.outcome} ({took})",
+            )
         )
     for write in world.journal.dead_letters:
-        events.append((write.started, f"pod{write.session} dead-letter {write.record.describe()} -> {'ok' if write.ok else 'failed'}"))
+        events.append(
+            (
+                write.started,
+                f"pod{write.session} dead-letter {write.record.describe()} -> {'ok' if write.ok else 'failed'}",
+            )
+        )
     for commit in world.broker.commits:
         events.append(
-            (commit.sent_at, f"pod{commit.session} commit {commit.tp[0]}[{commit.tp[1]}]@{commit.offset}"
-             f"{' async' if commit.asynchronous else ''} -> {commit.error or 'stored'}")
-        )  # fmt: skip
+            (
+                commit.sent_at,
+                f"pod{commit.session} commit {commit.tp[0]}[{commit.tp[1]}]@{commit.offset}"
+                f"{' async' if commit.asynchronous else ''} -> {commit.error or 'stored'}",
+            )
+        )
     events.sort(key=lambda event: event[0])
     return [f"{at:10.4f} {text}" for at, text in events]
 
@@ -590,10 +627,9 @@ def main(argv: list[str] | None = None) -> int:
 def _report(jobs: list[tuple[int, str, bool]], processes: int) -> int:
     started = time.perf_counter()
     failures: list[Result] = []
-    refused = done = 0
+    refused = 0
     interactive = sys.stdout.isatty()
-    for result in _results(jobs, processes):
-        done += 1
+    for done, result in enumerate(_results(jobs, processes), start=1):
         refused += result.refused is not None
         if not result.ok:
             failures.append(result)
@@ -602,11 +638,12 @@ def _report(jobs: list[tuple[int, str, bool]], processes: int) -> int:
                 print(f"  VIOLATION {violation}")
             print(f"replay: {result.replay()}", flush=True)
         if interactive or done % 100 == 0 or done == len(jobs):
-            line = f"{done}/{len(jobs)} runs, {len(failures)} failing, {refused} refused, {time.perf_counter() - started:.0f}s"
-            print(f"\r{line}" if interactive else line, end="" if interactive and done < len(jobs) else "\n", flush=True)
+            elapsed = time.perf_counter() - started
+            line = f"{done}/{len(jobs)} runs, {len(failures)} failing, {refused} refused, {elapsed:.0f}s"
+            last = done == len(jobs)
+            print(f"\r{line}" if interactive else line, end="" if interactive and not last else "\n", flush=True)
     print(
         f"{len(jobs)} runs: {len(jobs) - len(failures) - refused} passed, {len(failures)} with violations, "
         f"{refused} refused by keyorder's configuration checks; {time.perf_counter() - started:.1f}s"
     )
     return 1 if failures else 0
-

@@ -63,6 +63,10 @@ class Key:
     """Extra virtual seconds each call of this key takes."""
     poison: float = 0.0
     """Share of its records on which the handler fails at every attempt."""
+    fails: int = 0
+    """Attempts of each of its records that fail before one succeeds (on top of the plan's flaky ones)."""
+    duration: float | None = None
+    """Virtual seconds each call takes, instead of the plan's drawn ones (``slow`` still added)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,16 @@ class Burst:
     start: float
     count: int
     rate: float
+
+
+@dataclass(frozen=True)
+class Scripted:
+    """One record a regression plan produces at a set time (``Plan.script``)."""
+
+    at: float
+    key: str | None
+    partition: int
+    poison: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,13 +110,16 @@ class HandlerPlan:
     dead_letter_failures: int
     """How many times at most the dead-letter write of a record fails before it succeeds."""
 
-    def outcome(self, record: Record, slow: float, attempt: int) -> tuple[float, bool]:
-        """``(virtual seconds, fails)`` of attempt ``attempt`` (from 1) of ``record``."""
+    def outcome(self, record: Record, key: Key | None, attempt: int) -> tuple[float, bool]:
+        """``(virtual seconds, fails)`` of attempt ``attempt`` (from 1) of ``record`` (of ``key``)."""
         draw = random.Random(f"{self.seed}/{record.topic}/{record.partition}/{record.chain}/{record.seq}/{attempt}")
-        duration = draw.uniform(*self.base_duration) + slow
+        duration = draw.uniform(*self.base_duration)
+        if key is not None and key.duration is not None:
+            duration = key.duration
+        duration += key.slow if key is not None else 0.0
         if draw.random() < self.long_rate:
             duration += draw.uniform(*self.long_duration)
-        if record.poison:
+        if record.poison or (key is not None and attempt <= key.fails):
             return duration, True
         return duration, attempt <= self.flaky_attempts and draw.random() < self.fail_rate
 
@@ -132,11 +149,13 @@ class Plan:
     """The scheduler's chance to switch threads at a lock or event (``Simulation(preemption=)``)."""
     name: str = "random"
     """Which generator made it (``random``, or a regression's name)."""
+    script: tuple[Scripted, ...] = ()
+    """Records produced at set times, on top of the bursts (the regression plans use these)."""
 
     @property
     def faults_end(self) -> float:
         ends = [fault.at for fault in self.faults] + [burst.start + burst.count / burst.rate for burst in self.bursts]
-        return max(ends, default=0.0)
+        return max([*ends, *(record.at for record in self.script)], default=0.0)
 
     def describe(self) -> str:
         flags = ", ".join(f"{name}={value}" for name, value in sorted(self.flags.items()) if name != "handler")
@@ -144,7 +163,7 @@ class Plan:
         for fault in self.faults:
             kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
         faults = ", ".join(f"{kind} x{count}" for kind, count in sorted(kinds.items())) or "none"
-        records = sum(burst.count for burst in self.bursts)
+        records = sum(burst.count for burst in self.bursts) + len(self.script)
         return (
             f"plan {self.name}: {records} records on {self.topics}, {len(self.keys)} keys; faults: {faults}\n"
             f"  flags: {flags}"
@@ -217,8 +236,17 @@ def make_plan(seed: int) -> Plan:
         long_duration=(0.5, 4.0),
         dead_letter_failures=rng.choice([0, 0, 1, 3]),
     )
-    return Plan(seed, flags, topics, keys, tuple(bursts), tuple(faults), handler, quiet_limit=120.0,
-                preemption=rng.choice([0.0, 0.1, 0.3]))  # fmt: skip
+    return Plan(
+        seed,
+        flags,
+        topics,
+        keys,
+        tuple(bursts),
+        tuple(faults),
+        handler,
+        quiet_limit=120.0,
+        preemption=rng.choice([0.0, 0.1, 0.3]),
+    )
 
 
 def _fitting_drains(flags: dict[str, Any]) -> dict[str, Any]:
@@ -387,9 +415,10 @@ class Journal:
                 listener(record)
 
 
-def make_handler(journal: Journal, plan: Plan, slow: dict[str | None, float], simulation: Any,
-                 session: int) -> Callable[[Message], None]:  # fmt: skip
+def make_handler(journal: Journal, plan: Plan, simulation: Any, session: int) -> Callable[[Message], None]:
     """The pod session's handler: find the record, take the plan's time, succeed or raise."""
+
+    keys = {key.name if key.name is not None else "<none>": key for key in plan.keys}
 
     def handle(message: Message) -> None:
         payload = json.loads(message.value or b"{}")
@@ -398,7 +427,7 @@ def make_handler(journal: Journal, plan: Plan, slow: dict[str | None, float], si
         journal.attempts[record.ident] = attempt
         call = Call(session, record, attempt, simulation.clock(), threading.get_ident())
         journal.begin(call)
-        duration, fails = plan.handler.outcome(record, slow.get(record.chain, 0.0), attempt)
+        duration, fails = plan.handler.outcome(record, keys.get(record.chain), attempt)
         simulation.sleep(duration)
         call.outcome = "failed" if fails else "ok"
         journal.end(call, simulation.clock())
