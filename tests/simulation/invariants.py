@@ -409,7 +409,9 @@ def check_leftovers(world: World) -> list[Violation]:
         ending = pod.ending
         if ending is None or ending.how == "crashed":
             continue
-        still_running = world.calls_running_at(pod.session, ending.at)
+        still_running = world.calls_running_at(pod.session, ending.at) or any(
+            call.session == pod.session and call.outcome == "cancelled" for call in world.journal.calls
+        )  # a handler past the grace: the thread pool leaves it running, the async pool cancels it
         if ending.lanes_left and not still_running:
             violations.append(
                 Violation(

@@ -30,11 +30,12 @@ from keyorder.contracts import SourceError
 from keyorder.pod import runtime_settings
 from keyorder.process_workers import ProcessWorkerPool
 from keyorder.runtime import ConsumerRuntime
-from keyorder.workers import NO_HOOKS, Completions, Lifecycle, ThreadWorkerPool, WorkerPool
+from keyorder.workers import NO_HOOKS, AsyncWorkerPool, Completions, Lifecycle, ThreadWorkerPool, WorkerPool
 from tests.simulation.broker import SimulatedBroker, SimulatedSource
+from tests.simulation.eventloop import event_loop_factory
 from tests.simulation.processes import SimulatedChild, child_factory
 from tests.simulation.scheduler import SimThread, Simulation, Terminated
-from tests.simulation.workload import Journal, Plan, SimulatedDeadLetters, make_handler
+from tests.simulation.workload import Journal, Plan, SimulatedDeadLetters, make_async_handler, make_handler
 
 
 class PodThreads:
@@ -114,6 +115,17 @@ class SimPod:
                 handler_timeout=config.handler_timeout,
                 start_child=child_factory(simulation, self.children),
             )
+        elif config.executor == "async":
+            pool = AsyncWorkerPool(
+                make_async_handler(journal, plan, simulation, session),
+                config.workers,
+                retry,
+                dead_letters,
+                self.completions,
+                clock=simulation.clock,
+                threads=self.threads,
+                event_loop=event_loop_factory(simulation),
+            )
         else:
             pool = ThreadWorkerPool(
                 handler,
@@ -156,6 +168,8 @@ class SimPod:
             raise
         except BaseException as unexpected:  # a bug: the checks report it
             error = unexpected
+        if self.ending is not None:  # crashed: the simulation unwinds a frozen thread at its end, nothing more
+            return
         ending = Ending(self.simulation.clock(), "stopped" if error is None else "exited", error)
         ending.lanes_left = self.pool.lane_summary().queued
         ending.threads_left = [thread.name for thread in self.threads.started if thread.is_alive()]

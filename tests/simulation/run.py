@@ -460,6 +460,7 @@ class World:
                 )
             self.ticking = False
         finally:
+            self.journal.closed = True
             sim.close()  # threads still blocked (a crashed pod's) end here; their last log lines are traced
             logger.removeHandler(self._capture)
             logger.setLevel(previous_level)
@@ -602,6 +603,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes for --seeds (default 1)")
     parser.add_argument("--trace", action="store_true", help="print the run's event log (with --seed)")
     args = parser.parse_args(argv)
+    # what the simulation's end unwinds (a crashed pod's threads, an abandoned event loop's tasks) logs after
+    # the run's own capture is gone: not to stderr
+    logging.getLogger().addHandler(logging.NullHandler())
     if os.environ.get("PYTHONHASHSEED") != "0":  # a run's set and dict orders depend on it: replays need 0
         os.environ["PYTHONHASHSEED"] = "0"
         os.execv(sys.executable, [sys.executable, "-m", "tests.simulation", *(sys.argv[1:] if argv is None else argv)])

@@ -20,6 +20,7 @@ uncommitted, batch) are small too, so that holds, pauses and commits under press
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import threading
@@ -173,7 +174,7 @@ class Plan:
 def make_plan(seed: int) -> Plan:
     """The random plan of ``seed``: a configuration, a workload and a fault schedule."""
     rng = random.Random(f"plan/{seed}")
-    executor = "process" if rng.random() < 0.3 else "thread"
+    executor = rng.choices(["thread", "process", "async"], [5, 3, 2])[0]
     workers = rng.choice([1, 1, 2, 2, 3, 4, 6, 8])
     max_inflight = rng.choice([2, 4, 8, 16, 32, 64, 200])
     per_partition = rng.randint(1, max_inflight)
@@ -185,7 +186,9 @@ def make_plan(seed: int) -> Plan:
     protocol = rng.choices(["cooperative", "eager", "consumer"], [6, 2, 2])[0]
     static = rng.random() < (0.02 if protocol == "consumer" else 0.2)
     short_poll_interval = rng.random() < 0.3
-    max_poll_ms = rng.choice([8_000, 12_000, 20_000, 40_000]) if short_poll_interval else 300_000
+    shortest = 8_000 if executor == "thread" else 20_000  # the other executors' stop needs more after the grace
+    max_poll_ms = rng.choice([shortest, 12_000, 20_000, 40_000]) if short_poll_interval else 300_000
+    max_poll_ms = max(max_poll_ms, shortest)
     grace = rng.choice([0.0, 0.5, 2.0, 5.0, 10.0, 20.0])
     drain = rng.choice([0.0, 0.2, 1.0, 3.0, 10.0])
     fit_drains = rng.random() < 0.97  # mostly configurations a user could run; a few that keyorder must refuse
@@ -352,7 +355,8 @@ class Call:
     """``threading.get_ident()`` of the thread that ran it (a worker thread, or a worker process's)."""
     ended: float | None = None
     outcome: str = "running"
-    """``ok``, ``failed``, ``killed`` (its worker process was), ``crashed`` (its pod was) or ``running``."""
+    """``ok``, ``failed``, ``killed`` (its worker process was), ``crashed`` (its pod was), ``cancelled`` (the
+    async pool's stop cancelled it after the grace) or ``running``."""
 
 
 @dataclass(eq=False)
@@ -382,6 +386,9 @@ class Journal:
         self.started_at: dict[int, float] = {}
         self.on_handled: list[Callable[[Record], None]] = []
         self.on_call: list[Callable[[Call], None]] = []
+        self.closed = False
+        """Set when the run ends: threads the simulation unwinds then (a frozen worker process's batch loop
+        catches the unwinding and goes on to its next message) must not add calls."""
         self.running: set[Call | DeadLetterWrite] = set()
         """Calls and dead-letter writes started and not ended (a killed one is ended by whoever kills it)."""
         self.last_call: dict[int, Call] = {}
@@ -415,12 +422,44 @@ class Journal:
                 listener(record)
 
 
+def make_async_handler(journal: Journal, plan: Plan, simulation: Any, session: int) -> Callable[[Message], Any]:
+    """The async executor's handler: as ``make_handler``'s, awaiting the virtual time on the pool's
+    (simulated) event loop."""
+    keys = {key.name if key.name is not None else "<none>": key for key in plan.keys}
+
+    async def handle(message: Message) -> None:
+        if journal.closed:
+            raise HandlerFailure("the simulation has ended")
+        payload = json.loads(message.value or b"{}")
+        record = journal.records[payload["id"]]
+        attempt = journal.attempts.get(record.ident, 0) + 1
+        journal.attempts[record.ident] = attempt
+        call = Call(session, record, attempt, simulation.clock(), threading.get_ident())
+        journal.begin(call)
+        duration, fails = plan.handler.outcome(record, keys.get(record.chain), attempt)
+        try:
+            await asyncio.sleep(duration)
+        except BaseException:  # cancelled by the pool's stop after the grace: the call ends here
+            call.outcome = "cancelled"
+            journal.end(call, simulation.clock())
+            raise
+        call.outcome = "failed" if fails else "ok"
+        journal.end(call, simulation.clock())
+        if fails:
+            raise HandlerFailure(f"{record.describe()} attempt {attempt} failed")
+        journal.handled(record, simulation.clock())
+
+    return handle
+
+
 def make_handler(journal: Journal, plan: Plan, simulation: Any, session: int) -> Callable[[Message], None]:
     """The pod session's handler: find the record, take the plan's time, succeed or raise."""
 
     keys = {key.name if key.name is not None else "<none>": key for key in plan.keys}
 
     def handle(message: Message) -> None:
+        if journal.closed:
+            raise HandlerFailure("the simulation has ended")
         payload = json.loads(message.value or b"{}")
         record = journal.records[payload["id"]]
         attempt = journal.attempts.get(record.ident, 0) + 1
@@ -451,6 +490,8 @@ class SimulatedDeadLetters:
         self.journal, self.plan, self.simulation, self.session = journal, plan, simulation, session
 
     def publish(self, message: Message, error: BaseException, attempts: int) -> None:
+        if self.journal.closed:
+            raise DeadLetterError("the simulation has ended")
         payload = json.loads(message.value or b"{}")
         record = self.journal.records[payload["id"]]
         journal = self.journal

@@ -1,0 +1,222 @@
+"""The pod simulation inside the suite: a few hundred random seeds, the issue-36 regression plans, and the
+simulated broker's fidelity to the librdkafka behaviours it copies.
+
+The seeds run in one subprocess with ``PYTHONHASHSEED=0``, as ``make soak`` and a replay run them, so a
+seed that fails here fails identically on the command it prints (``python -m tests.simulation --seed
+N``). Each regression plan failed on the code before its fix (``tests/simulation/regressions.py``
+names the violation); here it must hold. The broker tests pin what the simulation's verdicts rest
+on: each names the librdkafka (or adapter) function whose behaviour it checks.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyorder.contracts import CommitError
+from tests.simulation.broker import SimulatedBroker, SimulatedSource
+from tests.simulation.scheduler import Simulation
+
+ROOT = Path(__file__).resolve().parents[2]
+SEEDS = "0-299"
+"""The seeds ``make test`` runs (``make soak`` runs 10,000)."""
+
+
+def _simulate(*arguments: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHONHASHSEED": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.simulation", *arguments],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,  # hang guard
+    )
+
+
+@pytest.mark.slow
+def test_random_seeds_hold_every_invariant() -> None:
+    result = _simulate("--seeds", SEEDS, "--jobs", "2")
+    assert result.returncode == 0, f"{result.stdout[-30000:]}\n{result.stderr[-5000:]}"
+    assert "with violations" in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_each_issue_36_defect_keeps_a_regression_plan_that_holds_now() -> None:
+    result = _simulate("--regressions")
+    assert result.returncode == 0, f"{result.stdout[-30000:]}\n{result.stderr[-5000:]}"
+
+
+# -- the simulated broker's fidelity ------------------------------------------------------------------------
+class _Recorder:
+    """The runtime's side of the Source seam, recording what the source calls back."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self.commit_results: list[Any] = []
+
+    def assign(self, tps: list) -> None:
+        self.events.append(("assign", tps))
+
+    def revoke(self, tps: list) -> None:
+        self.events.append(("revoke", tps))
+
+    def lost(self, tps: list) -> None:
+        self.events.append(("lost", tps))
+
+
+World = tuple[Simulation, SimulatedBroker, SimulatedSource, _Recorder]
+
+
+def _world(properties: dict[str, str] | None = None, partitions: int = 2) -> World:
+    simulation = Simulation(7, preemption=0.0)
+    broker = SimulatedBroker(simulation, {"t": partitions})
+    source = SimulatedSource(broker, {"partition.assignment.strategy": "cooperative-sticky", **(properties or {})}, 1,
+                             "pod1")  # fmt: skip
+    recorder = _Recorder()
+    source.on_commit_result = recorder.commit_results.append
+    return simulation, broker, source, recorder
+
+
+def _drive(simulation: Simulation, main: Any, limit: float = 60.0) -> None:
+    simulation.spawn(main, name="poll")
+    simulation.run(limit=limit)
+    assert simulation.errors == [], simulation.errors
+    simulation.close()
+
+
+def test_asynchronous_commit_results_arrive_inside_a_later_consume() -> None:
+    """librdkafka serves the offset-commit op on the consumer queue (src/rdkafka.c ``rd_kafka_poll_cb``):
+    ``commit(asynchronous=True)`` returns nothing, its outcomes come through the callback in ``consume``."""
+    simulation, broker, source, recorder = _world()
+    seen: list[Any] = []
+
+    def main() -> None:
+        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        seen.append(source.commit({("t", 0): (0, "")}, asynchronous=True))
+        seen.append(list(recorder.commit_results))
+        source.consume(10, 0.1)
+        seen.append(list(recorder.commit_results))
+
+    _drive(simulation, main)
+    assert seen == [[], [], [[(("t", 0), 0, None)]]]
+    assert broker.committed(("t", 0)) == (0, "")
+
+
+def test_a_synchronous_commit_with_one_failing_partition_fails_as_a_whole() -> None:
+    """src/rdkafka_request.c ``rd_kafka_handle_OffsetCommit`` returns the failed partition's error as the
+    request's; confluent-kafka raises it, so ``KafkaSource.commit`` raises ``CommitError``."""
+    from tests.simulation.broker import CommitFaults
+
+    simulation, broker, source, recorder = _world()
+    raised: list[str] = []
+
+    def main() -> None:
+        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        broker.commit_faults = CommitFaults(until=simulation.clock() + 10, whole_request=False, share=1.0)
+        try:
+            source.commit({("t", 0): (3, ""), ("t", 1): (2, "")}, asynchronous=False)
+        except CommitError as error:
+            raised.append(str(error))
+
+    _drive(simulation, main)
+    assert raised == ["Broker: Request timed out"]
+
+
+def test_pause_stops_fetching_and_resume_seeks_to_the_offset_given() -> None:
+    """Pause: no record of the partition is handed out (src/rdkafka_partition.c ``rd_kafka_toppar_pause_resume``
+    purges its fetch queue); resume with a seek fetches from that offset (``KafkaSource.resume``)."""
+    simulation, broker, source, recorder = _world(partitions=1)
+    fetched: list[list[int]] = []
+
+    def main() -> None:
+        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        for _ in range(5):
+            broker.produce("t", 0, b"k")
+        fetched.append([message.offset for message in source.consume(2, 0.1)])
+        source.pause([("t", 0)])
+        fetched.append([message.offset for message in source.consume(10, 0.1)])
+        source.resume({("t", 0): 1})
+        fetched.append([message.offset for message in source.consume(10, 0.1)])
+
+    _drive(simulation, main)
+    assert fetched == [[0, 1], [], [1, 2, 3, 4]]
+
+
+def test_past_max_poll_interval_the_member_is_lost_and_its_commits_fail_until_it_rejoins() -> None:
+    """src/rdkafka_cgrp.c ``rd_kafka_cgrp_max_poll_interval_check_tmr_cb``: past max.poll.interval.ms without
+    a poll the member leaves and its assignment is lost (``on_lost`` at the next consume); the broker then
+    refuses its commits (UNKNOWN_MEMBER_ID) until it has rejoined."""
+    simulation, _broker, source, recorder = _world({"max.poll.interval.ms": "2000", "session.timeout.ms": "2000"})
+    outcomes: list[Any] = []
+
+    def main() -> None:
+        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        simulation.sleep(3.0)  # no poll for longer than max.poll.interval.ms
+        try:
+            source.commit({("t", 0): (0, "")}, asynchronous=False)
+        except CommitError as error:
+            outcomes.append(str(error))
+        source.consume(10, 0.1)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        outcomes.append(source.commit({("t", 0): (0, "")}, asynchronous=False))
+
+    _drive(simulation, main)
+    assert [kind for kind, _tps in recorder.events] == ["assign", "lost", "assign"]
+    assert outcomes == ["Broker: Unknown member", [(("t", 0), 0, None)]]
+
+
+def test_a_static_member_under_the_consumer_protocol_leaves_only_until_its_session_times_out() -> None:
+    """src/rdkafka_cgrp.c ``rd_kafka_cgrp_consumer_leave``: a static member leaves with member epoch -2, so
+    the broker keeps its partitions until the session times out (issue 36, defect 4)."""
+    simulation, broker, source, recorder = _world({"group.protocol": "consumer", "group.instance.id": "a"})
+    owners: list[Any] = []
+
+    def main() -> None:
+        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        source.close()
+        owners.append(sorted(broker.kept_for_static))
+
+    _drive(simulation, main)
+    assert owners == [[("t", 0), ("t", 1)]]
+    (handover,) = broker.handovers
+    assert handover.kept == {("t", 0), ("t", 1)}
+    # virtual seconds: the session timeout, then the rebalance that frees them (at most 0.2 s later)
+    assert handover.released_at == pytest.approx(handover.closed_at + 45.1, abs=0.11)
+
+
+def test_a_truncated_log_moves_the_fetch_position_back_to_the_truncation_point() -> None:
+    """KIP-320 position validation (src/rdkafka_offset.c, after ``rd_kafka_offset_validate``: "Partition log
+    truncation detected ... Seek to the updated end offset"); new records reuse the offsets."""
+    simulation, broker, source, recorder = _world(partitions=1)
+    fetched: list[list[int]] = []
+
+    def main() -> None:
+        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        for _ in range(5):
+            broker.produce("t", 0, b"k")
+        fetched.append([message.offset for message in source.consume(10, 0.1)])
+        broker.truncate(("t", 0), 2)
+        broker.produce("t", 0, b"k")
+        fetched.append([message.offset for message in source.consume(10, 0.1)])
+
+    _drive(simulation, main)
+    assert fetched == [[0, 1, 2, 3, 4], [2]]
