@@ -103,6 +103,7 @@ class Truth:
                 self.by_chain.setdefault((tp, record.chain), []).append(record)
         self.handled_at = world.journal.handled_at
         self.block = world.config.on_exhausted == "block"
+        self._blocked: set[int] | None = None
 
     def existed(self, record: Record, at: float) -> bool:
         """The record was in its partition's log at ``at``."""
@@ -118,25 +119,32 @@ class Truth:
         return {record.offset: record for record in self.by_partition[tp] if self.existed(record, at)}
 
     def blocked_by_design(self, record: Record) -> bool:
-        return blocked_by_design(record, self.block, self.by_partition.values(), self.gone_at)
+        if self._blocked is None:
+            self._blocked = blocked_by_design(self.block, self.by_partition.values(), self.gone_at)
+        return record.ident in self._blocked
 
 
-def blocked_by_design(record: Record, block: bool, partitions: Iterable[Iterable[Record]], gone_at: Any) -> bool:
-    """Under ``onExhausted: block``, a record that always fails blocks its key for good: it and every
-    record behind it in its partition (whose in-flight and uncommitted bounds it holds, so the pod may
-    never read them), and, since a key's lane is shared, the key's records in other partitions may stay
-    unhandled (the commit check still keeps them uncommitted). ``partitions``: every partition's records."""
+def blocked_by_design(block: bool, partitions: Iterable[Iterable[Record]], gone_at: Any) -> set[int]:
+    """The records that may stay unhandled by design (their identities), given every partition's records.
+
+    Under ``onExhausted: block`` a record that always fails blocks its key for good: it, the key's records
+    in other partitions (the key's lane is shared, so they queue behind it), and every record behind any
+    of those in its partition (the blocked ones hold the partition's in-flight and uncommitted bounds, so
+    the pod may never read further). The commit check still keeps all of them uncommitted.
+    """
     if not block:
-        return False
-    for records in partitions:
-        for other in records:
-            if not other.poison or other.ident in gone_at:
-                continue
-            if other.tp == record.tp and other.offset <= record.offset:
-                return True
-            if other.tp != record.tp and record.key is not None and other.key == record.key:
-                return True
-    return False
+        return set()
+    every = [record for records in partitions for record in records if record.ident not in gone_at]
+    poison_keys: dict[bytes, set[tuple[str, int]]] = {}
+    for record in every:
+        if record.poison and record.key is not None:
+            poison_keys.setdefault(record.key, set()).add(record.tp)
+    first_blocked: dict[tuple[str, int], int] = {}
+    for record in every:
+        blocking = record.poison or (record.key is not None and bool(poison_keys.get(record.key, set()) - {record.tp}))
+        if blocking and record.offset < first_blocked.get(record.tp, record.offset + 1):
+            first_blocked[record.tp] = record.offset
+    return {record.ident for record in every if record.offset >= first_blocked.get(record.tp, record.offset + 1)}
 
 
 # -- commits ------------------------------------------------------------------------------------------------
@@ -318,6 +326,25 @@ def _batch_end(world: World, call: Any) -> float:
     return end
 
 
+def _batches_with(world: World, session: int, partitions: Iterable[tuple[str, int]], at: float) -> list[Any]:
+    """The process executor's batches running at ``at`` (any partition's message running) that hold a message
+    of ``partitions``: the child runs a batch to its end, and the pool settles it only then."""
+    wanted = set(partitions)
+    found = []
+    for call in world.journal.calls:
+        if call.session != session or call.started > at or (call.ended is not None and call.ended <= at):
+            continue
+        end = _batch_end(world, call)
+        batch = [
+            other
+            for other in world.journal.calls
+            if other.thread == call.thread and call.started <= other.started <= end
+        ]
+        if any(other.record.tp in wanted for other in batch):
+            found.append(call)
+    return found
+
+
 def check_revokes(world: World) -> list[Violation]:
     violations: list[Violation] = []
     drain = world.config.revoke_drain_timeout
@@ -326,6 +353,8 @@ def check_revokes(world: World) -> list[Violation]:
             if span.ended is None or span.closing:
                 continue
             running = _work_running(world, span.session, span.partitions, span.started)
+            if world.config.executor == "process":  # a batch sent before the revoke comes back whole
+                running += _batches_with(world, span.session, span.partitions, span.started)
             if not running:
                 bound = span.started + QUICK
                 why = "no handler of its partitions was running"
@@ -587,6 +616,7 @@ class HoldCheck:
         self.flow = flow
         self.original = flow.decide
         self.reported = False
+        self.holding = False
         self.turns_paused = 0
         flow.decide = self.decide
 
@@ -595,6 +625,16 @@ class HoldCheck:
         flow = self.flow
         if flow.paused:
             self.turns_paused += 1
+        if decision.to_pause or decision.to_resume or (decision.hold is not None) != self.holding:
+            bound = flow.partition_bound(len(partitions))
+            full = ", ".join(tp_name(tp) for tp, load in partitions.items() if load.inflight >= bound.inflight)
+            paused = ", ".join(map(tp_name, sorted(flow.paused)))
+            hold = "none" if decision.hold is None else f"{decision.hold:.3f}s"
+            text = (
+                f"pod{self.pod.session} flow: hold {hold}, paused {paused or 'none'}, full in flight {full or 'none'}"
+            )
+            self.world.trace.append((now, text))
+        self.holding = decision.hold is not None
         if decision.hold is None or self.reported:
             return decision
         limits = flow.limits

@@ -214,3 +214,21 @@ REGRESSIONS: dict[str, Regression] = {
     "withdrawn-blocked-head": Regression("9", 1, withdrawn_blocked_head, ""),
 }
 """Name -> regression (the name is ``--plan``'s value)."""
+
+
+def truncated_while_fetched(seed: int) -> Plan:
+    """Finding F3 (open): a partition's log truncated below what the pod has received while it fetches (an
+    unclean leader election): librdkafka moves the position back to the truncation point (KIP-320), and the
+    new records at the reused offsets are taken for re-deliveries (``PartitionOffsets.received``: an offset
+    at or below the last received one) and never run, while the commit moves past them."""
+    keys = (Key("k", 1.0, (0,)),)
+    script = tuple(Scripted(0.5 + 0.05 * index, "k", 0) for index in range(10))
+    script += tuple(Scripted(4.0 + 0.05 * index, "k", 0) for index in range(5))
+    faults = (Fault(3.0, "truncate", {"partition": 0, "back": 5, "while_fetched": True}),)
+    return _plan("truncated-while-fetched", seed, _flags(), keys, script, faults)
+
+
+OPEN_FINDINGS: dict[str, Regression] = {
+    "truncated-while-fetched": Regression("F3", 1, truncated_while_fetched, ""),
+}
+"""Plans that still fail on the current code: findings of the simulation, not yet fixed (not in ``--regressions``)."""

@@ -164,7 +164,7 @@ class World:
     def _recount(self) -> None:
         handled, gone = self.journal.handled_at, self.broker.gone_at
         block = self.config.on_exhausted == "block"
-        poison = [[record for record in records if record.poison] for records in self._unhandled.values()]
+        excused = blocked_by_design(block, [log_.records for log_ in self.broker.logs.values()], gone)
         remaining = 0
         for records in self._unhandled.values():
             while records and (records[0].ident in handled or records[0].ident in gone):
@@ -172,7 +172,7 @@ class World:
             for record in records:
                 if record.ident in handled or record.ident in gone:
                     continue
-                if block and blocked_by_design(record, block, poison, gone):
+                if record.ident in excused:
                     continue
                 remaining += 1
         self.remaining = remaining
@@ -182,7 +182,12 @@ class World:
         return records[offset] if 0 <= offset < len(records) else None
 
     def failures(self, record: Record) -> int:
-        return sum(1 for call in self.journal.calls if call.record.ident == record.ident and call.outcome == "failed")
+        """Failed attempts of ``record``: the handler raised, or its worker process died under it."""
+        return sum(
+            1
+            for call in self.journal.calls
+            if call.record.ident == record.ident and call.outcome in ("failed", "killed")
+        )
 
     def running_pods(self) -> list[SimPod]:
         return [pod for pod in self.pods if pod.running]
@@ -381,9 +386,11 @@ class World:
             pod.restart_after = params["restart_after"]  # type: ignore[attr-defined]
             pod.source.queue_event(("error", KafkaError(KafkaError._FENCED, "simulated fatal error", fatal=True)))
         elif kind == "truncate":
-            tp = rng.choice(tps)
+            tp = (tps[0][0], params["partition"]) if "partition" in params else rng.choice(tps)
             log_ = broker.logs[tp]
-            if log_.end and (pod is None or tp not in pod.source.assigned):  # a partition nobody fetches now
+            fetched = pod is not None and tp in pod.source.assigned
+            # a partition nobody fetches now (one being fetched is finding F3 of docs/testing.md: OPEN_FINDINGS)
+            if log_.end and (not fetched or params.get("while_fetched")):
                 broker.truncate(tp, max(0, log_.end - params["back"]))
                 self._recount()
             else:
@@ -496,9 +503,12 @@ def _commit_faults(until: float, whole: bool, code: int, share: float) -> Any:
 def plan_for(seed: int, name: str = "random") -> Plan:
     if name == "random":
         return make_plan(seed)
-    from tests.simulation.regressions import REGRESSIONS
+    from tests.simulation.regressions import OPEN_FINDINGS, REGRESSIONS
 
-    return REGRESSIONS[name].plan(seed)
+    regression = REGRESSIONS.get(name) or OPEN_FINDINGS.get(name)
+    if regression is None:
+        raise SystemExit(f"--plan {name}: no such plan (random, {', '.join([*REGRESSIONS, *OPEN_FINDINGS])})")
+    return regression.plan(seed)
 
 
 def run_plan(plan: Plan, trace: bool = False) -> Result:
