@@ -204,14 +204,63 @@ def withdrawn_blocked_head(seed: int) -> Plan:
 
 
 REGRESSIONS: dict[str, Regression] = {
-    "idle-process-killed": Regression("1", 1, idle_process_killed, ""),
-    "blocked-key-stalls-the-pod": Regression("2", 1, blocked_key_stalls_the_pod, ""),
-    "revoke-waits-for-a-failed-handler": Regression("3", 1, revoke_waits_for_a_failed_handler, ""),
-    "static-member-keeps-partitions": Regression("4", 1, static_member_keeps_partitions, ""),
-    "shutdown-waits-for-a-blocked-key": Regression("5", 1, shutdown_waits_for_a_blocked_key, ""),
-    "paused-partition-holds": Regression("6", 1, paused_partition_holds, ""),
-    "retry-due-time-missed": Regression("7", 1, retry_due_time_missed, ""),
-    "withdrawn-blocked-head": Regression("9", 1, withdrawn_blocked_head, ""),
+    "idle-process-killed": Regression(
+        "1",
+        1,
+        idle_process_killed,
+        "[commits] at 3.202s: pod session 1 committed orders[0] at offset 4 while orders[0]@3 key a seq 3 below it "
+        "was not handled (handled never)",
+    ),
+    "blocked-key-stalls-the-pod": Regression(
+        "2",
+        1,
+        blocked_key_stalls_the_pod,
+        "[liveness] at 1.800s: pod session 1: orders[1] had work that could run (orders[1]@0 key healthy seq 0) "
+        "and an idle worker (0 of 2 busy) from 1.800s to 3.350s without a handler start (...; paused: True); "
+        "[at least once] 40 records never handled by the end",
+    ),
+    "revoke-waits-for-a-failed-handler": Regression(
+        "3",
+        1,
+        revoke_waits_for_a_failed_handler,
+        "[revoke bound] at 1.369s: pod session 1's revoke of orders[0] took 0.340s (until 1.709s); the 1 handler "
+        "calls it waited for ended by 1.518s (bound 1.618s, drain timeout 5s)",
+    ),
+    "static-member-keeps-partitions": Regression(
+        "4",
+        1,
+        static_member_keeps_partitions,
+        "[handover] at 2.537s: pod session 1 stopped at 2.537s, but the broker kept orders[1] assigned to it until "
+        "47.550s: its leave was only temporary (now: the configuration is refused)",
+    ),
+    "shutdown-waits-for-a-blocked-key": Regression(
+        "5",
+        1,
+        shutdown_waits_for_a_blocked_key,
+        "[shutdown bound] at 3.000s: pod session 1 was asked to stop at 3.000s and stopped at 13.012s, although its "
+        "last handler call or dead-letter write ended at 3.000s (bound 3.200s; grace 10s)",
+    ),
+    "paused-partition-holds": Regression(
+        "6",
+        1,
+        paused_partition_holds,
+        "[flow] at 0.618s: pod session 1's poll loop held reading for 5.000s although no partition full in flight "
+        "was unpaused (full: orders[0]; paused: orders[0]; pod 5 in flight of 8)",
+    ),
+    "retry-due-time-missed": Regression(
+        "7",
+        1,
+        retry_due_time_missed,
+        "[liveness] at 2.100s: pod session 1: orders[0] had work that could run (orders[0]@400 key retry seq 0) and "
+        "an idle worker (1 of 2 busy) from 2.100s to 3.400s without a handler start (bound 1.27s; ...)",
+    ),
+    "withdrawn-blocked-head": Regression(
+        "9",
+        1,
+        withdrawn_blocked_head,
+        "[lanes] at 1.350s: pod session 1's lanes report orders[1]@0 blocked, but orders[1]@0 key k seq 0 has failed "
+        "0 times, fewer than --max-attempts 1",
+    ),
 }
 """Name -> regression (the name is ``--plan``'s value)."""
 
@@ -229,6 +278,12 @@ def truncated_while_fetched(seed: int) -> Plan:
 
 
 OPEN_FINDINGS: dict[str, Regression] = {
-    "truncated-while-fetched": Regression("F3", 1, truncated_while_fetched, ""),
+    "truncated-while-fetched": Regression(
+        "F3",
+        1,
+        truncated_while_fetched,
+        "[at least once] 5 records never handled by the end, the first orders[0]@5 key k seq 10 produced at 4.000s "
+        "(never called): fails on the current code too",
+    ),
 }
 """Plans that still fail on the current code: findings of the simulation, not yet fixed (not in ``--regressions``)."""

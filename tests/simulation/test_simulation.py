@@ -52,6 +52,14 @@ def test_each_issue_36_defect_keeps_a_regression_plan_that_holds_now() -> None:
     assert result.returncode == 0, f"{result.stdout[-30000:]}\n{result.stderr[-5000:]}"
 
 
+def test_a_seed_replays_the_same_run() -> None:
+    """The replay command a failing seed prints gives the same run: the same event log, step for step."""
+    first, second = (_simulate("--seed", "11", "--trace") for _ in range(2))
+    assert first.returncode == second.returncode
+    assert first.stdout.splitlines()[:-3] == second.stdout.splitlines()[:-3]  # the summary's last lines time the run
+    assert len(first.stdout.splitlines()) > 100
+
+
 # -- the simulated broker's fidelity ------------------------------------------------------------------------
 class _Recorder:
     """The runtime's side of the Source seam, recording what the source calls back."""
