@@ -617,14 +617,11 @@ class HoldCheck:
         self.original = flow.decide
         self.reported = False
         self.holding = False
-        self.turns_paused = 0
         flow.decide = self.decide
 
     def decide(self, partitions: Any, pod_load: Any, now: float) -> Any:
         decision = self.original(partitions, pod_load, now)
         flow = self.flow
-        if flow.paused:
-            self.turns_paused += 1
         if decision.to_pause or decision.to_resume or (decision.hold is not None) != self.holding:
             bound = flow.partition_bound(len(partitions))
             full = ", ".join(tp_name(tp) for tp, load in partitions.items() if load.inflight >= bound.inflight)

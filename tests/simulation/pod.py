@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,7 +148,6 @@ class SimPod:
         )
         self.source.on_commit_result = self.runtime.record_commit_outcomes
         self.stop = simulation.Event()
-        self.started_at = simulation.clock()
         self.stop_requested_at: float | None = None
         self.ending: Ending | None = None
         self.on_end: list[Callable[[SimPod], None]] = []
@@ -211,17 +209,3 @@ class SimPod:
         self.ending = Ending(self.simulation.clock(), "crashed")
         for listener in self.on_end:
             listener(self)
-
-    def busy_threads(self) -> set[int]:
-        """Thread identities that are (or run the handler for) this pod's workers."""
-        identities = {thread.ident for thread in self.threads.started if thread.ident is not None}
-        for child in self.children:
-            process = child.process
-            identity = getattr(getattr(process, "_thread", None), "ident", None)
-            if identity is not None:
-                identities.add(identity)
-        return identities
-
-
-def current_thread_ident() -> int:
-    return threading.get_ident()

@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import sys
 import time
+import traceback
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from keyorder.contracts import SourceError
 from keyorder.pod import runtime_settings
 from keyorder.worker_process import MAX_BATCH
 from tests.simulation import invariants
-from tests.simulation.broker import Record, SimulatedBroker
+from tests.simulation.broker import CommitFaults, Record, SimulatedBroker
 from tests.simulation.invariants import TICK, HoldCheck, LaneReportCheck, LivenessMonitor, Violation, blocked_by_design
 from tests.simulation.pod import SimPod
 from tests.simulation.processes import live_processes
@@ -374,9 +375,7 @@ class World:
             code = rng.choice(
                 [KafkaError.REQUEST_TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.REBALANCE_IN_PROGRESS]
             )
-            broker.commit_faults = _commit_faults(
-                sim.clock() + params["seconds"], params["whole"], code, params["share"]
-            )
+            broker.commit_faults = CommitFaults(sim.clock() + params["seconds"], params["whole"], code, params["share"])
         elif kind == "consumer_error" and pod is not None:
             code = rng.choice(
                 [KafkaError._TRANSPORT, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_LEADER_FOR_PARTITION]
@@ -494,12 +493,6 @@ class World:
                 return
 
 
-def _commit_faults(until: float, whole: bool, code: int, share: float) -> Any:
-    from tests.simulation.broker import CommitFaults
-
-    return CommitFaults(until, whole, code, share)
-
-
 def plan_for(seed: int, name: str = "random") -> Plan:
     if name == "random":
         return make_plan(seed)
@@ -527,6 +520,8 @@ def run_plan(plan: Plan, trace: bool = False) -> Result:
         world.run()
     except SimulationStuck as stuck:
         world.violations.append(Violation("stuck", world.sim.clock(), str(stuck)))
+    except Exception:  # the simulation's own code failed: report it with the seed, and go on with the next
+        world.violations.append(Violation("harness", world.sim.clock(), traceback.format_exc()))
     result.violations = invariants.check(world)
     result.real_seconds = time.perf_counter() - started
     result.summary = _summary(world, result)

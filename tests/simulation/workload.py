@@ -33,22 +33,6 @@ from keyorder.contracts import DeadLetterError
 from keyorder.message import Message
 from tests.simulation.broker import Record
 
-FAULT_KINDS = (
-    "resize",
-    "move_elsewhere",
-    "session_lost",
-    "commit_failures",
-    "consumer_error",
-    "fatal_error",
-    "truncate",
-    "outage",
-    "sigterm",
-    "rolling_restart",
-    "crash",
-    "kill_process",
-)
-"""Every kind of fault the schedule may hold (``Fault.kind``)."""
-
 
 @dataclass(frozen=True)
 class Key:
@@ -383,7 +367,6 @@ class Journal:
         self.dead_letter_attempts: dict[int, int] = {}
         self.handled_at: dict[int, float] = {}
         """Record identity -> when its first successful call (or dead-letter write) ended."""
-        self.started_at: dict[int, float] = {}
         self.on_handled: list[Callable[[Record], None]] = []
         self.on_call: list[Callable[[Call], None]] = []
         self.closed = False
@@ -399,7 +382,6 @@ class Journal:
         if isinstance(work, Call):
             self.calls.append(work)
             self.last_call[work.record.ident] = work
-            self.started_at.setdefault(work.record.ident, work.started)
             for listener in self.on_call:
                 listener(work)
         else:
