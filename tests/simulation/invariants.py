@@ -47,6 +47,10 @@ QUICK = 0.1
 polling (2-25 ms), a synchronous commit round trip (at most 20 ms here) and the close."""
 HANDOVER_BOUND = 1.0
 """Seconds within which a stopping pod's partitions must be free for another member."""
+SPIN_REPEATS = 50
+"""Identical flow decisions in a row (nothing changed, no hold) that count as the loop spinning: the
+loop turns every 5 ms while a partition is paused, and a decision under commit pressure may be remade a
+few times while its early commit waits for its spacing (20 ms), never 50."""
 TICK = 0.05
 """Virtual seconds between two looks of the online checks."""
 
@@ -617,6 +621,10 @@ class HoldCheck:
         self.original = flow.decide
         self.reported = False
         self.holding = False
+        self.repeats = 0
+        self.repeats_since = 0.0
+        self._last_inputs: Any = None
+        self.spin_reported = False
         flow.decide = self.decide
 
     def decide(self, partitions: Any, pod_load: Any, now: float) -> Any:
@@ -632,6 +640,7 @@ class HoldCheck:
             )
             self.world.trace.append((now, text))
         self.holding = decision.hold is not None
+        self._count_repeats(partitions, pod_load, decision, now)
         if decision.hold is None or self.reported:
             return decision
         limits = flow.limits
@@ -654,6 +663,28 @@ class HoldCheck:
             )
         )
         return decision
+
+    def _count_repeats(self, partitions: Any, pod_load: Any, decision: Any, now: float) -> None:
+        """Issue 36, defect 8: the poll loop must not redo the same flow decision, an O(partitions) walk,
+        at every turn (5 ms while some partition is paused) when nothing it is made from changed."""
+        committer = self.pod.runtime.committer  # a commit sent or failed is news too (the loop re-decides on it)
+        inputs = (tuple(sorted(partitions.items())), pod_load, committer.commits, committer.failures)
+        if decision.hold is None and self.flow.paused and inputs == self._last_inputs:
+            self.repeats += 1
+        else:
+            self.repeats, self.repeats_since = 0, now
+        self._last_inputs = inputs if decision.hold is None else None
+        if self.repeats == SPIN_REPEATS and not self.spin_reported:
+            self.spin_reported = True
+            self.world.violations.append(
+                Violation(
+                    "flow",
+                    self.repeats_since,
+                    f"pod session {self.pod.session}'s poll loop made the same flow decision {SPIN_REPEATS} times in "
+                    f"a row from {self.repeats_since:.3f}s to {now:.3f}s while {tp_name(min(self.flow.paused))} was "
+                    "paused and nothing it is made from changed (each an O(partitions) walk)",
+                )
+            )
 
 
 class LaneReportCheck:

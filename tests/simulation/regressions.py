@@ -4,8 +4,8 @@ A random seed finds an interleaving by chance; these plans make one likely on pu
 workload and faults aimed at one defect, so that each defect keeps a seed that would catch it
 again. ``python -m tests.simulation --regressions`` runs them all; ``--plan NAME --seed N`` one.
 Each entry names the invariant that failed on the code before the fix and the message it gave
-there (run against commit 62264b1 in a worktree, with ``tests/simulation`` copied in); defect 8 (the
-poll loop's CPU cost) is a cost, not an invariant, and has none.
+there (run against commit 62264b1 in a worktree, with ``tests/simulation`` copied in). Defect 8 is a
+cost; its poll-loop part is caught as a loop that redoes the same flow decision turn after turn.
 """
 
 from __future__ import annotations
@@ -192,6 +192,18 @@ def retry_due_time_missed(seed: int) -> Plan:
     return _plan("retry-due-time-missed", seed, flags, keys, script)
 
 
+def paused_loop_spins(seed: int) -> Plan:
+    """Defect 8 (the poll loop's part): while a partition was paused the loop turned every 5 ms and redid the
+    whole flow decision each turn, though nothing had changed. A blocked key keeps one partition paused on
+    its uncommitted bound; the other partition has nothing to read."""
+    keys = (Key("poison", 1.0, (0,), poison=1.0), Key("other", 1.0, (1,)))
+    script = tuple(Scripted(0.5 + 0.01 * index, "poison", 0, poison=True) for index in range(4))
+    script += (Scripted(0.6, "other", 1), Scripted(8.0, "other", 1))
+    flags = _flags(on_exhausted="block", max_attempts=1, max_inflight=8, max_inflight_per_partition=4,
+                   max_uncommitted=8, retry_max_backoff=30.0, commit_interval=1.0)  # fmt: skip
+    return _plan("paused-loop-spins", seed, flags, keys, script, partitions=2)
+
+
 def withdrawn_blocked_head(seed: int) -> Plan:
     """Defect 9: withdrawing a blocked head (its partition revoked) left its lane marked blocked, so the
     key's next head (from another partition) was reported blocked though it never failed."""
@@ -253,6 +265,13 @@ REGRESSIONS: dict[str, Regression] = {
         retry_due_time_missed,
         "[liveness] at 2.100s: pod session 1: orders[0] had work that could run (orders[0]@400 key retry seq 0) and "
         "an idle worker (1 of 2 busy) from 2.100s to 3.400s without a handler start (bound 1.27s; ...)",
+    ),
+    "paused-loop-spins": Regression(
+        "8",
+        1,
+        paused_loop_spins,
+        "[flow] at 1.123s: pod session 1's poll loop made the same flow decision 50 times in a row from 1.123s to "
+        "1.373s while orders[0] was paused and nothing it is made from changed (each an O(partitions) walk)",
     ),
     "withdrawn-blocked-head": Regression(
         "9",
