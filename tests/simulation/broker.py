@@ -624,6 +624,8 @@ class SimulatedSource:
         self.max_poll_interval = int(properties.get("max.poll.interval.ms", LIBRDKAFKA_MAX_POLL_INTERVAL_MS)) / 1000
         self.member: Member | None = None
         self.closing = self.closed = self.frozen = False
+        self.assigning = False
+        """True while the assign callback runs (it reads the committed offsets: blocking, retried on failure)."""
         self._callbacks: tuple[RebalanceCallback, RebalanceCallback, RebalanceCallback] | None = None
         self._events: deque[tuple[Any, ...]] = deque()
         self._wakeup = self.sim.Event()
@@ -743,7 +745,11 @@ class SimulatedSource:
                 for tp in tps:
                     self.assigned[tp] = _Fetching(None, self.sim.clock())
                 self._mark_reachable()  # as KafkaSource.subscribe's assigned(): the coordinator answered
-                on_assign(tps)
+                self.assigning = True
+                try:
+                    on_assign(tps)
+                finally:
+                    self.assigning = False
             elif kind == "revoke":
                 tps = [tp for tp in event[1] if tp in self.assigned]
                 started = self.sim.clock()

@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import traceback
+import types
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from keyorder import worker_process
 from keyorder.config import ConfigError, RunConfig, consumer_properties, kafka_properties, load_run_config
 from keyorder.contracts import SourceError
 from keyorder.pod import runtime_settings
@@ -429,6 +431,11 @@ class World:
 
     def run(self) -> None:
         plan, sim = self.plan, self.sim
+        # The simulated worker processes run the real run_batch, which times each handler call with
+        # time.monotonic: the pool's batching (FAST_PROCESS_HANDLER_SECONDS) would follow real time, and a
+        # replay under another load would batch differently. They read the virtual clock here instead.
+        real_time = worker_process.time
+        worker_process.time = types.SimpleNamespace(monotonic=sim.clock, sleep=real_time.sleep)  # type: ignore[assignment]
         logger = logging.getLogger("keyorder")
         previous_level = logger.level
         logger.setLevel(logging.INFO)
@@ -470,6 +477,7 @@ class World:
             sim.close()  # threads still blocked (a crashed pod's) end here; their last log lines are traced
             logger.removeHandler(self._capture)
             logger.setLevel(previous_level)
+            worker_process.time = real_time
 
     def _quiet_phase(self, start: float) -> None:
         """No more faults: run until everything that can be handled is, or until nothing was handled for
