@@ -784,9 +784,9 @@ class SimulatedSource:
         if self.broker.down:
             return False
         return any(
-            tp not in self.paused and fetching.position is not None and fetching.position < logs[tp].end
+            tp not in self.paused and (fetching.position is None or fetching.position < logs[tp].end)
             for tp, fetching in self.assigned.items()
-        ) or any(fetching.position is None for fetching in self.assigned.values())
+        )
 
     def _fetch(self, wanted: int) -> list[Message]:
         """Records of the fetching (assigned, not paused) partitions, from each one's position, in

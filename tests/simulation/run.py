@@ -46,6 +46,8 @@ from tests.simulation.workload import Call, Fault, Journal, Plan, make_plan
 
 REPLAY = "PYTHONHASHSEED=0 .venv/bin/python -m tests.simulation"
 """How a run is replayed (from the repository root)."""
+SPIN_STEPS = 200_000
+"""Steps without virtual time moving after which a run counts as stuck (a loop that never blocks)."""
 SETTLE_SECONDS = 5.0
 """Virtual seconds the quiet phase lasts at least after the last fault or record."""
 
@@ -128,6 +130,7 @@ class World:
         self.lanes = LaneReportCheck(self)
         self._capture = _Capture(self)
         self._max_poll_reported: set[tuple[float, int]] = set()
+        self._time_seen, self._steps_seen = -1.0, 0
 
     # -- bounds ---------------------------------------------------------------------------------------------------
     def _liveness_bound(self) -> float:
@@ -452,7 +455,7 @@ class World:
             sim.call_at(TICK, self._tick)
             self.start_pod()
             end_of_faults = plan.faults_end
-            sim.run(limit=end_of_faults)
+            sim.run(until=self._spinning, limit=end_of_faults)
             self._quiet_phase(end_of_faults)
             self.final = True
             self.trace.append((sim.clock(), "final SIGTERM"))
@@ -460,7 +463,7 @@ class World:
                 pod.sigterm()
             config = self.config
             sim.run(
-                until=lambda: not self.running_pods(),
+                until=lambda: self._spinning() or not self.running_pods(),
                 limit=sim.clock() + config.shutdown_grace + config.revoke_drain_timeout + 30.0,
             )
             for pod in self.running_pods():
@@ -479,6 +482,20 @@ class World:
             logger.setLevel(previous_level)
             worker_process.time = real_time
 
+    def _spinning(self) -> bool:
+        """Raise ``SimulationStuck`` when virtual time stood still for ``SPIN_STEPS`` steps: a loop somewhere
+        never blocks (the run would never end). Checked by the driver between steps; returns False."""
+        sim = self.sim
+        if sim.now > self._time_seen:
+            self._time_seen, self._steps_seen = sim.now, sim.steps
+        elif sim.steps - self._steps_seen > SPIN_STEPS:
+            running = ", ".join(sim.alive()[:8])
+            raise SimulationStuck(
+                f"seed {self.plan.seed}: virtual time stood still at {sim.now:.3f}s for {SPIN_STEPS} steps: a thread "
+                f"loops without blocking (threads alive: {running})"
+            )
+        return False
+
     def _quiet_phase(self, start: float) -> None:
         """No more faults: run until everything that can be handled is, or until nothing was handled for
         ``stall_limit`` (then the at-least-once check names what was left), at most ``plan.quiet_limit``
@@ -491,7 +508,9 @@ class World:
         settled = start + SETTLE_SECONDS  # what the last faults started (a partition moved away for a while) plays out
         while True:
             sim.run(
-                until=lambda: self.remaining == 0 and bool(self.running_pods()) and sim.clock() >= settled,
+                until=lambda: (
+                    self._spinning() or (self.remaining == 0 and bool(self.running_pods()) and sim.clock() >= settled)
+                ),
                 limit=max(sim.clock() + 5.0, settled),
             )
             if self.remaining == 0 and self.running_pods() and sim.clock() >= settled:
