@@ -4,7 +4,8 @@ A random seed finds an interleaving by chance; these plans make one likely on pu
 workload and faults aimed at one defect, so that each defect keeps a seed that would catch it
 again. ``python -m tests.simulation --regressions`` runs them all; ``--plan NAME --seed N`` one.
 Each entry names the invariant that failed on the code before the fix and the message it gave
-there (run against commit 62264b1 in a worktree, with ``tests/simulation`` copied in). Defect 8 is a
+there (run against commit 62264b1 in a worktree, with ``tests/simulation`` copied in), and the commit
+that fixed it: the plan fails on that commit's parent and holds on it. Defect 8 is a
 cost; its poll-loop part is caught as a loop that redoes the same flow decision turn after turn.
 """
 
@@ -25,6 +26,8 @@ class Regression:
     plan: Callable[[int], Plan]
     failed_before: str
     """The violation it reported on the code before the fix."""
+    fixed_by: str = ""
+    """The commit that fixed the defect (the plan fails on its parent and holds on it)."""
 
 
 def _flags(**overrides: Any) -> dict[str, Any]:
@@ -222,6 +225,7 @@ REGRESSIONS: dict[str, Regression] = {
         idle_process_killed,
         "[commits] at 3.202s: pod session 1 committed orders[0] at offset 4 while orders[0]@3 key a seq 3 below it "
         "was not handled (handled never)",
+        fixed_by="a6643e4",
     ),
     "blocked-key-stalls-the-pod": Regression(
         "2",
@@ -230,6 +234,7 @@ REGRESSIONS: dict[str, Regression] = {
         "[liveness] at 1.800s: pod session 1: orders[1] had work that could run (orders[1]@0 key healthy seq 0) "
         "and an idle worker (0 of 2 busy) from 1.800s to 3.350s without a handler start (...; paused: True); "
         "[at least once] 40 records never handled by the end",
+        fixed_by="d1e8488",
     ),
     "revoke-waits-for-a-failed-handler": Regression(
         "3",
@@ -237,6 +242,7 @@ REGRESSIONS: dict[str, Regression] = {
         revoke_waits_for_a_failed_handler,
         "[revoke bound] at 1.369s: pod session 1's revoke of orders[0] took 0.340s (until 1.709s); the 1 handler "
         "calls it waited for ended by 1.518s (bound 1.618s, drain timeout 5s)",
+        fixed_by="cca610b",
     ),
     "static-member-keeps-partitions": Regression(
         "4",
@@ -244,6 +250,7 @@ REGRESSIONS: dict[str, Regression] = {
         static_member_keeps_partitions,
         "[handover] at 2.537s: pod session 1 stopped at 2.537s, but the broker kept orders[1] assigned to it until "
         "47.550s: its leave was only temporary (now: the configuration is refused)",
+        fixed_by="515e98d",
     ),
     "shutdown-waits-for-a-blocked-key": Regression(
         "5",
@@ -251,6 +258,7 @@ REGRESSIONS: dict[str, Regression] = {
         shutdown_waits_for_a_blocked_key,
         "[shutdown bound] at 3.000s: pod session 1 was asked to stop at 3.000s and stopped at 13.012s, although its "
         "last handler call or dead-letter write ended at 3.000s (bound 3.200s; grace 10s)",
+        fixed_by="ba9dbdb",
     ),
     "paused-partition-holds": Regression(
         "6",
@@ -258,6 +266,7 @@ REGRESSIONS: dict[str, Regression] = {
         paused_partition_holds,
         "[flow] at 0.618s: pod session 1's poll loop held reading for 5.000s although no partition full in flight "
         "was unpaused (full: orders[0]; paused: orders[0]; pod 5 in flight of 8)",
+        fixed_by="44f1bf6",
     ),
     "retry-due-time-missed": Regression(
         "7",
@@ -265,6 +274,7 @@ REGRESSIONS: dict[str, Regression] = {
         retry_due_time_missed,
         "[liveness] at 2.100s: pod session 1: orders[0] had work that could run (orders[0]@400 key retry seq 0) and "
         "an idle worker (1 of 2 busy) from 2.100s to 3.400s without a handler start (bound 1.27s; ...)",
+        fixed_by="61ae099",
     ),
     "paused-loop-spins": Regression(
         "8",
@@ -272,6 +282,7 @@ REGRESSIONS: dict[str, Regression] = {
         paused_loop_spins,
         "[flow] at 1.123s: pod session 1's poll loop made the same flow decision 50 times in a row from 1.123s to "
         "1.373s while orders[0] was paused and nothing it is made from changed (each an O(partitions) walk)",
+        fixed_by="acc10de",
     ),
     "withdrawn-blocked-head": Regression(
         "9",
@@ -279,6 +290,7 @@ REGRESSIONS: dict[str, Regression] = {
         withdrawn_blocked_head,
         "[lanes] at 1.350s: pod session 1's lanes report orders[1]@0 blocked, but orders[1]@0 key k seq 0 has failed "
         "0 times, fewer than --max-attempts 1",
+        fixed_by="0b5e138",
     ),
 }
 """Name -> regression (the name is ``--plan``'s value)."""
