@@ -98,6 +98,8 @@ class Truth:
         broker = world.broker
         self.world = world
         self.gone_at: dict[int, float] = dict(broker.gone_at)
+        for ident in broker.skipped:  # never deliverable (Kafka's semantics after a truncation): as if gone
+            self.gone_at.setdefault(ident, 0.0)
         self.by_partition: dict[tuple[str, int], list[Record]] = {}
         self.by_chain: dict[tuple[tuple[str, int], str], list[Record]] = {}
         for tp, log_ in broker.logs.items():

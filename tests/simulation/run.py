@@ -168,7 +168,7 @@ class World:
         self.monitor.call_started(call.session, call.record.tp, call.started)
 
     def _recount(self) -> None:
-        handled, gone = self.journal.handled_at, self.broker.gone_at
+        handled, gone = self.journal.handled_at, self._gone()
         block = self.config.on_exhausted == "block"
         excused = blocked_by_design(block, [log_.records for log_ in self.broker.logs.values()], gone)
         remaining = 0
@@ -182,6 +182,10 @@ class World:
                     continue
                 remaining += 1
         self.remaining = remaining
+
+    def _gone(self) -> set[int]:
+        """Records no pod can be asked to handle: truncated away, or skipped by Kafka after a truncation."""
+        return self.broker.gone_at.keys() | self.broker.skipped
 
     def record_at(self, tp: tuple[str, int], offset: int) -> Record | None:
         records = self.broker.logs[tp].records
@@ -240,7 +244,7 @@ class World:
 
     def runnable_head(self, tp: tuple[str, int], now: float) -> Record | None:
         """The first record of a chain of ``tp`` that could run now (see ``LivenessMonitor``)."""
-        handled, gone = self.journal.handled_at, self.broker.gone_at
+        handled, gone = self.journal.handled_at, self._gone()
         block = self.config.on_exhausted == "block"
         running = {work.record.ident for work in self.journal.running}
         for chain in self._chains_of[tp]:
@@ -260,7 +264,7 @@ class World:
         return None
 
     def _has_unhandled(self, tp: tuple[str, int], chain: str) -> bool:
-        handled, gone = self.journal.handled_at, self.broker.gone_at
+        handled, gone = self.journal.handled_at, self._gone()
         return any(r.ident not in handled and r.ident not in gone for r in self._unhandled.get((tp, chain), ()))
 
     def has_runnable_work(self, tp: tuple[str, int], now: float) -> bool:
@@ -392,7 +396,7 @@ class World:
         elif kind == "truncate":
             tp = (tps[0][0], params["partition"]) if "partition" in params else rng.choice(tps)
             log_ = broker.logs[tp]
-            fetched = pod is not None and tp in pod.source.assigned
+            fetched = any(tp in running.source.assigned for running in pods)
             # a partition nobody fetches now (one being fetched is finding F3 of docs/testing.md: OPEN_FINDINGS)
             if log_.end and (not fetched or params.get("while_fetched")):
                 broker.truncate(tp, max(0, log_.end - params["back"]))
@@ -507,6 +511,7 @@ class World:
         stall_limit = self.monitor.bound + per_record + 4 * config.retry_max_backoff + session_timeout + 10.0
         settled = start + SETTLE_SECONDS  # what the last faults started (a partition moved away for a while) plays out
         while True:
+            self._recount()  # a consumer may have started past records of a truncated log (broker.skipped)
             sim.run(
                 until=lambda: (
                     self._spinning() or (self.remaining == 0 and bool(self.running_pods()) and sim.clock() >= settled)
