@@ -617,7 +617,16 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _quiet_unwinding() -> None:
+    """What the simulation's end unwinds (a crashed pod's threads, an abandoned event loop's tasks) logs after
+    a run's own capture is gone: not to stderr (in this process, and in each ``--jobs`` worker)."""
+    root = logging.getLogger()
+    if not any(isinstance(handler, logging.NullHandler) for handler in root.handlers):
+        root.addHandler(logging.NullHandler())
+
+
 def _one(job: tuple[int, str, bool]) -> Result:
+    _quiet_unwinding()
     seed, name, trace = job
     return run_plan(plan_for(seed, name), trace)
 
@@ -640,9 +649,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes for --seeds (default 1)")
     parser.add_argument("--trace", action="store_true", help="print the run's event log (with --seed)")
     args = parser.parse_args(argv)
-    # what the simulation's end unwinds (a crashed pod's threads, an abandoned event loop's tasks) logs after
-    # the run's own capture is gone: not to stderr
-    logging.getLogger().addHandler(logging.NullHandler())
     if os.environ.get("PYTHONHASHSEED") != "0":  # a run's set and dict orders depend on it: replays need 0
         os.environ["PYTHONHASHSEED"] = "0"
         os.execv(sys.executable, [sys.executable, "-m", "tests.simulation", *(sys.argv[1:] if argv is None else argv)])
