@@ -30,6 +30,7 @@ from keyorder.adapters.dead_letters import dead_letter_topic
 from keyorder.core.flow import CEILING
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.routing import Ordering
+from keyorder.core.stop_overruns import ASYNC_LOOP_STOP_SECONDS, PROCESS_TEARDOWN_SECONDS
 
 ENV_PREFIX = "KEYORDER_"
 RDKAFKA_ENV_PREFIX = "KEYORDER_RDKAFKA_"
@@ -710,16 +711,12 @@ def shutdown_overrun(executor: str, executor_name: str | None = None) -> tuple[f
     beyond what ``UNPOLLED_MARGIN_SECONDS`` covers; and why, for the error. ``auto`` may turn out async (an
     ``async def`` handler)."""
     if executor == "process":
-        from keyorder.process_workers import TEARDOWN_TIMEOUT  # here: the process executor's module is large
-
-        join = TEARDOWN_TIMEOUT + 1  # ProcessWorkerPool.stop's join of each worker after the grace
+        join = PROCESS_TEARDOWN_SECONDS + 1  # ProcessWorkerPool.stop's join of each worker after the grace
         return join, (
             f"after the grace the process executor's worker processes get up to {join:g} s for their tear-down "
             "hooks, or to exit once killed"
         )
     if executor in ("async", "auto"):
-        from keyorder.workers import ASYNC_LOOP_STOP_SECONDS
-
         overrun = 2 * ASYNC_LOOP_STOP_SECONDS  # AsyncWorkerPool.stop: the loop's shutdown, then its thread
         why = (
             f"after the grace the async executor waits up to {overrun:g} s more for its event "

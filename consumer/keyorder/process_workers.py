@@ -47,6 +47,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from keyorder.core.lanes import Delivery
+from keyorder.core.stop_overruns import PROCESS_TEARDOWN_SECONDS
 from keyorder.worker_process import (
     FAILED,
     MAX_BATCH,
@@ -75,7 +76,7 @@ FAST_PROCESS_HANDLER_SECONDS = 0.002
 at once (a batch delays the lanes behind its first message by at most ``MAX_BATCH`` times this)."""
 START_TIMEOUT = 300.0
 """Seconds a worker process may take to import the handler and run its set-up hook."""
-TEARDOWN_TIMEOUT = 10.0
+TEARDOWN_TIMEOUT = PROCESS_TEARDOWN_SECONDS
 """Seconds a stopping worker process may take for its tear-down hook before it is killed."""
 _CHILD_MAIN = "import sys; from keyorder.worker_process import main; sys.exit(main(sys.argv[1:]))"
 

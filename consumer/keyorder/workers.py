@@ -57,6 +57,7 @@ from typing import Any, ClassVar, Protocol
 from keyorder.contracts import DeadLetterSink
 from keyorder.core.lanes import Delivery, LaneScheduler, LaneSummary
 from keyorder.core.retry import RetryPolicy, Verdict
+from keyorder.core.stop_overruns import ASYNC_LOOP_STOP_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -784,11 +785,6 @@ class ThreadWorkerPool(_PoolBase):
             run_sync_hook(self.lifecycle.teardown)
         except Exception as error:  # the pod is stopping anyway: say so, do not hide the rest of the shutdown
             log.error("the handler's tear-down hook failed: %s: %s", type(error).__name__, error)
-
-
-ASYNC_LOOP_STOP_SECONDS = 5.0
-"""Seconds ``AsyncWorkerPool.stop`` waits, past its timeout, for the event loop's shutdown (the handlers'
-cancellation, the tear-down hook), then again for the loop's thread (``config.shutdown_overrun`` counts both)."""
 
 
 class AsyncWorkerPool(_PoolBase):
