@@ -279,12 +279,13 @@ class SimulatedBroker:
         log_ = self.logs[tp]
         if committed is None:
             return 0
-        offset, _metadata, epoch = committed
+        offset = committed[0]
         if offset > log_.end:
             return 0
-        for record in log_.records[:offset]:
-            if record.log_epoch > epoch:  # written after a truncation the committed offset predates
-                self.skipped.add(record.ident)
+        if log_.truncations:  # records of the log written since its truncation, below a committed offset
+            for record in log_.records[:offset]:  # that predates it (or was re-committed from one that did)
+                if record.log_epoch == log_.epoch:
+                    self.skipped.add(record.ident)
         return offset
 
     # -- the group coordinator ------------------------------------------------------------------------

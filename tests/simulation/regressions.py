@@ -308,7 +308,31 @@ def truncated_while_fetched(seed: int) -> Plan:
     return _plan("truncated-while-fetched", seed, _flags(), keys, script, faults)
 
 
+def metadata_outlives_a_truncation(seed: int) -> Plan:
+    """Finding F6 (open): commit metadata written before a truncation marks the new log's records done. A
+    key's retry holds the committed offset at 2 while 3-9 finish (metadata: 3-9 done); the pod stops; the
+    log is truncated at 1 and refilled; the next pod is assigned offset 2 (inside the new log: nothing
+    resets it, keyorder commits no leader epoch) and skips the new records 3-9 as done by the metadata."""
+    keys = (Key("slow", 1.0, (0,), fails=1), *(Key(f"k{index}", 1.0, (0,)) for index in range(3)))
+    script = (Scripted(0.5, "k0", 0), Scripted(0.5, "k1", 0), Scripted(0.5, "slow", 0))
+    script += tuple(Scripted(0.6 + 0.01 * index, f"k{index % 3}", 0) for index in range(7))
+    script += tuple(Scripted(3.0 + 0.01 * index, f"k{index % 3}", 0) for index in range(12))
+    faults = (
+        Fault(1.0, "sigterm", {"restart_after": 2.5}),
+        Fault(2.0, "truncate", {"partition": 0, "back": 9}),
+    )
+    flags = _flags(retry_initial_backoff=5.0, retry_max_backoff=5.0, shutdown_grace=0.5)
+    return _plan("metadata-outlives-a-truncation", seed, flags, keys, script, faults)
+
+
 OPEN_FINDINGS: dict[str, Regression] = {
+    "metadata-outlives-a-truncation": Regression(
+        "F6",
+        1,
+        metadata_outlives_a_truncation,
+        "[commits] at 3.812s: pod session 2's commit of orders[0]@2 marks offset 3 done in its metadata, but "
+        "orders[0]@3 key k2 seq 2 was not handled (handled never): fails on the current code too",
+    ),
     "truncated-while-fetched": Regression(
         "F3",
         1,
