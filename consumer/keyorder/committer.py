@@ -51,6 +51,11 @@ class Committer:
         self._partition = partition
         self._next_periodic = now
         self._next_early = now
+        self.learn_client_positions = True
+        """Whether commits may move idle partitions past offsets the client read and never handed out
+        (transaction markers). The runtime turns it off for its shutdown: after the loop, and above all
+        after a fatal ``consume`` error that dropped the records of its batch, the client's position may
+        be past records nobody ran, and committing it would lose them."""
         self.commits = 0
         """Commit requests sent."""
         self.failures = 0
@@ -79,7 +84,7 @@ class Committer:
         states = list(states)
         # Only the poll loop's commits learn the client's positions: a revoke's commit runs inside
         # consume(), where an older librdkafka may already count a batch it has not handed out.
-        if asynchronous:
+        if asynchronous and self.learn_client_positions:
             self._learn_client_positions(states)
         offsets: dict[TopicPartitionId, tuple[int, str]] = {}
         marks = []

@@ -210,8 +210,17 @@ class _Child:
         return index >= 0 and time.monotonic() - started_at > timeout
 
     def request_stop(self) -> None:
-        """Skip the rest of this and every later batch (shutdown): the messages not started come back as such."""
-        self.progress.request_stop()
+        """Skip the rest of this and every later batch (shutdown): the messages not started come back as such.
+
+        Nothing to ask once the progress block is closed: the worker's own thread left its loop (woken by
+        the same stop, or retiring after a shrink) and is stopping the process itself. It may close the
+        block between the look and the write, hence both."""
+        if self.progress.map.closed:
+            return
+        try:
+            self.progress.request_stop()
+        except (TypeError, ValueError):  # a closed mmap: "argument must be read-write bytes-like object"
+            return
 
     def kill(self) -> None:
         self.alive = False

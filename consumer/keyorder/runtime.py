@@ -534,6 +534,7 @@ class ConsumerRuntime:
         final commit stays at its offset, so the next owner runs it again.
         """
         self.stopping = True
+        self.committer.learn_client_positions = False  # what the client read past now is no one's to skip
         settings, clock = self.settings, self.clock
         deadline = clock() + settings.shutdown_grace
         log.info("shutting down: waiting up to %.0fs for %d in-flight messages", settings.shutdown_grace, self.inflight)

@@ -46,6 +46,20 @@ def test_random_seeds_hold_every_invariant() -> None:
     assert "with violations" in result.stdout.splitlines()[-1]
 
 
+SOAK_FINDINGS = {
+    "F1: a worker closing its process block while stop asks it to stop (ProcessWorkerPool.stop died)": 115,
+    "F5: a fatal consume error dropped its batch, then the shutdown committed the client's position past it": 1532,
+}
+"""Seeds of the 10,000-seed soak that found a defect, fixed since (docs/testing.md)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("finding", sorted(SOAK_FINDINGS))
+def test_seeds_that_found_a_defect_hold_now(finding: str) -> None:
+    result = _simulate("--seed", str(SOAK_FINDINGS[finding]))
+    assert result.returncode == 0, f"{finding}\n{result.stdout[-30000:]}\n{result.stderr[-5000:]}"
+
+
 @pytest.mark.slow
 def test_each_issue_36_defect_keeps_a_regression_plan_that_holds_now() -> None:
     result = _simulate("--regressions")
