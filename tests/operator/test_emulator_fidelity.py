@@ -105,6 +105,10 @@ BROKEN_BY_RULES = {
         "proto",
         {"kafka": {**SPEC["kafka"], "groupProtocol": "consumer", "assignmentStrategy": "range"}},
     ),
+    "staticMembership applies to groupProtocol classic only": (
+        "static",
+        {"kafka": {**SPEC["kafka"], "groupProtocol": "consumer", "staticMembership": True}},
+    ),
     "set value or valueFrom, not both": (
         "env",
         {
@@ -129,14 +133,14 @@ def test_every_cel_rule_of_the_crd_is_evaluated_on_create_patch_apply_and_put(ku
     """https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation-rules
     : every ``x-kubernetes-validations`` rule is evaluated (CEL, here with cel-python), on the defaulted object,
     at create and update; a rule that fails refuses the object with its message, at the rule's field
-    (``fieldPath``). Each of the CRD's eight rules is broken once."""
+    (``fieldPath``). Each of the CRD's nine rules is broken once."""
     crd = yaml.safe_load(CRD_FILE.read_text())
     rules = [
         rule["message"]
         for node in walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         for rule in node.get("x-kubernetes-validations") or []
     ]
-    assert len(rules) == len(BROKEN_BY_RULES) == 8
+    assert len(rules) == len(BROKEN_BY_RULES) == 9
     for message, (name, spec) in BROKEN_BY_RULES.items():
         assert any(rule.startswith(message) for rule in rules), message
         body = refused(lambda name=name, spec=spec: kube.create(CR, consumer(name, **spec)), 422)
