@@ -23,7 +23,7 @@ from tests.simulation.broker import SimulatedBroker, SimulatedSource
 from tests.simulation.scheduler import Simulation
 
 ROOT = Path(__file__).resolve().parents[2]
-SEEDS = "0-299"
+SEEDS = "0-199"
 """The seeds ``make test`` runs (``make soak`` runs 10,000)."""
 
 
