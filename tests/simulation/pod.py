@@ -102,39 +102,21 @@ class SimPod:
         handler = make_handler(journal, plan, simulation, session)
         self.children: list[SimulatedChild] = []
         pool: WorkerPool
+        shared: dict[str, Any] = {"clock": simulation.clock, "threads": self.threads}
+        arguments = (config.workers, retry, dead_letters, self.completions)
         if config.executor == "process":
             pool = ProcessWorkerPool(
                 functools.partial(_load, handler),
-                config.workers,
-                retry,
-                dead_letters,
-                self.completions,
-                clock=simulation.clock,
-                threads=self.threads,
+                *arguments,
+                **shared,
                 handler_timeout=config.handler_timeout,
                 start_child=child_factory(simulation, self.children),
             )
         elif config.executor == "async":
-            pool = AsyncWorkerPool(
-                make_async_handler(journal, plan, simulation, session),
-                config.workers,
-                retry,
-                dead_letters,
-                self.completions,
-                clock=simulation.clock,
-                threads=self.threads,
-                event_loop=event_loop_factory(simulation),
-            )
+            async_handler = make_async_handler(journal, plan, simulation, session)
+            pool = AsyncWorkerPool(async_handler, *arguments, **shared, event_loop=event_loop_factory(simulation))
         else:
-            pool = ThreadWorkerPool(
-                handler,
-                config.workers,
-                retry,
-                dead_letters,
-                self.completions,
-                clock=simulation.clock,
-                threads=self.threads,
-            )
+            pool = ThreadWorkerPool(handler, *arguments, **shared)
         self.pool = pool
         self.source = SimulatedSource(broker, properties, session, self.name)
         self.runtime = ConsumerRuntime(

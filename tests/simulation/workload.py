@@ -404,57 +404,63 @@ class Journal:
                 listener(record)
 
 
-def make_async_handler(journal: Journal, plan: Plan, simulation: Any, session: int) -> Callable[[Message], Any]:
-    """The async executor's handler: as ``make_handler``'s, awaiting the virtual time on the pool's
-    (simulated) event loop."""
-    keys = {key.name if key.name is not None else "<none>": key for key in plan.keys}
+class _Calls:
+    """What both handlers (plain and async) do around the plan's time: journal the call's start, then
+    its outcome, and fail it when the plan says so."""
 
-    async def handle(message: Message) -> None:
+    def __init__(self, journal: Journal, plan: Plan, simulation: Any, session: int) -> None:
+        self.journal, self.plan, self.simulation, self.session = journal, plan, simulation, session
+        self.keys = {key.name if key.name is not None else "<none>": key for key in plan.keys}
+
+    def begin(self, message: Message) -> tuple[Call, float, bool]:
+        """Find the record, journal the call; the plan's duration and whether the attempt fails."""
+        journal = self.journal
         if journal.closed:
             raise HandlerFailure("the simulation has ended")
         payload = json.loads(message.value or b"{}")
         record = journal.records[payload["id"]]
         attempt = journal.attempts.get(record.ident, 0) + 1
         journal.attempts[record.ident] = attempt
-        call = Call(session, record, attempt, simulation.clock(), threading.get_ident())
+        call = Call(self.session, record, attempt, self.simulation.clock(), threading.get_ident())
         journal.begin(call)
-        duration, fails = plan.handler.outcome(record, keys.get(record.chain), attempt)
+        duration, fails = self.plan.handler.outcome(record, self.keys.get(record.chain), attempt)
+        return call, duration, fails
+
+    def end(self, call: Call, fails: bool) -> None:
+        """The plan's time has passed: journal the outcome; raise for a failing attempt."""
+        call.outcome = "failed" if fails else "ok"
+        self.journal.end(call, self.simulation.clock())
+        if fails:
+            raise HandlerFailure(f"{call.record.describe()} attempt {call.attempt} failed")
+        self.journal.handled(call.record, self.simulation.clock())
+
+
+def make_async_handler(journal: Journal, plan: Plan, simulation: Any, session: int) -> Callable[[Message], Any]:
+    """The async executor's handler: as ``make_handler``'s, awaiting the virtual time on the pool's
+    (simulated) event loop."""
+    calls = _Calls(journal, plan, simulation, session)
+
+    async def handle(message: Message) -> None:
+        call, duration, fails = calls.begin(message)
         try:
             await asyncio.sleep(duration)
         except BaseException:  # cancelled by the pool's stop after the grace: the call ends here
             call.outcome = "cancelled"
             journal.end(call, simulation.clock())
             raise
-        call.outcome = "failed" if fails else "ok"
-        journal.end(call, simulation.clock())
-        if fails:
-            raise HandlerFailure(f"{record.describe()} attempt {attempt} failed")
-        journal.handled(record, simulation.clock())
+        calls.end(call, fails)
 
     return handle
 
 
 def make_handler(journal: Journal, plan: Plan, simulation: Any, session: int) -> Callable[[Message], None]:
     """The pod session's handler: find the record, take the plan's time, succeed or raise."""
-
-    keys = {key.name if key.name is not None else "<none>": key for key in plan.keys}
+    calls = _Calls(journal, plan, simulation, session)
 
     def handle(message: Message) -> None:
-        if journal.closed:
-            raise HandlerFailure("the simulation has ended")
-        payload = json.loads(message.value or b"{}")
-        record = journal.records[payload["id"]]
-        attempt = journal.attempts.get(record.ident, 0) + 1
-        journal.attempts[record.ident] = attempt
-        call = Call(session, record, attempt, simulation.clock(), threading.get_ident())
-        journal.begin(call)
-        duration, fails = plan.handler.outcome(record, keys.get(record.chain), attempt)
+        call, duration, fails = calls.begin(message)
         simulation.sleep(duration)
-        call.outcome = "failed" if fails else "ok"
-        journal.end(call, simulation.clock())
-        if fails:
-            raise HandlerFailure(f"{record.describe()} attempt {attempt} failed")
-        journal.handled(record, simulation.clock())
+        calls.end(call, fails)
 
     return handle
 
