@@ -335,8 +335,9 @@ class PodOptions(_Model):
     priority_class_name: str | None = Field(None, min_length=1, description="The pods' PriorityClass.")
     volumes: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Extra volumes (Secrets, ConfigMaps, emptyDir, CSI...; no hostPath), mounted by "
-        "handler.volumeMounts; each name at most once.",
+        description="Extra volumes, mounted by handler.volumeMounts; each name at most once. Only the types "
+        "the restricted Pod Security Standard allows (configMap, csi, downwardAPI, emptyDir, ephemeral, "
+        "persistentVolumeClaim, projected without serviceAccountToken, secret).",
         json_schema_extra=keyed_list("name", items="Volume"),
     )
 
@@ -618,6 +619,99 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+ALLOWED_VOLUME_TYPES = (
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+)
+"""The volume types a template may add: the Pod Security Standards' ``restricted`` level allows these and no
+other (kubernetes/kubernetes ``staging/src/k8s.io/pod-security-admission/policy/check_restrictedVolumes.go``,
+``restrictedVolumes_1_0``). Every other type reaches outside the namespace's own objects: the node's files
+(hostPath), a server on the network (nfs, iscsi, rbd, cephfs, glusterfs...), an in-tree cloud disk, or
+another image's content: the operator would mount it for anyone who may write an OrderedConsumer."""
+
+APPARMOR_ANNOTATION_PREFIX = "container.apparmor.security.beta.kubernetes.io/"
+SECCOMP_POD_ANNOTATION = "seccomp.security.alpha.kubernetes.io/pod"
+SECCOMP_CONTAINER_ANNOTATION_PREFIX = "container.seccomp.security.alpha.kubernetes.io/"
+
+
+def _allowed_apparmor(value: str) -> bool:
+    """An AppArmor annotation's value the ``baseline`` level allows: empty, ``runtime/default`` or
+    ``localhost/<profile>`` (pod-security-admission ``policy/check_appArmorProfile.go``, ``allowedProfile``);
+    ``unconfined`` turns AppArmor off for the container."""
+    return value in ("", "runtime/default") or value.startswith("localhost/")
+
+
+def _allowed_seccomp(value: str) -> bool:
+    """A seccomp annotation's value the ``baseline`` level allows (pod-security-admission
+    ``policy/check_seccompProfile_baseline.go``, ``validSeccompAnnotationValue``); ``unconfined`` turns the
+    pods' ``RuntimeDefault`` profile off on a kubelet that still reads the annotation."""
+    return value in ("runtime/default", "docker/default") or value.startswith("localhost/")
+
+
+def annotation_problems(annotations: dict[str, str]) -> list[tuple[str, str]]:
+    """Pod annotations that would switch a confinement off: an AppArmor or seccomp profile the Pod Security
+    Standards' ``baseline`` level refuses (``unconfined``, anything not the runtime's default or a node's
+    ``localhost/`` profile). The security-context fields that say the same (``appArmorProfile``,
+    ``seccompProfile``) are no template fields at all (``HARDENING_FIELDS``)."""
+    problems: list[tuple[str, str]] = []
+    for key, value in sorted(annotations.items()):
+        path = f"spec.template.metadata.annotations.{key}"
+        if key.startswith(APPARMOR_ANNOTATION_PREFIX) and not _allowed_apparmor(value):
+            problems.append(
+                (
+                    path,
+                    f"AppArmor profile {value!r} would lift the pods' confinement ({HARDENING}); "
+                    "only runtime/default or localhost/<profile>",
+                )
+            )
+        elif (key == SECCOMP_POD_ANNOTATION or key.startswith(SECCOMP_CONTAINER_ANNOTATION_PREFIX)) and (
+            not _allowed_seccomp(value)
+        ):
+            problems.append(
+                (
+                    path,
+                    f"seccomp profile {value!r} would lift the pods' seccomp RuntimeDefault ({HARDENING}); "
+                    "only runtime/default or localhost/<profile>",
+                )
+            )
+    return problems
+
+
+def volume_problems(path: str, volume: dict[str, Any]) -> list[tuple[str, str]]:
+    """What in one template volume (at ``path``) reaches beyond the namespace or the pods' identity: a type
+    outside ``ALLOWED_VOLUME_TYPES``, or a projected ``serviceAccountToken`` (the pods run with
+    ``automountServiceAccountToken: false``, and the template may name any ServiceAccount of the namespace:
+    such a source would hand the handler an API token the operator says the pods do not have)."""
+    problems: list[tuple[str, str]] = []
+    allowed = ", ".join(ALLOWED_VOLUME_TYPES)
+    for field in sorted(set(volume) - {"name", *ALLOWED_VOLUME_TYPES}):
+        problems.append(
+            (
+                f"{path}.{field}",
+                f"{field} volumes reach outside the namespace's objects and would bypass the "
+                f"pods' hardening ({HARDENING}); allowed: {allowed} (the restricted Pod Security Standard's)",
+            )
+        )
+    projected = volume.get("projected")
+    sources = projected.get("sources") if isinstance(projected, dict) else None
+    for index, source in enumerate(sources if isinstance(sources, list) else ()):
+        if isinstance(source, dict) and "serviceAccountToken" in source:
+            problems.append(
+                (
+                    f"{path}.projected.sources[{index}].serviceAccountToken",
+                    "the pods carry no Kubernetes API token (automountServiceAccountToken: false); a projected "
+                    "token would give the handler one, for whichever ServiceAccount the template names",
+                )
+            )
+    return problems
+
+
 def template_problems(spec: OrderedConsumerSpec) -> list[tuple[str, str]]:
     """What in the pod template would replace or weaken what the operator generates (field path, message)."""
     problems: list[tuple[str, str]] = []
@@ -626,6 +720,7 @@ def template_problems(spec: OrderedConsumerSpec) -> list[tuple[str, str]]:
         problems.append((f"spec.template.metadata.labels.{key}", "set by the operator (it selects the pods by it)"))
     for key in sorted(set(metadata.annotations) & OPERATOR_ANNOTATIONS):
         problems.append((f"spec.template.metadata.annotations.{key}", "set by the operator"))
+    problems += annotation_problems(metadata.annotations)
     volume_names: set[str] = set()
     for index, volume in enumerate(pod.volumes):
         path = f"spec.template.spec.volumes[{index}]"
@@ -636,10 +731,7 @@ def template_problems(spec: OrderedConsumerSpec) -> list[tuple[str, str]]:
             problems.append((f"{path}.name", f"{name!r} is the operator's own volume; choose another name"))
         else:  # a name given twice is a duplicate_problems finding
             volume_names.add(name)
-        if "hostPath" in volume:
-            problems.append(
-                (f"{path}.hostPath", f"hostPath volumes would bypass the pods' hardening ({HARDENING}); not allowed")
-            )
+        problems += volume_problems(path, volume)
     for index, mount in enumerate(spec.handler.volume_mounts):
         path = f"spec.handler.volumeMounts[{index}]"
         mount_path = str(mount.get("mountPath") or "").rstrip("/") or "/"
