@@ -4,7 +4,13 @@ Two calls: ``GET /admin/scaling`` reads each pod's scaling report on every poll 
 needs to know *why* the group drains as it does), ``PUT /admin/workers`` pushes the decided
 key-worker count (the pods resize live: no restart, no rebalance) to the pods whose report says
 another count, or that did not report (a new pod, one that restarted). Both go to the pods
-concurrently with a short timeout, so one slow or dead pod costs one timeout, not one per pod.
+concurrently, so one slow or dead pod costs one deadline, not one per pod.
+
+A pod runs a tenant's image, so its replies are untrusted input (docs/security.md, "Reading from
+pods"): every request has an overall deadline (connect, send, status line, headers and body
+together, computed from the injected ``clock``, not a timeout per socket read that a pod dripping
+a byte at a time renews forever) and a size limit on everything read (``MAX_REPLY_BYTES``), checked
+while reading, so a huge reply is refused at the limit instead of being held in memory.
 
 Addresses are ``host`` (the port is the CR's ``httpPort``) or ``host:port`` (local processes in
 ``keyorder dev``, which share one host).
@@ -12,10 +18,12 @@ Addresses are ``host`` (the port is the CR's ``httpPort``) or ``host:port`` (loc
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 import logging
-import urllib.error
-import urllib.request
+import socket
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -29,13 +37,152 @@ ADDRESS = "address"
 """The key ``fetch_reports`` adds to each report: the address it was read from."""
 MAX_PARALLEL = 32
 TIMEOUT_SECONDS = 2.0
+"""The overall deadline of one request to one pod: connecting, sending, and reading the whole reply."""
+MAX_REPLY_BYTES = 1024 * 1024
+"""Most bytes read from one pod for one request (status line, headers and body). A real scaling report
+is about 100 bytes per assigned partition plus 1 KiB (measured: 1,000 partitions of a pod holding
+100,000 keys give 105 KiB, ``python tools/hostile_pod.py --real-report``), so 1 MiB fits some 10,000
+partitions per pod; a larger reply is refused unparsed, and the operator's memory holds at most
+``MAX_PARALLEL`` times this limit for a group's replies."""
+MAX_PUSH_REPLY_BYTES = 64 * 1024
+"""Most bytes read from one pod's answer to a worker push (``{"workers": n, "previous": m}``)."""
+READ_CHUNK_BYTES = 64 * 1024
 
 
-def _url(address: str, port: int, path: str) -> str:
-    if address.count(":") == 1:  # host:port (local processes)
-        return f"http://{address}{path}"
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}{path}"
+class PodReplyRefused(OSError):
+    """A pod's reply broke a limit (its size or the request's deadline): nothing more is read from it."""
+
+
+class _Budget:
+    """What one request may still spend: time until its deadline (on ``clock``) and bytes to read."""
+
+    def __init__(self, timeout: float, max_bytes: int, clock: Callable[[], float]) -> None:
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.deadline = clock() + timeout
+        self.read = 0
+
+    def seconds_left(self) -> float:
+        left = self.deadline - self.clock()
+        if left <= 0:
+            raise PodReplyRefused(f"no complete reply within the deadline of {self.timeout:g} s per request")
+        return left
+
+    def count(self, received: int) -> None:
+        self.read += received
+        if self.read > self.max_bytes:
+            raise PodReplyRefused(f"reply larger than the limit of {self.max_bytes} bytes: refused")
+
+
+class _BudgetedReader(io.RawIOBase):
+    """The socket's bytes under the request's budget: each read may wait only until the deadline and
+    may not take the total past the byte limit."""
+
+    def __init__(self, sock: socket.socket, budget: _Budget) -> None:
+        super().__init__()
+        self._sock = sock
+        self._budget = budget
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._sock.settimeout(self._budget.seconds_left())
+        try:
+            received = self._sock.recv_into(buffer)
+        except TimeoutError:
+            self._budget.seconds_left()  # past the deadline now: raises the refusal naming it
+            raise
+        self._budget.count(received)
+        return received
+
+
+class _BudgetedSocket:
+    """What ``http.client`` uses of a socket (``sendall``, ``makefile``, ``close``), under the budget."""
+
+    def __init__(self, sock: socket.socket, budget: _Budget) -> None:
+        self._sock = sock
+        self._budget = budget
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.settimeout(self._budget.seconds_left())  # since 3.5 the timeout bounds the whole sendall
+        self._sock.sendall(data)
+
+    def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
+        if mode != "rb":
+            raise ValueError(f"only reading is budgeted, not mode {mode!r}")
+        return io.BufferedReader(_BudgetedReader(self._sock, self._budget))
+
+    def close(self) -> None:
+        """Nothing: ``http.client`` closes the connection of an HTTP/1.0 reply before its body is read
+        (a real socket stays open while its file is); ``_BudgetedConnection.release`` closes it."""
+
+
+class _BudgetedConnection(http.client.HTTPConnection):
+    """An HTTP connection whose every step (connect, send, read) spends one ``_Budget``."""
+
+    def __init__(self, host: str, port: int, budget: _Budget) -> None:
+        super().__init__(host, port, timeout=budget.seconds_left())
+        self._budget = budget
+        self._socket: socket.socket | None = None
+
+    def connect(self) -> None:
+        self.timeout = self._budget.seconds_left()
+        super().connect()
+        self._socket = self.sock
+        self.sock = _BudgetedSocket(self.sock, self._budget)
+
+    def release(self) -> None:
+        """Close the connection and its socket (whatever was read of the reply)."""
+        self.close()
+        if self._socket is not None:
+            self._socket.close()
+
+
+def _target(address: str, port: int) -> tuple[str, int]:
+    """(host, port) of a pod address: ``host:port`` for local processes, else ``host`` and the CR's port."""
+    if address.count(":") == 1:  # host:port (local processes); IPv6 addresses have more colons
+        host, _, given = address.partition(":")
+        return host, int(given)
+    return address.strip("[]"), port
+
+
+def request(
+    address: str,
+    port: int,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    body: bytes | None = None,
+    *,
+    timeout: float = TIMEOUT_SECONDS,
+    max_bytes: int = MAX_REPLY_BYTES,
+    clock: Callable[[], float] = time.monotonic,
+) -> bytes:
+    """One request to one pod; returns the body of a 2xx reply. Raises ``PodReplyRefused`` past the
+    deadline (``timeout`` seconds on ``clock`` from now, for the whole exchange) or past ``max_bytes``
+    read, ``OSError`` when the pod cannot be reached, and ``ValueError("HTTP <status>")`` for another
+    status."""
+    budget = _Budget(timeout, max_bytes, clock)
+    host, port = _target(address, port)
+    connection = _BudgetedConnection(host, port, budget)
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        if not 200 <= response.status < 300:
+            raise ValueError(f"HTTP {response.status}")
+        declared = response.getheader("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            raise PodReplyRefused(f"reply of {declared} bytes, over the limit of {max_bytes} bytes: refused unread")
+        payload = bytearray()
+        while chunk := response.read(READ_CHUNK_BYTES):
+            payload += chunk
+        return bytes(payload)
+    except http.client.HTTPException as error:  # a reply that is not HTTP (or ends early)
+        raise ValueError(f"not an HTTP reply: {type(error).__name__} {error}".rstrip()) from None
+    finally:
+        connection.release()
 
 
 def _each(addresses: Sequence[str], call: Callable[[str], T]) -> tuple[list[T], list[str]]:
@@ -49,12 +196,8 @@ def _each(addresses: Sequence[str], call: Callable[[str], T]) -> tuple[list[T], 
         for address, future in futures:
             try:
                 results.append(future.result())
-            except urllib.error.HTTPError as error:
-                error.close()  # it holds the response's socket
-                failures.append(f"{address}: HTTP {error.code}")
-            except (urllib.error.URLError, OSError, ValueError) as error:
-                reason = getattr(error, "reason", None) or error
-                failures.append(f"{address}: {reason}")
+            except (OSError, ValueError) as error:
+                failures.append(f"{address}: {error or type(error).__name__}")
     return results, failures
 
 
@@ -66,20 +209,30 @@ def needing_push(addresses: Sequence[str], reports: Sequence[dict[str, Any]], wo
 
 
 def push_workers(
-    addresses: Sequence[str], port: int, token: str, workers: int, timeout: float = TIMEOUT_SECONDS
+    addresses: Sequence[str],
+    port: int,
+    token: str,
+    workers: int,
+    timeout: float = TIMEOUT_SECONDS,
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[int, list[str]]:
     """PUT ``{"workers": n}`` to every pod; returns (pods updated, failures as 'address: reason')."""
     body = json.dumps({"workers": workers}).encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
     def put(address: str) -> None:
-        request = urllib.request.Request(
-            _url(address, port, "/admin/workers"),
-            data=body,
-            method="PUT",
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        request(
+            address,
+            port,
+            "PUT",
+            "/admin/workers",
+            headers,
+            body,
+            timeout=timeout,
+            max_bytes=MAX_PUSH_REPLY_BYTES,
+            clock=clock,
         )
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            response.read()
 
     done, failures = _each(addresses, put)
     if failures:
@@ -88,20 +241,26 @@ def push_workers(
 
 
 def fetch_reports(
-    addresses: Sequence[str], port: int, token: str, timeout: float = TIMEOUT_SECONDS
+    addresses: Sequence[str],
+    port: int,
+    token: str,
+    timeout: float = TIMEOUT_SECONDS,
+    *,
+    max_bytes: int = MAX_REPLY_BYTES,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every pod's scaling report, checked, with the address it came from (``ADDRESS``); returns
-    (reports, failures as 'address: reason')."""
+    (reports, failures as 'address: reason'). Each pod's request ends at its deadline and at
+    ``max_bytes`` (see the module docstring)."""
+    headers = {"Authorization": f"Bearer {token}"}
 
     def get(address: str) -> dict[str, Any]:
-        request = urllib.request.Request(
-            _url(address, port, "/admin/scaling"), headers={"Authorization": f"Bearer {token}"}
+        payload = request(
+            address, port, "GET", "/admin/scaling", headers, timeout=timeout, max_bytes=max_bytes, clock=clock
         )
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            payload = response.read()
         try:
             report = parse_report(json.loads(payload))
-        except json.JSONDecodeError as error:
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise BadPodReport(f"not JSON: {error}") from None
         return {**report, ADDRESS: address}
 

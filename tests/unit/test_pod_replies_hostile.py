@@ -1,0 +1,190 @@
+"""A tenant's pod is untrusted input to the operator: its replies cannot exhaust the operator's memory
+or hold a poll thread (issue 37, finding 2). The pods here are real sockets in the test, serving
+what a hostile handler image could serve: a report of endless bytes, one with a huge declared length,
+a reply dripping a byte at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from keyorder_operator import pod_admin
+from keyorder_operator.pod_admin import MAX_PUSH_REPLY_BYTES, MAX_REPLY_BYTES, fetch_reports, push_workers
+
+HEADERS = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+TOKEN = "t" * 24
+ENDLESS_BYTES = 64 * 1024 * 1024
+"""What the endless pod offers (the issue's 300 MiB, cut to what a shared test machine can spare):
+far beyond the limit, so reading it whole shows in the memory peak."""
+
+
+class HostilePod:
+    """A one-connection-at-a-time HTTP 'pod' on a real socket: ``behave(connection)`` answers after the
+    request head arrived; ``sent`` counts the bytes the operator's side accepted."""
+
+    def __init__(self, behave: Callable[[HostilePod, socket.socket], None]) -> None:
+        self.behave = behave
+        self.sent = 0
+        self.stop = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.settimeout(5)
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = connection.recv(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+                with contextlib.suppress(OSError):  # the operator hung up: what a bounded reader does
+                    self.behave(self, connection)
+
+    def send(self, connection: socket.socket, data: bytes) -> None:
+        connection.sendall(data)
+        self.sent += len(data)
+
+
+@contextmanager
+def hostile_pod(behave: Callable[[HostilePod, socket.socket], None]) -> Iterator[HostilePod]:
+    pod = HostilePod(behave)
+    pod.thread.start()
+    try:
+        yield pod
+    finally:
+        pod.stop.set()
+        pod.thread.join(10)
+        pod.listener.close()
+
+
+def endless_report(pod: HostilePod, connection: socket.socket) -> None:
+    """No Content-Length: a JSON list that never ends (up to ``ENDLESS_BYTES``)."""
+    pod.send(connection, HEADERS + b"[")
+    chunk = b"0," * 32768
+    while pod.sent < ENDLESS_BYTES and not pod.stop.is_set():
+        pod.send(connection, chunk)
+
+
+Behaviour = Callable[[HostilePod, socket.socket], None]
+
+
+def drip(what: bytes, every: float, for_at_most: float, after: bytes = b"") -> Behaviour:
+    """Send ``after`` at once, then ``what`` one byte every ``every`` seconds, for at most ``for_at_most``
+    seconds (then close: a reader without an overall deadline returns then, late)."""
+
+    def behave(pod: HostilePod, connection: socket.socket) -> None:
+        if after:
+            pod.send(connection, after)
+        give_up = time.monotonic() + for_at_most
+        for byte in itertools.cycle(what):
+            if pod.stop.wait(every) or time.monotonic() > give_up:
+                return
+            pod.send(connection, bytes([byte]))
+
+    return behave
+
+
+def test_an_endless_report_is_refused_at_the_limit_without_holding_it_in_memory() -> None:
+    with hostile_pod(endless_report) as pod:
+        tracemalloc.start()
+        try:
+            reports, failures = fetch_reports([pod.address], 0, TOKEN, timeout=30)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert reports == []
+    assert failures == [f"{pod.address}: reply larger than the limit of {MAX_REPLY_BYTES} bytes: refused"]
+    assert peak < 8 * MAX_REPLY_BYTES, f"reading the reply took {peak} bytes of memory"
+    # what the operator's side accepted: the limit plus what the kernel buffers held meanwhile
+    assert pod.sent < ENDLESS_BYTES // 2
+
+
+def test_a_report_declaring_a_huge_length_is_refused_unread() -> None:
+    def declared(pod: HostilePod, connection: socket.socket) -> None:
+        pod.send(connection, b"HTTP/1.0 200 OK\r\nContent-Length: 314572800\r\n\r\n")
+        pod.send(connection, b"{" * 4096)
+
+    with hostile_pod(declared) as pod:
+        reports, failures = fetch_reports([pod.address], 0, TOKEN)
+    assert reports == []
+    assert failures == [
+        f"{pod.address}: reply of 314572800 bytes, over the limit of {MAX_REPLY_BYTES} bytes: refused unread"
+    ]
+
+
+def test_a_push_reply_has_its_own_small_limit() -> None:
+    with hostile_pod(endless_report) as pod:
+        updated, failures = push_workers([pod.address], 0, TOKEN, 4, timeout=30)
+    assert updated == 0
+    assert failures == [f"{pod.address}: reply larger than the limit of {MAX_PUSH_REPLY_BYTES} bytes: refused"]
+
+
+@pytest.mark.parametrize(
+    "behave",
+    [
+        pytest.param(drip(HEADERS + b'{"version": 1}', every=0.3, for_at_most=8), id="dripping-head"),
+        pytest.param(drip(b" ", every=0.3, for_at_most=8, after=HEADERS), id="dripping-body"),
+    ],
+)
+def test_a_dripping_reply_ends_at_the_requests_deadline(behave: Callable[[HostilePod, socket.socket], None]) -> None:
+    """A byte every 0.3 s renews a per-read timeout of 1 s forever; the deadline counts the whole request."""
+    with hostile_pod(behave) as pod:
+        started = time.monotonic()
+        reports, failures = fetch_reports([pod.address], 0, TOKEN, timeout=1.0)
+        elapsed = time.monotonic() - started
+    assert reports == []
+    assert failures == [f"{pod.address}: no complete reply within the deadline of 1 s per request"]
+    assert elapsed < 5, f"the request took {elapsed:.1f} s"  # hang guard: the deadline is 1 s
+
+
+def test_the_deadline_counts_on_the_clock_passed_in() -> None:
+    """Deterministic: each reading of the injected clock advances it by one second, so a deadline of
+    3.5 s passes after a few reads whatever the real time; the pod never finishes its reply."""
+    ticks = itertools.count()
+    with hostile_pod(drip(HEADERS + b"{}" * 100, every=0.01, for_at_most=8)) as pod:
+        reports, failures = fetch_reports([pod.address], 0, TOKEN, timeout=3.5, clock=lambda: float(next(ticks)))
+    assert reports == []
+    assert failures == [f"{pod.address}: no complete reply within the deadline of 3.5 s per request"]
+    assert next(ticks) < 20, "the request went on reading after its deadline"
+
+
+def test_an_answer_that_is_not_http_is_a_failure_naming_the_pod() -> None:
+    def garbage(pod: HostilePod, connection: socket.socket) -> None:
+        pod.send(connection, b"\x00\xff nonsense\r\n\r\n")
+
+    with hostile_pod(garbage) as pod:
+        reports, failures = fetch_reports([pod.address], 0, TOKEN)
+    assert reports == [] and len(failures) == 1
+    assert failures[0].startswith(f"{pod.address}: not an HTTP reply: BadStatusLine")
+
+
+def test_a_well_behaved_pod_is_still_read() -> None:
+    report = (
+        b'{"version": 1, "workers": 3, "workersBusy": 1, "handlerCallsTotal": 5, "rebalancesTotal": 0,'
+        b' "partitionsAssigned": 1, "inflight": 0, "handlerSecondsTotal": 0.5,'
+        b' "lanes": {"ready": 0, "queued": 0}, "partitions": []}'
+    )
+
+    def honest(pod: HostilePod, connection: socket.socket) -> None:
+        pod.send(connection, b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(report) + report)
+
+    with hostile_pod(honest) as pod:
+        reports, failures = fetch_reports([pod.address], 0, TOKEN)
+    assert failures == []
+    assert reports[0]["workers"] == 3 and reports[0][pod_admin.ADDRESS] == pod.address
