@@ -1,7 +1,7 @@
 """What the operator's handlers need from the outside world, in one object the tests can assemble.
 
 The Kubernetes client, the Kafka lag sources (one per resource, replaced when its credentials
-change, on an admin client shared by the resources with the same Kafka configuration), the pod
+change, each reading Kafka in a child process of its own: ``lag_reader``), the pod
 admin calls, the clock, the metrics and the handler pool's size. The operator binary builds it from
 its flags; the tests build it around the API emulator and the real broker.
 """
@@ -21,10 +21,11 @@ from kubernetes.client.rest import ApiException
 
 from keyorder.config import ConfigError
 from keyorder_operator.builders import admin_secret_name, selector_labels
-from keyorder_operator.kafka_config import operator_kafka_config, pods_drain_problem
+from keyorder_operator.kafka_config import CredentialsError, operator_kafka_config, pods_drain_problem
 from keyorder_operator.kube import Kube
+from keyorder_operator.lag_reader import IsolatedLagSource
 from keyorder_operator.objects import AppliedObjects
-from keyorder_operator.observe import AdminClients, BoundedLagSource, KafkaLagSource, LagSource, LagUnavailable
+from keyorder_operator.observe import BoundedLagSource, LagSource, LagUnavailable
 from keyorder_operator.operator_metrics import OperatorMetrics
 from keyorder_operator.pod_admin import fetch_reports, push_workers
 from keyorder_operator.restart import AUTOSCALER_SAVE_SECONDS, became_active
@@ -65,9 +66,9 @@ class OperatorContext:
 
     kube: Kube
     lag_source_for: Callable[[dict[str, str]], LagSource] | None = None
-    """Builds a resource's lag source from its Kafka configuration (default: a ``KafkaLagSource`` on the
-    admin client its configuration shares with other resources, ``admin_clients``)."""
-    admin_clients: AdminClients = field(default_factory=AdminClients)
+    """Builds a resource's lag source from its Kafka configuration (default: a ``lag_reader.IsolatedLagSource``,
+    whose Kafka client runs in a child process of the resource's own: a tenant's broker cannot crash or hang
+    the operator)."""
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     """For durations (a poll's): never goes back when the wall clock is set."""
@@ -202,7 +203,7 @@ class OperatorContext:
     def _build_lag_source(self, properties: dict[str, str]) -> LagSource:
         if self.lag_source_for is not None:
             return self.lag_source_for(properties)
-        return KafkaLagSource(properties, clients=self.admin_clients)
+        return IsolatedLagSource(properties)
 
     def forget_lag_source(self, namespace: str, name: str) -> None:
         """Close a deleted resource's lag source (its Kafka connections)."""
@@ -231,6 +232,8 @@ def kafka_properties(context: OperatorContext, spec: OrderedConsumerSpec, namesp
             raise LagUnavailable(
                 f"Secret {namespace}/{reference.name} (spec.kafka.propertiesSecretRef) {what}"
             ) from None
+        except CredentialsError as error:  # a property the operator refuses, named
+            raise LagUnavailable(str(error), condition="KafkaPropertyRefused") from None
         except ConfigError as error:
             raise LagUnavailable(str(error)) from None
     try:

@@ -18,12 +18,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from keyorder_operator.kafka_config import redact
-from keyorder_operator.pod_signals import PodSignals
-from keyorder_operator.policy import Observation
-
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
+
+    from keyorder_operator.pod_signals import PodSignals
+    from keyorder_operator.policy import Observation
+
+# Only the standard library at import time: the lag reader's child process (``lag_reader``) imports this
+# module, and starts faster and smaller without the spec models (pydantic) and the policy.
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +33,14 @@ log = logging.getLogger(__name__)
 class LagUnavailable(RuntimeError):
     """The lag could not be measured; the message says why (never includes credentials). ``reason`` is the
     same without the timing (how long ago it was asked, when it will be asked again): the condition shows
-    it, so a cluster that stays down does not rewrite status on every poll."""
+    it, so a cluster that stays down does not rewrite status on every poll. ``condition`` is the LagUnknown
+    condition's reason: ``LagUnavailable``, or what went wrong on the operator's side of the read
+    (``KafkaPropertyRefused``, ``lag_reader.READER_FAILED``)."""
 
-    def __init__(self, message: str, reason: str | None = None) -> None:
+    def __init__(self, message: str, reason: str | None = None, condition: str = "LagUnavailable") -> None:
         super().__init__(message)
         self.reason = reason or message
+        self.condition = condition
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,8 @@ class BoundedLagSource:
         self._retry_at: float | None = None
         self._delay = 0.0
         self._error = ""
+        self._condition = "LagUnavailable"
+        """The LagUnknown condition's reason for ``_error`` (``LagUnavailable.condition``)."""
         self._in_flight: threading.Event | None = None
         self._in_flight_since = 0.0
         self._answer: tuple[Request, LagSample] | None = None
@@ -136,10 +143,12 @@ class BoundedLagSource:
                 # the reason the first wait gave, unchanged while the request hangs: the LagUnknown condition
                 # shows the reason, and a new wording of the same state would be a status write on each poll
                 why = self._error or self._unanswered()
-                raise LagUnavailable(f"{why} (asked {waited:.0f} s ago)", why)
+                raise LagUnavailable(f"{why} (asked {waited:.0f} s ago)", why, self._condition)
             backing_off = self._retry_at is not None
             if backing_off and self._retry_at is not None and now < self._retry_at:
-                raise LagUnavailable(f"{self._error} (not asked again for {self._retry_at - now:.0f} s)", self._error)
+                raise LagUnavailable(
+                    f"{self._error} (not asked again for {self._retry_at - now:.0f} s)", self._error, self._condition
+                )
             done = self._in_flight = threading.Event()
             self._in_flight_since = now
         try:
@@ -158,15 +167,18 @@ class BoundedLagSource:
                 if kept is not None:
                     return kept
                 if backing_off:
-                    raise LagUnavailable(f"asked again in the background after: {self._error}", self._error)
+                    raise LagUnavailable(
+                        f"asked again in the background after: {self._error}", self._error, self._condition
+                    )
                 raise LagUnavailable(
                     f"Kafka has not answered within {self.wait_seconds:g} s (the answer is awaited)",
                     self._error or self._unanswered(),
+                    self._condition,
                 )
             fresh = self._take_answer(request)
             if fresh is not None:
                 return fresh
-            raise LagUnavailable(self._error)
+            raise LagUnavailable(self._error, condition=self._condition)
 
     def _unanswered(self) -> str:
         return f"Kafka has not answered within {self.wait_seconds:g} s"
@@ -176,18 +188,22 @@ class BoundedLagSource:
         try:
             answer = self.inner.sample(list(request[0]), request[1], now)
         except Exception as error:  # on the probe thread: anything unexpected is a failure too
-            reason = str(error) if isinstance(error, LagUnavailable) else f"reading the lag failed: {error!r}"
+            if isinstance(error, LagUnavailable):
+                reason, condition = error.reason, error.condition
+            else:
+                reason, condition = f"reading the lag failed: {error!r}", "LagUnavailable"
             failed_at = now + max(self._monotonic() - started, 0.0)  # the back-off counts from the failure
             with self._lock:
                 self._delay = (
                     self.first_seconds if self._retry_at is None else min(self._delay * 2, self.longest_seconds)
                 )
                 spread = 1.0 + self.jitter * (2 * self._random() - 1)
-                self._retry_at, self._error = failed_at + self._delay * spread, reason
+                self._retry_at, self._error, self._condition = failed_at + self._delay * spread, reason, condition
                 self._in_flight = None
         else:
             with self._lock:
                 self._retry_at, self._delay, self._error, self._answer = None, 0.0, "", (request, answer)
+                self._condition = "LagUnavailable"
                 self._in_flight = None
         done.set()
 
@@ -226,6 +242,8 @@ def observation_from(
     """The policy's input from two lag samples and the pods' reports (the operator, ``keyorder
     dev`` and ``keyorder simulate`` build it the same way). ``pods_expected``: the ready pods asked
     for a report (``pods`` sums those that answered)."""
+    from keyorder_operator.policy import Observation
+
     drain, arrival = rates(previous, sample)
     return Observation(
         lag=sample.lag,
@@ -240,9 +258,18 @@ def observation_from(
     )
 
 
-CONSUMER_ONLY = frozenset({"auto.offset.reset"})
-"""Properties a lag sample reads but an admin client does not use: resources that differ only in
-these share one client."""
+CONSUMER_ONLY = frozenset({"auto.offset.reset", "max.poll.interval.ms"})
+"""Properties a lag sample (or the operator's drain check) reads but an admin client does not use
+(``kafka_config.READ_NOT_PASSED``): never given to the client, and resources that differ only in these
+share one client."""
+
+
+def redact(message: str, properties: Mapping[str, str]) -> str:
+    """``message`` with every property value (but the bootstrap servers) replaced: Kafka's errors may quote one."""
+    for name, value in properties.items():
+        if name != "bootstrap.servers" and len(value) >= 4:
+            message = message.replace(value, "<redacted>")
+    return message
 
 
 def describe_kafka_error(error: BaseException, properties: Mapping[str, str]) -> str:

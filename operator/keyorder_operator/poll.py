@@ -376,13 +376,14 @@ class Poll:
             source = self.context.lag_source(self.namespace, self.name, properties)
             sample: LagSample | None = source.sample(self.spec.kafka.topics, self.spec.kafka.group_id, self.now)
         except LagUnavailable as error:
-            sample, reason = None, error.reason
+            sample, reason, why = None, error.reason, error.condition
         pods = self.read_pods(replicas)
         if sample is None:
             self.context.metrics.lag_unknown.labels(*self.labels).inc()
             if not condition_is(self.conditions, "LagUnknown"):
                 self.warn("LagUnknown", f"{reason}; keeping {state.current.replicas} replicas")
-            self.condition("LagUnknown", True, "LagUnavailable", reason)
+            # the reason says whose side failed: Kafka (LagUnavailable), a refused property, the reader process
+            self.condition("LagUnknown", True, why, reason)
             observation = Observation(lag=None, partitions=None, paused=paused)
         else:
             observation = observation_from(

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from keyorder_operator.lag_reader import IsolatedLagSource
 from keyorder_operator.observe import AdminClients, KafkaLagSource, LagSample, LagUnavailable
 from keyorder_operator.reconcile import OperatorContext
 
@@ -92,11 +93,15 @@ def test_resources_with_one_kafka_configuration_share_one_admin_client():
     assert len(clients) == 0
 
 
-def test_the_context_builds_lag_sources_on_its_shared_clients():
+def test_the_context_reads_each_resources_lag_in_a_child_process_of_its_own():
+    """Issue 37 finding 1: by default a resource's Kafka reads run in its own child process
+    (``lag_reader.IsolatedLagSource``), not on an AdminClient inside the operator shared with other resources."""
     context = OperatorContext(kube=None)  # type: ignore[arg-type]
     a = context.lag_source("ns", "a", {"bootstrap.servers": "127.0.0.1:9"})
-    context.lag_source("ns", "b", {"bootstrap.servers": "127.0.0.1:9"})
-    assert len(context.admin_clients) == 1
+    b = context.lag_source("ns", "b", {"bootstrap.servers": "127.0.0.1:9"})
+    assert isinstance(a.inner, IsolatedLagSource) and isinstance(b.inner, IsolatedLagSource)
+    assert a.inner is not b.inner
     context.forget_lag_source("ns", "a")
     context.forget_lag_source("ns", "b")
-    assert len(context.admin_clients) == 0 and a is not None
+    with pytest.raises(LagUnavailable, match="closed"):
+        a.inner.sample(["orders"], "orders", 0.0)
