@@ -22,6 +22,7 @@ being polled on time.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing.connection
 import os
 import resource
@@ -52,6 +53,12 @@ allocation, not the ordinary client."""
 CLOSED = "the Kafka client was closed (the resource or its credentials changed)"
 
 OUT_OF_MEMORY = "the lag reader ran out of memory"
+
+MAX_ANSWER_BYTES = 16 << 20
+"""The largest answer the parent reads from a child (a sample of 100,000 partitions is about 5 MB)."""
+
+MAX_REASON_CHARS = 1000
+"""A child's reason is cut to this many characters before it reaches a condition."""
 
 CHILD_REQUEST_TIMEOUT = 5.0
 """Each Kafka request's timeout inside the child (``KafkaLagSource``)."""
@@ -110,6 +117,59 @@ def reader_failure(cause: str, backoff: RestartBackoff, now: float) -> LagUnavai
     return LagUnavailable(f"{why}, in {backoff.waiting(now):.0f} s", why, condition=READER_FAILED)
 
 
+# --- what crosses the pipe: JSON, read strictly ----------------------------------------------------------
+# Never pickle: the child parses a tenant's broker's bytes in C, and a child that broke could otherwise
+# hand the operator a pickle, which runs code when it is loaded.
+
+
+def sample_to_answer(sample: LagSample) -> dict[str, Any]:
+    return {
+        "sample": {
+            "at": sample.at,
+            "partitions": sample.partitions,
+            "end_total": sample.end_total,
+            "committed_total": sample.committed_total,
+            "partition_lags": list(sample.partition_lags),
+            "end_offsets": [list(entry) for entry in sample.end_offsets],
+        }
+    }
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not a whole number: {type(value).__name__}")
+    return value
+
+
+def answer_to_sample(data: bytes) -> LagSample | None:
+    """The child's answer as a ``LagSample``; raises ``LagUnavailable`` for the child's "no sample, because";
+    ``None`` for anything that is neither (a child that misbehaves: it is killed)."""
+    try:
+        answer = json.loads(data)
+        if not isinstance(answer, dict):
+            return None
+        if "unavailable" in answer:
+            message = str(answer["unavailable"])[:MAX_REASON_CHARS]
+            reason = answer.get("reason")
+            raise LagUnavailable(message, str(reason)[:MAX_REASON_CHARS] if reason is not None else None)
+        fields = answer["sample"]
+        at = fields["at"]
+        if isinstance(at, bool) or not isinstance(at, int | float):
+            return None
+        return LagSample(
+            at=float(at),
+            partitions=_whole(fields["partitions"]),
+            end_total=_whole(fields["end_total"]),
+            committed_total=_whole(fields["committed_total"]),
+            partition_lags=tuple(_whole(lag) for lag in fields["partition_lags"]),
+            end_offsets=tuple(
+                (str(topic), _whole(partition), _whole(offset)) for topic, partition, offset in fields["end_offsets"]
+            ),
+        )
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
 # --- the child -------------------------------------------------------------------------------------------
 
 
@@ -119,29 +179,27 @@ def limit_memory(memory_bytes: int) -> None:
 
 
 def serve(connection: multiprocessing.connection.Connection) -> None:
-    """The child's loop: the properties first, then a sample per request, until ``None`` or the parent is gone.
+    """The child's loop: the properties first, then a sample per request, until the parent is gone.
     The properties come through the pipe, never the command line or the environment (``/proc`` shows those)."""
     from keyorder_operator.observe import KafkaLagSource
 
-    source = KafkaLagSource(connection.recv(), timeout=CHILD_REQUEST_TIMEOUT)
+    source = KafkaLagSource(json.loads(connection.recv_bytes()), timeout=CHILD_REQUEST_TIMEOUT)
     try:
         while True:
             try:
-                request = connection.recv()
-            except EOFError:
+                request = json.loads(connection.recv_bytes())
+            except EOFError:  # the parent closed the pipe, or died
                 return
-            if request is None:
-                return
-            topics, group, now = request
+            topics, group, now = request["topics"], request["group"], request["now"]
             try:
-                connection.send(("sample", source.sample(topics, group, now)))
+                answer = sample_to_answer(source.sample(topics, group, now))
             except LagUnavailable as error:
-                connection.send(("unavailable", str(error), error.reason))
+                answer = {"unavailable": str(error), "reason": error.reason}
             except MemoryError:
-                connection.send(("unavailable", OUT_OF_MEMORY, OUT_OF_MEMORY))
+                answer = {"unavailable": OUT_OF_MEMORY, "reason": OUT_OF_MEMORY}
             except Exception as error:  # reported to the parent, which names it in the condition
-                why = f"reading the lag failed: {error!r}"
-                connection.send(("unavailable", why, why))
+                answer = {"unavailable": f"reading the lag failed: {error!r}"}
+            connection.send_bytes(json.dumps(answer).encode())
     finally:
         source.close()
 
@@ -180,44 +238,40 @@ class LagReaderProcess:
             theirs.close()
         self.connection = multiprocessing.connection.Connection(ours.detach())
         with contextlib.suppress(OSError):  # the child is already gone: the first ``ask`` reports how it ended
-            self.connection.send(dict(properties))
+            self.connection.send_bytes(json.dumps(dict(properties)).encode())
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    def ask(self, topics: Sequence[str], group: str, now: float, deadline_seconds: float) -> tuple[Any, ...] | str:
-        """The child's answer, or how it failed (it died, or did not answer in time and was killed)."""
+    def ask(self, topics: Sequence[str], group: str, now: float, deadline_seconds: float) -> LagSample | str:
+        """The child's sample (``LagUnavailable`` for its own answer that there is none), or how it failed:
+        it died, answered something that is not an answer, or did not answer in time (it is then killed)."""
         try:
-            self.connection.send((list(topics), group, now))
+            self.connection.send_bytes(json.dumps({"topics": list(topics), "group": group, "now": now}).encode())
             if self.connection.poll(deadline_seconds):
-                answer = self.connection.recv()
-                if isinstance(answer, tuple) and answer:
+                answer = answer_to_sample(self.connection.recv_bytes(MAX_ANSWER_BYTES))
+                if answer is not None:
                     return answer
-                cause = f"answered something else than a sample ({type(answer).__name__}) and was killed"
+                cause = "answered something that is not a lag sample and was killed"
             else:
                 cause = f"did not answer within {deadline_seconds:g} s and was killed"
-        except (EOFError, OSError):
-            with contextlib.suppress(subprocess.TimeoutExpired):
+        except (EOFError, OSError):  # the pipe closed (the child died), or an answer over MAX_ANSWER_BYTES
+            try:
                 self.process.wait(2.0)
-            cause = exit_cause(self.process.returncode)
+                cause = exit_cause(self.process.returncode)
+            except subprocess.TimeoutExpired:
+                cause = "broke off its answer and was killed"
         self.kill()
         return cause
 
     def kill(self) -> None:
+        """End the child now (it keeps nothing worth a graceful stop: the kernel closes its connections)."""
         with contextlib.suppress(OSError):
             self.process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(5.0)
         self.connection.close()
-
-    def stop(self) -> None:
-        """Ask the child to end, then make sure it did."""
-        with contextlib.suppress(OSError, ValueError):
-            self.connection.send(None)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(2.0)
-        self.kill()
 
 
 class IsolatedLagSource:
@@ -256,7 +310,11 @@ class IsolatedLagSource:
             if self.backoff.waiting(moment) > 0:
                 raise reader_failure(self.backoff.cause, self.backoff, moment)
             reader = self._running_reader()
-            answer = reader.ask(topics, group, now, self.deadline_seconds)
+            try:
+                answer = reader.ask(topics, group, now, self.deadline_seconds)
+            except LagUnavailable:  # the child's own answer: it works
+                self.backoff = self.backoff.succeeded()
+                raise
             if isinstance(answer, str):
                 with self._state:
                     closed = self._closed
@@ -266,9 +324,7 @@ class IsolatedLagSource:
                     raise LagUnavailable(CLOSED)
                 return self._failed(answer)
             self.backoff = self.backoff.succeeded()
-        if answer[0] == "sample" and isinstance(answer[1], LagSample):
-            return answer[1]
-        raise LagUnavailable(str(answer[1]), str(answer[2]) if len(answer) > 2 else None)
+            return answer
 
     def _running_reader(self) -> LagReaderProcess:
         """The live child, started if there is none (the sampling lock is held)."""
@@ -286,7 +342,7 @@ class IsolatedLagSource:
             if not self._closed:
                 self._reader = reader
                 return reader
-        reader.stop()
+        reader.kill()
         raise LagUnavailable(CLOSED)
 
     def _failed(self, cause: str) -> NoReturn:
@@ -300,7 +356,7 @@ class IsolatedLagSource:
             self._closed = True
             reader, self._reader = self._reader, None
         if reader is not None:
-            reader.stop()
+            reader.kill()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A hostile stand-in for a tenant's Kafka broker: what a tenant can point ``spec.kafka.bootstrapServers`` at.
 
-Two behaviours, on 127.0.0.1 and a free port:
+Three behaviours, on 127.0.0.1 and a free port:
 
 - ``abort``: answers every request (the client's first one is ApiVersions) with 21 bytes: a 4-byte length
   (17), the request's correlation id, ErrorCode 0 and an ApiVersions array count of compact-varint 0, which
@@ -9,7 +9,10 @@ Two behaviours, on 127.0.0.1 and a free port:
   ``rd_kafka_buf_read_arraycnt`` (``src/rdkafka_buf.h``: ``(int32_t)uvarint - 1``; only counts below -1 fail
   the parse) and calls ``rd_malloc(sizeof(**apis) * ApiArrayCnt)``: a size of about 2^64, malloc returns
   NULL and ``rd_malloc`` (``src/rd.h``) asserts ``p``: SIGABRT, the whole process;
-- ``silent``: accepts connections and reads requests, never answers (a hung broker).
+- ``silent``: accepts connections and reads requests, never answers (a hung broker);
+- ``bloat``: answers with a frame header announcing ``BLOAT_BYTES`` (just under librdkafka's default
+  ``receive.message.max.bytes``) and nothing after it: ``rd_kafka_recv`` (``src/rdkafka_broker.c``) allocates
+  a receive buffer of the announced size before the body arrives, so every connection costs ~95 MB.
 
 The response's frame (int32 length, int32 correlation id, then the body; ApiVersions' response header has no
 tagged fields even in flexible versions) is Kafka's protocol as ``src/rdkafka_broker.c``'s
@@ -23,6 +26,8 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+BLOAT_BYTES = 99_000_000
 
 ABORTING_BODY = bytes(17)
 """After the correlation id: ErrorCode 0 (2 bytes), array count uvarint 0 (= -1), then zero padding."""
@@ -58,17 +63,20 @@ def _handle(connection: socket.socket, behaviour: str, stopping: threading.Event
                 continue
             (correlation_id,) = struct.unpack(">i", request[4:8])
             payload = struct.pack(">i", correlation_id) + ABORTING_BODY
+            frame = struct.pack(">i", len(payload)) + payload
+            if behaviour == "bloat":
+                frame = struct.pack(">ii", BLOAT_BYTES, correlation_id)
             try:
-                connection.sendall(struct.pack(">i", len(payload)) + payload)
+                connection.sendall(frame)
             except OSError:
                 return
 
 
 @contextmanager
 def hostile_broker(behaviour: str = "abort") -> Iterator[str]:
-    """Serve ``behaviour`` (``abort`` or ``silent``) until the block ends; yields ``host:port``."""
-    if behaviour not in ("abort", "silent"):
-        raise ValueError(f"behaviour must be 'abort' or 'silent', not {behaviour!r}")
+    """Serve ``behaviour`` (``abort``, ``silent`` or ``bloat``) until the block ends; yields ``host:port``."""
+    if behaviour not in ("abort", "silent", "bloat"):
+        raise ValueError(f"behaviour must be 'abort', 'silent' or 'bloat', not {behaviour!r}")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)

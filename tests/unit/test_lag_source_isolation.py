@@ -1,0 +1,232 @@
+"""Issue 37 finding 1: a tenant's broker cannot take the operator down (``lag_reader``).
+
+A hostile broker (``tests.unit.hostile_broker``: 21 bytes answering ApiVersions, which librdkafka's
+``rd_kafka_handle_ApiVersion`` turns into ``rd_malloc`` of a negative size and an assertion: SIGABRT) aborted
+the whole operator, since each resource's lag was read with librdkafka inside the operator's process. Now the
+read runs in a child process per resource: the child dies, the resource's sample fails with
+``LagReaderFailed`` naming the signal and the back-off, and the operator (here: the test process, and another
+resource's reader) goes on. A broker that never answers costs the sample's deadline, then the child is killed.
+
+No Kafka broker here: the healthy side is tested against Tansu in tests/integration/test_lag_source_kafka.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from keyorder_operator.lag_reader import (
+    READER_FAILED,
+    IsolatedLagSource,
+    LagReaderProcess,
+    RestartBackoff,
+    answer_to_sample,
+    exit_cause,
+    sample_to_answer,
+)
+from keyorder_operator.observe import LagSample, LagUnavailable
+from tests.fakes import FakeClock
+from tests.unit.hostile_broker import hostile_broker
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def failure(source: IsolatedLagSource, topics: list[str] | None = None) -> LagUnavailable:
+    with pytest.raises(LagUnavailable) as error:
+        source.sample(topics or ["orders"], "orders", 0.0)
+    return error.value
+
+
+# --- the pure decisions -----------------------------------------------------------------------------------
+
+
+def test_restarts_back_off_doubling_up_to_the_longest_and_an_answer_ends_it():
+    backoff = RestartBackoff(first_seconds=5, longest_seconds=30)
+    assert backoff.waiting(0.0) == 0.0 and backoff.delay == 0.0
+    delays = []
+    now = 100.0
+    for _ in range(5):
+        backoff = backoff.failed("was killed by SIGABRT (exit code -6)", now)
+        delays.append(backoff.delay)
+        assert backoff.waiting(now) == backoff.delay and backoff.waiting(now + backoff.delay) == 0.0
+        now += backoff.delay
+    assert delays == [5, 10, 20, 30, 30]
+    backoff = backoff.succeeded()
+    assert (backoff.failures, backoff.retry_at, backoff.cause, backoff.waiting(now)) == (0, None, "", 0.0)
+    assert backoff.failed("again", now).delay == 5  # starts over
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "expected"),
+    [
+        (-6, "was killed by SIGABRT (exit code -6)"),
+        (-9, "was killed by SIGKILL (exit code -9)"),
+        (1, "exited with code 1"),
+        (0, "exited with code 0"),
+        (None, "did not exit"),
+    ],
+)
+def test_how_a_reader_ended_is_named(exitcode, expected):
+    assert exit_cause(exitcode) == expected
+
+
+def test_what_crosses_the_pipe_is_json_read_strictly_never_a_pickle():
+    """The child parses a tenant's broker's bytes in C: whatever it sends back is data, checked field by field,
+    never unpickled (a pickle from a child gone wrong would run code in the operator)."""
+    sample = LagSample(
+        at=12.5, partitions=2, end_total=30, committed_total=10, partition_lags=(5, 15),
+        end_offsets=(("orders", 0, 10), ("orders", 1, 20)),
+    )  # fmt: skip
+    assert answer_to_sample(json.dumps(sample_to_answer(sample)).encode()) == sample
+    assert answer_to_sample(pickle.dumps(sample)) is None
+    for bad in (b"[]", b'{"sample": {"at": 1}}', b'{"sample": {"at": 1, "partitions": "2", "end_total": 0, '
+                b'"committed_total": 0, "partition_lags": [], "end_offsets": []}}', b"\xff"):  # fmt: skip
+        assert answer_to_sample(bad) is None, bad
+    with pytest.raises(LagUnavailable) as error:
+        answer_to_sample(json.dumps({"unavailable": "x" * 5000, "reason": "topic 'orders' not found"}).encode())
+    assert len(str(error.value)) == 1000 and error.value.reason == "topic 'orders' not found"
+    assert error.value.condition == "LagUnavailable"  # the child's own answer: Kafka's side, not the reader's
+
+
+# --- the child process, for real --------------------------------------------------------------------------
+
+
+def test_a_hostile_broker_kills_the_resources_reader_not_the_operator():
+    clock = FakeClock(1000.0)
+    with hostile_broker("abort") as address:
+        source = IsolatedLagSource({"bootstrap.servers": address}, deadline_seconds=60, clock=clock)
+        try:
+            error = failure(source)
+            assert error.condition == READER_FAILED
+            assert "was killed by SIGABRT (exit code -6)" in error.reason, error.reason
+            assert "started again after 5 s (back-off)" in error.reason, error.reason
+            assert source.started == 1
+            # within the back-off no reader is started: the same reason, no new process
+            clock.sleep(4.0)
+            again = failure(source)
+            assert (again.condition, again.reason, source.started) == (READER_FAILED, error.reason, 1)
+            # after it, a new reader, which the broker kills again: the next wait is twice as long
+            clock.sleep(1.0)
+            third = failure(source)
+            assert source.started == 2 and "started again after 10 s (back-off)" in third.reason, third.reason
+        finally:
+            source.close()
+
+
+def test_a_broker_that_never_answers_costs_the_deadline_then_the_reader_is_killed():
+    """The child's client waits 5 s per request; the sample's overall deadline (here 1 s) is what bounds it."""
+    started_readers: list[LagReaderProcess] = []
+
+    def start(properties, memory_bytes):
+        reader = LagReaderProcess(properties, memory_bytes)
+        started_readers.append(reader)
+        return reader
+
+    with hostile_broker("silent") as address:
+        source = IsolatedLagSource({"bootstrap.servers": address}, deadline_seconds=1.0, start_reader=start)
+        try:
+            asked = time.monotonic()
+            error = failure(source)
+            # hang guard: the deadline (1 s) plus killing and reaping the child, far below the client's own 5 s x 4
+            assert time.monotonic() - asked < 15.0
+        finally:
+            source.close()
+    assert error.condition == READER_FAILED
+    assert "did not answer within 1 s and was killed" in error.reason, error.reason
+    (reader,) = started_readers
+    assert reader.process.returncode == -9  # SIGKILL, reaped: no process left behind
+
+
+def test_a_reader_over_its_memory_limit_fails_alone():
+    """RLIMIT_AS in the child: a broker announcing a ~95 MB response makes librdkafka allocate the buffer at once
+    (``rd_kafka_recv``); under a 160 MiB limit the allocation fails and the reader dies, which is reported like
+    any other crash, and the test process, which owns the reader, is untouched."""
+    with hostile_broker("bloat") as address:
+        source = IsolatedLagSource({"bootstrap.servers": address}, deadline_seconds=30, memory_bytes=160 << 20)
+        try:
+            error = failure(source)
+        finally:
+            source.close()
+    assert error.condition == READER_FAILED, error
+    assert "the lag reader process was killed by SIGABRT" in error.reason, error.reason
+
+
+def test_close_ends_a_sample_waiting_on_its_reader_at_once():
+    """A rotated credential or a deleted resource closes the source; a sample waiting on the old child must
+    not hold its poll thread until the deadline, and it is not the broker's fault (no back-off)."""
+    import threading
+
+    with hostile_broker("silent") as address:
+        source = IsolatedLagSource({"bootstrap.servers": address}, deadline_seconds=60)
+        outcome: list[LagUnavailable] = []
+
+        def sample() -> None:
+            try:
+                source.sample(["orders"], "orders", 0.0)
+            except LagUnavailable as error:
+                outcome.append(error)
+
+        thread = threading.Thread(target=sample)
+        thread.start()
+        for _ in range(200):  # wait until the child exists (bounded)
+            if source.started:
+                break
+            time.sleep(0.02)
+        source.close()
+        thread.join(20.0)  # hang guard
+    assert not thread.is_alive()
+    (error,) = outcome
+    assert "closed" in str(error) and error.condition != READER_FAILED
+    assert source.backoff.failures == 0
+
+
+OPERATOR_PATH = textwrap.dedent(
+    """
+    import sys
+    from keyorder_operator.context import OperatorContext
+    from keyorder_operator.observe import LagUnavailable
+    from tests.unit.hostile_broker import hostile_broker
+
+    # the operator's own path: the context builds the resource's lag source as the poll does
+    context = OperatorContext(kube=None, lag_wait_seconds=20.0)
+    with hostile_broker("abort") as address:
+        source = context.lag_source("tenant", "hostile", {"bootstrap.servers": address})
+        try:
+            source.sample(["orders"], "orders", 0.0)
+        except LagUnavailable as error:
+            print("LagUnknown", error.condition, error.reason)
+        context.forget_lag_source("tenant", "hostile")
+    print("operator still running")
+    """
+)
+
+
+def test_the_operators_lag_path_survives_a_hostile_broker():
+    """The operator's own wiring (``OperatorContext.lag_source`` as the poll calls it), in a subprocess so that
+    the old code's abort can be observed: before, librdkafka aborted that process (exit code -6, ``rd_malloc:
+    Assertion 'p' failed``); now it prints the resource's failure and goes on."""
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "consumer"), str(ROOT)]),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", OPERATOR_PATH],
+        capture_output=True,
+        text=True,
+        timeout=90,  # hang guard
+        env=environment,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, f"the operator's process ended with {run.returncode}: {run.stderr[-2000:]}"
+    assert f"LagUnknown {READER_FAILED} the lag reader process was killed by SIGABRT" in run.stdout, run.stdout
+    assert run.stdout.rstrip().endswith("operator still running"), run.stdout
