@@ -73,7 +73,7 @@ class Pod:
         self.completions = Completions()
         make_pool = self._pool_factory(config, handler)  # the handler first: a bad path is the likeliest mistake
         properties, origins = kafka_properties_with_origins(config, environ)
-        admin_token = read_admin_token(config)
+        admin_token = read_admin_token(config)  # now, so a bad file stops the start; the server re-reads it
         log.info("Kafka properties: %s", redact(properties))
         retry = config.retry_policy()
         if dead_letters is None and config.on_exhausted is ExhaustedPolicy.DLQ:
@@ -104,8 +104,7 @@ class Pod:
                 self.registry,
                 config.http_host,
                 config.http_port,
-                admin_token,
-                reread_token=lambda: read_admin_token(config),
+                None if admin_token is None else functools.partial(read_admin_token, config),
             )
             if serve_http
             else None

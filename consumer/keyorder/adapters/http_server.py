@@ -4,7 +4,15 @@
 endpoints require ``Authorization: Bearer <token>``, with the token from a file only the operator
 and the pod can read (a Secret): ``PUT /admin/workers`` (live resize of the key workers) changes
 behaviour, and ``GET /admin/scaling`` (the operator's sizing report) names the busiest key.
-Without a configured token they are disabled, never open.
+Without a configured token they are disabled, never open. The token is read from its file on every
+admin request (``admin_token``), so a rotated Secret takes effect at once: the old token stops
+working the moment the kubelet swaps the mounted file, without waiting for a request with the new
+one. The token travels in plain HTTP: what keeps it from other pods is the NetworkPolicy that admits
+only the operator to this port (docs/security.md, "The pod's HTTP server").
+
+The port is reachable by anything the network lets in, so it is served by ``bounded_http``: slow or
+numerous clients cannot hold its threads, and the probes (``/healthz``, ``/readyz``) are answered
+first, even while the connection cap is reached.
 """
 
 from __future__ import annotations
@@ -14,12 +22,13 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from keyorder.adapters.bounded_http import BoundedHttpServer, BufferedRequestHandler, ServerLimits
 from keyorder.adapters.scaling_report import scaling_report
 from keyorder.config import ConfigError
 from keyorder.runtime import ConsumerRuntime
@@ -31,6 +40,10 @@ STALL_SECONDS = 60.0
 MAX_BODY_BYTES = 4096
 
 
+PROBE_PATHS = ("/healthz", "/readyz")
+"""Answered first, on the server's I/O thread: the kubelet must see a live pod under any load."""
+
+
 class PodHttpServer:
     """Serves the pod endpoints on a daemon thread."""
 
@@ -40,20 +53,18 @@ class PodHttpServer:
         registry: CollectorRegistry,
         host: str,
         port: int,
-        admin_token: str | None,
-        reread_token: Callable[[], str | None] | None = None,
+        admin_token: Callable[[], str | None] | None,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.runtime = runtime
         self.registry = registry
         self.admin_token = admin_token
-        self.reread_token = reread_token
-        """Reads the token file again: a rotated Secret reaches the mounted file, and a request with
-        the new token must then succeed without a restart."""
+        """Reads the token file (``config.read_admin_token``) on every admin request: the kubelet swaps
+        a rotated Secret's file in place, and from then on only the new token may pass. ``None``:
+        no token configured, the admin endpoints are disabled."""
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            timeout = 10  # seconds of socket inactivity: idle or slow clients cannot pin threads
-
+        class Handler(BufferedRequestHandler):
             def do_GET(self) -> None:
                 server._get(self)
 
@@ -64,10 +75,11 @@ class PodHttpServer:
                 log.debug("http %s - " + format, self.address_string(), *args)
 
         try:
-            self._httpd = ThreadingHTTPServer((host, port), Handler)
+            self._httpd = BoundedHttpServer(
+                (host, port), Handler, probe_paths=PROBE_PATHS, limits=limits or ServerLimits()
+            )
         except OSError as error:
             raise ConfigError(f"--http-host/--http-port {host}:{port}: cannot listen: {error.strerror}") from None
-        self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="keyorder-http", daemon=True)
 
@@ -76,6 +88,8 @@ class PodHttpServer:
 
     def stop(self) -> None:
         self._httpd.shutdown()
+        if self._thread.is_alive():
+            self._thread.join(5)
         self._httpd.server_close()
 
     # -- handlers -----------------------------------------------------------------------------
@@ -129,8 +143,8 @@ class PodHttpServer:
         _reply_json(request, 200, {"workers": workers, "previous": previous})
 
     def _authorized(self, request: BaseHTTPRequestHandler) -> bool:
-        """True for the right bearer token; otherwise the 403/401 reply has been sent."""
-        if not self.admin_token:
+        """True for the current bearer token (read now); otherwise the 403/401/503 reply has been sent."""
+        if self.admin_token is None:
             _reply_json(
                 request,
                 403,
@@ -140,19 +154,15 @@ class PodHttpServer:
                 },
             )
             return False
+        try:
+            current = self.admin_token()
+        except ConfigError as error:  # mid-update or removed: refuse every token until it reads again
+            log.warning("admin token file: %s", error)
+            _reply_json(request, 503, {"error": "admin token unavailable: the token file cannot be read; retry"})
+            return False
         supplied = request.headers.get("Authorization", "").encode()
-        if hmac.compare_digest(supplied, f"Bearer {self.admin_token}".encode()):
+        if current and hmac.compare_digest(supplied, f"Bearer {current}".encode()):
             return True
-        if self.reread_token is not None:
-            try:
-                current = self.reread_token()
-            except ConfigError as error:  # a file mid-update: keep the token we have
-                log.warning("admin token file: %s", error)
-                current = None
-            if current and current != self.admin_token and hmac.compare_digest(supplied, f"Bearer {current}".encode()):
-                log.info("admin token rotated: the token file changed")
-                self.admin_token = current
-                return True
         _reply_json(request, 401, {"error": "missing or wrong bearer token"})
         return False
 

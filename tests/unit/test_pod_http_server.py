@@ -1,0 +1,266 @@
+"""The pod's HTTP port under clients that do not play fair (issue 37, findings 4 and 6): slow or many
+connections hold no threads and cannot starve the probes, and a rotated admin token replaces the old
+one the moment the token file changes. Real sockets against the real server; the runtime is a stand-in."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import CollectorRegistry
+
+from keyorder.adapters.bounded_http import RequestRefused, ServerLimits, request_size
+from keyorder.adapters.http_server import PodHttpServer
+from keyorder.config import RunConfig, read_admin_token
+from keyorder.runtime import RuntimeSnapshot
+
+OLD_TOKEN = "old-token-" + "a" * 20
+NEW_TOKEN = "new-token-" + "b" * 20
+
+
+class _Runtime:
+    """What the endpoints read of a ConsumerRuntime: readiness, health and the worker target."""
+
+    def __init__(self) -> None:
+        self.snapshot = RuntimeSnapshot(broker_reachable=True, assigned_partitions=2)
+        self.started = threading.Event()
+        self.started.set()
+        self.stopping = False
+        self.workers = 2
+        self.last_iteration = time.monotonic()
+        self.clock = time.monotonic
+        self.pool = type("Pool", (), {"health": type("Health", (), {"crashed": None})()})()
+
+    def request_resize(self, workers: int) -> int:
+        previous, self.workers = self.workers, workers
+        return previous
+
+
+class _HeldScrape:
+    """A collector whose scrape waits until released: handler threads that stay busy."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self.entered.release()
+        self.release.wait(30)
+        yield GaugeMetricFamily("keyorder_test_held", "a scrape held by the test", value=1)
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    servers: list[PodHttpServer] = []
+
+    def start(registry: CollectorRegistry | None = None, token: Any = None, **limits: Any) -> PodHttpServer:
+        extra = {"limits": ServerLimits(**limits)} if limits else {}
+        server = PodHttpServer(_Runtime(), registry or CollectorRegistry(), "127.0.0.1", 0, token, **extra)  # type: ignore[arg-type]
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
+def _put_workers(port: int, token: str, workers: int) -> int:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/admin/workers",
+        data=json.dumps({"workers": workers}).encode(),
+        method="PUT",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        error.close()
+        return error.code
+
+
+def _slow_client(port: int) -> socket.socket:
+    """A slowloris client: the start of a request, the rest never (or a byte now and then)."""
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    client.sendall(b"GET /metrics HTTP/1.1\r\nHost: pod\r\nX-Slow: ")
+    return client
+
+
+def test_300_slow_connections_hold_no_threads_and_the_probes_still_answer(serve: Any) -> None:
+    server = serve()
+    before = threading.active_count()
+    clients = [_slow_client(server.port) for _ in range(300)]
+    try:
+        # answered after every slow connection was accepted (one listener, accepted in order)
+        assert _get(server.port, "/readyz") == (200, {"status": "ready", "partitions": 2})
+        assert _get(server.port, "/healthz") == (200, {"status": "ok"})
+        threads = threading.active_count() - before
+        assert threads <= ServerLimits().handler_threads, f"{threads} threads for 300 slow clients"
+        # past the cap of connections being read, the oldest were let go (and the newest kept)
+        for client in clients[: 300 - ServerLimits().max_connections] + clients[-1:]:
+            client.settimeout(5)
+        evicted = clients[: 300 - ServerLimits().max_connections]
+        assert [client.recv(100) for client in evicted] == [b""] * len(evicted)
+        with pytest.raises(TimeoutError):
+            clients[-1].settimeout(0.2)
+            clients[-1].recv(100)
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_a_request_dripping_a_byte_at_a_time_ends_at_its_deadline(serve: Any) -> None:
+    """The old 10 s timeout counted idle time: a byte every 5 s renewed it forever."""
+    server = serve(request_seconds=1.0)
+    client = _slow_client(server.port)
+    started = time.monotonic()
+    answer = b""
+    client.settimeout(0.2)
+    while time.monotonic() - started < 10:  # a byte every 0.2 s, until the server hangs up
+        try:
+            chunk = client.recv(1000)
+        except TimeoutError:
+            client.send(b"x")
+            continue
+        if not chunk:
+            break
+        answer += chunk
+    elapsed = time.monotonic() - started
+    client.close()
+    assert answer.startswith(b"HTTP/1.0 408 "), answer
+    assert b"no complete request within 1 s" in answer
+    assert elapsed < 5  # hang guard: the deadline is 1 s
+
+
+def test_probes_are_answered_while_every_handler_thread_is_busy_and_excess_requests_get_503(serve: Any) -> None:
+    held = _HeldScrape()
+    registry = CollectorRegistry()
+    registry.register(held)  # type: ignore[arg-type]
+    server = serve(registry, handler_threads=1, max_queued=2)
+    scrapes = [threading.Thread(target=_get_text, args=(server.port, "/metrics")) for _ in range(2)]
+    try:
+        for scrape in scrapes:
+            scrape.start()
+        assert held.entered.acquire(timeout=10), "the first scrape never reached the collector"  # hang guard
+        assert _get(server.port, "/readyz")[0] == 200
+        assert _get(server.port, "/healthz")[0] == 200
+        status, body = _get(server.port, "/admin/workers")  # a third non-probe request: nobody can take it
+        assert (status, body) == (503, {"error": "busy: too many requests at once"})
+    finally:
+        held.release.set()
+        for scrape in scrapes:
+            scrape.join(10)
+    assert _get(server.port, "/admin/workers") == (200, {"workers": 2})
+
+
+def _get_text(port: int, path: str) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
+        response.read()
+
+
+def test_an_oversized_request_is_refused(serve: Any) -> None:
+    server = serve()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        client.sendall(b"GET /metrics HTTP/1.1\r\nX-Big: " + b"x" * 20000)
+        answer = client.recv(1000)
+    assert answer.startswith(b"HTTP/1.0 431 ")
+
+
+@pytest.mark.parametrize(
+    ("received", "size"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: pod\r\n", None),
+        (b"GET / HTTP/1.1\r\nHost: pod\r\n\r\n", 29),
+        (b"GET / HTTP/1.1\r\n\r\nextra", 18),
+        (b"PUT /a HTTP/1.1\r\ncontent-length: 5\r\n\r\n{}", None),
+        (b'PUT /a HTTP/1.1\r\nContent-Length: 5\r\n\r\n{"a":', 43),
+    ],
+)
+def test_request_size(received: bytes, size: int | None) -> None:
+    assert request_size(received, 100) == size
+
+
+@pytest.mark.parametrize(
+    ("received", "status"),
+    [
+        (b"GET / HTTP/1.1\r\nX: " + b"x" * 200, 431),
+        (b"PUT /a HTTP/1.1\r\nContent-Length: 99\r\n\r\n", 413),
+        (b"PUT /a HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+    ],
+)
+def test_request_size_refuses(received: bytes, status: int) -> None:
+    with pytest.raises(RequestRefused) as refused:
+        request_size(received, 100)
+    assert refused.value.status == status
+
+
+# -- the admin token (finding 6) ------------------------------------------------------------------
+def _token_reader(path: Path) -> functools.partial[str | None]:
+    config = RunConfig(topics=["t"], group_id="g", handler="h:h", admin_token_file=path)
+    return functools.partial(read_admin_token, config)
+
+
+def test_the_old_token_is_refused_as_soon_as_the_token_file_changed(serve: Any, tmp_path: Path) -> None:
+    """No request with the new token comes first: the file alone decides."""
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN)
+    server = serve(token=_token_reader(token_file))
+    assert _put_workers(server.port, OLD_TOKEN, 3) == 200
+    token_file.write_text(NEW_TOKEN + "\n")
+    assert _put_workers(server.port, OLD_TOKEN, 4) == 401
+    assert _put_workers(server.port, NEW_TOKEN, 5) == 200
+    assert _get(server.port, "/admin/workers") == (200, {"workers": 5})
+
+
+def test_a_secret_volume_swap_rotates_the_token(serve: Any, tmp_path: Path) -> None:
+    """How the kubelet updates a mounted Secret: a new timestamped directory, then ``..data`` renamed
+    onto a symlink to it; ``token`` is a symlink through ``..data``."""
+    mount = tmp_path / "secret"
+    mount.mkdir()
+
+    def publish(version: str, token: str) -> None:
+        (mount / version).mkdir()
+        (mount / version / "token").write_text(token)
+        os.symlink(version, mount / "..data_tmp")
+        os.replace(mount / "..data_tmp", mount / "..data")
+
+    publish("..2026_11_27_23_00_00.1", OLD_TOKEN)
+    os.symlink("..data/token", mount / "token")
+    server = serve(token=_token_reader(mount / "token"))
+    assert _put_workers(server.port, OLD_TOKEN, 3) == 200
+    publish("..2026_11_27_23_05_00.2", NEW_TOKEN)
+    assert _put_workers(server.port, OLD_TOKEN, 4) == 401
+    assert _put_workers(server.port, NEW_TOKEN, 5) == 200
+
+
+def test_an_unreadable_token_file_refuses_every_token(serve: Any, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN)
+    server = serve(token=_token_reader(token_file))
+    token_file.unlink()
+    assert _put_workers(server.port, OLD_TOKEN, 4) == 503
+    token_file.write_text("short")  # a token must be at least 16 characters
+    assert _put_workers(server.port, OLD_TOKEN, 4) == 503
+    assert _get(server.port, "/admin/workers") == (200, {"workers": 2})
