@@ -94,8 +94,9 @@ def test_report_names_the_hot_key_and_the_blocked_partition(broker, make_topic, 
 
 def test_a_rotated_admin_token_is_accepted_without_a_restart(broker, make_topic, run_pod, tmp_path):
     """The operator recreates a deleted admin Secret with a new token; the kubelet updates the
-    mounted file. The pod must then accept the new token (and refuse the old one), or every worker
-    push would fail with 401 until the pods restart."""
+    mounted file. The pod must then accept the new token, or every worker push would fail with 401
+    until the pods restart, and refuse the old one at once, not only after a request with the new
+    one (issue 37, finding 6)."""
     topic = make_topic(1)
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
@@ -104,7 +105,7 @@ def test_a_rotated_admin_token_is_accepted_without_a_restart(broker, make_topic,
     wait_until(lambda: not fetch_reports([address], 0, TOKEN)[1], 30, "the report with the first token")
     rotated = "rotated-token-" + "z" * 24
     token_file.write_text(rotated + "\n")
+    assert fetch_reports([address], 0, TOKEN)[1] == [f"{address}: HTTP 401"], "the old token still works"
     reports, failures = fetch_reports([address], 0, rotated)
     assert not failures and reports[0]["workers"] == 2
-    assert fetch_reports([address], 0, TOKEN)[1] == [f"{address}: HTTP 401"], "the old token still works"
     stop_pod(pod)
