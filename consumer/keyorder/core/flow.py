@@ -26,9 +26,17 @@ reached many times a second, and pausing each time left the workers idle most of
 1. **Hold**: while a partition is full in flight, the poll loop stops reading and waits for the
    workers; the Kafka client's prefetch queue is the buffer meanwhile. Reading goes on the moment
    the count is back at the low-water mark, from messages already fetched.
-2. **Pause**: a partition still full in flight after ``pause_after`` seconds is paused, so the
-   others can be read past it (a hot or blocked key, a slow handler), and stays paused until its
-   low-water mark. It is remembered as slow and paused at once the next time it fills, until it
+2. **Pause**: each partition has a *hold budget* of ``pause_after`` seconds. It is spent while the
+   partition is full in flight, over one fill or many (time full while paused on another bound
+   counts too: the partition did not drain), and renewed only when a fill ends while the partition
+   is paused. A partition whose budget is spent is paused, so the others can be read past it (a hot
+   or blocked key, a slow handler), and stays paused until its low-water mark. Pausing drops its
+   prefetched messages, so what was fetched for the others comes first: hence the renewal. A budget
+   per hold was not enough: a partition that filled again at the read after each hold (a slow
+   handler behind a backlog, or a bound of one message, which every message in flight fills)
+   chained holds, each under ``pause_after``, and the others went unread for many times that. A
+   partition that keeps filling and draining fast is paused once per ``pause_after`` of holds, not
+   at every fill. It is remembered as slow and paused at once the next time it fills, until a fill
    drains within ``pause_after`` again. A full uncommitted count pauses at once: only a commit
    confirmed by the broker lowers it, the client reports those only while it is called, and a
    blocked head offset can keep it full for long. A paused partition holds up nothing.
@@ -70,16 +78,20 @@ its bound, the pod holds at most B, plus the handlers still running for revoked 
 
 **Guarantee.** A partition that is not full (under its bounds, or back at its low-water marks
 since it filled) is never paused while the pod is under its ceiling, whatever the other partitions
-hold, and the loop may read at least one message once no partition holds the reading: within
-``pause_after``. **What waits at the ceiling:** every partition, healthy ones included, until the pod
-is one partition bound below it. Healthy partitions drain fast, so the ceiling stays reached only
-while partitions that cannot drain (and handlers of revoked partitions that hang) hold nearly 3 * B
-by themselves, which takes assignment changes while they were stuck: partitions assigned one at a
-time, or partitions read under a larger share. Then nothing is read until those drain (a blocked
-key's retry succeeds, a hung handler returns) or are revoked; the loop still calls the client, so
-the pod stays in its group and rebalances go on.
+hold, and the loop may read at least one message once no partition holds the reading. A hold lasts
+at most ``pause_after``, and the holds of one partition add up to at most ``pause_after`` between
+two of its pauses, each of which drops its prefetch. So a partition waits for reading because of
+holds at most ``pause_after`` for each partition whose fetched messages the client queued ahead of
+its own (partitions full together hold at the same time and spend their budgets together), however
+often those refill; with a budget per hold it was unbounded. **What waits at the ceiling:** every
+partition, healthy ones included, until the pod is one partition bound below it. Healthy partitions
+drain fast, so the ceiling stays reached only while partitions that cannot drain (and handlers of
+revoked partitions that hang) hold nearly 3 * B by themselves, which takes assignment changes while
+they were stuck: partitions assigned one at a time, or partitions read under a larger share. Then
+nothing is read until those drain (a blocked key's retry succeeds, a hung handler returns) or are
+revoked; the loop still calls the client, so the pod stays in its group and rebalances go on.
 
-Holds are bounded by ``pause_after``, so the loop still calls the client (rebalance callbacks,
+Each hold is bounded by ``pause_after``, so the loop still calls the client (rebalance callbacks,
 ``max.poll.interval.ms``) at least that often.
 
 Pure: it is told the counts and the time, and answers with the partitions whose state must
@@ -97,6 +109,10 @@ CEILING = 3
 """The pod never holds more than this many times its bounds (``max_inflight``, ``max_uncommitted``):
 the least multiple a fixed assignment never reaches (module docstring)."""
 
+SPENT_WITHIN = 1e-6
+"""Seconds of hold budget left below which it counts as spent: the budget is a sum of the intervals
+between decisions, and its rounding must not leave a hold too short for a clock to wait out."""
+
 
 @dataclass(frozen=True, slots=True)
 class FlowLimits:
@@ -112,7 +128,8 @@ class FlowLimits:
     resume_ratio: float = 0.5
     """A paused partition resumes when its counts fall to this fraction of its bounds."""
     pause_after: float = 0.5
-    """Seconds a partition full in flight may hold up reading before it is paused (0: at once)."""
+    """Seconds a partition full in flight may hold up reading before it is paused (0: at once): in all,
+    over fills that follow each other, until a fill of it ends while it is paused (module docstring)."""
 
     def __post_init__(self) -> None:
         if min(self.max_inflight, self.max_inflight_per_partition, self.max_uncommitted) < 1:
@@ -160,7 +177,11 @@ class FlowControl(Generic[PartitionKey]):
         self._at_ceiling = (False, False)  # in flight, uncommitted: reached, and not yet back a partition bound below
         self._inflight_full: dict[PartitionKey, float] = {}  # partitions full in flight, and since when
         self._uncommitted_full: set[PartitionKey] = set()
-        self._slow: set[PartitionKey] = set()  # outlasted a hold: paused at once when full again
+        self._slow: set[PartitionKey] = set()  # spent its hold budget: paused at once when full again
+        self._hold_spent: dict[PartitionKey, float] = {}
+        """Seconds each partition has been full in flight, over its fills, since a fill of it last
+        ended while it was paused: how much of its hold budget (``pause_after``) is gone."""
+        self._decided_at: float | None = None
         self.paused: set[PartitionKey] = set()
         self._bound = self.partition_bound(0)  # each partition's, at the last decide
         self._uncounted = Load(0, 0)
@@ -237,6 +258,7 @@ class FlowControl(Generic[PartitionKey]):
             self._inflight_full.pop(partition, None)
             self._uncommitted_full.discard(partition)
             self._slow.discard(partition)
+            self._hold_spent.pop(partition, None)
             self.paused.discard(partition)
 
     def decide(self, partitions: Mapping[PartitionKey, Load], pod: Load, now: float) -> FlowDecision[PartitionKey]:
@@ -246,23 +268,28 @@ class FlowControl(Generic[PartitionKey]):
         still run for revoked partitions. Each count of each partition has its own hysteresis (full
         at its bound, released at its low-water mark). A full uncommitted count pauses at once: only
         a commit releases it, and a blocked head offset may hold it for long. A full in-flight count
-        holds reading for up to ``pause_after`` first, unless the partition is paused already. Each
-        count of the pod has a hysteresis too: at its ceiling every partition is paused, until it is
-        a partition bound below.
+        holds reading while the partition's hold budget lasts, unless the partition is paused already;
+        the budget is spent by the time since the last decision for each partition that was full in
+        flight then (that decision stood until now). Each count of the pod has a hysteresis too: at
+        its ceiling every partition is paused, until it is a partition bound below.
         """
         limits, ratio = self.limits, self.limits.resume_ratio
         self.forget([partition for partition in self._tracked() if partition not in partitions])
+        inflight_full, uncommitted_full, spent = self._inflight_full, self._uncommitted_full, self._hold_spent
+        elapsed = 0.0 if self._decided_at is None else max(now - self._decided_at, 0.0)
+        self._decided_at = now
+        for partition in inflight_full:  # full under the last decision, which stood until now
+            spent[partition] = spent.get(partition, 0.0) + elapsed
         bound = self._bound = self.partition_bound(len(partitions))
-        inflight_full, uncommitted_full = self._inflight_full, self._uncommitted_full
         for partition, load in partitions.items():
             if load.inflight >= bound.inflight:
                 inflight_full.setdefault(partition, now)
-            elif (
-                load.inflight <= bound.inflight * ratio
-                and partition in inflight_full
-                and now - inflight_full.pop(partition) < limits.pause_after
-            ):
-                self._slow.discard(partition)  # drained within a hold: fast again
+            elif load.inflight <= bound.inflight * ratio and partition in inflight_full:
+                filled_at = inflight_full.pop(partition)
+                if partition in self.paused:  # a paused fill dropped its prefetch: the others come first now
+                    spent.pop(partition, None)
+                if now - filled_at < limits.pause_after:
+                    self._slow.discard(partition)  # drained within pause_after: fast again
             if load.uncommitted >= bound.uncommitted:
                 uncommitted_full.add(partition)
             elif load.uncommitted <= bound.uncommitted * ratio:
@@ -275,9 +302,9 @@ class FlowControl(Generic[PartitionKey]):
 
         holds: list[float] = []
         paused = set(partitions) if self.at_ceiling else set(uncommitted_full)
-        for partition, since in inflight_full.items():
-            left = since + limits.pause_after - now
-            if partition in self._slow or left <= 0:
+        for partition in inflight_full:
+            left = limits.pause_after - spent.get(partition, 0.0)
+            if partition in self._slow or left < SPENT_WITHIN:
                 self._slow.add(partition)
                 paused.add(partition)
             elif partition not in paused:  # paused already: the others are read past it
@@ -305,4 +332,4 @@ class FlowControl(Generic[PartitionKey]):
         return Load(max(inflight, 0), max(uncommitted, 0))
 
     def _tracked(self) -> set[PartitionKey]:
-        return {*self._inflight_full, *self._uncommitted_full, *self._slow, *self.paused}
+        return {*self._inflight_full, *self._uncommitted_full, *self._slow, *self._hold_spent, *self.paused}
