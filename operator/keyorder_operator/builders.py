@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
@@ -392,6 +393,82 @@ def build_pdb(owner: dict[str, Any]) -> dict[str, Any]:
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(name, owner),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}},
+    }
+
+
+NETWORK_POLICY_VARIABLE = "KEYORDER_NETWORK_POLICY"
+"""The operator's environment variable that turns the pods' NetworkPolicy on (the chart sets it,
+``networkPolicy.consumerPods``): JSON ``{"operatorNamespace": ..., "operatorPodLabels": {...}, "metricsFrom":
+[NetworkPolicyPeer, ...]}``. Unset or empty, the operator creates none: it cannot know which pods it runs as
+(run outside the chart, from a laptop say), and a policy that left it out would cut its pushes to the pods."""
+
+
+@dataclass(frozen=True)
+class NetworkPolicySettings:
+    """Who may reach the consumer pods' HTTP port: the operator's own pods, and the metrics scrapers."""
+
+    operator_namespace: str
+    operator_pod_labels: dict[str, str]
+    metrics_from: list[dict[str, Any]]
+    """NetworkPolicyPeers of the scrapers (Prometheus): the chart's ``networkPolicy.metricsFrom``."""
+
+
+def network_policy_settings(environ: Mapping[str, str]) -> NetworkPolicySettings | None:
+    """The pods' NetworkPolicy settings from the operator's environment (``NETWORK_POLICY_VARIABLE``), or
+    ``None`` for no policy. A value that is not what the chart renders is a ``ValueError`` naming the variable:
+    guessing would either open the pods or cut the operator off them."""
+    raw = environ.get(NETWORK_POLICY_VARIABLE, "").strip()
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+        namespace, pod_labels = value["operatorNamespace"], value["operatorPodLabels"]
+        metrics_from = value.get("metricsFrom") or []
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{NETWORK_POLICY_VARIABLE} must be JSON with operatorNamespace, operatorPodLabels and metricsFrom "
+            f"(the chart renders it): {error}"
+        ) from None
+    if not isinstance(namespace, str) or not namespace:
+        raise ValueError(f"{NETWORK_POLICY_VARIABLE}: operatorNamespace must be a namespace's name")
+    if (
+        not isinstance(pod_labels, dict)
+        or not pod_labels
+        or not all(isinstance(key, str) and isinstance(label, str) for key, label in pod_labels.items())
+    ):
+        raise ValueError(f"{NETWORK_POLICY_VARIABLE}: operatorPodLabels must be the operator pods' labels")
+    if not isinstance(metrics_from, list) or not all(isinstance(peer, dict) for peer in metrics_from):
+        raise ValueError(f"{NETWORK_POLICY_VARIABLE}: metricsFrom must be a list of NetworkPolicyPeers")
+    return NetworkPolicySettings(namespace, dict(pod_labels), list(metrics_from))
+
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""The label the API server puts on every namespace, its name (immutable; Kubernetes 1.22+)."""
+
+
+def build_network_policy(
+    spec: OrderedConsumerSpec, owner: dict[str, Any], settings: NetworkPolicySettings
+) -> dict[str, Any]:
+    """Ingress to the consumer pods: their HTTP port (metrics, probes, the token-guarded admin calls) from the
+    operator's pods and from the metrics scrapers, and nothing else. One port serves all three, so a scraper
+    can reach the admin path too: the admin token still guards it. The kubelet's probes come from the node,
+    which network policies always allow. Egress is not restricted (``policyTypes`` is Ingress only): Kafka,
+    the handler's databases and DNS can be anywhere. The catch-up Job's pods are not selected (their own
+    labels): Spark's executors connect back to their driver on ports Spark picks."""
+    name = owner["metadata"]["name"]
+    port = [{"protocol": "TCP", "port": spec.http_port}]
+    operator_peer = {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: settings.operator_namespace}},
+        "podSelector": {"matchLabels": dict(settings.operator_pod_labels)},
+    }
+    ingress = [{"from": [operator_peer], "ports": port}]
+    if settings.metrics_from:
+        ingress.append({"from": [dict(peer) for peer in settings.metrics_from], "ports": port})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(name, owner),
+        "spec": {"podSelector": {"matchLabels": selector_labels(name)}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 

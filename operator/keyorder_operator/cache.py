@@ -60,6 +60,7 @@ WATCHED_KINDS = {
     "Service": ("", "v1", "services"),
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
     "ServiceAccount": ("", "v1", "serviceaccounts"),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
 }
 """The owned kinds kept in the cache (the admin Secret is not watched: listing Secrets would let the
 operator enumerate every Secret of the cluster; it is read rarely instead, ``context.SecretReads``)."""
@@ -327,6 +328,13 @@ class OwnedObjectsCache:
             result = copy.deepcopy(found[1]) if found is not None and fresh else None
         self._counted("hit" if result is not None else "miss")
         return result
+
+    def holds(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether the cache has the object, however long ago it was seen, without counting a read: for an
+        object that is normally absent (the pods' NetworkPolicy with the chart's switch off), whose watch
+        would bring it in."""
+        with self._lock:
+            return name in self._objects.get((kind, namespace), {})
 
     def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]] | None:
         """The cached pods matching ``selector`` (copies of what is kept, ``kept_pod``), or ``None`` when

@@ -56,6 +56,8 @@ API_CALLS = {
     ("", "services"): {"get", "list", "patch", "create"},
     ("policy", "poddisruptionbudgets"): {"get", "list", "patch", "create"},
     ("", "serviceaccounts"): {"get", "list", "patch", "create"},
+    # delete: the pods' NetworkPolicy goes when the chart's networkPolicy.consumerPods is turned off
+    ("networking.k8s.io", "networkpolicies"): {"get", "list", "patch", "create", "delete"},
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list"},
     ("batch", "jobs"): {"get", "create"},
@@ -165,6 +167,7 @@ class Kube:
         self.policy = kubernetes.client.PolicyV1Api(api_client)
         self.batch = kubernetes.client.BatchV1Api(api_client)
         self.autoscaling = kubernetes.client.AutoscalingV2Api(api_client)
+        self.networking = kubernetes.client.NetworkingV1Api(api_client)
 
     def _apply_call(self, kind: str) -> Any:
         table = {
@@ -172,6 +175,7 @@ class Kube:
             "Service": self.core.patch_namespaced_service,
             "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
             "ServiceAccount": self.core.patch_namespaced_service_account,
+            "NetworkPolicy": self.networking.patch_namespaced_network_policy,
         }
         return table[kind]
 
@@ -181,6 +185,7 @@ class Kube:
             "Service": self.core.read_namespaced_service,
             "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
             "ServiceAccount": self.core.read_namespaced_service_account,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
         }
         return table[kind]
 
@@ -216,6 +221,38 @@ class Kube:
         if self.cache is not None:  # write-through: the next check sees this version, not a stale event
             self.cache.put(desired["kind"], self.client.sanitize_for_serialization(applied))
         return str(applied.metadata.resource_version)
+
+    def network_policy_present(self, namespace: str, name: str) -> bool:
+        """Whether the operator's NetworkPolicy ``name`` exists: from the watched cache when there is one (only
+        the operator's labelled objects are in it, and asking the API server on every poll of every resource
+        for an object that is normally absent would cost a read each), else from the API server."""
+        if self.cache is not None:
+            self._verify_cache("NetworkPolicy", namespace)
+            return self.cache.holds("NetworkPolicy", namespace, name)
+        return self._read(self._read_call("NetworkPolicy"), namespace, name) is not None
+
+    def delete_network_policy(self, namespace: str, name: str, owner_uid: str) -> bool:
+        """Delete the NetworkPolicy ``name`` if the resource with ``owner_uid`` owns it (never a policy of the
+        same name somebody else made), with its uid as a precondition; True when one was deleted."""
+        found = self._read(self._read_call("NetworkPolicy"), namespace, name)
+        owners = ((found or {}).get("metadata") or {}).get("ownerReferences") or []
+        deleted = False
+        if found is not None and any(owner.get("uid") == owner_uid for owner in owners):
+            try:
+                self.networking.delete_namespaced_network_policy(
+                    name,
+                    namespace,
+                    body=kubernetes.client.V1DeleteOptions(
+                        preconditions=kubernetes.client.V1Preconditions(uid=found["metadata"]["uid"])
+                    ),
+                )
+                deleted = True
+            except ApiException as error:
+                if error.status not in (404, 409):  # gone already, or replaced meanwhile: not ours to delete
+                    raise
+        if self.cache is not None:
+            self.cache.drop("NetworkPolicy", namespace, name)
+        return deleted
 
     def _drop_rolling_update(self, namespace: str, name: str) -> None:
         """Remove ``spec.strategy.rollingUpdate`` before a switch to ``Recreate``, which refuses it. A
@@ -283,6 +320,7 @@ class Kube:
             "Service": self.core.list_namespaced_service,
             "PodDisruptionBudget": self.policy.list_namespaced_pod_disruption_budget,
             "ServiceAccount": self.core.list_namespaced_service_account,
+            "NetworkPolicy": self.networking.list_namespaced_network_policy,
             POD: self.core.list_namespaced_pod,
         }
         names: set[str] = set()

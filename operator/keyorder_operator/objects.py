@@ -5,6 +5,9 @@ the poll's self-repair run the same code: a deleted or edited object comes back 
 deleted admin Secret comes back with a new token, which the pods re-read from their mounted file (it
 is never rotated otherwise: ``Kube.ensure_secret``).
 
+The consumer pods' NetworkPolicy is one of them when the chart turns it on (``builders.NETWORK_POLICY_VARIABLE``);
+turned off, the one made before is deleted.
+
 The poll does not write what nobody changed: ``AppliedObjects`` remembers, per object, what was last
 applied and the resourceVersion the API server gave it. An object still at that version, whose
 desired state is the same, needs only a read; any other change (an edit, a deletion, a new spec, a
@@ -23,20 +26,24 @@ import hashlib
 import json
 import logging
 import math
+import os
 import secrets
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from keyorder_operator.builders import (
     ADMIN_TOKEN_KEY,
+    NetworkPolicySettings,
     build_admin_secret,
     build_deployment,
+    build_network_policy,
     build_pdb,
     build_service,
     build_service_account,
     cutting_over,
+    network_policy_settings,
     selector_labels,
     update_strategy,
 )
@@ -109,6 +116,12 @@ class AppliedObjects:
             self._retried[(namespace, name)] = now
             return True
 
+    def forget_object(self, key: ObjectKey) -> None:
+        """Drop one object (deleted on purpose): applied again later, it is sent whatever its version."""
+        with self._lock:
+            self._applied.pop(key, None)
+            self._refused.pop(key, None)
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted resource's objects (their names may be reused by a new resource)."""
         with self._lock:
@@ -124,11 +137,21 @@ def fingerprint(desired: dict[str, Any]) -> str:
 
 
 def apply_owned_objects(
-    kube: Kube, spec: OrderedConsumerSpec, meta: Any, status: Any, applied: AppliedObjects, always: bool
+    kube: Kube,
+    spec: OrderedConsumerSpec,
+    meta: Any,
+    status: Any,
+    applied: AppliedObjects,
+    always: bool,
+    network: NetworkPolicySettings | Literal["environment"] | None = "environment",
 ) -> list[str]:
-    """Apply the admin Secret, ServiceAccount, Deployment, metrics Service and PodDisruptionBudget:
-    all of them when ``always`` (a new or changed spec), else only those changed since the last apply.
-    Returns the kinds that had to be created because they were missing.
+    """Apply the admin Secret, ServiceAccount, Deployment, metrics Service, PodDisruptionBudget and, with
+    ``network`` settings, the pods' NetworkPolicy: all of them when ``always`` (a new or changed spec), else
+    only those changed since the last apply. Returns the kinds that had to be created because they were missing.
+
+    ``network``: the NetworkPolicy's settings (``builders.build_network_policy``), by default read from the
+    operator's environment on each call (``builders.NETWORK_POLICY_VARIABLE``, set by the chart). ``None``: no
+    policy, and one the operator made before (the switch turned off) is deleted.
 
     One owner per field: the Deployment's ``spec.replicas`` belong to the scaler's field manager
     alone. A new (or deleted) Deployment is created with the size last decided (``status.replicas``,
@@ -150,6 +173,7 @@ def apply_owned_objects(
     """
     namespace, name = meta["namespace"], meta["name"]
     owner = {"metadata": {"name": name, "namespace": namespace, "uid": meta["uid"]}}
+    settings = network_policy_settings(os.environ) if network == "environment" else network
     kube.ensure_secret(build_admin_secret(owner, secrets.token_urlsafe(32)), ADMIN_TOKEN_KEY)
     live_deployment = kube.deployment(namespace, name)
     live_replicas = replicas_of(live_deployment)
@@ -178,6 +202,7 @@ def apply_owned_objects(
         build_deployment(spec, owner, replicas, update_strategy(spec, live_deployment, pods)),
         build_service(spec, owner),
         build_pdb(owner),
+        *([build_network_policy(spec, owner, settings)] if settings is not None else []),
     ):
         kind, object_name = desired["kind"], desired["metadata"]["name"]
         key, wanted = (namespace, name, kind), fingerprint(desired)
@@ -200,6 +225,10 @@ def apply_owned_objects(
         if kind == "Deployment" and replicas is not None:  # the scaler owns them from the start
             version = kube.scale(namespace, name, replicas, expected=replicas) or version
         applied.record(key, wanted, version)
+    if settings is None and kube.network_policy_present(namespace, name):
+        if kube.delete_network_policy(namespace, name, meta["uid"]):
+            log.info("%s/%s: deleted the pods' NetworkPolicy (networkPolicy.consumerPods is off)", namespace, name)
+        applied.forget_object((namespace, name, "NetworkPolicy"))
     if refused:
         raise refused[0]
     return missing

@@ -86,7 +86,7 @@ def test_chart_crds_validate(chart, version):
 
 def test_values_sets_render_what_they_enable(manifests):
     kinds = {name: sorted({doc["kind"] for doc in docs}) for name, docs in manifests.items()}
-    base = ["ConfigMap", "Deployment", "Pod", "Service", "ServiceAccount"]
+    base = ["ConfigMap", "Deployment", "NetworkPolicy", "Pod", "Service", "ServiceAccount"]
     assert kinds["defaults"] == sorted([*base, "ClusterRole", "ClusterRoleBinding"])
     assert kinds["namespaced"] == sorted([*base, "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"])
     # the operator's rights are Roles only; the one ClusterRole kind left is the users' (aggregated, unbound)
@@ -97,7 +97,7 @@ def test_values_sets_render_what_they_enable(manifests):
         "team-a",
         "team-b",
     ]
-    assert kinds["minimal"] == ["ConfigMap", "Deployment", "Service"]
+    assert kinds["minimal"] == ["ConfigMap", "Deployment", "NetworkPolicy", "Service"]
 
 
 # ---------------------------------------------------------------- bad values

@@ -57,7 +57,9 @@ def test_extra_volumes_are_mounted_beside_the_scratch_directory(manifests):
 def test_env_as_a_list_keeps_value_from(manifests):
     (container,) = pod_spec(manifests["customised"])["containers"]
     env = {variable["name"]: variable for variable in container["env"]}
-    assert list(env) == ["POD_ID", "HTTPS_PROXY", "NODE_NAME", "TZ"], "kopf's POD_ID stays first"
+    assert list(env) == ["POD_ID", "KEYORDER_NETWORK_POLICY", "HTTPS_PROXY", "NODE_NAME", "TZ"], (
+        "kopf's POD_ID stays first"
+    )
     assert env["HTTPS_PROXY"]["valueFrom"] == {"secretKeyRef": {"name": "proxy", "key": "url"}}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["TZ"] == {"name": "TZ", "value": "UTC"}

@@ -30,6 +30,7 @@ API_GROUPS = {
     "PolicyV1Api": "policy",
     "BatchV1Api": "batch",
     "AutoscalingV2Api": "autoscaling",
+    "NetworkingV1Api": "networking.k8s.io",
 }
 VERBS = {"read": "get", "create": "create", "patch": "patch", "list": "list", "delete": "delete", "replace": "update"}
 RESOURCES = {
@@ -43,6 +44,7 @@ RESOURCES = {
     "config_map": "configmaps",
     "event": "events",
     "horizontal_pod_autoscaler": "horizontalpodautoscalers",
+    "network_policy": "networkpolicies",
 }
 
 

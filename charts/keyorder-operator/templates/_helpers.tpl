@@ -114,6 +114,11 @@ and kopf's needs): every call allowed, nothing more.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "patch", "create", "list", "watch"]
+# The consumer pods' NetworkPolicy (networkPolicy.consumerPods): server-side applied and watched like the
+# others; delete when that switch is turned off, so no policy of a past setting stays behind.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "patch", "create", "list", "watch", "delete"]
 # Secrets: create each group's admin-token Secret once, then read it (to push worker counts) and
 # the Kafka client-properties Secret a resource names (to read its lag). No list, no watch.
 - apiGroups: [""]
