@@ -40,10 +40,12 @@ TIMEOUT_SECONDS = 2.0
 """The overall deadline of one request to one pod: connecting, sending, and reading the whole reply."""
 MAX_REPLY_BYTES = 1024 * 1024
 """Most bytes read from one pod for one request (status line, headers and body). A real scaling report
-is about 100 bytes per assigned partition plus 1 KiB (measured: 1,000 partitions of a pod holding
-100,000 keys give 105 KiB, ``python tools/hostile_pod.py --real-report``), so 1 MiB fits some 10,000
-partitions per pod; a larger reply is refused unparsed, and the operator's memory holds at most
-``MAX_PARALLEL`` times this limit for a group's replies."""
+grows with the pod's assigned partitions, not with its keys (it names only the busiest one, cut to 80
+characters): measured with ``python -m tools.hostile_pod --real-report``, 1,000 partitions take 94 KiB
+(332 KiB with 249-character topic names, Kafka's longest), 10,000 take 947 KiB. So 1 MiB fits some
+10,000 partitions per pod, far beyond a real pod; a larger reply is refused unparsed. Parsed, a report
+takes about 4.4 times its size, so a group's replies (``MAX_PARALLEL`` at once) cost the operator at
+most some 175 MiB even if every one of its pods is hostile."""
 MAX_PUSH_REPLY_BYTES = 64 * 1024
 """Most bytes read from one pod's answer to a worker push (``{"workers": n, "previous": m}``)."""
 READ_CHUNK_BYTES = 64 * 1024

@@ -1,0 +1,157 @@
+"""What a hostile pod costs the operator: its peak memory and time for one scaling-report read.
+
+Issue 37 (finding 2) measured a 300 MiB report raising the operator's peak memory from 22 to 922 MiB
+and a reply dripping one byte every 1.5 s holding a poll thread for over 40 s. This probe serves
+such replies from a real socket in this process and lets ``keyorder_operator.pod_admin.fetch_reports``
+read them in a child process (the operator's side alone), which reports its peak RSS before and
+after the read and how long the read took:
+
+- ``huge``: ``--huge-mib`` MiB of a JSON list that never closes, without a Content-Length;
+- ``drip``: a valid head, then the body one byte every ``--drip-every`` seconds, for at most
+  ``--drip-for`` seconds (then the pod hangs up).
+
+``--against COMMIT`` runs the same on that commit's ``operator/`` and ``consumer/`` (extracted with
+``git archive``) first. ``--real-report`` prints the size of a real scaling report instead
+(``keyorder.adapters.scaling_report.build_report``; the report names only the busiest key, so its
+size grows with the assigned partitions, not with the keys)::
+
+    .venv/bin/python -m tools.hostile_pod --against a687531
+    .venv/bin/python -m tools.hostile_pod --real-report
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAD = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+
+CHILD = """
+import json, resource, sys, time
+sys.path[:0] = [sys.argv[1] + "/operator", sys.argv[1] + "/consumer"]
+from keyorder_operator.pod_admin import fetch_reports
+def rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+before = rss_mib()
+started = time.monotonic()
+reports, failures = fetch_reports([sys.argv[2]], 0, "t" * 24)
+seconds = time.monotonic() - started
+print(json.dumps({"rss_before_mib": before, "rss_peak_mib": rss_mib(), "seconds": seconds, "failures": failures}))
+"""
+
+
+class Pod:
+    """Serves one hostile reply per connection on a loopback port (a thread per connection)."""
+
+    def __init__(self, mode: str, args: argparse.Namespace) -> None:
+        self.mode = mode
+        self.args = args
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            connection, _ = self.listener.accept()
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                connection.recv(65536)  # the request (one packet from http.client)
+                if self.mode == "huge":
+                    connection.sendall(HEAD + b"[")
+                    chunk = b"0," * (512 * 1024)
+                    for _ in range(self.args.huge_mib):
+                        connection.sendall(chunk)
+                else:
+                    connection.sendall(HEAD)
+                    give_up = time.monotonic() + self.args.drip_for
+                    while time.monotonic() < give_up:
+                        time.sleep(self.args.drip_every)
+                        connection.sendall(b" ")
+            except OSError:
+                pass  # the operator hung up: a bounded reader does
+
+
+def read_once(tree: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    pod = Pod(mode, args)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tree), pod.address], capture_output=True, text=True, check=True
+    )
+    pod.listener.close()
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def real_report_sizes() -> None:
+    from keyorder.adapters.scaling_report import build_report
+    from keyorder.core.lanes import LaneSummary
+    from keyorder.runtime import PartitionSnapshot, RuntimeSnapshot
+
+    for partitions, topic in ((1000, "orders"), (1000, "t" * 249), (10000, "orders")):
+        parts = tuple(
+            PartitionSnapshot(topic, p, 10**12, 10**12 + 5 * 10**6, 10**12 + 1, 3.5, 2000, 2000, True, 10**9)
+            for p in range(partitions)
+        )
+        snapshot = RuntimeSnapshot(partitions=parts, inflight=10**6, assigned_partitions=partitions)
+        lanes = LaneSummary(
+            ready=100_000,
+            queued=10**6,
+            longest_backlog=5000,
+            active=100_000,  # keys with work: only the busiest one is named, at most 80 characters
+            parked_heads=frozenset(),
+            longest_lane=b"k" * 1000,
+        )
+        report = build_report(
+            snapshot, lanes, [], ordering="key", executor="thread", workers=64, cpu_cores=8.0,
+            cpu_seconds=1e6, worker_processes=0,
+        )  # fmt: skip
+        size = len(json.dumps(report).encode())
+        print(f"{partitions} partitions, topic of {len(topic)} characters, 100,000 keys: {size / 1024:.0f} KiB")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", help="also measure this commit's operator (before)")
+    parser.add_argument("--huge-mib", type=int, default=300)
+    parser.add_argument("--drip-every", type=float, default=1.5)
+    parser.add_argument("--drip-for", type=float, default=45.0)
+    parser.add_argument("--real-report", action="store_true", help="print real report sizes and exit")
+    args = parser.parse_args(argv)
+    if args.real_report:
+        real_report_sizes()
+        return 0
+    trees = []
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.against:
+            archive = subprocess.run(
+                ["git", "archive", args.against, "operator", "consumer"], cwd=ROOT, capture_output=True, check=True
+            ).stdout
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                tar.extractall(scratch, filter="data")
+            trees.append((f"before ({args.against})", Path(scratch)))
+        trees.append(("after (working tree)", ROOT))
+        for label, tree in trees:
+            for mode in ("huge", "drip"):
+                figures = read_once(tree, mode, args)
+                print(
+                    f"{label:24} {mode:5} peak RSS {figures['rss_before_mib']:.0f} -> {figures['rss_peak_mib']:.0f}"
+                    " MiB,"
+                    f" {figures['seconds']:.1f} s: {'; '.join(figures['failures'])[:110]}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
