@@ -169,10 +169,15 @@ class BoundedHttpServer:
                 oldest = next(iter(self._pending.values()), None)
                 wait = None if oldest is None else max(0.0, oldest.deadline - self.clock())
                 for key, _ in self._selector.select(wait):
-                    if key.fileobj is self._listener:
-                        self._accept()
-                    elif key.fileobj is not self._wake_reader:
-                        self._receive(key.fd)
+                    try:
+                        if key.fileobj is self._listener:
+                            self._accept()
+                        elif key.fileobj is not self._wake_reader:
+                            self._receive(key.fd)
+                    except Exception:  # one connection's surprise must not stop the port
+                        log.exception("http: serving a connection failed")
+                        if (pending := self._pending.get(key.fd)) is not None:
+                            self._drop(pending)
                 self._expire(self.clock())
         finally:
             for pending in list(self._pending.values()):
@@ -189,7 +194,7 @@ class BoundedHttpServer:
                 return
             connection.setblocking(False)
             if len(self._pending) >= self.limits.max_connections:
-                self.refused["evicted"] += 1
+                self._count_refusal("evicted", "connections being read reached the cap")
                 self._drop(next(iter(self._pending.values())))
             self._pending[connection.fileno()] = _Pending(
                 connection, address, self.clock() + self.limits.request_seconds, bytearray()
@@ -197,7 +202,9 @@ class BoundedHttpServer:
             self._selector.register(connection, selectors.EVENT_READ)
 
     def _receive(self, fd: int) -> None:
-        pending = self._pending[fd]
+        pending = self._pending.get(fd)
+        if pending is None:  # dropped earlier in this turn (evicted, expired) after the selector saw it
+            return
         try:
             data = pending.connection.recv(8192)
         except (BlockingIOError, InterruptedError):
@@ -211,7 +218,7 @@ class BoundedHttpServer:
         try:
             size = request_size(pending.received, self.limits.max_request_bytes)
         except RequestRefused as refusal:
-            self.refused["invalid"] += 1
+            self._count_refusal("invalid", str(refusal))
             self._drop(pending, error_reply(refusal.status, str(refusal)))
             return
         if size is not None:
@@ -223,7 +230,7 @@ class BoundedHttpServer:
             oldest = next(iter(self._pending.values()))
             if oldest.deadline > now:
                 return
-            self.refused["expired"] += 1
+            self._count_refusal("expired", "no complete request within the deadline")
             limit = self.limits.request_seconds
             self._drop(oldest, error_reply(408, f"no complete request within {limit:g} s"))
 
@@ -236,10 +243,16 @@ class BoundedHttpServer:
             if not busy:
                 self._queued += 1
         if busy:
-            self.refused["busy"] += 1
+            self._count_refusal("busy", "every handler thread busy and the queue full")
             self._send_now(connection, error_reply(503, "busy: too many requests at once"))
             return
         self._handlers.submit(self._handle, connection, request, address)
+
+    def _count_refusal(self, reason: str, why: str) -> None:
+        """Count a refused connection; log the 1st, 2nd, 4th, 8th... of each reason (a flood stays quiet)."""
+        count = self.refused[reason] = self.refused[reason] + 1
+        if count & (count - 1) == 0:
+            log.warning("http: %d connections refused since start: %s (%s)", count, reason, why)
 
     def _forget(self, pending: _Pending) -> None:
         del self._pending[pending.connection.fileno()]
