@@ -2,7 +2,9 @@
 
 Each partition commits its **lowest unfinished offset** (its min-offset), with the offsets already
 finished above it encoded in the commit metadata (``core.offset_metadata``), so a restart neither
-skips a message nor re-runs the finished ones. Commits are sent:
+skips a message nor re-runs the finished ones. The metadata also records the greatest leader epoch
+the partition received, which tells the next owner whether its done offsets are about the log it
+reads (a log truncated and refilled since has a greater one; ``core.tracking``). Commits are sent:
 
 * periodically (``interval``, asynchronous), skipping partitions whose mark did not change;
 * early, when backpressure says the uncommitted window is half full, at most every
@@ -98,7 +100,8 @@ class Committer:
             mark = (position, len(done))
             if mark == state.last_committed and (asynchronous or state.confirmed == position):
                 continue  # a synchronous commit (revoke, shutdown) resends a mark not yet confirmed
-            offsets[state.id] = (position, offset_metadata.encode(position, done))
+            metadata = offset_metadata.encode(position, done, leader_epoch=state.offsets.leader_epoch)
+            offsets[state.id] = (position, metadata)
             marks.append((state, mark))
         if not offsets:
             return
@@ -130,8 +133,7 @@ class Committer:
         for partition_id, offset, error in outcomes:
             state = self._partition(partition_id)
             if error is None:
-                if state is not None and offset >= 0:
-                    state.offsets.commit_confirmed(offset)
+                if state is not None and offset >= 0 and state.offsets.commit_confirmed(offset):
                     state.confirmed = offset
                 continue
             failures.append(f"{partition_id[0]}[{partition_id[1]}]@{offset}: {error}")

@@ -16,7 +16,7 @@ Errors a seam may raise are defined here too, because the engine handles them:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from keyorder.message import Message
 
@@ -28,6 +28,15 @@ RebalanceCallback = Callable[[list[TopicPartitionId]], None]
 
 CommitOutcome = tuple[TopicPartitionId, int, str | None]
 """One partition's commit result: (partition, committed offset, error description or None)."""
+
+
+class FetchPosition(NamedTuple):
+    """Where a resumed partition fetches from: the next offset, with the leader epoch of the record before it
+    (KIP-320; ``None``: unknown). The epoch lets the client validate the position against a log truncated
+    while the partition was paused, instead of fetching past the new log's records at the reused offsets."""
+
+    offset: int
+    leader_epoch: int | None = None
 
 
 class SourceError(RuntimeError):
@@ -60,7 +69,7 @@ class Source(Protocol):
     ) -> None: ...
     def consume(self, max_messages: int, timeout: float) -> list[Message]: ...
     def pause(self, partitions: Sequence[TopicPartitionId]) -> None: ...
-    def resume(self, partitions: Mapping[TopicPartitionId, int | None]) -> None: ...
+    def resume(self, partitions: Mapping[TopicPartitionId, FetchPosition | None]) -> None: ...
     def committed(
         self, partitions: Sequence[TopicPartitionId], timeout: float
     ) -> dict[TopicPartitionId, tuple[int | None, str | None]]: ...

@@ -32,6 +32,10 @@ class Message:
     """Record headers in their original order (names may repeat)."""
     timestamp: float | None = None
     """Record timestamp in seconds since the epoch, or ``None`` when the broker gave none."""
+    leader_epoch: int | None = None
+    """The partition's leader epoch the record was written in (KIP-320), or ``None`` when the broker gave
+    none. Epochs grow along a partition's log; the runtime uses them to tell a truncated and refilled log
+    from a re-delivery (``core.tracking``). Not passed to handlers run by the process executor."""
 
     def header(self, name: str) -> bytes | None:
         """Value of the last header called ``name``, or ``None``."""

@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from keyorder.committer import Committer
-from keyorder.contracts import CommitOutcome, Source, SourceError, TopicPartitionId
+from keyorder.contracts import CommitOutcome, FetchPosition, Source, SourceError, TopicPartitionId
 from keyorder.core import offset_metadata
 from keyorder.core.flow import CEILING, FlowControl, FlowDecision, FlowLimits, Load
 from keyorder.core.lanes import Delivery
 from keyorder.core.partitions import PartitionState
 from keyorder.core.routing import Ordering, lane_function
-from keyorder.core.tracking import PartitionOffsets
+from keyorder.core.tracking import LogTruncated, PartitionOffsets
 from keyorder.workers import Completions, WorkerCrashed, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -313,7 +313,12 @@ class ConsumerRuntime:
                         message.offset,
                         message.offset,
                     )
-            if not state.offsets.received(message.offset):
+            try:
+                fresh = state.offsets.received(message.offset, message.leader_epoch)
+            except LogTruncated as truncated:
+                deliveries = self._log_truncated(state, truncated, deliveries)
+                fresh = state.offsets.received(message.offset, message.leader_epoch)
+            if not fresh:
                 offsets = state.offsets
                 if offsets.skipped != state.skipped_counted:  # marked done by the commit metadata, not a re-delivery
                     self._skipped += offsets.skipped - state.skipped_counted
@@ -325,6 +330,42 @@ class ConsumerRuntime:
             self.inflight += len(deliveries)
             self.pool.submit(deliveries)
 
+    def _log_truncated(self, state: PartitionState, truncated: LogTruncated, batch: list[Delivery]) -> list[Delivery]:
+        """A record at an offset already received, of a greater leader epoch: the partition's log was truncated
+        there and refilled (an unclean leader election; librdkafka's KIP-320 validation moved the fetch position
+        back to the truncation point). The tracker forgets what it received from there on and its commit
+        position moves back; the old log's messages from there on that have not started are withdrawn (queued
+        or parked, and those of this batch); the running ones finish, and their completions are ignored
+        (``PartitionOffsets.completed``). Returns the batch without them."""
+        offsets = state.offsets
+        position = offsets.commit_position
+        offsets.truncate(truncated.offset, truncated.leader_epoch)
+        stale = offsets.is_stale
+        kept = [
+            delivery
+            for delivery in batch
+            if delivery.partition is not state or not stale(delivery.message.offset, delivery.message.leader_epoch)
+        ]
+        state.outstanding -= len(batch) - len(kept)
+        self._hand_back(
+            self.pool.withdraw(
+                lambda delivery: (
+                    delivery.partition is state and stale(delivery.message.offset, delivery.message.leader_epoch)
+                )
+            )
+        )
+        log.warning(
+            "%s[%d]: log truncated at offset %d (a record of the greater leader epoch %d at an offset already "
+            "received: an unclean leader election?); the old log's messages from there on are dropped, the "
+            "new records processed, and the commit position moves back from %s to %s",
+            *state.id,
+            truncated.offset,
+            truncated.leader_epoch,
+            position,
+            offsets.commit_position,
+        )
+        return kept
+
     def _collect_completions(self) -> None:
         completions = self.completions
         finished = 0
@@ -333,8 +374,8 @@ class ConsumerRuntime:
             finished += 1
             state = delivery.partition
             state.outstanding -= 1
-            if handled and not state.dropped:
-                state.offsets.completed(delivery.message.offset)
+            message = delivery.message
+            if handled and not state.dropped and state.offsets.completed(message.offset, message.leader_epoch):
                 state.completed += 1
         if finished:
             self.inflight -= finished
@@ -390,7 +431,7 @@ class ConsumerRuntime:
                 self.partitions[pid].pauses += 1
             self.source.pause(decision.to_pause)
         if decision.to_resume:
-            self.source.resume({pid: self.partitions[pid].offsets.next_fetch for pid in decision.to_resume})
+            self.source.resume({pid: self._fetch_position(self.partitions[pid].offsets) for pid in decision.to_resume})
         capacity = self.flow.capacity(pod)
         if decision.hold is None and (committed_early or not pressure):
             applied = replace(decision, to_pause=[], to_resume=[])
@@ -398,6 +439,13 @@ class ConsumerRuntime:
         else:
             self._standing = None
         return capacity, decision
+
+    @staticmethod
+    def _fetch_position(offsets: PartitionOffsets) -> FetchPosition | None:
+        """Where a resumed partition fetches next, with the leader epoch of the last record received (or of the
+        committed offset), so that the client validates it against a truncation while it was paused."""
+        next_fetch = offsets.next_fetch
+        return FetchPosition(next_fetch, offsets.leader_epoch) if next_fetch is not None else None
 
     def _log_ceiling(self, pod: Load) -> None:
         self._at_ceiling = self.flow.at_ceiling
@@ -435,13 +483,15 @@ class ConsumerRuntime:
             offset, metadata = committed.get(partition_id, (None, None))
             decoded = offset_metadata.decode_checked(metadata, offset) if offset is not None else None
             prior_done = decoded.done if decoded is not None else set()
+            prior_epoch = decoded.leader_epoch if decoded is not None else None
             if decoded is not None and decoded.refused:
                 log.warning(
                     "%s[%d]: commit metadata ignored (%s); the offsets it marked done are processed again",
                     *partition_id,
                     decoded.refused,
                 )
-            self.partitions[partition_id] = PartitionState(partition_id, PartitionOffsets(offset, prior_done))
+            offsets = PartitionOffsets(offset, prior_done, prior_epoch)
+            self.partitions[partition_id] = PartitionState(partition_id, offsets)
             log.info(
                 "assigned %s[%d] from offset %s%s",
                 *partition_id,

@@ -39,7 +39,15 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from keyorder.adapters.kafka_source import KafkaSource, broker_assigns
-from keyorder.contracts import CommitError, CommitOutcome, RebalanceCallback, SourceError, TopicPartitionId
+from keyorder.contracts import (
+    CommitError,
+    CommitOutcome,
+    FetchPosition,
+    RebalanceCallback,
+    SourceError,
+    TopicPartitionId,
+)
+from keyorder.core import offset_metadata
 from keyorder.message import Message
 
 log = logging.getLogger("keyorder.simulation.broker")
@@ -75,6 +83,9 @@ class Record:
     """The partition's log generation it was written in (a truncation starts a new one)."""
     poison: bool = False
     """The handler fails on it at every attempt (the workload's decision, kept for the report)."""
+    leader_epoch: int = 0
+    """The partition's leader epoch it was written in (KIP-320): a truncation starts a greater one, and so
+    does a clean leader change (``SimulatedBroker.change_leader``), which truncates nothing."""
 
     @property
     def tp(self) -> TopicPartitionId:
@@ -113,10 +124,24 @@ class PartitionLog:
         self.gone: list[Record] = []
         """Records a truncation removed (never delivered again)."""
         self.epoch = 0
+        """The log generation (a truncation starts a new one)."""
         self.truncations: list[tuple[int, int]] = []
-        """(epoch that ended, its end offset): where a client validating its position moves to."""
+        """(generation that ended, its end offset)."""
+        self.leader_epoch = 0
+        """The partition's current leader epoch: new records are written in it."""
+        self.epoch_starts: list[tuple[int, int]] = []
+        """(leader epoch, offset of its first record) of the epochs with records in the current log, in order:
+        the leader's epoch cache, which answers OffsetForLeaderEpoch (``end_offset_of``)."""
         self.committed: tuple[int, str | None, int] | None = None
         """(offset, metadata, log epoch when committed)."""
+
+    def end_offset_of(self, leader_epoch: int) -> int:
+        """The OffsetForLeaderEpoch answer for ``leader_epoch``: the first offset of the first greater epoch in
+        the log, else the log's end (Kafka's ``LeaderEpochFileCache.endOffsetFor``)."""
+        for epoch, start in self.epoch_starts:
+            if epoch > leader_epoch:
+                return start
+        return self.end
 
     @property
     def end(self) -> int:
@@ -232,8 +257,12 @@ class SimulatedBroker:
         chain_key = ((topic, partition), chain)
         seq = self._chain_seqs.get(chain_key, 0)
         self._chain_seqs[chain_key] = seq + 1
-        record = Record(topic, partition, log_.end, key, chain, seq, self._idents, self.now(), log_.epoch, poison)
+        record = Record(
+            topic, partition, log_.end, key, chain, seq, self._idents, self.now(), log_.epoch, poison, log_.leader_epoch
+        )
         self._idents += 1
+        if not log_.epoch_starts or log_.epoch_starts[-1][0] != log_.leader_epoch:
+            log_.epoch_starts.append((log_.leader_epoch, record.offset))
         log_.records.append(record)
         for listener in self.on_produce:
             listener(record)
@@ -259,10 +288,24 @@ class SimulatedBroker:
             self.gone_at[record.ident] = self.now()
         log_.truncations.append((log_.epoch, to_offset))
         log_.epoch += 1
-        self.note(f"log of {tp[0]}[{tp[1]}] truncated at {to_offset}: {len(removed)} records gone")
+        log_.leader_epoch += 1  # the unclean leader's epoch: greater than any the log had
+        log_.epoch_starts = [(epoch, start) for epoch, start in log_.epoch_starts if start < to_offset]
+        self.note(
+            f"log of {tp[0]}[{tp[1]}] truncated at {to_offset}: {len(removed)} records gone "
+            f"(leader epoch {log_.leader_epoch})"
+        )
         for source in self.sources:
-            source.log_truncated(tp, to_offset)
+            source.validate_position(tp)
         return removed
+
+    def change_leader(self, tp: TopicPartitionId) -> None:
+        """A clean leader change (a broker restarted, a preferred-leader election): the leader epoch grows, the
+        log is kept whole. Clients validate their positions against it and keep them."""
+        log_ = self.logs[tp]
+        log_.leader_epoch += 1
+        self.note(f"leader of {tp[0]}[{tp[1]}] changed cleanly (leader epoch {log_.leader_epoch})")
+        for source in self.sources:
+            source.validate_position(tp)
 
     def start_of(self, tp: TopicPartitionId, committed: tuple[int, str | None, int] | None) -> int:
         """Where a client starts fetching a partition assigned with ``committed`` as its committed offset.
@@ -270,11 +313,12 @@ class SimulatedBroker:
         As librdkafka: the committed offset, unless it is beyond the log's end, which the fetch answers
         with OFFSET_OUT_OF_RANGE and ``auto.offset.reset=earliest`` (keyorder's default) resets to the log's
         start (src/rdkafka_offset.c ``rd_kafka_offset_reset``); no committed offset: the log's start too.
-        keyorder commits offsets without their leader epoch (``KafkaSource.commit`` builds
-        ``TopicPartition(topic, partition, offset, metadata)``), so librdkafka cannot validate a committed
-        offset against a truncation (KIP-320, ``rd_kafka_offset_validate``): one still inside the new log is
-        used as it is, and the new log's records below it are never delivered. That is Kafka's behaviour,
-        not the pod's: those records are listed in ``skipped`` and excused from the checks.
+        keyorder commits offsets with a leader epoch (``KafkaSource.commit``), but librdkafka does not validate a
+        committed offset when the fetch starts (src/rdkafka_partition.c ``rd_kafka_toppar_fetch_start``: an
+        absolute offset goes straight to FETCH_ACTIVE), only when the leader epoch changes later or on a seek
+        (``validate_position``): one still inside the new log is used as it is, and the new log's records
+        below it are not delivered. That is Kafka's behaviour, not the pod's: those records are listed in
+        ``skipped`` and excused from the checks.
         """
         log_ = self.logs[tp]
         if committed is None:
@@ -677,13 +721,24 @@ class SimulatedSource:
         if self.frozen:
             self._frozen_forever.wait()  # the simulation ends this thread (Simulation.close)
 
-    def log_truncated(self, tp: TopicPartitionId, to_offset: int) -> None:
-        """The client's position past a truncation point moves back to it (KIP-320 position validation,
-        src/rdkafka_offset.c: "Partition log truncation detected ... Seek to the updated end offset")."""
+    def validate_position(self, tp: TopicPartitionId) -> None:
+        """The partition's leader epoch grew: librdkafka validates the fetch position (KIP-320; src/rdkafka_topic.c
+        ``rd_kafka_toppar_leader_update``: "epoch updated from metadata" -> ``rd_kafka_offset_validate``). It
+        asks the leader for the end offset of the position's epoch (the last record's handed out, or the
+        committed offset's; none: no validation, "no leader epoch set"); beyond that end offset, the log was
+        truncated: it seeks there (src/rdkafka_offset.c ``rd_kafka_toppar_handle_OffsetForLeaderEpoch``, with
+        auto.offset.reset not 'error': "Seek to the updated end offset", no error for the application), and the
+        seek's version barrier drops the partition's records not yet returned (the ``("purge", tp)`` event).
+        A clean leader change leaves every position inside the log: nothing moves."""
         fetching = self.assigned.get(tp)
-        if fetching is not None and fetching.position is not None and fetching.position > to_offset:
-            fetching.position = to_offset
-            self.wake()
+        if fetching is None or fetching.position is None or fetching.leader_epoch is None:
+            return
+        log_ = self.broker.logs[tp]
+        end = log_.end_offset_of(fetching.leader_epoch)
+        if fetching.position > end:
+            fetching.position = end
+            fetching.leader_epoch = log_.records[end - 1].leader_epoch if end > 0 else None
+            self.queue_event(("purge", tp))
 
     # -- Source -------------------------------------------------------------------------------------------
     def subscribe(
@@ -786,6 +841,8 @@ class SimulatedSource:
                 on_lost(tps)
                 if not self.closing:
                     self.broker.join(self)  # librdkafka rejoins after a loss
+            elif kind == "purge":
+                collected[:] = [message for message in collected if (message.topic, message.partition) != event[1]]
             elif kind == "commit":
                 if self.on_commit_result is not None:
                     self.on_commit_result(event[1])
@@ -819,10 +876,13 @@ class SimulatedSource:
             log_ = broker.logs[tp]
             if fetching.position is None:
                 fetching.position = broker.start_of(tp, fetching.committed)
+                if fetching.committed is not None and fetching.position == fetching.committed[0]:
+                    fetching.leader_epoch = offset_metadata.leader_epoch(fetching.committed[1])
             chunk = rng.randint(1, 50)
             while fetching.position < log_.end and len(out) < wanted and chunk > 0:
                 record = log_.records[fetching.position]
                 fetching.position += 1
+                fetching.leader_epoch = record.leader_epoch
                 chunk -= 1
                 self.handed_out.append((self.sim.clock(), record))
                 out.append(
@@ -834,6 +894,7 @@ class SimulatedSource:
                         broker.value_of(record),
                         (),
                         record.produced_at,
+                        record.leader_epoch,
                     )
                 )
             if len(out) >= wanted:
@@ -850,15 +911,18 @@ class SimulatedSource:
             if tp in self.assigned:
                 self.paused.add(tp)
 
-    def resume(self, partitions: Mapping[TopicPartitionId, int | None]) -> None:
-        """Resume, then seek to the offset given (``KafkaSource.resume``); librdkafka's seek moves the
-        fetch position and discards what was fetched for the old one (``rd_kafka_toppar_op_seek``)."""
+    def resume(self, partitions: Mapping[TopicPartitionId, FetchPosition | None]) -> None:
+        """Resume, then seek to the position given (``KafkaSource.resume``); librdkafka's seek moves the
+        fetch position, discards what was fetched for the old one, and validates a position that carries a
+        leader epoch (src/rdkafka_partition.c ``rd_kafka_toppar_op_seek``: ``rd_kafka_offset_validate(rktp,
+        "seek")``), as ``validate_position``."""
         self._check_frozen()
-        for tp, offset in partitions.items():
+        for tp, position in partitions.items():
             self.paused.discard(tp)
             fetching = self.assigned.get(tp)
-            if fetching is not None and offset is not None:
-                fetching.position = offset
+            if fetching is not None and position is not None:
+                fetching.position, fetching.leader_epoch = position.offset, position.leader_epoch
+                self.validate_position(tp)
         self.wake()
 
     def committed(
@@ -1011,6 +1075,9 @@ class _Fetching:
     assigned_at: float = 0.0
     committed: tuple[int, str | None, int] | None = None
     """The group's committed offset when the partition was assigned (the client's OffsetFetch then)."""
+    leader_epoch: int | None = None
+    """The epoch of the fetch position: the last record handed out's, or the committed offset's (the one its
+    commit carried: ``KafkaSource.commit`` commits the metadata's); ``None``: unknown, never validated."""
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from keyorder.contracts import CommitError
+from keyorder.contracts import CommitError, FetchPosition
 from tests.simulation.broker import SimulatedBroker, SimulatedSource
 from tests.simulation.scheduler import Simulation
 
@@ -169,7 +169,7 @@ def test_pause_stops_fetching_and_resume_seeks_to_the_offset_given() -> None:
         fetched.append([message.offset for message in source.consume(2, 0.1)])
         source.pause([("t", 0)])
         fetched.append([message.offset for message in source.consume(10, 0.1)])
-        source.resume({("t", 0): 1})
+        source.resume({("t", 0): FetchPosition(1, 0)})
         fetched.append([message.offset for message in source.consume(10, 0.1)])
 
     _drive(simulation, main)
@@ -242,3 +242,50 @@ def test_a_truncated_log_moves_the_fetch_position_back_to_the_truncation_point()
 
     _drive(simulation, main)
     assert fetched == [[0, 1, 2, 3, 4], [2]]
+
+
+def test_records_carry_their_leader_epoch_and_a_clean_leader_change_moves_no_position() -> None:
+    """A leader change raises the epoch of the records written after it; validating the position against
+    it (src/rdkafka_topic.c: "epoch updated from metadata" -> ``rd_kafka_offset_validate``) finds it inside the
+    log: nothing is fetched again."""
+    simulation, broker, source, recorder = _world(partitions=1)
+    fetched: list[list[tuple[int, int | None]]] = []
+
+    def main() -> None:
+        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        for _ in range(3):
+            broker.produce("t", 0, b"k")
+        fetched.append([(message.offset, message.leader_epoch) for message in source.consume(10, 0.1)])
+        broker.change_leader(("t", 0))
+        broker.produce("t", 0, b"k")
+        fetched.append([(message.offset, message.leader_epoch) for message in source.consume(10, 0.1)])
+
+    _drive(simulation, main)
+    assert fetched == [[(0, 0), (1, 0), (2, 0)], [(3, 1)]]
+
+
+def test_a_resume_seek_with_an_epoch_is_validated_against_a_truncation_while_paused() -> None:
+    """src/rdkafka_partition.c ``rd_kafka_toppar_op_seek``: a seek to a position with a leader epoch is
+    validated (``rd_kafka_offset_validate(rktp, "seek")``); the log was truncated at 2 while the partition was
+    paused, so the seek to 5 (epoch 0) ends at 2, where the new log's records are (epoch 1)."""
+    simulation, broker, source, recorder = _world(partitions=1)
+    fetched: list[list[tuple[int, int | None]]] = []
+
+    def main() -> None:
+        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        for _ in range(5):
+            broker.produce("t", 0, b"k")
+        fetched.append([(message.offset, message.leader_epoch) for message in source.consume(10, 0.1)])
+        source.pause([("t", 0)])
+        broker.truncate(("t", 0), 2)
+        for _ in range(4):
+            broker.produce("t", 0, b"k")
+        source.resume({("t", 0): FetchPosition(5, 0)})
+        fetched.append([(message.offset, message.leader_epoch) for message in source.consume(10, 0.1)])
+
+    _drive(simulation, main)
+    assert fetched == [[(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)], [(2, 1), (3, 1), (4, 1), (5, 1)]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from keyorder.committer import EARLY_COMMIT_SPACING, Committer
+from keyorder.core import offset_metadata
 from keyorder.core.partitions import PartitionState
 from keyorder.core.tracking import PartitionOffsets
 from tests.fakes import RecordingSource
@@ -120,3 +121,34 @@ def test_an_idle_partition_commits_the_clients_position_past_a_transaction_marke
     del source.client_positions[PID]
     committer.commit([state], asynchronous=False)
     assert committed_positions(source)[-1] == 11, "a position once passed stays passed"
+
+
+def test_a_commit_records_the_greatest_leader_epoch_received_in_its_metadata() -> None:
+    """Issue 36, finding F6: the next owner tells by it whether the done offsets are about the log it reads."""
+    source = RecordingSource()
+    state = PartitionState(PID, PartitionOffsets(100, set()))
+    for offset, epoch in [(100, 3), (101, 3), (102, 4)]:
+        state.offsets.received(offset, epoch)
+    state.offsets.completed(101, 3)
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    committer.periodic([state], now=0.0)
+    ((offsets, _asynchronous),) = source.commits
+    position, metadata = offsets[PID]
+    decoded = offset_metadata.decode_checked(metadata, position)
+    assert (position, decoded.done, decoded.leader_epoch) == (100, {101}, 4)
+
+
+def test_a_late_confirmation_of_a_position_from_before_a_truncation_confirms_nothing() -> None:
+    source = RecordingSource()
+    state = PartitionState(PID, PartitionOffsets(100, set()))
+    for offset in range(100, 110):
+        state.offsets.received(offset, 1)
+        state.offsets.completed(offset, 1)
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    committer.periodic([state], now=0.0)
+    assert committed_positions(source) == [110]
+    state.offsets.truncate(104, 2)  # the log was truncated at 104 and refilled under epoch 2
+    committer.record_outcomes([(PID, 110, None)])  # the asynchronous commit of 110 answers only now
+    assert state.confirmed is None, "110 is a position in a log that is gone"
+    committer.commit([state], asynchronous=False)
+    assert committed_positions(source) == [110, 104], "the commit position moved back to the truncation point"

@@ -35,7 +35,15 @@ from typing import Any, cast
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
-from keyorder.contracts import CommitError, CommitOutcome, RebalanceCallback, SourceError, TopicPartitionId
+from keyorder.contracts import (
+    CommitError,
+    CommitOutcome,
+    FetchPosition,
+    RebalanceCallback,
+    SourceError,
+    TopicPartitionId,
+)
+from keyorder.core import offset_metadata
 from keyorder.message import Message
 
 log = logging.getLogger(__name__)
@@ -105,6 +113,20 @@ STATIC_MEMBER_ON_CONSUMER_PROTOCOL = (
     "to keep static membership (docs/rebalancing.md)"
 )
 """Why a static member on KIP-848's protocol is refused (``static_member_cannot_leave``), and what to do."""
+
+
+LOG_TRUNCATED_NO_RESET = (
+    "a partition's position could not be used and librdkafka did not reset it (%s): its log was truncated "
+    "below the position (an unclean leader election) or the position is out of range, and auto.offset.reset "
+    "is 'error', so the partition is not fetched until it is assigned again (a rebalance, or a restart of the "
+    "pod). Set auto.offset.reset to earliest (keyorder's default) to let librdkafka move back to the "
+    "truncation point: keyorder then processes the new log's records from there"
+)
+"""Logged for librdkafka's ``_AUTO_OFFSET_RESET`` (or ``_LOG_TRUNCATION``) consumer error. librdkafka raises it
+only when it cannot move the position itself: with the default ``auto.offset.reset`` its KIP-320 validation
+seeks back to the truncation point without an error (src/rdkafka_offset.c,
+``rd_kafka_toppar_handle_OffsetForLeaderEpoch``), and the runtime sees the new log's records arrive under a
+greater leader epoch (``core.tracking.LogTruncated``)."""
 
 
 LIBRDKAFKA_LOGGER = "keyorder.librdkafka"
@@ -190,6 +212,12 @@ class CollapsingFilter(logging.Filter):
             else:
                 del self._windows[key]
         return summaries
+
+
+def _epoch_or_unknown(metadata: str) -> int:
+    """The leader epoch to commit with: the metadata's, or -1 (confluent-kafka's "none", which it refuses as None)."""
+    epoch = offset_metadata.leader_epoch(metadata)
+    return epoch if epoch is not None else -1
 
 
 class KafkaSource:
@@ -336,6 +364,7 @@ class KafkaSource:
             if topic is None or partition is None or offset is None:  # only error events lack them
                 raise SourceError(f"Kafka record without topic, partition or offset: {topic}[{partition}]@{offset}")
             _timestamp_type, timestamp_ms = record.timestamp()
+            leader_epoch = record.leader_epoch()
             # The stub's HeadersType also covers what produce() accepts (a dict, str values); a consumed
             # record's headers are always a list of (name, bytes or None).
             headers = cast("list[tuple[str, bytes | None]] | None", record.headers())
@@ -348,6 +377,7 @@ class KafkaSource:
                     record.value(),
                     tuple(headers) if headers else (),
                     timestamp_ms / 1000.0 if timestamp_ms > 0 else None,
+                    leader_epoch if leader_epoch is not None and leader_epoch >= 0 else None,
                 )
             )
         # A record is no proof of a live broker: librdkafka hands out records it prefetched earlier.
@@ -380,19 +410,28 @@ class KafkaSource:
         if error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
             log.error("%s", MIXED_PROTOCOLS % error.str())
             return
+        if error.code() in (KafkaError._LOG_TRUNCATION, KafkaError._AUTO_OFFSET_RESET):
+            log.error(LOG_TRUNCATED_NO_RESET, error.str())
+            return
         log.warning("Kafka consumer error (the client retries): %s", error.str())
 
     def pause(self, partitions: Sequence[TopicPartitionId]) -> None:
         self._consumer.pause([TopicPartition(topic, partition) for topic, partition in partitions])
 
-    def resume(self, partitions: Mapping[TopicPartitionId, int | None]) -> None:
-        """Resume fetching; re-seek to the next offset, or librdkafka waits ~1 s before fetching."""
+    def resume(self, partitions: Mapping[TopicPartitionId, FetchPosition | None]) -> None:
+        """Resume fetching; re-seek to the next offset, or librdkafka waits ~1 s before fetching.
+
+        The seek carries the leader epoch of the record before that offset: librdkafka then validates the
+        position (src/rdkafka_partition.c ``rd_kafka_toppar_op_seek`` -> ``rd_kafka_offset_validate``), so a log
+        truncated below it while the partition was paused is read again from the truncation point. A seek
+        without an epoch is not validated and would skip the new log's records up to the offset."""
         self._consumer.resume([TopicPartition(topic, partition) for topic, partition in partitions])
-        for (topic, partition), next_offset in partitions.items():
-            if next_offset is None:
+        for (topic, partition), position in partitions.items():
+            if position is None:
                 continue
+            epoch = position.leader_epoch if position.leader_epoch is not None else -1
             try:
-                self._consumer.seek(TopicPartition(topic, partition, next_offset))
+                self._consumer.seek(TopicPartition(topic, partition, position.offset, leader_epoch=epoch))
             except KafkaException as error:  # e.g. the partition is not fetching yet: resume alone works
                 log.debug("seek after resume of %s[%d] skipped: %s", topic, partition, error)
 
@@ -411,12 +450,16 @@ class KafkaSource:
     def commit(self, offsets: Mapping[TopicPartitionId, tuple[int, str]], asynchronous: bool) -> list[CommitOutcome]:
         """Commit; a synchronous commit returns its outcomes (asynchronous ones arrive via the callback).
 
-        Raises ``CommitError`` when the request as a whole fails.
+        Each offset goes with the leader epoch its commit metadata records (``offset_metadata.leader_epoch``:
+        the greatest epoch the pod received on the partition), as librdkafka commits a stored offset with its
+        record's epoch (KIP-320): the broker keeps it with the offset, and librdkafka validates a position
+        that carries an epoch against a truncation (src/rdkafka_offset.c ``rd_kafka_offset_validate``) when
+        the partition's leader epoch changes. Raises ``CommitError`` when the request as a whole fails.
         """
         if not offsets:
             return []
         partitions = [
-            TopicPartition(topic, partition, offset, metadata)
+            TopicPartition(topic, partition, offset, metadata, leader_epoch=_epoch_or_unknown(metadata))
             for (topic, partition), (offset, metadata) in offsets.items()
         ]
         try:

@@ -5,12 +5,21 @@ would re-run every message above it that had already finished. Like Confluent's 
 Consumer, keyorder writes those completed offsets into the offset-commit metadata string, so the
 next owner of the partition skips them.
 
-Format: ``ko1:<base>:<kind>:<urlsafe-base64(zlib(payload))>``, where ``base`` is the committed
-offset the set is relative to and ``kind`` is ``r`` (varint run lengths, alternating not-done /
-done starting at base+1) or ``b`` (bitset, bit i = offset base+1+i). The smaller is chosen. The
-result never exceeds ``MAX_METADATA_BYTES`` (``limit``): when it would, the highest offsets are
-dropped (safe: a dropped offset is merely processed again, at-least-once is kept). The format is
-unchanged since the first release: what any version wrote, this one reads.
+Format: ``ko2:<base>:<epoch>:<kind>:<urlsafe-base64(zlib(payload))>``, where ``base`` is the
+committed offset the set is relative to, ``epoch`` the greatest leader epoch of the records the
+pod had received (KIP-320) and ``kind`` is ``r`` (varint run lengths, alternating not-done / done
+starting at base+1) or ``b`` (bitset, bit i = offset base+1+i). The smaller is chosen. The result
+never exceeds ``MAX_METADATA_BYTES`` (``limit``): when it would, the highest offsets are dropped
+(safe: a dropped offset is merely processed again, at-least-once is kept). Without a known epoch
+(a broker that gives none) it is the first release's ``ko1:<base>:<kind>:<payload>``, which every
+version reads; this one reads both (an older pod ignores ``ko2`` metadata: it merely processes
+those offsets again).
+
+The epoch says which log the set is about. A log truncated by an unclean leader election is
+refilled under a greater leader epoch, at the same offsets: a record at an offset the set marks
+done whose epoch is greater than the set's is not the record that was done (``core.tracking``).
+The same epoch goes with the committed offset itself (``leader_epoch``: the Kafka adapter commits
+it, so librdkafka can validate the offset against a truncation, KIP-320).
 
 Encoding never materialises the offset span: the run-length payload is built from the offsets
 themselves, and the bitset only when it is the smaller one (so it is never larger than the runs).
@@ -42,6 +51,9 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 PREFIX = "ko1"
+"""The first format, without a leader epoch (still written when the epoch is unknown)."""
+PREFIX_WITH_EPOCH = "ko2"
+"""The format with the leader epoch of the log the set is about."""
 MAX_METADATA_BYTES = 4096
 
 MAX_DECODED_OFFSETS = 1_000_000
@@ -289,18 +301,25 @@ def _longest_fitting_stream(payload: _Payload, budget: int) -> tuple[int, bytes]
     return fed, out + tail
 
 
-def encode(base: int, done: Sequence[int], limit: int = MAX_METADATA_BYTES) -> str:
-    """Metadata for committing ``base`` with completed offsets ``done`` (ascending, all > base).
+def _header(base: int, kind: str, leader_epoch: int | None) -> str:
+    if leader_epoch is None:
+        return f"{PREFIX}:{base}:{kind}:"
+    return f"{PREFIX_WITH_EPOCH}:{base}:{leader_epoch}:{kind}:"
+
+
+def encode(base: int, done: Sequence[int], limit: int = MAX_METADATA_BYTES, leader_epoch: int | None = None) -> str:
+    """Metadata for committing ``base`` with completed offsets ``done`` (ascending, all > base), about
+    the log whose greatest leader epoch received is ``leader_epoch`` (``None``: unknown).
 
     The smaller payload of the two kinds (counted before compression) is written; when its stream
     does not fit ``limit``, it is cut after the longest prefix that does (see the module doc)."""
     done = done[bisect.bisect_right(done, base) :]
     kind, payload = _choose(base, done)
-    header = f"{PREFIX}:{base}:{kind}:"
+    header = _header(base, kind, leader_epoch)
     budget = (limit - len(header)) // 4 * 3  # the stream's bytes whose base64 fits
     cut, stream = _longest_fitting_stream(payload, budget)
     if cut == 0:  # nothing fits (or nothing is done): the one encoding of the empty set
-        return f"{PREFIX}:{base}:r:{base64.urlsafe_b64encode(zlib.compress(b'', 9)).decode()}"
+        return _header(base, "r", leader_epoch) + base64.urlsafe_b64encode(zlib.compress(b"", 9)).decode()
     return header + base64.urlsafe_b64encode(stream).decode()
 
 
@@ -310,6 +329,8 @@ class Decoded(NamedTuple):
     done: set[int]
     refused: str | None = None
     """Set when the metadata was ours but out of bounds (forged or corrupt): worth a warning."""
+    leader_epoch: int | None = None
+    """The leader epoch the set is about (``None``: unknown, or the set is empty)."""
 
 
 def _inflate(packed: str) -> bytes:
@@ -356,23 +377,51 @@ def _decode_bits(base: int, payload: bytes) -> set[int]:
     return done
 
 
+def _fields(metadata: str) -> tuple[int, int | None, str, str]:
+    """(base, leader epoch, kind, packed payload) of metadata in either format; ``ValueError`` if malformed."""
+    if metadata.startswith(PREFIX_WITH_EPOCH + ":"):
+        _, base_text, epoch_text, kind, packed = metadata.split(":", 4)
+        epoch = int(epoch_text)
+        if epoch < 0:
+            raise ValueError(f"leader epoch {epoch}")
+        return int(base_text), epoch, kind, packed
+    _, base_text, kind, packed = metadata.split(":", 3)
+    return int(base_text), None, kind, packed
+
+
+def _ours(metadata: str) -> bool:
+    return metadata.startswith((PREFIX + ":", PREFIX_WITH_EPOCH + ":"))
+
+
 def decode_checked(metadata: str | None, committed: int) -> Decoded:
-    """Like ``decode``, also saying why metadata in our format was refused as out of bounds."""
-    if not metadata or not metadata.startswith(PREFIX + ":"):
+    """Like ``decode``, also saying why metadata in our format was refused as out of bounds, and with the
+    leader epoch it records."""
+    if not metadata or not _ours(metadata):
         return Decoded(set())
     try:
         if len(metadata) > MAX_PAYLOAD_BYTES:
             raise OverflowError(f"{len(metadata)} characters of metadata")
-        _, base_text, kind, packed = metadata.split(":", 3)
-        base = int(base_text)
+        base, epoch, kind, packed = _fields(metadata)
         if base != committed or kind not in ("r", "b"):
             return Decoded(set())
         payload = _inflate(packed)
-        return Decoded(_decode_runs(base, payload) if kind == "r" else _decode_bits(base, payload))
+        done = _decode_runs(base, payload) if kind == "r" else _decode_bits(base, payload)
+        return Decoded(done, None, epoch)
     except OverflowError as error:
         return Decoded(set(), str(error))
     except (ValueError, zlib.error):
         return Decoded(set())
+
+
+def leader_epoch(metadata: str | None) -> int | None:
+    """The leader epoch recorded in metadata this module wrote (``None``: none, or not ours). The Kafka
+    adapter commits it with the offset, so the two never disagree."""
+    if metadata is None or not metadata.startswith(PREFIX_WITH_EPOCH + ":") or len(metadata) > MAX_PAYLOAD_BYTES:
+        return None
+    try:
+        return _fields(metadata)[1]
+    except ValueError:
+        return None
 
 
 def decode(metadata: str | None, committed: int) -> set[int]:

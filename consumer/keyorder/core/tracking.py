@@ -23,6 +23,25 @@ commit position follow it, and nothing else moves the position past an unreceive
 Completed offsets above the commit position are kept too: they go into the commit metadata
 (see ``offset_metadata``) so that a restart can skip what is already done.
 
+Leader epochs tell a new log from a re-delivery (KIP-320). Each record carries the leader epoch it
+was written in (``None`` where the broker gives none: then everything above works as it always
+did). Epochs only grow along a partition's log, and a log truncated by an unclean leader election
+is refilled under a greater epoch than any it had. So:
+
+* a record at or below the last received offset whose epoch is greater than every epoch received is
+  not a re-delivery but a *new* record at a reused offset: ``received`` raises ``LogTruncated`` and
+  the caller truncates the tracker there (``truncate``): the offsets received from that point on
+  are forgotten (their messages, still queued or running, belong to a log that is gone: their
+  completions are ignored, ``completed`` returns ``False``), and the commit position moves back to
+  it. Librdkafka brings the fetch position back there after a truncation (KIP-320 validation);
+* the commit metadata records the greatest epoch received (``leader_epoch``); a later owner that
+  receives, at an offset the metadata marks done, a record of a greater epoch knows the log was
+  truncated and refilled since: it forgets the rest of that metadata and processes the records.
+
+A clean leader change raises the epoch too, but only for records above the last one written, so it
+never resets anything: such records arrive above the last received offset and above every offset
+the metadata marks done.
+
 Pure and synchronous; owned by the poll-loop thread only.
 """
 
@@ -40,6 +59,18 @@ class OffsetOrderError(ValueError):
     """
 
 
+class LogTruncated(Exception):
+    """A record at an offset already received, of a greater leader epoch: the log was truncated there.
+
+    Raised by ``PartitionOffsets.received`` before it changes anything; the caller decides what to do
+    with the work of the old log (see ``PartitionOffsets.truncate``) and then calls ``received`` again."""
+
+    def __init__(self, offset: int, leader_epoch: int) -> None:
+        super().__init__(f"offset {offset} received again under the greater leader epoch {leader_epoch}")
+        self.offset = offset
+        self.leader_epoch = leader_epoch
+
+
 class PartitionOffsets:
     """Received, completed and committable offsets of one partition.
 
@@ -54,7 +85,9 @@ class PartitionOffsets:
         "_pending",
         "_prior_done",
         "_sent",
+        "_truncations",
         "last_received",
+        "leader_epoch",
         "received_count",
         "reset_from",
         "resets",
@@ -62,14 +95,19 @@ class PartitionOffsets:
         "start",
     )
 
-    def __init__(self, start: int | None = None, prior_done: Iterable[int] = ()) -> None:
+    def __init__(
+        self, start: int | None = None, prior_done: Iterable[int] = (), prior_epoch: int | None = None
+    ) -> None:
         """``start``: the committed offset consumption begins at (``None`` if unknown yet).
 
         ``prior_done``: offsets above ``start`` that an earlier owner already completed (from the
-        commit metadata); they are skipped when received.
+        commit metadata); they are skipped when received, unless a record of a greater leader epoch
+        than ``prior_epoch`` (the metadata's, ``None``: unknown) arrives first.
         """
         self.start = start
         self.last_received: int | None = None
+        self.leader_epoch = prior_epoch
+        """The greatest leader epoch received (or the commit metadata's, before any); ``None``: unknown."""
         self._pending: deque[int] = deque()
         self._done: set[int] = set()
         self._prior_done: set[int] = set(prior_done)
@@ -84,9 +122,10 @@ class PartitionOffsets:
         self._committed_received = 0  # received offsets below the last *confirmed* committed position
         self._sent: dict[int, int] = {}  # commit position sent, not yet confirmed -> received offsets below it
         self._client_passed: int | None = None  # the client's position, when beyond the idle position
+        self._truncations: list[tuple[int, int]] = []  # (offset, the new log's leader epoch) of each truncation
 
-    def received(self, offset: int) -> bool:
-        """Record a fetched offset; ``True`` if it must be processed.
+    def received(self, offset: int, leader_epoch: int | None = None) -> bool:
+        """Record a fetched offset and the leader epoch of its record; ``True`` if it must be processed.
 
         ``False`` for a re-delivery of an offset already received, and for an offset that the
         commit metadata says is already done (it is recorded as completed at once and counted in
@@ -95,12 +134,25 @@ class PartitionOffsets:
         The first offset received below ``start`` is a log reset (see the module docstring): the
         partition is re-based at ``offset``, its commit metadata (about the old log) forgotten,
         ``resets`` counted and ``True`` returned, so it is processed.
+
+        Raises ``LogTruncated`` (changing nothing) for an offset at or below the last received one
+        whose ``leader_epoch`` is greater than every epoch received: see ``truncate``.
         """
+        known = self.leader_epoch
         if self.last_received is not None:
             if offset <= self.last_received:
+                if leader_epoch is not None and known is not None and leader_epoch > known:
+                    raise LogTruncated(offset, leader_epoch)
                 return False
         elif self.start is not None and offset < self.start:
             self._reset(offset)
+        if leader_epoch is not None and (known is None or leader_epoch > known):
+            if known is not None:
+                # the metadata's done offsets are about records of epochs up to ``known``: a record of a
+                # greater one at an offset it marks done is another record (the log was truncated and
+                # refilled); above this offset, any record of the old log has an epoch >= this one's
+                self._prior_done.clear()
+            self.leader_epoch = leader_epoch
         self.last_received = offset
         self.received_count += 1
         if self._prior_done and offset in self._prior_done:
@@ -122,19 +174,61 @@ class PartitionOffsets:
         self._client_passed = None  # a position in the old log says nothing about the new one
         self.resets += 1
 
-    def completed(self, offset: int) -> None:
-        """Record that the message at ``offset`` is finished (handled or dead-lettered)."""
+    def truncate(self, offset: int, leader_epoch: int) -> None:
+        """The log was truncated at ``offset`` and refilled under ``leader_epoch`` (after ``LogTruncated``).
+
+        Offsets received from ``offset`` on are forgotten, finished or not: they were records of the
+        old log. Their messages may still be queued or running; when one of them completes (an epoch
+        below ``leader_epoch`` at or above ``offset``: ``is_stale``), ``completed`` ignores it, so it
+        never marks the new record at its offset done. Unfinished offsets below ``offset`` stay (the
+        same records in both logs). The commit position becomes the lowest of those, else ``offset``:
+        it moves back. The commit metadata's done offsets, commits sent and not yet confirmed at
+        positions above ``offset``, and the client's position are forgotten too; ``resets`` counts it.
+        """
+        pending, done = self._pending, self._done
+        self.reset_from = self.commit_position
+        head = pending[0] if pending else (self.last_received + 1 if self.last_received is not None else offset)
+        if head > offset:  # finished offsets of the old log below the head: at most one per offset (gaps: fewer)
+            self.received_count -= min(head - offset, self.received_count - len(pending))
+        while pending and pending[-1] >= offset:
+            done.discard(pending.pop())
+            self.received_count -= 1
+        self._committed_received = min(self._committed_received, self.received_count - len(pending))
+        self.last_received = offset - 1
+        if self.start is not None and self.start > offset:
+            self.start = offset
+        self._prior_done.clear()
+        for position in [position for position in self._sent if position > offset]:
+            del self._sent[position]  # a confirmation of an old-log position says nothing about the new log
+        self._client_passed = None
+        self._truncations.append((offset, leader_epoch))
+        self.leader_epoch = leader_epoch
+        self.resets += 1
+
+    def is_stale(self, offset: int, leader_epoch: int | None) -> bool:
+        """Whether a message at ``offset`` of ``leader_epoch`` belongs to a log truncated since it was received."""
+        if leader_epoch is None:
+            return False
+        return any(offset >= at and leader_epoch < epoch for at, epoch in self._truncations)
+
+    def completed(self, offset: int, leader_epoch: int | None = None) -> bool:
+        """Record that the message at ``offset`` is finished (handled or dead-lettered).
+
+        ``False`` (nothing recorded) when the message belongs to a log truncated since (``is_stale``)."""
+        if self._truncations and self.is_stale(offset, leader_epoch):
+            return False
         pending = self._pending
         if pending and pending[0] == offset:
             pending.popleft()
             done = self._done
             while pending and pending[0] in done:
                 done.remove(pending.popleft())
-            return
+            return True
         last = self.last_received  # not None whenever ``pending`` is non-empty
         if offset in self._done or not pending or offset < pending[0] or last is None or offset > last:
             raise OffsetOrderError(f"offset {offset} completed twice or never received")
         self._done.add(offset)
+        return True
 
     @property
     def commit_position(self) -> int | None:
@@ -189,15 +283,19 @@ class PartitionOffsets:
             self._sent[position] = self.received_count - len(self._pending)
         return position
 
-    def commit_confirmed(self, position: int) -> None:
-        """The broker acknowledged the commit of ``position`` (older pending sends are superseded)."""
+    def commit_confirmed(self, position: int) -> bool:
+        """The broker acknowledged the commit of ``position`` (older pending sends are superseded).
+
+        ``False`` when that position was not sent, or was forgotten at a log reset or truncation: the
+        confirmation then says nothing about this log."""
         below = self._sent.pop(position, None)
         if below is None:
-            return  # not sent (or forgotten at a log reset): says nothing about the sends pending
+            return False
         if below > self._committed_received:
             self._committed_received = below
         for older in [sent for sent in self._sent if sent < position]:
             del self._sent[older]
+        return True
 
     def commit_failed(self, position: int) -> None:
         """The commit of ``position`` failed: the uncommitted window keeps counting from the last success."""

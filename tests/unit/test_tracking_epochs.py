@@ -1,0 +1,107 @@
+"""PartitionOffsets and leader epochs (issue 36, simulation findings F3 and F6): a log truncated and refilled
+under a greater epoch is told from a re-delivery, and from a clean leader change, which resets nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyorder.core.tracking import LogTruncated, PartitionOffsets
+
+
+def fetched(start: int, offsets: range, epoch: int) -> PartitionOffsets:
+    tracker = PartitionOffsets(start)
+    for offset in offsets:
+        assert tracker.received(offset, epoch) is True
+    return tracker
+
+
+def test_a_record_of_a_greater_epoch_at_an_offset_received_is_a_new_log_not_a_re_delivery() -> None:
+    """F3: the log was truncated at 5 while 0-9 were received (0-2 finished, 6 finished too); librdkafka
+    brought the position back to 5 and the new log's 5 arrives under epoch 2."""
+    tracker = fetched(0, range(10), epoch=1)
+    for offset in (0, 1, 2, 6):
+        tracker.completed(offset, 1)
+    assert tracker.received(5, 1) is False, "the same epoch at an offset received: a re-delivery"
+    with pytest.raises(LogTruncated) as caught:
+        tracker.received(5, 2)
+    assert (caught.value.offset, caught.value.leader_epoch) == (5, 2)
+    assert tracker.last_received == 9 and tracker.commit_position == 3, "raised before changing anything"
+
+    tracker.truncate(5, 2)
+    assert tracker.commit_position == 3, "3 and 4 (the same records in both logs) are still unfinished"
+    assert tracker.completed_above_position() == [], "6 was done in the old log: not in the new one"
+    assert tracker.resets == 1 and tracker.leader_epoch == 2
+    for offset in range(5, 8):
+        assert tracker.received(offset, 2) is True, f"the new log's {offset} is processed"
+    assert tracker.inflight == 5  # 3, 4 of the old log; 5, 6, 7 of the new one
+
+
+def test_the_old_logs_messages_still_running_never_mark_the_new_records_done() -> None:
+    tracker = fetched(0, range(10), epoch=1)
+    tracker.truncate(5, 2)
+    for offset in (5, 6):
+        tracker.received(offset, 2)
+    assert tracker.is_stale(6, 1) and not tracker.is_stale(4, 1) and not tracker.is_stale(6, 2)
+    assert tracker.completed(6, 1) is False, "old 6 finished: its completion is ignored"
+    assert tracker.completed(8, 1) is False, "old 8 finished: not even received in the new log"
+    for offset in range(5):
+        assert tracker.completed(offset, 1) is True
+    assert tracker.commit_position == 5, "new 5 and 6 are still unfinished"
+    tracker.completed(5, 2)
+    tracker.completed(6, 2)
+    assert tracker.commit_position == 7
+
+
+def test_a_truncation_below_every_unfinished_offset_moves_the_commit_position_back() -> None:
+    tracker = fetched(10, range(10, 20), epoch=1)
+    for offset in range(10, 20):
+        tracker.completed(offset, 1)
+    assert tracker.commit_position == 20
+    sent = tracker.commit_sent()
+    tracker.truncate(7, 2)  # below the committed offset the partition was assigned from
+    assert tracker.commit_position == 7 and tracker.next_fetch == 7
+    assert tracker.reset_from == 20
+    assert tracker.commit_confirmed(sent) is False, "a late confirmation of the old log's 20 confirms nothing"
+    assert tracker.uncommitted == 0
+    assert tracker.received(7, 2) is True
+
+
+def test_a_clean_leader_change_resets_nothing() -> None:
+    """A greater epoch above the last received offset: new records after a leader change, same log."""
+    tracker = fetched(0, range(5), epoch=1)
+    assert tracker.received(5, 2) is True
+    assert tracker.received(4, 2) is False, "a re-delivery of 4 (now under epoch 2 as the highest seen)"
+    assert tracker.received(3, 1) is False
+    assert tracker.resets == 0 and tracker.leader_epoch == 2 and tracker.commit_position == 0
+
+
+def test_records_without_an_epoch_behave_as_before() -> None:
+    tracker = fetched(0, range(5), epoch=1)
+    assert tracker.received(3) is False, "no epoch: an offset received is a re-delivery"
+    plain = PartitionOffsets(0)
+    assert plain.received(0) is True and plain.received(0, 5) is False and plain.leader_epoch is None
+
+
+def test_metadata_done_offsets_are_skipped_only_for_records_of_its_log() -> None:
+    """F6: the metadata of a commit at 2 (greatest epoch 1) marks 3-5 done; records of epoch 1 there are the
+    records it was about, skipped; a record of epoch 2 at 3 is another record: the log was truncated and
+    refilled since, and the rest of the metadata is forgotten."""
+    same = PartitionOffsets(2, {3, 4, 5}, prior_epoch=1)
+    assert [same.received(offset, 1) for offset in range(2, 7)] == [True, False, False, False, True]
+    assert same.skipped == 3
+
+    refilled = PartitionOffsets(2, {3, 4, 5}, prior_epoch=1)
+    assert refilled.leader_epoch == 1, "a commit before any record carries the metadata's epoch"
+    assert [refilled.received(offset, 2) for offset in range(2, 7)] == [True] * 5
+    assert refilled.skipped == 0
+
+
+def test_metadata_done_offsets_survive_a_clean_leader_change_above_them() -> None:
+    tracker = PartitionOffsets(2, {3, 4}, prior_epoch=1)
+    assert [tracker.received(offset, epoch) for offset, epoch in [(2, 1), (3, 1), (4, 1), (5, 2)]] == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    assert tracker.skipped == 2
