@@ -5,12 +5,18 @@ Started from the installed pyspark's ``bin/spark-class`` (no download), every pr
 address), on free ports, and stopped by PID. Executors then run in the workers' JVMs with their
 own Python workers, which is what a real cluster does to the handler, its environment and its
 Kafka configuration.
+
+The cluster requires Spark authentication, as a secured one does (docs/security.md, "Catch-up's Spark
+traffic"): master and workers read ``spark.authenticate`` and the cluster's ``secret`` from a
+properties file only this user can read; the workers hand the secret to the executors they launch,
+and an application connects only with the same secret (``spark.authenticate.secret``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -47,6 +53,9 @@ class StandaloneCluster:
         self.ui_port = free_port()
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen] = []
+        self.secret = secrets.token_hex(32)
+        """The secret master, workers and applications share: give it as spark.authenticate.secret."""
+        self.properties = log_dir / "spark-daemons.conf"
 
     def _start(self, name: str, *args: str) -> None:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process below
@@ -72,9 +81,14 @@ class StandaloneCluster:
 
     def __enter__(self) -> StandaloneCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(self.properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as properties:
+            properties.write(f"spark.authenticate true\nspark.authenticate.secret {self.secret}\n")
         self._start(
             "master",
             "org.apache.spark.deploy.master.Master",
+            "--properties-file",
+            str(self.properties),
             "--host",
             "127.0.0.1",
             "--port",
@@ -87,6 +101,8 @@ class StandaloneCluster:
                 f"worker-{index}",
                 "org.apache.spark.deploy.worker.Worker",
                 self.master_url,
+                "--properties-file",
+                str(self.properties),
                 "--host",
                 "127.0.0.1",
                 "--port",

@@ -1,5 +1,8 @@
 """``keyorder catchup`` on real Spark (local[2], one session for the module) against the real broker.
 
+The session runs with the security settings the job starts its own with (``SPARK_SECURITY_DEFAULTS``:
+authentication, network and I/O encryption on, no UI), so every test here runs with them.
+
 Order is checked with per-key sequence numbers carried in the messages and recorded by the
 handler in Spark's Python workers; committed offsets are read back from the broker.
 """
@@ -20,7 +23,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keyorder.catchup.job import CatchupJob, SparkSettingsError, stop_spark
 from keyorder.catchup.plan import PlanError
-from keyorder.catchup.settings import CatchupConfig
+from keyorder.catchup.settings import SPARK_SECURITY_DEFAULTS, CatchupConfig
 from keyorder.cli import main
 from keyorder.core.retry import ExhaustedPolicy
 from keyorder.devtools.embedded import EmbeddedBroker
@@ -46,14 +49,16 @@ def spark(record_dir: Path) -> Iterator[object]:
     os.environ["KEYORDER_TEST_RECORD_DIR"] = str(record_dir)
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers import keyorder from this venv
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    builder = pyspark_sql.SparkSession.builder.master("local[2]").appName("keyorder-catchup-tests")
+    for name, value in SPARK_SECURITY_DEFAULTS.items():
+        builder = builder.config(name, value)
     session = (
-        pyspark_sql.SparkSession.builder.master("local[2]")
-        .appName("keyorder-catchup-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
+        builder.config("spark.ui.showConsoleProgress", "false")
         .config("spark.stage.maxConsecutiveAttempts", "1")  # the job refuses a session without it
         .getOrCreate()
     )
+    conf = session.sparkContext.getConf()
+    assert conf.get("spark.authenticate") == "true" and conf.get("spark.network.crypto.enabled") == "true"
     session.sparkContext.setLogLevel("ERROR")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
@@ -195,6 +200,45 @@ def test_failures_follow_the_pods_retry_and_dead_letter_policy(broker, spark, re
     assert headers["keyorder.attempts"] == b"3"
     assert b"test failure of k5#3 on attempt 3" in headers["keyorder.error"]
     assert outcome.committed
+
+
+def test_kafka_credentials_reach_the_tasks_outside_their_closures(broker, spark, record_dir, monkeypatch) -> None:
+    """The reader's and the dead-letter producer's Kafka properties (here a SASL password) are shipped to the
+    executors as a Spark file: no pickled task function and no data source option carries them, and the tasks
+    still read and dead-letter with them (issue 37, finding 5). Before, the password was in the pickled
+    ``mapInArrow`` function (the producer's properties) and in the reader's options (its properties)."""
+    from pyspark.serializers import CloudPickleSerializer
+    from pyspark.sql.readwriter import DataFrameReader
+
+    password = f"pw-{uuid.uuid4().hex}"
+    pickled: list[bytes] = []
+    options: list[tuple[str, str]] = []
+    dumps, option = CloudPickleSerializer.dumps, DataFrameReader.option
+
+    def recording_dumps(self, value):
+        pickled.append(dumps(self, value))
+        return pickled[-1]
+
+    def recording_option(self, key, value):
+        options.append((key, str(value)))
+        return option(self, key, value)
+
+    monkeypatch.setattr(CloudPickleSerializer, "dumps", recording_dumps)
+    monkeypatch.setattr(DataFrameReader, "option", recording_option)
+    name = topic(broker, partitions=2)
+    produce_events(
+        broker, name, [{"key": f"k{i % 5}", "seq": i // 5, **({"poison": True} if i == 7 else {})} for i in range(50)]
+    )
+    settings = config(
+        broker, name, f"g-{name}", max_attempts=1, kafka_property=["sasl.username=catchup", f"sasl.password={password}"]
+    )
+    _, outcome = run(spark, settings)
+
+    assert outcome.ok, outcome.error
+    assert outcome.report()["processed"] == 49 and outcome.report()["dead_lettered"] == 1  # read and dead-lettered
+    assert any(b"ApplyHandler" in data for data in pickled)  # the task function was seen being pickled
+    assert not [data for data in pickled if password.encode() in data]
+    assert options and not [key for key, value in options if password in value]
 
 
 def test_a_failed_job_commits_nothing_and_a_rerun_is_safe(broker, spark, record_dir) -> None:

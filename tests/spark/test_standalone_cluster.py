@@ -6,7 +6,9 @@ The handler is not importable on the cluster: it is shipped the documented way (
 keyorder on the interpreter named by ``spark.pyspark.python``. The Kafka configuration reaches
 the executors' readers from a properties file on the driver. The test checks what a real cluster
 does to all of this: two executor JVMs ran the handler, every key in order, every message once,
-waves committed and the fence committed for the group.
+waves committed and the fence committed for the group. The cluster requires Spark authentication
+(``standalone``): the driver gives the cluster's secret, and everything runs with the job's security
+settings on (authentication, network and I/O encryption).
 
 The second test runs ``keyorder catchup`` as the catch-up image does (the driver in-process,
 ``--master spark://...``) and sends it SIGTERM in its second wave (issue 27, defect 3). The third
@@ -108,6 +110,8 @@ def test_spark_submit_on_a_standalone_cluster_ships_the_handler_and_commits_the_
         "spark.executor.memory=768m",
         "--conf",
         "spark.driver.host=127.0.0.1",
+        "--conf",
+        f"spark.authenticate.secret={cluster.secret}",
         catchup_main.__file__,
         "--kafka-properties-file",
         str(properties),
@@ -160,6 +164,7 @@ def driver_command(
     settings = {
         "spark.pyspark.python": sys.executable,
         "spark.driver.host": "127.0.0.1",
+        "spark.authenticate.secret": cluster.secret,
         "spark.executor.memory": "768m",
         "spark.executorEnv.PYTHONPATH": str(REPO),  # the handler: tests.spark.handlers
         "spark.executorEnv.KEYORDER_TEST_RECORD_DIR": str(records),

@@ -31,12 +31,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import pandas
 
 from keyorder.adapters.dead_letters import KafkaDeadLetterSink
 from keyorder.adapters.handlers import LoadedHandler, load_handler
+from keyorder.catchup import shipped
 from keyorder.catchup.datasource import route_of
 from keyorder.catchup.live import REPORT_INTERVAL, TaskReporter, WaveAttempt
 from keyorder.catchup.plan import COUNTS, PartitionCounts
@@ -67,8 +69,9 @@ class KeyBlocked(RuntimeError):
 class LazyDeadLetters:
     """Creates the dead-letter producer on the first dead letter: most tasks never need one."""
 
-    def __init__(self, producer_properties: dict[str, str], topic_template: str) -> None:
+    def __init__(self, producer_properties: Callable[[], dict[str, str]], topic_template: str) -> None:
         self._properties = producer_properties
+        """Called once, for the first dead letter: reads the shipped properties on the executor."""
         self._template = topic_template
         self._sink: KafkaDeadLetterSink | None = None
         self._lock = threading.Lock()
@@ -76,7 +79,7 @@ class LazyDeadLetters:
     def publish(self, message: Message, error: BaseException, attempts: int) -> None:
         with self._lock:
             if self._sink is None:
-                self._sink = KafkaDeadLetterSink(self._properties, self._template)
+                self._sink = KafkaDeadLetterSink(self._properties(), self._template)
         self._sink.publish(message, error, attempts)
 
     def close(self) -> None:
@@ -513,7 +516,9 @@ class ApplyHandler:
     sources: list[Source] = field(default_factory=list)
     """The plan's partitions: rows carry their index (``source``), not the topic name."""
     ordering: str = "key"
-    producer_properties: dict[str, str] = field(default_factory=dict)
+    properties_file: str = ""
+    """The run's shipped Kafka properties (``shipped``), read for the first dead letter: the dead-letter
+    producer's properties stay out of this function's pickle, which Spark sends with every task."""
     progress: Any = None
     """A Spark accumulator of ``{(topic, partition): finished}``, or None."""
     task_workers: int = 1
@@ -531,7 +536,7 @@ class ApplyHandler:
     def __call__(self, frames: Iterator[Any]) -> Iterator[Any]:
         call, close_loops = thread_safe_caller(load_handler(self.handler))
         sink = (
-            LazyDeadLetters(self.producer_properties, self.dlq_topic)
+            LazyDeadLetters(partial(shipped.load, self.properties_file, shipped.PRODUCER), self.dlq_topic)
             if self.policy.exhausted is ExhaustedPolicy.DLQ
             else None
         )

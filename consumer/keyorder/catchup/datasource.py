@@ -40,6 +40,8 @@ from typing import Any, NamedTuple, cast
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from keyorder.catchup import shipped
+
 SOURCE_NAME = "keyorder_kafka_ranges"
 ROW_SCHEMA = (
     "lane long, source int, progress long, offset long, key binary, value binary, "
@@ -71,7 +73,8 @@ PERMANENT_ERRORS = frozenset(
 """Error names that retrying cannot fix: the split fails at once."""
 log = logging.getLogger(__name__)
 OPTION_SPLITS = "splits"
-OPTION_PROPERTIES = "kafka.properties.secret"  # "secret" in the name: Spark redacts it in plans and the UI
+OPTION_PROPERTIES_FILE = "kafka.properties.file"
+"""The name of the run's shipped Kafka properties (``shipped``): the properties stay out of the reader's pickle."""
 OPTION_ORDERING = "ordering"
 OPTION_TIMEOUT = "read.timeout.seconds"
 MARKER_PREFIX = b"\x00marker:"
@@ -121,7 +124,8 @@ class KafkaRangeReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.tasks = json.loads(options[OPTION_SPLITS])
         """Each reader task's splits, as JSON lists in ``Split``'s field order."""
-        self.properties = json.loads(options.get(OPTION_PROPERTIES, "{}"))
+        self.properties_file = options[OPTION_PROPERTIES_FILE]
+        """Read in ``read`` on the executor: the reader is pickled into every task, the properties are not."""
         self.ordering = options.get(OPTION_ORDERING, "key")
         self.timeout = float(options.get(OPTION_TIMEOUT, "120"))
 
@@ -130,7 +134,8 @@ class KafkaRangeReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         splits = [Split(*split) for split in partition.value]
-        yield from read_task(self.properties, self.ordering, splits, self.timeout)
+        properties = shipped.load(self.properties_file, shipped.READER)
+        yield from read_task(properties, self.ordering, splits, self.timeout)
 
 
 def read_task(

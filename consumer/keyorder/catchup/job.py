@@ -17,6 +17,7 @@ counts such re-runs per wave, and docs/catchup.md says what they can repeat.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from keyorder.catchup.apply import SUMMARY_SCHEMA, ApplyHandler
 from keyorder.catchup.datasource import (
     KEYLESS_PREFIX,
     OPTION_ORDERING,
-    OPTION_PROPERTIES,
+    OPTION_PROPERTIES_FILE,
     OPTION_SPLITS,
     OPTION_TIMEOUT,
     SOURCE_NAME,
@@ -65,9 +66,10 @@ from keyorder.catchup.plan import (
     split_ranges,
 )
 from keyorder.catchup.positions import PositionKind
-from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, CatchupConfig
+from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, SPARK_SECURITY_DEFAULTS, CatchupConfig
+from keyorder.catchup.shipped import PRODUCER, READER, ShippedProperties
 from keyorder.catchup.sizing import RegistrationWait, expected_cores, is_local_master, local_master
-from keyorder.config import consumer_properties, kafka_properties, producer_properties, redact
+from keyorder.config import consumer_properties, env_name, kafka_properties, producer_properties, redact
 from keyorder.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,10 @@ SPARK_DEFAULTS = {
 """Spark's own defaults of the enforced settings: what a session that does not set them runs with."""
 _LOCAL_MASTER = re.compile(r"^local(\[(\*|\d+)\])?$")
 """``local``, ``local[n]`` and ``local[*]`` run every task once whatever spark.task.maxFailures says."""
+_SPARK_MAKES_SECRET = re.compile(r"^(yarn|local(\[.*\])?|k8s://.*)$")
+"""Masters for which Spark generates a per-application secret when ``spark.authenticate`` is on
+(``SecurityManager.initializeAuth`` in apache/spark core): the others need spark.authenticate.secret."""
+_EVERY_INTERFACE = frozenset({"0.0.0.0", "::", "[::]"})
 
 
 class SparkStartError(RuntimeError):
@@ -87,7 +93,42 @@ class SparkStartError(RuntimeError):
 
 
 class SparkSettingsError(RuntimeError):
-    """The Spark session runs without a setting the job needs (it would run handler tasks twice)."""
+    """The Spark session runs without a setting the job needs (it would run handler tasks twice), or its
+    security settings cannot work on its master."""
+
+
+def security_settings(master: str, given: Mapping[str, str], ui: bool) -> dict[str, str]:
+    """What the session on ``master`` adds to the settings ``given`` by spark-submit, spark-defaults and
+    ``--spark-conf`` (pure): ``SPARK_SECURITY_DEFAULTS`` where none is given, the UI when ``ui`` (``--spark-ui``),
+    and the driver's listening address narrowed from every interface to its ``spark.driver.host`` when that
+    is an IP address. Raises ``SparkSettingsError`` when authentication is on but cannot work: a master
+    whose cluster shares one secret (``spark://``) and no secret given."""
+    added = {name: value for name, value in SPARK_SECURITY_DEFAULTS.items() if name not in given}
+    if ui:
+        added["spark.ui.enabled"] = "true"
+    host = given.get("spark.driver.host", "")
+    if given.get("spark.driver.bindAddress", "").strip() in _EVERY_INTERFACE and _is_ip_address(host):
+        added["spark.driver.bindAddress"] = host  # a pod's own IP: reachable by the executors, nothing else
+    authenticated = {**given, **added}["spark.authenticate"].strip().lower() == "true"
+    if not authenticated:
+        added.pop("spark.network.crypto.enabled", None)  # its keys come from the authentication handshake
+    if authenticated and not _SPARK_MAKES_SECRET.match(master) and "spark.authenticate.secret" not in given:
+        raise SparkSettingsError(
+            f"Spark authentication is on (the default) and a {master or 'spark-submit'} master needs the secret "
+            "its master and workers share (Spark makes one per run only on local, YARN and k8s:// masters): give "
+            f"it as --spark-conf spark.authenticate.secret=... ({env_name('spark_conf')}, or spark-submit "
+            "--properties-file), or run without authentication and encryption with --spark-conf "
+            'spark.authenticate=false (docs/security.md, "Catch-up\'s Spark traffic")'
+        )
+    return added
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip().strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def session_problems(conf: Mapping[str, str], master: str) -> list[str]:
@@ -314,15 +355,27 @@ def spark_session(config: CatchupConfig):
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per closed gateway connection otherwise
     builder = SparkSession.builder.appName(f"keyorder-catchup-{config.group_id}")
     launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    given = {**_launch_settings(), **config.spark_settings()}
+    master = given.get("spark.master", "")
     if config.master or not launched_by_submit:
-        builder = builder.master(session_master(config.master))
+        master = session_master(config.master)
+        builder = builder.master(master)
     builder = builder.config("spark.ui.showConsoleProgress", "false")
-    for name, value in config.spark_settings().items():
+    for name, value in {**config.spark_settings(), **security_settings(master, given, config.spark_ui)}.items():
         builder = builder.config(name, value)
     session = builder.getOrCreate()
     if config.log_level != "DEBUG":
         session.sparkContext.setLogLevel("ERROR")  # task failures are reported once, by the job
     return session
+
+
+def _launch_settings() -> dict[str, str]:
+    """The Spark settings the JVM was launched with (spark-submit's ``--conf`` and ``--properties-file``,
+    spark-defaults.conf): the security defaults must not override what the user chose there."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # starts the JVM (or joins spark-submit's), as getOrCreate would
+    return dict(SparkConf().getAll())
 
 
 def session_master(master: str) -> str:
@@ -403,6 +456,8 @@ class CatchupJob:
         self.key_partitions_reason = ""
         self.live: ProgressListener | None = None
         """Running tasks' handled counts (``live``), started with the first wave."""
+        self._shipped: ShippedProperties | None = None
+        """The Kafka properties the tasks read (``shipped``), registered with Spark before the first wave."""
 
     @property
     def spark(self):
@@ -440,6 +495,8 @@ class CatchupJob:
         self.offsets.close()
         if self.live is not None:
             self.live.close()
+        if self._shipped is not None:
+            self._shipped.close()
         if self._owns_spark and self._spark is not None:
             stop_spark(self._spark)
 
@@ -513,17 +570,27 @@ class CatchupJob:
             tasks = [[split for source in task for split in splits[source]] for task in layout.tasks]
         else:
             tasks = [[split] for source in sorted(splits) for split in splits[source]]
-        reader_properties = {
-            name: value for name, value in self.properties.items() if not name.startswith(("group.", "enable.auto."))
-        }
         return (
             self.spark.read.format(SOURCE_NAME)
             .option(OPTION_SPLITS, json.dumps(tasks))
-            .option(OPTION_PROPERTIES, json.dumps(reader_properties))
+            .option(OPTION_PROPERTIES_FILE, self._properties_file())
             .option(OPTION_ORDERING, self.config.ordering.value)
             .option(OPTION_TIMEOUT, str(self.config.read_timeout))
             .load()
         )
+
+    def _properties_file(self) -> str:
+        """The name under which the tasks find the run's Kafka properties (``shipped``): never in a closure."""
+        if self._shipped is None:
+            reader = {
+                name: value
+                for name, value in self.properties.items()
+                if not name.startswith(("group.", "enable.auto."))
+            }
+            self._shipped = ShippedProperties(
+                self.spark.sparkContext, {READER: reader, PRODUCER: producer_properties(self.properties)}
+            )
+        return self._shipped.name
 
     def _live_address(self, attempt: WaveAttempt) -> tuple[str, int] | None:
         """Where this wave attempt's tasks send their handled counts: the driver's address as the executors
@@ -706,7 +773,7 @@ class CatchupJob:
             dlq_topic=self.config.dlq_topic,
             sources=plan.sources,
             ordering=self.config.ordering.value,
-            producer_properties=producer_properties(self.properties),
+            properties_file=self._properties_file(),
             progress=accumulator,
             task_workers=self.config.task_workers,
             lookahead=self.config.task_lookahead,

@@ -28,6 +28,18 @@ ENFORCED_SPARK_SETTINGS = {
 """Spark settings the job always uses; ``--spark-conf`` cannot override them, and a session that
 was started without them (``getOrCreate`` on an existing one) is refused (``job.check_session``)."""
 
+SPARK_SECURITY_DEFAULTS = {
+    # every RPC, block transfer and file fetch between driver and executors authenticated with a shared
+    # secret: Spark makes one per application on local, YARN and k8s:// masters (SecurityManager.initializeAuth);
+    # a spark:// master needs the cluster's (spark.authenticate.secret, ``job.security_settings``)
+    "spark.authenticate": "true",
+    "spark.network.crypto.enabled": "true",  # ... and encrypted (AES): the tasks' data carry the messages
+    "spark.io.encryption.enabled": "true",  # shuffle and spill files on the executors' disks encrypted
+    "spark.ui.enabled": "false",  # the UI has no authentication here and can kill jobs: --spark-ui turns it on
+}
+"""Spark settings the job starts its session with unless ``--spark-conf`` or spark-submit set them otherwise
+(docs/security.md, "Catch-up's Spark traffic")."""
+
 
 class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     """Everything ``keyorder catchup`` needs; field docs become ``--help`` and the docs table."""
@@ -141,8 +153,15 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     )
     spark_conf: list[str] = Field(
         default_factory=list,
-        description="Spark setting 'name=value' (repeatable).",
+        description="Spark setting 'name=value' (repeatable). Overrides the job's security defaults "
+        "(spark.authenticate, spark.network.crypto.enabled, spark.io.encryption.enabled on; see docs/security.md); "
+        "a spark:// master needs its cluster's spark.authenticate.secret.",
         json_schema_extra={"repeatable": True},
+    )
+    spark_ui: bool = Field(
+        False,
+        description="Serve the Spark UI (off by default: it has no authentication here, shows the job's "
+        "configuration and can kill its jobs). Same as --spark-conf spark.ui.enabled=true.",
     )
     report: Path | None = Field(None, description="Write the JSON report to this file.")
 
