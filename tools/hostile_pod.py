@@ -10,12 +10,18 @@ after the read and how long the read took:
 - ``drip``: a valid head, then the body one byte every ``--drip-every`` seconds, for at most
   ``--drip-for`` seconds (then the pod hangs up).
 
+``--slow-clients N`` measures the other side, the pod's HTTP server (finding 4): a pod's server
+(``keyorder.adapters.http_server.PodHttpServer`` on a stand-in runtime, in a child process) gets N
+connections (opened 10 ms apart) that each send a byte every 5 s for ``--slow-seconds``; then it prints the server
+process's threads, the slow connections it still holds, and how long a ``/readyz`` probe took.
+
 ``--against COMMIT`` runs the same on that commit's ``operator/`` and ``consumer/`` (extracted with
 ``git archive``) first. ``--real-report`` prints the size of a real scaling report instead
 (``keyorder.adapters.scaling_report.build_report``; the report names only the busiest key, so its
 size grows with the assigned partitions, not with the keys)::
 
     .venv/bin/python -m tools.hostile_pod --against a687531
+    .venv/bin/python -m tools.hostile_pod --against a687531 --slow-clients 300
     .venv/bin/python -m tools.hostile_pod --real-report
 """
 
@@ -49,6 +55,80 @@ reports, failures = fetch_reports([sys.argv[2]], 0, "t" * 24)
 seconds = time.monotonic() - started
 print(json.dumps({"rss_before_mib": before, "rss_peak_mib": rss_mib(), "seconds": seconds, "failures": failures}))
 """
+
+
+POD_CHILD = """
+import sys, threading, time
+sys.path[:0] = [sys.argv[1] + "/operator", sys.argv[1] + "/consumer"]
+from prometheus_client.registry import CollectorRegistry
+from keyorder.adapters.http_server import PodHttpServer
+from keyorder.runtime import RuntimeSnapshot
+class Runtime:
+    snapshot = RuntimeSnapshot(broker_reachable=True, assigned_partitions=2)
+    started = threading.Event()
+    stopping = False
+    workers = 2
+Runtime.started.set()
+server = PodHttpServer(Runtime(), CollectorRegistry(), "127.0.0.1", 0, None)
+server.start()
+print(server.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def slow_clients(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """N slow clients against a pod's server from ``tree``: its threads, what it holds, a probe's time."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", POD_CHILD, str(tree)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # the server's own log of what it refused
+        text=True,
+    )
+    assert child.stdout is not None and child.stdin is not None
+    port = int(child.stdout.readline())
+    clients = []
+    for _ in range(args.slow_clients):
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: pod\r\nX-Slow: ")
+        client.setblocking(False)
+        clients.append(client)
+        time.sleep(0.01)  # paced, so that the figure is about held threads, not a burst beyond the backlog
+    open_clients = set(clients)
+    end = time.monotonic() + args.slow_seconds
+    while time.monotonic() < end:
+        time.sleep(min(5.0, max(0.0, end - time.monotonic())))
+        for client in list(open_clients):
+            try:
+                client.recv(4096)  # a reply (408) or the end: the server let this client go
+                open_clients.discard(client)
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                open_clients.discard(client)
+                continue
+            try:
+                client.send(b"x")
+            except OSError:
+                open_clients.discard(client)
+    threads = next(
+        int(line.split()[1]) for line in Path(f"/proc/{child.pid}/status").read_text().splitlines()
+        if line.startswith("Threads:")
+    )  # fmt: skip
+    started = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as probe:
+            probe.sendall(b"GET /readyz HTTP/1.1\r\nHost: pod\r\n\r\n")
+            answer = probe.recv(100).split(b"\r\n", 1)[0].decode()
+    except OSError as error:
+        answer = f"no answer: {error}"
+    probe_seconds = time.monotonic() - started
+    for client in clients:
+        client.close()
+    child.stdin.close()
+    child.wait(10)
+    return {"threads": threads, "held": len(open_clients), "probe": answer, "probe_seconds": probe_seconds}
 
 
 class Pod:
@@ -128,6 +208,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--drip-every", type=float, default=1.5)
     parser.add_argument("--drip-for", type=float, default=45.0)
     parser.add_argument("--real-report", action="store_true", help="print real report sizes and exit")
+    parser.add_argument("--slow-clients", type=int, default=0, help="measure the pod's server under N slow clients")
+    parser.add_argument("--slow-seconds", type=float, default=30.0)
     args = parser.parse_args(argv)
     if args.real_report:
         real_report_sizes()
@@ -143,6 +225,13 @@ def main(argv: list[str]) -> int:
             trees.append((f"before ({args.against})", Path(scratch)))
         trees.append(("after (working tree)", ROOT))
         for label, tree in trees:
+            if args.slow_clients:
+                pod = slow_clients(tree, args)
+                print(
+                    f"{label:24} {args.slow_clients} slow clients after {args.slow_seconds:g} s: {pod['threads']} "
+                    f"threads, {pod['held']} held, /readyz {pod['probe']!r} in {pod['probe_seconds']:.3f} s"
+                )
+                continue
             for mode in ("huge", "drip"):
                 figures = read_once(tree, mode, args)
                 print(
