@@ -264,6 +264,8 @@ def fetch_reports(
             report = parse_report(json.loads(payload))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise BadPodReport(f"not JSON: {error}") from None
+        except RecursionError:  # e.g. a megabyte of '[': the parser gives up, the poll must not
+            raise BadPodReport("not a report: JSON nested too deeply") from None
         return {**report, ADDRESS: address}
 
     return _each(addresses, get)

@@ -188,3 +188,35 @@ def test_a_well_behaved_pod_is_still_read() -> None:
         reports, failures = fetch_reports([pod.address], 0, TOKEN)
     assert failures == []
     assert reports[0]["workers"] == 3 and reports[0][pod_admin.ADDRESS] == pod.address
+
+
+def test_a_redirect_is_not_followed() -> None:
+    """A pod cannot send the operator, with its bearer token, to another address (urllib followed
+    redirects, and forwarded the Authorization header)."""
+    victim_requests: list[bytes] = []
+
+    def victim(pod: HostilePod, connection: socket.socket) -> None:
+        victim_requests.append(b"request")
+
+    with hostile_pod(victim) as target:
+
+        def redirect(pod: HostilePod, connection: socket.socket) -> None:
+            pod.send(connection, b"HTTP/1.0 302 Found\r\nLocation: http://%s/steal\r\n\r\n" % target.address.encode())
+
+        with hostile_pod(redirect) as pod:
+            reports, failures = fetch_reports([pod.address], 0, TOKEN)
+    assert reports == []
+    assert failures == [f"{pod.address}: HTTP 302"]
+    assert victim_requests == []
+
+
+def test_a_report_nested_too_deeply_is_a_bad_report_not_a_crash() -> None:
+    nested = b"[" * 500_000
+
+    def deep(pod: HostilePod, connection: socket.socket) -> None:
+        pod.send(connection, b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(nested) + nested)
+
+    with hostile_pod(deep) as pod:
+        reports, failures = fetch_reports([pod.address], 0, TOKEN)
+    assert reports == []
+    assert failures == [f"{pod.address}: not a report: JSON nested too deeply"]
