@@ -147,7 +147,8 @@ class BoundedHttpServer:
         self.limits = limits
         self.clock = clock
         self._probes = tuple(f"GET {path}{end}".encode() for path in probe_paths for end in (" ", "?"))
-        self._listener = socket.create_server(address, backlog=limits.backlog)
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._listener = socket.create_server(address, family=family, backlog=limits.backlog)
         self._listener.setblocking(False)
         self.server_address = self._listener.getsockname()
         self._wake_reader, self._wake_writer = socket.socketpair()
