@@ -316,7 +316,7 @@ class ConsumerRuntime:
             try:
                 fresh = state.offsets.received(message.offset, message.leader_epoch)
             except LogTruncated as truncated:
-                deliveries = self._log_truncated(state, truncated, deliveries)
+                deliveries = self._log_truncated(state, truncated, deliveries, now)
                 fresh = state.offsets.received(message.offset, message.leader_epoch)
             if not fresh:
                 offsets = state.offsets
@@ -330,7 +330,9 @@ class ConsumerRuntime:
             self.inflight += len(deliveries)
             self.pool.submit(deliveries)
 
-    def _log_truncated(self, state: PartitionState, truncated: LogTruncated, batch: list[Delivery]) -> list[Delivery]:
+    def _log_truncated(
+        self, state: PartitionState, truncated: LogTruncated, batch: list[Delivery], now: float
+    ) -> list[Delivery]:
         """A record at an offset already received, of a greater leader epoch: the partition's log was truncated
         there and refilled (an unclean leader election; librdkafka's KIP-320 validation moved the fetch position
         back to the truncation point). The tracker forgets what it received from there on and its commit
@@ -340,6 +342,7 @@ class ConsumerRuntime:
         offsets = state.offsets
         position = offsets.commit_position
         offsets.truncate(truncated.offset, truncated.leader_epoch)
+        state.receive_times.truncate(truncated.offset, now)
         stale = offsets.is_stale
         kept = [
             delivery

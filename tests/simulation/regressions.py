@@ -7,6 +7,10 @@ Each entry names the invariant that failed on the code before the fix and the me
 there (run against commit 62264b1 in a worktree, with ``tests/simulation`` copied in), and the commit
 that fixed it: the plan fails on that commit's parent and holds on it. Defect 8 is a
 cost; its poll-loop part is caught as a loop that redoes the same flow decision turn after turn.
+The simulation's findings F3 and F6 (docs/testing.md) keep plans here too; the simulation they fail
+under gives records leader epochs, which their fix (d8d435f) also brought to the code, so on its
+parent 43b1399 they ran with three check-only shims (``contracts.FetchPosition``, a
+``Message.leader_epoch`` field the old runtime ignores, ``offset_metadata.leader_epoch`` returning None).
 """
 
 from __future__ import annotations
@@ -218,6 +222,37 @@ def withdrawn_blocked_head(seed: int) -> Plan:
     return _plan("withdrawn-blocked-head", seed, flags, keys, script, faults, partitions=2)
 
 
+def truncated_while_fetched(seed: int) -> Plan:
+    """Finding F3: a partition's log truncated below what the pod has received while it fetches (an unclean
+    leader election): librdkafka moves the position back to the truncation point (KIP-320), and the new
+    records at the reused offsets were taken for re-deliveries (``PartitionOffsets.received``: an offset at
+    or below the last received one) and never run, while the commit moved past them. Now their greater
+    leader epoch tells them apart (``LogTruncated``)."""
+    keys = (Key("k", 1.0, (0,)),)
+    script = tuple(Scripted(0.5 + 0.05 * index, "k", 0) for index in range(10))
+    script += tuple(Scripted(4.0 + 0.05 * index, "k", 0) for index in range(5))
+    faults = (Fault(3.0, "truncate", {"partition": 0, "back": 5}),)
+    return _plan("truncated-while-fetched", seed, _flags(), keys, script, faults)
+
+
+def metadata_outlives_a_truncation(seed: int) -> Plan:
+    """Finding F6: commit metadata written before a truncation marked the new log's records done. A key's
+    retry holds the committed offset at 2 while 3-9 finish (metadata: 3-9 done); the pod stops; the log is
+    truncated at 1 and refilled; the next pod is assigned offset 2 (inside the new log: librdkafka does not
+    validate a committed offset when the fetch starts) and skipped the new records 3-9 as done by the
+    metadata. Now the metadata records its log's leader epoch, and the new records' greater one voids it."""
+    keys = (Key("slow", 1.0, (0,), fails=1), *(Key(f"k{index}", 1.0, (0,)) for index in range(3)))
+    script = (Scripted(0.5, "k0", 0), Scripted(0.5, "k1", 0), Scripted(0.5, "slow", 0))
+    script += tuple(Scripted(0.6 + 0.01 * index, f"k{index % 3}", 0) for index in range(7))
+    script += tuple(Scripted(3.0 + 0.01 * index, f"k{index % 3}", 0) for index in range(12))
+    faults = (
+        Fault(1.0, "sigterm", {"restart_after": 2.5}),
+        Fault(2.0, "truncate", {"partition": 0, "back": 9}),
+    )
+    flags = _flags(retry_initial_backoff=5.0, retry_max_backoff=5.0, shutdown_grace=0.5)
+    return _plan("metadata-outlives-a-truncation", seed, flags, keys, script, faults)
+
+
 REGRESSIONS: dict[str, Regression] = {
     "idle-process-killed": Regression(
         "1",
@@ -292,53 +327,25 @@ REGRESSIONS: dict[str, Regression] = {
         "0 times, fewer than --max-attempts 1",
         fixed_by="0b5e138",
     ),
-}
-"""Name -> regression (the name is ``--plan``'s value)."""
-
-
-def truncated_while_fetched(seed: int) -> Plan:
-    """Finding F3 (open): a partition's log truncated below what the pod has received while it fetches (an
-    unclean leader election): librdkafka moves the position back to the truncation point (KIP-320), and the
-    new records at the reused offsets are taken for re-deliveries (``PartitionOffsets.received``: an offset
-    at or below the last received one) and never run, while the commit moves past them."""
-    keys = (Key("k", 1.0, (0,)),)
-    script = tuple(Scripted(0.5 + 0.05 * index, "k", 0) for index in range(10))
-    script += tuple(Scripted(4.0 + 0.05 * index, "k", 0) for index in range(5))
-    faults = (Fault(3.0, "truncate", {"partition": 0, "back": 5, "while_fetched": True}),)
-    return _plan("truncated-while-fetched", seed, _flags(), keys, script, faults)
-
-
-def metadata_outlives_a_truncation(seed: int) -> Plan:
-    """Finding F6 (open): commit metadata written before a truncation marks the new log's records done. A
-    key's retry holds the committed offset at 2 while 3-9 finish (metadata: 3-9 done); the pod stops; the
-    log is truncated at 1 and refilled; the next pod is assigned offset 2 (inside the new log: nothing
-    resets it, keyorder commits no leader epoch) and skips the new records 3-9 as done by the metadata."""
-    keys = (Key("slow", 1.0, (0,), fails=1), *(Key(f"k{index}", 1.0, (0,)) for index in range(3)))
-    script = (Scripted(0.5, "k0", 0), Scripted(0.5, "k1", 0), Scripted(0.5, "slow", 0))
-    script += tuple(Scripted(0.6 + 0.01 * index, f"k{index % 3}", 0) for index in range(7))
-    script += tuple(Scripted(3.0 + 0.01 * index, f"k{index % 3}", 0) for index in range(12))
-    faults = (
-        Fault(1.0, "sigterm", {"restart_after": 2.5}),
-        Fault(2.0, "truncate", {"partition": 0, "back": 9}),
-    )
-    flags = _flags(retry_initial_backoff=5.0, retry_max_backoff=5.0, shutdown_grace=0.5)
-    return _plan("metadata-outlives-a-truncation", seed, flags, keys, script, faults)
-
-
-OPEN_FINDINGS: dict[str, Regression] = {
-    "metadata-outlives-a-truncation": Regression(
-        "F6",
-        1,
-        metadata_outlives_a_truncation,
-        "[commits] at 3.812s: pod session 2's commit of orders[0]@2 marks offset 3 done in its metadata, but "
-        "orders[0]@3 key k2 seq 2 was not handled (handled never): fails on the current code too",
-    ),
     "truncated-while-fetched": Regression(
         "F3",
         1,
         truncated_while_fetched,
         "[at least once] 5 records never handled by the end, the first orders[0]@5 key k seq 10 produced at 4.000s "
-        "(never called): fails on the current code too",
+        "(never called)",
+        fixed_by="d8d435f",
+    ),
+    "metadata-outlives-a-truncation": Regression(
+        "F6",
+        1,
+        metadata_outlives_a_truncation,
+        "[commits] at 3.812s: pod session 2's commit of orders[0]@2 marks offset 3 done in its metadata, but "
+        "orders[0]@3 key k2 seq 2 was not handled (handled never)",
+        fixed_by="d8d435f",
     ),
 }
+"""Name -> regression (the name is ``--plan``'s value)."""
+
+
+OPEN_FINDINGS: dict[str, Regression] = {}
 """Plans that still fail on the current code: findings of the simulation, not yet fixed (not in ``--regressions``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder.core.tracking import LogTruncated, PartitionOffsets
+from keyorder.core.tracking import LogTruncated, PartitionOffsets, ReceiveTimes
 
 
 def fetched(start: int, offsets: range, epoch: int) -> PartitionOffsets:
@@ -105,3 +105,13 @@ def test_metadata_done_offsets_survive_a_clean_leader_change_above_them() -> Non
         True,
     ]
     assert tracker.skipped == 2
+
+
+def test_the_age_of_the_oldest_message_counts_from_the_new_logs_arrival_after_a_truncation() -> None:
+    times = ReceiveTimes()
+    times.mark(0, 1.0)
+    times.mark(5, 2.0)
+    times.mark(8, 3.0)
+    times.truncate(6, 10.0)  # the old log's 8-... are gone; the new 6 arrived at 10.0
+    assert times.oldest_age(3, now=12.0) == 11.0
+    assert times.oldest_age(6, now=12.0) == 2.0, "not from the old log's mark of 8 at 3.0"

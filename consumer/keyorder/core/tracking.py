@@ -337,6 +337,14 @@ class ReceiveTimes:
     def mark(self, first_offset: int, at: float) -> None:
         self._marks.append((first_offset, at))
 
+    def truncate(self, offset: int, at: float) -> None:
+        """The log was truncated at ``offset`` (``PartitionOffsets.truncate``): its records from there on arrive
+        again, now; the marks of the old log's records there are forgotten."""
+        marks = self._marks
+        while marks and marks[-1][0] >= offset:
+            marks.pop()
+        marks.append((offset, at))
+
     def oldest_age(self, min_inflight: int | None, now: float) -> float:
         """Seconds since the message at ``min_inflight`` arrived (0 when nothing is in flight)."""
         marks = self._marks
