@@ -1,0 +1,171 @@
+"""Does one tenant's hostile broker cost the other resources their polls? A measurement (issue 37 finding 1).
+
+The real kopf operator, in this process, on the API emulator (a FAKE Kubernetes API server, the one the
+operator's tests use), with N healthy OrderedConsumers polling every second (their lag source is a stand-in
+reading an empty topic, ``tests.operator.test_operator_status_writes.EmptyTopic``) and, depending on the mode,
+one more resource whose lag is read by the operator's real reader from a hostile broker
+(``tests.unit.hostile_broker``):
+
+- ``none``: no hostile resource (the baseline);
+- ``abort``: a broker whose ApiVersions answer aborts librdkafka; read by ``lag_reader.IsolatedLagSource``
+  (the product's default, with its default deadline and back-off);
+- ``silent``: a broker that accepts and never answers; the same reader;
+- ``in-process``: the ``abort`` broker read the old way, by ``observe.KafkaLagSource`` inside the operator.
+
+Each mode runs in a subprocess of its own, so the old way's abort is seen as that subprocess's exit code. For
+``--seconds`` after every resource was polled once, the healthy resources' poll starts (the operator's own
+``keyorder_operator_last_poll_timestamp_seconds``, read every 50 ms) give the gaps between polls: p50, p95,
+max against the 1 s interval; how many readers the hostile resource started, and a live reader's memory
+(``silent``: the child is alive between its requests).
+
+    .venv/bin/python -m tools.lag_isolation_bench --resources 20 --seconds 30
+
+A figure on a shared 2-core machine: compare the modes of one run, not runs of different days.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("none", "abort", "silent", "in-process")
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+def reader_kib(source: Any) -> dict[str, int] | None:
+    """A live reader child's memory from /proc (kB): RSS, PSS and private dirty pages; None without a child."""
+    reader = getattr(source, "_reader", None)
+    if reader is None:
+        return None
+    try:
+        rollup = Path(f"/proc/{reader.pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in rollup.splitlines()[1:])
+    return {
+        name: int(fields[key].split()[0])
+        for name, key in (("rss", "Rss"), ("pss", "Pss"), ("private_dirty", "Private_Dirty"))
+    }
+
+
+def run_mode(mode: str, resources: int, seconds: float) -> dict[str, Any]:
+    """One mode, in this process: the operator, the resources, the measurement."""
+    from keyorder_operator.lag_reader import IsolatedLagSource, LagReaderProcess
+    from keyorder_operator.observe import KafkaLagSource, LagSource
+    from tests.operator.harness import CR, last_poll_at, serve_emulator, wait_for
+    from tests.operator.test_operator_deployable import condition, operator
+    from tests.operator.test_operator_status_writes import EmptyTopic, at_rest
+    from tests.unit.hostile_broker import hostile_broker
+
+    behaviour = {"abort": "abort", "silent": "silent", "in-process": "abort"}.get(mode, "silent")
+    hostile_readers: list[IsolatedLagSource] = []
+    reader_starts: list[float] = []  # wall clock, as the poll times
+
+    def start_reader(properties: Any, memory_bytes: int) -> LagReaderProcess:
+        reader_starts.append(time.time())
+        return LagReaderProcess(properties, memory_bytes)
+
+    with hostile_broker(behaviour) as address, serve_emulator() as kube:
+
+        def lag_source_for(properties: dict[str, str]) -> LagSource:
+            if properties.get("bootstrap.servers") != address:
+                return EmptyTopic(properties)
+            if mode == "in-process":
+                return KafkaLagSource(properties)
+            reader = IsolatedLagSource(properties, start_reader=start_reader)
+            hostile_readers.append(reader)
+            return reader
+
+        healthy = [f"steady-{index}" for index in range(resources)]
+        with operator(kube.url, lag_source_for=lag_source_for):
+            if mode != "none":
+                kube.create(CR, at_rest("hostile", address))
+            for name in healthy:
+                kube.create(CR, at_rest(name))
+            wait_for(lambda: all(last_poll_at(kube, name) is not None for name in healthy), 120, "first polls")
+            starts: dict[str, set[float]] = {name: set() for name in healthy}
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                for name in healthy:
+                    at = last_poll_at(kube, name)
+                    if at is not None:
+                        starts[name].add(at)
+                time.sleep(0.05)
+            hostile_condition = condition(kube, "hostile", "LagUnknown") if mode != "none" else {}
+            reader_memory = [reader_kib(reader) for reader in hostile_readers]
+    spans = [(a, b) for name in healthy for a, b in zip(sorted(starts[name]), sorted(starts[name])[1:], strict=False)]
+    gaps = [b - a for a, b in spans]
+    # a gap "at a reader start" spans one (or began within a second after it)
+    near = [b - a for a, b in spans if any(a - 1.0 <= at <= b for at in reader_starts)]
+    elsewhere = [b - a for a, b in spans if not any(a - 1.0 <= at <= b for at in reader_starts)]
+    return {
+        "mode": mode,
+        "resources": resources,
+        "seconds": seconds,
+        "polls": sum(len(times) for times in starts.values()),
+        "gap_p50": round(statistics.median(gaps), 3) if gaps else None,
+        "gap_p95": round(percentile(gaps, 0.95), 3) if gaps else None,
+        "gap_max": round(max(gaps), 3) if gaps else None,
+        "hostile_readers_started": sum(reader.started for reader in hostile_readers),
+        "gap_max_at_reader_start": round(max(near), 3) if near else None,
+        "gap_max_elsewhere": round(max(elsewhere), 3) if elsewhere else None,
+        "reader_memory_kib": next((memory for memory in reader_memory if memory), None),
+        "hostile_condition": f"{hostile_condition.get('reason', '')}: {hostile_condition.get('message', '')}"[:160],
+        "exit_code": 0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--resources", type=int, default=20, help="healthy resources beside the hostile one")
+    parser.add_argument("--seconds", type=float, default=30.0, help="measured window per mode")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a subprocess runs one mode and prints JSON
+    arguments = parser.parse_args(argv)
+    if arguments.one:
+        print(json.dumps(run_mode(arguments.one, arguments.resources, arguments.seconds)))
+        return 0
+    rows = []
+    for mode in arguments.modes.split(","):
+        if mode not in MODES:
+            parser.error(f"--modes: {mode!r} is not one of {', '.join(MODES)}")
+        command = [sys.executable, "-m", "tools.lag_isolation_bench", "--one", mode]
+        command += ["--resources", str(arguments.resources), "--seconds", str(arguments.seconds)]
+        run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=arguments.seconds + 300)
+        lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+        if run.returncode == 0 and lines:
+            rows.append(json.loads(lines[-1]))
+        else:
+            last = (run.stderr.strip().splitlines() or [""])[-1][:120]
+            rows.append({"mode": mode, "exit_code": run.returncode, "hostile_condition": f"process ended: {last}"})
+    print(f"{'mode':<11} {'exit':>5} {'polls':>6} {'gap p50':>8} {'gap p95':>8} {'gap max':>8} {'readers':>8}  hostile")
+    for row in rows:
+        print(
+            f"{row['mode']:<11} {row['exit_code']:>5} {row.get('polls', '-')!s:>6} {row.get('gap_p50', '-')!s:>8} "
+            f"{row.get('gap_p95', '-')!s:>8} {row.get('gap_max', '-')!s:>8} "
+            f"{row.get('hostile_readers_started', '-')!s:>8}  {row.get('hostile_condition', '')}"
+        )
+    for row in rows:
+        if row.get("gap_max_at_reader_start") is not None:
+            print(
+                f"{row['mode']}: longest gap spanning a reader start {row['gap_max_at_reader_start']} s, "
+                f"elsewhere {row['gap_max_elsewhere']} s"
+            )
+        if row.get("reader_memory_kib"):
+            print(f"{row['mode']}: a live reader process, kB: {row['reader_memory_kib']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
