@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from keyorder.contracts import CommitError, CommitOutcome, RebalanceCallback, TopicPartitionId
+from keyorder.contracts import CommitError, CommitOutcome, FetchPosition, RebalanceCallback, TopicPartitionId
 from keyorder.core.lanes import Delivery, LaneSummary
 from keyorder.message import Message
 from keyorder.workers import Completions, PoolHealth
@@ -67,7 +67,7 @@ class RecordingSource:
     def pause(self, partitions: Sequence[TopicPartitionId]) -> None:
         self.paused.extend(partitions)
 
-    def resume(self, partitions: Mapping[TopicPartitionId, int | None]) -> None:
+    def resume(self, partitions: Mapping[TopicPartitionId, FetchPosition | None]) -> None:
         pass
 
     def committed(

@@ -345,7 +345,10 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         allow_inf_nan=False,
         description="Seconds a partition at its in-flight bound only stops the reading, keeping the client's "
         "prefetched messages, before it is paused so that the others are read past it (0: pause at once); "
-        f"the pod then holds up to {CEILING}x --max-inflight.",
+        f"the pod then holds up to {CEILING}x --max-inflight. The seconds add up over fills that follow each "
+        "other, until a fill ends while the partition is paused (which drops its prefetch): a partition that "
+        "refills after each hold stops the reading at most this long in all, and one that fills and drains fast "
+        "is paused once per this many seconds of holds.",
     )
     poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
     commit_interval: float = Field(
@@ -377,7 +380,8 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
     admin_token_file: Path | None = Field(
         None,
         description="File holding the bearer token required by "
-        "PUT /admin/workers; without it the endpoint is disabled.",
+        "PUT /admin/workers and GET /admin/scaling; re-read at every admin request, so a rotated Secret "
+        "takes effect once the kubelet updates the mount. Without it those endpoints are disabled.",
     )
 
     @field_validator("revoke_drain_timeout")

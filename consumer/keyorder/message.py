@@ -35,7 +35,7 @@ class Message:
     leader_epoch: int | None = None
     """The partition's leader epoch the record was written in (KIP-320), or ``None`` when the broker gave
     none. Epochs grow along a partition's log; the runtime uses them to tell a truncated and refilled log
-    from a re-delivery (``core.tracking``). Not passed to handlers run by the process executor."""
+    from a re-delivery (``core.tracking``)."""
 
     def header(self, name: str) -> bytes | None:
         """Value of the last header called ``name``, or ``None``."""

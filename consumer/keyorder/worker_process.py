@@ -79,6 +79,7 @@ def message_fields(message: Message) -> tuple[Any, ...]:
         message.value,
         message.headers,
         message.timestamp,
+        message.leader_epoch,
     )
 
 

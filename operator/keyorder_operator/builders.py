@@ -706,7 +706,7 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
                 "spark.kubernetes.container.image": image,
                 "spark.kubernetes.namespace": namespace,
                 "spark.driver.host": "$(POD_IP)",
-                "spark.driver.bindAddress": "0.0.0.0",
+                "spark.driver.bindAddress": "$(POD_IP)",  # the pod IP only, not every interface
                 "spark.kubernetes.driver.pod.name": "$(POD_NAME)",
                 "spark.kubernetes.executor.podTemplateFile": f"{SPARK_TEMPLATE_DIR}/{EXECUTOR_TEMPLATE_FILE}",
                 "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,

@@ -473,6 +473,7 @@ def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(
         assert spark["spark.kubernetes.namespace"] == "shop"
         assert spark["spark.kubernetes.executor.request.cores"] == str(spec.catchup.executor_cores)
         assert spark["spark.driver.host"] == KUBELET_FIELDS["POD_IP"]
+        assert spark["spark.driver.bindAddress"] == KUBELET_FIELDS["POD_IP"]  # not every interface
         assert spark["spark.kubernetes.driver.pod.name"] == KUBELET_FIELDS["POD_NAME"]
         assert spark["spark.kubernetes.authenticate.driver.serviceAccountName"] == "spark-driver"
     elif spec.catchup.master.startswith("spark://"):

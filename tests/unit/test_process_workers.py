@@ -358,3 +358,11 @@ def test_an_async_hook_for_a_plain_handler_is_refused_at_start_up_naming_the_fla
         load_lifecycle(None, f"{HANDLERS}:record", handler_is_async=False)
     hooks = load_lifecycle(f"{HANDLERS}:async_setup", f"{HANDLERS}:teardown", handler_is_async=True)
     assert hooks.setup is process_handlers.async_setup and hooks.teardown is process_handlers.teardown
+
+
+def test_a_message_crosses_to_the_worker_process_whole() -> None:
+    """Every field of a ``Message`` reaches the handler in the worker process, its leader epoch too."""
+    from keyorder.worker_process import message_fields
+
+    message = Message("orders", 3, 41, b"k", b"v", (("h", b"1"), ("h", None)), 1_700_000_000.5, leader_epoch=7)
+    assert Message(*message_fields(message)) == message

@@ -74,7 +74,8 @@ class KeyorderCollector(Collector):
         resets = CounterMetricFamily(
             "keyorder_partition_offset_resets",
             "Times the partition's log was found reset below the committed offset (topic recreated or "
-            "truncated); consumption restarted at the new offset.",
+            "truncated), or truncated below what the pod had read (a newer leader epoch at an offset "
+            "already read); consumption restarted at the new offset.",
             labels=labels,
         )
         lanes = self.pool.lane_summary()
