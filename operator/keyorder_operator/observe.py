@@ -283,9 +283,10 @@ class AdminClients:
     """One confluent-kafka AdminClient per distinct Kafka configuration, shared by every resource that
     uses it, and destroyed when the last of them lets go.
 
-    An AdminClient costs about 1 MB and a few threads (librdkafka's main thread plus one per broker);
-    resources of one cluster with the same credentials usually have the same configuration, so 500
-    resources on one cluster hold one client, not 500. Thread-safe (kopf's handler pool).
+    An AdminClient costs about 1 MB and a few threads (librdkafka's main thread plus one per broker). The
+    operator no longer shares them between resources: each resource reads in a child process of its own
+    (``lag_reader``), which holds one ``KafkaLagSource`` and so one client; sharing applies where several
+    sources live in one process (tests, tools). Thread-safe.
     """
 
     def __init__(self) -> None:
