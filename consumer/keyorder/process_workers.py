@@ -375,7 +375,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
             if self.stopping:
                 outcomes.append(_Outcome(HANDED_BACK, delivery))
                 continue
-            handed_back = self._handed_back_if_revoked(delivery)
+            handed_back = self._handed_back_if_let_go(delivery)
             if handed_back is not None:
                 outcomes.append(handed_back)
             elif delivery.pending_dead_letter is not None:  # only the write is retried, here

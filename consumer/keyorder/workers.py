@@ -466,20 +466,20 @@ class _PoolBase:
         for outcome in outcomes:
             delivery = outcome.delivery
             # A revoke withdraws what is parked and waits only for what runs: a delivery whose partition
-            # was revoked while it ran goes back now (the new owner retries it), it is never parked.
+            # was revoked while it ran (or whose log was truncated below it) goes back now, never parked.
             if outcome.kind is PARKED:
-                if not delivery.partition.revoked:
+                if not delivery.let_go:
                     scheduler.park(delivery, outcome.due, outcome.blocked)
                     parked = True
                     continue
                 message = delivery.message  # revoked after its retry was logged: say what happens instead
                 log.info(
-                    "%s[%d]@%d: its partition was revoked before its retry was scheduled; handed back, "
-                    "its new owner runs it again", message.topic, message.partition, message.offset,
+                    "%s[%d]@%d: its partition was revoked (or its log truncated below it) before its retry "
+                    "was scheduled; handed back, not retried here", message.topic, message.partition, message.offset,
                 )  # fmt: skip
             scheduler.finished(delivery)
             self.completions.append((delivery, outcome.kind is FINISHED))
-            if outcome.kind is HANDED_BACK and not delivery.partition.revoked and not self.stopping:
+            if outcome.kind is HANDED_BACK and not delivery.let_go and not self.stopping:
                 self._give_up_key(delivery)
         if outcomes:
             self.completions.signal()
@@ -516,9 +516,10 @@ class _PoolBase:
             self._retired.absorb(worker.stats)
 
     # -- outside the lock: what a delivery's run means ---------------------------------------------------
-    def _handed_back_if_revoked(self, delivery: Delivery) -> _Outcome | None:
-        """Never start work of a partition being revoked: hand it back unprocessed (the new owner runs it)."""
-        return _Outcome(HANDED_BACK, delivery) if delivery.partition.revoked else None
+    def _handed_back_if_let_go(self, delivery: Delivery) -> _Outcome | None:
+        """Never start work the pod let go (a partition being revoked: the new owner runs it; a truncated
+        log: the new record at its offset runs): hand it back unprocessed."""
+        return _Outcome(HANDED_BACK, delivery) if delivery.let_go else None
 
     def _succeeded(self, worker: _Worker, delivery: Delivery, started: float) -> _Outcome:
         now = self.clock()
@@ -538,13 +539,16 @@ class _PoolBase:
 
         A failure in a partition revoked meanwhile is handed back, neither retried nor dead-lettered: the
         new owner runs it again under its own retry policy, and the revoke waits for no backoff. (A
-        revoke landing after this check is caught by ``_turn``, which never parks a revoked delivery.)"""
+        revoke landing after this check is caught by ``_turn``, which never parks a revoked delivery.) So
+        is a failure of a message whose log was truncated below it meanwhile: that record is gone from the
+        partition, and retrying it would block its key (in this partition and any other) for nothing."""
         stats = worker.stats
         stats.failed += 1
         message = delivery.message
-        if delivery.partition.revoked:
+        if delivery.let_go:
             log.info(
-                "handler failed on %s[%d]@%d after its partition was revoked; the new owner retries it: %s: %s",
+                "handler failed on %s[%d]@%d after its partition was revoked (or its log truncated below it); "
+                "handed back, not retried here: %s: %s",
                 message.topic, message.partition, message.offset, type(error).__name__, error,
             )  # fmt: skip
             return _Outcome(HANDED_BACK, delivery)
@@ -574,7 +578,7 @@ class _PoolBase:
     ) -> _Outcome:
         if publish_error is not None:
             message = delivery.message
-            if delivery.partition.revoked:  # revoked during the write: nothing to keep it for here
+            if delivery.let_go:  # revoked (or truncated) during the write: nothing to keep it for here
                 log.error(
                     "could not dead-letter %s[%d]@%d, and its partition was revoked meanwhile: handed back, "
                     "its new owner runs it again: %s",
@@ -730,8 +734,8 @@ class ThreadWorkerPool(_PoolBase):
             outcomes.append(outcome)
             if remaining and (outcome.kind is PARKED or self._withdrawals != withdrawals):
                 withdrawals = self._withdrawals
-                outcomes += [_Outcome(HANDED_BACK, taken) for taken in remaining if taken.partition.revoked]
-                remaining = deque(taken for taken in remaining if not taken.partition.revoked)
+                outcomes += [_Outcome(HANDED_BACK, taken) for taken in remaining if taken.let_go]
+                remaining = deque(taken for taken in remaining if not taken.let_go)
                 with self._condition:
                     parked = self._settle_outcomes(outcomes)
                     self._wake_others(self._scheduler.ready + parked)  # this worker runs on
@@ -739,7 +743,7 @@ class ThreadWorkerPool(_PoolBase):
         return outcomes
 
     def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
-        handed_back = self._handed_back_if_revoked(delivery)
+        handed_back = self._handed_back_if_let_go(delivery)
         if handed_back is not None:
             return handed_back
         if delivery.pending_dead_letter is not None:
@@ -897,7 +901,7 @@ class AsyncWorkerPool(_PoolBase):
                     self._idle.remove(future)
 
     async def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
-        handed_back = self._handed_back_if_revoked(delivery)
+        handed_back = self._handed_back_if_let_go(delivery)
         if handed_back is not None:
             return handed_back
         if delivery.pending_dead_letter is not None:

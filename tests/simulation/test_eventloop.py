@@ -13,6 +13,9 @@ from tests.simulation.scheduler import Simulation
 class _Partition:
     revoked = dropped = False
 
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
+        return self.revoked
+
 
 def _run(seed: int) -> tuple[list, list, Simulation]:
     simulation = Simulation(seed)
@@ -44,7 +47,7 @@ def _run(seed: int) -> tuple[list, list, Simulation]:
     def main() -> None:
         pool.start()
         messages = [Message("t", 0, offset, f"k{offset % 4}".encode(), b"", (), 0) for offset in range(30)]
-        pool.submit([Delivery(message, message.key, _Partition, simulation.now) for message in messages])
+        pool.submit([Delivery(message, message.key, _Partition(), simulation.now) for message in messages])
         while len(completions) < 30:
             completions.wait(30, 1.0)
         pool.stop(1.0)

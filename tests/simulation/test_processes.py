@@ -17,6 +17,9 @@ from tests.simulation.scheduler import Simulation
 class _Partition:
     revoked = dropped = False
 
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
+        return self.revoked
+
 
 def _load(handler: Any) -> tuple[Any, Lifecycle]:
     return handler, NO_HOOKS
@@ -53,7 +56,7 @@ def test_the_pool_runs_messages_through_the_real_child_code_and_stops_it() -> No
 
     def main() -> None:
         pool.start()
-        pool.submit([Delivery(message, message.key, _Partition, simulation.now) for message in _messages(0, 20)])
+        pool.submit([Delivery(message, message.key, _Partition(), simulation.now) for message in _messages(0, 20)])
         while len(completions) < 20:
             completions.wait(20, 1.0)
         pool.stop(1.0)
@@ -78,11 +81,11 @@ def test_a_process_killed_while_idle_does_not_make_the_next_batch_count_as_handl
 
     def main() -> None:
         pool.start()
-        pool.submit([Delivery(message, message.key, _Partition, simulation.now) for message in _messages(0, 1)])
+        pool.submit([Delivery(message, message.key, _Partition(), simulation.now) for message in _messages(0, 1)])
         while len(completions) < 1:
             completions.wait(1, 1.0)
         simulation.sleep(1.0)  # idle: the kill lands now
-        pool.submit([Delivery(message, message.key, _Partition, simulation.now) for message in _messages(1, 1)])
+        pool.submit([Delivery(message, message.key, _Partition(), simulation.now) for message in _messages(1, 1)])
         while len(completions) < 2:
             completions.wait(2, 1.0)
         pool.stop(1.0)

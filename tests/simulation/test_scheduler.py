@@ -12,6 +12,9 @@ from tests.simulation.scheduler import Simulation
 class _Partition:
     revoked = dropped = False
 
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
+        return self.revoked
+
 
 def _pool_run(seed: int) -> list[tuple[str, bytes, int, float]]:
     """A real ThreadWorkerPool of 3 workers running 40 messages of 4 keys under the simulation."""
@@ -29,7 +32,7 @@ def _pool_run(seed: int) -> list[tuple[str, bytes, int, float]]:
     def main() -> None:
         pool.start()
         messages = [Message("t", 0, offset, f"k{offset % 4}".encode(), b"", (), 0) for offset in range(40)]
-        pool.submit([Delivery(message, message.key, _Partition, simulation.now) for message in messages])
+        pool.submit([Delivery(message, message.key, _Partition(), simulation.now) for message in messages])
         while len(completions) < 40:
             completions.wait(40, 1.0)
         pool.stop(1.0)

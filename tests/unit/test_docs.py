@@ -49,6 +49,9 @@ class _Partition:
     id = ("t", 0)
     revoked = False
 
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
+        return self.revoked
+
 
 def _pool() -> ThreadWorkerPool:
     """A real pool, never started (no threads): 3 messages of a hot key, 1 of another, the min-offset

@@ -37,6 +37,9 @@ class FakeDeadLetters:
 class Partition:
     revoked = False
 
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
+        return self.revoked
+
 
 def deliveries(offsets, lane=b"k"):
     partition = Partition()

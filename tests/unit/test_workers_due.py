@@ -29,6 +29,9 @@ RETRY_SOON = RetryPolicy(max_attempts=3, initial_backoff=0.05, max_backoff=0.05)
 class Partition:
     revoked = False
 
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
+        return self.revoked
+
 
 class TwoLanesATurnThreads(ThreadWorkerPool):
     """Takes two lanes a turn, as a thread worker does once its handler is fast (``_take_limit``)."""

@@ -29,6 +29,9 @@ from tests.simulation.scheduler import Simulation
 class Partition:
     revoked = dropped = False
 
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
+        return self.revoked
+
 
 def _load(handler: Any) -> tuple[Any, Lifecycle]:
     return handler, NO_HOOKS

@@ -29,10 +29,13 @@ BLOCK_NOW = RetryPolicy(max_attempts=1, max_backoff=60.0, exhausted=ExhaustedPol
 
 
 class Partition:
-    """Stands in for the runtime's partition state: the pools read only ``revoked``."""
+    """Stands in for the runtime's partition state: the pools read only ``revoked`` (through ``lets_go``)."""
 
     def __init__(self) -> None:
         self.revoked = False
+
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
+        return self.revoked
 
 
 class FakeDeadLetters:

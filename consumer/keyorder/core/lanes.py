@@ -47,6 +47,14 @@ class Delivery:
         """Set when the handler gave up but the DLQ write failed: only the write is retried."""
 
     @property
+    def let_go(self) -> bool:
+        """Whether the pod has let this delivery go (its partition is being revoked, or the partition's log
+        was truncated below it: ``PartitionState.lets_go``): it is handed back, never started, retried,
+        parked or dead-lettered."""
+        message = self.message
+        return bool(self.partition.lets_go(message.offset, message.leader_epoch))
+
+    @property
     def lane_id(self) -> Hashable:
         """The scheduler's key for this delivery's lane: its lane, or the delivery itself if unordered."""
         return self.lane if self.lane is not None else id(self)

@@ -1,7 +1,7 @@
 """What a pod knows about one assigned partition: its offsets, receive times and hand-over flags.
 
 A plain record shared by the poll loop (which owns it), the committer and, read-only, the workers
-(which check ``revoked`` before starting a message). Pure data: no I/O, no clock.
+(which ask ``lets_go`` before starting, retrying or dead-lettering a message). Pure data: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -46,6 +46,14 @@ class PartitionState:
         """Messages finished (handled or dead-lettered) since the assignment."""
         self.skipped_counted = 0
         """``offsets.skipped`` already added to the pod's skipped total."""
+
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:
+        """Whether the pod has let the message at ``offset`` of ``leader_epoch`` go: its partition is being
+        revoked, or the partition's log was truncated below it since it was received
+        (``PartitionOffsets.is_stale``). Workers never start,
+        retry, park or dead-letter such a message: they hand it back (a new owner, or the new log's record
+        at its offset, is what runs)."""
+        return self.revoked or self.offsets.is_stale(offset, leader_epoch)
 
     @property
     def resets(self) -> int:

@@ -207,7 +207,7 @@ class PartitionOffsets:
 
     def is_stale(self, offset: int, leader_epoch: int | None) -> bool:
         """Whether a message at ``offset`` of ``leader_epoch`` belongs to a log truncated since it was received."""
-        if leader_epoch is None:
+        if leader_epoch is None or not self._truncations:
             return False
         return any(offset >= at and leader_epoch < epoch for at, epoch in self._truncations)
 
