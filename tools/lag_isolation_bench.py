@@ -7,8 +7,8 @@ one more resource whose lag is read by the operator's real reader from a hostile
 (``tests.unit.hostile_broker``):
 
 - ``none``: no hostile resource (the baseline);
-- ``abort``: a broker whose ApiVersions answer aborts librdkafka; read by ``lag_reader.IsolatedLagSource``
-  (the product's default, with its default deadline and back-off);
+- ``abort``: a broker whose ApiVersions answer aborts librdkafka; read by ``lag_reader.LagReaders``
+  (the product's default: the namespace's child process, with its default deadline and back-off);
 - ``silent``: a broker that accepts and never answers; the same reader;
 - ``in-process``: the ``abort`` broker read the old way, by ``observe.KafkaLagSource`` inside the operator.
 
@@ -45,11 +45,11 @@ def percentile(values: list[float], share: float) -> float:
 
 def reader_kib(source: Any) -> dict[str, int] | None:
     """A live reader child's memory from /proc (kB): RSS, PSS and private dirty pages; None without a child."""
-    reader = getattr(source, "_reader", None)
-    if reader is None:
+    pid = source.reader.pid
+    if pid is None:
         return None
     try:
-        rollup = Path(f"/proc/{reader.pid}/smaps_rollup").read_text()
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in rollup.splitlines()[1:])
@@ -61,7 +61,7 @@ def reader_kib(source: Any) -> dict[str, int] | None:
 
 def run_mode(mode: str, resources: int, seconds: float) -> dict[str, Any]:
     """One mode, in this process: the operator, the resources, the measurement."""
-    from keyorder_operator.lag_reader import IsolatedLagSource, LagReaderProcess
+    from keyorder_operator.lag_reader import IsolatedLagSource, LagReaderProcess, LagReaders
     from keyorder_operator.observe import KafkaLagSource, LagSource
     from tests.operator.harness import CR, last_poll_at, serve_emulator, wait_for
     from tests.operator.test_operator_deployable import condition, operator
@@ -72,9 +72,11 @@ def run_mode(mode: str, resources: int, seconds: float) -> dict[str, Any]:
     hostile_readers: list[IsolatedLagSource] = []
     reader_starts: list[float] = []  # wall clock, as the poll times
 
-    def start_reader(properties: Any, memory_bytes: int) -> LagReaderProcess:
+    def start_reader(memory_bytes: int) -> LagReaderProcess:
         reader_starts.append(time.time())
-        return LagReaderProcess(properties, memory_bytes)
+        return LagReaderProcess(memory_bytes)
+
+    readers = LagReaders(start_reader=start_reader)
 
     with hostile_broker(behaviour) as address, serve_emulator() as kube:
 
@@ -83,7 +85,7 @@ def run_mode(mode: str, resources: int, seconds: float) -> dict[str, Any]:
                 return EmptyTopic(properties)
             if mode == "in-process":
                 return KafkaLagSource(properties)
-            reader = IsolatedLagSource(properties, start_reader=start_reader)
+            reader = readers.source("hostile-tenant", properties)  # the hook gets no namespace: one of its own
             hostile_readers.append(reader)
             return reader
 
@@ -117,7 +119,7 @@ def run_mode(mode: str, resources: int, seconds: float) -> dict[str, Any]:
         "gap_p50": round(statistics.median(gaps), 3) if gaps else None,
         "gap_p95": round(percentile(gaps, 0.95), 3) if gaps else None,
         "gap_max": round(max(gaps), 3) if gaps else None,
-        "hostile_readers_started": sum(reader.started for reader in hostile_readers),
+        "hostile_readers_started": len(reader_starts),
         "gap_max_at_reader_start": round(max(near), 3) if near else None,
         "gap_max_elsewhere": round(max(elsewhere), 3) if elsewhere else None,
         "reader_memory_kib": next((memory for memory in reader_memory if memory), None),

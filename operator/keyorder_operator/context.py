@@ -1,7 +1,7 @@
 """What the operator's handlers need from the outside world, in one object the tests can assemble.
 
 The Kubernetes client, the Kafka lag sources (one per resource, replaced when its credentials
-change, each reading Kafka in a child process of its own: ``lag_reader``), the pod
+change; their Kafka reads run in one child process per namespace: ``lag_reader.LagReaders``), the pod
 admin calls, the clock, the metrics and the handler pool's size. The operator binary builds it from
 its flags; the tests build it around the API emulator and the real broker.
 """
@@ -23,7 +23,7 @@ from keyorder.config import ConfigError
 from keyorder_operator.builders import admin_secret_name, selector_labels
 from keyorder_operator.kafka_config import CredentialsError, operator_kafka_config, pods_drain_problem
 from keyorder_operator.kube import Kube
-from keyorder_operator.lag_reader import IsolatedLagSource
+from keyorder_operator.lag_reader import LagReaders
 from keyorder_operator.objects import AppliedObjects
 from keyorder_operator.observe import BoundedLagSource, LagSource, LagUnavailable
 from keyorder_operator.operator_metrics import OperatorMetrics
@@ -66,9 +66,11 @@ class OperatorContext:
 
     kube: Kube
     lag_source_for: Callable[[dict[str, str]], LagSource] | None = None
-    """Builds a resource's lag source from its Kafka configuration (default: a ``lag_reader.IsolatedLagSource``,
-    whose Kafka client runs in a child process of the resource's own: a tenant's broker cannot crash or hang
-    the operator)."""
+    """Builds a resource's lag source from its Kafka configuration (default: ``lag_readers``, whose Kafka
+    clients run in a child process per namespace: a tenant's broker cannot crash or hang the operator or
+    another namespace's reads)."""
+    lag_readers: LagReaders = field(default_factory=LagReaders)
+    """The namespaces' lag reader processes (``lag_reader``), used unless ``lag_source_for`` is given."""
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     """For durations (a poll's): never goes back when the wall clock is set."""
@@ -182,7 +184,9 @@ class OperatorContext:
 
     def lag_source(self, namespace: str, name: str, properties: dict[str, str]) -> LagSource:
         """The resource's lag source for ``properties``: one per resource, replaced (and the old one
-        closed) when its configuration changes, e.g. a rotated password. Raises ``LagUnavailable``."""
+        closed) when its configuration changes, e.g. a rotated password. The new one is built before the
+        old one is closed, so the namespace's reader process lives on for its other resources. Raises
+        ``LagUnavailable``."""
         wanted = tuple(sorted(properties.items()))
         with self._lag_sources_lock:
             current = self._lag_sources.get((namespace, name))
@@ -190,7 +194,7 @@ class OperatorContext:
                 return current[1]
             first, longest = self.lag_backoff_seconds
             source: LagSource = BoundedLagSource(
-                self._build_lag_source(properties),
+                self._build_lag_source(namespace, properties),
                 first_seconds=first,
                 longest_seconds=longest,
                 wait_seconds=self.lag_wait_seconds,
@@ -200,13 +204,14 @@ class OperatorContext:
             current[1].close()
         return source
 
-    def _build_lag_source(self, properties: dict[str, str]) -> LagSource:
+    def _build_lag_source(self, namespace: str, properties: dict[str, str]) -> LagSource:
         if self.lag_source_for is not None:
             return self.lag_source_for(properties)
-        return IsolatedLagSource(properties)
+        return self.lag_readers.source(namespace, properties)
 
     def forget_lag_source(self, namespace: str, name: str) -> None:
-        """Close a deleted resource's lag source (its Kafka connections)."""
+        """Close a deleted resource's lag source (its Kafka connections; the namespace's last one stops the
+        namespace's reader process)."""
         with self._lag_sources_lock:
             current = self._lag_sources.pop((namespace, name), None)
         if current is not None:

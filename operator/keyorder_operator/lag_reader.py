@@ -1,4 +1,4 @@
-"""Each resource's Kafka reads in a child process of its own, so a tenant's broker cannot take the operator down.
+"""Each tenant's Kafka reads in a child process of the tenant's own, so a tenant's broker cannot take the operator down.
 
 The operator reads every OrderedConsumer's lag with librdkafka, from the brokers the tenant names
 (``spec.kafka.bootstrapServers``) with the tenant's properties. librdkafka parses what those brokers answer
@@ -8,20 +8,33 @@ in C, and some answers abort it: an ApiVersions response whose array count is th
 non-NULL: SIGABRT. ``rd_kafka_buf_read_arraycnt`` (``src/rdkafka_buf.h``) lets -1 through. Inside the
 operator's process that is every tenant's autoscaling gone, on every restart (a crash loop).
 
-So a resource's ``sample`` runs in a child process (``LagReaderProcess``: a fresh interpreter that shares no
-threads, locks or memory with the operator), which keeps one ``observe.KafkaLagSource`` between
-samples. The parent sends a request and waits at most ``deadline_seconds`` for the answer; the child runs
-under an address-space limit (``RLIMIT_AS``). A child that dies (signal, exit code, out of memory) or does
-not answer in time is killed; the resource's sample fails with a ``LagUnavailable`` whose condition reason is
+So the reads run in child processes, one per tenant: per namespace (``LagReaders`` keeps one
+``NamespaceLagReader`` per namespace that has resources). A child (``LagReaderProcess``: a fresh interpreter
+that shares no threads, locks or memory with the operator) costs about 15 MB of private memory, so one per
+resource would not fit hundreds of resources in the operator's memory limit; one per namespace bounds what a
+tenant's broker can break to that tenant's resources. The child keeps one ``observe.KafkaLagSource`` per
+distinct Kafka configuration of the namespace's resources: the parent sends a configuration's properties
+once, when a resource first needs it in that child (through the pipe, never the command line or the
+environment, which ``/proc`` shows), then names it by a number; a configuration no resource uses any more (a
+deleted resource, a rotated password) is closed in the child, and a namespace without resources has no child.
+
+The parent sends one request at a time per child (kopf polls resources on different threads; their requests
+to one namespace's child are serialised) and waits at most ``deadline_seconds`` for the answer, counted from
+when the resource asked: the time a resource waits for the namespace's other requests counts toward its own
+deadline, so no resource's thread is held past its deadline by another's hung broker. The child runs under
+an address-space limit (``RLIMIT_AS``) and asks the kernel to pick it first when the container runs out of
+memory (``oom_score_adj``). A child that dies (signal, exit code, out of memory) or does not answer in time is
+killed; every resource of the namespace then fails with a ``LagUnavailable`` whose condition reason is
 ``LagReaderFailed`` and whose message names the exit code or signal and when the reader is started again.
-Restarts back off (``RestartBackoff``, pure, time as a parameter): a broker that crashes every reader costs
-one process start per back-off period, not one per poll. Every other resource has its own child and goes on
-being polled on time.
+Restarts back off (``RestartBackoff``, pure, time as a parameter, one per namespace): a broker that crashes
+every reader costs one process start per back-off period, not one per poll. Other namespaces have their own
+children and go on being polled on time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import multiprocessing.connection
 import os
@@ -34,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import Any
 
 from keyorder_operator.observe import LagSample, LagUnavailable
 
@@ -42,13 +55,14 @@ READER_FAILED = "LagReaderFailed"
 """The LagUnknown condition's reason when the reader process crashed, hung or ran out of memory."""
 
 DEADLINE_SECONDS = 30.0
-"""A sample's overall deadline: the child's client waits up to 5 s per request and a sample makes up to four
-in a row (topics, committed offsets, end offsets, start offsets), plus the child's start (about 0.5 s)."""
+"""A sample's overall deadline, counted from when the resource asked (its wait for the namespace's other requests
+included): the child's client waits up to 5 s per request and a sample makes up to four in a row (topics,
+committed offsets, end offsets, start offsets), plus the child's start (about 0.5 s)."""
 
 MEMORY_BYTES = 1 << 30
-"""The child's address-space limit (``RLIMIT_AS``): an idle client reserves about 190 MB of address space
-(interpreter, librdkafka's thread stacks and malloc arenas; measured ``VmPeak``), of which about 35 MB is
-resident, so this bounds a runaway allocation, not the ordinary client."""
+"""The child's address-space limit (``RLIMIT_AS``): a child with one idle client reserves about 190 MB of
+address space (interpreter, librdkafka's thread stacks and malloc arenas; measured ``VmPeak``), of which about
+35 MB is resident, so this bounds a runaway allocation, not the ordinary clients."""
 
 CLOSED = "the Kafka client was closed (the resource or its credentials changed)"
 
@@ -66,7 +80,7 @@ CHILD_REQUEST_TIMEOUT = 5.0
 
 @dataclass(frozen=True)
 class RestartBackoff:
-    """When a resource's reader may be started again after failures (pure: time is a parameter).
+    """When a namespace's reader may be started again after failures (pure: time is a parameter).
 
     The first failure waits ``first_seconds``, each further one in a row twice as long up to
     ``longest_seconds``; an answer (even ``LagUnavailable``, which is the child working) ends the back-off.
@@ -171,6 +185,8 @@ def answer_to_sample(data: bytes) -> LagSample | None:
 
 
 # --- the child -------------------------------------------------------------------------------------------
+# Requests, one JSON object each: {"do": "configure", "id": N, "properties": {...}} and {"do": "forget", "id": N}
+# get no answer; {"do": "sample", "id": N, "topics": [...], "group": "...", "now": T} gets exactly one.
 
 
 def limit_memory(memory_bytes: int) -> None:
@@ -178,21 +194,40 @@ def limit_memory(memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
 
+def prefer_for_oom_kill() -> None:
+    """Ask the kernel to kill this process first when the container runs out of memory (the operator then
+    reports the reader's death like any other crash). Raising one's own score needs no privilege."""
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as score:
+        score.write("1000")
+
+
 def serve(connection: multiprocessing.connection.Connection) -> None:
-    """The child's loop: the properties first, then a sample per request, until the parent is gone.
-    The properties come through the pipe, never the command line or the environment (``/proc`` shows those)."""
+    """The child's loop: a ``KafkaLagSource`` per configuration the parent sends, a sample per request, until
+    the parent is gone. The properties come through the pipe, never the command line or the environment
+    (``/proc`` shows those)."""
     from keyorder_operator.observe import KafkaLagSource
 
-    source = KafkaLagSource(json.loads(connection.recv_bytes()), timeout=CHILD_REQUEST_TIMEOUT)
+    sources: dict[int, KafkaLagSource] = {}
     try:
         while True:
             try:
                 request = json.loads(connection.recv_bytes())
             except EOFError:  # the parent closed the pipe, or died
                 return
-            topics, group, now = request["topics"], request["group"], request["now"]
+            number = request["id"]
+            if request["do"] == "configure":
+                sources[number] = KafkaLagSource(request["properties"], timeout=CHILD_REQUEST_TIMEOUT)
+                continue
+            if request["do"] == "forget":
+                forgotten = sources.pop(number, None)
+                if forgotten is not None:
+                    forgotten.close()
+                continue
             try:
-                answer = sample_to_answer(source.sample(topics, group, now))
+                source = sources.get(number)
+                if source is None:
+                    raise LagUnavailable(f"the lag reader was never sent configuration {number}")
+                answer = sample_to_answer(source.sample(request["topics"], request["group"], request["now"]))
             except LagUnavailable as error:
                 answer = {"unavailable": str(error), "reason": error.reason}
             except MemoryError:
@@ -201,12 +236,14 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
                 answer = {"unavailable": f"reading the lag failed: {error!r}"}
             connection.send_bytes(json.dumps(answer).encode())
     finally:
-        source.close()
+        for source in sources.values():
+            source.close()
 
 
 def main(argv: Sequence[str]) -> None:
     """``python -m keyorder_operator.lag_reader FD MEMORY_BYTES``: serve the pipe ``FD`` under the limit."""
     limit_memory(int(argv[1]))
+    prefer_for_oom_kill()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the operator's to handle; EOF ends us
     serve(multiprocessing.connection.Connection(int(argv[0])))
 
@@ -216,11 +253,11 @@ def main(argv: Sequence[str]) -> None:
 
 class LagReaderProcess:
     """One live child (``python -m keyorder_operator.lag_reader``, a fresh interpreter that shares no thread,
-    lock or memory with the operator) and its pipe; the parent's side, not thread-safe (``IsolatedLagSource``
-    locks). A subprocess rather than multiprocessing's ``spawn``, which would re-import the operator's main
-    module in the child."""
+    lock or memory with the operator) and its pipe; the parent's side, not thread-safe (``NamespaceLagReader``
+    sends one request at a time). A subprocess rather than multiprocessing's ``spawn``, which would re-import
+    the operator's main module in the child."""
 
-    def __init__(self, properties: Mapping[str, str], memory_bytes: int) -> None:
+    def __init__(self, memory_bytes: int) -> None:
         ours, theirs = socket.socketpair()
         environment = {**os.environ, "MALLOC_ARENA_MAX": "2"}  # fewer reserved arenas under RLIMIT_AS
         try:
@@ -238,25 +275,44 @@ class LagReaderProcess:
         finally:
             theirs.close()
         self.connection = multiprocessing.connection.Connection(ours.detach())
-        with contextlib.suppress(OSError):  # the child is already gone: the first ``ask`` reports how it ended
-            self.connection.send_bytes(json.dumps(dict(properties)).encode())
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    def ask(self, topics: Sequence[str], group: str, now: float, deadline_seconds: float) -> LagSample | str:
-        """The child's sample (``LagUnavailable`` for its own answer that there is none), or how it failed:
-        it died, answered something that is not an answer, or did not answer in time (it is then killed)."""
+    def forget(self, numbers: Sequence[int]) -> None:
+        """Tell the child to close these configurations' clients (raises ``OSError`` if it is gone)."""
+        for number in numbers:
+            self.connection.send_bytes(json.dumps({"do": "forget", "id": number}).encode())
+
+    def ask(
+        self,
+        number: int,
+        topics: Sequence[str],
+        group: str,
+        now: float,
+        deadline_seconds: float,
+        properties: Mapping[str, str] | None = None,
+        forget: Sequence[int] = (),
+    ) -> LagSample | str:
+        """Configuration ``number``'s sample (``LagUnavailable`` for the child's own answer that there is none),
+        or how the child failed: it died, answered something that is not an answer, or did not answer in time
+        (it is then killed). ``properties``: the configuration's, sent first if the child does not have them
+        yet; ``forget``: configurations to close first."""
         try:
-            self.connection.send_bytes(json.dumps({"topics": list(topics), "group": group, "now": now}).encode())
+            self.forget(forget)
+            if properties is not None:
+                configure = {"do": "configure", "id": number, "properties": dict(properties)}
+                self.connection.send_bytes(json.dumps(configure).encode())
+            request = {"do": "sample", "id": number, "topics": list(topics), "group": group, "now": now}
+            self.connection.send_bytes(json.dumps(request).encode())
             if self.connection.poll(deadline_seconds):
                 answer = answer_to_sample(self.connection.recv_bytes(MAX_ANSWER_BYTES))
                 if answer is not None:
                     return answer
                 cause = "answered something that is not a lag sample and was killed"
             else:
-                cause = f"did not answer within {deadline_seconds:g} s and was killed"
+                cause = f"did not answer within {deadline_seconds:.2g} s and was killed"
         except (EOFError, OSError):  # the pipe closed (the child died), or an answer over MAX_ANSWER_BYTES
             try:
                 self.process.wait(2.0)
@@ -275,44 +331,141 @@ class LagReaderProcess:
         self.connection.close()
 
 
-class IsolatedLagSource:
-    """A ``LagSource`` whose Kafka reads run in a child process of its own (see the module docstring).
+@dataclass
+class Configuration:
+    """One distinct Kafka configuration of a namespace's resources: its properties and how many resources use it."""
 
-    The child is started at the first ``sample`` and kept while it answers. ``clock`` is the monotonic clock
-    the restart back-off counts on (the poll's ``now`` is wall-clock time, which may jump).
+    key: tuple[tuple[str, str], ...]
+    properties: dict[str, str]
+    users: int = 0
+
+
+class NamespaceLagReader:
+    """One namespace's reader child and the Kafka configurations its resources use (see the module docstring).
+
+    The child is started at the first sample and kept while it answers; after a failure the next one starts
+    once the namespace's ``RestartBackoff`` allows. Requests go one at a time (``_turn``); a resource waits for
+    its turn at most what is left of its deadline. ``clock`` is the monotonic clock the restart back-off
+    counts on (the poll's ``now`` is wall-clock time, which may jump); the deadline is waited on the real
+    monotonic clock, since it bounds real waits on a pipe and a lock.
     """
 
     def __init__(
         self,
-        properties: Mapping[str, str],
+        namespace: str,
         deadline_seconds: float = DEADLINE_SECONDS,
         memory_bytes: int = MEMORY_BYTES,
         backoff: RestartBackoff | None = None,
         clock: Callable[[], float] = time.monotonic,
-        start_reader: Callable[[Mapping[str, str], int], LagReaderProcess] = LagReaderProcess,
+        start_reader: Callable[[int], LagReaderProcess] = LagReaderProcess,
     ) -> None:
-        self._properties = dict(properties)
+        self.namespace = namespace
         self.deadline_seconds, self.memory_bytes = deadline_seconds, memory_bytes
         self.backoff = backoff or RestartBackoff()
         self._clock = clock
         self._start_reader = start_reader
+        self._configurations: dict[int, Configuration] = {}
+        self._numbers: dict[tuple[tuple[str, str], ...], int] = {}
+        self._next_number = itertools.count(1)
         self._reader: LagReaderProcess | None = None
+        self._sent: set[int] = set()
+        """Configurations the live child holds."""
+        self._released: set[int] = set()
+        """Configurations no resource uses any more that the live child still holds (closed at the next request)."""
         self._closed = False
-        self._sampling = threading.Lock()
-        """One sample at a time (``BoundedLagSource`` asks one at a time anyway)."""
+        self._turn = threading.Lock()
+        """One request to the child at a time."""
         self._state = threading.Lock()
-        """Guards ``_reader`` and ``_closed``, never held while waiting: ``close`` does not wait for a sample."""
+        """Guards the fields above, never held while waiting: ``close`` does not wait for a sample."""
         self.started = 0
         """Readers started so far (for tests and measurements)."""
 
-    def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
-        with self._sampling:
+    @property
+    def pid(self) -> int | None:
+        """The live child's process id (None before the first sample, after a failure and after ``close``)."""
+        with self._state:
+            return self._reader.pid if self._reader is not None else None
+
+    @property
+    def configurations(self) -> int:
+        """Distinct configurations in use."""
+        with self._state:
+            return len(self._configurations)
+
+    def register(self, properties: Mapping[str, str]) -> int:
+        """One more resource uses ``properties``: the configuration's number (the same for the same properties)."""
+        key = tuple(sorted(properties.items()))
+        with self._state:
+            number = self._numbers.get(key)
+            if number is None:
+                number = self._numbers[key] = next(self._next_number)
+                self._configurations[number] = Configuration(key, dict(properties))
+            self._configurations[number].users += 1
+            return number
+
+    def release(self, number: int) -> int:
+        """One resource fewer uses configuration ``number`` (the last one closes it); returns the configurations
+        left. The child is told at once if it is idle, else with the next request."""
+        with self._state:
+            configuration = self._configurations.get(number)
+            if configuration is not None:
+                configuration.users -= 1
+                if configuration.users <= 0:
+                    del self._configurations[number], self._numbers[configuration.key]
+                    if number in self._sent:
+                        self._released.add(number)
+            left = len(self._configurations)
+        if left and self._turn.acquire(blocking=False):
+            try:
+                reader, released = self._take_released()
+                if reader is not None and released:
+                    with contextlib.suppress(OSError):  # the child is gone: the next sample says how it ended
+                        reader.forget(released)
+            finally:
+                self._turn.release()
+        return left
+
+    def _take_released(self) -> tuple[LagReaderProcess | None, list[int]]:
+        """The live child and the configurations to close in it, no longer counted as sent (the turn is held)."""
+        with self._state:
+            released = sorted(self._released & self._sent)
+            self._released.clear()
+            self._sent.difference_update(released)
+            return self._reader, released
+
+    def _busy(self) -> LagUnavailable:
+        why = (
+            f"the lag reader process of namespace {self.namespace} was busy with other resources' requests for "
+            f"this resource's whole {self.deadline_seconds:g} s deadline"
+        )
+        return LagUnavailable(why, condition=READER_FAILED)
+
+    def sample(self, number: int, topics: Sequence[str], group: str, now: float) -> LagSample:
+        """Configuration ``number``'s sample; ``LagUnavailable`` (``LagReaderFailed`` when the child failed, was
+        busy for the whole deadline or is backing off)."""
+        asked = time.monotonic()
+        if not self._turn.acquire(timeout=self.deadline_seconds):
+            raise self._busy()
+        try:
+            with self._state:
+                if self._closed or number not in self._configurations:
+                    raise LagUnavailable(CLOSED)
             moment = self._clock()
             if self.backoff.waiting(moment) > 0:
                 raise reader_failure(self.backoff.cause, self.backoff, moment)
+            remaining = self.deadline_seconds - (time.monotonic() - asked)
+            if remaining <= 0:
+                raise self._busy()
             reader = self._running_reader()
+            _, released = self._take_released()
+            with self._state:
+                configuration = self._configurations.get(number)
+                if configuration is None:
+                    raise LagUnavailable(CLOSED)
+                properties = None if number in self._sent else configuration.properties
+                self._sent.add(number)
             try:
-                answer = reader.ask(topics, group, now, self.deadline_seconds)
+                answer = reader.ask(number, topics, group, now, remaining, properties, released)
             except LagUnavailable:  # the child's own answer: it works
                 self.backoff = self.backoff.succeeded()
                 raise
@@ -321,43 +474,142 @@ class IsolatedLagSource:
                     closed = self._closed
                     if self._reader is reader:
                         self._reader = None
+                        self._sent.clear()
+                        self._released.clear()
                 if closed:  # killed by ``close``: not the tenant's broker's doing
                     raise LagUnavailable(CLOSED)
-                return self._failed(answer)
+                moment = self._clock()
+                self.backoff = self.backoff.failed(answer, moment)
+                raise reader_failure(answer, self.backoff, moment)
             self.backoff = self.backoff.succeeded()
             return answer
+        finally:
+            self._turn.release()
 
     def _running_reader(self) -> LagReaderProcess:
-        """The live child, started if there is none (the sampling lock is held)."""
+        """The live child, started if there is none (the turn is held)."""
         with self._state:
             if self._closed:
                 raise LagUnavailable(CLOSED)
             if self._reader is not None:
                 return self._reader
         try:
-            reader = self._start_reader(self._properties, self.memory_bytes)
+            reader = self._start_reader(self.memory_bytes)
         except OSError as error:  # no process could be started: a failure like a crash
-            self._failed(f"could not be started: {error}")
+            moment = self._clock()
+            self.backoff = self.backoff.failed(f"could not be started: {error}", moment)
+            raise reader_failure(self.backoff.cause, self.backoff, moment) from None
         self.started += 1
         with self._state:
             if not self._closed:
                 self._reader = reader
+                self._sent.clear()
+                self._released.clear()
                 return reader
         reader.kill()
         raise LagUnavailable(CLOSED)
 
-    def _failed(self, cause: str) -> NoReturn:
-        moment = self._clock()
-        self.backoff = self.backoff.failed(cause, moment)
-        raise reader_failure(cause, self.backoff, moment)
-
     def close(self) -> None:
-        """Stop the child (a sample waiting on it ends at once)."""
+        """Stop the child (a sample waiting on it ends at once); the namespace has no resource left."""
         with self._state:
             self._closed = True
             reader, self._reader = self._reader, None
         if reader is not None:
             reader.kill()
+
+
+class IsolatedLagSource:
+    """A resource's ``LagSource``: its Kafka configuration in its namespace's reader (``LagReaders.source``).
+    ``close`` gives the configuration back (the last resource of a namespace stops its child)."""
+
+    def __init__(
+        self,
+        reader: NamespaceLagReader,
+        configuration: int,
+        release: Callable[[NamespaceLagReader, int], None],
+    ) -> None:
+        self.reader, self.configuration = reader, configuration
+        self._release = release
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def started(self) -> int:
+        """Readers the namespace started so far."""
+        return self.reader.started
+
+    @property
+    def backoff(self) -> RestartBackoff:
+        """The namespace's restart back-off."""
+        return self.reader.backoff
+
+    def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
+        with self._lock:
+            if self._closed:
+                raise LagUnavailable(CLOSED)
+        return self.reader.sample(self.configuration, topics, group, now)
+
+    def close(self) -> None:
+        with self._lock:
+            closed, self._closed = self._closed, True
+        if not closed:
+            self._release(self.reader, self.configuration)
+
+
+class LagReaders:
+    """The operator's lag readers: one ``NamespaceLagReader`` (one child) per namespace with resources, built at
+    a namespace's first resource and stopped with its last. Thread-safe."""
+
+    def __init__(
+        self,
+        deadline_seconds: float = DEADLINE_SECONDS,
+        memory_bytes: int = MEMORY_BYTES,
+        backoff: RestartBackoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        start_reader: Callable[[int], LagReaderProcess] = LagReaderProcess,
+    ) -> None:
+        self.deadline_seconds, self.memory_bytes = deadline_seconds, memory_bytes
+        self.backoff = backoff or RestartBackoff()
+        """Each namespace's back-off starts from this one (its periods; no failures)."""
+        self._clock = clock
+        self._start_reader = start_reader
+        self._lock = threading.Lock()
+        self._namespaces: dict[str, NamespaceLagReader] = {}
+
+    def source(self, namespace: str, properties: Mapping[str, str]) -> IsolatedLagSource:
+        """A resource's lag source for ``properties`` in ``namespace``'s reader; close it when the resource is
+        deleted or its configuration changes."""
+        with self._lock:
+            reader = self._namespaces.get(namespace)
+            if reader is None:
+                reader = self._namespaces[namespace] = NamespaceLagReader(
+                    namespace,
+                    self.deadline_seconds,
+                    self.memory_bytes,
+                    self.backoff.succeeded(),
+                    self._clock,
+                    self._start_reader,
+                )
+            number = reader.register(properties)
+        return IsolatedLagSource(reader, number, self._release)
+
+    def _release(self, reader: NamespaceLagReader, number: int) -> None:
+        with self._lock:
+            left = reader.release(number)
+            if not left and self._namespaces.get(reader.namespace) is reader:
+                del self._namespaces[reader.namespace]
+        if not left:
+            reader.close()
+
+    def reader(self, namespace: str) -> NamespaceLagReader | None:
+        """The namespace's reader (None: no resource of it has a lag source)."""
+        with self._lock:
+            return self._namespaces.get(namespace)
+
+    def __len__(self) -> int:
+        """Namespaces with a reader."""
+        with self._lock:
+            return len(self._namespaces)
 
 
 if __name__ == "__main__":

@@ -260,8 +260,7 @@ def observation_from(
 
 CONSUMER_ONLY = frozenset({"auto.offset.reset", "max.poll.interval.ms"})
 """Properties a lag sample (or the operator's drain check) reads but an admin client does not use
-(``kafka_config.READ_NOT_PASSED``): never given to the client, and resources that differ only in these
-share one client."""
+(``kafka_config.READ_NOT_PASSED``): never given to the client."""
 
 
 def redact(message: str, properties: Mapping[str, str]) -> str:
@@ -279,99 +278,50 @@ def describe_kafka_error(error: BaseException, properties: Mapping[str, str]) ->
     return redact(text, properties)
 
 
-class AdminClients:
-    """One confluent-kafka AdminClient per distinct Kafka configuration, shared by every resource that
-    uses it, and destroyed when the last of them lets go.
+class KafkaLagSource:
+    """Reads offsets for one Kafka configuration with an AdminClient of its own, built at the first sample.
 
-    An AdminClient costs about 1 MB and a few threads (librdkafka's main thread plus one per broker). The
-    operator no longer shares them between resources: each resource reads in a child process of its own
-    (``lag_reader``), which holds one ``KafkaLagSource`` and so one client; sharing applies where several
-    sources live in one process (tests, tools). Thread-safe.
+    In the operator it lives in a namespace's lag reader process (``lag_reader``), one per distinct
+    configuration of the namespace's resources, so resources that share a configuration share its client.
+    Every failure, building the client included (a bad property, a wrong PEM), is a ``LagUnavailable``
+    whose message carries no property value. Metadata requests name only the asked topics. ``close``
+    drops the client (librdkafka destroys it once no call uses it); a closed source refuses to sample.
+    Thread-safety: ``sample`` and ``close`` may run on different threads.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, properties: Mapping[str, str], timeout: float = 5.0) -> None:
+        self._properties = dict(properties)
+        self._timeout = timeout
         self._lock = threading.Lock()
-        self._clients: dict[tuple[tuple[str, str], ...], tuple[AdminClient | None, int]] = {}
+        self._admin: AdminClient | None = None
+        self._closed = False
 
-    @staticmethod
-    def key(properties: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-        return tuple(sorted((name, value) for name, value in properties.items() if name not in CONSUMER_ONLY))
-
-    def acquire(self, properties: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-        """Count one more user of this configuration's client (built on first use); returns its key."""
-        key = self.key(properties)
-        with self._lock:
-            client, users = self._clients.get(key, (None, 0))
-            self._clients[key] = (client, users + 1)
-        return key
-
-    def client(self, key: tuple[tuple[str, str], ...]) -> AdminClient:
-        """The shared client of an acquired configuration; ``LagUnavailable`` if it cannot be built."""
+    def _client(self) -> AdminClient:
+        """The client, built on first use; ``LagUnavailable`` if it cannot be built or the source is closed.
+        Kept referenced here: an unreferenced AdminClient can hang a call."""
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         with self._lock:
-            if key not in self._clients:
+            if self._closed:
                 raise LagUnavailable("the Kafka client was closed (the resource or its credentials changed)")
-            client, users = self._clients[key]
-            if client is None:  # kept referenced here: an unreferenced AdminClient can hang a call
-                properties = dict(key)
+            if self._admin is None:
+                passed: dict[str, str | int | float | bool] = {
+                    name: value for name, value in self._properties.items() if name not in CONSUMER_ONLY
+                }
                 try:
-                    client = AdminClient({**properties}, logger=logging.getLogger("keyorder.librdkafka"))
+                    self._admin = AdminClient(passed, logger=logging.getLogger("keyorder.librdkafka"))
                 except (KafkaException, ValueError, TypeError) as error:
-                    reason = describe_kafka_error(error, properties)
+                    reason = describe_kafka_error(error, self._properties)
                     raise LagUnavailable(f"the Kafka client could not be built: {reason}") from None
-                self._clients[key] = (client, users)
-            return client
-
-    def release(self, key: tuple[tuple[str, str], ...]) -> None:
-        """One user fewer; the last one drops the client (librdkafka destroys it once no call uses it)."""
-        with self._lock:
-            client, users = self._clients.get(key, (None, 0))
-            if users <= 1:
-                self._clients.pop(key, None)
-            else:
-                self._clients[key] = (client, users - 1)
-
-    def __len__(self) -> int:
-        """Distinct configurations in use (for tests and the operator's metrics)."""
-        with self._lock:
-            return len(self._clients)
-
-
-class KafkaLagSource:
-    """Reads offsets for one resource with the AdminClient its configuration shares (``AdminClients``).
-
-    Every failure, building the client included (a bad property, a wrong PEM), is a ``LagUnavailable``
-    whose message carries no property value. Metadata requests name only the resource's topics. The
-    owner calls ``close`` when the resource or its credentials change: its share of the client is given
-    back. Thread-safety: ``sample`` and ``close`` may run on different threads (kopf's handler pool).
-    """
-
-    def __init__(
-        self, properties: Mapping[str, str], timeout: float = 5.0, clients: AdminClients | None = None
-    ) -> None:
-        self._properties = dict(properties)
-        self._timeout = timeout
-        self._clients = clients if clients is not None else AdminClients()
-        self._key: tuple[tuple[str, str], ...] | None = self._clients.acquire(self._properties)
-        self._lock = threading.Lock()
-
-    def _client(self) -> AdminClient:
-        with self._lock:
-            key = self._key
-        if key is None:
-            raise LagUnavailable("the Kafka client was closed (the resource or its credentials changed)")
-        return self._clients.client(key)
+            return self._admin
 
     def _describe(self, error: BaseException) -> str:
         return describe_kafka_error(error, self._properties)
 
     def close(self) -> None:
         with self._lock:
-            key, self._key = self._key, None
-        if key is not None:
-            self._clients.release(key)
+            self._closed, self._admin = True, None
 
     def sample(self, topics: Sequence[str], group: str, now: float) -> LagSample:
         from confluent_kafka import (

@@ -70,36 +70,42 @@ def test_the_log_start_is_asked_only_for_partitions_the_group_has_not_committed(
         consumer.close()
 
 
-def test_a_resources_reader_process_reads_the_same_lag_beside_one_a_hostile_broker_killed(broker):
-    """Issue 37 finding 1: the operator's default lag source (``lag_reader.IsolatedLagSource``) reads a real
-    broker's lag in a child process, exactly as ``KafkaLagSource`` does in-process, while another resource's
-    reader, pointed at a broker that aborts librdkafka (``tests.unit.hostile_broker``), is killed: that
-    resource alone says ``LagReaderFailed``, and the healthy one is sampled again with the same child."""
-    from keyorder_operator.lag_reader import READER_FAILED, IsolatedLagSource
+def test_a_namespaces_reader_process_reads_the_same_lag_beside_one_a_hostile_broker_killed(broker):
+    """Issue 37 finding 1: the operator's default lag sources (``lag_reader.LagReaders``) read a real broker's
+    lag in a child process per namespace, exactly as ``KafkaLagSource`` does in-process, while another
+    namespace's child, whose resource points at a broker that aborts librdkafka (``tests.unit.hostile_broker``),
+    is killed: that namespace alone says ``LagReaderFailed``, and the healthy namespace's two resources are
+    sampled again by the same child."""
+    from keyorder_operator.lag_reader import READER_FAILED, LagReaders
     from tests.unit.hostile_broker import hostile_broker
 
     create_topics(broker.bootstrap, ["lag-isolated"], 3)
     produced = produce_keyed(broker.bootstrap, "lag-isolated", 120, 12, extra_config={"batch.num.messages": 1})
     in_process = KafkaLagSource({"bootstrap.servers": broker.bootstrap})
-    healthy = IsolatedLagSource({"bootstrap.servers": broker.bootstrap})
+    readers = LagReaders()
+    healthy = readers.source("team-a", {"bootstrap.servers": broker.bootstrap})
+    neighbour = readers.source("team-a", {"bootstrap.servers": broker.bootstrap, "client.id": "neighbour"})
     try:
         expected = in_process.sample(["lag-isolated"], "lag-i", 1.0)
         with hostile_broker("abort") as address:
-            hostile = IsolatedLagSource({"bootstrap.servers": address})
+            hostile = readers.source("team-b", {"bootstrap.servers": address})
             try:
                 first = healthy.sample(["lag-isolated"], "lag-i", 1.0)
+                pid = healthy.reader.pid
                 with pytest.raises(LagUnavailable) as error:
                     hostile.sample(["orders"], "orders", 1.0)
                 second = healthy.sample(["lag-isolated"], "lag-i", 2.0)
+                other = neighbour.sample(["lag-isolated"], "lag-i", 2.0)
             finally:
                 hostile.close()
         assert error.value.condition == READER_FAILED and "SIGABRT" in error.value.reason, error.value.reason
         assert first == expected and first.lag == produced.total
-        assert second.lag == produced.total and second.at == 2.0
-        assert healthy.started == 1  # the same child answered both
+        assert second.lag == produced.total and second.at == 2.0 and other == second
+        assert healthy.started == 1 and healthy.reader.pid == pid  # the same child answered all of team-a
         with pytest.raises(LagUnavailable, match="topic 'lag-missing' not found") as missing:
             healthy.sample(["lag-isolated", "lag-missing"], "lag-i", 3.0)
         assert missing.value.condition == "LagUnavailable" and healthy.backoff.failures == 0
     finally:
         healthy.close()
+        neighbour.close()
         in_process.close()

@@ -2,7 +2,7 @@
 
 The API emulator holds three OrderedConsumers. ``hostile`` points at a broker that aborts librdkafka
 (``tests.unit.hostile_broker``: 21 bytes answering ApiVersions) and is read by the operator's real lag
-reader (``lag_reader.IsolatedLagSource``, a child process); the two others read an empty topic
+reader (``lag_reader.LagReaders``: the namespace's child process); the two others read an empty topic
 (``EmptyTopic``, a stand-in: the reader's Kafka side is tested against Tansu in
 tests/integration/test_lag_source_kafka.py). Before, the abort took the operator's process down (here: the
 test process); now ``hostile`` says ``LagUnknown`` with the reason ``LagReaderFailed`` (the signal and the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder_operator.lag_reader import READER_FAILED, IsolatedLagSource, RestartBackoff
+from keyorder_operator.lag_reader import READER_FAILED, IsolatedLagSource, LagReaders, RestartBackoff
 from keyorder_operator.observe import LagSource
 from tests.operator.harness import CR, wait_for, wait_for_polls
 from tests.operator.test_operator_deployable import condition, events, operator
@@ -30,11 +30,13 @@ class Readers:
     def __init__(self, hostile_address: str) -> None:
         self.hostile_address = hostile_address
         self.hostile: list[IsolatedLagSource] = []
+        # a short first back-off, so the test sees a restart (the product's is 5 s, doubling to 300 s)
+        self.readers = LagReaders(backoff=RestartBackoff(first_seconds=1.0, longest_seconds=2.0))
 
     def __call__(self, properties: dict[str, str]) -> LagSource:
         if properties.get("bootstrap.servers") == self.hostile_address:
-            # a short first back-off, so the test sees a restart (the product's is 5 s, doubling to 300 s)
-            source = IsolatedLagSource(properties, backoff=RestartBackoff(first_seconds=1.0, longest_seconds=2.0))
+            # the hook gets no namespace: the hostile resource's reader is the one of a namespace of its own
+            source = self.readers.source("hostile-tenant", properties)
             self.hostile.append(source)
             return source
         return EmptyTopic(properties)

@@ -3,9 +3,10 @@
 A hostile broker (``tests.unit.hostile_broker``: 21 bytes answering ApiVersions, which librdkafka's
 ``rd_kafka_handle_ApiVersion`` turns into ``rd_malloc`` of a negative size and an assertion: SIGABRT) aborted
 the whole operator, since each resource's lag was read with librdkafka inside the operator's process. Now the
-read runs in a child process per resource: the child dies, the resource's sample fails with
-``LagReaderFailed`` naming the signal and the back-off, and the operator (here: the test process, and another
-resource's reader) goes on. A broker that never answers costs the sample's deadline, then the child is killed.
+reads run in a child process per namespace (``LagReaders``): the child dies, the namespace's resources' samples
+fail with ``LagReaderFailed`` naming the signal and the back-off, and the operator (here: the test process, and
+another namespace's reader) goes on. A broker that never answers costs the sample's deadline, then the child is
+killed. Resources of one namespace share its child; a namespace's last resource gone, its child exits.
 
 No Kafka broker here: the healthy side is tested against Tansu in tests/integration/test_lag_source_kafka.py.
 """
@@ -20,6 +21,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,7 @@ from keyorder_operator.lag_reader import (
     READER_FAILED,
     IsolatedLagSource,
     LagReaderProcess,
+    LagReaders,
     RestartBackoff,
     answer_to_sample,
     exit_cause,
@@ -39,6 +42,11 @@ from tests.unit.hostile_broker import hostile_broker
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def tenant_source(address: str, **readers: Any) -> IsolatedLagSource:
+    """A resource's source in namespace ``tenant`` of a ``LagReaders`` of its own (``readers``: its options)."""
+    return LagReaders(**readers).source("tenant", {"bootstrap.servers": address})
 
 
 def failure(source: IsolatedLagSource, topics: list[str] | None = None) -> LagUnavailable:
@@ -104,7 +112,7 @@ def test_what_crosses_the_pipe_is_json_read_strictly_never_a_pickle():
 def test_a_hostile_broker_kills_the_resources_reader_not_the_operator():
     clock = FakeClock(1000.0)
     with hostile_broker("abort") as address:
-        source = IsolatedLagSource({"bootstrap.servers": address}, deadline_seconds=60, clock=clock)
+        source = tenant_source(address, deadline_seconds=60, clock=clock)
         try:
             error = failure(source)
             assert error.condition == READER_FAILED
@@ -127,13 +135,13 @@ def test_a_broker_that_never_answers_costs_the_deadline_then_the_reader_is_kille
     """The child's client waits 5 s per request; the sample's overall deadline (here 1 s) is what bounds it."""
     started_readers: list[LagReaderProcess] = []
 
-    def start(properties, memory_bytes):
-        reader = LagReaderProcess(properties, memory_bytes)
+    def start(memory_bytes):
+        reader = LagReaderProcess(memory_bytes)
         started_readers.append(reader)
         return reader
 
     with hostile_broker("silent") as address:
-        source = IsolatedLagSource({"bootstrap.servers": address}, deadline_seconds=1.0, start_reader=start)
+        source = tenant_source(address, deadline_seconds=1.0, start_reader=start)
         try:
             asked = time.monotonic()
             error = failure(source)
@@ -152,7 +160,7 @@ def test_a_reader_over_its_memory_limit_fails_alone():
     (``rd_kafka_recv``); under a 160 MiB limit the allocation fails and the reader dies, which is reported like
     any other crash, and the test process, which owns the reader, is untouched."""
     with hostile_broker("bloat") as address:
-        source = IsolatedLagSource({"bootstrap.servers": address}, deadline_seconds=30, memory_bytes=160 << 20)
+        source = tenant_source(address, deadline_seconds=30, memory_bytes=160 << 20)
         try:
             error = failure(source)
         finally:
@@ -167,7 +175,7 @@ def test_close_ends_a_sample_waiting_on_its_reader_at_once():
     import threading
 
     with hostile_broker("silent") as address:
-        source = IsolatedLagSource({"bootstrap.servers": address}, deadline_seconds=60)
+        source = tenant_source(address, deadline_seconds=60)
         outcome: list[LagUnavailable] = []
 
         def sample() -> None:
@@ -230,3 +238,160 @@ def test_the_operators_lag_path_survives_a_hostile_broker():
     assert run.returncode == 0, f"the operator's process ended with {run.returncode}: {run.stderr[-2000:]}"
     assert f"LagUnknown {READER_FAILED} the lag reader process was killed by SIGABRT" in run.stdout, run.stdout
     assert run.stdout.rstrip().endswith("operator still running"), run.stdout
+
+
+# --- one child per namespace (tenant) ---------------------------------------------------------------------
+
+
+def quick(client_id: str) -> dict[str, str]:
+    """A configuration the child answers at once without a broker (its client cannot be built): the child's
+    own answer, so the child works and stays; ``client_id`` makes configurations distinct."""
+    return {"bootstrap.servers": "127.0.0.1:9", "security.protocol": "NOT-A-PROTOCOL", "client.id": client_id}
+
+
+def answered(source: Any) -> None:
+    """The child answered (its own "unavailable"): not a reader failure."""
+    error = failure(source)
+    assert error.condition == "LagUnavailable" and "could not be built" in error.reason, error.reason
+
+
+def reader_children() -> set[int]:
+    """The live lag reader processes this test process started, from /proc (whatever shape the readers have)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(parent) == os.getpid() and state != "Z" and b"keyorder_operator.lag_reader" in command:
+            found.add(int(entry.name))
+    return found
+
+
+def lag_source(context: Any, namespace: str, name: str, properties: dict[str, str]) -> IsolatedLagSource:
+    """The resource's source as the poll gets it (``OperatorContext.lag_source``), without the poll's own
+    back-off around it (``BoundedLagSource``), so that each sample here reaches the reader."""
+    return context.lag_source(namespace, name, properties).inner
+
+
+@pytest.fixture
+def context():
+    from keyorder_operator.context import OperatorContext
+
+    context = OperatorContext(kube=None, lag_wait_seconds=20.0)  # type: ignore[arg-type]
+    yield context
+    for namespace, name in list(context._lag_sources):
+        context.forget_lag_source(namespace, name)
+
+
+def test_a_namespaces_resources_share_one_child_and_each_namespace_has_its_own(context):
+    """A child costs ~15 MB private: one per resource does not fit hundreds of resources in the operator's
+    limit. Two resources of one namespace (distinct configurations) are read by one child, another namespace's
+    resource by a second one."""
+    assert reader_children() == set()
+    sources = [
+        lag_source(context, "team-a", "orders", quick("orders")),
+        lag_source(context, "team-a", "payments", quick("payments")),
+        lag_source(context, "team-b", "orders", quick("orders")),
+    ]
+    for source in sources:
+        answered(source)
+    assert len(reader_children()) == 2, reader_children()
+    team_a, team_b = context.lag_readers.reader("team-a"), context.lag_readers.reader("team-b")
+    assert team_a.configurations == 2 and team_b.configurations == 1
+    assert reader_children() == {team_a.pid, team_b.pid}
+
+
+def test_a_crash_of_one_namespaces_child_fails_its_resources_alone(context):
+    """The hostile broker aborts team-a's child: both of team-a's resources say LagReaderFailed (one child, one
+    back-off: the second does not start a child of its own), team-b's child goes on answering, the same process."""
+    with hostile_broker("abort") as address:
+        steady = lag_source(context, "team-b", "orders", quick("orders"))
+        answered(steady)
+        (steady_pid,) = reader_children()
+        first = lag_source(context, "team-a", "orders", {"bootstrap.servers": address, "client.id": "orders"})
+        second = lag_source(context, "team-a", "payments", {"bootstrap.servers": address, "client.id": "payments"})
+        errors = [failure(first), failure(second)]
+        for error in errors:
+            assert error.condition == READER_FAILED, error
+            assert "the lag reader process was killed by SIGABRT (exit code -6)" in error.reason, error.reason
+        assert errors[0].reason == errors[1].reason
+        team_a = context.lag_readers.reader("team-a")
+        assert team_a.started == 1 and team_a.backoff.failures == 1  # the second waited for the shared back-off
+        answered(steady)
+        assert reader_children() == {steady_pid}
+
+
+def test_a_configuration_change_of_one_resource_keeps_the_child_of_the_others(context):
+    """A rotated password closes the old configuration in the namespace's child and sends the new one; the
+    other resource's reads go on in the same process."""
+    rotating = lag_source(context, "team-a", "orders", quick("orders"))
+    other = lag_source(context, "team-a", "payments", quick("payments"))
+    answered(rotating)
+    answered(other)
+    (pid,) = reader_children()
+    rotated = lag_source(context, "team-a", "orders", {**quick("orders"), "sasl.password": "rotated"})
+    assert rotated is not rotating
+    with pytest.raises(LagUnavailable, match="closed"):
+        rotating.sample(["orders"], "orders", 0.0)
+    answered(rotated)
+    answered(other)
+    team_a = context.lag_readers.reader("team-a")
+    assert reader_children() == {pid} and team_a.started == 1
+    assert team_a.configurations == 2  # the old one is closed: the new one and the other resource's
+    assert team_a._sent == {rotated.configuration, other.configuration}  # and the child was told
+
+
+def test_a_namespaces_child_exits_with_its_last_resource(context):
+    first = lag_source(context, "team-a", "orders", quick("orders"))
+    second = lag_source(context, "team-a", "payments", quick("payments"))
+    answered(first)
+    answered(second)
+    (pid,) = reader_children()
+    context.forget_lag_source("team-a", "orders")
+    assert reader_children() == {pid}
+    answered(second)
+    context.forget_lag_source("team-a", "payments")
+    assert reader_children() == set()  # killed and reaped
+    assert context.lag_readers.reader("team-a") is None and len(context.lag_readers) == 0
+    answered(lag_source(context, "team-a", "orders", quick("orders")))  # a new resource: a new child
+    assert len(reader_children()) == 1
+
+
+def test_waiting_for_the_namespaces_child_counts_toward_a_resources_own_deadline():
+    """A hung broker holds team-a's child for one resource's whole deadline; another resource of team-a asks
+    meanwhile: its sample ends within its own deadline from when it asked (LagReaderFailed), not after the
+    first's deadline plus its own."""
+    import threading
+
+    readers = LagReaders(deadline_seconds=3.0)
+    with hostile_broker("silent") as address:
+        hung = readers.source("team-a", {"bootstrap.servers": address})
+        waiting = readers.source("team-a", quick("payments"))
+        outcome: list[LagUnavailable] = []
+
+        def sample_hung() -> None:
+            with pytest.raises(LagUnavailable) as error:
+                hung.sample(["orders"], "orders", 0.0)
+            outcome.append(error.value)
+
+        thread = threading.Thread(target=sample_hung)
+        thread.start()
+        for _ in range(500):  # until the hung request is with the child (bounded)
+            if hung.reader.pid is not None:
+                break
+            time.sleep(0.01)
+        time.sleep(1.0)  # event order: the second resource asks a second into the first one's request
+        asked = time.monotonic()
+        error = failure(waiting)
+        waited = time.monotonic() - asked
+        thread.join(20.0)  # hang guard
+        hung.close()
+        waiting.close()
+    assert waited < 3.0 + 0.5, waited  # hang guard: its own deadline (3 s) and the kill, not 2 x 3 s
+    assert error.condition == READER_FAILED, error
+    (first,) = outcome
+    assert "did not answer within" in first.reason and first.condition == READER_FAILED, first.reason

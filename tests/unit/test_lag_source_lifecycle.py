@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from keyorder_operator.lag_reader import IsolatedLagSource
-from keyorder_operator.observe import AdminClients, KafkaLagSource, LagSample, LagUnavailable
+from keyorder_operator.observe import KafkaLagSource, LagSample, LagUnavailable
 from keyorder_operator.reconcile import OperatorContext
 
 
@@ -76,32 +76,19 @@ def test_a_bad_property_is_lag_unavailable_without_its_value():
     assert "NOT-A-PROTOCOL-xyz" not in message, message
 
 
-def test_resources_with_one_kafka_configuration_share_one_admin_client():
-    """An AdminClient is about 1 MB and a few threads: 500 resources on one cluster must not hold 500.
-    A consumer-only property (auto.offset.reset) does not split them; other credentials do."""
-    clients = AdminClients()
-    first = KafkaLagSource({"bootstrap.servers": "127.0.0.1:9"}, clients=clients)
-    second = KafkaLagSource({"bootstrap.servers": "127.0.0.1:9", "auto.offset.reset": "latest"}, clients=clients)
-    other = KafkaLagSource({"bootstrap.servers": "127.0.0.1:9", "client.id": "elsewhere"}, clients=clients)
-    assert len(clients) == 2
-    assert first._client() is second._client()
-    assert first._client() is not other._client()
-    first.close()
-    assert len(clients) == 2 and second._client() is not None  # still used by the second
-    second.close()
-    other.close()
-    assert len(clients) == 0
-
-
-def test_the_context_reads_each_resources_lag_in_a_child_process_of_its_own():
-    """Issue 37 finding 1: by default a resource's Kafka reads run in its own child process
-    (``lag_reader.IsolatedLagSource``), not on an AdminClient inside the operator shared with other resources."""
+def test_the_context_reads_each_namespaces_lag_in_a_child_process_of_its_own():
+    """Issue 37 finding 1: by default a resource's Kafka reads run in its namespace's child process
+    (``lag_reader.LagReaders``), not on an AdminClient inside the operator; each resource has a source of its
+    own, closed on its own, and the namespace's reader goes with its last resource."""
     context = OperatorContext(kube=None)  # type: ignore[arg-type]
     a = context.lag_source("ns", "a", {"bootstrap.servers": "127.0.0.1:9"})
     b = context.lag_source("ns", "b", {"bootstrap.servers": "127.0.0.1:9"})
     assert isinstance(a.inner, IsolatedLagSource) and isinstance(b.inner, IsolatedLagSource)
-    assert a.inner is not b.inner
+    assert a.inner is not b.inner and a.inner.reader is b.inner.reader
+    assert a.inner.configuration == b.inner.configuration  # the same properties: one client in the child
     context.forget_lag_source("ns", "a")
+    assert context.lag_readers.reader("ns") is a.inner.reader
     context.forget_lag_source("ns", "b")
+    assert context.lag_readers.reader("ns") is None
     with pytest.raises(LagUnavailable, match="closed"):
         a.inner.sample(["orders"], "orders", 0.0)
