@@ -127,6 +127,9 @@ class PartitionLog:
         """The log generation (a truncation starts a new one)."""
         self.truncations: list[tuple[int, int]] = []
         """(generation that ended, its end offset)."""
+        self.generations: list[tuple[int, float]] = [(0, 0.0)]
+        """(first leader epoch, start time) of each log generation, by generation: a commit carrying a leader
+        epoch speaks about the generation that epoch belongs to (the invariants judge it against that log)."""
         self.leader_epoch = 0
         """The partition's current leader epoch: new records are written in it."""
         self.epoch_starts: list[tuple[int, int]] = []
@@ -224,6 +227,8 @@ class SimulatedBroker:
         """(time, pod session, partitions, why) of every member the group removed without a leave."""
         self.gone_at: dict[int, float] = {}
         """Record identity -> when a truncation removed it."""
+        self.gone_in: dict[int, int] = {}
+        """Record identity -> the log generation whose truncation removed it (its last generation)."""
         self.skipped: set[int] = set()
         """Records of a truncated log a consumer started past, from a committed offset written before the
         truncation (``start_of``): never delivered, by Kafka's semantics."""
@@ -286,9 +291,11 @@ class SimulatedBroker:
         log_.gone.extend(removed)
         for record in removed:
             self.gone_at[record.ident] = self.now()
+            self.gone_in[record.ident] = log_.epoch
         log_.truncations.append((log_.epoch, to_offset))
         log_.epoch += 1
         log_.leader_epoch += 1  # the unclean leader's epoch: greater than any the log had
+        log_.generations.append((log_.leader_epoch, self.now()))
         log_.epoch_starts = [(epoch, start) for epoch, start in log_.epoch_starts if start < to_offset]
         self.note(
             f"log of {tp[0]}[{tp[1]}] truncated at {to_offset}: {len(removed)} records gone "

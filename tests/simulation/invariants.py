@@ -9,7 +9,9 @@ it is about. In the spirit of Decaton's ``ProcessOrdering``/``SerialProcessing``
 
 * **commits**: no offset is committed past an unhandled record: when a commit was sent, every record
   below its offset, and every offset its metadata marks done, had been handled (succeeded or
-  dead-lettered);
+  dead-lettered). A commit is judged against the log its leader epoch names (``Truth.log_judging``): one
+  sent after a truncation by a pod that had not seen it yet speaks about the old log (KIP-320);
+  one carrying the current generation's epoch, or none, against the log as it was when sent;
 * **order**: a call of a key's record n starts only after record n-1 of that key in that partition
   completed at least once, across re-assignments and restarts; and within a pod session two calls
   of one key never overlap (across sessions only where the design allows it: the older session
@@ -124,6 +126,36 @@ class Truth:
         """The partition's records by offset as they were at ``at``."""
         return {record.offset: record for record in self.by_partition[tp] if self.existed(record, at)}
 
+    def log_of_generation(self, tp: tuple[str, int], generation: int) -> dict[int, Record]:
+        """The partition's records by offset as they were at the end of log ``generation`` (before the
+        truncation that ended it; the current log for the current generation)."""
+        gone_in = self.world.broker.gone_in
+        skipped = self.world.broker.skipped
+        return {
+            record.offset: record
+            for record in self.by_partition[tp]
+            if record.log_epoch <= generation
+            and gone_in.get(record.ident, generation) >= generation
+            and record.ident not in skipped
+        }
+
+    def log_judging(self, commit: Any) -> tuple[dict[int, Record], str]:
+        """The log a commit speaks about, and how to name it in a violation: the log of the generation its
+        leader epoch belongs to (``KafkaSource.commit`` sends the metadata's epoch, the greatest the pod had
+        received). A pod that read the old log commits it, with its epoch, after a truncation it has not
+        seen yet; librdkafka validating that position finds the divergence (KIP-320), and the epoch voids
+        the metadata for the next owner. A commit with the current generation's epoch, or with none, is
+        judged against the log at the time it was sent."""
+        log_ = self.world.broker.logs[commit.tp]
+        carried = offset_metadata.leader_epoch(commit.metadata)
+        current = max(index for index, (_epoch, start) in enumerate(log_.generations) if start <= commit.sent_at)
+        if carried is not None:
+            generation = max(index for index, (first, _start) in enumerate(log_.generations) if first <= carried)
+            if generation < current:
+                about = f" (leader epoch {carried}: log generation {generation})"
+                return self.log_of_generation(commit.tp, generation), about
+        return self.log_at(commit.tp, commit.sent_at), ""
+
     def blocked_by_design(self, record: Record) -> bool:
         if self._blocked is None:
             self._blocked = blocked_by_design(self.block, self.by_partition.values(), self.gone_at)
@@ -175,7 +207,7 @@ def check_commits(world: World) -> list[Violation]:
     for (_tp, _offset, _metadata, _epoch, advances), commit in sorted(
         earliest.items(), key=lambda item: item[1].sent_at
     ):
-        log_ = truth.log_at(commit.tp, commit.sent_at)
+        log_, about = truth.log_judging(commit)
         for offset in range(commit.offset if advances else 0):
             record = log_.get(offset)
             if record is not None and not truth.handled_by(record, commit.sent_at):
@@ -186,7 +218,8 @@ def check_commits(world: World) -> list[Violation]:
                     Violation(
                         "commits",
                         commit.sent_at,
-                        f"pod session {commit.session} committed {tp_name(commit.tp)} at offset {commit.offset} while "
+                        f"pod session {commit.session} committed {tp_name(commit.tp)} at offset "
+                        f"{commit.offset}{about} while "
                         f"{record.describe()} below it was not handled (handled "
                         f"{_when(truth.handled_at.get(record.ident))})",
                     )
@@ -202,7 +235,8 @@ def check_commits(world: World) -> list[Violation]:
                     Violation(
                         "commits",
                         commit.sent_at,
-                        f"pod session {commit.session}'s commit of {tp_name(commit.tp)}@{commit.offset} marks offset "
+                        f"pod session {commit.session}'s commit of {tp_name(commit.tp)}@{commit.offset}{about} "
+                        "marks offset "
                         f"{offset} done in its metadata, but {record.describe()} was not handled (handled "
                         f"{_when(truth.handled_at.get(record.ident))})",
                     )
