@@ -351,6 +351,7 @@ def test_a_namespaces_child_exits_with_its_last_resource(context):
     answered(first)
     answered(second)
     (pid,) = reader_children()
+    assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"  # the OOM killer's first pick
     context.forget_lag_source("team-a", "orders")
     assert reader_children() == {pid}
     answered(second)
