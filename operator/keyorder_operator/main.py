@@ -17,6 +17,7 @@ import math
 import os
 import re
 import sys
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -120,6 +121,18 @@ def check_operator_args(args: argparse.Namespace) -> None:
         raise OperatorConfigError(f"--liveness and --metrics-port both use port {args.metrics_port}")
     if args.peering is not None and not _DNS_LABEL.fullmatch(args.peering):
         raise OperatorConfigError(f"--peering {args.peering!r} is not a valid object name")
+
+
+def check_operator_environment(environ: Mapping[str, str]) -> None:
+    """Raise OperatorConfigError for an unusable setting of the operator's environment, at start: the
+    NetworkPolicy settings (``KEYORDER_NETWORK_POLICY``) are read again at every apply, and a bad value
+    found only there would fail every resource on every poll instead of stopping the operator once."""
+    from keyorder_operator.builders import network_policy_settings
+
+    try:
+        network_policy_settings(environ)
+    except ValueError as error:
+        raise OperatorConfigError(str(error)) from None
 
 
 class OperatorJsonFormatter(JsonFormatter):
@@ -238,6 +251,7 @@ def operator_command(args: argparse.Namespace) -> int:
 
     try:
         check_operator_args(args)
+        check_operator_environment(os.environ)
         load_kubernetes_credentials()
     except OperatorConfigError as error:
         print(f"keyorder operator: {error}", file=sys.stderr)

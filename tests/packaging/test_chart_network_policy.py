@@ -74,6 +74,10 @@ def test_the_operator_is_told_how_to_fence_the_consumer_pods_and_its_own_pods_pa
     operator_peer = policy["spec"]["ingress"][0]["from"][0]
     assert operator_peer["namespaceSelector"]["matchLabels"] == {NAMESPACE_NAME_LABEL: NAMESPACE}
     assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pod_labels(docs).items()
+    (helm_test,) = [doc for doc in docs if doc["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    assert not operator_peer["podSelector"]["matchLabels"].items() <= helm_test["metadata"]["labels"].items(), (
+        "the helm test pod shares the selector labels but must not reach the consumer pods' admin port"
+    )
 
 
 def test_metrics_from_reaches_both_policies(chart):

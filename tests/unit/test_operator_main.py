@@ -19,6 +19,7 @@ from keyorder_operator.main import (
     OperatorTextFormatter,
     add_operator_flags,
     check_operator_args,
+    check_operator_environment,
     peering_priority,
 )
 
@@ -144,3 +145,17 @@ def test_text_logs_prefix_the_resource_without_changing_the_record() -> None:
     assert formatter.format(with_reference) == "INFO [payments/ledger] scaled"
     assert with_reference.msg == "scaled"
     assert formatter.format(record("started", None)) == "INFO started"
+
+
+@pytest.mark.parametrize("raw", ["{", '{"operatorNamespace": ""}', '{"operatorNamespace": "ops", "operatorPodLabels": {}}'])
+def test_a_bad_network_policy_setting_stops_the_operator_at_start(raw: str) -> None:
+    """Not at every apply of every resource (where it would fail each poll): once, naming the variable."""
+    with pytest.raises(OperatorConfigError, match="KEYORDER_NETWORK_POLICY"):
+        check_operator_environment({"KEYORDER_NETWORK_POLICY": raw})
+
+
+def test_the_charts_network_policy_setting_and_none_are_accepted_at_start() -> None:
+    check_operator_environment({})
+    check_operator_environment(
+        {"KEYORDER_NETWORK_POLICY": json.dumps({"operatorNamespace": "ops", "operatorPodLabels": {"app": "op"}})}
+    )
