@@ -147,7 +147,9 @@ def test_text_logs_prefix_the_resource_without_changing_the_record() -> None:
     assert formatter.format(record("started", None)) == "INFO started"
 
 
-@pytest.mark.parametrize("raw", ["{", '{"operatorNamespace": ""}', '{"operatorNamespace": "ops", "operatorPodLabels": {}}'])
+@pytest.mark.parametrize(
+    "raw", ["{", '{"operatorNamespace": ""}', '{"operatorNamespace": "ops", "operatorPodLabels": {}}']
+)
 def test_a_bad_network_policy_setting_stops_the_operator_at_start(raw: str) -> None:
     """Not at every apply of every resource (where it would fail each poll): once, naming the variable."""
     with pytest.raises(OperatorConfigError, match="KEYORDER_NETWORK_POLICY"):
