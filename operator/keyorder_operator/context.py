@@ -183,10 +183,10 @@ class OperatorContext:
         self.applied.forget(namespace, name)
 
     def lag_source(self, namespace: str, name: str, properties: dict[str, str]) -> LagSource:
-        """The resource's lag source for ``properties``: one per resource, replaced (and the old one
-        closed) when its configuration changes, e.g. a rotated password. The new one is built before the
-        old one is closed, so the namespace's reader process lives on for its other resources. Raises
-        ``LagUnavailable``."""
+        """The resource's lag source for ``properties`` (a handle on its namespace's reader process): one
+        per resource, replaced (and the old one closed) when its configuration changes, e.g. a rotated
+        password. The new one is built before the old one is closed, so the namespace's reader process
+        lives on for its other resources. Raises ``LagUnavailable``."""
         wanted = tuple(sorted(properties.items()))
         with self._lag_sources_lock:
             current = self._lag_sources.get((namespace, name))
