@@ -6,7 +6,8 @@ skips a message nor re-runs the finished ones. The metadata also records the gre
 the partition received, which tells the next owner whether its done offsets are about the log it
 reads (a log truncated and refilled since has a greater one; ``core.tracking``). Commits are sent:
 
-* periodically (``interval``, asynchronous), skipping partitions whose mark did not change;
+* periodically (``interval``, asynchronous), skipping partitions whose mark (position, number of done
+  offsets above it, leader epoch, resets and truncations) did not change;
 * early, when backpressure says the uncommitted window is half full, at most every
   ``EARLY_COMMIT_SPACING`` seconds and only for partitions whose position moved;
 * synchronously on revoke and on shutdown (the runtime calls ``commit`` directly); these send the
@@ -97,7 +98,9 @@ class Committer:
             if only_if_moved and state.last_committed and state.last_committed[0] == position:
                 continue
             done = state.offsets.completed_above_position()
-            mark = (position, len(done))
+            # the epoch and the reset count tell a done set of a truncated (or reset) log from the new log's
+            # one of the same size at the same position: the metadata differs, so it is sent again
+            mark = (position, len(done), state.offsets.leader_epoch, state.offsets.resets)
             if mark == state.last_committed and (asynchronous or state.confirmed == position):
                 continue  # a synchronous commit (revoke, shutdown) resends a mark not yet confirmed
             metadata = offset_metadata.encode(position, done, leader_epoch=state.offsets.leader_epoch)

@@ -33,7 +33,7 @@ from keyorder.core.flow import CEILING, FlowControl, FlowDecision, FlowLimits, L
 from keyorder.core.lanes import Delivery
 from keyorder.core.partitions import PartitionState
 from keyorder.core.routing import Ordering, lane_function
-from keyorder.core.tracking import LogTruncated, PartitionOffsets
+from keyorder.core.tracking import EpochGap, LogTruncated, PartitionOffsets
 from keyorder.workers import Completions, WorkerCrashed, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -295,12 +295,13 @@ class ConsumerRuntime:
         lane_of = self._lane_of
         deliveries: list[Delivery] = []
         state = None
+        refetching: set[TopicPartitionId] = set()  # partitions sent back to an earlier offset (EpochGap)
         for message in messages:
             partition_id = (message.topic, message.partition)
             if state is None or state.id != partition_id:
                 state = partitions.get(partition_id)
-                if state is None or state.revoked:  # no longer ours: the new owner fetches it again
-                    state = None
+                if state is None or state.revoked or partition_id in refetching:
+                    state = None  # no longer ours (the new owner fetches it again), or fetched again
                     continue
                 state.receive_times.mark(message.offset, now)
                 offsets = state.offsets
@@ -318,6 +319,11 @@ class ConsumerRuntime:
             except LogTruncated as truncated:
                 deliveries = self._log_truncated(state, truncated, deliveries, now)
                 fresh = state.offsets.received(message.offset, message.leader_epoch)
+            except EpochGap as gap:
+                self._fetch_again(state, gap)
+                refetching.add(partition_id)
+                state = None
+                continue
             if not fresh:
                 offsets = state.offsets
                 if offsets.skipped != state.skipped_counted:  # marked done by the commit metadata, not a re-delivery
@@ -368,6 +374,25 @@ class ConsumerRuntime:
             offsets.commit_position,
         )
         return kept
+
+    def _fetch_again(self, state: PartitionState, gap: EpochGap) -> None:
+        """A record of a greater leader epoch arrived above the next expected offset: the client may have purged
+        records below a truncation point that it had prefetched (``core.tracking.EpochGap``). The partition's
+        rest of the batch is dropped (by the caller) and it is fetched again from the expected offset, with the
+        epoch received so far, which librdkafka validates (a seek: ``Source.resume`` with a position). A
+        partition paused by flow control stays paused: its resume seeks to that same position."""
+        log.info(
+            "%s[%d]: offset %d arrived under a greater leader epoch while %d was expected (a truncation that "
+            "dropped prefetched records, or a leader change after a gap); fetching again from %d, validated "
+            "with leader epoch %d",
+            *state.id,
+            gap.offset,
+            gap.resume_at,
+            gap.resume_at,
+            gap.leader_epoch,
+        )
+        if state.id not in self.flow.paused:
+            self.source.resume({state.id: FetchPosition(gap.resume_at, gap.leader_epoch)})
 
     def _collect_completions(self) -> None:
         completions = self.completions

@@ -152,3 +152,26 @@ def test_a_late_confirmation_of_a_position_from_before_a_truncation_confirms_not
     assert state.confirmed is None, "110 is a position in a log that is gone"
     committer.commit([state], asynchronous=False)
     assert committed_positions(source) == [110, 104], "the commit position moved back to the truncation point"
+
+
+def test_a_truncation_that_leaves_the_mark_the_same_size_still_sends_the_new_metadata() -> None:
+    """The mark once was (position, number of done offsets): after a truncation, the new log's done set of the
+    same size at the same position was never sent, and the stored metadata kept the old log's set."""
+    source = RecordingSource()
+    state = PartitionState(PID, PartitionOffsets(100, set()))
+    for offset in range(100, 103):
+        state.offsets.received(offset, 1)
+    state.offsets.completed(102, 1)
+    committer = Committer(source, interval=1.0, partition={PID: state}.get, now=0.0)
+    committer.periodic([state], now=0.0)
+    state.offsets.truncate(101, 2)  # 101 and 102 are gone; the new log's 101-103 arrive under epoch 2
+    for offset in range(101, 104):
+        state.offsets.received(offset, 2)
+    state.offsets.completed(103, 2)
+    committer.periodic([state], now=1.0)
+    sent = [offsets[PID] for offsets, _asynchronous in source.commits]
+    decoded = [offset_metadata.decode_checked(metadata, position) for position, metadata in sent]
+    assert [(position, d.done, d.leader_epoch) for (position, _m), d in zip(sent, decoded, strict=True)] == [
+        (100, {102}, 1),
+        (100, {103}, 2),
+    ]

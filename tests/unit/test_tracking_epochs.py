@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder.core.tracking import LogTruncated, PartitionOffsets, ReceiveTimes
+from keyorder.core.tracking import EpochGap, LogTruncated, PartitionOffsets, ReceiveTimes
 
 
 def fetched(start: int, offsets: range, epoch: int) -> PartitionOffsets:
@@ -115,3 +115,25 @@ def test_the_age_of_the_oldest_message_counts_from_the_new_logs_arrival_after_a_
     times.truncate(6, 10.0)  # the old log's 8-... are gone; the new 6 arrived at 10.0
     assert times.oldest_age(3, now=12.0) == 11.0
     assert times.oldest_age(6, now=12.0) == 2.0, "not from the old log's mark of 8 at 3.0"
+
+
+def test_a_greater_epoch_above_the_next_expected_offset_is_refused_once() -> None:
+    """Prefetched records below a truncation point purged by librdkafka's seek: 6 of epoch 2 arrives after 2."""
+    tracker = fetched(0, range(3), epoch=1)
+    with pytest.raises(EpochGap) as caught:
+        tracker.received(6, 2)
+    assert (caught.value.offset, caught.value.resume_at, caught.value.leader_epoch) == (6, 3, 1)
+    assert tracker.last_received == 2 and tracker.leader_epoch == 1, "raised before changing anything"
+    assert tracker.received(6, 2) is True, "the same record again (a real gap after the seek back) is taken"
+    assert tracker.leader_epoch == 2 and tracker.commit_position == 0
+
+
+def test_without_a_known_epoch_or_right_after_the_last_offset_there_is_no_check() -> None:
+    tracker = PartitionOffsets(0)
+    assert tracker.received(0) and tracker.received(5, 1), "no epoch known before: as before"
+    assert tracker.received(6, 2), "the next offset under a greater epoch: a clean leader change"
+    assert tracker.received(9, 2), "a gap under the same epoch: compaction or transaction markers"
+    resumed = PartitionOffsets(10, (), prior_epoch=3)
+    with pytest.raises(EpochGap) as caught:
+        resumed.received(12, 4)
+    assert caught.value.resume_at == 10, "nothing received: the committed offset is expected"

@@ -38,8 +38,9 @@ class PartitionState:
         """Times flow control paused the partition (holds, which leave it fetching, are not counted)."""
         self.outstanding = 0
         """Deliveries handed to workers and not yet returned (finished or handed back)."""
-        self.last_committed: tuple[int, int] | None = None
-        """(position, completed-above count) of the last commit sent; ``None`` forces the next one."""
+        self.last_committed: tuple[int, int, int | None, int] | None = None
+        """(position, completed-above count, leader epoch, resets) of the last commit sent (``Committer``);
+        ``None`` forces the next one."""
         self.confirmed: int | None = None
         """The last position the broker confirmed (an asynchronous commit may still be on its way)."""
         self.completed = 0

@@ -38,9 +38,22 @@ is refilled under a greater epoch than any it had. So:
   receives, at an offset the metadata marks done, a record of a greater epoch knows the log was
   truncated and refilled since: it forgets the rest of that metadata and processes the records.
 
+* a record of a greater epoch than every epoch received, *above* the next expected offset (last
+  received + 1), is not taken on trust: ``received`` raises ``EpochGap`` once for it. Librdkafka
+  validates its *fetch* position, which runs ahead of what it handed out (prefetched records), and on a
+  truncation below it seeks to the truncation point, purging the partition's queued records, those
+  below the truncation point too (src/rdkafka_topic.c ``rd_kafka_toppar_leader_update`` validates
+  ``rd_kafka_toppar_fetch_decide_next_fetch_start_pos``; src/rdkafka_offset.c
+  ``rd_kafka_toppar_handle_OffsetForLeaderEpoch`` -> ``rd_kafka_toppar_op_seek``, whose version barrier
+  drops them). The records between the expected offset and the new log would then never arrive, and
+  taking the jump for an ordinary gap (compaction, transaction markers) would commit past them. The
+  caller drops the partition's rest of the batch and seeks back to the expected offset with the known
+  epoch, which librdkafka validates; should the same record arrive there again (a real gap), it is
+  accepted.
+
 A clean leader change raises the epoch too, but only for records above the last one written, so it
 never resets anything: such records arrive above the last received offset and above every offset
-the metadata marks done.
+the metadata marks done (at most one extra fetch, when such a record follows a gap).
 
 Pure and synchronous; owned by the poll-loop thread only.
 """
@@ -71,6 +84,21 @@ class LogTruncated(Exception):
         self.leader_epoch = leader_epoch
 
 
+class EpochGap(Exception):
+    """A record of a greater leader epoch than any received, above the next expected offset: the client may have
+    dropped records below a truncation point (see the module docstring). Raised by ``PartitionOffsets.received``
+    before it changes anything, once per such record; the caller drops the partition's rest of the batch and
+    fetches again from ``resume_at``, validated with ``leader_epoch`` (the greatest epoch received)."""
+
+    def __init__(self, offset: int, leader_epoch: int, resume_at: int, known_epoch: int) -> None:
+        super().__init__(
+            f"offset {offset} of the greater leader epoch {leader_epoch} arrived while {resume_at} was expected"
+        )
+        self.offset = offset
+        self.resume_at = resume_at
+        self.leader_epoch = known_epoch
+
+
 class PartitionOffsets:
     """Received, completed and committable offsets of one partition.
 
@@ -82,6 +110,7 @@ class PartitionOffsets:
         "_client_passed",
         "_committed_received",
         "_done",
+        "_gap_checked",
         "_pending",
         "_prior_done",
         "_sent",
@@ -123,6 +152,7 @@ class PartitionOffsets:
         self._sent: dict[int, int] = {}  # commit position sent, not yet confirmed -> received offsets below it
         self._client_passed: int | None = None  # the client's position, when beyond the idle position
         self._truncations: list[tuple[int, int]] = []  # (offset, the new log's leader epoch) of each truncation
+        self._gap_checked: tuple[int, int] | None = None  # (offset, epoch) of the last record refused by EpochGap
 
     def received(self, offset: int, leader_epoch: int | None = None) -> bool:
         """Record a fetched offset and the leader epoch of its record; ``True`` if it must be processed.
@@ -136,17 +166,25 @@ class PartitionOffsets:
         ``resets`` counted and ``True`` returned, so it is processed.
 
         Raises ``LogTruncated`` (changing nothing) for an offset at or below the last received one
-        whose ``leader_epoch`` is greater than every epoch received: see ``truncate``.
+        whose ``leader_epoch`` is greater than every epoch received: see ``truncate``. Raises
+        ``EpochGap`` (changing nothing) the first time a record of such an epoch arrives above the next
+        expected offset; the same record arriving again is accepted.
         """
         known = self.leader_epoch
-        if self.last_received is not None:
-            if offset <= self.last_received:
+        last = self.last_received
+        if last is not None:
+            if offset <= last:
                 if leader_epoch is not None and known is not None and leader_epoch > known:
                     raise LogTruncated(offset, leader_epoch)
                 return False
         elif self.start is not None and offset < self.start:
             self._reset(offset)
         if leader_epoch is not None and (known is None or leader_epoch > known):
+            expected = last + 1 if last is not None else self.start
+            checked = self._gap_checked == (offset, leader_epoch)
+            if known is not None and expected is not None and offset > expected and not checked:
+                self._gap_checked = (offset, leader_epoch)
+                raise EpochGap(offset, leader_epoch, expected, known)
             if known is not None:
                 # the metadata's done offsets are about records of epochs up to ``known``: a record of a
                 # greater one at an offset it marks done is another record (the log was truncated and

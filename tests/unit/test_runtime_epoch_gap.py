@@ -1,0 +1,85 @@
+"""Records librdkafka prefetched below a truncation point and purged are fetched again, not skipped (issue 36).
+
+librdkafka validates its *fetch* position, which runs ahead of what it handed out; on a truncation below it,
+it seeks to the truncation point T and the seek's version barrier purges the partition's queued records,
+those below T too (src/rdkafka_topic.c ``rd_kafka_toppar_leader_update`` ->
+``rd_kafka_toppar_fetch_decide_next_fetch_start_pos`` -> ``rd_kafka_offset_validate``; src/rdkafka_offset.c
+``rd_kafka_toppar_handle_OffsetForLeaderEpoch`` -> ``rd_kafka_toppar_op_seek``). The pod then sees T, of a
+greater leader epoch, above its last received offset + 1. The poll loop's ``_dispatch`` runs on the test's
+thread with a FAKE source that records seeks and a FAKE pool that only keeps what it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from keyorder.contracts import FetchPosition, TopicPartitionId
+from keyorder.core.flow import FlowLimits
+from keyorder.core.routing import Ordering
+from keyorder.message import Message
+from keyorder.runtime import ConsumerRuntime, RuntimeSettings
+from keyorder.workers import Completions
+from tests.fakes import FakeClock, HoldingPool, RecordingSource
+
+P0 = ("t", 0)
+
+
+class SeekingSource(RecordingSource):
+    """FAKE Source recording each resume's positions (a resume with a position is a seek)."""
+
+    def __init__(self) -> None:
+        super().__init__({P0: 0})
+        self.seeks: list[dict[TopicPartitionId, FetchPosition | None]] = []
+
+    def resume(self, partitions: Mapping[TopicPartitionId, FetchPosition | None]) -> None:
+        self.seeks.append(dict(partitions))
+
+
+def message(offset: int, leader_epoch: int) -> Message:
+    return Message("t", 0, offset, f"k{offset % 3}".encode(), b"{}", leader_epoch=leader_epoch)
+
+
+def runtime_assigned() -> tuple[ConsumerRuntime, SeekingSource, HoldingPool]:
+    clock, completions = FakeClock(), Completions()
+    source, pool = SeekingSource(), HoldingPool(completions)
+    limits = FlowLimits(max_inflight=100, max_inflight_per_partition=100, max_uncommitted=100, pause_after=1.0)
+    settings = RuntimeSettings(topics=("t",), flow=limits)
+    runtime = ConsumerRuntime(settings, source, pool, Ordering.KEY, completions, clock, clock.sleep)
+    runtime._on_assign([P0])
+    return runtime, source, pool
+
+
+def held(pool: HoldingPool) -> list[tuple[int, int | None]]:
+    return [(delivery.message.offset, delivery.message.leader_epoch) for delivery in pool.held]
+
+
+def test_a_greater_epoch_above_the_next_offset_is_fetched_again_from_the_next_offset() -> None:
+    """0-2 handed out; the log truncated at 6 while 3-7 were prefetched: librdkafka purged 3-5 and hands out 6
+    of epoch 2. The pod must not take 3-5 for a gap: it seeks back to 3 with epoch 1 and drops the rest."""
+    runtime, source, pool = runtime_assigned()
+    runtime._dispatch([message(offset, 1) for offset in range(3)], 0.0)
+    runtime._dispatch([message(6, 2), message(7, 2)], 0.0)
+    assert held(pool) == [(0, 1), (1, 1), (2, 1)], "6 and 7 are not taken past the missing 3-5"
+    assert source.seeks == [{P0: FetchPosition(3, 1)}], "fetched again from 3, validated with epoch 1"
+    assert runtime.partitions[P0].offsets.commit_position == 0
+
+    runtime._dispatch([*(message(offset, 1) for offset in range(3, 6)), message(6, 2), message(7, 2)], 0.0)
+    assert [offset for offset, _epoch in held(pool)] == list(range(8)), "3-5 (the same in both logs), then 6, 7"
+    assert len(source.seeks) == 1
+
+
+def test_the_same_record_arriving_again_across_a_real_gap_is_accepted() -> None:
+    """A clean leader change after a compaction gap: 3-5 do not exist; 6 of epoch 2 arrives again after the
+    seek, and is taken (one extra fetch, no loop)."""
+    runtime, source, pool = runtime_assigned()
+    runtime._dispatch([message(offset, 1) for offset in range(3)], 0.0)
+    runtime._dispatch([message(6, 2)], 0.0)
+    runtime._dispatch([message(6, 2), message(7, 2)], 0.0)
+    assert held(pool) == [(0, 1), (1, 1), (2, 1), (6, 2), (7, 2)]
+    assert len(source.seeks) == 1
+
+
+def test_a_greater_epoch_right_after_the_last_offset_needs_no_check() -> None:
+    runtime, source, pool = runtime_assigned()
+    runtime._dispatch([message(0, 1), message(1, 1), message(2, 2)], 0.0)
+    assert len(held(pool)) == 3 and source.seeks == []
