@@ -730,22 +730,47 @@ class SimulatedSource:
 
     def validate_position(self, tp: TopicPartitionId) -> None:
         """The partition's leader epoch grew: librdkafka validates the fetch position (KIP-320; src/rdkafka_topic.c
-        ``rd_kafka_toppar_leader_update``: "epoch updated from metadata" -> ``rd_kafka_offset_validate``). It
-        asks the leader for the end offset of the position's epoch (the last record's handed out, or the
-        committed offset's; none: no validation, "no leader epoch set"); beyond that end offset, the log was
-        truncated: it seeks there (src/rdkafka_offset.c ``rd_kafka_toppar_handle_OffsetForLeaderEpoch``, with
-        auto.offset.reset not 'error': "Seek to the updated end offset", no error for the application), and the
-        seek's version barrier drops the partition's records not yet returned (the ``("purge", tp)`` event).
-        A clean leader change leaves every position inside the log: nothing moves."""
+        ``rd_kafka_toppar_leader_update``: "epoch updated from metadata" -> ``rd_kafka_offset_validate``). The
+        position validated is the *fetcher's* (``rd_kafka_toppar_fetch_decide_next_fetch_start_pos``: the next
+        fetch's offset, past the records prefetched and not yet handed out), with the epoch of the last record
+        fetched (or of the committed offset; none: no validation, "no leader epoch set"). It asks the leader for
+        the end offset of that epoch; beyond it, the log was truncated: it seeks there (src/rdkafka_offset.c
+        ``rd_kafka_toppar_handle_OffsetForLeaderEpoch``, with auto.offset.reset not 'error': "Seek to the updated
+        end offset", no error for the application). The seek's version barrier drops the partition's queued
+        records, those below the end offset too (src/rdkafka_partition.c ``rd_kafka_toppar_op_seek``; the
+        ``("purge", tp)`` event drops the ones of the batch being built), and resets the application position
+        (``rd_kafka_toppar_seek``: ``rktp_app_pos`` INVALID until the next record is handed out). A clean
+        leader change leaves every position inside the log: nothing moves."""
         fetching = self.assigned.get(tp)
-        if fetching is None or fetching.position is None or fetching.leader_epoch is None:
+        if fetching is None or fetching.position is None:
+            return
+        if fetching.fetched > fetching.position:
+            position, epoch = fetching.fetched, fetching.fetched_epoch
+        else:
+            position, epoch = fetching.position, fetching.leader_epoch
+        if epoch is None:
             return
         log_ = self.broker.logs[tp]
-        end = log_.end_offset_of(fetching.leader_epoch)
-        if fetching.position > end:
-            fetching.position = end
+        end = log_.end_offset_of(epoch)
+        if position > end:
+            fetching.position = fetching.fetched = end
             fetching.leader_epoch = log_.records[end - 1].leader_epoch if end > 0 else None
+            fetching.sought = True
             self.queue_event(("purge", tp))
+
+    def _prefetch(self) -> None:
+        """librdkafka's fetcher reads ahead of the application (up to queued.min.messages): the fetch position of
+        each fetching partition is the log's end as of this call; the records between the application's
+        position and it are queued, not yet handed out. They are the log's own records, unchanged: a
+        truncation below the fetch position purges them (``validate_position``)."""
+        logs = self.broker.logs
+        for tp, fetching in self.assigned.items():
+            if tp in self.paused or fetching.position is None:
+                continue
+            log_ = logs[tp]
+            if log_.end > max(fetching.fetched, fetching.position):
+                fetching.fetched = log_.end
+                fetching.fetched_epoch = log_.records[-1].leader_epoch
 
     # -- Source -------------------------------------------------------------------------------------------
     def subscribe(
@@ -871,7 +896,10 @@ class SimulatedSource:
         """Records of the fetching (assigned, not paused) partitions, from each one's position, in
         fetch-response chunks of a seeded size and order (librdkafka interleaves the partitions'
         fetch responses on the consumer queue)."""
-        if wanted <= 0 or self.broker.down:
+        if self.broker.down:
+            return []
+        self._prefetch()
+        if wanted <= 0:
             return []
         broker = self.broker
         rng = broker.rng
@@ -885,11 +913,13 @@ class SimulatedSource:
                 fetching.position = broker.start_of(tp, fetching.committed)
                 if fetching.committed is not None and fetching.position == fetching.committed[0]:
                     fetching.leader_epoch = offset_metadata.leader_epoch(fetching.committed[1])
+                fetching.fetched = fetching.position
             chunk = rng.randint(1, 50)
             while fetching.position < log_.end and len(out) < wanted and chunk > 0:
                 record = log_.records[fetching.position]
                 fetching.position += 1
                 fetching.leader_epoch = record.leader_epoch
+                fetching.sought = False
                 chunk -= 1
                 self.handed_out.append((self.sim.clock(), record))
                 out.append(
@@ -912,11 +942,14 @@ class SimulatedSource:
         """Pause fetching; the partition's prefetched records are dropped and it will fetch again from the
         last record handed out (src/rdkafka_partition.c ``rd_kafka_toppar_pause_resume``: next fetch at
         ``rktp_app_pos``, then ``rd_kafka_q_purge_toppar_version`` flushes the fetch queue). This fake
-        fetches at hand-out time, so its position already is the application's."""
+        fetches again from the application's position."""
         self._check_frozen()
         for tp in partitions:
-            if tp in self.assigned:
+            fetching = self.assigned.get(tp)
+            if fetching is not None:
                 self.paused.add(tp)
+                if fetching.position is not None:
+                    fetching.fetched = fetching.position
 
     def resume(self, partitions: Mapping[TopicPartitionId, FetchPosition | None]) -> None:
         """Resume, then seek to the position given (``KafkaSource.resume``); librdkafka's seek moves the
@@ -929,6 +962,7 @@ class SimulatedSource:
             fetching = self.assigned.get(tp)
             if fetching is not None and position is not None:
                 fetching.position, fetching.leader_epoch = position.offset, position.leader_epoch
+                fetching.fetched, fetching.sought = position.offset, True  # the prefetched records are dropped
                 self.validate_position(tp)
         self.wake()
 
@@ -1005,11 +1039,12 @@ class SimulatedSource:
 
     def positions(self, partitions: Sequence[TopicPartitionId]) -> dict[TopicPartitionId, int | None]:
         """The application position (last record handed out + 1; src/rdkafka_queue.c updates
-        ``rktp_app_pos`` as it returns records); ``None`` before the first fetch."""
+        ``rktp_app_pos`` as it returns records); ``None`` before the first fetch, and after a seek until the
+        next record is handed out (src/rdkafka_partition.c ``rd_kafka_toppar_seek`` resets it)."""
         result: dict[TopicPartitionId, int | None] = {}
         for tp in partitions:
             fetching = self.assigned.get(tp)
-            result[tp] = fetching.position if fetching is not None else None
+            result[tp] = fetching.position if fetching is not None and not fetching.sought else None
         return result
 
     def close(self) -> None:
@@ -1085,6 +1120,12 @@ class _Fetching:
     leader_epoch: int | None = None
     """The epoch of the fetch position: the last record handed out's, or the committed offset's (the one its
     commit carried: ``KafkaSource.commit`` commits the metadata's); ``None``: unknown, never validated."""
+    fetched: int = 0
+    """The fetcher's position (``_prefetch``): records from ``position`` up to it are queued, not handed out."""
+    fetched_epoch: int | None = None
+    """The leader epoch of the last record fetched (the epoch librdkafka validates the fetch position with)."""
+    sought: bool = False
+    """A seek since the last record handed out: the application position is unknown (``positions``)."""
 
 
 @dataclass

@@ -11,6 +11,8 @@ The simulation's findings F3 and F6 (docs/testing.md) keep plans here too; the s
 under gives records leader epochs, which their fix (d8d435f) also brought to the code, so on its
 parent 43b1399 they ran with three check-only shims (``contracts.FetchPosition``, a
 ``Message.leader_epoch`` field the old runtime ignores, ``offset_metadata.leader_epoch`` returning None).
+The review's prefetch finding (prefetched-past-a-truncation) needs the client fake's prefetch, which came
+with its fix: it fails on the fix's parent with this simulation copied in.
 """
 
 from __future__ import annotations
@@ -253,6 +255,21 @@ def metadata_outlives_a_truncation(seed: int) -> Plan:
     return _plan("metadata-outlives-a-truncation", seed, flags, keys, script, faults)
 
 
+def prefetched_past_a_truncation(seed: int) -> Plan:
+    """Review of F3 (high): records librdkafka had prefetched past a truncation point were lost. The pod reads
+    slowly (one key, 0.1 s calls, 4 in flight, held, never paused) while the client has fetched the whole
+    log; the log is truncated at 20 while the pod has received about 14: librdkafka validates its fetch
+    position, seeks to 20 and purges the queued records, 15-19 too. The new log's 20 (a greater leader
+    epoch) was taken for an ordinary gap above the last received offset, and the pod committed past 15-19.
+    Now a greater epoch above the next expected offset sends the partition back there (``EpochGap``)."""
+    keys = (Key("k", 1.0, (0,), duration=0.1),)
+    script = tuple(Scripted(0.5 + 0.001 * index, "k", 0) for index in range(40))
+    script += tuple(Scripted(3.0 + 0.05 * index, "k", 0) for index in range(5))
+    faults = (Fault(1.5, "truncate", {"partition": 0, "back": 20}),)
+    flags = _flags(max_inflight=4, max_inflight_per_partition=4, pause_after=30.0)
+    return _plan("prefetched-past-a-truncation", seed, flags, keys, script, faults)
+
+
 REGRESSIONS: dict[str, Regression] = {
     "idle-process-killed": Regression(
         "1",
@@ -342,6 +359,15 @@ REGRESSIONS: dict[str, Regression] = {
         "[commits] at 3.812s: pod session 2's commit of orders[0]@2 marks offset 3 done in its metadata, but "
         "orders[0]@3 key k2 seq 2 was not handled (handled never)",
         fixed_by="d8d435f",
+    ),
+    "prefetched-past-a-truncation": Regression(
+        "F3 review",
+        1,
+        prefetched_past_a_truncation,
+        "[commits] at 3.003s: pod session 1 committed orders[0] at offset 20 while orders[0]@12 key k seq 12 below it "
+        "was not handled (handled never); [order] orders[0]@20 started before @19; [at least once] 8 records never "
+        "handled (on 6b56f20's parent with this simulation)",
+        fixed_by="6b56f20",
     ),
 }
 """Name -> regression (the name is ``--plan``'s value)."""
