@@ -122,11 +122,13 @@ LOG_TRUNCATED_NO_RESET = (
     "pod). Set auto.offset.reset to earliest (keyorder's default) to let librdkafka move back to the "
     "truncation point: keyorder then processes the new log's records from there"
 )
-"""Logged for librdkafka's ``_AUTO_OFFSET_RESET`` (or ``_LOG_TRUNCATION``) consumer error. librdkafka raises it
-only when it cannot move the position itself: with the default ``auto.offset.reset`` its KIP-320 validation
-seeks back to the truncation point without an error (src/rdkafka_offset.c,
-``rd_kafka_toppar_handle_OffsetForLeaderEpoch``), and the runtime sees the new log's records arrive under a
-greater leader epoch (``core.tracking.LogTruncated``)."""
+"""Logged for librdkafka's ``_AUTO_OFFSET_RESET`` consumer error. librdkafka emits it from ``rd_kafka_offset_reset``
+(src/rdkafka_offset.c) only when it cannot move the position itself (``auto.offset.reset=error``); a detected
+truncation reaches it with ``_LOG_TRUNCATION`` as the *reason* (``rd_kafka_toppar_handle_OffsetForLeaderEpoch``),
+but the consumer error's code is ``_AUTO_OFFSET_RESET``. Matching ``_LOG_TRUNCATION`` too is harmless. With the
+default ``auto.offset.reset`` the KIP-320 validation seeks to the truncation point without an error, and the
+runtime sees the new log's records arrive under a greater leader epoch (``core.tracking.LogTruncated``, or
+``EpochGap`` when records it had prefetched below that point were purged)."""
 
 
 LIBRDKAFKA_LOGGER = "keyorder.librdkafka"

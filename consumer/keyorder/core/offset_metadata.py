@@ -330,7 +330,9 @@ class Decoded(NamedTuple):
     refused: str | None = None
     """Set when the metadata was ours but out of bounds (forged or corrupt): worth a warning."""
     leader_epoch: int | None = None
-    """The leader epoch the set is about (``None``: unknown, or the set is empty)."""
+    """The leader epoch the set is about, recorded even when the set is empty. ``None``: the metadata has no
+    epoch (the first format, or not ours), or it was not used: refused, or written for another base offset
+    than the committed one."""
 
 
 def _inflate(packed: str) -> bytes:
