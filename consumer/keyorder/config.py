@@ -345,10 +345,11 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         allow_inf_nan=False,
         description="Seconds a partition at its in-flight bound only stops the reading, keeping the client's "
         "prefetched messages, before it is paused so that the others are read past it (0: pause at once); "
-        f"the pod then holds up to {CEILING}x --max-inflight. The seconds add up over fills that follow each "
-        "other, until a fill ends while the partition is paused (which drops its prefetch): a partition that "
-        "refills after each hold stops the reading at most this long in all, and one that fills and drains fast "
-        "is paused once per this many seconds of holds.",
+        f"the pod then holds up to {CEILING}x --max-inflight. Per fill; and while another partition could be "
+        "read (neither full nor paused) the seconds add up over fills that follow each other, until a fill ends "
+        "while the partition is paused (which drops its prefetch): a partition that refills after each hold keeps "
+        "the others unread at most this long in all. Holds that keep no other partition from being read (one "
+        "partition, or the others full or paused) do not add up.",
     )
     poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
     commit_interval: float = Field(

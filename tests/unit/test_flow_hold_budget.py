@@ -1,10 +1,13 @@
 """FlowControl's hold budget (issue 36, finding F4 of the simulation): the holds of one partition add
-up to at most ``pause_after`` until a fill of it ends while it is paused.
+up to at most ``pause_after`` while another partition could be read (neither full nor paused), until
+a fill of it ends while it is paused; and each hold still ends by ``pause_after`` after its fill began.
 
 Each hold used to be bounded on its own. A partition that refilled at the read after each hold (a
 slow handler behind a backlog, or a per-partition bound of one message) then held the reading again
 and again, and the other partitions were not read for much longer than ``pause_after`` (simulation
-seeds 1200, 1551 and 3015).
+seeds 1200, 1551 and 3015). The first budget was spent by every hold, so a fast partition that
+starved nobody (the only one assigned, or beside full or paused ones) was paused about once per
+``pause_after`` of holds, which drops its prefetch for nothing (issue 36 F4 follow-up).
 
 Pure: explicit loads and an injected ``now``."""
 
@@ -36,6 +39,61 @@ def test_holds_that_follow_each_other_add_up_to_pause_after_then_the_partition_i
     assert decision.to_pause == [] and decision.hold == pytest.approx(0.1), "0.4 s of the budget spent"
     decision = step(flow, {"p0": 9, "p1": 0}, now=0.5)
     assert decision.to_pause == ["p0"] and decision.hold is None, "budget spent: paused, p1 is read past it"
+
+
+def hold_and_refill(flow: FlowControl[str], others: dict[str, Load], fills: int) -> tuple[float, list[float]]:
+    """p0 fills to its bound of 10, its handlers take 0.2 s to bring it back to the low-water mark (the
+    loop waits for them, at most the hold), and the read then fills it again, ``fills`` times; the
+    other partitions keep ``others``. Returns the time held and when p0 was paused."""
+    now, held, pauses = 0.0, 0.0, []
+    for _ in range(fills):
+        loads = {"p0": Load(10, 10), **others}
+        decision = flow.decide(loads, Load(sum(load.inflight for load in loads.values()), 10), now)
+        if "p0" in decision.to_pause:
+            pauses.append(now)
+        wait = 0.2 if decision.hold is None else min(decision.hold, 0.2)
+        held += 0.0 if decision.hold is None else wait
+        now += wait
+        loads = {"p0": Load(5, 10), **others}
+        flow.decide(loads, Load(sum(load.inflight for load in loads.values()), 10), now)
+    return held, pauses
+
+
+def test_a_single_fast_partition_held_again_and_again_is_never_paused() -> None:
+    """The only partition assigned starves nobody: pausing it would drop its prefetch for nothing.
+    On the first budget (spent by every hold) p0 was paused at 0.5 s, and then once per 0.5 s of holds."""
+    flow = FlowControl[str](HOLDING)
+    held, pauses = hold_and_refill(flow, {}, fills=50)
+    assert pauses == [], f"p0 paused at {pauses} though no other partition was assigned"
+    assert held == pytest.approx(10.0), "every fill held the reading"
+
+
+def test_holds_beside_partitions_that_are_full_or_paused_cost_no_budget() -> None:
+    """p1 is paused on its uncommitted bound, p2 stays full in flight (it holds too, and is paused once
+    full for 0.5 s): neither could be read, so p0's holds keep nothing from being read. On the first
+    budget p0 was paused at 0.5 s."""
+    flow = FlowControl[str](HOLDING)  # 3 assigned: 10 in flight, 3,333 uncommitted per partition
+    held, pauses = hold_and_refill(flow, {"p1": Load(0, 3_333), "p2": Load(10, 10)}, fills=50)
+    assert pauses == [] and flow.paused == {"p1", "p2"}, f"p0 paused at {pauses}"
+    assert held > 9.5, "p0's fills held the reading (but for one shortened by p2's)"
+
+
+def test_a_refilling_partition_beside_a_readable_one_holds_the_reading_at_most_pause_after_in_all() -> None:
+    """p1 could be read all along: p0's 0.2 s holds add up to its budget of 0.5 s, then it is paused."""
+    flow = FlowControl[str](HOLDING)
+    held, pauses = hold_and_refill(flow, {"p1": Load(0, 0)}, fills=4)
+    assert pauses and pauses[0] == pytest.approx(0.5), f"p0 paused at {pauses}"
+    assert held == pytest.approx(0.5), f"p0 held the reading {held:.2f} s beside a readable p1"
+
+
+def test_a_single_partition_full_for_pause_after_is_still_paused() -> None:
+    """A hold still ends by ``pause_after`` after its fill began, budget or not: the loop calls the client
+    (rebalance callbacks, ``max.poll.interval.ms``) at least that often, and a slow partition is paused."""
+    flow = FlowControl[str](HOLDING)
+    assert step(flow, {"p0": 10}, now=0.0).hold == pytest.approx(0.5)
+    assert step(flow, {"p0": 8}, now=0.3).hold == pytest.approx(0.2), "the fill's time counts, not the budget's"
+    decision = step(flow, {"p0": 8}, now=0.5)
+    assert decision.to_pause == ["p0"] and decision.hold is None
 
 
 def test_a_partition_bound_of_one_message_holds_the_reading_at_most_pause_after_in_all() -> None:
@@ -127,4 +185,46 @@ def test_one_partition_holds_the_reading_at_most_pause_after_between_its_pauses(
             wait = min(wait, decision.hold)
             held += wait
             assert held <= pause_after + 1e-9, f"p0 held the reading {held:.3f} s since its last pause"
+        now += wait
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pause_after=st.sampled_from([0.0, 0.25, 0.5, 2.0]),
+    steps=st.lists(
+        st.tuples(st.integers(0, 12), st.integers(0, 12), st.sampled_from([0.0, 0.05, 0.125, 0.3, 1.0])),
+        min_size=1,
+        max_size=80,
+    ),
+)
+def test_holds_keep_a_readable_partition_waiting_at_most_pause_after_between_pauses(
+    pause_after: float, steps: list[tuple[int, int, float]]
+) -> None:
+    """Both counts go anywhere. p1 could be read while it is not full (it is full from 10 until it is
+    back at 5; a partition that is not full is never paused): p0's holds while p1 could be read add up
+    to at most ``pause_after`` between p0's pauses, and a hold never outlasts ``pause_after`` after the fill
+    of a partition holding the reading began."""
+    flow = FlowControl[str](
+        FlowLimits(max_inflight=100, max_inflight_per_partition=10, max_uncommitted=10_000, pause_after=pause_after)
+    )
+    now, held_beside_readable = 0.0, 0.0
+    filled_at: dict[str, float] = {}
+    for p0, p1, wait in steps:
+        for partition, count in (("p0", p0), ("p1", p1)):
+            if count >= 10:
+                filled_at.setdefault(partition, now)
+            elif count <= 5:
+                filled_at.pop(partition, None)
+        decision = step(flow, {"p0": p0, "p1": p1}, now)
+        if "p0" in decision.to_pause:
+            held_beside_readable = 0.0
+        if decision.hold is not None:
+            wait = min(wait, decision.hold)
+            first_filled = min(filled_at[partition] for partition in filled_at if partition not in flow.paused)
+            assert now + decision.hold <= first_filled + pause_after + 1e-9, "a hold outlasts its fill's limit"
+            if "p1" not in filled_at and "p0" not in flow.paused:
+                held_beside_readable += wait
+                assert held_beside_readable <= pause_after + 1e-9, (
+                    f"p0 held the reading {held_beside_readable:.3f} s beside a readable p1 since its last pause"
+                )
         now += wait

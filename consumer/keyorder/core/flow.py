@@ -26,18 +26,24 @@ reached many times a second, and pausing each time left the workers idle most of
 1. **Hold**: while a partition is full in flight, the poll loop stops reading and waits for the
    workers; the Kafka client's prefetch queue is the buffer meanwhile. Reading goes on the moment
    the count is back at the low-water mark, from messages already fetched.
-2. **Pause**: each partition has a *hold budget* of ``pause_after`` seconds. It is spent while the
-   partition is full in flight, over one fill or many (time full while paused on another bound
-   counts too: the partition did not drain), and renewed only when a fill ends while the partition
-   is paused. A partition whose budget is spent is paused, so the others can be read past it (a hot
-   or blocked key, a slow handler), and stays paused until its low-water mark. Pausing drops its
-   prefetched messages, so what was fetched for the others comes first: hence the renewal. A budget
-   per hold was not enough: a partition that filled again at the read after each hold (a slow
-   handler behind a backlog, or a bound of one message, which every message in flight fills)
-   chained holds, each under ``pause_after``, and the others went unread for many times that. A
-   partition that keeps filling and draining fast is paused once per ``pause_after`` of holds, not
-   at every fill. It is remembered as slow and paused at once the next time it fills, until a fill
-   drains within ``pause_after`` again. A full uncommitted count pauses at once: only a commit
+2. **Pause**: a partition is paused, so the others can be read past it (a hot or blocked key, a
+   slow handler), when it has been full in flight for ``pause_after`` seconds (since the fill
+   began, paused on another bound or not), or when its *hold budget* of ``pause_after`` seconds is
+   spent while another partition could be read; it stays paused until its low-water mark. The
+   budget is spent only while the partition holds the reading and another assigned partition is
+   neither full nor paused, over one fill or many, and renewed when a fill ends while the partition
+   is paused (pausing dropped its prefetch, so what was fetched for the others comes first). A
+   limit per hold alone was not enough: a partition that filled again at the read after each hold
+   (a slow handler behind a backlog, or a bound of one message, which every message in flight
+   fills) chained holds, each under ``pause_after``, and the others went unread for many times
+   that. A budget spent by every hold was too much: a fast partition was paused once per
+   ``pause_after`` of holds although pausing helped nobody (the only partition assigned, or the
+   others full or paused themselves), and each pause cost it its prefetch. A read after a hold that
+   returns other partitions' records does not renew the budget: it tells nothing of a third
+   partition's records queued behind them (seed 1200's starved partition was one of three), and
+   the counts flow control is given cannot tell a partition read from one with nothing to read. A
+   partition paused either way is remembered as slow and paused at once the next time it fills,
+   until a fill drains within ``pause_after`` again. A full uncommitted count pauses at once: only a commit
    confirmed by the broker lowers it, the client reports those only while it is called, and a
    blocked head offset can keep it full for long. A paused partition holds up nothing.
 
@@ -78,12 +84,20 @@ its bound, the pod holds at most B, plus the handlers still running for revoked 
 
 **Guarantee.** A partition that is not full (under its bounds, or back at its low-water marks
 since it filled) is never paused while the pod is under its ceiling, whatever the other partitions
-hold, and the loop may read at least one message once no partition holds the reading. A hold lasts
-at most ``pause_after``, and the holds of one partition add up to at most ``pause_after`` between
-two of its pauses, each of which drops its prefetch. So a partition waits for reading because of
-holds at most ``pause_after`` for each partition whose fetched messages the client queued ahead of
-its own (partitions full together hold at the same time and spend their budgets together), however
-often those refill; with a budget per hold it was unbounded. **What waits at the ceiling:** every
+hold, and the loop may read at least one message once no partition holds the reading. A hold ends
+at most ``pause_after`` after the fill of a partition holding the reading began. **How long holds
+keep a partition from being read:** count only the time the partition Q could be read (assigned,
+neither full nor paused) while the loop holds. Each instant of it is spent from the budget of every
+partition holding then: the decision that starts a hold sees Q readable, or Q becomes readable
+during it by draining to its low-water mark, which takes at least ``release_after`` completions, so
+the loop wakes and decides again by then (a commit, which releases an uncommitted bound, happens
+only between the loop's waits). A partition's budget is at most ``pause_after`` between two of its
+pauses that end a fill, each of which drops its prefetch. So Q waits for reading because of holds
+at most ``pause_after`` for each partition whose fetched messages the client queued ahead of its own
+(partitions full together hold at the same time and spend their budgets together), however often
+those refill; with a limit per hold alone it was unbounded. A partition alone, or beside partitions
+that are full or paused, spends no budget and is paused only by a fill lasting ``pause_after``.
+**What waits at the ceiling:** every
 partition, healthy ones included, until the pod is one partition bound below it. Healthy partitions
 drain fast, so the ceiling stays reached only while partitions that cannot drain (and handlers of
 revoked partitions that hang) hold nearly 3 * B by themselves, which takes assignment changes while
@@ -91,7 +105,7 @@ they were stuck: partitions assigned one at a time, or partitions read under a l
 nothing is read until those drain (a blocked key's retry succeeds, a hung handler returns) or are
 revoked; the loop still calls the client, so the pod stays in its group and rebalances go on.
 
-Each hold is bounded by ``pause_after``, so the loop still calls the client (rebalance callbacks,
+Each hold is bounded by ``pause_after`` (since its fill began), so the loop still calls the client (rebalance callbacks,
 ``max.poll.interval.ms``) at least that often.
 
 Pure: it is told the counts and the time, and answers with the partitions whose state must
@@ -110,8 +124,9 @@ CEILING = 3
 the least multiple a fixed assignment never reaches (module docstring)."""
 
 SPENT_WITHIN = 1e-6
-"""Seconds of hold budget left below which it counts as spent: the budget is a sum of the intervals
-between decisions, and its rounding must not leave a hold too short for a clock to wait out."""
+"""Seconds left of a hold (of the budget, or of ``pause_after`` since the fill began) below which it
+counts as over: both are sums and differences of times, and their rounding must not leave a hold
+too short for a clock to wait out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +143,9 @@ class FlowLimits:
     resume_ratio: float = 0.5
     """A paused partition resumes when its counts fall to this fraction of its bounds."""
     pause_after: float = 0.5
-    """Seconds a partition full in flight may hold up reading before it is paused (0: at once): in all,
-    over fills that follow each other, until a fill of it ends while it is paused (module docstring)."""
+    """Seconds a partition full in flight may hold up reading before it is paused (0: at once): per fill,
+    and in all while another partition could be read, over fills that follow each other, until a fill
+    of it ends while it is paused (module docstring)."""
 
     def __post_init__(self) -> None:
         if min(self.max_inflight, self.max_inflight_per_partition, self.max_uncommitted) < 1:
@@ -179,8 +195,11 @@ class FlowControl(Generic[PartitionKey]):
         self._uncommitted_full: set[PartitionKey] = set()
         self._slow: set[PartitionKey] = set()  # spent its hold budget: paused at once when full again
         self._hold_spent: dict[PartitionKey, float] = {}
-        """Seconds each partition has been full in flight, over its fills, since a fill of it last
-        ended while it was paused: how much of its hold budget (``pause_after``) is gone."""
+        """Seconds each partition has held the reading while another partition could be read, over its
+        fills, since a fill of it last ended while it was paused: how much of its hold budget is gone."""
+        self._starving: set[PartitionKey] = set()
+        """Partitions that held the reading under the last decision while another partition could be
+        read (neither full nor paused): the time until the next decision is spent from their budgets."""
         self._decided_at: float | None = None
         self.paused: set[PartitionKey] = set()
         self._bound = self.partition_bound(0)  # each partition's, at the last decide
@@ -259,6 +278,7 @@ class FlowControl(Generic[PartitionKey]):
             self._uncommitted_full.discard(partition)
             self._slow.discard(partition)
             self._hold_spent.pop(partition, None)
+            self._starving.discard(partition)
             self.paused.discard(partition)
 
     def decide(self, partitions: Mapping[PartitionKey, Load], pod: Load, now: float) -> FlowDecision[PartitionKey]:
@@ -268,17 +288,19 @@ class FlowControl(Generic[PartitionKey]):
         still run for revoked partitions. Each count of each partition has its own hysteresis (full
         at its bound, released at its low-water mark). A full uncommitted count pauses at once: only
         a commit releases it, and a blocked head offset may hold it for long. A full in-flight count
-        holds reading while the partition's hold budget lasts, unless the partition is paused already;
-        the budget is spent by the time since the last decision for each partition that was full in
-        flight then (that decision stood until now). Each count of the pod has a hysteresis too: at
-        its ceiling every partition is paused, until it is a partition bound below.
+        holds reading for up to ``pause_after`` since its fill began, unless the partition is paused
+        already, and, while another partition could be read (neither full nor paused), only while its
+        hold budget lasts: the time since the last decision is spent from the budget of each partition
+        that held the reading with another readable then (that decision stood until now). Each count
+        of the pod has a hysteresis too: at its ceiling every partition is paused, until it is a
+        partition bound below.
         """
         limits, ratio = self.limits, self.limits.resume_ratio
         self.forget([partition for partition in self._tracked() if partition not in partitions])
         inflight_full, uncommitted_full, spent = self._inflight_full, self._uncommitted_full, self._hold_spent
         elapsed = 0.0 if self._decided_at is None else max(now - self._decided_at, 0.0)
         self._decided_at = now
-        for partition in inflight_full:  # full under the last decision, which stood until now
+        for partition in self._starving:  # held the reading with another partition readable, until now
             spent[partition] = spent.get(partition, 0.0) + elapsed
         bound = self._bound = self.partition_bound(len(partitions))
         for partition, load in partitions.items():
@@ -300,20 +322,29 @@ class FlowControl(Generic[PartitionKey]):
             self._at_ceiling_now(uncommitted_at_ceiling, pod.uncommitted, ceiling.uncommitted, bound.uncommitted),
         )
 
-        holds: list[float] = []
+        # a partition neither full nor paused: the one a hold would keep from being read
+        readable = not self.at_ceiling and any(
+            partition not in inflight_full and partition not in uncommitted_full for partition in partitions
+        )
+        holds: dict[PartitionKey, float] = {}
         paused = set(partitions) if self.at_ceiling else set(uncommitted_full)
-        for partition in inflight_full:
-            left = limits.pause_after - spent.get(partition, 0.0)
+        for partition, filled_at in inflight_full.items():
+            left = limits.pause_after - (now - filled_at)
+            if readable:
+                left = min(left, limits.pause_after - spent.get(partition, 0.0))
             if partition in self._slow or left < SPENT_WITHIN:
                 self._slow.add(partition)
                 paused.add(partition)
             elif partition not in paused:  # paused already: the others are read past it
-                holds.append(left)
+                holds[partition] = left
+        self._starving = set(holds) if readable else set()
         to_pause = [partition for partition in paused if partition not in self.paused]
         to_resume = [partition for partition in self.paused if partition not in paused]
         self.paused = paused
         self._uncounted = self._uncounted_load(partitions, pod)
-        return FlowDecision(to_pause, to_resume, min(holds, default=None), self._release_after(partitions, pod))
+        return FlowDecision(
+            to_pause, to_resume, min(holds.values(), default=None), self._release_after(partitions, pod)
+        )
 
     @staticmethod
     def _at_ceiling_now(was: bool, count: int, ceiling: int, partition_bound: int) -> bool:
