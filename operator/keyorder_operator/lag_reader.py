@@ -41,6 +41,7 @@ import os
 import resource
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -59,10 +60,13 @@ DEADLINE_SECONDS = 30.0
 included): the child's client waits up to 5 s per request and a sample makes up to four in a row (topics,
 committed offsets, end offsets, start offsets), plus the child's start (about 0.5 s)."""
 
-MEMORY_BYTES = 1 << 30
-"""The child's address-space limit (``RLIMIT_AS``): a child with one idle client reserves about 190 MB of
+MEMORY_BYTES = 512 << 20
+"""The child's address-space limit (``RLIMIT_AS``): a child with one idle client reserves about 204 MB of
 address space (interpreter, librdkafka's thread stacks and malloc arenas; measured ``VmPeak``), of which about
-35 MB is resident, so this bounds a runaway allocation, not the ordinary clients."""
+35 MB is resident, and about 19 MB more per further configuration: some 16 configurations fit one namespace's
+child. Half the chart's 1 Gi container limit, so that one tenant's child at its limit cannot run the
+container out of memory by itself (with cgroup v2 the kubelet has the kernel kill every process of a
+container that does, the operator included, whatever ``oom_score_adj`` says)."""
 
 CLOSED = "the Kafka client was closed (the resource or its credentials changed)"
 
@@ -250,6 +254,43 @@ def main(argv: Sequence[str]) -> None:
 
 # --- the parent ------------------------------------------------------------------------------------------
 
+FRAME_HEADER = struct.Struct("!i")
+"""``multiprocessing.connection``'s frame header for payloads under 2 GiB (CPython
+``Lib/multiprocessing/connection.py``, ``Connection._send_bytes`` / ``_recv_bytes``): a signed big-endian
+32-bit length, then the bytes. The child speaks through a ``Connection``; the parent frames by hand."""
+
+SEND_SECONDS = 5.0
+"""How long the parent may wait to hand the child one request (a few hundred bytes; the child reads them)."""
+
+
+def receive_frame(channel: socket.socket, limit: int, deadline: float) -> bytes:
+    """One frame's payload from ``channel`` by ``deadline`` (``time.monotonic``), for the whole frame, not per
+    read: ``TimeoutError`` past it, ``EOFError`` if the peer closed, ``OSError`` for a frame over ``limit``
+    bytes (refused before it is read)."""
+    (size,) = FRAME_HEADER.unpack(_receive_exactly(channel, FRAME_HEADER.size, deadline))
+    if not 0 <= size <= limit:
+        raise OSError(f"a frame of {size} bytes (limit {limit})")
+    return _receive_exactly(channel, size, deadline)
+
+
+def _receive_exactly(channel: socket.socket, size: int, deadline: float) -> bytes:
+    chunks: list[bytes] = []
+    left = size
+    while left:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"{size - left} of {size} bytes by the deadline")
+        channel.settimeout(remaining)
+        try:
+            chunk = channel.recv(min(left, 1 << 20))
+        except TimeoutError:
+            raise TimeoutError(f"{size - left} of {size} bytes by the deadline") from None
+        if not chunk:
+            raise EOFError(f"the peer closed after {size - left} of {size} bytes")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
 
 class LagReaderProcess:
     """One live child (``python -m keyorder_operator.lag_reader``, a fresh interpreter that shares no thread,
@@ -274,16 +315,25 @@ class LagReaderProcess:
             raise
         finally:
             theirs.close()
-        self.connection = multiprocessing.connection.Connection(ours.detach())
+        self.socket = ours
+        """The parent's end, in ``multiprocessing.connection``'s framing (what the child's ``Connection``
+        reads and writes) but read here under a deadline: ``Connection.recv_bytes`` blocks with none once the
+        first byte is there, and a child that stalls mid-answer would hold the resource's thread for good."""
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
+    def _send(self, request: Mapping[str, Any]) -> None:
+        """One request frame; a child that stopped reading cannot hold the sender past ``SEND_SECONDS``."""
+        payload = json.dumps(request).encode()
+        self.socket.settimeout(SEND_SECONDS)
+        self.socket.sendall(FRAME_HEADER.pack(len(payload)) + payload)
+
     def forget(self, numbers: Sequence[int]) -> None:
         """Tell the child to close these configurations' clients (raises ``OSError`` if it is gone)."""
         for number in numbers:
-            self.connection.send_bytes(json.dumps({"do": "forget", "id": number}).encode())
+            self._send({"do": "forget", "id": number})
 
     def ask(
         self,
@@ -303,16 +353,14 @@ class LagReaderProcess:
             self.forget(forget)
             if properties is not None:
                 configure = {"do": "configure", "id": number, "properties": dict(properties)}
-                self.connection.send_bytes(json.dumps(configure).encode())
-            request = {"do": "sample", "id": number, "topics": list(topics), "group": group, "now": now}
-            self.connection.send_bytes(json.dumps(request).encode())
-            if self.connection.poll(deadline_seconds):
-                answer = answer_to_sample(self.connection.recv_bytes(MAX_ANSWER_BYTES))
-                if answer is not None:
-                    return answer
-                cause = "answered something that is not a lag sample and was killed"
-            else:
-                cause = f"did not answer within {deadline_seconds:.2g} s and was killed"
+                self._send(configure)
+            self._send({"do": "sample", "id": number, "topics": list(topics), "group": group, "now": now})
+            answer = answer_to_sample(receive_frame(self.socket, MAX_ANSWER_BYTES, time.monotonic() + deadline_seconds))
+            if answer is not None:
+                return answer
+            cause = "answered something that is not a lag sample and was killed"
+        except TimeoutError:  # nothing, or only part of an answer, by the deadline
+            cause = f"did not answer within {deadline_seconds:.2g} s and was killed"
         except (EOFError, OSError):  # the pipe closed (the child died), or an answer over MAX_ANSWER_BYTES
             try:
                 self.process.wait(2.0)
@@ -328,7 +376,7 @@ class LagReaderProcess:
             self.process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(5.0)
-        self.connection.close()
+        self.socket.close()
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import textwrap
@@ -396,3 +397,27 @@ def test_waiting_for_the_namespaces_child_counts_toward_a_resources_own_deadline
     assert error.condition == READER_FAILED, error
     (first,) = outcome
     assert "did not answer within" in first.reason and first.condition == READER_FAILED, first.reason
+
+
+def test_an_answer_that_stalls_midway_ends_at_the_deadline_not_never() -> None:
+    """The parent reads a child's answer under one deadline for the whole frame: a child that sent the header
+    and part of the payload, then stalled (compromised, or stopped), cannot hold the resource's thread."""
+    from keyorder_operator.lag_reader import FRAME_HEADER, receive_frame
+
+    parent, child = socket.socketpair()
+    with parent, child:
+        child.sendall(FRAME_HEADER.pack(100) + b"x" * 10)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="10 of 100 bytes"):
+            receive_frame(parent, 1 << 20, started + 0.5)
+        assert time.monotonic() - started < 5  # hang guard
+
+
+def test_an_answer_over_the_limit_is_refused_before_it_is_read() -> None:
+    from keyorder_operator.lag_reader import FRAME_HEADER, receive_frame
+
+    parent, child = socket.socketpair()
+    with parent, child:
+        child.sendall(FRAME_HEADER.pack(17 << 20))
+        with pytest.raises(OSError, match="limit"):
+            receive_frame(parent, 16 << 20, time.monotonic() + 5)
