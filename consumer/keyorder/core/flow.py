@@ -97,16 +97,17 @@ at most ``pause_after`` for each partition whose fetched messages the client que
 (partitions full together hold at the same time and spend their budgets together), however often
 those refill; with a limit per hold alone it was unbounded. A partition alone, or beside partitions
 that are full or paused, spends no budget and is paused only by a fill lasting ``pause_after``.
-**What waits at the ceiling:** every
-partition, healthy ones included, until the pod is one partition bound below it. Healthy partitions
-drain fast, so the ceiling stays reached only while partitions that cannot drain (and handlers of
-revoked partitions that hang) hold nearly 3 * B by themselves, which takes assignment changes while
-they were stuck: partitions assigned one at a time, or partitions read under a larger share. Then
-nothing is read until those drain (a blocked key's retry succeeds, a hung handler returns) or are
-revoked; the loop still calls the client, so the pod stays in its group and rebalances go on.
 
-Each hold is bounded by ``pause_after`` (since its fill began), so the loop still calls the client (rebalance callbacks,
-``max.poll.interval.ms``) at least that often.
+**What waits at the ceiling:** every partition, healthy ones included, until the pod is one
+partition bound below it. Healthy partitions drain fast, so the ceiling stays reached only while
+partitions that cannot drain (and handlers of revoked partitions that hang) hold nearly 3 * B by
+themselves, which takes assignment changes while they were stuck: partitions assigned one at a
+time, or partitions read under a larger share. Then nothing is read until those drain (a blocked
+key's retry succeeds, a hung handler returns) or are revoked; the loop still calls the client, so
+the pod stays in its group and rebalances go on.
+
+Each hold ends by ``pause_after`` after its fill began, so the loop still calls the client
+(rebalance callbacks, ``max.poll.interval.ms``) at least that often.
 
 Pure: it is told the counts and the time, and answers with the partitions whose state must
 change, whether the loop may read, and how much. Its answer changes over time only by a hold
