@@ -15,6 +15,15 @@ after the read and how long the read took:
 connections (opened 10 ms apart) that each send a byte every 5 s for ``--slow-seconds``; then it prints the server
 process's threads, the slow connections it still holds, and how long a ``/readyz`` probe took.
 
+``--parallel-pods N`` measures what parsing costs (the review of issue 37's fix): N pods (default 32,
+``MAX_PARALLEL``) of each of ``--resources R`` resources polled at once (threads, as kopf's) answer a
+``--payload``: ``objects``, 1 MiB of ``[{},{},...]`` (25 MiB parsed, the worst per byte under the old
+1 MiB limit), or ``keyed``, a well-formed report whose ``partitions`` are ``{"<unique key>":1}``, as
+many as the current token limit lets through (the costliest report, per byte, that reaches the
+parser; refused once parsed, as it has more than ``MAX_REPORT_PARTITIONS``), or ``full``, a report of
+5,990 partitions, each with distinct values and blocked (the costliest one the operator keeps for
+the poll: it keeps the partitions whose commit is held); it prints the operator's peak RSS.
+
 ``--against COMMIT`` runs the same on that commit's ``operator/`` and ``consumer/`` (extracted with
 ``git archive``) first. ``--real-report`` prints the size of a real scaling report instead
 (``keyorder.adapters.scaling_report.build_report``; the report names only the busiest key, so its
@@ -23,6 +32,7 @@ size grows with the assigned partitions, not with the keys)::
     .venv/bin/python -m tools.hostile_pod --against a687531
     .venv/bin/python -m tools.hostile_pod --against a687531 --slow-clients 300
     .venv/bin/python -m tools.hostile_pod --real-report
+    .venv/bin/python -m tools.hostile_pod --against HEAD~1 --parallel-pods 32 --resources 4 --payload objects
 """
 
 from __future__ import annotations
@@ -55,6 +65,73 @@ reports, failures = fetch_reports([sys.argv[2]], 0, "t" * 24)
 seconds = time.monotonic() - started
 print(json.dumps({"rss_before_mib": before, "rss_peak_mib": rss_mib(), "seconds": seconds, "failures": failures}))
 """
+
+
+PARALLEL_CHILD = """
+import json, resource, sys, threading, time
+sys.path[:0] = [sys.argv[1] + "/operator", sys.argv[1] + "/consumer"]
+from keyorder_operator.pod_admin import fetch_reports
+def rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+addresses, resources = json.loads(sys.argv[2]), int(sys.argv[3])
+before = rss_mib()
+failures = []
+def poll():
+    failures.extend(fetch_reports(addresses, 0, "t" * 24, timeout=30)[1])
+started = time.monotonic()
+polls = [threading.Thread(target=poll) for _ in range(resources)]
+for thread in polls:
+    thread.start()
+for thread in polls:
+    thread.join()
+seconds = time.monotonic() - started
+print(json.dumps({"rss_before_mib": before, "rss_peak_mib": rss_mib(), "seconds": seconds, "failures": failures}))
+"""
+
+
+def payload(kind: str) -> bytes:
+    """A hostile report body: see ``--payload``."""
+    if kind == "objects":
+        return b"[" + b",".join([b"{}"] * (1024 * 1024 // 3 - 100)) + b"]"
+    head = (
+        b'{"version": 1, "workers": 1, "workersBusy": 0, "handlerCallsTotal": 0, "rebalancesTotal": 0,'
+        b' "partitionsAssigned": 1, "inflight": 0, "handlerSecondsTotal": 0, "lanes": {"ready": 0, "queued": 0},'
+        b' "partitions": ['
+    )
+    elements, size = [], len(head) + 2
+    for number in range(36 * 1024 // 2 - 20):  # 2 tokens ('{' and ',') each
+        element = b'{"%x":1}' % number
+        if kind == "full":  # 6 tokens each, every value its own object
+            if number == 5990:
+                break
+            element = b'{"topic":"%x","partition":%d,"lag":%d,"inflight":%d,"minOffsetHeld":"blocked"}' % (
+                number,
+                number,
+                10**9 + number,
+                10**5 + number,
+            )
+        if size + len(element) + 1 > 500 * 1024:
+            break
+        elements.append(element)
+        size += len(element) + 1
+    return head + b",".join(elements) + b"]}"
+
+
+def parallel_pods(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``--parallel-pods`` hostile pods per resource, ``--resources`` resources polled at once."""
+    body = payload(args.payload)
+    pods = [Pod("payload", args, b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)]
+    addresses = [pods[0].address] * args.parallel_pods
+    done = subprocess.run(
+        [sys.executable, "-c", PARALLEL_CHILD, str(tree), json.dumps(addresses), str(args.resources)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pods[0].listener.close()
+    figures = dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    figures["payload_bytes"] = len(body)
+    return figures
 
 
 POD_CHILD = """
@@ -134,9 +211,10 @@ def slow_clients(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
 class Pod:
     """Serves one hostile reply per connection on a loopback port (a thread per connection)."""
 
-    def __init__(self, mode: str, args: argparse.Namespace) -> None:
+    def __init__(self, mode: str, args: argparse.Namespace, reply: bytes = b"") -> None:
         self.mode = mode
         self.args = args
+        self.reply = reply
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -150,7 +228,9 @@ class Pod:
         with connection:
             try:
                 connection.recv(65536)  # the request (one packet from http.client)
-                if self.mode == "huge":
+                if self.mode == "payload":
+                    connection.sendall(self.reply)
+                elif self.mode == "huge":
                     connection.sendall(HEAD + b"[")
                     chunk = b"0," * (512 * 1024)
                     for _ in range(self.args.huge_mib):
@@ -210,6 +290,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--real-report", action="store_true", help="print real report sizes and exit")
     parser.add_argument("--slow-clients", type=int, default=0, help="measure the pod's server under N slow clients")
     parser.add_argument("--slow-seconds", type=float, default=30.0)
+    parser.add_argument("--parallel-pods", type=int, default=0, help="measure N hostile pods per resource")
+    parser.add_argument("--resources", type=int, default=1, help="resources polled at once (--parallel-pods)")
+    parser.add_argument("--payload", choices=("objects", "keyed", "full"), default="objects")
     args = parser.parse_args(argv)
     if args.real_report:
         real_report_sizes()
@@ -225,6 +308,16 @@ def main(argv: list[str]) -> int:
             trees.append((f"before ({args.against})", Path(scratch)))
         trees.append(("after (working tree)", ROOT))
         for label, tree in trees:
+            if args.parallel_pods:
+                figures = parallel_pods(tree, args)
+                reasons = sorted({failure.split(": ", 1)[1][:90] for failure in figures["failures"]})
+                print(
+                    f"{label:24} {args.resources} x {args.parallel_pods} pods, {args.payload} "
+                    f"({figures['payload_bytes'] / 1024:.0f} KiB): peak RSS {figures['rss_before_mib']:.0f} -> "
+                    f"{figures['rss_peak_mib']:.0f} MiB, {figures['seconds']:.1f} s, "
+                    f"{len(figures['failures'])} failures: {'; '.join(reasons)}"
+                )
+                continue
             if args.slow_clients:
                 pod = slow_clients(tree, args)
                 print(

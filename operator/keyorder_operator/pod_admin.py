@@ -10,7 +10,10 @@ A pod runs a tenant's image, so its replies are untrusted input (docs/security.m
 pods"): every request has an overall deadline (connect, send, status line, headers and body
 together, computed from the injected ``clock``, not a timeout per socket read that a pod dripping
 a byte at a time renews forever) and a size limit on everything read (``MAX_REPLY_BYTES``), checked
-while reading, so a huge reply is refused at the limit instead of being held in memory.
+while reading, so a huge reply is refused at the limit instead of being held in memory. Parsing a
+report costs memory per JSON value, up to 25 times its bytes, so before ``json.loads`` a report's
+values are counted (``MAX_REPLY_TOKENS``), and every parse in the process shares one budget of bytes
+(``PARSE_BUDGET_BYTES``): a group's pods, and the groups polled at once, cannot multiply the cost.
 
 Addresses are ``host`` (the port is the CR's ``httpPort``) or ``host:port`` (local processes in
 ``keyorder dev``, which share one host).
@@ -23,9 +26,11 @@ import io
 import json
 import logging
 import socket
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from keyorder_operator.pod_signals import BadPodReport, parse_report
@@ -38,14 +43,27 @@ ADDRESS = "address"
 MAX_PARALLEL = 32
 TIMEOUT_SECONDS = 2.0
 """The overall deadline of one request to one pod: connecting, sending, and reading the whole reply."""
-MAX_REPLY_BYTES = 1024 * 1024
-"""Most bytes read from one pod for one request (status line, headers and body). A real scaling report
+MAX_REPLY_BYTES = 512 * 1024
+"""Most bytes read from one pod for one scaling report (status line, headers and body). A real report
 grows with the pod's assigned partitions, not with its keys (it names only the busiest one, cut to 80
-characters): measured with ``python -m tools.hostile_pod --real-report``, 1,000 partitions take 94 KiB
-(332 KiB with 249-character topic names, Kafka's longest), 10,000 take 947 KiB. So 1 MiB fits some
-10,000 partitions per pod, far beyond a real pod; a larger reply is refused unparsed. Parsed, a report
-takes about 4.4 times its size, so a group's replies (``MAX_PARALLEL`` at once) cost the operator at
-most some 175 MiB even if every one of its pods is hostile."""
+characters): each partition takes 91 to 110 bytes plus its topic's name (``python -m tools.hostile_pod
+--real-report``: 1,000 partitions take 94 KiB, 332 KiB with 249-character names, Kafka's longest). The
+supported maximum is **4,000 partitions per pod with topic names up to 20 characters, or 1,400
+partitions of any name** (a group needs that many partitions before one pod reads them); a larger
+report is refused."""
+MAX_REPLY_TOKENS = 36 * 1024
+"""Most ``{``, ``[`` and ``,`` in one report, counted (``bytes.count``) before it is parsed. Parsing
+costs memory per value, not per byte: a megabyte of ``[{},{},...]`` takes 25 MiB parsed, ``[[],...]``
+22.5 MiB, ``[1e1,...]`` 9.2 MiB. A real report has 6 per partition and at least 91 bytes per
+partition, so one within ``MAX_REPLY_BYTES`` has at most some 34,600: this limit never refuses one,
+and bounds what the worst payload under it costs parsed to 5 MiB (measured with tracemalloc:
+``{"<unique key>":1}`` elements, the costliest value per token)."""
+PARSE_BUDGET_BYTES = 1024 * 1024
+"""Most reply bytes being parsed (``json.loads`` and the check) at once in the whole operator process,
+over every resource and pod: a semaphore of bytes, so that the operator's poll threads (kopf runs
+several resources at once, each with up to ``MAX_PARALLEL`` pods) cannot multiply the cost of a parse.
+A reply waits for its share until its request's deadline. Two replies of the largest size fit at once;
+at 25 times its size parsed (the worst per byte), all parses together take at most some 26 MiB."""
 MAX_PUSH_REPLY_BYTES = 64 * 1024
 """Most bytes read from one pod's answer to a worker push (``{"workers": n, "previous": m}``)."""
 READ_CHUNK_BYTES = 64 * 1024
@@ -53,6 +71,57 @@ READ_CHUNK_BYTES = 64 * 1024
 
 class PodReplyRefused(OSError):
     """A pod's reply broke a limit (its size or the request's deadline): nothing more is read from it."""
+
+
+class ParseBudget:
+    """A semaphore of bytes: ``hold(n)`` waits until ``n`` bytes of the capacity are free and holds them.
+
+    Shared by every parse of a pod's reply in the process (``PARSE_BUDGET``). A share larger than the
+    capacity takes the whole capacity (it waits for every other parse to end)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._free = capacity
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def hold(self, size: int, seconds: float) -> Iterator[None]:
+        """Hold ``size`` bytes (at most the capacity) while the block runs; ``PodReplyRefused`` when they
+        are not free within ``seconds``."""
+        share = min(size, self.capacity)
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._free >= share, timeout=max(0.0, seconds)):
+                raise PodReplyRefused(
+                    f"no room to parse {size} bytes within the request's deadline: the operator is parsing "
+                    f"{self.capacity - self._free} bytes of other pods' replies (PARSE_BUDGET_BYTES {self.capacity})"
+                )
+            self._free -= share
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._free += share
+                self._changed.notify_all()
+
+    @property
+    def held(self) -> int:
+        """Bytes being parsed now."""
+        with self._changed:
+            return self.capacity - self._free
+
+
+PARSE_BUDGET = ParseBudget(PARSE_BUDGET_BYTES)
+
+
+def check_before_parsing(payload: bytes, max_tokens: int = MAX_REPLY_TOKENS) -> None:
+    """Refuse (``BadPodReport``) a report with more values than a real one can have: ``{``, ``[`` and
+    ``,`` counted without parsing (inside strings too: a real report's strings have few)."""
+    tokens = payload.count(b"{") + payload.count(b"[") + payload.count(b",")
+    if tokens > max_tokens:
+        raise BadPodReport(
+            f"not a report: {tokens} JSON objects, lists and commas in {len(payload)} bytes, over the limit of "
+            f"{max_tokens} (a real report has 6 per partition): refused unparsed"
+        )
 
 
 class _Budget:
@@ -242,6 +311,22 @@ def push_workers(
     return len(done), failures
 
 
+def _parse(payload: bytes) -> dict[str, Any]:
+    """The report in ``payload``, checked and cut to what the operator reads (``parse_report``), or
+    ``BadPodReport``. Raised after the ``except`` blocks end: an exception raised inside one keeps the
+    failing one as its context, whose traceback keeps the whole parsed JSON alive (in the poll's
+    futures, for every pod at once) long after the parse budget was given back."""
+    try:
+        return parse_report(json.loads(payload))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        reason = f"not JSON: {error}"
+    except RecursionError:  # e.g. a megabyte of '[': the parser gives up, the poll must not
+        reason = "not a report: JSON nested too deeply"
+    except ValueError as error:  # BadPodReport, and an integer of more than 4,300 digits
+        reason = str(error)
+    raise BadPodReport(reason)
+
+
 def fetch_reports(
     addresses: Sequence[str],
     port: int,
@@ -250,22 +335,22 @@ def fetch_reports(
     *,
     max_bytes: int = MAX_REPLY_BYTES,
     clock: Callable[[], float] = time.monotonic,
+    parse_budget: ParseBudget = PARSE_BUDGET,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every pod's scaling report, checked, with the address it came from (``ADDRESS``); returns
     (reports, failures as 'address: reason'). Each pod's request ends at its deadline and at
-    ``max_bytes`` (see the module docstring)."""
+    ``max_bytes``; its reply is parsed only if it has no more values than a real report
+    (``MAX_REPLY_TOKENS``), and only while ``parse_budget`` has room for it (see the module docstring)."""
     headers = {"Authorization": f"Bearer {token}"}
 
     def get(address: str) -> dict[str, Any]:
+        deadline = clock() + timeout
         payload = request(
             address, port, "GET", "/admin/scaling", headers, timeout=timeout, max_bytes=max_bytes, clock=clock
         )
-        try:
-            report = parse_report(json.loads(payload))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise BadPodReport(f"not JSON: {error}") from None
-        except RecursionError:  # e.g. a megabyte of '[': the parser gives up, the poll must not
-            raise BadPodReport("not a report: JSON nested too deeply") from None
+        check_before_parsing(payload)
+        with parse_budget.hold(len(payload), deadline - clock()):
+            report = _parse(payload)
         return {**report, ADDRESS: address}
 
     return _each(addresses, get)

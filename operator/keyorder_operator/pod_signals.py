@@ -122,8 +122,37 @@ def _int(report: Mapping[str, Any], name: str) -> int:
     return value
 
 
+MAX_REPORT_PARTITIONS = 6000
+"""Most entries in a report's ``partitions``: more than a real report within the operator's byte limit
+can hold (512 KiB at 91 bytes or more per partition: 5,760), so no real report is refused for it; it
+bounds what a hostile report makes the operator keep for the poll to what a real one costs."""
+PARTITION_FIELDS = ("topic", "partition", "lag", "inflight", "minOffsetHeld")
+"""What ``combine`` reads of each entry of a report's ``partitions``: the only fields kept of one."""
+HELD_STATES = ("blocked", "retrying")
+"""A partition's ``minOffsetHeld`` when a key holds its commit back."""
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _scalars(value: Any, keep: Sequence[str] | None = None) -> dict[str, Any]:
+    """The entries of a JSON object whose values are not containers (of ``keep`` only, when given): the
+    object itself when that is all of it (a real report's are), else a new one."""
+    if not isinstance(value, dict):
+        return {}
+
+    def wanted(name: str, item: Any) -> bool:
+        return isinstance(item, _SCALARS) and (keep is None or name in keep)
+
+    if all(wanted(name, item) for name, item in value.items()):
+        return value
+    return {name: item for name, item in value.items() if wanted(name, item)}
+
+
 def parse_report(report: Any) -> dict[str, Any]:
-    """Check one pod's JSON report; raises ``BadPodReport`` naming the first bad field."""
+    """Check one pod's JSON report; raises ``BadPodReport`` naming the first bad field. Returns what the
+    operator reads of it, a new object: the top level's and ``lanes``'s and ``busiestLane``'s plain
+    values, and ``PARTITION_FIELDS`` of each partition (entries that are not objects dropped). The reports
+    of a group's pods are kept for the whole poll, so a pod cannot make the operator keep more than a
+    real report's values: anything else it sends is freed with the parsed JSON."""
     if not isinstance(report, dict):
         raise BadPodReport(f"expected a JSON object, got {type(report).__name__}")
     if report.get("version") != SUPPORTED_REPORT_VERSION:
@@ -142,7 +171,23 @@ def parse_report(report: Any) -> dict[str, Any]:
         _int(lanes, name)
     if not isinstance(report.get("partitions"), list):
         raise BadPodReport("field 'partitions' must be a list")
-    return report
+    if len(report["partitions"]) > MAX_REPORT_PARTITIONS:
+        raise BadPodReport(
+            f"field 'partitions' has {len(report['partitions'])} entries, more than {MAX_REPORT_PARTITIONS}"
+        )
+    kept = _scalars(report)
+    kept["lanes"] = _scalars(lanes)
+    if "busiestLane" in report:
+        kept["busiestLane"] = _scalars(report["busiestLane"]) if isinstance(report["busiestLane"], dict) else None
+    lane = kept.get("busiestLane") or {}
+    home = (lane.get("topic"), lane.get("partition"))
+    kept["partitions"] = [
+        _scalars(part, PARTITION_FIELDS)
+        for part in report["partitions"]
+        if isinstance(part, dict)
+        and (part.get("minOffsetHeld") in HELD_STATES or (part.get("topic"), part.get("partition")) == home)
+    ]
+    return kept
 
 
 def _number(report: Mapping[str, Any], name: str) -> float:
@@ -182,7 +227,7 @@ def combine(reports: Sequence[Mapping[str, Any]]) -> PodSignals | None:
             )
         for part in report["partitions"]:
             state = part.get("minOffsetHeld")
-            if state in ("blocked", "retrying"):
+            if state in HELD_STATES:
                 held.append(
                     HeldPartition(
                         where=_where(part.get("topic"), part.get("partition")),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import socket
 import threading
 import time
@@ -211,7 +212,7 @@ def test_a_redirect_is_not_followed() -> None:
 
 
 def test_a_report_nested_too_deeply_is_a_bad_report_not_a_crash() -> None:
-    nested = b"[" * 500_000
+    nested = b"[" * 30_000  # under MAX_REPLY_TOKENS, far over the recursion limit
 
     def deep(pod: HostilePod, connection: socket.socket) -> None:
         pod.send(connection, b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(nested) + nested)
@@ -220,3 +221,89 @@ def test_a_report_nested_too_deeply_is_a_bad_report_not_a_crash() -> None:
         reports, failures = fetch_reports([pod.address], 0, TOKEN)
     assert reports == []
     assert failures == [f"{pod.address}: not a report: JSON nested too deeply"]
+
+
+# -- what a reply costs parsed (issue 37 follow-up) -------------------------------------------------
+def _served(payload: bytes) -> Behaviour:
+    def behave(pod: HostilePod, connection: socket.socket) -> None:
+        pod.send(connection, b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+
+    return behave
+
+
+def test_a_report_of_empty_objects_is_refused_before_it_is_parsed() -> None:
+    """``[{},{},...]`` within the byte limit costs 25 times its size parsed; the count refuses it unparsed."""
+    payload = b"[" + b",".join([b"{}"] * ((MAX_REPLY_BYTES - 200) // 3)) + b"]"
+    with hostile_pod(_served(payload)) as pod:
+        tracemalloc.start()
+        try:
+            reports, failures = fetch_reports([pod.address], 0, TOKEN)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert reports == [] and len(failures) == 1
+    assert failures[0].startswith(f"{pod.address}: not a report: "), failures
+    assert f"over the limit of {pod_admin.MAX_REPLY_TOKENS}" in failures[0]
+    assert peak < 4 * len(payload), f"reading the reply took {peak} bytes of memory for {len(payload)}"
+
+
+def test_a_real_report_of_the_supported_maximum_is_read() -> None:
+    """4,000 partitions of 20-character topic names, with the largest numbers: within both limits."""
+    partition = {"topic": "t" * 20, "partition": 3999, "lag": 10**12, "inflight": 10**6, "minOffsetHeld": "blocked"}
+    report = {
+        "version": 1, "workers": 64, "workersBusy": 64, "handlerCallsTotal": 10**12, "rebalancesTotal": 10**6,
+        "partitionsAssigned": 4000, "inflight": 10**6, "handlerSecondsTotal": 1e9,
+        "lanes": {"ready": 10**5, "queued": 10**6}, "busiestKey": ",{[" * 27, "partitions": [partition] * 4000,
+    }  # fmt: skip
+    payload = json.dumps(report).encode()
+    assert len(payload) < MAX_REPLY_BYTES - 200
+    with hostile_pod(_served(payload)) as pod:
+        reports, failures = fetch_reports([pod.address], 0, TOKEN)
+    assert failures == []
+    assert len(reports[0]["partitions"]) == 4000  # all held: all kept
+
+
+def test_parses_wait_for_the_process_wide_budget_until_the_requests_deadline() -> None:
+    """Another resource's parses hold the budget: this pod's reply is refused at its deadline, not parsed
+    beside them; once they end, it is parsed."""
+    budget = pod_admin.ParseBudget(64 * 1024)
+    report = b'{"version": 1, "lanes": {}}'
+    with hostile_pod(_served(report)) as pod:
+        holding = budget.hold(64 * 1024 - 10, seconds=0)
+        holding.__enter__()  # 10 bytes free: the reply's share does not fit
+        try:
+            started = time.monotonic()
+            reports, failures = fetch_reports([pod.address], 0, TOKEN, timeout=0.5, parse_budget=budget)
+            elapsed = time.monotonic() - started
+        finally:
+            holding.__exit__(None, None, None)
+        assert elapsed < 5  # hang guard: the deadline is 0.5 s
+        assert reports == [] and len(failures) == 1
+        assert "no room to parse" in failures[0] and "PARSE_BUDGET_BYTES 65536" in failures[0], failures
+        _, failures = fetch_reports([pod.address], 0, TOKEN, parse_budget=budget)
+    assert failures == [f"{pod.address}: field 'workers' must be a non-negative integer, got None"]
+    assert budget.held == 0
+
+
+def test_the_parse_budget_lets_a_share_in_only_when_it_fits() -> None:
+    budget = pod_admin.ParseBudget(100)
+    order: list[str] = []
+    first = budget.hold(70, seconds=0)
+    first.__enter__()
+    entered = threading.Event()
+
+    def second() -> None:
+        with budget.hold(40, seconds=30):
+            order.append("second parses")
+            entered.set()
+
+    waiting = threading.Thread(target=second)
+    waiting.start()
+    assert not entered.wait(0.2)  # event order: 70 + 40 > 100, it waits
+    order.append("first ends")
+    first.__exit__(None, None, None)
+    waiting.join(10)
+    assert order == ["first ends", "second parses"]
+    with budget.hold(10**9, seconds=0):  # larger than the capacity: takes all of it
+        assert budget.held == 100
+    assert budget.held == 0
