@@ -191,6 +191,13 @@ class World:
         records = self.broker.logs[tp].records
         return records[offset] if 0 <= offset < len(records) else None
 
+    def records_ever_at(self, tp: tuple[str, int], offset: int) -> list[Record]:
+        """Every record that has been at ``offset``: the log's now, and those truncations removed (a pod that
+        has not yet seen a truncation still holds the old log's record there)."""
+        log_ = self.broker.logs[tp]
+        current = self.record_at(tp, offset)
+        return [*(record for record in log_.gone if record.offset == offset), *([current] if current else [])]
+
     def failures(self, record: Record) -> int:
         """Failed attempts of ``record``: the handler raised, or its worker process died under it."""
         return sum(
