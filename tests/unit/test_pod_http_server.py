@@ -264,3 +264,113 @@ def test_an_unreadable_token_file_refuses_every_token(serve: Any, tmp_path: Path
     token_file.write_text("short")  # a token must be at least 16 characters
     assert _put_workers(server.port, OLD_TOKEN, 4) == 503
     assert _get(server.port, "/admin/workers") == (200, {"workers": 2})
+
+
+# -- clients that do not read their replies (issue 37 review) -------------------------------------
+class _LargeMetrics:
+    """A collector whose scrape is 8 MiB (one sample with a long label: quick to format): more than a
+    client's receive buffer and the server's send buffer hold (loopback's grows to 4 MiB), so a
+    client that does not read leaves some of it unsent."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("keyorder_test_large", "a large scrape", labels=["series"])
+        family.add_metric(["x" * (8 * 1024 * 1024)], 1)
+        yield family
+
+
+def _not_reading(port: int, path: str = "/metrics") -> socket.socket:
+    """A client that sends a whole request and never reads the reply (a 4 KiB receive buffer)."""
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.settimeout(10)
+    client.connect(("127.0.0.1", port))
+    client.sendall(f"GET {path} HTTP/1.1\r\nHost: pod\r\n\r\n".encode())
+    return client
+
+
+def _wait_for(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"  # hang guard
+        time.sleep(0.01)
+
+
+def test_clients_that_do_not_read_a_large_metrics_reply_hold_no_handler_thread(serve: Any) -> None:
+    """One handler thread, three clients that never read an 8 MiB scrape: the next request is answered.
+    Before, the thread stayed in a blocking send for ``reply_seconds`` (60 s here) per such client."""
+    registry = CollectorRegistry()
+    registry.register(_LargeMetrics())  # type: ignore[arg-type]
+    server = serve(registry, handler_threads=1, reply_seconds=60.0)
+    clients = [_not_reading(server.port) for _ in range(3)]
+    try:
+        # the open GET /admin/workers takes the one handler thread after the three scrapes
+        assert _get(server.port, "/admin/workers") == (200, {"workers": 2})  # urlopen's 10 s: hang guard
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_an_operator_admin_request_is_served_while_non_reading_scrapes_fill_the_queue(
+    serve: Any, tmp_path: Path
+) -> None:
+    """The review's reproduction, scaled down: every queue place and handler thread taken by scrapes
+    whose clients do not read; the operator's authenticated PUT /admin/workers still gets 200 (before:
+    503 at once), while an anonymous request gets 503 (the queue was full)."""
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN)
+    registry = CollectorRegistry()
+    registry.register(_LargeMetrics())  # type: ignore[arg-type]
+    server = serve(registry, token=_token_reader(token_file), handler_threads=2, max_queued=4)
+    httpd = server._httpd
+    clients = [_not_reading(server.port) for _ in range(6)]
+    try:
+        _wait_for(lambda: httpd.refused["busy"] >= 2, "the two scrapes past the queue refused")
+        assert _get(server.port, "/admin/workers")[0] == 503
+        assert _put_workers(server.port, OLD_TOKEN, 7) == 200
+        assert _put_workers(server.port, "not-the-token-" + "x" * 16, 8) == 503  # no priority without the token
+    finally:
+        for client in clients:
+            client.close()
+    assert server.runtime.workers == 7
+
+
+def test_a_client_that_does_not_read_its_reply_is_dropped_at_the_reply_deadline(serve: Any) -> None:
+    registry = CollectorRegistry()
+    registry.register(_LargeMetrics())  # type: ignore[arg-type]
+    server = serve(registry, reply_seconds=0.5, max_queued=1)
+    httpd = server._httpd
+    client = _not_reading(server.port)
+    try:
+        _wait_for(lambda: httpd.refused["not_reading"] == 1, "the client that does not read dropped")
+        assert _get(server.port, "/admin/workers") == (200, {"workers": 2})  # its queue place is free again
+        assert httpd.connections <= 1  # at most this request's lingering connection
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        pytest.param(b"GET /metrics HTTP/1.1\r\nX-Big: " + b"x" * 40000, b"431", id="head-too-large"),
+        pytest.param(b"PUT /admin/workers HTTP/1.1\r\nContent-Length: 99999\r\n\r\n" + b"{" * 40000, b"413", id="body"),
+    ],
+)
+def test_a_refused_request_gets_its_reply_and_a_clean_end_not_a_reset(
+    serve: Any, request_bytes: bytes, status: bytes
+) -> None:
+    """The client goes on sending after the server refused it: the server shuts its side and reads the
+    rest for a moment, so the client reads the whole reply and then the end (before: reset)."""
+    server = serve()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        client.sendall(request_bytes)
+        answer = b""
+        while b"\r\n\r\n" not in answer:  # the reply's head: the server has refused the request
+            chunk = client.recv(1000)
+            assert chunk, answer
+            answer += chunk
+        client.sendall(b"x" * 8192)  # what a client still uploading sends meanwhile
+        time.sleep(0.1)  # event order: let the server close (before: with this input unread)
+        while chunk := client.recv(1000):  # before: ConnectionResetError here
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.0 " + status + b" ")
+    assert answer.endswith(b"}\n")

@@ -6,24 +6,35 @@ forever, and a few hundred of them hold a few hundred threads (issue 37, finding
 thread reads every connection without blocking, under an overall deadline per request
 (``ServerLimits.request_seconds``) and a size limit; only a *complete* request reaches one of a
 fixed number of handler threads, and only so many wait for one (past that: 503 at once). Open
-connections still being read are capped; a new one past the cap evicts the oldest, so a flood of
-slow clients cannot lock out the kubelet. Probes (``probe_paths``) are answered first, on the I/O
-thread itself, never queued behind other requests. The listen backlog is ``ServerLimits.backlog``.
+connections are capped; a new one past the cap evicts the oldest being read, so a flood of slow
+clients cannot lock out the kubelet. Probes (``probe_paths``) are answered first, on the I/O thread
+itself, never queued behind other requests. Requests the ``priority`` test picks (the operator's
+authenticated admin calls) have their own handler thread and queue, so a queue full of ``/metrics``
+cannot refuse them. The listen backlog is ``ServerLimits.backlog``.
 
-Threading: the I/O thread owns the selector and every connection until its request is complete;
-then exactly one thread (the I/O thread for a probe or a refusal, else a handler thread) answers
-and closes it. ``_queued`` is the only state both sides touch, under ``_lock``.
+Handler threads only compute replies: the I/O thread writes every reply without blocking, under a
+deadline (``ServerLimits.reply_seconds``), and drops a client that does not read it in time; a
+client that does not read holds a queue place that long, never a thread. After a reply the server
+shuts down its side and reads what the client still sends for a moment (``linger_seconds``) before
+closing: closing with unread input sends a reset, which can destroy the reply (a 413 or 431 above
+all, whose request was not read to its end) before the client read it.
+
+Threading: the I/O thread owns the selector, every connection (except while a handler thread
+computes its reply from a copy of its request) and the queue counts. A handler thread hands its
+reply back through ``_replies`` (a deque) and wakes the I/O thread through a socket pair.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import re
 import selectors
 import socket
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,11 +57,20 @@ class ServerLimits:
     max_request_bytes: int = 16 * 1024
     """Largest request, head and body together (431 or 413 past it)."""
     handler_threads: int = 4
-    """Threads answering complete requests (``/metrics``, the admin endpoints)."""
+    """Threads computing the replies to complete requests (``/metrics``, the admin endpoints)."""
     max_queued: int = 32
-    """Complete requests waiting for or held by a handler thread; past this, 503 at once."""
+    """Complete requests waiting for a handler thread, being answered, or whose reply is being sent;
+    past this, 503 at once."""
+    priority_threads: int = 1
+    """Threads computing the replies to the requests ``priority`` picks (the operator's admin calls)."""
+    max_priority_queued: int = 4
+    """Like ``max_queued``, for the requests ``priority`` picks: their own places, never taken by others."""
     reply_seconds: float = 5.0
-    """Deadline to send one reply (a client that does not read holds a handler thread this long at most)."""
+    """Deadline to send one reply, from when it is ready; a client that has not read it by then is
+    dropped (it holds a queue place this long at most, and no thread)."""
+    linger_seconds: float = 1.0
+    """After a reply, how long the server reads (and discards) what the client still sends before it
+    closes, so that the close does not reset the connection before the client read the reply."""
     backlog: int = 128
     """The listen backlog: a burst of connections waits in the kernel rather than dropping probes."""
 
@@ -121,6 +141,28 @@ class BufferedRequestHandler(BaseHTTPRequestHandler):
         return self.wfile.getvalue()
 
 
+_REQUEST_LINE = re.compile(rb"([A-Z]+) ([^ \r\n]+)")
+
+
+def request_target(request: bytes) -> tuple[str, str]:
+    """(method, path without the query) of a request, ``("", "")`` when its first line is not one."""
+    found = _REQUEST_LINE.match(request)
+    if found is None:
+        return "", ""
+    return found[1].decode("ascii"), found[2].decode("latin-1").split("?", 1)[0]
+
+
+def header_value(request: bytes, name: str) -> str | None:
+    """The value of the first header ``name`` (any case) in a request's head, ``None`` without one."""
+    head = request.split(b"\r\n\r\n", 1)[0]
+    wanted = name.lower().encode("ascii")
+    for line in head.split(b"\r\n")[1:]:
+        field, _, value = line.partition(b":")
+        if field.strip().lower() == wanted:
+            return value.strip().decode("latin-1")
+    return None
+
+
 @dataclass
 class _Pending:
     """A connection whose request is still arriving (owned by the I/O thread)."""
@@ -131,8 +173,23 @@ class _Pending:
     received: bytearray
 
 
+@dataclass
+class _Sending:
+    """A connection whose reply is being written, or that lingers after it (owned by the I/O thread)."""
+
+    connection: socket.socket
+    address: Any
+    deadline: float
+    reply: memoryview
+    lane: str | None
+    """The queue whose place the reply holds (``"handlers"``, ``"priority"``), ``None`` for none."""
+
+
 class BoundedHttpServer:
-    """Serves ``handler_class`` (a ``BufferedRequestHandler``) on ``(host, port)`` within ``limits``."""
+    """Serves ``handler_class`` (a ``BufferedRequestHandler``) on ``(host, port)`` within ``limits``.
+
+    ``priority(request)`` (called on the I/O thread with a complete request; it must be quick) picks
+    the requests served by their own threads and queue (``priority_threads``, ``max_priority_queued``)."""
 
     def __init__(
         self,
@@ -140,6 +197,7 @@ class BoundedHttpServer:
         handler_class: type[BufferedRequestHandler],
         *,
         probe_paths: Sequence[str] = (),
+        priority: Callable[[bytes], bool] | None = None,
         limits: ServerLimits = ServerLimits(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -147,42 +205,72 @@ class BoundedHttpServer:
         self.limits = limits
         self.clock = clock
         self._probes = tuple(f"GET {path}{end}".encode() for path in probe_paths for end in (" ", "?"))
+        self._priority = priority
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self._listener = socket.create_server(address, family=family, backlog=limits.backlog)
         self._listener.setblocking(False)
         self.server_address = self._listener.getsockname()
         self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._wake_writer.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_reader, selectors.EVENT_READ)
-        self._pending: OrderedDict[int, _Pending] = OrderedDict()  # oldest first (all share one deadline span)
-        self._handlers = ThreadPoolExecutor(limits.handler_threads, thread_name_prefix="keyorder-http-handler")
-        self._lock = threading.Lock()
-        self._queued = 0
+        # each oldest first, so deadline order: all of one kind share one deadline span
+        self._reading: OrderedDict[int, _Pending] = OrderedDict()
+        self._writing: OrderedDict[int, _Sending] = OrderedDict()
+        self._lingering: OrderedDict[int, _Sending] = OrderedDict()
+        self._lanes = {
+            "handlers": (
+                ThreadPoolExecutor(limits.handler_threads, thread_name_prefix="keyorder-http-handler"),
+                limits.max_queued,
+            ),
+            "priority": (
+                ThreadPoolExecutor(limits.priority_threads, thread_name_prefix="keyorder-http-priority"),
+                limits.max_priority_queued,
+            ),
+        }
+        self._queued = {"handlers": 0, "priority": 0}
+        """Requests holding a place of each lane (I/O thread only): from dispatch to the reply's end."""
+        self._replies: deque[tuple[socket.socket, Any, bytes, str]] = deque()
+        """Replies computed by the handler threads, for the I/O thread to send (thread-safe appends)."""
         self._stopping = threading.Event()
-        self.refused = {"evicted": 0, "expired": 0, "busy": 0, "invalid": 0}
+        self.refused = {"evicted": 0, "expired": 0, "busy": 0, "invalid": 0, "not_reading": 0}
         """Connections refused by reason, since start (written by the I/O thread only)."""
+
+    @property
+    def connections(self) -> int:
+        """Connections the I/O thread holds (being read, written to, or lingering)."""
+        return len(self._reading) + len(self._writing) + len(self._lingering)
 
     # -- the I/O thread -------------------------------------------------------------------------
     def serve_forever(self) -> None:
         try:
             while not self._stopping.is_set():
-                oldest = next(iter(self._pending.values()), None)
-                wait = None if oldest is None else max(0.0, oldest.deadline - self.clock())
-                for key, _ in self._selector.select(wait):
+                for key, _ in self._selector.select(self._next_wait()):
                     try:
                         if key.fileobj is self._listener:
                             self._accept()
-                        elif key.fileobj is not self._wake_reader:
-                            self._receive(key.fd)
+                        elif key.fileobj is self._wake_reader:
+                            self._woken()
+                        else:
+                            self._ready(key.fd)
                     except Exception:  # one connection's surprise must not stop the port
                         log.exception("http: serving a connection failed")
-                        if (pending := self._pending.get(key.fd)) is not None:
-                            self._drop(pending)
+                        self._close_fd(key.fd)
+                self._take_replies()
                 self._expire(self.clock())
         finally:
-            for pending in list(self._pending.values()):
-                self._drop(pending)
+            for fd in [*self._reading, *self._writing, *self._lingering]:
+                self._close_fd(fd)
+            while self._replies:  # computed while stopping: nobody sends them
+                self._replies.popleft()[0].close()
+
+    def _next_wait(self) -> float | None:
+        deadlines = [next(iter(pending.values())).deadline for pending in (self._reading,) if pending] + [
+            next(iter(sending.values())).deadline for sending in (self._writing, self._lingering) if sending
+        ]
+        return None if not deadlines else max(0.0, min(deadlines) - self.clock())
 
     def _accept(self) -> None:
         for _ in range(self.limits.backlog):  # what is waiting now, not forever
@@ -194,18 +282,37 @@ class BoundedHttpServer:
                 log.warning("http: cannot accept a connection: %s", error)
                 return
             connection.setblocking(False)
-            if len(self._pending) >= self.limits.max_connections:
-                self._count_refusal("evicted", "connections being read reached the cap")
-                self._drop(next(iter(self._pending.values())))
-            self._pending[connection.fileno()] = _Pending(
+            if self.connections >= self.limits.max_connections and not self._make_room():
+                self._count_refusal("busy", "every connection is being answered")
+                connection.close()
+                continue
+            self._reading[connection.fileno()] = _Pending(
                 connection, address, self.clock() + self.limits.request_seconds, bytearray()
             )
             self._selector.register(connection, selectors.EVENT_READ)
 
-    def _receive(self, fd: int) -> None:
-        pending = self._pending.get(fd)
-        if pending is None:  # dropped earlier in this turn (evicted, expired) after the selector saw it
-            return
+    def _make_room(self) -> bool:
+        """Close one connection for a new one: a lingering one (answered already), else the oldest being
+        read; False when every connection is having its reply written."""
+        if self._lingering:
+            self._close_fd(next(iter(self._lingering)))
+            return True
+        if self._reading:
+            self._count_refusal("evicted", "connections reached the cap")
+            self._close_fd(next(iter(self._reading)))
+            return True
+        return False
+
+    def _ready(self, fd: int) -> None:
+        if fd in self._reading:
+            self._receive(self._reading[fd])
+        elif fd in self._writing:
+            self._write(self._writing[fd])
+        elif fd in self._lingering:
+            self._linger(self._lingering[fd])
+        # else: closed earlier in this turn (evicted, expired) after the selector saw it
+
+    def _receive(self, pending: _Pending) -> None:
         try:
             data = pending.connection.recv(8192)
         except (BlockingIOError, InterruptedError):
@@ -213,66 +320,128 @@ class BoundedHttpServer:
         except OSError:
             data = b""
         if not data:
-            self._drop(pending)
+            self._close_fd(pending.connection.fileno())
             return
         pending.received += data
         try:
             size = request_size(pending.received, self.limits.max_request_bytes)
         except RequestRefused as refusal:
             self._count_refusal("invalid", str(refusal))
-            self._drop(pending, error_reply(refusal.status, str(refusal)))
+            self._answer_now(pending, error_reply(refusal.status, str(refusal)))
             return
         if size is not None:
-            self._forget(pending)
-            self._dispatch(pending.connection, bytes(pending.received[:size]), pending.address)
+            self._dispatch(pending, bytes(pending.received[:size]))
+
+    def _dispatch(self, pending: _Pending, request: bytes) -> None:
+        if request.startswith(self._probes):  # probes first: answered here, never queued
+            self._answer_now(pending, self._answer(request, pending.address))
+            return
+        lane = "priority" if self._priority is not None and self._priority(request) else "handlers"
+        executor, places = self._lanes[lane]
+        if self._queued[lane] >= places:
+            self._count_refusal("busy", f"every place of the {lane} queue taken")
+            self._answer_now(pending, error_reply(503, "busy: too many requests at once"))
+            return
+        self._queued[lane] += 1
+        fd = pending.connection.fileno()
+        del self._reading[fd]
+        self._selector.unregister(pending.connection)  # the connection waits for its reply, unwatched
+        executor.submit(self._handle, pending.connection, request, pending.address, lane)
+
+    def _answer_now(self, pending: _Pending, reply: bytes) -> None:
+        """Send ``reply`` to a connection being read (a probe's answer, a refusal)."""
+        del self._reading[pending.connection.fileno()]
+        self._selector.unregister(pending.connection)
+        self._start_sending(pending.connection, pending.address, reply, None)
+
+    def _start_sending(self, connection: socket.socket, address: Any, reply: bytes, lane: str | None) -> None:
+        sending = _Sending(connection, address, self.clock() + self.limits.reply_seconds, memoryview(reply), lane)
+        self._writing[connection.fileno()] = sending
+        self._selector.register(connection, selectors.EVENT_WRITE)
+        self._write(sending)  # most replies fit the socket's buffer: sent at once
+
+    def _write(self, sending: _Sending) -> None:
+        try:
+            sent = sending.connection.send(sending.reply)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:  # the client left: it loses its reply, nobody waits for it
+            log.debug("http: reply to %s not sent: %s", sending.address, error)
+            self._close_fd(sending.connection.fileno())
+            return
+        sending.reply = sending.reply[sent:]
+        if sending.reply:
+            return
+        fd = sending.connection.fileno()
+        del self._writing[fd]
+        self._release(sending)
+        try:
+            sending.connection.shutdown(socket.SHUT_WR)  # the client sees the end of the reply
+        except OSError:
+            self._selector.unregister(sending.connection)
+            sending.connection.close()
+            return
+        sending.deadline = self.clock() + self.limits.linger_seconds
+        self._lingering[fd] = sending
+        self._selector.modify(sending.connection, selectors.EVENT_READ)
+
+    def _linger(self, sending: _Sending) -> None:
+        """Read and discard what the client still sends; close at its end."""
+        try:
+            data = sending.connection.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_fd(sending.connection.fileno())
+
+    def _woken(self) -> None:
+        try:
+            while self._wake_reader.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def _take_replies(self) -> None:
+        while self._replies:
+            connection, address, reply, lane = self._replies.popleft()
+            self._start_sending(connection, address, reply, lane)
 
     def _expire(self, now: float) -> None:
-        while self._pending:
-            oldest = next(iter(self._pending.values()))
-            if oldest.deadline > now:
-                return
+        while self._reading and (oldest := next(iter(self._reading.values()))).deadline <= now:
             self._count_refusal("expired", "no complete request within the deadline")
             limit = self.limits.request_seconds
-            self._drop(oldest, error_reply(408, f"no complete request within {limit:g} s"))
+            self._answer_now(oldest, error_reply(408, f"no complete request within {limit:g} s"))
+        while self._writing and (sending := next(iter(self._writing.values()))).deadline <= now:
+            self._count_refusal("not_reading", "a reply not read within the deadline")
+            self._close_fd(sending.connection.fileno())
+        while self._lingering and next(iter(self._lingering.values())).deadline <= now:
+            self._close_fd(next(iter(self._lingering)))
 
-    def _dispatch(self, connection: socket.socket, request: bytes, address: Any) -> None:
-        if request.startswith(self._probes):  # probes first: answered here, never queued
-            self._send_now(connection, self._answer(request, address))
+    def _release(self, sending: _Sending) -> None:
+        if sending.lane is not None:
+            self._queued[sending.lane] -= 1
+            sending.lane = None
+
+    def _close_fd(self, fd: int) -> None:
+        """Close the connection on ``fd`` whatever its state (releasing its queue place)."""
+        held: _Pending | _Sending | None = self._reading.pop(fd, None)
+        if held is None:
+            held = self._writing.pop(fd, None) or self._lingering.pop(fd, None)
+        if held is None:
             return
-        with self._lock:
-            busy = self._queued >= self.limits.max_queued
-            if not busy:
-                self._queued += 1
-        if busy:
-            self._count_refusal("busy", "every handler thread busy and the queue full")
-            self._send_now(connection, error_reply(503, "busy: too many requests at once"))
-            return
-        self._handlers.submit(self._handle, connection, request, address)
+        if isinstance(held, _Sending):
+            self._release(held)
+        with contextlib.suppress(KeyError, ValueError):  # not registered (or closed already)
+            self._selector.unregister(held.connection)
+        held.connection.close()
 
     def _count_refusal(self, reason: str, why: str) -> None:
         """Count a refused connection; log the 1st, 2nd, 4th, 8th... of each reason (a flood stays quiet)."""
         count = self.refused[reason] = self.refused[reason] + 1
         if count & (count - 1) == 0:
             log.warning("http: %d connections refused since start: %s (%s)", count, reason, why)
-
-    def _forget(self, pending: _Pending) -> None:
-        del self._pending[pending.connection.fileno()]
-        self._selector.unregister(pending.connection)
-
-    def _drop(self, pending: _Pending, reply: bytes = b"") -> None:
-        self._forget(pending)
-        self._send_now(pending.connection, reply)
-
-    @staticmethod
-    def _send_now(connection: socket.socket, reply: bytes) -> None:
-        """Send what the socket takes without waiting (a short reply fits a fresh socket's buffer), close."""
-        try:
-            if reply:
-                connection.send(reply)
-        except OSError:
-            pass  # the client left or does not read: it loses its reply, nobody waits for it
-        finally:
-            connection.close()
 
     # -- handler threads --------------------------------------------------------------------------
     def _answer(self, request: bytes, address: Any) -> bytes:
@@ -283,25 +452,25 @@ class BoundedHttpServer:
             return error_reply(500, "internal error")
         return handler.reply()
 
-    def _handle(self, connection: socket.socket, request: bytes, address: Any) -> None:
+    def _handle(self, connection: socket.socket, request: bytes, address: Any, lane: str) -> None:
+        """Compute the reply; the I/O thread sends it (a client that does not read holds no thread)."""
+        self._replies.append((connection, address, self._answer(request, address), lane))
         try:
-            reply = self._answer(request, address)
-            connection.settimeout(self.limits.reply_seconds)  # bounds the whole sendall (Python >= 3.5)
-            connection.sendall(reply)
-        except OSError as error:
-            log.debug("http: reply to %s not sent: %s", address, error)
-        finally:
-            connection.close()
-            with self._lock:
-                self._queued -= 1
+            self._wake_writer.send(b"x")
+        except BlockingIOError:
+            pass  # the pair's buffer is full of wake-ups already: the I/O thread will look
+        except OSError:
+            log.debug("http: reply to %s dropped: the server is stopping", address)
 
     # -- life cycle (any thread) ------------------------------------------------------------------
     def shutdown(self) -> None:
         self._stopping.set()
-        self._wake_writer.send(b"x")
+        with contextlib.suppress(BlockingIOError):
+            self._wake_writer.send(b"x")
 
     def server_close(self) -> None:
-        self._handlers.shutdown(wait=False, cancel_futures=True)
+        for executor, _ in self._lanes.values():
+            executor.shutdown(wait=False, cancel_futures=True)
         self._selector.close()
         self._listener.close()
         self._wake_reader.close()

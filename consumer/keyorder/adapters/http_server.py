@@ -12,7 +12,9 @@ only the operator to this port (docs/security.md, "The pod's HTTP server").
 
 The port is reachable by anything the network lets in, so it is served by ``bounded_http``: slow or
 numerous clients cannot hold its threads, and the probes (``/healthz``, ``/readyz``) are answered
-first, even while the connection cap is reached.
+first, even while the connection cap is reached. The operator's admin calls (an ``/admin/`` path
+with the current token: ``is_operator``) have their own handler thread and queue places, so clients
+filling the queue with ``/metrics`` requests, or not reading their replies, cannot refuse them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from keyorder.adapters.bounded_http import BoundedHttpServer, BufferedRequestHandler, ServerLimits
+from keyorder.adapters.bounded_http import (
+    BoundedHttpServer,
+    BufferedRequestHandler,
+    ServerLimits,
+    header_value,
+    request_target,
+)
 from keyorder.adapters.scaling_report import scaling_report
 from keyorder.config import ConfigError
 from keyorder.runtime import ConsumerRuntime
@@ -76,7 +84,11 @@ class PodHttpServer:
 
         try:
             self._httpd = BoundedHttpServer(
-                (host, port), Handler, probe_paths=PROBE_PATHS, limits=limits or ServerLimits()
+                (host, port),
+                Handler,
+                probe_paths=PROBE_PATHS,
+                priority=self.is_operator,
+                limits=limits or ServerLimits(),
             )
         except OSError as error:
             raise ConfigError(f"--http-host/--http-port {host}:{port}: cannot listen: {error.strerror}") from None
@@ -91,6 +103,18 @@ class PodHttpServer:
         if self._thread.is_alive():
             self._thread.join(5)
         self._httpd.server_close()
+
+    def is_operator(self, request: bytes) -> bool:
+        """True for an admin request with the current token: served on its own thread and queue places
+        (called on the server's I/O thread with the whole request; reads the token file, as ``_authorized``)."""
+        if self.admin_token is None or not request_target(request)[1].startswith("/admin/"):
+            return False
+        try:
+            current = self.admin_token()
+        except ConfigError:
+            return False  # the handler answers 503 and logs it
+        supplied = (header_value(request, "Authorization") or "").encode("latin-1")
+        return bool(current) and hmac.compare_digest(supplied, f"Bearer {current}".encode())
 
     # -- handlers -----------------------------------------------------------------------------
     def _get(self, request: BaseHTTPRequestHandler) -> None:
