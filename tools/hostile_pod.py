@@ -17,12 +17,16 @@ process's threads, the slow connections it still holds, and how long a ``/readyz
 
 ``--parallel-pods N`` measures what parsing costs (the review of issue 37's fix): N pods (default 32,
 ``MAX_PARALLEL``) of each of ``--resources R`` resources polled at once (threads, as kopf's) answer a
-``--payload``: ``objects``, 1 MiB of ``[{},{},...]`` (25 MiB parsed, the worst per byte under the old
-1 MiB limit), or ``keyed``, a well-formed report whose ``partitions`` are ``{"<unique key>":1}``, as
+``--payload``: ``objects``, 1 MiB (``--objects-kib``) of ``[{},{},...]`` (25 MiB parsed, the worst per
+byte under the old 1 MiB limit), or ``keyed``, a well-formed report whose ``partitions`` are ``{"<unique key>":1}``, as
 many as the current token limit lets through (the costliest report, per byte, that reaches the
 parser; refused once parsed, as it has more than ``MAX_REPORT_PARTITIONS``), or ``full``, a report of
 5,990 partitions, each with distinct values and blocked (the costliest one the operator keeps for
 the poll: it keeps the partitions whose commit is held); it prints the operator's peak RSS.
+
+``--non-readers N`` measures the pod's server under clients that send ``GET /metrics`` (an 8 MiB
+scrape here) with a 4 KiB receive buffer and never read: then the operator's authenticated
+``PUT /admin/workers`` and an anonymous ``GET /admin/workers``, their status and time.
 
 ``--against COMMIT`` runs the same on that commit's ``operator/`` and ``consumer/`` (extracted with
 ``git archive``) first. ``--real-report`` prints the size of a real scaling report instead
@@ -33,6 +37,7 @@ size grows with the assigned partitions, not with the keys)::
     .venv/bin/python -m tools.hostile_pod --against a687531 --slow-clients 300
     .venv/bin/python -m tools.hostile_pod --real-report
     .venv/bin/python -m tools.hostile_pod --against HEAD~1 --parallel-pods 32 --resources 4 --payload objects
+    .venv/bin/python -m tools.hostile_pod --against 5d5147c --non-readers 40
 """
 
 from __future__ import annotations
@@ -89,10 +94,10 @@ print(json.dumps({"rss_before_mib": before, "rss_peak_mib": rss_mib(), "seconds"
 """
 
 
-def payload(kind: str) -> bytes:
+def payload(kind: str, objects_kib: int = 1024) -> bytes:
     """A hostile report body: see ``--payload``."""
     if kind == "objects":
-        return b"[" + b",".join([b"{}"] * (1024 * 1024 // 3 - 100)) + b"]"
+        return b"[" + b",".join([b"{}"] * (objects_kib * 1024 // 3 - 100)) + b"]"
     head = (
         b'{"version": 1, "workers": 1, "workersBusy": 0, "handlerCallsTotal": 0, "rebalancesTotal": 0,'
         b' "partitionsAssigned": 1, "inflight": 0, "handlerSecondsTotal": 0, "lanes": {"ready": 0, "queued": 0},'
@@ -119,7 +124,7 @@ def payload(kind: str) -> bytes:
 
 def parallel_pods(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     """``--parallel-pods`` hostile pods per resource, ``--resources`` resources polled at once."""
-    body = payload(args.payload)
+    body = payload(args.payload, args.objects_kib)
     pods = [Pod("payload", args, b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)]
     addresses = [pods[0].address] * args.parallel_pods
     done = subprocess.run(
@@ -131,6 +136,76 @@ def parallel_pods(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     pods[0].listener.close()
     figures = dict(json.loads(done.stdout.strip().splitlines()[-1]))
     figures["payload_bytes"] = len(body)
+    return figures
+
+
+NON_READER_POD = """
+import sys, threading, tempfile
+sys.path[:0] = [sys.argv[1] + "/operator", sys.argv[1] + "/consumer"]
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import CollectorRegistry
+from keyorder.adapters.http_server import PodHttpServer
+from keyorder.runtime import RuntimeSnapshot
+class Runtime:
+    snapshot = RuntimeSnapshot(broker_reachable=True, assigned_partitions=2)
+    started = threading.Event()
+    stopping = False
+    workers = 2
+    def request_resize(self, workers):
+        previous, self.workers = self.workers, workers
+        return previous
+class Large:
+    def collect(self):
+        family = GaugeMetricFamily("large", "an 8 MiB scrape", labels=["series"])
+        family.add_metric(["x" * (8 * 1024 * 1024)], 1)
+        yield family
+Runtime.started.set()
+registry = CollectorRegistry()
+registry.register(Large())
+server = PodHttpServer(Runtime(), registry, "127.0.0.1", 0, lambda: "t" * 24)
+server.start()
+print(server.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def non_readers(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """N clients that never read a scrape, then the operator's push and an anonymous admin read."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", NON_READER_POD, str(tree)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdin is not None
+    port = int(child.stdout.readline())
+    clients = []
+    for _ in range(args.non_readers):
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", port))
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: pod\r\n\r\n")
+        clients.append(client)
+    time.sleep(2.0)  # the scrapes computed and stuck in their sends
+    figures: dict[str, Any] = {}
+    for name, request in (
+        ("push", b"PUT /admin/workers HTTP/1.1\r\nAuthorization: Bearer " + b"t" * 24
+         + b"\r\nContent-Length: 14\r\n\r\n{\"workers\": 5}"),
+        ("anonymous", b"GET /admin/workers HTTP/1.1\r\n\r\n"),
+    ):  # fmt: skip
+        started = time.monotonic()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as probe:
+                probe.sendall(request)
+                answer = probe.recv(100).split(b"\r\n", 1)[0].decode()
+        except OSError as error:
+            answer = f"no answer: {error}"
+        figures[name] = f"{answer!r} in {time.monotonic() - started:.3f} s"
+    for client in clients:
+        client.close()
+    child.stdin.close()
+    child.wait(10)
     return figures
 
 
@@ -292,6 +367,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--slow-seconds", type=float, default=30.0)
     parser.add_argument("--parallel-pods", type=int, default=0, help="measure N hostile pods per resource")
     parser.add_argument("--resources", type=int, default=1, help="resources polled at once (--parallel-pods)")
+    parser.add_argument("--non-readers", type=int, default=0, help="measure the pod's server under N non-readers")
+    parser.add_argument("--objects-kib", type=int, default=1024, help="size of the objects payload")
     parser.add_argument("--payload", choices=("objects", "keyed", "full"), default="objects")
     args = parser.parse_args(argv)
     if args.real_report:
@@ -308,6 +385,13 @@ def main(argv: list[str]) -> int:
             trees.append((f"before ({args.against})", Path(scratch)))
         trees.append(("after (working tree)", ROOT))
         for label, tree in trees:
+            if args.non_readers:
+                figures = non_readers(tree, args)
+                print(
+                    f"{label:24} {args.non_readers} non-reading scrapes: the operator's PUT /admin/workers "
+                    f"{figures['push']}, an anonymous GET /admin/workers {figures['anonymous']}"
+                )
+                continue
             if args.parallel_pods:
                 figures = parallel_pods(tree, args)
                 reasons = sorted({failure.split(": ", 1)[1][:90] for failure in figures["failures"]})
