@@ -135,10 +135,14 @@ class World:
     # -- bounds ---------------------------------------------------------------------------------------------------
     def _liveness_bound(self) -> float:
         """A partition with work that can run and a worker idle sees a handler start within this: the loop's
-        poll timeouts, a hold up to --pause-after, an uncommitted bound released by the next commit, a
-        commit round trip, and a second of slack; for the process executor also a worst batch."""
+        poll timeouts, holds of up to --pause-after for each other partition (``core.flow``'s guarantee: a
+        partition that can be read waits because of holds at most ``pause_after`` for each partition whose
+        records the client queued ahead of its own; seed 3682 has them follow each other across three
+        partitions, each with an in-flight bound of one message), an uncommitted bound released by the next
+        commit, a commit round trip, and a second of slack; for the process executor also a worst batch."""
         config, settings = self.config, self.settings
-        bound = 2 * settings.poll_timeout + config.pause_after + config.commit_interval + 0.02 + 1.0
+        holds = max(1, len(self.broker.logs) - 1) * config.pause_after
+        bound = 2 * settings.poll_timeout + holds + config.commit_interval + 0.02 + 1.0
         if config.executor == "process":
             handler = self.plan.handler
             longest = max(
