@@ -49,8 +49,9 @@ class ServerLimits:
     """What the server's clients may cost it."""
 
     max_connections: int = 256
-    """Connections being read at once; a new one past this evicts the oldest (a file descriptor and
-    a buffer of at most ``max_request_bytes`` each, no thread)."""
+    """Connections the I/O thread holds at once (being read, having their reply written, lingering
+    after it; a file descriptor and a buffer each, no thread); a new one past this closes a lingering
+    one, else evicts the oldest being read (closed at once when every one is having its reply written)."""
     request_seconds: float = 5.0
     """Deadline to receive a whole request from the moment the connection was accepted (408 past it).
     The kubelet, Prometheus and the operator send theirs in one packet."""
