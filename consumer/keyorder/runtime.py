@@ -320,6 +320,7 @@ class ConsumerRuntime:
                 deliveries = self._log_truncated(state, truncated, deliveries, now)
                 fresh = state.offsets.received(message.offset, message.leader_epoch)
             except EpochGap as gap:
+                state.receive_times.unmark(message.offset)  # nothing of this batch is taken: it arrives again
                 self._fetch_again(state, gap)
                 refetching.add(partition_id)
                 state = None

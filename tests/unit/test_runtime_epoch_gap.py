@@ -83,3 +83,35 @@ def test_a_greater_epoch_right_after_the_last_offset_needs_no_check() -> None:
     runtime, source, pool = runtime_assigned()
     runtime._dispatch([message(0, 1), message(1, 1), message(2, 2)], 0.0)
     assert len(held(pool)) == 3 and source.seeks == []
+
+
+def test_a_paused_partition_is_not_sought_now_and_its_resume_goes_back_to_the_next_offset() -> None:
+    """The gap is found in records a paused partition's client still returned: no seek now (flow control's
+    resume seeks the partition to the next offset with the known epoch, which validates it the same way)."""
+    runtime, source, pool = runtime_assigned()
+    runtime._dispatch([message(offset, 1) for offset in range(3)], 0.0)
+    runtime.flow.paused.add(P0)
+    runtime._dispatch([message(6, 2)], 0.0)
+    assert source.seeks == [], "a paused partition is not sought: its resume does that"
+    assert held(pool) == [(0, 1), (1, 1), (2, 1)]
+    assert runtime.partitions[P0].receive_times.oldest_age(0, now=5.0) == 5.0
+
+
+def test_another_partitions_records_in_the_same_batch_are_taken() -> None:
+    runtime, source, pool = runtime_assigned()
+    runtime._on_assign([("t", 1)])
+    runtime._dispatch([message(offset, 1) for offset in range(3)], 0.0)
+    other = [Message("t", 1, offset, b"x", b"{}", leader_epoch=1) for offset in range(2)]
+    runtime._dispatch([message(6, 2), message(7, 2), *other], 0.0)
+    assert [(d.message.partition, d.message.offset) for d in pool.held][3:] == [(1, 0), (1, 1)]
+    assert source.seeks == [{P0: FetchPosition(3, 1)}]
+
+
+def test_a_refused_batch_leaves_no_receive_time_behind() -> None:
+    """The refused record's batch mark would make the re-fetched 3-5 look older than they are."""
+    runtime, _source, _pool = runtime_assigned()
+    runtime._dispatch([message(offset, 1) for offset in range(3)], 0.0)
+    runtime._dispatch([message(6, 2)], 4.0)
+    runtime._dispatch([message(offset, 1) for offset in range(3, 6)], 5.0)
+    times = runtime.partitions[P0].receive_times
+    assert times._marks[-1] == (3, 5.0) and (6, 4.0) not in times._marks

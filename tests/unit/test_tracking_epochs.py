@@ -137,3 +137,17 @@ def test_without_a_known_epoch_or_right_after_the_last_offset_there_is_no_check(
     with pytest.raises(EpochGap) as caught:
         resumed.received(12, 4)
     assert caught.value.resume_at == 10, "nothing received: the committed offset is expected"
+
+
+def test_a_gap_is_checked_once_per_epoch_so_a_reset_after_the_seek_back_cannot_loop() -> None:
+    """Review finding: the seek back went to an offset that no longer exists (retention moved the log's start;
+    ``auto.offset.reset=latest``), so the client resets and hands out 1001, not 1000 again. Taking only the
+    same record again refused 1001, 1002, ... one after the other, each with a seek back to 10: nothing ran."""
+    resumed = PartitionOffsets(10, (), prior_epoch=3)
+    with pytest.raises(EpochGap):
+        resumed.received(1000, 5)
+    assert resumed.received(1001, 5) is True, "another record of the refused epoch after the seek back: taken"
+    assert resumed.received(1002, 5) is True
+    assert resumed.commit_position == 1001, "1001 and 1002 wait to be handled"
+    with pytest.raises(EpochGap):
+        resumed.received(1100, 6)  # the next greater epoch above the next offset is checked again

@@ -435,7 +435,12 @@ class KafkaSource:
             try:
                 self._consumer.seek(TopicPartition(topic, partition, position.offset, leader_epoch=epoch))
             except KafkaException as error:  # e.g. the partition is not fetching yet: resume alone works
-                log.debug("seek after resume of %s[%d] skipped: %s", topic, partition, error)
+                # a seek back after an EpochGap that fails leaves the purged records unread: say so
+                log.warning(
+                    "seek of %s[%d] to offset %d (leader epoch %d) failed; fetching goes on from where the client "
+                    "is: %s",
+                    topic, partition, position.offset, epoch, error,
+                )  # fmt: skip
 
     def committed(
         self, partitions: Sequence[TopicPartitionId], timeout: float

@@ -10,7 +10,7 @@ from keyorder.core.tracking import PartitionOffsets, ReceiveTimes
 
 
 class PartitionState:
-    """One assigned partition, owned by the poll-loop thread."""
+    """One assigned partition, owned by the poll-loop thread (workers call ``lets_go``, which only reads)."""
 
     __slots__ = (
         "completed",

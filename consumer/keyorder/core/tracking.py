@@ -55,7 +55,8 @@ A clean leader change raises the epoch too, but only for records above the last 
 never resets anything: such records arrive above the last received offset and above every offset
 the metadata marks done (at most one extra fetch, when such a record follows a gap).
 
-Pure and synchronous; owned by the poll-loop thread only.
+Pure and synchronous; owned by the poll-loop thread, save ``PartitionOffsets.is_stale``, which worker
+threads call too (it reads one attribute the poll loop replaces whole).
 """
 
 from __future__ import annotations
@@ -151,8 +152,11 @@ class PartitionOffsets:
         self._committed_received = 0  # received offsets below the last *confirmed* committed position
         self._sent: dict[int, int] = {}  # commit position sent, not yet confirmed -> received offsets below it
         self._client_passed: int | None = None  # the client's position, when beyond the idle position
-        self._truncations: list[tuple[int, int]] = []  # (offset, the new log's leader epoch) of each truncation
-        self._gap_checked: tuple[int, int] | None = None  # (offset, epoch) of the last record refused by EpochGap
+        # (offset, the new log's leader epoch) of each truncation; a tuple replaced whole, never changed in
+        # place: worker threads read it through ``is_stale`` (``PartitionState.lets_go``) while the poll loop
+        # may add one
+        self._truncations: tuple[tuple[int, int], ...] = ()
+        self._gap_checked: int | None = None  # the epoch an EpochGap was raised for, until a record of it is taken
 
     def received(self, offset: int, leader_epoch: int | None = None) -> bool:
         """Record a fetched offset and the leader epoch of its record; ``True`` if it must be processed.
@@ -168,7 +172,9 @@ class PartitionOffsets:
         Raises ``LogTruncated`` (changing nothing) for an offset at or below the last received one
         whose ``leader_epoch`` is greater than every epoch received: see ``truncate``. Raises
         ``EpochGap`` (changing nothing) the first time a record of such an epoch arrives above the next
-        expected offset; the same record arriving again is accepted.
+        expected offset: once per epoch, so whatever arrives next of that epoch or a greater one is taken,
+        the same record (a real gap: compaction, transaction markers) or another (the fetch sent back to an
+        offset that no longer exists was reset by ``auto.offset.reset``; a seek that failed): never a loop.
         """
         known = self.leader_epoch
         last = self.last_received
@@ -181,10 +187,11 @@ class PartitionOffsets:
             self._reset(offset)
         if leader_epoch is not None and (known is None or leader_epoch > known):
             expected = last + 1 if last is not None else self.start
-            checked = self._gap_checked == (offset, leader_epoch)
+            checked = self._gap_checked is not None and leader_epoch >= self._gap_checked
             if known is not None and expected is not None and offset > expected and not checked:
-                self._gap_checked = (offset, leader_epoch)
+                self._gap_checked = leader_epoch
                 raise EpochGap(offset, leader_epoch, expected, known)
+            self._gap_checked = None  # the next greater epoch is checked again
             if known is not None:
                 # the metadata's done offsets are about records of epochs up to ``known``: a record of a
                 # greater one at an offset it marks done is another record (the log was truncated and
@@ -239,7 +246,7 @@ class PartitionOffsets:
         for position in [position for position in self._sent if position > offset]:
             del self._sent[position]  # a confirmation of an old-log position says nothing about the new log
         self._client_passed = None
-        self._truncations.append((offset, leader_epoch))
+        self._truncations = (*self._truncations, (offset, leader_epoch))
         self.leader_epoch = leader_epoch
         self.resets += 1
 
@@ -374,6 +381,11 @@ class ReceiveTimes:
 
     def mark(self, first_offset: int, at: float) -> None:
         self._marks.append((first_offset, at))
+
+    def unmark(self, first_offset: int) -> None:
+        """Forget the last mark if it is ``first_offset``'s: its batch was not taken (``EpochGap``)."""
+        if self._marks and self._marks[-1][0] == first_offset:
+            self._marks.pop()
 
     def truncate(self, offset: int, at: float) -> None:
         """The log was truncated at ``offset`` (``PartitionOffsets.truncate``): its records from there on arrive
