@@ -48,8 +48,10 @@ is refilled under a greater epoch than any it had. So:
   drops them). The records between the expected offset and the new log would then never arrive, and
   taking the jump for an ordinary gap (compaction, transaction markers) would commit past them. The
   caller drops the partition's rest of the batch and seeks back to the expected offset with the known
-  epoch, which librdkafka validates; should the same record arrive there again (a real gap), it is
-  accepted.
+  epoch, which librdkafka validates. The check is made once per epoch: whatever arrives next of that
+  epoch or a greater one is accepted, the same record (a real gap) or another (the offset left the log
+  and ``auto.offset.reset`` moved the fetch; the seek failed), so it can never refuse record after
+  record.
 
 A clean leader change raises the epoch too, but only for records above the last one written, so it
 never resets anything: such records arrive above the last received offset and above every offset
