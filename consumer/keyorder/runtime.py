@@ -247,6 +247,8 @@ class ConsumerRuntime:
                     self._dispatch(messages, self.clock())
                 now = self.clock()
                 self.committer.periodic(self.partitions.values(), now)
+                if self.committer.positions_lost:
+                    self._fetch_where_the_client_lost_its_place()
                 if now >= next_snapshot:
                     self._publish_snapshot(now)
                     next_snapshot = now + settings.snapshot_interval
@@ -304,6 +306,7 @@ class ConsumerRuntime:
                     state = None  # no longer ours (the new owner fetches it again), or fetched again
                     continue
                 state.receive_times.mark(message.offset, now)
+                state.client_sought = False  # a record: the client knows its position again
                 offsets = state.offsets
                 if offsets.last_received is None and offsets.start is not None and message.offset < offsets.start:
                     log.warning(
@@ -394,6 +397,34 @@ class ConsumerRuntime:
         )
         if state.id not in self.flow.paused:
             self.source.resume({state.id: FetchPosition(gap.resume_at, gap.leader_epoch)})
+            state.client_sought = True
+
+    def _fetch_where_the_client_lost_its_place(self) -> None:
+        """Idle partitions whose position the client no longer knows though the pod read them and did not seek
+        them since: librdkafka sought them by itself. It does so on a log truncation below its *fetch* position
+        (``core.tracking``'s module docstring), purging what it had prefetched, those records below the
+        truncation point too, and its position stays unknown until it hands out a record. When the new log
+        has no record past the truncation point yet, no record comes to tell the pod (``EpochGap`` needs
+        one): the purged records would wait for good. So the partition is sought back to where the pod is,
+        with the leader epoch it knows, which librdkafka validates (a truncation below it moves it to the
+        truncation point, and ``LogTruncated`` follows). Once per such loss: the seek marks the partition
+        sought until its next record."""
+        lost, self.committer.positions_lost = self.committer.positions_lost, []
+        for state in lost:
+            if state.revoked or state.dropped or state.client_sought or state.id in self.flow.paused:
+                continue
+            position = self._fetch_position(state.offsets)
+            if position is None:
+                continue
+            log.info(
+                "%s[%d]: the client lost its place (no position, and the pod did not seek it): a truncation that "
+                "dropped prefetched records? Fetching again from %d, validated with leader epoch %s",
+                *state.id,
+                position.offset,
+                position.leader_epoch,
+            )
+            self.source.resume({state.id: position})
+            state.client_sought = True
 
     def _collect_completions(self) -> None:
         completions = self.completions
@@ -460,7 +491,11 @@ class ConsumerRuntime:
                 self.partitions[pid].pauses += 1
             self.source.pause(decision.to_pause)
         if decision.to_resume:
-            self.source.resume({pid: self._fetch_position(self.partitions[pid].offsets) for pid in decision.to_resume})
+            positions = {pid: self._fetch_position(self.partitions[pid].offsets) for pid in decision.to_resume}
+            self.source.resume(positions)
+            for pid, position in positions.items():
+                if position is not None:
+                    self.partitions[pid].client_sought = True
         capacity = self.flow.capacity(pod)
         if decision.hold is None and (committed_early or not pressure):
             applied = replace(decision, to_pause=[], to_resume=[])

@@ -51,6 +51,7 @@ SOAK_FINDINGS = {
     "F5: a fatal consume error dropped its batch, then the shutdown committed the client's position past it": 1532,
     "F6: commit metadata from before a truncation marked the refilled log's records done": 4364,
     "F4: one partition's holds followed each other and kept another partition with work unread": 1551,
+    "F7: a truncation purged prefetched records and no new record came to tell the pod": 2140,
 }
 """Seeds of the 10,000-seed soak that found a defect, fixed since (docs/testing.md)."""
 

@@ -115,3 +115,27 @@ def test_a_refused_batch_leaves_no_receive_time_behind() -> None:
     runtime._dispatch([message(offset, 1) for offset in range(3, 6)], 5.0)
     times = runtime.partitions[P0].receive_times
     assert times._marks[-1] == (3, 5.0) and (6, 4.0) not in times._marks
+
+
+def test_a_truncation_with_no_new_record_yet_is_found_by_the_clients_lost_position() -> None:
+    """Soak seeds 2140, 4024, 4136, 4751: the log truncated at 30 while the pod had read 0-9 and the client had
+    prefetched to 37; librdkafka sought to 30, purging 10-36, and no record was written past 30 yet, so no
+    record came to raise EpochGap: 10-29 (the same in both logs) waited for good. An idle partition whose
+    position the client no longer knows, though the pod read it and did not seek it, is sought back."""
+    runtime, source, pool = runtime_assigned()
+    runtime._dispatch([message(offset, 1) for offset in range(10)], 0.0)
+    pool.finish(10)
+    runtime._collect_completions()
+    source.client_positions[P0] = 10
+    runtime.committer.commit(runtime.partitions.values(), asynchronous=True)
+    runtime._fetch_where_the_client_lost_its_place()
+    assert source.seeks == [], "the client knows its place: nothing to do"
+    del source.client_positions[P0]  # librdkafka's own seek to the truncation point reset its position
+    runtime.committer.commit(runtime.partitions.values(), asynchronous=True)
+    runtime._fetch_where_the_client_lost_its_place()
+    assert source.seeks == [{P0: FetchPosition(10, 1)}], "sought back to where the pod is, validated with epoch 1"
+    runtime.committer.commit(runtime.partitions.values(), asynchronous=True)
+    runtime._fetch_where_the_client_lost_its_place()
+    assert len(source.seeks) == 1, "once: the pod's own seek leaves the position unknown until the next record"
+    runtime._dispatch([message(10, 1)], 1.0)
+    assert runtime.partitions[P0].client_sought is False, "a record: the client knows its place again"

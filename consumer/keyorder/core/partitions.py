@@ -13,6 +13,7 @@ class PartitionState:
     """One assigned partition, owned by the poll-loop thread (workers call ``lets_go``, which only reads)."""
 
     __slots__ = (
+        "client_sought",
         "completed",
         "confirmed",
         "dropped",
@@ -34,6 +35,9 @@ class PartitionState:
         """Set when the partition is being revoked: workers skip its messages that have not started."""
         self.dropped = False
         """Set once the pod has let the partition go: late completions no longer touch its offsets."""
+        self.client_sought = False
+        """Set when the pod seeks the partition (a resume with a position, a fetch again), cleared by its next
+        record: the client knows no position for it meanwhile (librdkafka's seek resets it), by the pod's doing."""
         self.pauses = 0
         """Times flow control paused the partition (holds, which leave it fetching, are not counted)."""
         self.outstanding = 0
