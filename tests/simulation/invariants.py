@@ -158,17 +158,27 @@ class Truth:
 
     def blocked_by_design(self, record: Record) -> bool:
         if self._blocked is None:
-            self._blocked = blocked_by_design(self.block, self.by_partition.values(), self.gone_at)
+            self._blocked = blocked_by_design(
+                self.block, self.by_partition.values(), self.gone_at, self.world.held_gone_poison()
+            )
         return record.ident in self._blocked
 
 
-def blocked_by_design(block: bool, partitions: Iterable[Iterable[Record]], gone_at: Any) -> set[int]:
+def blocked_by_design(
+    block: bool,
+    partitions: Iterable[Iterable[Record]],
+    gone_at: Any,
+    held_gone: Iterable[tuple[tuple[str, int], int]] = (),
+) -> set[int]:
     """The records that may stay unhandled by design (their identities), given every partition's records.
 
     Under ``onExhausted: block`` a record that always fails blocks its key for good: it, the key's records
     in other partitions (the key's lane is shared, so they queue behind it), and every record behind any
     of those in its partition (the blocked ones hold the partition's in-flight and uncommitted bounds, so
-    the pod may never read further). The commit check still keeps all of them uncommitted.
+    the pod may never read further). The commit check still keeps all of them uncommitted. ``held_gone``:
+    (partition, truncation point) of poison records a truncation removed after a pod had called them
+    (``World.held_gone_poison``): a pod that has not seen the truncation, because the blocked record keeps
+    its partition paused, still retries it, and the new log's records from that point wait behind it.
     """
     if not block:
         return set()
@@ -182,6 +192,8 @@ def blocked_by_design(block: bool, partitions: Iterable[Iterable[Record]], gone_
         blocking = record.poison or (record.key is not None and bool(poison_keys.get(record.key, set()) - {record.tp}))
         if blocking and record.offset < first_blocked.get(record.tp, record.offset + 1):
             first_blocked[record.tp] = record.offset
+    for tp, truncated_at in held_gone:
+        first_blocked[tp] = min(first_blocked.get(tp, truncated_at), truncated_at)
     return {record.ident for record in every if record.offset >= first_blocked.get(record.tp, record.offset + 1)}
 
 

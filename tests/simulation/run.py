@@ -174,7 +174,8 @@ class World:
     def _recount(self) -> None:
         handled, gone = self.journal.handled_at, self._gone()
         block = self.config.on_exhausted == "block"
-        excused = blocked_by_design(block, [log_.records for log_ in self.broker.logs.values()], gone)
+        logs = [log_.records for log_ in self.broker.logs.values()]
+        excused = blocked_by_design(block, logs, gone, self.held_gone_poison() if block else ())
         remaining = 0
         for records in self._unhandled.values():
             while records and (records[0].ident in handled or records[0].ident in gone):
@@ -190,6 +191,19 @@ class World:
     def _gone(self) -> set[int]:
         """Records no pod can be asked to handle: truncated away, or skipped by Kafka after a truncation."""
         return self.broker.gone_at.keys() | self.broker.skipped
+
+    def held_gone_poison(self) -> list[tuple[tuple[str, int], int]]:
+        """(partition, truncation point) of each poison record a truncation removed after a pod had called it:
+        a pod that has not seen the truncation (its partition paused behind that very record) still retries
+        it, blocked, and the partition's records from the truncation point on may wait behind it."""
+        called = {call.record.ident for call in self.journal.calls}
+        held = []
+        for tp, log_ in self.broker.logs.items():
+            ends = dict(log_.truncations)
+            for record in log_.gone:
+                if record.poison and record.ident in called:
+                    held.append((tp, ends[self.broker.gone_in[record.ident]]))
+        return held
 
     def record_at(self, tp: tuple[str, int], offset: int) -> Record | None:
         records = self.broker.logs[tp].records
