@@ -334,8 +334,14 @@ class SimulatedBroker:
         if offset > log_.end:
             return 0
         if log_.truncations:  # records of the log written since its truncation, below a committed offset
-            for record in log_.records[:offset]:  # that predates it (or was re-committed from one that did)
-                if record.log_epoch == log_.epoch:
+            # that predates it (or was re-committed from one that did): written under a greater leader epoch
+            # than the one the commit carries (the metadata's, as ``KafkaSource.commit`` sends it), or, for a
+            # commit with none, than the broker's when it was stored (soak seed 5956: two truncations before
+            # a pod started from a commit of epoch 0, and the records of epoch 1 below it were not excused)
+            carried = offset_metadata.leader_epoch(committed[1])
+            for record in log_.records[:offset]:
+                later = record.leader_epoch > carried if carried is not None else record.log_epoch > committed[2]
+                if later:
                     self.skipped.add(record.ident)
         return offset
 
