@@ -627,14 +627,14 @@ class LivenessMonitor:
                     or owner is not pod.source.member
                     or now - fetching.assigned_at < self.bound
                     or self._over_own_bounds(tp, state.offsets, bound_load, runtime.flow)
-                    or not world.has_runnable_work(tp, now)
+                    or not world.has_runnable_work(tp, now, pod.session)
                 ):
                     self.since.pop(key, None)
                     continue
                 since = self.since.setdefault(key, max(now - TICK, self.last_start.get(key, 0.0)))
                 if now - since > self.bound and key not in self.reported:
                     self.reported.add(key)
-                    head = world.runnable_head(tp, now)
+                    head = world.runnable_head(tp, now, pod.session)
                     world.violations.append(
                         Violation(
                             "liveness",

@@ -267,12 +267,19 @@ class World:
                 return True
         return pod.ending is not None and pod.ending.at <= at and pod.ending.at < end
 
-    def runnable_head(self, tp: tuple[str, int], now: float) -> Record | None:
-        """The first record of a chain of ``tp`` that could run now (see ``LivenessMonitor``)."""
+    def runnable_head(self, tp: tuple[str, int], now: float, session: int | None = None) -> Record | None:
+        """The first record of a chain of ``tp`` that could run now (see ``LivenessMonitor``); with ``session``,
+        not while that pod session runs an earlier record of the chain again (a re-delivery of one another
+        session handled already: seed 9166, the key's lane is busy with it)."""
         handled, gone = self.journal.handled_at, self._gone()
         block = self.config.on_exhausted == "block"
         running = {work.record.ident for work in self.journal.running}
+        busy_chains = {
+            work.record.chain for work in self.journal.running if work.session == session and work.record.tp == tp
+        }
         for chain in self._chains_of[tp]:
+            if chain in busy_chains:
+                continue
             records = self._unhandled[(tp, chain)]
             head = next((r for r in records if r.ident not in handled and r.ident not in gone), None)
             if head is None or head.produced_at > now or head.ident in running:
@@ -292,8 +299,8 @@ class World:
         handled, gone = self.journal.handled_at, self._gone()
         return any(r.ident not in handled and r.ident not in gone for r in self._unhandled.get((tp, chain), ()))
 
-    def has_runnable_work(self, tp: tuple[str, int], now: float) -> bool:
-        return self.runnable_head(tp, now) is not None
+    def has_runnable_work(self, tp: tuple[str, int], now: float, session: int | None = None) -> bool:
+        return self.runnable_head(tp, now, session) is not None
 
     def due(self, record: Record) -> float:
         """When ``record`` may run again after its last failed call or dead-letter write (0: at once)."""
