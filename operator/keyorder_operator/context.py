@@ -209,6 +209,14 @@ class OperatorContext:
             return self.lag_source_for(properties)
         return self.lag_readers.source(namespace, properties)
 
+    def close_lag_sources(self) -> None:
+        """The operator is stopping: close every resource's lag source and stop every reader process."""
+        with self._lag_sources_lock:
+            sources, self._lag_sources = list(self._lag_sources.values()), {}
+        for _properties, source in sources:
+            source.close()
+        self.lag_readers.close()
+
     def forget_lag_source(self, namespace: str, name: str) -> None:
         """Close a deleted resource's lag source (its Kafka connections; the namespace's last one stops the
         namespace's reader process)."""

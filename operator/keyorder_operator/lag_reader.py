@@ -605,8 +605,11 @@ class IsolatedLagSource:
 
 
 class LagReaders:
-    """The operator's lag readers: one ``NamespaceLagReader`` (one child) per namespace with resources, built at
-    a namespace's first resource and stopped with its last. Thread-safe."""
+    """The operator's lag readers: one ``NamespaceLagReader`` (one child) per namespace and Kafka cluster
+    (``bootstrap.servers``) with resources, built at the first such resource and stopped with its last. Per
+    cluster too, because a child serves its requests one at a time: a tenant's unreachable cluster, whose
+    samples each wait out the client's timeouts, must not hold up the same tenant's resources on a healthy one
+    (``test_resources_on_an_unreachable_kafka_do_not_hold_up_a_healthy_one``). Thread-safe."""
 
     def __init__(
         self,
@@ -622,15 +625,16 @@ class LagReaders:
         self._clock = clock
         self._start_reader = start_reader
         self._lock = threading.Lock()
-        self._namespaces: dict[str, NamespaceLagReader] = {}
+        self._namespaces: dict[tuple[str, str], NamespaceLagReader] = {}
 
     def source(self, namespace: str, properties: Mapping[str, str]) -> IsolatedLagSource:
         """A resource's lag source for ``properties`` in ``namespace``'s reader; close it when the resource is
         deleted or its configuration changes."""
+        key = (namespace, properties.get("bootstrap.servers", ""))
         with self._lock:
-            reader = self._namespaces.get(namespace)
+            reader = self._namespaces.get(key)
             if reader is None:
-                reader = self._namespaces[namespace] = NamespaceLagReader(
+                reader = self._namespaces[key] = NamespaceLagReader(
                     namespace,
                     self.deadline_seconds,
                     self.memory_bytes,
@@ -644,15 +648,24 @@ class LagReaders:
     def _release(self, reader: NamespaceLagReader, number: int) -> None:
         with self._lock:
             left = reader.release(number)
-            if not left and self._namespaces.get(reader.namespace) is reader:
-                del self._namespaces[reader.namespace]
+            if not left:
+                for key, known in list(self._namespaces.items()):
+                    if known is reader:
+                        del self._namespaces[key]
         if not left:
             reader.close()
 
     def reader(self, namespace: str) -> NamespaceLagReader | None:
-        """The namespace's reader (None: no resource of it has a lag source)."""
+        """The namespace's first reader (None: no resource of it has a lag source)."""
         with self._lock:
-            return self._namespaces.get(namespace)
+            return next((reader for (name, _), reader in self._namespaces.items() if name == namespace), None)
+
+    def close(self) -> None:
+        """Stop every child (the operator is stopping)."""
+        with self._lock:
+            readers, self._namespaces = list(self._namespaces.values()), {}
+        for reader in readers:
+            reader.close()
 
     def __len__(self) -> int:
         """Namespaces with a reader."""

@@ -57,6 +57,11 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     def size_the_handler_pool(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.execution.max_workers = context.handler_threads
 
+    @kopf.on.cleanup(registry=registry)
+    def stop_the_lag_readers(**_: Any) -> None:
+        """No reader process outlives the operator (each would hold its tenant's Kafka connections)."""
+        context.close_lag_sources()
+
     @kopf.on.resume(*resource, registry=registry)
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, field="spec", registry=registry)

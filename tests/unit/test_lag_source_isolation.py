@@ -372,7 +372,8 @@ def test_waiting_for_the_namespaces_child_counts_toward_a_resources_own_deadline
     readers = LagReaders(deadline_seconds=3.0)
     with hostile_broker("silent") as address:
         hung = readers.source("team-a", {"bootstrap.servers": address})
-        waiting = readers.source("team-a", quick("payments"))
+        # the same cluster (one child: a namespace's readers are per cluster), another configuration
+        waiting = readers.source("team-a", {"bootstrap.servers": address, "client.id": "payments"})
         outcome: list[LagUnavailable] = []
 
         def sample_hung() -> None:
@@ -421,3 +422,18 @@ def test_an_answer_over_the_limit_is_refused_before_it_is_read() -> None:
         child.sendall(FRAME_HEADER.pack(17 << 20))
         with pytest.raises(OSError, match="limit"):
             receive_frame(parent, 16 << 20, time.monotonic() + 5)
+
+
+def test_a_tenants_unreachable_cluster_does_not_share_a_child_with_its_healthy_one():
+    """A namespace's readers are per Kafka cluster: a child serves one request at a time, so an unreachable
+    cluster's samples (each waiting out the client's timeouts) must not queue ahead of a healthy cluster's."""
+    readers = LagReaders()
+    dead = readers.source("team-a", {"bootstrap.servers": "127.0.0.1:1"})
+    healthy = readers.source("team-a", {"bootstrap.servers": "127.0.0.1:2"})
+    same = readers.source("team-a", {"bootstrap.servers": "127.0.0.1:2", "client.id": "other"})
+    try:
+        assert dead.reader is not healthy.reader and same.reader is healthy.reader
+    finally:
+        for source in (dead, healthy, same):
+            source.close()
+    assert len(readers) == 0, "the last resource of each cluster stops its reader"
