@@ -649,9 +649,12 @@ HOP_ONE_LANE_MESSAGES, HOP_BATCHED_MESSAGES, HOP_BATCHED_KEYS = 3_000, 20_000, 1
 
 
 class _HopPartition:
-    """The runtime's partition state, as far as a pool looks at it."""
+    """The runtime's partition state, as far as a pool looks at it (``core.partitions.PartitionState``)."""
 
     revoked = False
+
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:
+        return False  # never revoked, never truncated: every message runs
 
 
 def _pool_seconds(pool: Any, completions: Completions, keys: int, messages: int) -> float:
