@@ -292,3 +292,25 @@ def test_a_resume_seek_with_an_epoch_is_validated_against_a_truncation_while_pau
 
     _drive(simulation, main)
     assert fetched == [[(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)], [(2, 1), (3, 1), (4, 1), (5, 1)]]
+
+
+def test_a_start_from_a_commit_older_than_two_truncations_skips_every_later_records_below_it() -> None:
+    """src/rdkafka_partition.c ``rd_kafka_toppar_fetch_start``: an absolute committed offset goes straight to
+    FETCH_ACTIVE, its leader epoch unvalidated; the records written below it after it was committed (under
+    a greater leader epoch than the commit carries) are never delivered: Kafka's to skip. The fake once
+    skipped only those of the newest log (soak seed 5956: a first truncation's refill was not excused)."""
+    from keyorder.core import offset_metadata
+
+    _simulation, broker, _source, _recorder = _world(partitions=1)
+    tp = ("t", 0)
+    for _ in range(25):
+        broker.produce("t", 0, b"k")
+    committed = (23, offset_metadata.encode(23, [], leader_epoch=0), 0)  # read the first log to 22
+    broker.truncate(tp, 5)
+    first_refill = [broker.produce("t", 0, b"k") for _ in range(25)]  # offsets 5-29, epoch 1
+    broker.truncate(tp, 30)
+    broker.produce("t", 0, b"k")  # 30, epoch 2
+    assert broker.start_of(tp, committed) == 23
+    below = {record.ident for record in first_refill if record.offset < 23}
+    assert below <= broker.skipped, "the first refill's records below the stale commit: skipped, not owed"
+    assert not {record.ident for record in first_refill if record.offset >= 23} & broker.skipped
