@@ -396,8 +396,7 @@ class ConsumerRuntime:
             gap.leader_epoch,
         )
         if state.id not in self.flow.paused:
-            self.source.resume({state.id: FetchPosition(gap.resume_at, gap.leader_epoch)})
-            state.client_sought = True
+            self._resume({state.id: FetchPosition(gap.resume_at, gap.leader_epoch)})
 
     def _fetch_where_the_client_lost_its_place(self) -> None:
         """Idle partitions whose position the client no longer knows though the pod read them and did not seek
@@ -423,8 +422,15 @@ class ConsumerRuntime:
                 position.offset,
                 position.leader_epoch,
             )
-            self.source.resume({state.id: position})
-            state.client_sought = True
+            self._resume({state.id: position})
+
+    def _resume(self, positions: dict[TopicPartitionId, FetchPosition | None]) -> None:
+        """Resume fetching, seeking where a position is given; a sought partition is marked so until its next
+        record (``PartitionState.client_sought``: the client knows no position for it meanwhile)."""
+        self.source.resume(positions)
+        for partition_id, position in positions.items():
+            if position is not None:
+                self.partitions[partition_id].client_sought = True
 
     def _collect_completions(self) -> None:
         completions = self.completions
@@ -491,11 +497,7 @@ class ConsumerRuntime:
                 self.partitions[pid].pauses += 1
             self.source.pause(decision.to_pause)
         if decision.to_resume:
-            positions = {pid: self._fetch_position(self.partitions[pid].offsets) for pid in decision.to_resume}
-            self.source.resume(positions)
-            for pid, position in positions.items():
-                if position is not None:
-                    self.partitions[pid].client_sought = True
+            self._resume({pid: self._fetch_position(self.partitions[pid].offsets) for pid in decision.to_resume})
         capacity = self.flow.capacity(pod)
         if decision.hold is None and (committed_early or not pressure):
             applied = replace(decision, to_pause=[], to_resume=[])
