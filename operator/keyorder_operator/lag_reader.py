@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import multiprocessing.connection
 import os
 import resource
@@ -50,6 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from keyorder.logs import JsonFormatter, configure_logging
 from keyorder_operator.observe import LagSample, LagUnavailable
 
 READER_FAILED = "LagReaderFailed"
@@ -245,11 +247,29 @@ def serve(connection: multiprocessing.connection.Connection) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    """``python -m keyorder_operator.lag_reader FD MEMORY_BYTES``: serve the pipe ``FD`` under the limit."""
+    """``python -m keyorder_operator.lag_reader FD MEMORY_BYTES LEVEL FORMAT``: serve the pipe ``FD`` under
+    the limit, logging (to the stderr it shares with the operator) at the operator's level and in its format,
+    so a ``--log-format json`` operator's stderr stays one JSON object per line. A parent that is gone ends the
+    child quietly; anything else that ends it is logged in that format, not printed as a bare traceback."""
     limit_memory(int(argv[1]))
     prefer_for_oom_kill()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the operator's to handle; EOF ends us
-    serve(multiprocessing.connection.Connection(int(argv[0])))
+    configure_logging(argv[2], argv[3])
+    try:
+        serve(multiprocessing.connection.Connection(int(argv[0])))
+    except (BrokenPipeError, ConnectionResetError):  # the operator exited while we answered
+        return
+    except BaseException:
+        logging.getLogger(__name__).exception("the lag reader process %d failed", os.getpid())
+        raise SystemExit(1) from None
+
+
+def operator_logging() -> tuple[str, str]:
+    """The operator's root logging as ``(level, format)`` for a child: ``json`` when a root handler formats
+    JSON (``--log-format json``), else ``text``."""
+    root = logging.getLogger()
+    json_lines = any(isinstance(handler.formatter, JsonFormatter) for handler in root.handlers)
+    return logging.getLevelName(root.getEffectiveLevel()), "json" if json_lines else "text"
 
 
 # --- the parent ------------------------------------------------------------------------------------------
@@ -303,7 +323,14 @@ class LagReaderProcess:
         environment = {**os.environ, "MALLOC_ARENA_MAX": "2"}  # fewer reserved arenas under RLIMIT_AS
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "keyorder_operator.lag_reader", str(theirs.fileno()), str(memory_bytes)],
+                [
+                    sys.executable,
+                    "-m",
+                    "keyorder_operator.lag_reader",
+                    str(theirs.fileno()),
+                    str(memory_bytes),
+                    *operator_logging(),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),

@@ -437,3 +437,65 @@ def test_a_tenants_unreachable_cluster_does_not_share_a_child_with_its_healthy_o
         for source in (dead, healthy, same):
             source.close()
     assert len(readers) == 0, "the last resource of each cluster stops its reader"
+
+
+# --- the child's stderr, which it shares with the operator ------------------------------------------------
+
+
+def start_child(log_format: str) -> tuple[socket.socket, subprocess.Popen[str]]:
+    """A lag reader child as ``LagReaderProcess`` starts it, logging in ``log_format``; its stderr piped."""
+    ours, theirs = socket.socketpair()
+    memory = str(512 << 20)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "keyorder_operator.lag_reader", str(theirs.fileno()), memory, "INFO", log_format],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        pass_fds=(theirs.fileno(),),
+        text=True,
+    )
+    theirs.close()
+    return ours, child
+
+
+def send(channel: socket.socket, request: dict[str, Any]) -> None:
+    payload = json.dumps(request).encode()
+    channel.sendall(len(payload).to_bytes(4, "big") + payload)
+
+
+def test_a_child_whose_operator_left_while_it_answered_exits_without_a_traceback() -> None:
+    # The request is buffered, then the operator's end closes: the child reads it, and its answer meets a
+    # closed pipe (EPIPE). It printed a bare traceback into a --log-format json operator's stderr (CI, 44).
+    ours, child = start_child("json")
+    send(ours, {"id": 7, "do": "sample", "topics": ["orders"], "group": "orders", "now": 0.0})
+    ours.close()
+    _, errors = child.communicate(timeout=60)  # hang guard
+    assert (child.returncode, errors) == (0, "")
+
+
+def test_a_child_that_fails_logs_it_as_one_json_object_per_line_when_the_operator_logs_json() -> None:
+    ours, child = start_child("json")
+    send(ours, {"do": "sample"})  # no "id": the child's loop fails (the operator never sends this)
+    _, errors = child.communicate(timeout=60)  # hang guard
+    ours.close()
+    lines = errors.splitlines()
+    assert child.returncode == 1 and len(lines) == 1, errors
+    entry = json.loads(lines[0])
+    assert entry["level"] == "ERROR" and "lag reader process" in entry["message"]
+    assert "KeyError: 'id'" in entry["exception"]
+
+
+def test_the_child_is_started_with_the_operators_level_and_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from keyorder.logs import JsonFormatter
+    from keyorder_operator.lag_reader import operator_logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [handler])
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    assert operator_logging() == ("WARNING", "json")
+    handler.setFormatter(logging.Formatter())
+    assert operator_logging() == ("WARNING", "text")
