@@ -464,6 +464,9 @@ def test_waves_cut_every_range_into_the_same_number_of_windows() -> None:
     assert [len(w) for w in cut_waves([OffsetRange("t", 0, 0, 2), OffsetRange("t", 1, 0, 9)], 3)] == [2, 2, 1]
 
 
+LOCAL_NF = "spark.task.maxFailures says; needs local[n] or local[n,1])"
+
+
 @pytest.mark.parametrize(
     ("conf", "master", "problems"),
     [
@@ -476,6 +479,25 @@ def test_waves_cut_every_range_into_the_same_number_of_windows() -> None:
             ["spark.task.maxFailures=4 (needs 1)"],
         ),
         ({**ENFORCED_SPARK_SETTINGS, "spark.speculation": "True"}, "yarn", ["spark.speculation=true (needs false)"]),
+        # local[n,f] gives a task f attempts whatever spark.task.maxFailures says (SparkContext.createTaskScheduler)
+        (
+            ENFORCED_SPARK_SETTINGS,
+            "local[2,4]",
+            [f"master local[2,4] (4 attempts per task whatever {LOCAL_NF}"],
+        ),
+        (
+            ENFORCED_SPARK_SETTINGS,
+            "local[*, 3]",
+            [f"master local[*, 3] (3 attempts per task whatever {LOCAL_NF}"],
+        ),
+        ({"spark.stage.maxConsecutiveAttempts": "1"}, "local[2,1]", []),
+        # local-cluster runs executors of its own: spark.task.maxFailures decides, as on a cluster
+        (
+            {"spark.stage.maxConsecutiveAttempts": "1"},
+            "local-cluster[2,1,1024]",
+            ["spark.task.maxFailures=4 (needs 1)"],
+        ),
+        (ENFORCED_SPARK_SETTINGS, "local-cluster[2,1,1024]", []),
     ],
 )
 def test_a_session_that_could_run_a_task_twice_is_named(conf: dict, master: str, problems: list[str]) -> None:

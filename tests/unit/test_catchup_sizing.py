@@ -30,6 +30,8 @@ def test_local_star_means_the_containers_cpu_limit(master: str, limit, available
         ("local[3]", {}, 3),
         ("local", {}, 1),
         ("local[*]", {}, None),
+        ("local[2, 5]", {}, 2),
+        ("local-cluster[2,3,1024]", {}, 6),  # 2 workers of 3 cores: was "the cluster's free cores"
         ("k8s://https://api", {"spark.executor.instances": "4", "spark.executor.cores": "2"}, 8),
         ("k8s://https://api", {"spark.executor.instances": "4"}, 4),
         ("yarn", {"spark.executor.instances": "3", "spark.executor.cores": "2"}, 6),
@@ -87,6 +89,8 @@ def test_without_a_count_it_waits_for_the_registrations_to_settle() -> None:
         ("k8s://https://api", False),
         ("yarn", False),
         ("localhost", False),
+        ("local-cluster[2,1,1024]", False),  # executors in JVMs of their own, registering like a cluster's
+        ("local[2", False),
     ],
 )
 def test_every_local_form_is_local(master: str, local: bool) -> None:

@@ -68,7 +68,7 @@ from keyorder.catchup.plan import (
 from keyorder.catchup.positions import PositionKind
 from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, SPARK_SECURITY_DEFAULTS, CatchupConfig
 from keyorder.catchup.shipped import PRODUCER, READER, ShippedProperties
-from keyorder.catchup.sizing import RegistrationWait, expected_cores, is_local_master, local_master
+from keyorder.catchup.sizing import RegistrationWait, expected_cores, is_local_master, local_master, parse_master
 from keyorder.config import consumer_properties, env_name, kafka_properties, producer_properties, redact
 from keyorder.progress import Progress
 
@@ -80,8 +80,6 @@ SPARK_DEFAULTS = {
     "spark.stage.maxConsecutiveAttempts": "4",
 }
 """Spark's own defaults of the enforced settings: what a session that does not set them runs with."""
-_LOCAL_MASTER = re.compile(r"^local(\[(\*|\d+)\])?$")
-"""``local``, ``local[n]`` and ``local[*]`` run every task once whatever spark.task.maxFailures says."""
 _SPARK_MAKES_SECRET = re.compile(r"^(yarn|local(\[.*\])?|k8s://.*)$")
 """Masters for which Spark generates a per-application secret when ``spark.authenticate`` is on
 (``SecurityManager.initializeAuth`` in apache/spark core): the others need spark.authenticate.secret."""
@@ -132,12 +130,20 @@ def _is_ip_address(host: str) -> bool:
 
 
 def session_problems(conf: Mapping[str, str], master: str) -> list[str]:
-    """The enforced settings a session with this configuration does not have (pure)."""
+    """The enforced settings a session with this configuration does not have (pure). A master that fixes
+    the attempts per task itself (``local[n,f]``: f, whatever spark.task.maxFailures says;
+    ``sizing.parse_master``) is held to the same rule: at most one attempt."""
     problems = []
+    parsed = parse_master(master)
     for name, required in ENFORCED_SPARK_SETTINGS.items():
         value = conf.get(name, SPARK_DEFAULTS[name]).strip().lower()
-        if name == "spark.task.maxFailures" and _LOCAL_MASTER.match(master):
-            value = "1"  # local mode's scheduler allows one attempt per task (local[n,f] sets f)
+        if name == "spark.task.maxFailures" and parsed.task_attempts is not None:
+            if parsed.task_attempts != 1:
+                problems.append(
+                    f"master {parsed.url} ({parsed.task_attempts} attempts per task whatever "
+                    f"spark.task.maxFailures says; needs local[n] or local[n,1])"
+                )
+            continue  # local and local[n] allow one attempt per task whatever the setting says
         if value != required:
             problems.append(f"{name}={value} (needs {required})")
     return problems

@@ -19,19 +19,65 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-_LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
+# Spark's own master patterns (``SparkMasterRegex`` in apache/spark
+# core/src/main/scala/org/apache/spark/SparkContext.scala), matched whole as Scala's regex patterns are:
+#   LOCAL_N_REGEX          = """local\[([0-9]+|\*)\]"""
+#   LOCAL_N_FAILURES_REGEX = """local\[([0-9]+|\*)\s*,\s*([0-9]+)\]"""
+#   LOCAL_CLUSTER_REGEX    = """local-cluster\[\s*([0-9]+)\s*,\s*([0-9]+)\s*,\s*([0-9]+)\s*]"""
+# ``SparkContext.createTaskScheduler`` gives ``local`` and ``local[n]`` MAX_LOCAL_TASK_FAILURES (1) attempts
+# per task, ``local[n,f]`` f attempts, whatever spark.task.maxFailures says; ``local-cluster`` (executors in
+# their own JVMs, like a standalone cluster) and every cluster master read spark.task.maxFailures.
+_LOCAL_N = re.compile(r"local\[([0-9]+|\*)\]")
+_LOCAL_N_FAILURES = re.compile(r"local\[([0-9]+|\*)\s*,\s*([0-9]+)\]")
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*([0-9]+)\s*,\s*([0-9]+)\s*,\s*([0-9]+)\s*]")
+
+
+@dataclass(frozen=True)
+class SparkMaster:
+    """What a master URL means for the job, as Spark's ``createTaskScheduler`` reads it (``parse_master``)."""
+
+    url: str
+    in_driver: bool
+    """Every task runs in the driver's JVM (``local`` forms; not ``local-cluster``, whose executors are JVMs
+    of their own that register like a cluster's)."""
+    slots: int | None
+    """Task slots the URL fixes (``local[4]``: 4, ``local-cluster[2,3,1024]``: 6); None when the URL does
+    not say (``local[*]``, cluster masters)."""
+    task_attempts: int | None
+    """Attempts per task the URL fixes whatever spark.task.maxFailures says (``local``/``local[n]``: 1,
+    ``local[n,f]``: f); None when spark.task.maxFailures decides."""
+    all_cores: bool = False
+    """``local[*]``: the node's cores (``local_master`` turns it into the container's)."""
+
+
+def parse_master(master: str) -> SparkMaster:
+    """``master`` as Spark reads it (pure). Spark does not strip the URL; this does, as ``spark-submit``'s
+    shell would have."""
+    url = master.strip()
+    if url == "local":
+        return SparkMaster(url, in_driver=True, slots=1, task_attempts=1)
+    if match := _LOCAL_N.fullmatch(url):
+        every = match.group(1) == "*"
+        return SparkMaster(url, True, None if every else int(match.group(1)), 1, all_cores=every)
+    if match := _LOCAL_N_FAILURES.fullmatch(url):
+        every = match.group(1) == "*"
+        # TaskSetManager aborts when a task's failures reach f: f=0 also allows one attempt
+        attempts = max(int(match.group(2)), 1)
+        return SparkMaster(url, True, None if every else int(match.group(1)), attempts, all_cores=every)
+    if match := _LOCAL_CLUSTER.fullmatch(url):
+        return SparkMaster(url, in_driver=False, slots=int(match.group(1)) * int(match.group(2)), task_attempts=None)
+    return SparkMaster(url, in_driver=False, slots=None, task_attempts=None)
 
 
 def is_local_master(master: str) -> bool:
     """``local``, ``local[n]``, ``local[*]`` or ``local[n,f]``: every task in the driver's JVM."""
-    return _LOCAL.match(master.strip()) is not None
+    return parse_master(master).in_driver
 
 
 def local_master(master: str, cpu_limit: float | None, available: int) -> str:
     """``local[*]`` (or ``local[*,f]``) as ``local[n]``: n the CPU limit rounded up, else the CPUs this
     process may run on; any other master unchanged."""
-    match = _LOCAL.match(master.strip())
-    if not match or match.group(1) != "*":
+    if not parse_master(master).all_cores:
         return master
     cores = max(1, math.ceil(cpu_limit)) if cpu_limit else max(1, available)
     return master.strip().replace("*", str(cores), 1)
@@ -48,14 +94,9 @@ def _positive_int(value: str | None) -> int | None:
 def expected_cores(master: str, conf: Mapping[str, str]) -> tuple[int | None, str]:
     """The task slots the job asked for and where that number comes from (``None``: the settings do not
     say, e.g. a standalone master without ``spark.cores.max``, which takes every free core)."""
-    match = _LOCAL.match(master.strip())
-    if match:
-        slots = match.group(1)
-        if slots is None:
-            return 1, "local"
-        if slots.isdigit():
-            return int(slots), f"local[{slots}]"
-        return None, "local[*]"
+    parsed = parse_master(master)
+    if parsed.in_driver or parsed.slots is not None:
+        return parsed.slots, parsed.url  # None for local[*]: the JVM's count (``defaultParallelism``)
     cores_per_executor = _positive_int(conf.get("spark.executor.cores"))
     if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true":
         most = _positive_int(conf.get("spark.dynamicAllocation.maxExecutors"))
