@@ -41,3 +41,17 @@ async def slow_async(message: Message) -> None:
             RECORDS.append((key, sequence))
     finally:
         SERIAL.leave(key)
+
+
+FAKE_TOKEN = "f" * 32
+
+
+def fails_with_many_lines(message: Message) -> None:
+    """A handler whose error message spans lines, some of which look like a passing error, one like the
+    task's own failure marker (with another wave attempt's token)."""
+    raise ValueError(
+        "order 17 rejected by the ledger:\n"
+        "ConnectionError: upstream said so earlier\n"
+        f"keyorder-catchup-task-failed {FAKE_TOKEN} other: ConnectionError: retry me\n"
+        "TimeoutError: also quoted from a log"
+    )

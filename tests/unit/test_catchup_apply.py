@@ -8,7 +8,7 @@ import time
 import pandas
 import pytest
 
-from keyorder.catchup.apply import ApplyHandler, OrderViolation
+from keyorder.catchup.apply import ApplyHandler, OrderViolation, TaskFailed
 from keyorder.catchup.datasource import PROGRESS_SCALE, lane_hash, progress_of
 from keyorder.core.retry import RetryPolicy
 from tests.guarantees import assert_key_order
@@ -115,8 +115,9 @@ def test_a_hot_key_takes_one_thread_while_the_other_keys_pass_it() -> None:
 def test_an_out_of_order_row_stops_the_task_before_its_handler_runs() -> None:
     catchup_handlers.reset()
     rows = [(1, 0, 0, 5, b"a", b"0", [], None, None, None), (1, 0, 1, 3, b"a", b"1", [], None, None, None)]
-    with pytest.raises(OrderViolation, match=r"t\[0\]@3 arrived after t\[0\]@5"):
+    with pytest.raises(TaskFailed, match=r"order-violation: OrderViolation: t\[0\]@3 arrived after t\[0\]@5") as failed:
         list(apply("slow", 4)(iter([batch(rows)])))
+    assert isinstance(failed.value.__cause__, OrderViolation)
     assert catchup_handlers.RECORDS == []  # the batch is checked before any of it is handled
 
 
@@ -186,3 +187,57 @@ def test_a_task_whose_handler_keeps_the_process_busy_runs_fewer_threads_and_says
     runner.run(iter([batch(rows)]))
     assert len(handled) == 8000 and runner.counts[0].processed == 8000
     assert runner.thread_limit == 1
+
+
+def spark_job_error(error: BaseException, simplified: bool) -> str:
+    """The text of the driver's exception for a task that raised ``error``: the Python worker formats the
+    traceback as pyspark/util.py ``handle_worker_exception`` does (``SPARK_SIMPLIFIED_TRACEBACK`` drops the
+    cause), the JVM wraps it in a ``PythonException`` inside the stage failure."""
+    import traceback
+
+    if simplified:
+        error.__cause__ = None
+    python = "".join(traceback.TracebackException(type(error), error, error.__traceback__, compact=True).format())
+    return (
+        "An error occurred while calling o91.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 times, "
+        "most recent failure: Lost task 0.0 in stage 3.0 (TID 7) (10.0.0.5 executor driver): "
+        f"org.apache.spark.api.python.PythonException: {python}\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException("
+        "PythonRunner.scala:572)\n"
+    )
+
+
+@pytest.mark.parametrize("simplified", [False, True])
+def test_a_blocked_key_is_never_retried_whatever_lines_its_handlers_error_holds(simplified: bool) -> None:
+    """The old driver took the last line that looked like an error ("TimeoutError: also quoted from a log")
+    and retried the wave: a blocked key looked like a passing fault."""
+    import uuid
+
+    from keyorder.catchup.apply import TaskFailure
+    from keyorder.catchup.job import retryable_wave_error, wave_failure
+    from keyorder.core.retry import ExhaustedPolicy
+
+    token = uuid.uuid4().hex
+    task = ApplyHandler(
+        handler="tests.unit.catchup_handlers:fails_with_many_lines",
+        policy=RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.BLOCK),
+        dlq_topic="unused",
+        sources=[("t", 0)],
+        failure_token=token,
+    )
+    with pytest.raises(TaskFailed) as failed:
+        list(task(iter(sorted_partition([b"k"], batch_rows=10))))
+    text = spark_job_error(failed.value, simplified)
+    assert "\nTimeoutError: also quoted from a log" in text  # the handler's lines reach the driver
+
+    message, failure = wave_failure(RuntimeError(text), token)
+    assert failure is TaskFailure.KEY_BLOCKED
+    assert message.startswith("KeyBlocked: t[0]@0 failed 1 times and on-exhausted is block")
+    assert not retryable_wave_error(message, failure)
+    # a failure no task typed (a crashed Python worker) is retried, whatever the text says
+    crashed = RuntimeError(
+        text.replace(token, "0" * 32).replace("PythonException", "SparkException: Python worker exited")
+    )
+    assert wave_failure(crashed, token)[1] is None
+    assert retryable_wave_error(*wave_failure(crashed, token))

@@ -10,7 +10,7 @@ from typing import Any
 import pandas
 import pytest
 
-from keyorder.catchup.apply import KeyBlocked, OrderViolation, TaskRunner
+from keyorder.catchup.apply import KeyBlocked, OrderViolation, TaskFailure, TaskRunner
 from keyorder.catchup.job import (
     CatchupJob,
     Plan,
@@ -574,18 +574,21 @@ def test_crossover_is_where_startup_plus_spark_time_equals_pod_time() -> None:
 
 
 @pytest.mark.parametrize(
-    ("error", "retryable"),
+    ("error", "failure", "retryable"),
     [
-        ("RuntimeError: Python worker exited unexpectedly (crashed)", True),
-        ("SplitReadError: t[0]: no record for 120.0s at offset 5, 40 read errors in a row", True),
-        ("DeadLetterError: could not dead-letter t[0]@3: 9 writes failed in 300s", True),
-        ("KeyBlocked: t[0]@7 failed 5 times and on-exhausted is block", False),
-        ("OrderViolation: t[0]@3 arrived after t[0]@5", False),
-        (None, False),  # the wave ran to its end and its audit found problems: the same records again
+        ("RuntimeError: Python worker exited unexpectedly (crashed)", None, True),
+        ("SplitReadError: t[0]: no record for 120.0s at offset 5, 40 read errors in a row", None, True),
+        ("DeadLetterError: could not dead-letter t[0]@3: 9 writes failed in 300s", TaskFailure.OTHER, True),
+        ("KeyBlocked: t[0]@7 failed 5 times and on-exhausted is block", TaskFailure.KEY_BLOCKED, False),
+        ("OrderViolation: t[0]@3 arrived after t[0]@5", TaskFailure.ORDER_VIOLATION, False),
+        ("KeyBlocked: t[0]@7 failed 5 times", None, True),  # the text alone decides nothing
+        (None, None, False),  # the wave ran to its end and its audit found problems: the same records again
     ],
 )
-def test_a_failed_wave_is_retried_unless_retrying_cannot_help(error: str | None, retryable: bool) -> None:
-    assert retryable_wave_error(error) is retryable
+def test_a_failed_wave_is_retried_unless_retrying_cannot_help(
+    error: str | None, failure: TaskFailure | None, retryable: bool
+) -> None:
+    assert retryable_wave_error(error, failure) is retryable
 
 
 def test_the_pause_before_a_waves_retry_grows_and_is_bounded() -> None:
@@ -594,7 +597,9 @@ def test_the_pause_before_a_waves_retry_grows_and_is_bounded() -> None:
     assert wave_retry_pause(1, 0.0) == 0.0
 
 
-def scripted_job(errors: list[str | None], **settings: Any) -> tuple[CatchupJob, list[float], list[int]]:
+def scripted_job(
+    errors: list[str | tuple[str, TaskFailure] | None], **settings: Any
+) -> tuple[CatchupJob, list[float], list[int]]:
     """A job whose waves fail with ``errors`` one attempt after the other (``None``: the attempt succeeds)."""
     config = CatchupConfig(
         bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", handler="tests.spark.handlers:record", **settings
@@ -606,9 +611,11 @@ def scripted_job(errors: list[str | None], **settings: Any) -> tuple[CatchupJob,
 
     def run_wave(plan, index, ranges, run_id, started, handled_before):
         ran.append(job._attempt[0])
-        error = errors.pop(0)
+        error, failure = errors.pop(0), None
+        if isinstance(error, tuple):
+            error, failure = error
         ok = audit(ranges, ranges, [summary("t", 0, read=10, splits=1, processed=10)])
-        return WaveOutcome(index, ranges, 1.0, audit=None if error else ok, error=error), []
+        return WaveOutcome(index, ranges, 1.0, audit=None if error else ok, error=error, failure=failure), []
 
     job._run_wave = run_wave  # type: ignore[method-assign]
     return job, pauses, ran
@@ -643,7 +650,8 @@ def test_retries_are_bounded_and_never_follow_a_blocked_key() -> None:
     assert not wave.ok and wave.attempts == 3 and len(wave.failed_attempts) == 2  # 1 + --wave-retries 2
     assert sum(pauses) == pytest.approx(1.0 + 2.0)
 
-    job, pauses, ran = scripted_job(["KeyBlocked: t[0]@7 failed 5 times and on-exhausted is block", None])
+    blocked = ("KeyBlocked: t[0]@7 failed 5 times and on-exhausted is block", TaskFailure.KEY_BLOCKED)
+    job, pauses, ran = scripted_job([blocked, None])
     wave = run_one_wave(job)
     assert not wave.ok and wave.attempts == 1 and ran == [1] and pauses == []
 

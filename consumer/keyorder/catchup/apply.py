@@ -27,10 +27,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from functools import partial
 from typing import Any
 
@@ -64,6 +66,51 @@ class OrderViolation(RuntimeError):
 
 class KeyBlocked(RuntimeError):
     """A message failed every attempt under ``on-exhausted=block``: the job stops without committing."""
+
+
+class TaskFailure(Enum):
+    """Why a task failed, as the task itself classifies it (``TaskFailed``): the driver decides on this,
+    never on the text of the error (a handler's message may hold any line)."""
+
+    KEY_BLOCKED = "key-blocked"
+    ORDER_VIOLATION = "order-violation"
+    OTHER = "other"
+    """Anything else the task raised: Kafka, a dead-letter write that kept failing."""
+
+    @classmethod
+    def of(cls, error: BaseException) -> TaskFailure:
+        if isinstance(error, KeyBlocked):
+            return cls.KEY_BLOCKED
+        if isinstance(error, OrderViolation):
+            return cls.ORDER_VIOLATION
+        return cls.OTHER
+
+
+FAILURE_MARKER = "keyorder-catchup-task-failed"
+_FAILURE_LINE = re.compile(FAILURE_MARKER + r" (?P<token>[0-9a-f]{32}) (?P<kind>[a-z-]+): (?P<summary>[^\n]*)")
+
+
+class TaskFailed(RuntimeError):
+    """What a failed task raises to Spark. Its message starts with a typed marker line,
+    ``keyorder-catchup-task-failed <token> <kind>: <Type>: <first line of the error>``, that survives
+    Spark's wrapping of the Python traceback (``PythonException`` carries the whole traceback text) and
+    that a handler cannot write by mistake: ``token`` is the wave attempt's own (``ApplyHandler``)."""
+
+    @classmethod
+    def of(cls, error: BaseException, token: str) -> TaskFailed:
+        text = str(error)
+        first = text.splitlines()[0] if text else ""
+        return cls(f"{FAILURE_MARKER} {token} {TaskFailure.of(error).value}: {type(error).__name__}: {first}\n{text}")
+
+
+def read_task_failure(text: str, token: str) -> tuple[TaskFailure, str] | None:
+    """The kind and the one-line summary of the ``TaskFailed`` of the wave attempt with ``token`` in a
+    Spark job's error text, or None when no task of it said why it failed (a crashed Python worker, a lost
+    executor, a reader task's error) (pure)."""
+    for match in _FAILURE_LINE.finditer(text):
+        if match.group("token") == token:
+            return TaskFailure(match.group("kind")), match.group("summary").strip()
+    return None
 
 
 class LazyDeadLetters:
@@ -532,6 +579,8 @@ class ApplyHandler:
     wave_attempt: int = 1
     live_address: tuple[str, int] | None = None
     """Where the driver's ``live.ProgressListener`` takes the running task's handled counts, or None."""
+    failure_token: str = "0" * 32
+    """The wave attempt's own token (32 hex digits) in the marker of a failed task's ``TaskFailed``."""
 
     def __call__(self, frames: Iterator[Any]) -> Iterator[Any]:
         call, close_loops = thread_safe_caller(load_handler(self.handler))
@@ -561,6 +610,8 @@ class ApplyHandler:
         )
         try:
             runner.run(frames)
+        except Exception as error:  # typed for the driver's retry decision (read_task_failure)
+            raise TaskFailed.of(error, self.failure_token) from error
         finally:
             if sink is not None:
                 sink.close()

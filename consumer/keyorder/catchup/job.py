@@ -32,7 +32,7 @@ from typing import Any
 
 from pyspark.accumulators import AccumulatorParam
 
-from keyorder.catchup.apply import SUMMARY_SCHEMA, ApplyHandler
+from keyorder.catchup.apply import SUMMARY_SCHEMA, ApplyHandler, TaskFailure, read_task_failure
 from keyorder.catchup.datasource import (
     KEYLESS_PREFIX,
     OPTION_ORDERING,
@@ -220,6 +220,9 @@ class WaveOutcome:
     failed_attempts: list[dict[str, Any]] = field(default_factory=list)
     """The attempts before the last one: ``{"attempt", "error", "seconds"}`` each (their handled messages
     were handled again by the next attempt)."""
+    failure: TaskFailure | None = None
+    """Why the failed task failed, as it said itself (``apply.TaskFailed``); None when no task said (a
+    crashed Python worker, a lost executor, a reader's error) or the wave did not fail."""
 
     @property
     def ok(self) -> bool:
@@ -228,7 +231,7 @@ class WaveOutcome:
     @property
     def retryable(self) -> bool:
         """A failed wave that running it again may fix (``retryable_wave_error``)."""
-        return not self.ok and retryable_wave_error(self.error)
+        return not self.ok and retryable_wave_error(self.error, self.failure)
 
     def report(self, run_id: str) -> dict[str, Any]:
         return {
@@ -318,20 +321,30 @@ class Outcome:
         }
 
 
-UNRETRYABLE_ERRORS = ("KeyBlocked", "OrderViolation")
+UNRETRYABLE_FAILURES = frozenset({TaskFailure.KEY_BLOCKED, TaskFailure.ORDER_VIOLATION})
 """Causes a wave's retry would only meet again: a key failing every attempt under ``block`` (the pods
 take it over), rows out of order (a bug, or a source that changed under the job)."""
 WAVE_RETRY_PAUSE_MAX = 600.0
 """The longest pause before a wave's retry, however many retries came before."""
 
 
-def retryable_wave_error(error: str | None) -> bool:
-    """Whether running a failed wave again may fix its failure (pure). ``error`` is ``_first_line`` of the
-    task's failure; ``None`` means the wave ran to its end and its audit found problems: running it again
-    would read and handle the same records, so it is not retried either."""
+def retryable_wave_error(error: str | None, failure: TaskFailure | None) -> bool:
+    """Whether running a failed wave again may fix its failure (pure). ``failure`` is what the failed task
+    said of itself (``apply.read_task_failure``), never read from the error's text: a handler's message
+    may hold any line. ``error`` None means the wave ran to its end and its audit found problems: running
+    it again would read and handle the same records, so it is not retried either."""
     if error is None:
         return False
-    return not error.startswith(tuple(f"{name}:" for name in UNRETRYABLE_ERRORS))
+    return failure not in UNRETRYABLE_FAILURES
+
+
+def wave_failure(error: BaseException, token: str) -> tuple[str, TaskFailure | None]:
+    """A failed wave job's error for the report and its typed cause (pure): the ``TaskFailed`` marker of the
+    wave attempt's ``token`` when a task raised one, else the best line of the text (``_first_line``)."""
+    said = read_task_failure(str(error), token)
+    if said is not None:
+        return said[1], said[0]
+    return _first_line(error), None
 
 
 def wave_retry_pause(retry: int, first: float) -> float:
@@ -773,6 +786,7 @@ class CatchupJob:
     ) -> tuple[WaveOutcome, list[TaskSummary]]:
         wave_started = time.monotonic()
         accumulator = self.spark.sparkContext.accumulator({}, _DictSum())
+        failure_token = uuid.uuid4().hex  # in a failed task's TaskFailed marker: no handler text can forge it
         handler = ApplyHandler(
             handler=self.config.handler,
             policy=self.config.retry_policy(),
@@ -788,6 +802,7 @@ class CatchupJob:
             wave=index,
             wave_attempt=self._attempt[0],
             live_address=self._live_address(WaveAttempt(run_id, index, self._attempt[0])),
+            failure_token=failure_token,
         )
         layout = self.wave_layout(plan, wave)
         log.info("wave %d/%d: %s", index + 1, len(plan.waves), layout.reason)
@@ -809,7 +824,10 @@ class CatchupJob:
         try:
             rows = records.mapInArrow(handler, SUMMARY_SCHEMA).collect()
         except Exception as error:  # a task failed: the handler, Kafka, or a blocked key
-            failed = WaveOutcome(index, wave, time.monotonic() - wave_started, error=_first_line(error), layout=layout)
+            message, failure = wave_failure(error, failure_token)
+            failed = WaveOutcome(
+                index, wave, time.monotonic() - wave_started, error=message, failure=failure, layout=layout
+            )
             return failed, []
         finally:
             stop.set()
