@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keyorder.catchup.memory import executor_memory_overhead_mib, lookahead_from_env
 from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
 from keyorder_operator.catchup import CONFIG_EXIT_CODE, spark_cores
 from keyorder_operator.image_check import (
@@ -554,15 +555,6 @@ def catchup_labels(name: str) -> dict[str, str]:
     }
 
 
-SPARK_OVERHEAD_MIB = 384
-"""Spark's own default executor memory overhead (JVM off-heap, threads)."""
-PYTHON_WORKER_MIB = 160
-"""A PySpark worker with keyorder, pandas, pyarrow and confluent-kafka imported (RSS, measured)."""
-PYTHON_WORKERS_PER_TASK = 2
-"""Python workers a running catch-up task holds at once: in the by-partition layout (``--layout``) the
-reader of its partitions runs beside its handlers."""
-
-
 def catchup_job_name(name: str, started_at: float, kind: str = "catchup") -> str:
     """``<name>-<kind>-<epoch seconds>``, the name shortened (never the time) to fit 63 characters."""
     suffix = f"-{kind}-{int(started_at)}"
@@ -689,9 +681,11 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         # the cores the catch-up verdict counts (executors x executorCores) are the cores Spark asks for
         settings["spark.executor.cores"] = str(catchup.executor_cores)
         # a task's Python workers (reader and handlers) live beside the executor's JVM, in its memory
-        # overhead: Spark's default (384 MiB) does not hold them with their look-ahead (docs/catchup.md, Memory)
-        per_core = PYTHON_WORKERS_PER_TASK * PYTHON_WORKER_MIB + TASK_LOOKAHEAD_MB
-        settings["spark.executor.memoryOverhead"] = f"{SPARK_OVERHEAD_MIB + catchup.executor_cores * per_core}m"
+        # overhead: Spark's default (384 MiB) does not hold them with their look-ahead (docs/catchup.md, Memory);
+        # the look-ahead the job will run with comes from the handler's env (the Job's env is the pods')
+        lookahead = lookahead_from_env(((item.name, item.value) for item in spec.handler.env), TASK_LOOKAHEAD_MB)
+        overhead = executor_memory_overhead_mib(catchup.executor_cores, lookahead)
+        settings["spark.executor.memoryOverhead"] = f"{overhead}m"
         if on_kubernetes:  # and the executor pods request them, so the scheduler places them where they fit
             settings["spark.kubernetes.executor.request.cores"] = str(catchup.executor_cores)
         if not on_kubernetes:  # standalone or YARN executors: the handler's own variables (k8s: the template)

@@ -36,12 +36,14 @@ def batch(rows: list[tuple]) -> pandas.DataFrame:
 
 
 def sorted_partition(messages: list[bytes], batch_rows: int, sources: int = 1) -> list[pandas.DataFrame]:
-    """Messages spread round-robin over ``sources`` partitions, sorted by (progress, source, offset) as
-    Spark hands them over, cut into batches; one end marker per source. A key's n-th message carries n."""
+    """Messages over ``sources`` partitions, each key in one (the n-th key seen in partition n % sources, as
+    Kafka keeps a key in one partition), sorted by (progress, source, offset) as Spark hands them over, cut
+    into batches; one end marker per source. A key's n-th message carries n."""
     per_source: list[list[tuple]] = [[] for _ in range(sources)]
     sequences: dict[bytes, int] = {}
-    for index, key in enumerate(messages):
-        source = index % sources if sources > 1 else 0
+    homes: dict[bytes, int] = {}
+    for key in messages:
+        source = homes.setdefault(key, len(homes) % sources)
         sequence = sequences[key] = sequences.get(key, -1) + 1
         per_source[source].append((key, str(sequence).encode()))
     rows = []

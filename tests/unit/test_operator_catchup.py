@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from keyorder.catchup.memory import executor_memory_overhead_mib
 from keyorder_operator.builders import build_catchup_job, build_deployment, catchup_job_name
 from keyorder_operator.catchup import (
     CatchupGate,
@@ -179,7 +180,7 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
         "--spark-conf",
         "spark.executor.instances=6",
         "--spark-conf",
-        "spark.executor.memoryOverhead=768m",  # 384 MiB + a reader and a handler worker (2 x 160) + look-ahead (64)
+        "spark.executor.memoryOverhead=849m",  # 384 MiB + a task's Python workers (memory.task_python_mib(64): 465)
         "--spark-conf",
         "spark.executorEnv.ORDERS_DB=db:5432",  # the handler's own variables reach standalone/YARN executors
         "--spark-conf",
@@ -466,8 +467,9 @@ def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(
     else:
         assert spark["spark.executor.instances"] == str(spec.catchup.executors)
         assert spark["spark.executor.cores"] == str(spec.catchup.executor_cores)  # what the verdict counts
-        if "spark.executor.memoryOverhead" not in spec.catchup.spark_conf:  # a Python worker per core fits
-            assert spark["spark.executor.memoryOverhead"] == f"{384 + 384 * spec.catchup.executor_cores}m"
+        if "spark.executor.memoryOverhead" not in spec.catchup.spark_conf:  # a task's Python workers per core fit
+            overhead = executor_memory_overhead_mib(spec.catchup.executor_cores, config.task_lookahead_mb)
+            assert spark["spark.executor.memoryOverhead"] == f"{overhead}m"
     if spec.catchup.master.startswith("k8s://"):
         assert spark["spark.kubernetes.container.image"] == "reg/spark:1"
         assert spark["spark.kubernetes.namespace"] == "shop"

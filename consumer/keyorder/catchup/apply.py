@@ -1,13 +1,17 @@
 """Calling the user's handler on one Spark partition, in order, with the pod's retry/DLQ policy.
 
-Spark hands ``mapInArrow`` the rows of one Spark partition sorted by ``(progress, source,
-offset)``: every source partition's offsets increase, and the partitions and keys interleave
-as in a pod's poll batches. ``TaskRunner`` runs them like a pod does: each message joins its
-*lane* (its route: the key, or the partition) in the pod's own ``LaneScheduler``; up to
-``task_workers`` threads take any ready lane, run its head message and put the lane back. So a
-key's messages run one at a time in offset order, any free thread takes any ready key, and a hot
-key occupies one thread while every other key passes it: there is no batch barrier. The feeder
-reads ahead at most ``lookahead`` messages (backpressure into Spark's Arrow stream).
+Spark hands ``mapInArrow`` the rows of one Spark partition with every source partition's offsets
+increasing (sorted by ``(progress, source, offset)`` after the shuffle, or as the by-partition
+reader interleaves them), the partitions and keys interleaved as in a pod's poll batches.
+``TaskRunner`` runs them like a pod does: each message joins its *lane* (its route: the key within
+its partition, or the partition; ``datasource.route_of``) in the pod's own ``LaneScheduler``; up
+to ``task_workers`` threads take any ready lane, run its head message and put the lane back. So a
+key's messages of one partition run one at a time in offset order, any free thread takes any
+ready key, and a hot key occupies one thread while every other key passes it: there is no batch
+barrier. The feeder reads ahead at most ``lookahead`` messages and ``lookahead_bytes`` of them
+(backpressure into Spark's Arrow stream), and turns an Arrow input batch into Python objects a
+slice at a time (``batch_slices``, ``SLICE_BYTES``), as the look-ahead admits them: a task's memory
+is the look-ahead, one Arrow batch and one slice (``memory``; docs/catchup.md, Memory).
 
 A failed attempt *parks* its lane until the retry's due time, holding no thread, exactly as in a
 pod; after the last attempt the message is dead-lettered (with the run id and wave as
@@ -43,6 +47,7 @@ from keyorder.adapters.handlers import LoadedHandler, load_handler
 from keyorder.catchup import shipped
 from keyorder.catchup.datasource import route_of
 from keyorder.catchup.live import REPORT_INTERVAL, TaskReporter, WaveAttempt
+from keyorder.catchup.memory import SLICE_BYTES
 from keyorder.catchup.plan import COUNTS, PartitionCounts
 from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
 from keyorder.contracts import DeadLetterError, DeadLetterSink
@@ -142,14 +147,45 @@ def _headers(value: list[dict[str, Any]] | None) -> tuple[tuple[str, bytes | Non
 _DELIVERY_COLUMNS = ("source", "offset", "key", "value", "headers", "timestamp", "marker_read", "marker_skipped")
 
 
-def arrow_columns(batch: Any, names: tuple[str, ...]) -> list[list[Any]]:
-    """The named columns of an Arrow record batch as Python lists (nulls as None). A pandas frame (the
-    unit tests' batches) is converted to Arrow first."""
+def as_arrow(batch: Any) -> Any:
+    """An Arrow record batch as it is; a pandas frame (the unit tests' batches) converted to one."""
     import pyarrow
 
     if isinstance(batch, pandas.DataFrame):
-        batch = pyarrow.RecordBatch.from_pandas(batch, preserve_index=False)
+        return pyarrow.RecordBatch.from_pandas(batch, preserve_index=False)
+    return batch
+
+
+def arrow_columns(batch: Any, names: tuple[str, ...]) -> list[list[Any]]:
+    """The named columns of an Arrow record batch as Python lists (nulls as None)."""
+    batch = as_arrow(batch)
     return [batch.column(name).to_pylist() for name in names]
+
+
+def batch_slices(batch: Any, max_bytes: int) -> Iterator[Any]:
+    """Consecutive slices (zero-copy views) of an Arrow record batch, each with at most ``max_bytes`` of
+    keys and values plus ``MESSAGE_OVERHEAD`` a row, and at least one row: what the feeder turns into
+    Python objects at once."""
+    import pyarrow
+    import pyarrow.compute as compute
+
+    rows = batch.num_rows
+
+    def lengths(name: str) -> Any:
+        column = batch.column(name)
+        if column.type == pyarrow.null():  # an all-null column (markers only) of a pandas frame
+            return pyarrow.array([0] * rows, pyarrow.int64())
+        return compute.fill_null(compute.binary_length(column), 0)
+
+    sizes = compute.add(lengths("key"), lengths("value")).to_pylist()
+    start = held = 0
+    for row, size in enumerate(sizes):
+        if held and held + size + MESSAGE_OVERHEAD > max_bytes:
+            yield batch.slice(start, row - start)
+            start, held = row, 0
+        held += size + MESSAGE_OVERHEAD
+    if start < rows:
+        yield batch.slice(start, rows - start)
 
 
 def thread_safe_caller(loaded: LoadedHandler) -> tuple[Callable[[Message], None], Callable[[], None]]:
@@ -251,6 +287,7 @@ class TaskRunner:
         cpu_clock: Callable[[], float] = time.process_time,
         report: Callable[[int], None] | None = None,
         report_interval: float = REPORT_INTERVAL,
+        slice_bytes: int = SLICE_BYTES,
     ) -> None:
         self.call = call
         self.policy = policy
@@ -260,6 +297,7 @@ class TaskRunner:
         self.workers = max(workers, 1)
         self.lookahead = max(lookahead, 1)
         self.lookahead_bytes = max(lookahead_bytes, 1)
+        self.slice_bytes = max(slice_bytes, 1)
         self.run_id = run_id
         self.wave = wave
         self.clock = clock
@@ -304,23 +342,13 @@ class TaskRunner:
             )
             reporter.start()
         try:
-            for frame in frames:
-                deliveries = self._deliveries(frame)  # checked whole before any of it is handled
-                while deliveries:
-                    with self._lock:
-                        if self._full():
-                            self._feeder_waiting = True
-                            while self._error is None and not self._at_low_water():
-                                self._space.wait()
-                            self._feeder_waiting = False
-                        if self._error is not None:
-                            break
-                        chunk, deliveries = self._admit(deliveries)
-                        woken = self._scheduler.add(chunk)
-                        if woken:
-                            self._work.notify(woken)
-                if self._error is not None:
+            frames = iter(frames)
+            while self._error is None:
+                frame = next(frames, None)
+                if frame is None:
                     break
+                self._feed(as_arrow(frame))
+                del frame  # before the next batch is read: the task holds one input batch at a time
         except BaseException as error:
             with self._lock:
                 if self._error is None:
@@ -337,6 +365,25 @@ class TaskRunner:
                 reporter.join()
         if self._error is not None:
             raise self._error
+
+    def _feed(self, batch: Any) -> None:
+        """Admit one input batch's messages, a slice at a time: a slice is turned into messages (and checked
+        whole before any of it is handled) only when the look-ahead has room for more."""
+        for piece in batch_slices(batch, self.slice_bytes):
+            deliveries = self._deliveries(piece)
+            while deliveries:
+                with self._lock:
+                    if self._full():
+                        self._feeder_waiting = True
+                        while self._error is None and not self._at_low_water():
+                            self._space.wait()
+                        self._feeder_waiting = False
+                    if self._error is not None:
+                        return
+                    chunk, deliveries = self._admit(deliveries)
+                    woken = self._scheduler.add(chunk)
+                    if woken:
+                        self._work.notify(woken)
 
     def handled(self) -> int:
         """Messages handled or dead-lettered so far."""
@@ -374,7 +421,7 @@ class TaskRunner:
         return deliveries[:count], deliveries[count:]
 
     def _deliveries(self, batch: Any) -> list[Delivery]:
-        """One Arrow record batch as deliveries, read column by column (``to_pylist`` builds the Python
+        """One slice of an Arrow record batch as deliveries, read column by column (``to_pylist`` builds the Python
         values in C; row by row through pandas cost several microseconds a message)."""
         columns = arrow_columns(batch, _DELIVERY_COLUMNS)
         deliveries = []

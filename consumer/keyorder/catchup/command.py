@@ -23,6 +23,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from keyorder.catchup.layout import ORDER_GUARANTEE
 from keyorder.config import ConfigError, add_settings_flags, load_config
 
 EXIT_FAILED = 1
@@ -78,6 +79,7 @@ def print_plan(plan: Any, statistics: Any, key_partitions: int, cores: int, layo
         f"{len(plan.waves)} wave{'s' if len(plan.waves) != 1 else ''}; commit "
         + ("each wave after its audit, the last one at the fence" if plan.commit else "nothing")
     )
+    console.print(f"order: {ORDER_GUARANTEE}")
     reasons = [layout.reason for layout in layouts]
     if reasons and len(set(reasons)) == 1:
         console.print(f"layout: {reasons[0]}")
@@ -87,7 +89,8 @@ def print_plan(plan: Any, statistics: Any, key_partitions: int, cores: int, layo
     if statistics is not None:
         hottest = statistics.hottest[0][1] if statistics.hottest else 0
         console.print(
-            f"messages {statistics.messages:,} over {statistics.distinct_keys:,} keys; hottest key has "
+            f"messages {statistics.messages:,} over {statistics.distinct_keys:,} keys (a key counted once per "
+            f"partition it sits in); hottest key has "
             f"{hottest:,} (skew {statistics.skew:.1f}x the mean)"
         )
         console.print("hottest keys: " + ", ".join(f"{key} ({count:,})" for key, count in statistics.hottest))

@@ -12,20 +12,26 @@ yielded: no handler sees them, and the audit still accounts for every offset. Cl
 inside ``read()``: confluent-kafka objects do not pickle.
 
 Rows carry only fixed-width columns besides the record itself, so the shuffle hashes and the
-sort compares integers, never key bytes: ``lane`` (a stable 64-bit hash of the *route*, the bytes
-that decide which messages must stay in order: the key, or the partition for keyless records and
-in partition ordering, as in the pods), ``source`` (the partition's index in the plan, instead of
-its topic name) and ``progress`` (how far into its partition's range the record lies, scaled to
-``PROGRESS_SCALE``). Sorting a Spark partition by ``(progress, source, offset)`` keeps every
-partition's offsets increasing, hence every key's messages in order, while interleaving the
-partitions and keys as a pod sees them in its poll batches (see ``apply``).
+sort compares integers, never key bytes: ``lane`` (a stable 64-bit hash of the *route*, the unit
+whose messages must stay in order: the key *within its partition* (topic, partition, key), or the
+partition for keyless records and in partition ordering, as in the pods), ``source`` (the
+partition's index in the plan, instead of its topic name) and ``progress`` (how far into its
+partition's range the record lies, scaled to ``PROGRESS_SCALE``). A route never spans two
+partitions, so sorting a Spark partition by ``(progress, source, offset)`` keeps every route's
+messages in offset order, while interleaving the partitions and keys as a pod sees them in its
+poll batches (see ``apply``). A key that sits in two partitions (after partitions were added) has
+two routes, handled independently, in both layouts, as two pods would.
 
 Transient read errors (a broker restart, a leader change) are retried inside the reader, as the
 pods' client does, with a growing pause, for as long as the split may go without a record
 (``read_timeout`` seconds, a time and not a count of errors: a broker restart takes the time it
 takes); only a fatal or permanent error, or no record for ``read_timeout`` seconds, fails the
-split. The consumer's pre-fetch is bounded (``PREFETCH_KBYTES``), so a split does not buffer tens
-of megabytes past its fence.
+split.
+
+A reader task's memory is bounded in bytes (``reader_shares``): at most ``READER_TASK_BYTES`` for its
+open consumers' pre-fetch queues, one fetch response each, and the chunks waiting to be interleaved.
+A task of many partitions opens at most ``open_at_once`` of them at a time (the largest first), each
+with a smaller pre-fetch and smaller chunks; every partition is still read in offset order.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from typing import Any, NamedTuple, cast
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from keyorder.catchup import shipped
+from keyorder.catchup.memory import READER_TASK_BYTES
 
 SOURCE_NAME = "keyorder_kafka_ranges"
 ROW_SCHEMA = (
@@ -54,9 +61,17 @@ PROGRESS_SCALE = 1 << 20
 READ_BATCH = 1000
 """Most records one ``consume`` call returns."""
 ARROW_BATCH_ROWS = 2_000
-"""Rows per Arrow batch a reader task yields (and per chunk when it interleaves partitions)."""
+"""Most rows per Arrow batch a reader task yields (and per chunk when it interleaves partitions)."""
 PREFETCH_KBYTES = 4096
-"""librdkafka's pre-fetch queue per reader (its default is 64 MiB), unless the properties set it."""
+"""librdkafka's pre-fetch queue per reader at most (its default is 64 MiB), unless the properties set it."""
+FETCH_RESPONSE_BYTES = 1 << 20
+"""librdkafka's ``max.partition.fetch.bytes`` default: one fetch response can land past a full pre-fetch queue."""
+CHUNK_BYTES_MAX = 8 << 20
+"""Largest chunk (Arrow batch) a reader task yields."""
+STREAM_MIN_BYTES = 3 << 20
+"""The least one open partition gets: 1 MiB of pre-fetch, one fetch response, a 1 MiB chunk."""
+ROW_OVERHEAD = 128
+"""Bytes a row costs besides its key, value and headers (the tuple, the ints), for chunk sizes."""
 READ_ERROR_PAUSE_MAX = 2.0
 """Longest pause between two reads after transient errors (the pause doubles from 0.1 s up to it)."""
 PERMANENT_ERRORS = frozenset(
@@ -79,6 +94,7 @@ OPTION_ORDERING = "ordering"
 OPTION_TIMEOUT = "read.timeout.seconds"
 MARKER_PREFIX = b"\x00marker:"
 KEYLESS_PREFIX = b"\x00partition:"
+KEY_PREFIX = b"\x00key:"
 
 
 class SplitReadError(RuntimeError):
@@ -89,11 +105,23 @@ def partition_route(topic: str, partition: int) -> bytes:
     return KEYLESS_PREFIX + f"{topic}:{partition}".encode()
 
 
+def key_route_prefix(topic: str, partition: int) -> bytes:
+    """What a key's route starts with: the partition it sits in (topic names cannot contain ``:``)."""
+    return KEY_PREFIX + f"{topic}:{partition}:".encode()
+
+
 def route_of(ordering: str, topic: str, partition: int, key: bytes | None) -> bytes:
-    """Messages with equal routes are handled one at a time in (partition, offset) order."""
+    """The unit of order: messages with equal routes are handled one at a time in offset order. A route
+    never spans partitions: ``(topic, partition, key)``, or the partition (keyless records, partition
+    ordering), which is the order the pods give (a key in two partitions is two routes there too)."""
     if ordering == "partition" or key is None:
         return partition_route(topic, partition)
-    return key
+    return key_route_prefix(topic, partition) + key
+
+
+def record_lane(topic: str, partition: int, key: bytes) -> int:
+    """The ``lane`` of a keyed record in key ordering: the hash of its route (its key within its partition)."""
+    return lane_hash(key_route_prefix(topic, partition) + key)
 
 
 def lane_hash(route: bytes) -> int:
@@ -138,38 +166,88 @@ class KafkaRangeReader(DataSourceReader):
         yield from read_task(properties, self.ordering, splits, self.timeout)
 
 
+class ReaderShares(NamedTuple):
+    """How a reader task of several partitions shares its ``READER_TASK_BYTES`` (``reader_shares``)."""
+
+    open_at_once: int
+    """Partitions read at the same time (each an open consumer and a chunk waiting)."""
+    prefetch_kbytes: int
+    """Each open consumer's ``queued.max.messages.kbytes``."""
+    chunk_bytes: int
+    """Most bytes of rows per chunk (a chunk holds at least one row)."""
+
+    def bytes(self) -> int:
+        """At most what the task holds: every open partition's pre-fetch, fetch response and chunk, plus
+        the Arrow copy of the chunk being yielded."""
+        return self.open_at_once * (self.prefetch_kbytes * 1024 + FETCH_RESPONSE_BYTES + self.chunk_bytes) + (
+            self.chunk_bytes
+        )
+
+
+def reader_shares(partitions: int, budget: int = READER_TASK_BYTES) -> ReaderShares:
+    """How many of a task's ``partitions`` are open at once and what each may buffer, so that the whole
+    stays within ``budget`` bytes (pure): as many as get ``STREAM_MIN_BYTES`` each, sharing the budget
+    evenly, up to ``PREFETCH_KBYTES`` of pre-fetch and ``CHUNK_BYTES_MAX`` per chunk. One partition
+    (the shuffle layout's reader tasks) gets the most of both."""
+    open_at_once = max(1, min(partitions, budget // STREAM_MIN_BYTES - 1))
+    share = budget // (open_at_once + 1) - FETCH_RESPONSE_BYTES  # +1: the chunk being converted to Arrow
+    prefetch = max(min(PREFETCH_KBYTES, share // 2 // 1024), 1)
+    chunk = max(min(CHUNK_BYTES_MAX, share - prefetch * 1024), 1)
+    return ReaderShares(open_at_once, prefetch, chunk)
+
+
 def read_task(
     properties: dict[str, str],
     ordering: str,
     splits: Sequence[Split],
     timeout: float,
     chunk_rows: int = ARROW_BATCH_ROWS,
+    budget: int = READER_TASK_BYTES,
     **read_options: Any,
 ) -> Iterator[Any]:
     """One reader task's splits as Arrow batches: each partition's splits one after another, different
     partitions interleaved by ``progress`` (a chunk at a time), as a pod's poll batches interleave them.
     The by-partition layout hands these batches straight to the handlers, so no partition waits for
-    another to be read first."""
+    another to be read first. At most ``reader_shares(...).open_at_once`` partitions are open at a time
+    (the largest ranges first); the others start as those end."""
     by_source: dict[int, list[Split]] = {}
     for split in splits:
         by_source.setdefault(split.source, []).append(split)
+    shares = reader_shares(len(by_source), budget)
+    settings = {**properties}
+    settings.setdefault("queued.max.messages.kbytes", str(shares.prefetch_kbytes))
 
     def rows(chain: list[Split]) -> Iterator[tuple]:
         for split in sorted(chain, key=lambda s: s.start):
-            yield from read_split(properties, ordering, split, timeout, **read_options)
+            yield from read_split(settings, ordering, split, timeout, **read_options)
 
-    streams = [_chunks(rows(chain), chunk_rows) for chain in by_source.values()]
-    for chunk in merge_chunks(streams):
+    def size(chain: list[Split]) -> int:
+        return sum(split.end - split.start for split in chain)
+
+    chains = sorted(by_source.values(), key=lambda chain: (-size(chain), chain[0].source))
+    streams = [_chunks(rows(chain), chunk_rows, shares.chunk_bytes) for chain in chains]
+    for chunk in merge_chunks(streams, shares.open_at_once):
         yield arrow_batch(chunk)
 
 
-def _chunks(rows: Iterator[tuple], size: int) -> Iterator[list[tuple]]:
+def row_bytes(row: tuple) -> int:
+    """A row's estimated memory: its key, value and headers plus ``ROW_OVERHEAD``."""
+    size = ROW_OVERHEAD + len(row[4] or b"") + len(row[5] or b"")
+    for name, value in row[6] or ():
+        size += len(name) + len(value or b"")
+    return size
+
+
+def _chunks(rows: Iterator[tuple], size: int, max_bytes: int = CHUNK_BYTES_MAX) -> Iterator[list[tuple]]:
+    """Rows in chunks of at most ``size`` rows and ``max_bytes`` (``row_bytes``; at least one row each)."""
     chunk: list[tuple] = []
+    held = 0
     for row in rows:
         chunk.append(row)
-        if len(chunk) >= size:
+        held += row_bytes(row)
+        if len(chunk) >= size or held >= max_bytes:
             yield chunk
-            chunk = []
+            chunk, held = [], 0
     if chunk:
         yield chunk
 
@@ -182,20 +260,30 @@ def _chunk_progress(chunk: list[tuple]) -> int:
     return -1
 
 
-def merge_chunks(streams: list[Iterator[list[tuple]]]) -> Iterator[list[tuple]]:
-    """Chunks of several streams, the one least far into its range first; each stream's own order kept."""
+def merge_chunks(streams: list[Iterator[list[tuple]]], open_at_once: int | None = None) -> Iterator[list[tuple]]:
+    """Chunks of several streams, the one least far into its range first; each stream's own order kept.
+    At most ``open_at_once`` streams (None: all) are started and not yet ended at any time: the next one
+    (in the given order) starts when one ends. A stream is started by asking it for its first chunk."""
+    waiting = iter(enumerate(streams))
     heads: list[tuple[int, int, list[tuple]]] = []
-    for index, stream in enumerate(streams):
-        chunk = next(stream, None)
-        if chunk is not None:
-            heads.append((_chunk_progress(chunk), index, chunk))
-    heapq.heapify(heads)
+
+    def start_next() -> None:
+        for index, stream in waiting:
+            chunk = next(stream, None)
+            if chunk is not None:
+                heapq.heappush(heads, (_chunk_progress(chunk), index, chunk))
+                return
+
+    for _ in range(len(streams) if open_at_once is None else open_at_once):
+        start_next()
     while heads:
         _, index, chunk = heapq.heappop(heads)
         yield chunk
         following = next(streams[index], None)
         if following is not None:
             heapq.heappush(heads, (_chunk_progress(following), index, following))
+        else:
+            start_next()
 
 
 def arrow_schema():
@@ -364,7 +452,7 @@ def read_split(
                 headers = [(name, value) for name, value in (record_headers or [])]
                 read += 1
                 yield (
-                    partition_lane if ordering == "partition" or key is None else lane_hash(key),
+                    partition_lane if ordering == "partition" or key is None else record_lane(topic, partition, key),
                     split.source,
                     progress_of(offset, range_start, range_end),
                     offset,

@@ -4,10 +4,10 @@ The range of every partition is cut into *waves* (``plan.cut_waves``). Each wave
 job, ``read splits -> repartition(n, lane) -> sortWithinPartitions(progress, source, offset) ->
 mapInArrow(handler)``, audited on its own and, when the plan commits, committed at once: a
 failure re-runs only the current wave (the committed waves are done), progress is real (one line
-per committed wave) and a rerun handles again at most one wave. A key lives in one partition and
-waves run one after another, so a key's messages keep their order across waves; within a wave,
-the sort restores each partition's offset order after the shuffle, and the tasks run the lanes
-(``apply``). The fence is the last wave's end.
+per committed wave) and a rerun handles again at most one wave. The unit of order is a key within
+its partition (``layout.ORDER_GUARANTEE``), and waves run one after another, so its messages keep
+their order across waves; within a wave, the sort restores each partition's offset order after the
+shuffle, and the tasks run the lanes (``apply``). The fence is the last wave's end.
 
 Spark must never run a handler task twice: ``check_session`` refuses any session, created here or
 found running, without ``ENFORCED_SPARK_SETTINGS``. An executor lost to decommission or
@@ -34,7 +34,6 @@ from pyspark.accumulators import AccumulatorParam
 
 from keyorder.catchup.apply import SUMMARY_SCHEMA, ApplyHandler, TaskFailure, read_task_failure
 from keyorder.catchup.datasource import (
-    KEYLESS_PREFIX,
     OPTION_ORDERING,
     OPTION_PROPERTIES_FILE,
     OPTION_SPLITS,
@@ -42,8 +41,9 @@ from keyorder.catchup.datasource import (
     SOURCE_NAME,
     KafkaRangeDataSource,
 )
-from keyorder.catchup.layout import Layout, WaveLayout, choose_layout
+from keyorder.catchup.layout import ORDER_GUARANTEE, Layout, WaveLayout, choose_layout
 from keyorder.catchup.live import ProgressListener, WaveAttempt
+from keyorder.catchup.memory import ARROW_BATCH_BYTES, ARROW_BATCH_CONF
 from keyorder.catchup.offsets import CatchupKafkaError, KafkaOffsets
 from keyorder.catchup.plan import (
     COUNTS,
@@ -60,6 +60,8 @@ from keyorder.catchup.plan import (
     fence_metadata,
     key_statistics,
     offsets_a_commit_would_skip,
+    partitions_added_note,
+    partitions_added_since_commits,
     refuse_live_group,
     resolve_ranges,
     skip_runs,
@@ -178,6 +180,9 @@ class Plan:
     done: dict[TopicPartition, frozenset[int]] = field(default_factory=dict)
     """Offsets from the range's start on the group's consumers already finished (their commit metadata):
     skipped in range, and kept as metadata above each commit (``plan.fence_metadata``)."""
+    partitions_added: dict[str, list[int]] = field(default_factory=dict)
+    """Per topic, the partitions probably added since the group's commits (``plan.partitions_added_since_commits``):
+    a key may sit in two partitions, each handled in its own offset order."""
 
     @property
     def offsets(self) -> int:
@@ -296,6 +301,8 @@ class Outcome:
             "violations": self.audit.total("violations") if self.audit else 0,
             "problems": self.audit.problems if self.audit else [],
             "notes": self.plan.notes,
+            "order": ORDER_GUARANTEE,
+            "partitions_added": self.plan.partitions_added,
             "spark_ui": self.spark_ui,
             "waves_planned": len(self.plan.waves),
             "waves_committed": sum(wave.committed for wave in self.waves),
@@ -365,6 +372,13 @@ def stopped_error(reason: str, waves: list[WaveOutcome], planned: int) -> str:
     return f"{reason} {where}; {kept}; a rerun starts at the first uncommitted wave"
 
 
+def memory_settings(given: Mapping[str, str]) -> dict[str, str]:
+    """What the session adds to the settings ``given`` so a task's memory stays within its budget (pure):
+    Spark's Arrow batches to ``mapInArrow`` cut at ``memory.ARROW_BATCH_BYTES`` (Spark's default cuts only at
+    10,000 rows: 1 GB of 100 KB messages), unless given."""
+    return {} if ARROW_BATCH_CONF in given else {ARROW_BATCH_CONF: str(ARROW_BATCH_BYTES)}
+
+
 def spark_session(config: CatchupConfig):
     """A Spark session for the job: spark-submit's master if launched by it, else ``config.master`` or
     local[*]; refused (``SparkSettingsError``) if an existing session lacks the enforced settings."""
@@ -380,7 +394,8 @@ def spark_session(config: CatchupConfig):
         master = session_master(config.master)
         builder = builder.master(master)
     builder = builder.config("spark.ui.showConsoleProgress", "false")
-    for name, value in {**config.spark_settings(), **security_settings(master, given, config.spark_ui)}.items():
+    added = {**security_settings(master, given, config.spark_ui), **memory_settings(given)}
+    for name, value in {**config.spark_settings(), **added}.items():
         builder = builder.config(name, value)
     session = builder.getOrCreate()
     if config.log_level != "DEBUG":
@@ -554,6 +569,10 @@ class CatchupJob:
                         f"{r.name()}: {in_range:,} offsets in range were finished by the group's consumers "
                         "(commit metadata): read but not handled again"
                     )
+        added = partitions_added_since_commits(snapshots)
+        for note in partitions_added_note(added):
+            log.warning("%s", note)
+            notes.append(note)
         waves = cut_waves(ranges, self.config.wave_offsets)
         return Plan(
             ranges=ranges,
@@ -563,6 +582,7 @@ class CatchupJob:
             commit=commit,
             waves=waves,
             done=done,
+            partitions_added=added,
         )
 
     def _records(self, plan: Plan, wave: list[OffsetRange], layout: WaveLayout | None = None):
@@ -668,7 +688,8 @@ class CatchupJob:
         return wait.key_partitions(count), wait.describe(count, time.monotonic()) + f" ({source})"
 
     def key_statistics(self, plan: Plan, top: int = 10) -> KeyStatistics:
-        """Messages per route over the whole range (one read pass, no handler)."""
+        """Messages per route (a key within its partition: the unit of order) over the whole range (one read
+        pass, no handler)."""
         from pyspark.sql import functions
 
         busy = [r for r in plan.ranges if r.offsets]
@@ -686,11 +707,11 @@ class CatchupJob:
         )
         sources = plan.sources
 
-        def name(row: Any) -> str:
+        def name(row: Any) -> str:  # a lane is a key within its partition (datasource.route_of)
+            topic, partition = sources[row["source"]]
             if row["key"] is None or self.config.ordering.value == "partition":
-                topic, partition = sources[row["source"]]
                 return f"{topic}[{partition}] (partition lane)"
-            return _route_name(row["key"])
+            return f"{_key_name(row['key'])} in {topic}[{partition}]"
 
         rows = counts.collect() if plan.offsets <= 5_000_000 else None
         if rows is None:  # too many keys to ship to the driver: aggregate on Spark
@@ -908,10 +929,9 @@ class CatchupJob:
             )
 
 
-def _route_name(route: bytes) -> str:
-    if bytes(route).startswith(KEYLESS_PREFIX):
-        return bytes(route)[len(KEYLESS_PREFIX) :].decode() + " (partition lane)"
-    return bytes(route).decode("utf-8", "backslashreplace").replace("\x00", "")
+def _key_name(key: bytes) -> str:
+    """A key as text for people (not valid UTF-8: escaped; NUL bytes dropped)."""
+    return bytes(key).decode("utf-8", "backslashreplace").replace("\x00", "")
 
 
 _PYTHON_ERROR = re.compile(r"^\s*([\w.]+(?:Error|Exception|Blocked|Crashed|Violation)): (.+)$")

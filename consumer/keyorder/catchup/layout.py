@@ -5,9 +5,15 @@ every split is read first, then each message moves to the task of its key's hash
 is a barrier: no handler starts before the last split is read, so a wave takes its read stage
 *plus* its longest key chain, and every message is written to and read from shuffle files.
 
-Kafka already keeps a key in one partition (the pods rely on it too). So when there are at least as
-many partitions with messages as tasks, a task can take whole partitions, read them and hand the
-messages to its handlers as they arrive: the *by-partition* layout. Reading overlaps handling, a hot
+Both give the same order, ``ORDER_GUARANTEE``: the unit of order is (topic, partition, key), the
+pods' own. The shuffle routes a record by the hash of its key *within its partition*, so a key that
+sits in two partitions (partitions were added) is two units in either layout, each in offset order,
+handled independently; ``--layout auto`` may pick another layout for the next wave without changing
+what such a key gets.
+
+Kafka keeps a key in one partition while the partition count stays (the pods rely on it too). So when
+there are at least as many partitions with messages as tasks, a task can take whole partitions, read
+them and hand the messages to its handlers as they arrive: the *by-partition* layout. Reading overlaps handling, a hot
 key's chain starts with the wave, and nothing is shuffled or sorted. It cannot split one partition
 over several tasks (that would read it several times), so it needs enough partitions, and whole
 partitions must share the tasks evenly: ``choose_layout`` deals the partitions out largest first to
@@ -23,6 +29,14 @@ import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+
+ORDER_GUARANTEE = (
+    "per key, in offset order within a partition, as the pods give it: a key's messages of one partition "
+    "are handled one at a time in offset order; a key in two partitions (after partitions were added) is "
+    "handled in each independently, in both layouts, so --layout auto switching between them changes "
+    "nothing for it"
+)
+"""The one ordering guarantee of catch-up, as ``--plan`` and the report state it (docs/catchup.md)."""
 
 
 class Layout(StrEnum):

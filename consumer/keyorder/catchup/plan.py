@@ -300,6 +300,38 @@ def refuse_live_group(
     return f"a run would refuse now: {refusal}"
 
 
+def partitions_added_since_commits(snapshots: Mapping[TopicPartition, PartitionSnapshot]) -> dict[str, list[int]]:
+    """Per topic, the partitions that were probably added since the group's commits (pure): those above the
+    highest partition the group committed that hold records (or held them: ``end`` above 0) and that the
+    group never committed. Kafka adds partitions only at the end, and a group running over a partition
+    that had records commits it; so a topic whose group committed 0..k but not k+1.. that hold records
+    grew after those commits, and a key's newer messages may sit in a new partition while its older ones
+    wait in an old one. A topic the group never committed says nothing (a new group), nor does a gap below
+    the highest committed partition (a partition that never had a record under the group); a topic that
+    grew and whose new partitions the group has committed since cannot be told apart from one that did
+    not: the run's notes say what it found, not more."""
+    committed: dict[str, list[int]] = {}
+    for (topic, partition), snapshot in snapshots.items():
+        if snapshot.committed is not None:
+            committed.setdefault(topic, []).append(partition)
+    added: dict[str, list[int]] = {}
+    for (topic, partition), snapshot in sorted(snapshots.items()):
+        if topic in committed and partition > max(committed[topic]) and snapshot.committed is None and snapshot.end:
+            added.setdefault(topic, []).append(partition)
+    return added
+
+
+def partitions_added_note(added: Mapping[str, list[int]]) -> list[str]:
+    """What ``partitions_added_since_commits`` found, one note per topic (none when nothing)."""
+    return [
+        f"{topic}: partitions {', '.join(map(str, partitions))} have records but no commit from the group, which "
+        f"committed lower partitions: the topic probably grew since the group's commits, so a key may sit in "
+        "two partitions; its messages are handled in offset order within each partition, the partitions "
+        "independently, as the pods do (docs/catchup.md, Guarantees, precisely)"
+        for topic, partitions in sorted(added.items())
+    ]
+
+
 @dataclass(frozen=True)
 class KeyStatistics:
     messages: int

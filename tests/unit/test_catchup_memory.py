@@ -1,0 +1,164 @@
+"""A catch-up task's memory is bounded in bytes end to end: the handler loop's input, the reader's
+consumers and chunks, and the executor memory the operator asks for (``keyorder.catchup.memory``)."""
+
+from __future__ import annotations
+
+import pyarrow
+import pytest
+
+from keyorder_operator.builders import build_catchup_job, catchup_job_name
+from keyorder_operator.spec import parse_spec
+from tests.unit.test_operator_catchup import as_the_kubelet_starts_it
+
+VALUE = 100_000
+
+
+def test_a_task_with_100_kb_values_stays_within_its_budget() -> None:
+    """The real task function over Arrow batches of 48 MiB (480 messages of 100 KB each) with an 8 MiB
+    look-ahead, in a fresh interpreter: its peak RSS grows by at most the look-ahead, one batch, one slice
+    and the allocator's slack above the worker's own base. Turning a whole input batch into Python objects
+    before admitting any of it (the old feeder) grew it by a second batch."""
+    from keyorder.devtools.catchup_task_memory import measure
+
+    report = measure(messages=1_000, value_bytes=VALUE, batch_bytes=48 << 20, lookahead_mb=8)
+
+    assert report["handled"] == 1_000
+    assert report["growth_kib"] <= report["allowed_growth_kib"], report
+    assert report["peak_kib"] <= report["budget_mib"] << 10, report
+
+
+def test_input_batches_are_turned_into_messages_a_slice_of_bounded_bytes_at_a_time() -> None:
+    from keyorder.catchup.apply import MESSAGE_OVERHEAD, batch_slices
+    from keyorder.catchup.datasource import arrow_batch
+
+    rows = [(0, 0, n, n, b"k", b"v" * VALUE, [], None, None, None) for n in range(40)]
+    rows.append((0, 0, 1 << 20, 40, None, None, [], None, 40, 0))  # the end marker: no key, no value
+    slices = list(batch_slices(arrow_batch(rows), 1 << 20))
+
+    assert [row for piece in slices for row in piece.column("offset").to_pylist()] == list(range(41))
+    for piece in slices:
+        values = sum(len(v or b"") for v in piece.column("value").to_pylist())
+        assert values + MESSAGE_OVERHEAD * (piece.num_rows - 1) <= 1 << 20 or piece.num_rows == 1
+    big = [(0, 0, 0, 0, b"k", b"v" * (2 << 20), [], None, None, None)]
+    assert [piece.num_rows for piece in batch_slices(arrow_batch(big), 1 << 20)] == [1]  # alone, still handled
+
+
+def test_the_job_cuts_sparks_arrow_batches_by_bytes_unless_told_otherwise() -> None:
+    from keyorder.catchup.job import memory_settings
+    from keyorder.catchup.memory import ARROW_BATCH_BYTES
+
+    assert memory_settings({}) == {"spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_BATCH_BYTES)}
+    assert memory_settings({"spark.sql.execution.arrow.maxBytesPerBatch": "1048576"}) == {}
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 4, 8, 20, 21, 32, 64, 500])
+def test_a_reader_task_of_any_number_of_partitions_stays_within_its_bytes(partitions: int) -> None:
+    from keyorder.catchup.datasource import reader_shares
+    from keyorder.catchup.memory import READER_TASK_BYTES
+
+    shares = reader_shares(partitions)
+
+    assert 1 <= shares.open_at_once <= partitions
+    assert shares.bytes() <= READER_TASK_BYTES
+    assert shares.prefetch_kbytes >= 512 and shares.chunk_bytes >= 512 << 10  # still reads in useful amounts
+
+
+def test_a_reader_task_opens_at_most_its_share_of_partitions_at_once_each_in_offset_order() -> None:
+    """32 partitions in one task: never more than ``open_at_once`` streams started and not ended (the old
+    reader opened all 32 consumers and held a chunk of each before the first chunk moved); every stream's
+    chunks in their own order, every chunk once."""
+    from keyorder.catchup.datasource import merge_chunks, reader_shares
+
+    open_now, most = set(), 0
+
+    def stream(index: int, chunks: int):
+        nonlocal most
+        open_now.add(index)
+        most = max(most, len(open_now))
+        for number in range(chunks):
+            # (lane, source, progress, offset, ..., marker_read): records of ``index``, progress rising
+            yield [(0, index, number * 10, number, b"k", b"v", [], None, None, None)]
+        open_now.discard(index)
+
+    shares = reader_shares(32, budget=12 << 20)
+    merged = list(merge_chunks([stream(index, 3 + index % 4) for index in range(32)], shares.open_at_once))
+
+    assert 1 < shares.open_at_once < 32
+    assert most <= shares.open_at_once
+    for index in range(32):
+        assert [chunk[0][3] for chunk in merged if chunk[0][1] == index] == list(range(3 + index % 4))
+
+
+def test_reader_chunks_are_cut_by_bytes() -> None:
+    from keyorder.catchup.datasource import _chunks, row_bytes
+
+    rows = [(0, 0, n, n, b"k", b"v" * VALUE, [], None, None, None) for n in range(100)]
+    chunks = list(_chunks(iter(rows), 2_000, 1 << 20))
+
+    assert [row for chunk in chunks for row in chunk] == rows
+    assert all(sum(map(row_bytes, chunk[:-1])) < 1 << 20 for chunk in chunks)  # the last row closes it
+
+
+def spec_with(env: list[dict], spark_conf: dict | None = None):
+    return parse_spec(
+        {
+            "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
+            "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle", "env": env},
+            "catchup": {
+                "enabled": True,
+                "image": "reg/orders-spark:1",
+                "master": "spark://spark-master:7077",
+                "executors": 2,
+                "executorCores": 3,
+                "sparkConf": spark_conf or {},
+            },
+        }
+    )
+
+
+def overhead_and_lookahead(spec) -> tuple[int, int]:
+    """The executor memory overhead (MiB) the operator's Job asks for, and the look-ahead (MiB) that Job's
+    ``keyorder catchup`` runs with, read as it reads them (its arguments and environment)."""
+    from keyorder.catchup.settings import CatchupConfig
+    from keyorder.cli import build_parser
+    from keyorder.config import load_config
+
+    owner = {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
+    job = build_catchup_job(spec, owner, catchup_job_name("orders", 1700000000), "orders:0=10")
+    args, env = as_the_kubelet_starts_it(job["spec"]["template"]["spec"]["containers"][0])
+    config = load_config(CatchupConfig, vars(build_parser("catchup").parse_args(args)), environ=env)
+    overhead = config.spark_settings()["spark.executor.memoryOverhead"]
+    assert overhead.endswith("m")
+    return int(overhead[:-1]), config.task_lookahead_mb
+
+
+def test_the_executor_memory_holds_a_look_ahead_set_in_the_handlers_env() -> None:
+    """A look-ahead of 512 MiB set through spec.handler.env reaches the job, and the executors' memory
+    overhead holds it for each of their 3 task slots (the old figure, 160 MiB per Python worker and a fixed
+    64 MiB look-ahead, did not)."""
+    overhead, lookahead = overhead_and_lookahead(spec_with([{"name": "KEYORDER_TASK_LOOKAHEAD_MB", "value": "512"}]))
+
+    assert lookahead == 512
+    assert overhead >= 384 + 3 * (2 * 160 + 512 + 64 + 8)  # JVM, per task: two workers, look-ahead, reader, batch
+    from keyorder.catchup.memory import executor_memory_overhead_mib
+
+    assert overhead == executor_memory_overhead_mib(3, lookahead)
+
+
+def test_the_executor_memory_follows_the_default_look_ahead_and_a_given_overhead_wins() -> None:
+    from keyorder.catchup.memory import executor_memory_overhead_mib
+
+    overhead, lookahead = overhead_and_lookahead(spec_with([]))
+    assert overhead == executor_memory_overhead_mib(3, lookahead) and lookahead == 64
+    given, _ = overhead_and_lookahead(spec_with([], {"spark.executor.memoryOverhead": "4096m"}))
+    assert given == 4096
+
+
+def test_arrow_is_what_the_slices_are_cut_from() -> None:
+    """A pandas frame (the unit tests' batches) is converted to Arrow first; an Arrow batch is used as is."""
+    from keyorder.catchup.apply import as_arrow
+    from keyorder.catchup.datasource import arrow_batch
+
+    batch = arrow_batch([(0, 0, 0, 0, b"k", b"v", [], None, None, None)])
+    assert as_arrow(batch) is batch
+    assert isinstance(as_arrow(batch.to_pandas()), pyarrow.RecordBatch)
