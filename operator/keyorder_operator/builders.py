@@ -18,7 +18,7 @@ from typing import Any
 
 from keyorder.catchup.memory import executor_memory_overhead_mib, lookahead_from_env
 from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
-from keyorder_operator.catchup import CONFIG_EXIT_CODE, spark_cores
+from keyorder_operator.catchup import REFUSAL_EXIT_CODES, spark_cores
 from keyorder_operator.image_check import (
     IMAGE_CHECK_JOB_GRACE_SECONDS,
     IMAGE_CHECK_SECONDS,
@@ -764,13 +764,18 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
             "backoffLimit": catchup.backoff_limit,
             "activeDeadlineSeconds": catchup.max_seconds,
             "podReplacementPolicy": "Failed",  # a retry starts only after the failed driver is gone
-            # exit 2: refused before touching the group (settings, or an image without Java/PySpark): fail the
-            # Job at once, whatever backoffLimit says, so the pods resume now (catchup.config_failure says why)
+            # exit 2 or 3: refused before touching the group (settings or an image without Java/PySpark; or a
+            # state of the group that passes): fail the Job at once, whatever backoffLimit says, so the pods
+            # resume now (catchup.job_refusal says why, from the driver's termination message)
             "podFailurePolicy": {
                 "rules": [
                     {
                         "action": "FailJob",
-                        "onExitCodes": {"containerName": "catchup", "operator": "In", "values": [CONFIG_EXIT_CODE]},
+                        "onExitCodes": {
+                            "containerName": "catchup",
+                            "operator": "In",
+                            "values": list(REFUSAL_EXIT_CODES),
+                        },
                     }
                 ]
             },

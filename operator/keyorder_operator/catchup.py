@@ -16,17 +16,29 @@ A hand-over has two phases, kept in ``status.catchup`` so a restarted operator c
    recorded when catch-up was triggered. On success the Job has committed the fence and the pods
    resume from it; on failure the waves it committed stay committed and the pods resume after them.
 
-A failed catch-up is not retried automatically for the same spec generation: the cause (a
-poison message under ``block``, a broken image) needs a person; any spec change re-arms it.
+A failed catch-up is sorted by what ended it (``job_refusal``). A refusal that passes on its own
+(``keyorder catchup`` exits ``EXIT_PASSING``: members still in the group, a broker that could not say,
+a partition added since the fence) resumes the pods and is tried again after a back-off
+(``CatchupRetry``, kept in ``status.catchupRetry``), with a new fence; the image is not blamed. Any other
+failure (a poison message under ``block``, a setting or an image that cannot work) needs a person: no
+automatic catch-up for the same spec generation, and the message names the spec field to change; any
+spec change re-arms it.
+
+After the Job ends, the pods resume only once nothing of it can still handle a message: its driver and
+executor pods gone (``catchup_pods_left``), and, on a master whose executors are not pods (standalone,
+YARN), a drain window from the Job's end that outlasts an executor cut off from its driver
+(``unobserved_executors_left``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from keyorder.catchup.exits import EXIT_CONFIG, EXIT_PASSING, RUNTIME, Refusal, RefusalKind
 from keyorder.catchup.sizing import expected_cores, is_local_master, local_master
 from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size, duration, shape
 
@@ -52,6 +64,11 @@ class CatchupRun:
     started_at: float
     resume_replicas: int
     """Replicas to give back to the Deployment afterwards."""
+    job_ended_at: float | None = None
+    """When the operator first saw the Job ended (the drain window of executors it cannot see counts from it)."""
+    drain_seconds: float = 0.0
+    """How long after the Job's end its executors may still handle unseen (``unobserved_drain_seconds`` of the
+    master and Spark settings the Job was created with)."""
 
     def to_status(self) -> dict[str, Any]:
         return {
@@ -60,6 +77,8 @@ class CatchupRun:
             "fence": dict(self.fence),
             "startedAt": self.started_at,
             "resumeReplicas": self.resume_replicas,
+            "jobEndedAt": self.job_ended_at,
+            "drainSeconds": self.drain_seconds,
         }
 
     @classmethod
@@ -73,10 +92,16 @@ class CatchupRun:
             fence=dict(data.get("fence") or {}),
             started_at=float(data.get("startedAt") or 0),
             resume_replicas=int(data.get("resumeReplicas", 1)),
+            job_ended_at=None if data.get("jobEndedAt") is None else float(data["jobEndedAt"]),
+            drain_seconds=float(data.get("drainSeconds") or 0),
         )
 
-    def running(self) -> CatchupRun:
-        return CatchupRun(Phase.RUNNING, self.job_name, self.fence, self.started_at, self.resume_replicas)
+    def running(self, drain_seconds: float = 0.0) -> CatchupRun:
+        return replace(self, phase=Phase.RUNNING, drain_seconds=drain_seconds)
+
+    def job_ended(self, now: float) -> CatchupRun:
+        """The run with the time its Job was first seen ended (kept if it was already)."""
+        return self if self.job_ended_at is not None else replace(self, job_ended_at=now)
 
 
 def largest_size(limits: ScalingLimits, partitions: int) -> Size:
@@ -172,10 +197,12 @@ def catchup_verdict(
     votes: int,
     last_ended_at: float | None,
     now: float,
+    retry: CatchupRetry | None = None,
 ) -> CatchupVerdict:
     """Start catch-up only when the pods at their largest size are too slow *and* Spark would be
     faster, on ``confirm_polls`` polls in a row, never while a blocked key pins the lag, and not
-    within the cooldown after the last hand-over."""
+    within the cooldown after the last hand-over; after a refusal that passes (``retry``), not before
+    its back-off ends, which then stands for the cooldown."""
     if not gate.enabled or observation.lag is None or not observation.partitions or not per_worker_rate:
         return CatchupVerdict(None, 0)
     largest = largest_size(limits, observation.partitions)
@@ -200,7 +227,10 @@ def catchup_verdict(
             f"{too_slow}; no catch-up: Spark would reach about {spark_rate:,.0f} msg/s "
             f"({gate.describe_cores()}), not more than the pods' {pods_rate:,.0f} msg/s",
         )
-    if last_ended_at is not None and now - last_ended_at < gate.cooldown_seconds:
+    if retry is not None:
+        if now < retry.not_before:
+            return CatchupVerdict(None, 0, f"{too_slow}; {retry.describe(now)}")
+    elif last_ended_at is not None and now - last_ended_at < gate.cooldown_seconds:
         left = gate.cooldown_seconds - (now - last_ended_at)
         return CatchupVerdict(None, 0, f"{too_slow}; catch-up cooling down for {duration(left)} more")
     votes += 1
@@ -249,32 +279,190 @@ def catchup_pods_left(job_name: str, outcome: JobState, drivers: int, executors:
     )
 
 
-CONFIG_EXIT_CODE = 2
-"""``keyorder catchup``'s exit status for what it refuses before it reads or commits anything: its settings,
-and a runtime without PySpark or Java (the handler image, for one). The Job fails at once on it (its
-``podFailurePolicy``): a retry would fail the same way, with the consumer pods stopped all the while."""
+REFUSAL_EXIT_CODES = (EXIT_CONFIG, EXIT_PASSING)
+"""``keyorder catchup``'s exit statuses for a run it refused before it handled or committed anything
+(``keyorder.catchup.exits``): its settings or its runtime (2), a state of the group or the topics that
+passes (3). The Job fails at once on them (its ``podFailurePolicy``): a retry inside the Job would meet
+the same settings, or the same fence, with the consumer pods stopped all the while."""
+
+SPEC_FIELDS = {
+    RUNTIME: "spec.catchup.image",
+    "--spark-conf": "spec.catchup.sparkConf",
+    "--master": "spec.catchup.master",
+    "--key-partitions": "spec.catchup.keyPartitions",
+    "--task-workers": "spec.catchup.taskWorkers",
+}
+"""The spec field behind each setting the operator gives ``keyorder catchup`` (``builders.build_catchup_job``)."""
 
 
-def config_failure(job: dict[str, Any] | None) -> str | None:
-    """Why a Job failed at once, when its driver exited with ``CONFIG_EXIT_CODE`` (the Job controller's
-    ``Failed`` condition with reason ``PodFailurePolicy``): the likely cause, naming the image. ``None``
-    for any other outcome."""
+def failed_by_policy(job: dict[str, Any] | None) -> bool:
+    """The Job controller failed the Job on its ``podFailurePolicy`` (the driver exited with a refusal status):
+    the ``Failed`` condition with reason ``PodFailurePolicy``."""
     status = (job or {}).get("status") or {}
-    failed_by_policy = any(
+    return any(
         condition.get("type") == "Failed"
         and condition.get("status") == "True"
         and condition.get("reason") == "PodFailurePolicy"
         for condition in status.get("conditions") or []
     )
-    if job is None or not failed_by_policy:
+
+
+def driver_ending(pods: list[dict[str, Any]]) -> tuple[int, str] | None:
+    """The exit status and termination message of the newest driver pod's ``catchup`` container that ended
+    (``None``: no pod, or none ended)."""
+    ended = []
+    for pod in pods:
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated")
+            if container.get("name") == "catchup" and terminated and terminated.get("exitCode") is not None:
+                created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+                ended.append((created, int(terminated["exitCode"]), str(terminated.get("message") or "")))
+    if not ended:
         return None
-    containers = ((job.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
-    name = (job.get("metadata") or {}).get("name")
+    _, code, message = max(ended)
+    return code, message
+
+
+def job_refusal(job: dict[str, Any] | None, driver_pods: list[dict[str, Any]]) -> Refusal | None:
+    """Why ``keyorder catchup`` refused to run, when it did (pure; ``None`` for any other outcome): from the
+    driver's termination message (``exits.Refusal``), else its exit status; a Job failed on its policy
+    whose driver pod is gone (its TTL) counts as refused for its settings, as before passing refusals
+    were told apart."""
+    if job is None or not failed_by_policy(job):
+        return None
+    ending = driver_ending(driver_pods)
+    if ending is None:
+        return Refusal(RefusalKind.SETTINGS, "its driver pod is gone: the reason is in kubectl logs only")
+    code, message = ending
+    told = Refusal.parse(message)
+    if told is not None:
+        return told
+    if code == EXIT_PASSING:
+        return Refusal(RefusalKind.PASSING, f"its driver exited with code {EXIT_PASSING} (the group or the topics)")
+    return Refusal(RefusalKind.SETTINGS, f"its driver exited with code {code}")
+
+
+def refusal_detail(refusal: Refusal, image: str | None, job_name: str) -> str:
+    """What a Job refused at start says in its Event and condition: for a setting, the spec field to change."""
+    if refusal.kind is RefusalKind.PASSING:
+        return f"keyorder catchup refused to run for now: {refusal.reason}"
+    if refusal.setting == RUNTIME:
+        return (
+            f"image {image} cannot run keyorder catchup ({refusal.reason}): fix spec.catchup.image (build it from "
+            "the image's `catchup` target with your handler)"
+        )
+    field = SPEC_FIELDS.get(refusal.setting or "")
+    where = (
+        f"change {field}"
+        if field
+        else "change the setting it names (spec.catchup, spec.kafka or spec.handler.env; "
+        f"or spec.catchup.image if it cannot run keyorder catchup: kubectl logs job/{job_name})"
+    )
+    return f"keyorder catchup refused its settings before it touched the group: {refusal.reason}; {where}"
+
+
+RETRY_FIRST_SECONDS = 60.0
+"""The back-off after a first passing refusal: longer than a coordinator move and a consumer's default
+session timeout (45 s), after which a killed pod's membership is gone."""
+RETRY_MAX_SECONDS = 1800.0
+"""The longest back-off (the default cooldown): a refusal that keeps passing is tried twice an hour."""
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds before the next try after ``failures`` passing refusals in a row (pure): doubling from
+    ``RETRY_FIRST_SECONDS``, at most ``RETRY_MAX_SECONDS``."""
+    return min(RETRY_FIRST_SECONDS * 2 ** max(failures - 1, 0), RETRY_MAX_SECONDS)
+
+
+@dataclass(frozen=True)
+class CatchupRetry:
+    """A catch-up refused for a passing reason, to be tried again (``status.catchupRetry``)."""
+
+    failures: int
+    """Passing refusals in a row (a success or another ending clears them)."""
+    not_before: float
+    reason: str
+
+    @classmethod
+    def after(cls, previous: CatchupRetry | None, reason: str, now: float) -> CatchupRetry:
+        failures = (previous.failures if previous else 0) + 1
+        return cls(failures, now + retry_delay(failures), reason)
+
+    def describe(self, now: float) -> str:
+        left = max(self.not_before - now, 0.0)
+        return f"catch-up tried again in {duration(left)} (passing refusal {self.failures} in a row: {self.reason})"
+
+    def to_status(self) -> dict[str, Any]:
+        return {"failures": self.failures, "notBefore": self.not_before, "reason": self.reason}
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any]) -> CatchupRetry | None:
+        data = status.get("catchupRetry") or {}
+        if not data.get("failures"):
+            return None
+        return cls(int(data["failures"]), float(data.get("notBefore") or 0), str(data.get("reason") or ""))
+
+
+HEARTBEAT_INTERVAL_SECONDS = 10.0
+"""Spark's ``spark.executor.heartbeatInterval`` by default."""
+HEARTBEAT_MAX_FAILURES = 60
+"""Spark's ``spark.executor.heartbeat.maxFailures`` by default."""
+_TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_SPARK_TIME = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
+
+
+def spark_seconds(value: str, default_unit: str = "ms") -> float | None:
+    """A Spark time setting in seconds (``10s``, ``500ms``, ``2m``; a bare number in ``default_unit``, as
+    ``JavaUtils.timeStringAs`` reads it); ``None`` if it is not one."""
+    found = _SPARK_TIME.match(value.lower())
+    if not found or (found.group(2) or default_unit) not in _TIME_UNITS:
+        return None
+    return int(found.group(1)) * _TIME_UNITS[found.group(2) or default_unit]
+
+
+def executors_are_pods(master: str) -> bool:
+    """The operator sees every process of a Job on this master as a pod: its driver (local masters run the
+    executors inside it) and, on ``k8s://``, the executor pods Spark creates."""
+    return is_local_master(master) or master.startswith("k8s://")
+
+
+def executor_drain_seconds(spark_conf: dict[str, str]) -> float:
+    """How long an executor cut off from its driver may go on running tasks (pure): it exits on its own after
+    ``spark.executor.heartbeat.maxFailures`` heartbeats in a row failed, one every
+    ``spark.executor.heartbeatInterval``, each waiting up to that interval for the driver's answer
+    (``Executor.reportHeartBeat`` in apache/spark core: ``System.exit(HEARTBEAT_FAILURE)``); counted twice
+    over, for the waits and the beats. Spark's defaults: 60 x 10 s x 2 = 20 minutes."""
+    interval = spark_seconds(spark_conf.get("spark.executor.heartbeatInterval", ""))
+    try:
+        failures = int(spark_conf.get("spark.executor.heartbeat.maxFailures", HEARTBEAT_MAX_FAILURES))
+    except ValueError:
+        failures = HEARTBEAT_MAX_FAILURES
+    return 2 * max(failures, 1) * (interval if interval is not None else HEARTBEAT_INTERVAL_SECONDS)
+
+
+def unobserved_drain_seconds(master: str, spark_conf: dict[str, str]) -> float:
+    """How long after a Job on ``master`` ended its executors may still handle messages unseen (pure): none
+    when they are pods the operator counts (``executors_are_pods``), else ``executor_drain_seconds``."""
+    return 0.0 if executors_are_pods(master) else executor_drain_seconds(spark_conf)
+
+
+def unobserved_executors_left(run: CatchupRun, now: float) -> str | None:
+    """Why the consumer pods may not resume yet for executors the operator cannot see (``None``: they may).
+
+    On a standalone or YARN master the executors are not pods: the driver's end stops them when they hear
+    of it, but one cut off from the driver (a node or network partition, an abrupt driver end) goes on
+    handling its task until its heartbeats give up (``executor_drain_seconds``). Pods resumed meanwhile
+    would handle the same keys at the same time, so they wait ``run.drain_seconds`` after the Job ended."""
+    if not run.drain_seconds or run.job_ended_at is None:
+        return None
+    left = run.job_ended_at + run.drain_seconds - now
+    if left <= 0:
+        return None
     return (
-        f"its driver exited with code {CONFIG_EXIT_CODE} before it touched the group: keyorder catchup refused "
-        f"to start, most likely because image {containers[0].get('image')} cannot run it (no Java or PySpark: "
-        "spec.catchup.image must be built from the image's `catchup` target), else a setting it names "
-        f"(kubectl logs job/{name})"
+        f"Job {run.job_name} ended; its Spark executors are not pods the operator can see (a standalone or YARN "
+        f"master): waiting {duration(left)} more, until one cut off from its driver has given up its heartbeats "
+        "(spark.executor.heartbeatInterval x spark.executor.heartbeat.maxFailures, twice over), before the "
+        "consumer pods resume"
     )
 
 

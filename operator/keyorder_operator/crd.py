@@ -43,8 +43,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS
 from keyorder_operator.spec import (
     CATCHUP_IMAGE_RULE,
+    FIXED_SPARK_SETTINGS_RULE,
     GROUP,
     KIND,
     KUBERNETES_TYPE,
@@ -115,7 +117,14 @@ VALIDATIONS: dict[type[BaseModel], list[dict[str, str]]] = {
             "rule": "!(has(self.enabled) && self.enabled) || has(self.image)",
             "message": CATCHUP_IMAGE_RULE,
             "fieldPath": ".image",
-        }
+        },
+        {
+            "rule": "!has(self.sparkConf) || !self.sparkConf.exists(name, name in ["
+            + ", ".join(f"'{name}'" for name in ENFORCED_SPARK_SETTINGS)
+            + "])",
+            "message": FIXED_SPARK_SETTINGS_RULE,
+            "fieldPath": ".sparkConf",
+        },
     ],
     OrderedConsumerSpec: [
         {

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
 
+from keyorder.catchup.exits import Refusal, RefusalKind
 from keyorder_operator.builders import (
     FENCE_ANNOTATION,
     IMAGE_CHECK_ANNOTATION,
@@ -33,15 +34,19 @@ from keyorder_operator.builders import (
     selector_labels,
 )
 from keyorder_operator.catchup import (
+    CatchupRetry,
     CatchupRun,
     JobState,
     Phase,
     catchup_pods_left,
-    config_failure,
     fence_argument,
     fence_from_end_offsets,
+    job_refusal,
     job_state,
+    refusal_detail,
     stopping_pods_deadline,
+    unobserved_drain_seconds,
+    unobserved_executors_left,
 )
 from keyorder_operator.image_check import (
     IMAGE_CHECK_SECONDS,
@@ -213,29 +218,35 @@ class CatchupHandover:
         outcome = job_state(job)
         if outcome is JobState.ACTIVE:
             return
+        if run.job_ended_at is None:  # the drain window of executors the operator cannot see counts from here
+            run = run.job_ended(poll.now)
+            poll.patch.status["catchup"] = run.to_status()
         # a deleted or failed Job's driver, and any Job's Spark executors, may still be handling messages
         waiting = catchup_pods_left(
             run.job_name,
             outcome,
             drivers=kube.pod_count(self.namespace, catchup_selector(run.job_name)),
             executors=kube.pod_count(self.namespace, catchup_executor_selector(run.job_name)),
-        )
+        ) or unobserved_executors_left(run, poll.now)
         if waiting:
             if not self.finishing_already():
                 poll.info("CatchupFinishing", waiting)
             poll.condition("CatchingUp", True, "Finishing", waiting)
             return
+        refusal = job_refusal(job, kube.pods(self.namespace, catchup_selector(run.job_name)))
+        took = f"{poll.now - run.started_at:.0f} s"
         if outcome is JobState.SUCCEEDED:
-            detail = f"Job {run.job_name} committed the fence after {poll.now - run.started_at:.0f} s"
-        elif (refused := config_failure(job)) is not None:
-            detail = f"Job {run.job_name} failed after {poll.now - run.started_at:.0f} s: {refused}"
+            detail = f"Job {run.job_name} committed the fence after {took}"
+        elif refusal is not None:
+            told = refusal_detail(refusal, poll.spec.catchup.image, run.job_name)
+            detail = f"Job {run.job_name} was refused after {took}: {told}"
         else:
             what = "failed" if outcome is JobState.FAILED else "disappeared"
             detail = (
-                f"Job {run.job_name} {what} after {poll.now - run.started_at:.0f} s (a failed catch-up keeps "
+                f"Job {run.job_name} {what} after {took} (a failed catch-up keeps "
                 "the waves it committed; the rest is the pods' again)"
             )
-        self.finish(run, outcome, detail, current)
+        self.finish(run, outcome, detail, current, refusal)
 
     def finishing_already(self) -> bool:
         """The last poll waited for the Job's pods too (its Event was posted then)."""
@@ -254,14 +265,22 @@ class CatchupHandover:
             self.finish(run, JobState.FAILED, f"Job {run.job_name} could not be created: {reason}", replicas)
             return
         poll.info("CatchupRunning", f"pods stopped; Job {run.job_name} started")
-        poll.patch.status["catchup"] = run.running().to_status()
+        catchup = poll.spec.catchup
+        poll.patch.status["catchup"] = run.running(
+            unobserved_drain_seconds(catchup.master, catchup.spark_conf)
+        ).to_status()
         poll.condition("CatchingUp", True, "Running", f"Job {run.job_name} handles the backlog up to the fence")
 
-    def finish(self, run: CatchupRun, outcome: JobState, detail: str, replicas: int | None) -> None:
+    def finish(
+        self, run: CatchupRun, outcome: JobState, detail: str, replicas: int | None, refusal: Refusal | None = None
+    ) -> None:
         """Give the group back to the pods, and say how the hand-over ended. The pods' size goes back to
         ``run.resume_replicas`` only from ``replicas``, the size the hand-over knows the Deployment has (a
         compare-and-swap); with ``None`` (another autoscaler's replicas, or moved since this poll's read), or
-        if they moved meanwhile, it is left as it is, and the next poll decides from it."""
+        if they moved meanwhile, it is left as it is, and the next poll decides from it.
+
+        A ``refusal`` that passes (``RefusalKind.PASSING``) leaves catch-up on: it is tried again after the
+        back-off in ``status.catchupRetry``; any other failure switches it off for this spec generation."""
         poll = self.poll
         resumed = (
             replicas is not None
@@ -274,19 +293,29 @@ class CatchupHandover:
             pods = "the pods' replicas are left to the other autoscaler (condition ScalingConflict names it)"
         else:
             pods = "the pods' replicas moved during the hand-over and are left as they are"
+        status = poll.patch.status
+        passing = refusal is not None and refusal.kind is RefusalKind.PASSING
         if outcome is JobState.SUCCEEDED:
             message = f"{detail}; {pods}"
             poll.info("CatchupSucceeded", message)
             poll.condition("CatchupFailed", False, "Succeeded", message)
+            status["catchupRetry"] = None
+        elif passing and refusal is not None:
+            retry = CatchupRetry.after(CatchupRetry.from_status(poll.status), refusal.reason, poll.now)
+            message = f"{detail}; {pods}. This passes: {retry.describe(poll.now)}, with a new fence"
+            poll.warn("CatchupDeferred", message)
+            poll.condition("CatchupFailed", False, "Passing", message)
+            status["catchupRetry"] = retry.to_status()
         else:
             message = f"{detail}; {pods}. Automatic catch-up is off until the spec changes."
             poll.warn("CatchupFailed", message)
-            poll.condition("CatchupFailed", True, "JobFailed", message)
-            poll.patch.status["catchupFailedGeneration"] = poll.meta.get("generation")
-        poll.context.metrics.catchups.labels(self.namespace, self.name, outcome.value).inc()
+            poll.condition("CatchupFailed", True, "Refused" if refusal is not None else "JobFailed", message)
+            status["catchupFailedGeneration"] = poll.meta.get("generation")
+            status["catchupRetry"] = None
+        label = "passing" if passing else outcome.value
+        poll.context.metrics.catchups.labels(self.namespace, self.name, label).inc()
         poll.context.metrics.catching_up.labels(self.namespace, self.name).set(0)
-        poll.condition("CatchingUp", False, outcome.value.capitalize(), message)
-        status = poll.patch.status
+        poll.condition("CatchingUp", False, "Passing" if passing else outcome.value.capitalize(), message)
         status["catchup"] = None
         status["lastCatchupEndedAt"] = poll.now  # the cooldown counts from here
         status["catchupVotes"] = 0

@@ -57,7 +57,8 @@ class OperatorMetrics:
         )
         self.catchups = Counter(
             "keyorder_operator_catchups",
-            "Catch-up hand-overs by outcome: started, succeeded, failed, missing, image_failed (pre-flight).",
+            "Catch-up hand-overs by outcome: started, succeeded, failed, missing, passing (refused for now: retried), "
+            "image_failed (pre-flight).",
             [*labels, "outcome"],
             registry=self.registry,
         )

@@ -19,7 +19,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from keyorder_operator.builders import ADMIN_TOKEN_KEY, selector_labels
-from keyorder_operator.catchup import CatchupGate, CatchupRun, catchup_verdict, spark_cores
+from keyorder_operator.catchup import CatchupGate, CatchupRetry, CatchupRun, catchup_verdict, spark_cores
 from keyorder_operator.context import OperatorContext, kafka_properties
 from keyorder_operator.handover import CatchupHandover
 from keyorder_operator.key_names import with_key_digests
@@ -443,6 +443,7 @@ class Poll:
             int(status.get("catchupVotes") or 0),
             status.get("lastCatchupEndedAt"),
             self.now,
+            CatchupRetry.from_status(status),
         )
         self.patch.status["catchupVotes"] = verdict.votes
         self.patch.status["catchupWaiting"] = verdict.waiting

@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS
+
 GROUP = "keyorder.dev"
 VERSION = "v1alpha1"
 KIND = "OrderedConsumer"
@@ -533,12 +535,28 @@ class CatchupSpec(_Model):
             raise ValueError(CATCHUP_IMAGE_RULE)
         return self
 
+    @model_validator(mode="after")
+    def _no_fixed_spark_settings(self) -> CatchupSpec:
+        if set(self.spark_conf) & set(ENFORCED_SPARK_SETTINGS):
+            raise ValueError(FIXED_SPARK_SETTINGS_RULE)
+        return self
+
 
 CATCHUP_IMAGE_RULE = (
     "spec.catchup.image is required when spec.catchup.enabled: the handler image has no Java/PySpark; "
     "build the image's `catchup` target (with your handler: examples/handler/Dockerfile)"
 )
 """Why a catch-up without its own image is refused (the model and the CRD's CEL rule say the same)."""
+
+FIXED_SPARK_SETTINGS_RULE = (
+    "spec.catchup.sparkConf cannot set "
+    + ", ".join(ENFORCED_SPARK_SETTINGS)
+    + ": keyorder catchup fixes them (a speculative or retried task would handle keys twice or concurrently) "
+    "and would refuse to start, after the pods were stopped"
+)
+"""Why ``spec.catchup.sparkConf`` may not name an enforced setting (``keyorder.catchup.settings``, the list
+``keyorder catchup --spark-conf`` refuses): at admission, before a hand-over stops any pod (the model and the
+CRD's CEL rule say the same)."""
 
 
 class ObservabilitySpec(_Model):

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from keyorder.catchup.exits import RUNTIME, Refusal, RefusalKind
 from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tests.operator.harness import CR, wait_for, wait_for_polls
 from tests.operator.kubelet import consumer_labels, create_pod
@@ -361,6 +362,23 @@ def test_the_pods_resume_only_after_the_jobs_spark_executors_are_gone(kube, brok
         wait_for(lambda: condition(kube.get(CR, "wallets"), "CatchupFailed") == "True", 20, "CatchupFailed")
 
 
+def ended_driver_pod(kube, job_name: str, refusal: Refusal) -> None:
+    """The catch-up Job's driver pod as the kubelet reports it after ``keyorder catchup`` refused to run: its
+    container ended with the refusal's exit status and the termination message the command wrote."""
+    create_pod(kube, f"{job_name}-driver", {"job-name": job_name}, "catchup", "registry.example/spark:1.0")
+    terminated = {"exitCode": refusal.exit_status, "reason": "Error", "message": refusal.message()}
+    container = {
+        "name": "catchup",
+        "image": "registry.example/spark:1.0",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"terminated": terminated},
+    }
+    status = {"phase": "Failed", "containerStatuses": [container]}
+    kube.patch("v1/pods", f"{job_name}-driver", {"status": status}, subresource="status")
+
+
 def test_a_job_refused_at_start_resumes_the_pods_at_once_and_names_the_image(kube, broker):
     topic = "okc-catchup-no-spark"
     backlog(broker, topic)
@@ -370,16 +388,51 @@ def test_a_job_refused_at_start_resumes_the_pods_at_once_and_names_the_image(kub
         job_name = started["jobName"]
         job = wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
         rule = job["spec"]["podFailurePolicy"]["rules"][0]
-        assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [2]  # despite backoffLimit 3
+        assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [2, 3]  # despite backoffLimit 3
         # what the Job controller does when the driver exits 2 (no PySpark/Java in the image): Failed at once
+        ended_driver_pod(kube, job_name, Refusal(RefusalKind.SETTINGS, "pyspark is not installed", RUNTIME))
         finish_job(kube, job_name, "Failed", reason="PodFailurePolicy")
 
         wait_for(lambda: replicas(kube, "vouchers") == started["resumeReplicas"], 20, "the pods resumed")
         wait_for(lambda: condition(kube.get(CR, "vouchers"), "CatchupFailed") == "True", 20, "CatchupFailed")
         failed = condition_entry(kube.get(CR, "vouchers"), "CatchupFailed")["message"]
-        assert "exited with code 2 before it touched the group" in failed, failed
-        assert "image registry.example/vouchers:1.0 cannot run it" in failed, failed
+        assert "image registry.example/vouchers:1.0 cannot run keyorder catchup (pyspark is not installed)" in failed
+        assert "fix spec.catchup.image" in failed, failed
         assert any("registry.example/vouchers:1.0" in message for message in events(kube, "CatchupFailed"))
+
+
+def test_a_passing_refusal_resumes_the_pods_and_is_retried_without_blaming_the_image(kube, broker, monkeypatch):
+    """Issue 38, defect 3: a member still in the group when the Job planned (a pod killed after its grace)
+    made keyorder catchup exit 2 (now 3), and the operator switched catch-up off for the spec generation,
+    blaming the image that had just passed its pre-flight. Now the pods resume, status.catchupRetry holds
+    the back-off (here shortened to 1 s; it replaces the 30 min cooldown), and the hand-over starts again."""
+    monkeypatch.setattr("keyorder_operator.catchup.RETRY_FIRST_SECONDS", 1.0)
+    topic = "okc-catchup-passing"
+    backlog(broker, topic)
+    member = f"group 'g-{topic}' has 1 active members: stop its consumers first"
+    with operator(kube.url) as context:
+        kube.create(CR, resource(broker, "rebates", topic))  # cooldownSeconds: the default 1800
+        started = slow_workers_until_triggered(kube, context, "rebates")
+        job_name = started["jobName"]
+        wait_for(lambda: kube.get("batch/v1/jobs", job_name), 20, "the catch-up Job")
+        ended_driver_pod(kube, job_name, Refusal(RefusalKind.PASSING, member))
+        finish_job(kube, job_name, "Failed", reason="PodFailurePolicy")
+
+        wait_for(lambda: replicas(kube, "rebates") == started["resumeReplicas"], 20, "the pods resumed")
+        wait_for(lambda: condition(kube.get(CR, "rebates"), "CatchupFailed") == "False", 20, "CatchupFailed False")
+        deferred = condition_entry(kube.get(CR, "rebates"), "CatchupFailed")
+        assert deferred["reason"] == "Passing", deferred
+        assert member in deferred["message"] and "catch-up tried again in" in deferred["message"], deferred
+        assert "image" not in deferred["message"], deferred
+        status = kube.get(CR, "rebates")["status"]
+        assert status.get("catchupFailedGeneration") is None, "a passing refusal switched catch-up off"
+        assert status["catchupRetry"]["failures"] == 1 and member in status["catchupRetry"]["reason"]
+        assert any(member in message for message in events(kube, "CatchupDeferred"))
+
+        retried = slow_workers_until_triggered(kube, context, "rebates")  # well within the cooldown
+        assert retried["jobName"] != job_name and retried["fence"] == started["fence"]  # recorded anew (nothing produced since)
+        wait_for(lambda: kube.get("batch/v1/jobs", retried["jobName"]), 20, "the second catch-up Job")
+        assert sorted(catchup_jobs(kube, "rebates")) == sorted([job_name, retried["jobName"]])
 
 
 def waiting_pod(kube, job_name: str, reason: str, message: str) -> None:

@@ -324,6 +324,10 @@ BROKEN_BY_RULES = {
         "scaling", {"fallback": {"failureThreshold": 3, "replicas": 0}}
     ),
     "catch-up enabled without its image": changed("catchup", {"enabled": True}),
+    # keyorder catchup refuses them after the pods were stopped (issue 38, defect 3): refused at admission
+    "catch-up with a fixed Spark setting": changed(
+        "catchup", {"enabled": True, "image": "reg/spark:1", "sparkConf": {"spark.task.maxFailures": "4"}}
+    ),
     # librdkafka's leave of a static member under KIP-848 is temporary (member epoch -2)
     "static membership on the consumer protocol": changed(
         "kafka.groupProtocol", "consumer", **{"kafka.staticMembership": True}
@@ -342,6 +346,9 @@ ACCEPTED_BY_RULES = {
     "workers all equal": changed("workers", {"min": 8, "initial": 8, "max": 8}),
     "catch-up enabled with its image": changed("catchup", {"enabled": True, "image": "reg/spark:1"}),
     "catch-up disabled without an image": changed("catchup", {"enabled": False}),
+    "catch-up with Spark settings it does not fix": changed(
+        "catchup", {"enabled": True, "image": "reg/spark:1", "sparkConf": {"spark.executor.memory": "4g"}}
+    ),
     "static membership on the classic protocol": changed("kafka.staticMembership", True),
     "static membership off on the consumer protocol": changed(
         "kafka.groupProtocol", "consumer", **{"kafka.staticMembership": False}
@@ -367,9 +374,10 @@ def test_cross_field_rules_refuse_what_the_models_refuse(case, schema):
     accepted, why = operator_accepts(resource)
     assert not accepted
     # the rule's message says the same thing as the model's
-    assert any(word in why for word in ("min", "max", "initial", "scaleToZero", "catchup.image", "staticMembership")), (
-        why
-    )
+    assert any(
+        word in why
+        for word in ("min", "max", "initial", "scaleToZero", "catchup.image", "staticMembership", "catchup.sparkConf")
+    ), why
 
 
 @pytest.mark.parametrize("case", sorted(ACCEPTED_BY_RULES))

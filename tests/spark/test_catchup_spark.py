@@ -378,6 +378,9 @@ def test_waves_commit_one_after_another_and_a_failed_wave_keeps_the_earlier_ones
     by_partition = group_committed(broker.bootstrap, group, name, 2)
     assert by_partition == {int(tp.split(":")[1]): end for tp, (_, end) in last_committed.items()}
     assert report["waves"][-1]["committed"] is False and report["waves"][-1]["error"]
+    # the task's typed verdict (apply.TaskFailed) crossed Spark's traceback wrapping: a blocked key is not retried
+    assert report["waves"][-1]["attempts"] == 1 and report["waves"][-1]["error"].startswith("KeyBlocked: ")
+    assert all(wave["still_running"] == [] for wave in report["waves"])  # every attempt's tasks had ended
 
     # The rerun starts at the first uncommitted wave: earlier waves are not handled again.
     before = len(read_records(str(record_dir), name))

@@ -55,3 +55,19 @@ def fails_with_many_lines(message: Message) -> None:
         f"keyorder-catchup-task-failed {FAKE_TOKEN} other: ConnectionError: retry me\n"
         "TimeoutError: also quoted from a log"
     )
+
+
+REACHED = threading.Event()
+RELEASE = threading.Event()
+HANDLED_OFFSETS: list[int] = []
+
+
+def gated(message: Message) -> None:
+    """Holds offset 5 until the test releases it (10 s hang guard); every later message takes 20 ms."""
+    if message.offset == 5:
+        REACHED.set()
+        assert RELEASE.wait(10), "not released"  # hang guard
+    elif message.offset > 5:
+        time.sleep(0.02)
+    with _LOCK:
+        HANDLED_OFFSETS.append(message.offset)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from keyorder.catchup.exits import RUNTIME, Refusal, RefusalKind
 from keyorder.catchup.memory import executor_memory_overhead_mib
 from keyorder_operator.builders import build_catchup_job, build_deployment, catchup_job_name
 from keyorder_operator.catchup import (
@@ -16,12 +17,13 @@ from keyorder_operator.catchup import (
     Phase,
     catchup_pods_left,
     catchup_verdict,
-    config_failure,
     fence_argument,
     fence_from_end_offsets,
+    job_refusal,
     job_state,
     largest_size,
     projected_drain_seconds,
+    refusal_detail,
 )
 from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size
 from keyorder_operator.spec import InvalidSpec, parse_spec
@@ -276,10 +278,11 @@ def test_an_enabled_catchup_needs_its_own_image_and_says_why() -> None:
         build_catchup_job(disabled, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-1", "o:0=1")
 
 
-def test_a_job_refused_at_start_fails_at_once_and_names_its_image_as_the_likely_cause() -> None:
-    """Exit 2 is keyorder catchup refusing to start (settings, or no PySpark/Java: the handler image) before
-    it touched the group: the Job fails on it at once, whatever backoffLimit says, and the outcome names the
-    image, so the pods resume now and the person reading the condition knows where to look."""
+def test_a_job_refused_at_start_fails_at_once_and_names_its_image_when_the_runtime_is_the_cause() -> None:
+    """Exit 2 is keyorder catchup refusing its settings or its runtime (no PySpark/Java: the handler image),
+    exit 3 a state of the group that passes, both before it touched the group: the Job fails on them at once,
+    whatever backoffLimit says, so the pods resume now; the driver's termination message says which, and the
+    outcome names the spec field to change (the image only when the runtime was the cause)."""
     spec = parse_spec(
         {
             "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
@@ -289,7 +292,9 @@ def test_a_job_refused_at_start_fails_at_once_and_names_its_image_as_the_likely_
     )
     job = build_catchup_job(spec, {"metadata": {"name": "o", "namespace": "shop", "uid": "u"}}, "o-catchup-1", "o:0=1")
     assert job["spec"]["podFailurePolicy"] == {
-        "rules": [{"action": "FailJob", "onExitCodes": {"containerName": "catchup", "operator": "In", "values": [2]}}]
+        "rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "catchup", "operator": "In", "values": [2, 3]}}
+        ]
     }
     assert job["spec"]["template"]["spec"]["containers"][0]["name"] == "catchup"
 
@@ -297,14 +302,25 @@ def test_a_job_refused_at_start_fails_at_once_and_names_its_image_as_the_likely_
         condition = {"type": "Failed", "status": "True", "reason": reason}
         return {**job, "status": {"conditions": [condition]}}
 
-    refused = config_failure(finished("PodFailurePolicy"))
-    assert refused is not None and job_state(finished("PodFailurePolicy")) is JobState.FAILED
-    assert "exited with code 2 before it touched the group" in refused
-    assert "image reg/orders:1 cannot run it" in refused and "`catchup` target" in refused
-    assert "kubectl logs job/o-catchup-1" in refused
-    assert config_failure(finished("DeadlineExceeded")) is None
-    assert config_failure(finished("BackoffLimitExceeded")) is None
-    assert config_failure(job) is None and config_failure(None) is None
+    def driver(code: int, message: str) -> dict:
+        terminated = {"exitCode": code, "message": message}
+        return {"status": {"containerStatuses": [{"name": "catchup", "state": {"terminated": terminated}}]}}
+
+    no_runtime = Refusal(RefusalKind.SETTINGS, "pyspark is not installed", RUNTIME)
+    refused = job_refusal(finished("PodFailurePolicy"), [driver(2, no_runtime.message())])
+    assert refused == no_runtime and job_state(finished("PodFailurePolicy")) is JobState.FAILED
+    told = refusal_detail(refused, "reg/orders:1", "o-catchup-1")
+    assert "image reg/orders:1 cannot run keyorder catchup (pyspark is not installed)" in told
+    assert "spec.catchup.image" in told and "`catchup` target" in told
+    secret = Refusal(RefusalKind.SETTINGS, "a spark://h master needs spark.authenticate.secret", "--spark-conf")
+    told = refusal_detail(job_refusal(finished("PodFailurePolicy"), [driver(2, secret.message())]), "i", "j")
+    assert "change spec.catchup.sparkConf" in told and "image" not in told
+    gone = job_refusal(finished("PodFailurePolicy"), [])  # the driver pod gone: refused, reason in the logs
+    assert gone is not None and gone.kind is RefusalKind.SETTINGS
+    assert "kubectl logs job/j" in refusal_detail(gone, "i", "j")
+    assert job_refusal(finished("DeadlineExceeded"), [driver(1, "")]) is None
+    assert job_refusal(finished("BackoffLimitExceeded"), [driver(1, "")]) is None
+    assert job_refusal(job, []) is None and job_refusal(None, []) is None
 
 
 def test_job_names_fit_63_characters_and_keep_the_time() -> None:

@@ -73,12 +73,18 @@ class KeyBlocked(RuntimeError):
     """A message failed every attempt under ``on-exhausted=block``: the job stops without committing."""
 
 
+class AttemptClosed(RuntimeError):
+    """The driver closed the task's wave attempt (``live``): the task calls the handler no more."""
+
+
 class TaskFailure(Enum):
     """Why a task failed, as the task itself classifies it (``TaskFailed``): the driver decides on this,
     never on the text of the error (a handler's message may hold any line)."""
 
     KEY_BLOCKED = "key-blocked"
     ORDER_VIOLATION = "order-violation"
+    ATTEMPT_CLOSED = "attempt-closed"
+    """The task stopped because the driver closed its wave attempt (``AttemptClosed``)."""
     OTHER = "other"
     """Anything else the task raised: Kafka, a dead-letter write that kept failing."""
 
@@ -88,6 +94,8 @@ class TaskFailure(Enum):
             return cls.KEY_BLOCKED
         if isinstance(error, OrderViolation):
             return cls.ORDER_VIOLATION
+        if isinstance(error, AttemptClosed):
+            return cls.ATTEMPT_CLOSED
         return cls.OTHER
 
 
@@ -287,6 +295,7 @@ class TaskRunner:
         cpu_clock: Callable[[], float] = time.process_time,
         report: Callable[[int], None] | None = None,
         report_interval: float = REPORT_INTERVAL,
+        fence: Callable[[], str | None] | None = None,
         slice_bytes: int = SLICE_BYTES,
     ) -> None:
         self.call = call
@@ -325,6 +334,9 @@ class TaskRunner:
         """Called with the task's handled count about every ``report_interval`` seconds and once at the end
         (``live.TaskReporter``: the driver's progress line while the task runs)."""
         self.report_interval = report_interval
+        self.fence = fence
+        """Asked before every handler call: why the task must call the handler no more (its wave attempt was
+        closed: ``live.TaskReporter.fenced``), or None."""
 
     # -- the feeder (Spark's iterator of Arrow batches, on the calling thread) ------------------------
     def run(self, frames: Iterator[Any]) -> None:
@@ -517,6 +529,11 @@ class TaskRunner:
     def _attempt(self, delivery: Delivery) -> tuple[str, float]:
         """One handler attempt: ``("processed" | "dead_lettered" | "retry", retry delay)``."""
         message = delivery.message
+        stop = self.fence() if self.fence is not None else None
+        if stop is not None:
+            raise AttemptClosed(
+                f"{message.topic}[{message.partition}]@{message.offset} not handled: {stop}; the task stops"
+            )
         if delivery.pending_dead_letter is not None:  # the handler gave up; only the write is retried
             return self._dead_letter(delivery, delivery.pending_dead_letter)
         try:
@@ -654,6 +671,7 @@ class ApplyHandler:
             self.wave,
             lookahead_bytes=self.lookahead_bytes,
             report=reporter,
+            fence=reporter.fenced if reporter is not None else None,
         )
         try:
             runner.run(frames)
@@ -663,6 +681,7 @@ class ApplyHandler:
             if sink is not None:
                 sink.close()
             if reporter is not None:
+                reporter(runner.handled(), ended=True)  # the driver waits for it before the next attempt
                 reporter.close()
             close_loops()
         if self.progress is not None:

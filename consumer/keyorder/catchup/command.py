@@ -2,11 +2,16 @@
 
 Exit status: 0 when every message in range was handled in order (and the fence committed when
 that was asked), 1 when the job or a wave's audit failed (the waves before it stay committed; the
-failed one is not: run it again), 2 on invalid settings (a Spark session without the settings the
-job needs included), 128 + the signal's number when SIGTERM (143) or SIGINT (130) stopped it: the
+failed one is not: run it again), 2 on invalid settings or a runtime that cannot run it (a Spark session
+without the settings the job needs included: running it again fails the same way), 3 when the group or
+the topics are not as a run needs them for now (members still in the group, a broker that could not say,
+a partition the offsets do not name: ``plan.PassingPlanError``; nothing was handled or committed, run it
+again later), 128 + the signal's number when SIGTERM (143) or SIGINT (130) stopped it: the
 running wave's Spark jobs were cancelled and that wave not committed (the waves before it stay
 committed), Spark was stopped (its executors with it) and the report written; a second signal
-exits at once with the same status (``keyorder.catchup.signals``).
+exits at once with the same status (``keyorder.catchup.signals``). On 2 and 3 the reason is also left,
+as JSON, where Kubernetes reads a container's termination message (``keyorder.catchup.exits``): the
+operator retries a 3 after a back-off and names the setting to change on a 2.
 
 ``--preflight`` only checks that this runtime can run a catch-up (a Java 17+ runtime, PySpark 4 and the
 driver's packages, the handler loads: ``keyorder.catchup.preflight``), one line per check, without Kafka or
@@ -23,12 +28,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from keyorder.catchup.exits import EXIT_FAILED, RUNTIME, Refusal, RefusalKind, write_termination_message
 from keyorder.catchup.layout import ORDER_GUARANTEE
 from keyorder.config import ConfigError, add_settings_flags, load_config
 
-EXIT_FAILED = 1
-EXIT_CONFIG = 2
-# and 128 + n when signal n stopped the run (keyorder.catchup.signals.signal_exit_status): 143 for SIGTERM
 log = logging.getLogger("keyorder.catchup")
 
 
@@ -189,6 +192,30 @@ def preflight_command(args: argparse.Namespace, environ: Mapping[str, str]) -> i
     return preflight_status(checks)
 
 
+def refusal_of(error: Exception) -> Refusal:
+    """What a refusal before the first wave says to whoever runs the command (pure): passing for a state of
+    the group or the topics (``PassingPlanError``), else the setting or the runtime to change."""
+    from keyorder.catchup.job import SparkSettingsError, SparkStartError
+    from keyorder.catchup.plan import PassingPlanError
+
+    if isinstance(error, PassingPlanError):
+        return Refusal(RefusalKind.PASSING, str(error))
+    if isinstance(error, SparkStartError):  # no Java, or a master Spark cannot reach
+        return Refusal(RefusalKind.SETTINGS, str(error), RUNTIME)
+    if isinstance(error, SparkSettingsError):
+        return Refusal(RefusalKind.SETTINGS, str(error), "--spark-conf")
+    return Refusal(RefusalKind.SETTINGS, str(error))
+
+
+def refuse(refusal: Refusal) -> int:
+    """Say why the command refused to run, on stderr and in the termination message; its exit status."""
+    print(f"keyorder catchup: {refusal.reason}", file=sys.stderr)
+    if refusal.kind is RefusalKind.PASSING:
+        print("keyorder catchup: nothing was handled or committed; this passes: run it again later", file=sys.stderr)
+    write_termination_message(refusal)
+    return refusal.exit_status
+
+
 def catchup_command(args: argparse.Namespace) -> int:
     if args.preflight:
         return preflight_command(args, os.environ)
@@ -198,12 +225,13 @@ def catchup_command(args: argparse.Namespace) -> int:
         try:
             __import__(module)
         except ImportError:
-            print(
-                f"keyorder catchup: {module} is not installed: pip install 'keyorder[catchup]' (and a Java 17+ "
-                "runtime)",
-                file=sys.stderr,
+            return refuse(
+                Refusal(
+                    RefusalKind.SETTINGS,
+                    f"{module} is not installed: pip install 'keyorder[catchup]' (and a Java 17+ runtime)",
+                    RUNTIME,
+                )
             )
-            return EXIT_CONFIG
     from keyorder.catchup.job import CatchupJob, SparkSettingsError, SparkStartError
     from keyorder.catchup.offsets import CatchupKafkaError
     from keyorder.catchup.plan import PlanError
@@ -214,14 +242,12 @@ def catchup_command(args: argparse.Namespace) -> int:
     try:
         config = load_config(CatchupConfig, vars(args))
     except ConfigError as error:
-        print(f"keyorder catchup: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+        return refuse(Refusal(RefusalKind.SETTINGS, str(error)))
     configure_logging(config.log_level, config.log_format)
     try:
         job = CatchupJob(config)
     except (ConfigError, CatchupKafkaError) as error:
-        print(f"keyorder catchup: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+        return refuse(Refusal(RefusalKind.SETTINGS, str(error)))
     try:
         # SIGTERM/SIGINT cancel the running wave and commit nothing more; the block ends before Spark stops
         with StopSignals(job.cancel) as stop:
@@ -231,9 +257,11 @@ def catchup_command(args: argparse.Namespace) -> int:
                     print(f"keyorder catchup: {stop.reason} before Spark started; nothing was handled", file=sys.stderr)
                     return signal_exit_status(stop.signum)
                 spark = job.spark
-            except (PlanError, CatchupKafkaError, SparkStartError, SparkSettingsError) as error:
+            except CatchupKafkaError as error:
                 print(f"keyorder catchup: {error}", file=sys.stderr)
-                return EXIT_FAILED if isinstance(error, CatchupKafkaError) else EXIT_CONFIG
+                return EXIT_FAILED
+            except (PlanError, SparkStartError, SparkSettingsError) as error:
+                return refuse(refusal_of(error))
             layouts = [job.wave_layout(plan, wave) for wave in plan.waves]
             if args.plan:
                 statistics = job.key_statistics(plan)

@@ -42,7 +42,7 @@ from keyorder.catchup.datasource import (
     KafkaRangeDataSource,
 )
 from keyorder.catchup.layout import ORDER_GUARANTEE, Layout, WaveLayout, choose_layout
-from keyorder.catchup.live import ProgressListener, WaveAttempt
+from keyorder.catchup.live import FENCE_LEASE, QUIET, ProgressListener, WaveAttempt
 from keyorder.catchup.memory import ARROW_BATCH_BYTES, ARROW_BATCH_CONF
 from keyorder.catchup.offsets import CatchupKafkaError, KafkaOffsets
 from keyorder.catchup.plan import (
@@ -228,6 +228,9 @@ class WaveOutcome:
     failure: TaskFailure | None = None
     """Why the failed task failed, as it said itself (``apply.TaskFailed``); None when no task said (a
     crashed Python worker, a lost executor, a reader's error) or the wave did not fail."""
+    still_running: list[str] = field(default_factory=list)
+    """What of the attempt still ran when the job stopped waiting for it (``CatchupJob._settle``): task copies
+    that may still call the handler beside what comes next. Empty when all were known ended."""
 
     @property
     def ok(self) -> bool:
@@ -259,6 +262,7 @@ class WaveOutcome:
             else None,
             "attempts": self.attempts,
             "failed_attempts": self.failed_attempts,
+            "still_running": self.still_running,
             "dead_letters": [{"topic": t, "partition": p, "offset": o} for t, p, o in self.dead_letters],
             "problems": self.audit.problems if self.audit else [],
         }
@@ -333,6 +337,9 @@ UNRETRYABLE_FAILURES = frozenset({TaskFailure.KEY_BLOCKED, TaskFailure.ORDER_VIO
 take it over), rows out of order (a bug, or a source that changed under the job)."""
 WAVE_RETRY_PAUSE_MAX = 600.0
 """The longest pause before a wave's retry, however many retries came before."""
+SETTLE_WAIT = FENCE_LEASE + 2 * QUIET
+"""Seconds the job waits at most, after a wave attempt's Spark job ended, for its task copies to end
+(``CatchupJob._settle``): a copy the driver cannot answer stops by itself after ``live.FENCE_LEASE``."""
 
 
 def retryable_wave_error(error: str | None, failure: TaskFailure | None) -> bool:
@@ -632,17 +639,49 @@ class CatchupJob:
         return self._shipped.name
 
     def _live_address(self, attempt: WaveAttempt) -> tuple[str, int] | None:
-        """Where this wave attempt's tasks send their handled counts: the driver's address as the executors
-        know it (``spark.driver.host``), the listener's port; None when no listener could start."""
+        """Where this wave attempt's tasks send their handled counts and ask whether to go on: the driver's
+        address as the executors know it (``spark.driver.host``), the listener's port; the listener is bound
+        to the driver's own address (``spark.driver.bindAddress`` when it names one, else that host's), not
+        every interface. None when no listener could start (no live progress, no fence: docs/catchup.md)."""
+        conf = self.spark.sparkContext.getConf()
+        host = conf.get("spark.driver.host") or "127.0.0.1"
         if self.live is None:
+            bind = (conf.get("spark.driver.bindAddress") or "").strip()
             try:
-                self.live = ProgressListener()
+                self.live = ProgressListener(host if not bind or bind in _EVERY_INTERFACE else bind)
             except OSError as error:
                 log.warning("no live progress from the tasks (handled counts at each task's end): %s", error)
                 return None
         self.live.expect(attempt)
-        host = self.spark.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
         return host, self.live.port
+
+    def _settle(self, group: str) -> list[str]:
+        """After a wave attempt's Spark job ended: close the attempt (its task copies are told to stop at their
+        next handler call) and wait, at most ``SETTLE_WAIT`` seconds, until Spark runs none of its tasks and
+        no copy of it still reports (a copy on an executor Spark gave up on). The next attempt, the next wave
+        and the commit come after it. What still ran at the bound, for the log and the report."""
+        if self.live is not None:
+            self.live.close_attempt()
+        deadline = time.monotonic() + SETTLE_WAIT
+        while True:
+            running = [f"{count} Spark tasks" for count in [self._spark_tasks_running(group)] if count]
+            if self.live is not None:
+                running += [f"task {task} copy {copy}" for task, copy in self.live.running()]
+            if not running or time.monotonic() >= deadline or self.cancelled is not None:
+                return running
+            time.sleep(0.1)
+
+    def _spark_tasks_running(self, group: str) -> int:
+        """The tasks Spark still runs of the job group's jobs (killed ones end after
+        spark.python.task.killTimeout)."""
+        tracker = self.spark.sparkContext.statusTracker()
+        running = 0
+        for job in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job)
+            for stage in info.stageIds if info is not None else []:
+                stage_info = tracker.getStageInfo(stage)
+                running += stage_info.numActiveTasks if stage_info is not None else 0
+        return running
 
     def wave_layout(self, plan: Plan, wave: list[OffsetRange]) -> WaveLayout:
         """How this wave's messages reach its key partitions (``--layout``; ``layout.choose_layout``)."""
@@ -832,8 +871,8 @@ class CatchupJob:
             records = records.repartition(self.key_partitions(), "lane").sortWithinPartitions(
                 "progress", "source", "offset"
             )
-        self._job_group = f"keyorder-catchup-{run_id}-wave-{index}"  # what cancel() cancels
-        self.spark.sparkContext.setJobGroup(self._job_group, f"keyorder catch-up wave {index + 1}/{len(plan.waves)}")
+        group = self._job_group = f"keyorder-catchup-{run_id}-wave-{index}"  # what cancel() cancels
+        self.spark.sparkContext.setJobGroup(group, f"keyorder catch-up wave {index + 1}/{len(plan.waves)}")
         stop = threading.Event()
         watcher = threading.Thread(
             target=self._show_progress,
@@ -849,10 +888,12 @@ class CatchupJob:
             failed = WaveOutcome(
                 index, wave, time.monotonic() - wave_started, error=message, failure=failure, layout=layout
             )
+            failed.still_running = self._settle(group)
             return failed, []
         finally:
             stop.set()
             watcher.join()
+        still_running = self._settle(group)
         summaries = [
             TaskSummary(row["topic"], row["partition"], PartitionCounts(**{name: row[name] for name in COUNTS}))
             for row in rows
@@ -871,6 +912,7 @@ class CatchupJob:
                     for row in rows
                     for offset in row["dead_letter_offsets"] or []
                 ],
+                still_running=still_running,
             ),
             summaries,
         )

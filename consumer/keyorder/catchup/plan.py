@@ -103,6 +103,15 @@ class PlanError(ValueError):
     """The requested range cannot be planned; the message names the partition and the reason."""
 
 
+class PassingPlanError(PlanError):
+    """A plan refused for a state of the group or the topics that passes on its own: members still in the
+    group (a consumer killed after its grace stays one until its session times out), a broker that could
+    not say (describe-groups during a coordinator move), a partition the given offsets do not name (added
+    since they were taken). Nothing was handled or committed; the same run, planned again later (with
+    offsets taken then), can succeed: ``keyorder catchup`` exits ``EXIT_PASSING`` on it, and the operator
+    tries again after a back-off instead of switching catch-up off."""
+
+
 OFFSET_RESETS = {
     "smallest": "earliest",
     "earliest": "earliest",
@@ -152,7 +161,10 @@ def _offset_for(
     if position.kind is PositionKind.TIMESTAMP:
         return at_time if at_time is not None else snapshot.end
     if tp not in position.offsets:
-        raise PlanError(f"{flag}: no offset given for {tp[0]}:{tp[1]} (give one for every partition of the topics)")
+        raise PassingPlanError(
+            f"{flag}: no offset given for {tp[0]}:{tp[1]} (give one for every partition of the topics: it may "
+            "have been added since the offsets were taken)"
+        )
     return position.offsets[tp]
 
 
@@ -296,7 +308,7 @@ def refuse_live_group(
     if refusal is None:
         return None
     if not preview:
-        raise PlanError(refusal)
+        raise PassingPlanError(refusal)
     return f"a run would refuse now: {refusal}"
 
 

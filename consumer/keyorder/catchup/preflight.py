@@ -10,7 +10,7 @@ driver needs and loads the handler as a Spark task would.
 The decisions (``java_check``, ``packages_check``, ``handler_check``, ``exit_status``) are pure: they
 read what the I/O (``run_java``, ``import_packages``, ``load``) found. One line per check is printed
 (``ok`` or ``FAIL``, the check, what was found); the status is 0 when all pass, else
-``command.EXIT_CONFIG`` (2), the driver's "refused before touching the group".
+``exits.EXIT_CONFIG`` (2), the driver's "refused before touching the group".
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from keyorder.catchup.command import EXIT_CONFIG
 from keyorder.catchup.entrypoint import java_executable
+from keyorder.catchup.exits import EXIT_CONFIG
 
 MIN_JAVA = 17
 """Spark 4 runs on Java 17 or later."""
