@@ -16,6 +16,7 @@ from keyorder.catchup.datasource import (
     partition_route,
     read_split,
     read_task,
+    record_lane,
 )
 from keyorder.devtools.loadgen import create_topics
 from tests.fakes import FakeClock
@@ -52,7 +53,8 @@ def test_a_split_yields_its_range_then_an_end_marker(broker, topic) -> None:
     progress = [row[2] for row in records]
     assert progress == sorted(progress) and progress[0] == 0 and progress[-1] < PROGRESS_SCALE // 2
     by_offset = {row[3]: row for row in records}
-    assert by_offset[7][0] == lane_hash(b"k1") and by_offset[7][4] == b"k1" and by_offset[7][5] == b"v7"
+    assert by_offset[7][0] == record_lane(topic, 0, b"k1") != lane_hash(b"k1")  # the key within its partition
+    assert by_offset[7][4] == b"k1" and by_offset[7][5] == b"v7"
     assert by_offset[9][0] == lane_hash(partition_route(topic, 0)) and by_offset[9][4] is None  # keyless
     assert by_offset[7][6] == [("trace", b"t7"), ("trace", None)]  # headers in order, repeats and nulls kept
     assert all(row[-2] is None and row[-1] is None for row in records)

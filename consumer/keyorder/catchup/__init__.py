@@ -9,7 +9,9 @@ partition (``layout.ORDER_GUARANTEE``). Only after every message is accounted fo
 commit the fence for the group, so the live pods resume exactly where the job stopped.
 
 Modules: ``positions`` (pure: where a range starts and ends), ``plan`` (pure: ranges, splits, key
-statistics, verification), ``offsets`` (the driver's Kafka queries and the final commit),
-``source`` (the Spark data source), ``apply`` (the per-Spark-partition handler loop), ``job``
-(the driver: session, pipeline, progress, report) and ``command`` (the CLI).
+statistics, verification), ``layout`` (pure: shuffle or by-partition, and the order both give),
+``memory`` (pure: what a task's Python workers hold, in bytes), ``offsets`` (the driver's Kafka
+queries and the final commit), ``datasource`` (the Spark data source), ``apply`` (the
+per-Spark-partition handler loop), ``job`` (the driver: session, pipeline, progress, report) and
+``command`` (the CLI).
 """

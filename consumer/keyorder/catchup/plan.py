@@ -8,7 +8,7 @@
 * ``cut_waves`` cuts every range into the same number of consecutive windows, the *waves*: the
   job handles and commits one wave after the other;
 * ``split_ranges`` cuts large ranges into sub-ranges, the Spark input splits;
-* ``key_statistics`` says how parallel a backlog can be (one key is always serial);
+* ``key_statistics`` says how parallel a backlog can be (a key within a partition is always serial);
 * ``audit`` checks what the job reports against the plan, so the fence is committed only when
   every message in range was read and handled, in order.
 """

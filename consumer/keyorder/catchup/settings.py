@@ -18,7 +18,7 @@ from keyorder.catchup.positions import Position, PositionError, parse_position
 from keyorder.config import HandlerSettings, KafkaConnectionSettings, name_values, split_name_values
 
 TASK_LOOKAHEAD_MB = 64
-"""``--task-lookahead-mb``'s default; the operator sizes executors' memory overhead by it."""
+"""``--task-lookahead-mb``'s default; the operator sizes executors' memory overhead by it (``memory``)."""
 
 ENFORCED_SPARK_SETTINGS = {
     "spark.speculation": "false",  # a speculative copy of a task would handle the same keys at the same time
@@ -116,8 +116,9 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         ge=1,
         le=65_536,
         description="Estimated memory (MiB) of the messages a Spark task holds at most: keys, values and "
-        "headers plus about 600 bytes each. Each task's Python worker holds this much on top of its own "
-        "~150 MiB; see docs/catchup.md, Memory.",
+        "headers plus about 600 bytes each. A task's Python workers hold this much on top of their own "
+        "(2 x 160 MiB), the reader's 64 MiB and one 8 MiB Arrow batch; the operator sizes executors' memory "
+        "overhead by it; see docs/catchup.md, Memory.",
     )
     wave_offsets: int = Field(
         1_000_000,

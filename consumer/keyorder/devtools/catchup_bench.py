@@ -12,6 +12,9 @@ The *hot keys* scenario drains, on one warm ``local[2]`` session with the I/O ha
 number of messages twice: once over uniform keys, once with 4 hot keys of 10,000 messages each
 among 10,000 light keys. Its ratio (hot over uniform throughput) shows whether a hot key collapses
 a task's thread parallelism (target: at least 0.7).
+
+*Task memory*: a handler task's peak RSS with 100 KB values against its budget (``memory``), measured
+by ``catchup_task_memory`` in a fresh interpreter with Spark's Arrow batches as the job sets them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from keyorder.devtools.loadgen import EXACT_END_OFFSETS, create_topics, produce_
 from keyorder.logs import configure_logging
 from keyorder.progress import Progress
 
+TASK_MEMORY_VALUE_BYTES = 100_000
+TASK_MEMORY_MESSAGES = (3_000, 1_000)
+"""Messages of the task-memory measurement (full run, --quick): 300 MB and 100 MB of values."""
 WARM_UP_MESSAGES = 2_000
 """A first small job per Spark session: its time (JVM start, JIT, Python workers) counts as start-up."""
 
@@ -122,6 +128,8 @@ class CatchupBenchReport:
     hot_keys: list[Measurement] = field(default_factory=list)
     """The hot-keys scenario: per setting (task workers, layout), uniform keys then the hot keys, same size
     and session; the runner names end in `` | <setting>``."""
+    task_memory: dict = field(default_factory=dict)
+    """``catchup_task_memory.measure`` with 100 KB values: the peak RSS, its growth and their budgets."""
     hot_chain_seconds: float = 0.0
     """One hot key's messages one after another, handler time only (measured on this machine): no run with
     the hot keys can be shorter."""
@@ -202,9 +210,21 @@ class CatchupBenchReport:
                     "ceilings": {setting: round(value, 3) for setting, value in self.hot_key_ceilings().items()},
                     "chain_shares": {setting: round(value, 3) for setting, value in self.hot_chain_shares().items()},
                 },
+                "task_memory": self.task_memory,
             },
             indent=2,
         )
+
+
+def task_memory(quick: bool) -> dict:
+    """A handler task's peak RSS with 100 KB values, the job's Arrow batch bytes and the default look-ahead
+    (``catchup_task_memory.measure``)."""
+    from keyorder.catchup.memory import ARROW_BATCH_BYTES
+    from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
+    from keyorder.devtools.catchup_task_memory import measure
+
+    messages = TASK_MEMORY_MESSAGES[1] if quick else TASK_MEMORY_MESSAGES[0]
+    return measure(messages, TASK_MEMORY_VALUE_BYTES, ARROW_BATCH_BYTES, TASK_LOOKAHEAD_MB)
 
 
 def hot_setting(measurement: Measurement) -> str:
@@ -525,6 +545,7 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
             for m in report.hot_keys:
                 print(f"  hot keys {m.runner:<48} {m.rate:>9,.0f} msg/s  ({m.messages:,} in {m.seconds:.1f} s)")
     report.spark_startup_seconds = sum(startups) / len(startups) if startups else 0.0
+    report.task_memory = task_memory(args.quick)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "report.json").write_text(report.to_json() + "\n")
     image = plot(report, args.output_dir / "catchup.png")
@@ -569,6 +590,13 @@ def catchup_bench_command(args: argparse.Namespace) -> int:
                 else ""
             )
         )
+    memory = report.task_memory
+    print(
+        f"  task memory, {memory['messages']:,} messages of 100 KB: peak RSS {memory['peak_kib'] / 1024:.0f} MiB "
+        f"against its budget {memory['budget_mib']} MiB, {memory['growth_kib'] / 1024:.1f} MiB above the worker's "
+        f"base against {memory['allowed_growth_kib'] / 1024:.0f} MiB: "
+        + ("within" if memory["within_budget"] else "OVER")
+    )
     print(f"report: {args.output_dir / 'report.json'}" + (f", plot: {image}" if image else ""))
     violations = sum(m.violations for m in [*report.measurements, *report.hot_keys])
     return 1 if violations else 0
