@@ -139,7 +139,9 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         10.0,
         ge=0,
         le=3600,
-        description="Seconds before a failed wave's first retry; doubles for each further retry (at most 10 minutes).",
+        description="Seconds before a failed wave's first retry, counted once the failed attempt's tasks have ended "
+        "(the job waits for them first, at most 36 s, also with 0); doubles for each further retry (at most 10 "
+        "minutes).",
     )
     split_offsets: int = Field(
         100_000,
