@@ -10,9 +10,15 @@ their order across waves; within a wave, the sort restores each partition's offs
 shuffle, and the tasks run the lanes (``apply``). The fence is the last wave's end.
 
 Spark must never run a handler task twice: ``check_session`` refuses any session, created here or
-found running, without ``ENFORCED_SPARK_SETTINGS``. An executor lost to decommission or
-preemption still has its task re-run (Spark does not count that as a task failure): the report
-counts such re-runs per wave, and docs/catchup.md says what they can repeat.
+found running, without ``ENFORCED_SPARK_SETTINGS`` (or on a master that fixes more attempts itself,
+``local[n,f]``: ``sizing.parse_master``). An executor lost to decommission or preemption still has
+its task re-run (Spark does not count that as a task failure): the report counts such re-runs per
+wave, and docs/catchup.md says what they can repeat. No two attempts of a wave overlap: a task copy
+asks the driver over the live channel whether its attempt is still the current one before every
+handler call (``live``), and after each attempt's Spark job the job waits for its copies to end
+before it commits, retries or starts the next wave (``CatchupJob._settle``). Whether a failed wave
+is retried is decided on what the failed task said of itself (``apply.TaskFailed``), not on the
+error's text.
 """
 
 from __future__ import annotations
@@ -1001,7 +1007,8 @@ def _registered_cores(context: Any, conf: Mapping[str, str]) -> int:
 
 
 def _first_line(error: BaseException) -> str:
-    """The Python exception a Spark task died of (``KeyBlocked: ...``), not the JVM's stack."""
+    """The Python exception a Spark task died of (``SplitReadError: ...``), not the JVM's stack: the last
+    line that looks like one. For the message only; no decision is taken on it (``wave_failure``)."""
     found = None
     for line in str(error).splitlines():
         match = _PYTHON_ERROR.match(line)
