@@ -498,7 +498,9 @@ class CatchupSpec(_Model):
         le=10,
         description="Job retries after its driver pod failed (a lost node, an OOM kill): a failed run keeps only "
         "the waves it committed, so a retry resumes after them. A wave's transient faults are retried inside the "
-        "run (--wave-retries); an invalid configuration (exit 2) fails the Job at once whatever this says.",
+        "run (--wave-retries); a run refused at start fails the Job at once whatever this says: for its settings "
+        "(exit 2: catch-up off until the spec changes) or for a state of the group that passes (exit 3: the operator "
+        "tries again after a back-off, status.catchupRetry).",
     )
     max_seconds: int = Field(
         6 * 3600,
@@ -519,7 +521,11 @@ class CatchupSpec(_Model):
         3, ge=1, le=100, description="Polls in a row on which catch-up must win before it starts."
     )
     cooldown_seconds: int = Field(
-        1800, ge=0, le=7 * 24 * 3600, description="Seconds after a hand-over ends before another may start."
+        1800,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="Seconds after a hand-over ends before another may start (after a Job refused for a state "
+        "that passes, its back-off instead: 1 min doubling to 30 min).",
     )
     service_account_name: str | None = Field(
         None,
