@@ -590,3 +590,33 @@ def test_a_wave_failed_by_a_transient_fault_is_run_again_and_the_fence_committed
     rehandled = len(records) - 400
     assert rehandled <= sum(end - start for start, end in retried[0]["ranges"].values())  # that wave's, at most
     assert group_committed(broker.bootstrap, group, name, 2) == group_end(broker, name)
+
+
+def test_sparks_arrow_batches_to_the_handler_tasks_are_cut_at_the_jobs_byte_bound(spark) -> None:
+    """The handler task's memory budget counts one Arrow input batch of ``memory.ARROW_BATCH_BYTES``: Spark
+    must cut ``mapInArrow``'s input by ``spark.sql.execution.arrow.maxBytesPerBatch`` (its default cuts only at
+    10,000 rows). 2,000 rows of 10 KB in one Spark partition: without the bound they come as one 20 MB batch."""
+    from pyspark.sql import functions
+
+    from keyorder.catchup.job import memory_settings
+    from keyorder.catchup.memory import ARROW_BATCH_BYTES
+
+    def batch_sizes(batches):
+        import pyarrow
+
+        sizes = [(batch.num_rows, batch.nbytes) for batch in batches]
+        yield pyarrow.RecordBatch.from_pylist([{"rows": rows, "bytes": size} for rows, size in sizes])
+
+    rows = spark.range(0, 2_000, numPartitions=1).select(
+        functions.expr("cast(repeat('x', 10000) as binary)").alias("value")
+    )
+    ((name, value),) = memory_settings({}).items()
+    assert int(value) == ARROW_BATCH_BYTES
+    spark.conf.set(name, value)
+    try:
+        sizes = rows.mapInArrow(batch_sizes, "rows long, bytes long").collect()
+    finally:
+        spark.conf.unset(name)
+    assert sum(row["rows"] for row in sizes) == 2_000
+    assert len(sizes) >= 20_000_000 // ARROW_BATCH_BYTES
+    assert max(row["bytes"] for row in sizes) <= ARROW_BATCH_BYTES + 10_100  # one row may close a batch
