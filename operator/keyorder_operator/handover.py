@@ -233,7 +233,11 @@ class CatchupHandover:
                 poll.info("CatchupFinishing", waiting)
             poll.condition("CatchingUp", True, "Finishing", waiting)
             return
-        refusal = job_refusal(job, kube.pods(self.namespace, catchup_selector(run.job_name)))
+        refusal = (
+            job_refusal(job, kube.pods(self.namespace, catchup_selector(run.job_name)))
+            if outcome is JobState.FAILED
+            else None
+        )
         took = f"{poll.now - run.started_at:.0f} s"
         if outcome is JobState.SUCCEEDED:
             detail = f"Job {run.job_name} committed the fence after {took}"

@@ -379,6 +379,35 @@ def ended_driver_pod(kube, job_name: str, refusal: Refusal) -> None:
     kube.patch("v1/pods", f"{job_name}-driver", {"status": status}, subresource="status")
 
 
+def test_executors_that_are_not_pods_get_their_drain_window_before_the_pods_resume(kube, broker):
+    """Issue 38, defect 7: with a standalone master the executors are not pods, so counting pods saw none and
+    the consumer pods resumed as soon as the driver pod was gone, while an executor cut off from the driver
+    could still handle its task. Now they wait the executors' heartbeat give-up time after the Job's end
+    (here 2 x 2 x 1 s, from sparkConf), and say so."""
+    topic = "okc-catchup-standalone"
+    backlog(broker, topic)
+    heartbeats = {"spark.executor.heartbeatInterval": "1s", "spark.executor.heartbeat.maxFailures": "2"}
+    with operator(kube.url) as context:
+        kube.create(CR, resource(broker, "tokens", topic, master="spark://spark-master:7077", sparkConf=heartbeats))
+        started = slow_workers_until_triggered(kube, context, "tokens")
+        job_name = started["jobName"]
+        wait_for(lambda: catchup_status(kube, "tokens").get("phase") == "Running", 20, "phase Running")
+        finish_job(kube, job_name, "Failed")  # the driver ended abruptly; its pod is gone, no executor pod exists
+
+        waiting = f"Job {job_name} ended; its Spark executors are not pods the operator can see"
+        wait_for(
+            lambda: waiting in condition_entry(kube.get(CR, "tokens"), "CatchingUp").get("message", ""),
+            20,
+            "CatchingUp to wait for the executors it cannot see",
+        )
+        assert replicas(kube, "tokens") == 0, "the pods resumed while executors outside Kubernetes could still run"
+        assert catchup_status(kube, "tokens")["drainSeconds"] == 4.0  # from sparkConf when the Job was created
+        ended_at = catchup_status(kube, "tokens")["jobEndedAt"]
+        wait_for(lambda: replicas(kube, "tokens") == started["resumeReplicas"], 20, "the pods resumed")
+        resumed_at = kube.get(CR, "tokens")["status"]["lastCatchupEndedAt"]
+        assert resumed_at >= ended_at + 4.0, (ended_at, resumed_at)
+
+
 def test_a_job_refused_at_start_resumes_the_pods_at_once_and_names_the_image(kube, broker):
     topic = "okc-catchup-no-spark"
     backlog(broker, topic)
@@ -430,7 +459,8 @@ def test_a_passing_refusal_resumes_the_pods_and_is_retried_without_blaming_the_i
         assert any(member in message for message in events(kube, "CatchupDeferred"))
 
         retried = slow_workers_until_triggered(kube, context, "rebates")  # well within the cooldown
-        assert retried["jobName"] != job_name and retried["fence"] == started["fence"]  # recorded anew (nothing produced since)
+        # a fence recorded anew (nothing was produced since, so the same offsets)
+        assert retried["jobName"] != job_name and retried["fence"] == started["fence"]
         wait_for(lambda: kube.get("batch/v1/jobs", retried["jobName"]), 20, "the second catch-up Job")
         assert sorted(catchup_jobs(kube, "rebates")) == sorted([job_name, retried["jobName"]])
 

@@ -113,8 +113,10 @@ def test_refusals_other_than_passing_keep_their_exit_status_and_setting() -> Non
 
 
 def test_a_long_reason_still_fits_the_kubelets_termination_message() -> None:
-    message = Refusal(RefusalKind.PASSING, "x" * 10_000).message()
-    assert len(message.encode()) <= 4096 and Refusal.parse(message).kind is RefusalKind.PASSING
+    for reason in ("x" * 10_000, '"quoted" ' * 1_000, "é" * 5_000):  # escapes and UTF-8 take more bytes
+        message = Refusal(RefusalKind.PASSING, reason).message()
+        assert len(message.encode()) <= 4096 and Refusal.parse(message).kind is RefusalKind.PASSING
+        assert Refusal.parse(message).reason.endswith(" ...")
 
 
 def test_the_back_off_doubles_from_a_minute_up_to_half_an_hour() -> None:

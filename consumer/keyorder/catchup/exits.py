@@ -67,11 +67,11 @@ class Refusal:
     def message(self) -> str:
         """One JSON object within ``TERMINATION_MESSAGE_BYTES`` (the reason cut short if it must be)."""
         data = {"refused": self.kind.value, "setting": self.setting, "reason": self.reason}
-        text = json.dumps(data)
-        excess = len(text.encode()) - TERMINATION_MESSAGE_BYTES
-        if excess > 0:
-            cut = self.reason.encode()[: max(len(self.reason.encode()) - excess - 8, 0)].decode(errors="ignore")
-            text = json.dumps({**data, "reason": cut + " ..."})
+        text, reason = json.dumps(data), self.reason
+        while len(text.encode()) > TERMINATION_MESSAGE_BYTES and reason:
+            over = len(text.encode()) - TERMINATION_MESSAGE_BYTES  # each character takes a byte or more
+            reason = reason[: max(len(reason) - over - len(" ..."), 0)]
+            text = json.dumps({**data, "reason": f"{reason} ..."})
         return text
 
     @classmethod
