@@ -25,9 +25,11 @@ The algorithm, in order:
    bias it low). A new workload (image, handler, template) starts learning again. Pods that do not
    report at all (an older release) fall back to the drain rate per decided worker.
 5. **Required workers** = (drainable lag / target drain time + arrivals / target utilisation) /
-   rate. Arrivals are the median of the last three intervals, so a burst that landed within one
-   poll is counted once (in the lag), not twice. Lag that a blocked key pins is not drainable
-   (KEDA's ``excludePersistentLag``).
+   rate. Arrivals are the rate that has lasted (``smoothed_arrivals``): the median of the last three
+   intervals, so a burst that landed within one poll is counted once (in the lag), not twice, and no
+   more than the lowest of the last five when a rise has not lasted that long (a burst of a minute
+   is over before new pods own a partition: its lag sizes the group) or the rate has fallen. Lag
+   that a blocked key pins is not drainable (KEDA's ``excludePersistentLag``).
 6. **Bounds: when scaling cannot help** (all computed by ``bounds``), the size stops where it helps
    and the decision says why (``Limited``): a blocked key; one hot key holding most of the pods'
    queue, or whose estimated backlog alone takes longer than the target (then the rest of the
@@ -46,11 +48,12 @@ The algorithm, in order:
 10. **Stabilization** (as the HPA does, over the recommended *replicas*, and separately over the
     recommended capacity, which sets the workers per pod): a scale-up takes the smallest
     recommendation of the scale-up window, a scale-down the largest of the scale-down window. No
-    scale-down while the lag grows. Then the rate limits (HPA's default: the larger of 4 pods or
-    100% per 15 s) cap the change of replicas, workers per pod making up the capacity where the
-    pods are held back, within the CPU bound. The memory of recommendations keeps only those a window
-    can still use (``window_memory``): a few entries, kept in status for a restarted operator
-    (``resumed``, and ``restart`` for when it is written).
+    scale-down while the lag grows; none of pods while pods do not report, unless Kafka's lag shows
+    the group keeps up and the pods keep their workers (``quiet_scale_in``). Then the rate limits
+    (HPA's default: the larger of 4 pods or 100% per 15 s) cap the change of replicas, workers per
+    pod making up the capacity where the pods are held back, within the CPU bound. The memory of
+    recommendations keeps only those a window can still use (``window_memory``): a few entries, kept
+    in status for a restarted operator (``resumed``, and ``restart`` for when it is written).
 11. **The cost of a step**: every change of replicas is timed from the decision until every pod
     reports and every partition has an owner again (new pods starting, then the rebalance; the pods
     report when their partitions last changed). While the backlog drains at the current size sooner
@@ -577,13 +580,36 @@ def learn_rate(observation: Observation, state: ScalingState, limits: ScalingLim
     return Rate(None, RateSource.NONE, None, efficiencies, samples)
 
 
+ARRIVAL_SAMPLES = 5
+"""Intervals of arrivals kept: a rise of the arrival rate counts as lasting once it held for all of them."""
+RISE_BAND = 0.25
+"""The last ``ARRIVAL_SAMPLES`` intervals' lowest rate within this share below the median: one level
+(noise), not a rise that has not lasted yet or a fall."""
+
+
 def smoothed_arrivals(observation: Observation, state: ScalingState) -> tuple[float, tuple[float, ...]]:
-    """The arrival rate to keep up with: the median of the last ``SAMPLES`` intervals, so a burst
-    that landed within one poll counts once (in the lag), not also as a lasting rate."""
+    """The arrival rate to keep up with: the rate that has lasted. The median of the last ``SAMPLES``
+    intervals, so a burst that landed within one poll counts once (in the lag), not also as a lasting
+    rate; but no more than the lowest of the last ``ARRIVAL_SAMPLES`` intervals when that is not the
+    same level (``RISE_BAND``). A rise of a minute or so (a burst of 40 s at 40,000/s) is over before
+    pods added for it would own a partition: it counts in the lag it leaves, which the size drains
+    within the target, not as a rate the group must keep up with; and once a burst has ended, the
+    interval after it says so at once (a median still held the burst's rate for a poll or two, and the
+    group stepped up after the burst was over). A rise that lasts counts after ``ARRIVAL_SAMPLES`` polls;
+    meanwhile the lag it adds sizes the group."""
     samples = state.arrival_samples
     if observation.arrival_rate is not None:
-        samples = (*samples, observation.arrival_rate)[-SAMPLES:]
-    return (statistics.median(samples) if samples else 0.0), samples
+        samples = (*samples, observation.arrival_rate)[-ARRIVAL_SAMPLES:]
+    if not samples:
+        return 0.0, samples
+    median = statistics.median(samples[-SAMPLES:])
+    if len(samples) < ARRIVAL_SAMPLES:
+        # too few intervals to tell a lasting rise (a new resource, a restarted operator): no more than a
+        # level the group's drain has shown, so a burst that began just before counts in its lag only
+        drain = observation.drain_rate
+        return (median if drain is None else min(median, drain * (1 + RISE_BAND))), samples
+    lowest = min(samples)
+    return (median if lowest >= median * (1 - RISE_BAND) else lowest), samples
 
 
 # -- the cost of a scale step ------------------------------------------------------------------------
@@ -829,6 +855,30 @@ def draining(observation: Observation, limits: ScalingLimits) -> bool:
     with; with ``activation_lag: 0`` any lag is one, and none is not."""
     lag = drainable_lag(observation)
     return lag > 0 and lag >= limits.activation_lag
+
+
+IN_FLIGHT_SECONDS = 5.0
+"""A lag of at most this many seconds of arrivals (or the activation lag) is what a group that keeps up
+holds in flight, not a backlog."""
+
+
+def kept_up(observation: Observation, state: ScalingState, arrivals: float, limits: ScalingLimits) -> bool:
+    """Kafka's lag is only what is in flight, on this poll and the last: the group keeps up. While pods
+    do not report, a scale-down of pods waits for this (and for the down-window, whose recommendations
+    were all lower): a silent pod then no longer holds the group at its peak (Kafka's lag is the
+    evidence, as when every pod is silent)."""
+    in_flight = max(limits.activation_lag, arrivals * IN_FLIGHT_SECONDS, 1)
+    previous = state.drainable_lag
+    return drainable_lag(observation) <= in_flight and previous is not None and previous <= in_flight
+
+
+def quiet_scale_in(
+    target: Size, current: Size, observation: Observation, state: ScalingState, arrivals: float, limits: ScalingLimits
+) -> bool:
+    """A scale-in of pods that may go ahead while some pods do not report: the group keeps up on Kafka's
+    lag (``kept_up``; the down-window, whose recommendations were all lower, held it until now), and it
+    needs no more workers per pod (a pod that does not answer its report gets no worker push either)."""
+    return target.workers <= current.workers and kept_up(observation, state, arrivals, limits)
 
 
 def _hot_key_horizon_bound(
@@ -1288,7 +1338,11 @@ def _sized(
     if growing and (target.replicas < current.replicas or target.capacity < current.capacity):
         # never shrink while the lag grows; only the CPU's bound may still take surplus workers away
         target, cause = fitted(current, hard, limits, partitions), Cause.LAG_GROWING
-    elif caveat is not None and target.replicas < current.replicas:
+    elif (
+        caveat is not None
+        and target.replicas < current.replicas
+        and not quiet_scale_in(target, current, observation, state, arrivals, limits)
+    ):
         target, cause = fitted(current, hard, limits, partitions), Cause.PODS_NOT_REPORTING
     target = fitted(rate_limited(target, state, limits, now, partitions), hard, limits, partitions)
     if target.replicas < limits.min_replicas and not (limits.scale_to_zero and target.replicas == 0):

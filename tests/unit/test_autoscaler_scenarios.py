@@ -64,5 +64,7 @@ def test_the_scenarios_cover_what_the_issue_names():
         "fallback",
         "new-image-mid-drain",
         "cpu-bound-process",
+        "burst-ends",
+        "silent-pod-idle",
     } <= names
     assert len(names) == len(SCENARIOS), "two scenarios share a name"

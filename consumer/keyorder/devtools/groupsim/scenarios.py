@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keyorder.devtools.groupsim.model import GroupSettings, SimulatedGroup, Workload
+from keyorder_operator.policy import shape
+from keyorder_operator.spec import parse_spec
+from keyorder_operator.status import limits_from_spec
 
 if TYPE_CHECKING:
     from keyorder.devtools.groupsim.criteria import Measured
@@ -271,6 +274,62 @@ def no_flap_within(seconds: float) -> Check:
     return check
 
 
+def peak_within_need_after(end: float, most: float) -> Check:
+    """Peak decided workers at most ``most`` x the workers the group needed from ``end`` on (the lag to
+    drain within the target plus the arrivals, at the true rate; shaped as the policy shapes them): a
+    burst that is over is a backlog to drain, not a rate to keep up with."""
+
+    def check(measured: Measured) -> str | None:
+        scenario = measured.run.scenario
+        limits = limits_from_spec(parse_spec(scenario.spec_at(end)))
+        needed = 1
+        for point in measured.run.points:
+            if point.t >= end and point.per_worker_rate:
+                rate = (point.lag / limits.target_drain_seconds + scenario.arrivals(point.t)) / point.per_worker_rate
+                needed = max(needed, math.ceil(rate))
+        shaped = shape(needed, limits, scenario.group.partitions).capacity
+        peak = max((p.target.capacity for p in measured.run.polls if p.t >= scenario.disturbance), default=0)
+        return (
+            None
+            if peak <= most * shaped
+            else f"peak {peak} workers, {peak / shaped:.1f}x the {shaped} needed after the burst ended "
+            f"(at most {most}x)"
+        )
+
+    return check
+
+
+def shrinks_once_quiet(window: float, slack: float) -> Check:
+    """Once the lag has been within what is in flight (``IN_FLIGHT_SECONDS`` of arrivals, or the activation
+    lag) for ``window`` seconds after the disturbance, the replicas are below their peak within ``slack``
+    seconds more: a pod that does not report does not hold the group at its peak."""
+
+    def check(measured: Measured) -> str | None:
+        from keyorder.devtools.groupsim.criteria import IN_FLIGHT_SECONDS
+
+        scenario = measured.run.scenario
+        limits = limits_from_spec(parse_spec(scenario.spec_at(scenario.disturbance)))
+        points = [p for p in measured.run.points if p.t >= scenario.disturbance]
+        peak = max((p.replicas for p in points), default=0)
+        quiet_since: float | None = None
+        for point in points:
+            in_flight = max(limits.activation_lag, scenario.arrivals(point.t) * IN_FLIGHT_SECONDS, 1)
+            if point.lag > in_flight:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = point.t
+            if quiet_since is not None and point.t >= quiet_since + window + slack:
+                if point.replicas < peak:
+                    return None
+                return (
+                    f"lag within what is in flight since t={quiet_since:.0f} s, still {point.replicas} replicas "
+                    f"(the peak) at t={point.t:.0f} s"
+                )
+        return "the lag never stayed within what is in flight for the window"
+
+    return check
+
+
 # -- the scenarios -----------------------------------------------------------------------------------------------
 HOUR = 3600.0
 
@@ -519,6 +578,31 @@ SCENARIOS: tuple[Scenario, ...] = (
         workloads={APP: Workload(APP, constant(0.005), cpu_per_message=0.005)},
         criteria=Criteria(within_target_seconds=600),
         checks=(workers_per_pod_at_most(2, after=20),),
+    ),
+    Scenario(
+        name="burst-ends",
+        summary="40,000/s for 45 s on top of 800/s, over before new pods could help: size for its backlog, "
+        "not its rate (peak workers at most 3x the need once it ended)",
+        spec=spec(),
+        duration=1.0 * HOUR,
+        arrivals=steps((0, 800), (600, 40_000), (645, 800)),
+        disturbance=600,
+        workloads=TEN_MS,
+        criteria=Criteria(within_target_seconds=480, max_underprovisioned_minutes=2),
+        checks=(peak_within_need_after(645, 3.0),),
+    ),
+    Scenario(
+        name="silent-pod-idle",
+        summary="one pod stops answering its report, a spike comes and drains: once the lag has been 0 for the "
+        "scale-down window, the group scales in anyway",
+        spec=spec(),
+        duration=1.0 * HOUR,
+        arrivals=steps((0, 1_000), (600, 31_000), (660, 1_000)),
+        disturbance=600,
+        silences=(Silence(Window(300)),),
+        workloads=TEN_MS,
+        criteria=Criteria(within_target_seconds=540, max_overshoot=1.6),
+        checks=(caveat_said("PodsNotReporting"), shrinks_once_quiet(300, 120)),
     ),
 )
 """Every scenario ``keyorder simulate`` knows, in the order ``--list`` shows them."""

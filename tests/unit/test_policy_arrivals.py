@@ -1,0 +1,51 @@
+"""The arrival rate the policy keeps up with, and a scale-in while pods do not report (issue 39, defects
+in ``keyorder_operator.policy``: a step up after a burst had ended, and a silent pod holding the group at
+its peak). The scenarios ``burst-ends`` and ``silent-pod-idle`` judge them over a whole run; these tables
+pin the rules themselves."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyorder_operator.policy import (
+    Observation,
+    ScalingState,
+    Size,
+    kept_up,
+    quiet_scale_in,
+    smoothed_arrivals,
+)
+from tests.unit.policy_fixtures import LIMITS
+
+LEVEL = (800.0, 820.0, 790.0, 810.0)
+
+
+@pytest.mark.parametrize(
+    ("earlier", "latest", "drain", "expected"),
+    [
+        (LEVEL, 805.0, 800.0, 805.0),  # one level with noise: the median of the last three
+        ((800.0, 800.0, 800.0, 40_000.0), 40_000.0, 1_500.0, 800.0),  # a 30 s rise has not lasted
+        ((800.0, 40_000.0, 40_000.0, 40_000.0), 800.0, 20_000.0, 800.0),  # the burst ended: at once
+        ((40_000.0,) * 4, 40_000.0, 38_000.0, 40_000.0),  # a rise that held for five intervals counts
+        ((), 40_000.0, 1_500.0, 1_875.0),  # no history (a restart): no more than the drain has shown
+        ((), 800.0, None, 800.0),  # nothing to compare with at all: the interval's rate
+    ],
+)
+def test_the_arrival_rate_is_the_rate_that_has_lasted(earlier, latest, drain, expected):
+    observation = Observation(lag=0, partitions=12, drain_rate=drain, arrival_rate=latest)
+    rate, samples = smoothed_arrivals(observation, ScalingState(Size(1, 16), arrival_samples=earlier))
+    assert rate == pytest.approx(expected)
+    assert samples[-1] == latest and len(samples) <= 5
+
+
+def test_a_scale_in_while_a_pod_is_silent_waits_for_the_lag_to_be_only_what_is_in_flight():
+    state = ScalingState(Size(12, 16), drainable_lag=900)
+    quiet = Observation(lag=1_000, partitions=12, drain_rate=1_000.0, arrival_rate=1_000.0)
+    backlog = Observation(lag=60_000, partitions=12, drain_rate=1_000.0, arrival_rate=1_000.0)
+    assert kept_up(quiet, state, 1_000.0, LIMITS)
+    assert not kept_up(backlog, state, 1_000.0, LIMITS)
+    assert not kept_up(quiet, ScalingState(Size(12, 16), drainable_lag=80_000), 1_000.0, LIMITS), "last poll too"
+    assert not kept_up(quiet, ScalingState(Size(12, 16)), 1_000.0, LIMITS), "no last poll: no evidence"
+    assert quiet_scale_in(Size(6, 16), Size(12, 16), quiet, state, 1_000.0, LIMITS)
+    # fewer pods with more workers each: the silent pod would not get its push
+    assert not quiet_scale_in(Size(6, 30), Size(12, 16), quiet, state, 1_000.0, LIMITS)
