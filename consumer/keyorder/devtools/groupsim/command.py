@@ -2,6 +2,12 @@
 
 ``--list`` names the scenarios; ``NAME`` runs one (``all`` runs every one and prints a table). The
 exit status is 0 when every criterion held, 1 when one did not, 2 for bad input (an unknown name).
+
+``--against keda`` runs each scenario a second time, same seed and arrivals, under the KEDA reference
+(KEDA's Kafka scaler and the HPA scaling a plain consumer, ``groupsim.keda``), prints both runs' figures
+side by side (``groupsim.compare``), one chart per scenario with both runs (``NAME-vs-keda.png``), and
+with several scenarios the whole comparison as one Markdown table. The exit status still judges
+keyorder's criteria only.
 """
 
 from __future__ import annotations
@@ -10,6 +16,10 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keyorder.devtools.groupsim.scenarios import Scenario
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -26,6 +36,19 @@ def add_simulate_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-plot", action="store_true", help="print the criteria only")
     parser.add_argument(
+        "--against",
+        choices=("keda",),
+        help="also run each scenario under a reference policy, same seed and arrivals, and compare: 'keda' is "
+        "KEDA's Kafka scaler and the HPA scaling a plain consumer (one thread per partition)",
+    )
+    parser.add_argument(
+        "--keda-lag-threshold",
+        type=_positive_int,
+        default=10,
+        metavar="N",
+        help="with --against keda: the trigger's lagThreshold, lag per pod (default 10, KEDA's own default)",
+    )
+    parser.add_argument(
         "--restart-every",
         type=_positive_seconds,
         metavar="SECONDS",
@@ -41,6 +64,16 @@ def _positive_hours(text: str) -> float:
     if not 0 < hours <= 48:
         raise argparse.ArgumentTypeError(f"--hours must be above 0 and at most 48, got {text}")
     return hours
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {text}")
+    return value
 
 
 def _positive_seconds(text: str) -> float:
@@ -73,6 +106,8 @@ def simulate_command(args: argparse.Namespace) -> int:
     chosen = SCENARIOS if args.scenario == "all" else (by_name(args.scenario),)
     if args.hours is not None:  # the same scenario over a shorter or longer run, with the same thresholds
         chosen = tuple(dataclasses.replace(scenario, duration=args.hours * 3600) for scenario in chosen)
+    if args.against == "keda":
+        return _against_keda(args, chosen)
     failed = 0
     for scenario in chosen:
         print(f"{scenario.name}: {scenario.summary}", flush=True)
@@ -92,6 +127,39 @@ def simulate_command(args: argparse.Namespace) -> int:
             print(f"  plot: {plot(measured, path)}")
     if len(chosen) > 1:
         print(f"{len(chosen) - failed} of {len(chosen)} scenarios held every criterion")
+    return EXIT_FAILED if failed else 0
+
+
+def _against_keda(args: argparse.Namespace, chosen: tuple[Scenario, ...]) -> int:
+    """Every chosen scenario under keyorder and under the KEDA reference: both runs' figures, a chart of
+    both, and with several scenarios the whole comparison as one Markdown table."""
+    from keyorder.devtools.groupsim.compare import SUMMARY_HEADER, compare, summary_row, table
+    from keyorder.devtools.groupsim.criteria import failures
+    from keyorder.devtools.groupsim.keda import KedaSettings
+
+    keda = KedaSettings(lag_threshold=args.keda_lag_threshold)
+    rows, failed = [], 0
+    for scenario in chosen:
+        print(f"{scenario.name}: {scenario.summary}", flush=True)
+        comparison = compare(scenario, seed=args.seed, keda=keda)
+        missed = failures(comparison.keyorder)
+        failed += bool(missed)
+        print(table(comparison))
+        if missed:
+            print("  keyorder FAIL: " + "\n        ".join(missed))
+        rows.append(summary_row(comparison))
+        if not args.no_plot:
+            from keyorder.devtools.groupsim.plot import plot_comparison
+
+            path = _output(args.output, f"{scenario.name}-vs-keda", several=len(chosen) > 1)
+            print(f"  plot: {plot_comparison(comparison.keyorder, comparison.keda, path)}")
+    if len(chosen) > 1:
+        print(
+            f"\nkeyorder against KEDA (lagThreshold {keda.lag_threshold}, seed {args.seed}); "
+            "time to target: until the backlog drains within the target for good"
+        )
+        print(SUMMARY_HEADER)
+        print("\n".join(rows))
     return EXIT_FAILED if failed else 0
 
 

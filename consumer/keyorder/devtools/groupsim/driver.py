@@ -8,6 +8,10 @@ summed by the operator's) become the ``Observation`` through ``observation_from`
 and its target is applied: the Deployment's replicas, and the worker count pushed to the ready pods
 that answer. Everything is recorded in the run's timeline.
 
+With ``keda``, the same scenario (the same arrivals and seed) runs under the reference policy instead:
+KEDA's Kafka scaler and the HPA (``keda``) every HPA sync, scaling a plain consumer (one handler thread
+per partition, ``GroupSettings.thread_per_partition``); it reads Kafka's lag only.
+
 With ``restart_every``, the operator also restarts that often: the memory it kept between polls is lost,
 and the next poll resumes from the record ``status.autoscaler`` held, written by the operator's own rule
 (``keyorder_operator.restart``: what is worth a write, at most once per ``AUTOSCALER_SAVE_SECONDS``).
@@ -16,11 +20,14 @@ and the next poll resumes from the record ``status.autoscaler`` held, written by
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from keyorder.devtools.groupsim.keda import KedaSettings, KedaState
+from keyorder.devtools.groupsim.keda import decide as keda_decide
 from keyorder.devtools.groupsim.model import TOPIC, SimPod, SimulatedGroup
 from keyorder.devtools.groupsim.scenarios import Scenario
 from keyorder_operator.observe import LagSample, observation_from
@@ -91,6 +98,8 @@ class Run:
 
     scenario: Scenario
     seed: int
+    policy: str = "keyorder"
+    """``keyorder`` (the operator's ``decide``) or ``keda`` (``keda.decide`` on a plain consumer)."""
     points: list[Point] = field(default_factory=list)
     polls: list[PollRecord] = field(default_factory=list)
 
@@ -119,25 +128,42 @@ def parsed_spec_at(
     return parsed[in_effect]
 
 
+def keda_settings_for(spec: OrderedConsumerSpec, base: KedaSettings) -> KedaSettings:
+    """The ScaledObject a user would write for the same group: the resource's replica bounds and
+    ``limitToPartitionsWithLag``; the rest (``lagThreshold`` and the timings) from ``base``."""
+    return replace(
+        base,
+        min_replicas=spec.replicas.min,
+        max_replicas=spec.replicas.max or base.max_replicas,
+        limit_to_partitions_with_lag=spec.scaling.limit_to_partitions_with_lag or base.limit_to_partitions_with_lag,
+    )
+
+
 def run(
     scenario: Scenario,
     seed: int = 1,
     progress: Callable[[float], None] | None = None,
     restart_every: float | None = None,
+    keda: KedaSettings | None = None,
 ) -> Run:
     """Simulate ``scenario`` with the random ``seed``; ``progress(t)`` is called every simulated minute;
-    the operator restarts every ``restart_every`` simulated seconds (``None``: never)."""
+    the operator restarts every ``restart_every`` simulated seconds (``None``: never). With ``keda``,
+    KEDA's Kafka scaler and the HPA (``keda``) scale a plain consumer instead (one thread per partition),
+    on the same arrivals: the arrivals' noise has its own random stream, so both runs see the same."""
     rng = random.Random(seed)
+    arrivals_rng = random.Random(f"arrivals-{seed}")
     parsed_specs: dict[tuple[bool, ...], OrderedConsumerSpec] = {}
     spec = parsed_spec_at(scenario, 0.0, parsed_specs)
+    settings = replace(scenario.group, thread_per_partition=True) if keda is not None else scenario.group
     group = SimulatedGroup(
-        settings=scenario.group,
+        settings=settings,
         workloads=dict(scenario.workloads),
         workload=spec.handler.image,
         rng=rng,
         replicas=scenario.initial_replicas,
         initial_workers=spec.workers.initial,
     )
+    keda_state = KedaState()
     for partition, share in scenario.hot_keys:
         group.partitions[partition].hot_share = share
     if scenario.initial_backlog:
@@ -145,8 +171,8 @@ def run(
     status: dict[str, Any] = {"workersPerPod": spec.workers.initial}
     kept = KeptInStatus()
     next_restart = restart_every
-    result = Run(scenario, seed)
-    next_poll = spec.scaling.poll_interval_seconds
+    result = Run(scenario, seed, policy="keda" if keda is not None else "keyorder")
+    next_poll = keda.sync_period if keda is not None else spec.scaling.poll_interval_seconds
     dt = scenario.step_seconds
     t = 0.0
     committed_before = sum(partition.last_commit for partition in group.partitions)
@@ -157,7 +183,7 @@ def run(
         spec = new_spec
         produced = scenario.arrivals(t) * dt
         if scenario.noise:
-            produced *= 1.0 + rng.uniform(-scenario.noise, scenario.noise)
+            produced *= 1.0 + arrivals_rng.uniform(-scenario.noise, scenario.noise)
         produced += sum(size for at, size in scenario.bursts if t <= at < t + dt)
         group.add_arrivals(produced, scenario.weights_at(t))
         for partition, at in scenario.blocked_keys:
@@ -170,7 +196,10 @@ def run(
             status.pop("lastSample", None)
             status.pop("autoscaler", None)
             next_restart += restart_every
-        if t >= next_poll - 1e-9:
+        if keda is not None and t >= next_poll - 1e-9:
+            keda_state = _keda_sync(scenario, keda_settings_for(spec, keda), group, keda_state, result, t)
+            next_poll += keda.sync_period
+        elif t >= next_poll - 1e-9:
             _poll(scenario, spec, group, status, kept, result, t)
             next_poll += spec.scaling.poll_interval_seconds
         committed = sum(partition.last_commit for partition in group.partitions)
@@ -182,7 +211,9 @@ def run(
                 drain_rate=max(committed - committed_before, 0.0) / dt,
                 replicas=group.replicas,
                 ready=sum(1 for pod in group.pods if pod.joined),
-                workers=int(status.get("workersPerPod") or spec.workers.initial),
+                workers=_threads_per_pod(group.replicas, group.settings.partitions)
+                if keda is not None
+                else int(status.get("workersPerPod") or spec.workers.initial),
                 capacity=group.ready_capacity(),
                 per_worker_rate=group.true_rate(),
                 paused=scenario.paused_at(t),
@@ -193,6 +224,38 @@ def run(
         if progress is not None and int(t) % 60 == 0 and abs(t - int(t)) < 1e-9:
             progress(t)
     return result
+
+
+def _threads_per_pod(replicas: int, partitions: int) -> int:
+    """A plain consumer's threads in its busiest pod: one per partition it owns."""
+    return math.ceil(partitions / min(replicas, partitions)) if replicas else 0
+
+
+def _keda_sync(
+    scenario: Scenario, settings: KedaSettings, group: SimulatedGroup, state: KedaState, result: Run, t: float
+) -> KedaState:
+    """One HPA sync (and KEDA's own loop when due) at simulated second ``t``: the lag per partition as
+    Kafka reports it, ``keda.decide``, the Deployment's replicas."""
+    lags = None
+    if not scenario.lag_unknown_at(t):
+        lags = tuple(int(partition.end) - int(partition.last_commit) for partition in group.partitions)
+    current = group.replicas
+    decision = keda_decide(t, current, lags, state, settings, paused=scenario.paused_at(t))
+    group.scale(decision.replicas)
+    partitions = group.settings.partitions
+    result.polls.append(
+        PollRecord(
+            t=t,
+            before=Size(current, _threads_per_pod(current, partitions)),
+            target=Size(decision.replicas, _threads_per_pod(decision.replicas, partitions)),
+            recommended=None,
+            cause="keda",
+            reason=decision.reason,
+            limited=None,
+            caveat=None,
+        )
+    )
+    return decision.state
 
 
 def _poll(

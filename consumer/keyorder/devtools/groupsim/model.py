@@ -76,6 +76,10 @@ class GroupSettings:
     ordering: str = "key"
     keys_per_partition: int = 2_000
     """Distinct keys a partition's window holds (how many lanes can run at once)."""
+    thread_per_partition: bool = False
+    """A plain consumer (what KEDA scales): each pod runs one handler thread per partition it owns, in
+    offset order, so a partition drains at most one worker's rate, a blocked message stops its
+    partition, and a pod's workers are its partitions (the operator's worker count does not apply)."""
 
 
 @dataclass
@@ -231,6 +235,8 @@ class SimulatedGroup:
             pod.partitions_changed_at = (*pod.partitions_changed_at, *changes)[-4:]
             pod.joined = True
             pod.partitions = assigned
+            if self.settings.thread_per_partition:
+                pod.workers = len(assigned)
             pod.rebalances += 1
             for index in assigned:
                 if not incremental:
@@ -315,6 +321,9 @@ class SimulatedGroup:
         handler = load.handler_seconds(self.now) * math.exp(self.rng.gauss(0.0, load.spread) - load.spread**2 / 2)
         per_worker = dt / (handler + load.overhead_seconds)
         capacity = min(pod.workers * per_worker, self._cpu_cap(pod) * dt)
+        if self.settings.thread_per_partition:
+            self._handle_in_order(pod, flowing, per_worker, capacity, handler, load, dt)
+            return
         window = self._window(pod)
         available: list[tuple[SimPartition, float, float]] = []
         for index in flowing:
@@ -339,6 +348,38 @@ class SimulatedGroup:
         busy = min(handled / per_worker, pod.workers) if per_worker > 0 else 0.0
         # a CPU-bound pod's workers wait for the CPU inside their handler: its wall time stretches
         pod.handler_total += busy * dt if cpu_bound else handled * handler
+        pod.cpu_seconds += handled * load.cpu_per_message + 0.02 * dt
+        pod.busy_share = busy / pod.workers if pod.workers else 0.0
+        pod.saturated = wanted > capacity
+
+    def _handle_in_order(
+        self,
+        pod: SimPod,
+        flowing: list[int],
+        per_worker: float,
+        capacity: float,
+        handler: float,
+        load: Workload,
+        dt: float,
+    ) -> None:
+        """A plain consumer's step: one thread per partition, each handling its partition's messages in
+        offset order (at most one worker's rate; a blocked message stops it), all within the CPU bound."""
+        available = []
+        for index in flowing:
+            partition = self.partitions[index]
+            limit = partition.end if partition.blocked_at is None else min(partition.end, partition.blocked_at)
+            available.append((partition, min(max(limit - partition.done, 0.0), per_worker)))
+        wanted = sum(take for _, take in available)
+        fraction = min(1.0, capacity / wanted) if wanted > 0 else 0.0
+        handled = 0.0
+        for partition, take in available:
+            partition.done += take * fraction
+            if partition.hot_share > 0:  # the hot key's messages go in offset order with the rest
+                partition.hot_done = min(partition.hot_total, partition.done * partition.hot_share)
+            handled += take * fraction
+        pod.calls += handled
+        busy = min(handled / per_worker, pod.workers) if per_worker > 0 else 0.0
+        pod.handler_total += handled * handler
         pod.cpu_seconds += handled * load.cpu_per_message + 0.02 * dt
         pod.busy_share = busy / pod.workers if pod.workers else 0.0
         pod.saturated = wanted > capacity
