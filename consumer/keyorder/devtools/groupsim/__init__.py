@@ -13,5 +13,8 @@ uses. ``keyorder simulate`` runs the scenarios and plots them.
 - ``driver``: the operator's poll against it, and the run's timeline.
 - ``criteria``: what a run must satisfy, computed from its timeline.
 - ``scenarios``: the named scenarios, each with its criteria's thresholds.
-- ``plot`` and ``command``: the PNG and ``keyorder simulate``.
+- ``keda``: the reference policy, KEDA's Kafka scaler feeding the HPA (``--against keda``), which
+  scales a plain consumer (one handler thread per partition) on the same scenario.
+- ``compare``: one scenario under both policies, side by side.
+- ``plot`` and ``command``: the PNGs and ``keyorder simulate``.
 """

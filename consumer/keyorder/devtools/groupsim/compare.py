@@ -115,7 +115,7 @@ def verdict(comparison: Comparison) -> str:
     """``as fast, cheaper`` and its variants: whether keyorder drained at least as fast at no more pod-minutes."""
     ours, theirs = comparison.keyorder_outcome, comparison.keda_outcome
     faster = _at_least_as_fast(ours.seconds_to_target, theirs.seconds_to_target)
-    cheaper = ours.pod_minutes <= theirs.pod_minutes * 1.0 + 1e-9
+    cheaper = round(ours.pod_minutes) <= round(theirs.pod_minutes)  # as the table shows them
     words = ("as fast" if faster else "slower") + (", no costlier" if cheaper else ", costlier")
     if comparison.scenario.name in SPIKE_SCENARIOS:
         ratio = comparison.time_ratio

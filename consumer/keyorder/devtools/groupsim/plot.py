@@ -9,6 +9,7 @@ scenario's events (a burst, pods going silent, a spec change) and each scaling d
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from keyorder.devtools.groupsim.criteria import Measured, failures
@@ -102,9 +103,8 @@ def plot_comparison(ours: Measured, theirs: Measured, path: Path) -> Path:
 
     scenario = ours.run.scenario
     figure, (lag_axes, rate_axes, size_axes) = plt.subplots(3, 1, sharex=True, figsize=(10, 8), dpi=100)
-    figure.suptitle(
-        f"keyorder simulate {scenario.name} --against keda (seed {ours.run.seed})\n{scenario.summary}", fontsize=10
-    )
+    summary = "\n".join(textwrap.wrap(scenario.summary, 110))
+    figure.suptitle(f"keyorder simulate {scenario.name} --against keda (seed {ours.run.seed})\n{summary}", fontsize=10)
     styles = (
         (ours, "keyorder", "tab:blue"),
         (theirs, "KEDA + HPA, plain consumer", "tab:red"),
