@@ -4,8 +4,10 @@ The whole mission with real parts and no cluster: the embedded broker; order-lif
 (a spike, then a steady stream); ``keyorder run`` subprocesses as the pods; and the operator's
 own scaling policy and worker push driving them through a local-process backend
 (``local_pods``). It shows a live view, audits every order's events at the end (in order, none
-lost), writes a chart and a JSON report, and optionally compares with a static
-partition-ordered group at the partition cap (the best KEDA plus a plain consumer can do).
+lost), writes a chart and a JSON report, and (on by default) compares on the same spike with what a
+platform team runs today: a plain partition-ordered group scaled by KEDA's Kafka trigger and the HPA
+(``keda_group``), run beside the autoscaled group and charted on the same axes; then with a static
+keyorder group started at the autoscaler's peak size, run beside the KEDA group's tail.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from keyorder.devtools.drain import crossing_seconds_before
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
+from keyorder.devtools.keda_group import KedaGroup, KedaGroupRun, keda_settings
 from keyorder.devtools.loadgen import OrderStream, create_topics
 from keyorder.devtools.local_pods import LocalPods
 from keyorder.logs import configure_logging
@@ -33,20 +37,22 @@ SPARK = "▁▂▃▄▅▆▇█"
 @dataclass
 class DevOptions:
     partitions: int = 8
-    spike: int = 200_000
+    spike: int = 60_000
+    """Sized so that the KEDA-scaled partition-ordered group, at most a thread per partition, drains it in
+    about a minute and a half (8 threads at 5-20 ms a message: about 640 messages/s)."""
     rate: float = 100.0
     latency_min_ms: float = 5.0
     latency_max_ms: float = 20.0
-    target_drain_seconds: float = 60.0
+    target_drain_seconds: float = 30.0
     initial_workers: int = 4
     max_workers: int = 64
     poll_seconds: float = 2.0
-    scale_down_window: float = 60.0
+    scale_down_window: float = 30.0
     """As long as the target drain time (as the operator's defaults, 300 s and 300 s): a shorter window
     shrinks the group mid-drain, as the need falls with the lag, and each shrink is a rebalance."""
     timeout: float = 900.0
     compare: bool = True
-    compare_seconds: float = 30.0
+    """Run the KEDA-scaled partition-ordered group beside the autoscaled one, then the right-sized group."""
     seed: int = 7
     keys: int = 2_000
     """Orders in progress at once: the distinct keys the stream interleaves."""
@@ -70,7 +76,6 @@ QUICK = DevOptions(
     target_drain_seconds=5.0,
     poll_seconds=1.0,
     scale_down_window=5.0,
-    compare_seconds=6.0,
     max_workers=32,
 )
 """``--quick``: a smaller run (copied before the flags are applied to it)."""
@@ -83,16 +88,16 @@ def add_dev_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, help=f"steady events/s after the spike [default: {defaults.rate:g}]")
     parser.add_argument("--latency-min-ms", type=float, help="handler latency, lower bound [default: 5]")
     parser.add_argument("--latency-max-ms", type=float, help="handler latency, upper bound [default: 20]")
-    parser.add_argument("--target-drain-seconds", type=float, help="autoscaler target [default: 60]")
+    parser.add_argument("--target-drain-seconds", type=float, help="autoscaler target [default: 30]")
     parser.add_argument("--max-workers", type=int, help="key workers per pod, at most [default: 64]")
     parser.add_argument("--timeout", type=float, help="give up after this many seconds [default: 900]")
     parser.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="also measure a static partition-ordered group on the same spike [default: on]",
+        help="also run, on the same spike, a partition-ordered group scaled by KEDA's Kafka trigger and the HPA "
+        "(beside the autoscaled group) and a static keyorder group at the autoscaler's peak size [default: on]",
     )
-    parser.add_argument("--compare-seconds", type=float, help="measurement window of the comparison [default: 30]")
     parser.add_argument("--seed", type=int, help="random seed of the event stream [default: 7]")
     parser.add_argument("--keys", type=int, help="orders (keys) in progress at once [default: 2000]")
     parser.add_argument(
@@ -148,16 +153,6 @@ def audit(journal: Path, expected: dict[str, int]) -> dict:
         "lost_events": lost,
         "redelivered_events": duplicates,
     }
-
-
-def crossing_seconds_before(previous, sample, threshold: int) -> float:
-    """Seconds before ``sample`` at which the committed total crossed ``threshold``, interpolated
-    linearly from ``previous`` (0 without one). Both groups' drain times are read this way, so one
-    polled every 2 s and one sampled every 0.25 s are not judged by their sampling intervals."""
-    if previous is None or sample.committed_total <= previous.committed_total:
-        return 0.0
-    beyond = (sample.committed_total - threshold) / (sample.committed_total - previous.committed_total)
-    return min(max(beyond, 0.0), 1.0) * max(sample.at - previous.at, 0.0)
 
 
 class View:
@@ -216,7 +211,8 @@ class View:
             self.live.stop()
 
 
-def plot(timeline: Timeline, report: dict, path: Path) -> Path | None:
+def plot(timeline: Timeline, report: dict, path: Path, keda: KedaGroupRun | None = None) -> Path | None:
+    """Lag, then size, over time; with ``keda``, the KEDA-scaled group's lag and replicas on the same axes."""
     try:
         import matplotlib
 
@@ -226,15 +222,30 @@ def plot(timeline: Timeline, report: dict, path: Path) -> Path | None:
         return None
     times = [point["t"] for point in timeline.points]
     figure, (lag_axes, size_axes) = plt.subplots(2, 1, sharex=True, figsize=(9, 6), dpi=110)
-    lag_axes.plot(times, [point["lag"] for point in timeline.points], color="tab:red", label="lag (messages)")
+    lag_axes.plot(times, [point["lag"] for point in timeline.points], color="tab:red", label="keyorder: lag")
+    if keda is not None and keda.points:
+        keda_times = [point["t"] for point in keda.points]
+        lag_axes.plot(
+            keda_times, [point["lag"] for point in keda.points], color="tab:purple", label="KEDA + plain consumer: lag"
+        )
     lag_axes.set_ylabel("lag")
     lag_axes.set_title(
         f"keyorder dev: {report['options']['spike']:,}-event spike on {report['options']['partitions']}"
         f" partitions, handler {report['options']['latency_min_ms']:g}-"
         f"{report['options']['latency_max_ms']:g} ms"
     )
-    size_axes.step(times, [point["replicas"] for point in timeline.points], where="post", label="replicas")
-    size_axes.step(times, [point["workers"] for point in timeline.points], where="post", label="workers per pod")
+    size_axes.step(times, [point["replicas"] for point in timeline.points], where="post", label="keyorder: replicas")
+    size_axes.step(
+        times, [point["workers"] for point in timeline.points], where="post", label="keyorder: workers per pod"
+    )
+    if keda is not None and keda.points:
+        size_axes.step(
+            keda_times,
+            [point["replicas"] for point in keda.points],
+            where="post",
+            color="tab:purple",
+            label="KEDA: replicas (a thread per partition)",
+        )
     size_axes.set_yscale("symlog")
     size_axes.set_ylabel("size")
     size_axes.set_xlabel("seconds")
@@ -309,8 +320,6 @@ class FixedGroupRun:
     """The first lag sample that met the condition (``None``: none did in time, or a pod died)."""
     reached_after: float | None = None
     """Seconds from starting the pods to that sample."""
-    later: Any = None
-    """A sample taken ``then_wait`` seconds after ``reached`` (``None`` without ``then_wait``)."""
     died: str | None = None
     """Set when a pod process died: which, and its exit code."""
 
@@ -324,14 +333,12 @@ def run_fixed_group(
     until: Callable[[Any], bool],
     seconds: float,
     interval: float,
-    then_wait: float = 0.0,
     committed_threshold: int | None = None,
 ) -> FixedGroupRun:
     """Run ``replicas`` pods with ``settings`` and sample the group's lag every ``interval`` seconds
-    until a sample meets ``until`` (at most ``seconds``); with ``then_wait``, sample once more that
-    many seconds later; with ``committed_threshold``, ``reached_after`` is when the committed total
-    crossed it (interpolated between samples). The pods are stopped before it returns. The comparisons
-    of ``keyorder dev`` measure the autoscaled group against such fixed-size groups."""
+    until a sample meets ``until`` (at most ``seconds``); with ``committed_threshold``, ``reached_after``
+    is when the committed total crossed it (interpolated between samples). The pods are stopped before
+    it returns. ``keyorder dev`` measures the autoscaled group against such a fixed-size group."""
     group = settings["KEYORDER_GROUP_ID"]
     pods = LocalPods(workdir, settings, name=name)
     started = time.monotonic()
@@ -350,44 +357,11 @@ def run_fixed_group(
                 reached_after = time.monotonic() - started
                 if committed_threshold is not None:
                     reached_after -= crossing_seconds_before(previous, sample, committed_threshold)
-                if not then_wait:
-                    return FixedGroupRun(sample, reached_after)
-                time.sleep(then_wait)
-                return FixedGroupRun(sample, reached_after, later=lag_source.sample([TOPIC], group, time.time()))
+                return FixedGroupRun(sample, reached_after)
             previous = sample
         return FixedGroupRun()
     finally:
         pods.stop_all()
-
-
-def measure_static_group(bootstrap: str, options: DevOptions, workdir: Path, lag_source, spike_end: int) -> dict:
-    """A partition-ordered group at the partition cap (one worker per partition): its drain rate."""
-    run = run_fixed_group(
-        workdir,
-        pod_settings(
-            bootstrap, "static-partition-ordered", options, KEYORDER_ORDERING="partition", KEYORDER_WORKERS="1"
-        ),
-        "static",
-        options.partitions,
-        lag_source,
-        until=lambda sample: sample.committed_total > 0,
-        seconds=90,
-        interval=0.5,
-        then_wait=options.compare_seconds,
-    )
-    if run.died:
-        return {"error": run.died}
-    first, last = run.reached, run.later
-    if first is None or last is None:
-        return {"error": "the static group never committed"}
-    rate = (last.committed_total - first.committed_total) / (last.at - first.at)
-    return {
-        "pods": options.partitions,
-        "workers_per_pod": 1,
-        "measured_seconds": round(last.at - first.at, 1),
-        "rate": round(rate, 1),
-        "projected_spike_drain_seconds": round(spike_end / rate, 1) if rate else None,
-    }
 
 
 def measure_right_sized_group(
@@ -427,7 +401,6 @@ def _apply_flags(args: argparse.Namespace) -> DevOptions:
         "max_workers",
         "timeout",
         "compare",
-        "compare_seconds",
         "seed",
         "keys",
         "hot_key_share",
@@ -508,10 +481,10 @@ def dev_command(args: argparse.Namespace) -> int:
             poison_every=1_000 if options.poison_key else 0,
         )
         produced_at = time.monotonic()
-        for start in range(0, options.spike, 5_000):
-            stream.emit(min(5_000, options.spike - start))
-            print(f"  producing the spike: {min(start + 5_000, options.spike):,}/{options.spike:,}", flush=True)
-        stream.flush()
+        for start in range(0, options.spike, 20_000):
+            stream.emit(min(20_000, options.spike - start), bulk=True)
+            print(f"  producing the spike: {min(start + 20_000, options.spike):,}/{options.spike:,}", flush=True)
+        stream.seal(options.partitions)
         print(f"  spike written in {time.monotonic() - produced_at:.0f}s")
         lag_source = KafkaLagSource({"bootstrap.servers": broker.bootstrap})
         spike_end = stream.written
@@ -529,9 +502,34 @@ def dev_command(args: argparse.Namespace) -> int:
         producer_thread = threading.Thread(target=steady, name="steady-producer", daemon=True)
         state = ScalingState(Size(1, options.initial_workers))
         pods.scale(1)
+        started = time.monotonic()
+        keda = None
+        if options.compare:  # beside the autoscaled group, from the same moment: one clock, one chart
+            keda = KedaGroup(
+                workdir,
+                pod_settings(
+                    broker.bootstrap,
+                    "keda-partition-ordered",
+                    options,
+                    KEYORDER_ORDERING="partition",
+                    KEYORDER_WORKERS=str(options.partitions),  # a handler thread per partition: a plain consumer
+                ),
+                KafkaLagSource({"bootstrap.servers": broker.bootstrap}),
+                TOPIC,
+                options.partitions,
+                spike_end,
+                keda_settings(options.partitions, options.poll_seconds, options.scale_down_window),
+                started,
+                deadline=options.timeout,
+            )
+            keda.start()
+            print(
+                f"  beside it: a partition-ordered group scaled by KEDA's Kafka trigger and the HPA "
+                f"(1 to {options.partitions} pods, a thread per partition)",
+                flush=True,
+            )
         producer_thread.start()
         view = View(options.ui)
-        started = time.monotonic()
         previous = None
         history: list[int] = []
         drained_at = scaled_in_at = None
@@ -561,7 +559,8 @@ def dev_command(args: argparse.Namespace) -> int:
                 state = decision.state
                 target = decision.target
                 pods.scale(target.replicas)
-                push_workers(addresses, 0, pods.token, target.workers)
+                kept = pods.addresses()  # not the ones a scale-in just stopped: they refuse the push
+                push_workers([address for address in addresses if address in kept], 0, pods.token, target.workers)
                 held_by_step_cost = decision.cause is Cause.STEP_COST and previous_cause is not Cause.STEP_COST
                 previous_cause = decision.cause
                 if decision.scaled or held_by_step_cost:  # a pod step refused is a decision too
@@ -600,6 +599,11 @@ def dev_command(args: argparse.Namespace) -> int:
                     break  # drained without scaling (a limit held it, or the spike was small): nothing to scale in
                 if blocked_polls >= 5:  # a blocked key pins the lag: nothing more to see
                     break
+        except BaseException:
+            if keda is not None:
+                keda.stop()
+                keda.join()
+            raise
         finally:
             view.stop()
             stop_producing.set()
@@ -614,20 +618,20 @@ def dev_command(args: argparse.Namespace) -> int:
             time.sleep(0.5)
         pods.stop_all()
         dead_letters = count_records(broker.bootstrap, DLQ_TOPIC) if options.poison_key else 0
-        comparison = right_sized = None
-        if options.compare and drained_at is not None:
-            print(
-                f"  comparing: a static keyorder group at the peak size ({peak.replicas} pods x {peak.workers} "
-                "workers from the start) on the same spike ...",
-                flush=True,
-            )
-            right_sized = measure_right_sized_group(broker.bootstrap, options, workdir, lag_source, spike_end, peak)
-            print(
-                f"  comparing: a static partition-ordered group ({options.partitions} pods x 1 worker) "
-                f"for {options.compare_seconds:g}s ...",
-                flush=True,
-            )
-            comparison = measure_static_group(broker.bootstrap, options, workdir, lag_source, spike_end)
+        right_sized = None
+        keda_run: KedaGroupRun | None = None
+        if keda is not None:
+            if drained_at is not None:
+                print(
+                    f"  comparing: a static keyorder group at the peak size ({peak.replicas} pods x {peak.workers} "
+                    "workers from the start) on the same spike, beside the KEDA group ...",
+                    flush=True,
+                )
+                right_sized = measure_right_sized_group(broker.bootstrap, options, workdir, lag_source, spike_end, peak)
+            else:
+                keda.stop()  # the autoscaled run did not drain: nothing to compare with
+            print("  waiting for the KEDA group to drain the spike ...", flush=True)
+            keda_run = keda.join()
     expected = {order: count for order, count in stream.expected.items() if order != OrderStream.POISON_ORDER}
     result = audit(journal, expected) if options.handler is None else None
     report = {
@@ -643,10 +647,10 @@ def dev_command(args: argparse.Namespace) -> int:
         "decisions": timeline.decisions,
         "timeline": timeline.points,
         "right_sized_comparison": right_sized,
-        "static_comparison": comparison,
+        "keda_comparison": keda_run.report() if keda_run is not None else None,
     }
     (options.output_dir / "report.json").write_text(json.dumps(report, indent=2))
-    image = plot(timeline, report, options.output_dir / "demo.png")
+    image = plot(timeline, report, options.output_dir / "demo.png", keda_run)
     print(
         f"  peak size {peak.replicas} pods x {peak.workers} workers; spike drained in "
         f"{drained_at if drained_at is not None else 'n/a'} s; scaled back in at "
@@ -660,13 +664,15 @@ def dev_command(args: argparse.Namespace) -> int:
             f"  right-sized static group ({right_sized['pods']} x {right_sized['workers_per_pod']} from the start): "
             f"spike drained in {right_sized['spike_drained_seconds']:,.1f} s; autoscaled took {ratio:.2f}x that"
         )
-    if comparison and comparison.get("projected_spike_drain_seconds") and drained_at:
-        ratio = comparison["projected_spike_drain_seconds"] / drained_at
-        print(
-            f"  static partition-ordered group: {comparison['rate']:,.0f} msg/s -> spike drain "
-            f"{comparison['projected_spike_drain_seconds']:,.0f} s (projected); keyorder autoscaled: "
-            f"{drained_at:,.0f} s: {ratio:.1f}x faster"
-        )
+    if keda_run is not None:
+        if keda_run.drained_seconds is not None and drained_at:
+            print(
+                f"  KEDA-scaled partition-ordered group (peak {keda_run.peak_replicas} pods): spike drained in "
+                f"{keda_run.drained_seconds:,.1f} s; keyorder autoscaled: {drained_at:,.1f} s "
+                f"({keda_run.drained_seconds / drained_at:.1f}x faster)"
+            )
+        else:
+            print(f"  KEDA-scaled partition-ordered group: {keda_run.error or 'stopped before it drained'}")
     if options.poison_key:
         print(f"  poison events: {stream.poisoned}; dead letters written: {dead_letters}")
     if result is not None:

@@ -3,7 +3,9 @@
 ``keyorder dev`` drives these with the operator's own policy (``keyorder_operator.policy``) and
 the operator's own worker push (``keyorder_operator.pod_admin``), so the laptop demo exercises the
 same scaling code as the cluster, only with processes instead of pods. Scale-in sends SIGTERM
-(the pod then finishes its in-flight work and commits, as in Kubernetes).
+(the pod then finishes its in-flight work and commits, as in Kubernetes) and returns at once, as a
+Deployment's scale does: the stopping processes are waited for (and killed past their grace) in the
+background of later calls, so a scale-in never holds up the caller's next poll.
 """
 
 from __future__ import annotations
@@ -22,12 +24,21 @@ from pathlib import Path
 
 from keyorder.devtools.embedded import free_port
 
+STOP_GRACE_SECONDS = 40.0
+"""How long a stopping process may finish its in-flight work and commit before it is killed (SIGKILL)."""
+
 
 @dataclass
 class LocalPod:
     process: subprocess.Popen
     port: int
     log_path: Path
+    kill_at: float | None = None
+    """Set when it was sent SIGTERM: the ``time.monotonic()`` after which it is killed."""
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
 
 class LocalPods:
@@ -42,6 +53,8 @@ class LocalPods:
         self.token_file.write_text(self.token)
         self.token_file.chmod(0o600)
         self.pods: list[LocalPod] = []
+        self.stopping: list[LocalPod] = []
+        """Sent SIGTERM by a scale-in, not yet exited."""
         self._started = 0
 
     @property
@@ -70,21 +83,31 @@ class LocalPods:
         return LocalPod(process, port, log_path)
 
     def scale(self, replicas: int) -> None:
-        """Start or stop processes (newest first) until ``replicas`` run."""
+        """Start processes, or send the newest ones SIGTERM, until ``replicas`` run; does not wait for the
+        stopping ones (``reap`` does, and ``stop_all``)."""
         while len(self.pods) < replicas:
             self.pods.append(self._start())
         while len(self.pods) > replicas:
-            self._stop(self.pods.pop())
+            pod = self.pods.pop()
+            if pod.process.poll() is None:
+                pod.process.send_signal(signal.SIGTERM)
+            pod.kill_at = time.monotonic() + STOP_GRACE_SECONDS
+            self.stopping.append(pod)
+        self.reap()
 
-    @staticmethod
-    def _stop(pod: LocalPod, timeout: float = 40.0) -> None:
-        if pod.process.poll() is None:
-            pod.process.send_signal(signal.SIGTERM)
-            try:
-                pod.process.wait(timeout)
-            except subprocess.TimeoutExpired:
+    def reap(self) -> None:
+        """Forget the stopping processes that exited; kill those past their grace."""
+        for pod in list(self.stopping):
+            if pod.process.poll() is not None:
+                self.stopping.remove(pod)
+            elif pod.kill_at is not None and time.monotonic() > pod.kill_at:
                 pod.process.kill()
                 pod.process.wait(10)
+                self.stopping.remove(pod)
+
+    def addresses(self) -> set[str]:
+        """``127.0.0.1:<port>`` of the processes kept by the last ``scale`` (ready or not)."""
+        return {pod.address for pod in self.pods}
 
     def ready_addresses(self) -> list[str]:
         """``127.0.0.1:<port>`` of the processes whose ``/readyz`` answers 200."""
@@ -96,22 +119,27 @@ class LocalPods:
                         ready.append(pod)
             except OSError:
                 continue
-        return [f"127.0.0.1:{pod.port}" for pod in ready]
+        return [pod.address for pod in ready]
 
     def crashed(self) -> list[str]:
-        return [
-            f"{pod.log_path.name}: exit {pod.process.returncode}" for pod in self.pods if pod.process.poll() is not None
-        ]
+        """The kept processes that exited, and the stopping ones that exited with an error on their SIGTERM."""
+        self.reap()
+        dead = [pod for pod in self.pods if pod.process.poll() is not None]
+        dead += [pod for pod in self.stopping if pod.process.poll() not in (None, 0)]
+        return [f"{pod.log_path.name}: exit {pod.process.returncode}" for pod in dead]
 
     def stop_all(self) -> None:
+        """SIGTERM to every process, and wait for all of them (the stopping ones too), killing those past
+        their grace."""
         for pod in self.pods:
             if pod.process.poll() is None:
                 pod.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 40
-        for pod in self.pods:
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for pod in [*self.pods, *self.stopping]:
             try:
-                pod.process.wait(max(deadline - time.monotonic(), 0.1))
+                pod.process.wait(max(min(deadline, pod.kill_at or deadline) - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 pod.process.kill()
                 pod.process.wait(10)
         self.pods.clear()
+        self.stopping.clear()

@@ -201,7 +201,7 @@ def run_strategy(bootstrap: str, name: str, options: Options, workdir: Path, pro
             deadline = now + options.step_seconds
             while time.monotonic() < deadline:
                 if pods.crashed():
-                    dead = next(pod for pod in pods.pods if pod.process.poll() is not None)
+                    dead = next(pod for pod in [*pods.pods, *pods.stopping] if pod.process.poll() not in (None, 0))
                     tail = dead.log_path.read_text().strip().splitlines()[-5:]
                     raise RuntimeError(f"a pod died: {pods.crashed()}; its log ends:\n" + "\n".join(tail))
                 progress.show(
