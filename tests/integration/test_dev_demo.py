@@ -38,8 +38,11 @@ def test_quick_demo_scales_out_then_workers_then_in_with_every_order_in_sequence
     assert report["audit"]["order_violations"] == 0 and report["audit"]["lost_events"] == 0
     assert report["audit"]["events"] >= report["spike_events"]
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
-    comparison = report["static_comparison"]
-    assert comparison and comparison["rate"] > 0
+    keda = report["keda_comparison"]  # the KEDA-scaled partition-ordered group, beside the autoscaled one
+    assert keda["error"] is None and keda["spike_drained_seconds"] > 0, keda
+    assert 1 < keda["peak_replicas"] <= partitions, "KEDA's metric is capped at the partition count"
+    assert keda["timeline"][0]["t"] < report["spike_drained_seconds"], "not run beside the autoscaled group"
+    assert "could not push" not in result.stdout + result.stderr, "workers pushed to a pod a scale-in stopped"
     right_sized = report["right_sized_comparison"]
     peak = report["peak"]
     assert (right_sized["pods"], right_sized["workers_per_pod"]) == (peak["replicas"], peak["workers_per_pod"])
