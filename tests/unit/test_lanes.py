@@ -59,13 +59,46 @@ def take_all(scheduler: LaneScheduler, now: float = 0.0) -> list[str]:
     return taken
 
 
-def test_lanes_take_turns_round_robin_and_each_keeps_its_order() -> None:
+def test_one_worker_runs_the_deliveries_in_arrival_order_across_lanes() -> None:
+    """Oldest head first: with one worker that is arrival order, each lane in its own order."""
     scheduler = LaneScheduler()
     assert scheduler.add(lane_deliveries("A1", "A2", "A3", "B1", "C1", "B2")) == 3, "three lanes became ready"
     assert len(scheduler) == 6
-    assert take_all(scheduler) == ["A1", "B1", "C1", "A2", "B2", "A3"]
+    assert take_all(scheduler) == ["A1", "A2", "A3", "B1", "C1", "B2"]
     assert len(scheduler) == 0
     assert scheduler.summary().active == 0
+
+
+def test_the_head_that_came_first_runs_first_so_the_lowest_offset_is_not_held_back() -> None:
+    """A lane with more after its head finished is queued by its next head, not behind every other lane:
+    the pod commits a partition's lowest unfinished offset, and under a round-robin over lanes (the old
+    scheduler) A2, the oldest delivery left, waited for B1..E1 while they ran above it."""
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries("A1", "A2", "B1", "C1", "D1", "E1"))
+    first, second = take_one(scheduler, 0.0), take_one(scheduler, 0.0)  # two workers: A1 and B1 run
+    assert first is not None and second is not None
+    assert (first.message.name, second.message.name) == ("A1", "B1")
+    scheduler.finished(first)  # A2 is now the oldest ready head
+    third = take_one(scheduler, 0.0)
+    assert third is not None and third.message.name == "A2"
+    scheduler.finished(second)
+    scheduler.finished(third)
+    assert take_all(scheduler) == ["C1", "D1", "E1"]
+
+
+def test_a_due_retry_and_a_withdraw_keep_the_oldest_head_first() -> None:
+    """A parked head that falls due is older than the heads that arrived after it, and after a withdraw the
+    lanes left are ordered by their new heads."""
+    scheduler = LaneScheduler()
+    scheduler.add(lane_deliveries("A1", "B1", "C1", "B2"))
+    failed = take_one(scheduler, 0.0)
+    assert failed is not None and failed.message.name == "A1"
+    scheduler.park(failed, due=1.0)
+    b1 = take_one(scheduler, 0.0)
+    assert b1 is not None and b1.message.name == "B1"
+    scheduler.finished(b1)
+    assert [item.message.name for item in scheduler.withdraw(lambda item: item.message.name == "C1")] == ["C1"]
+    assert take_all(scheduler, now=2.0) == ["A1", "B2"], "A1, due again, came before B2"
 
 
 def test_idle_scheduler_has_nothing_ready_and_nothing_due() -> None:
@@ -347,15 +380,16 @@ def test_random_workers_failures_and_revokes_keep_lanes_serial_in_order_and_lose
 
 
 @pytest.mark.parametrize(
-    ("continue_first", "expected"), [(False, ["a1", "b1", "c1", "a2"]), (True, ["a1", "a2", "b1", "c1"])]
+    ("continue_first", "expected"), [(False, ["b1", "a1", "c1", "a2"]), (True, ["b1", "a1", "a2", "c1"])]
 )
 def test_continue_first_lets_a_lane_with_more_go_on_before_the_others(
     continue_first: bool, expected: list[str]
 ) -> None:
-    """The pods' round-robin puts a finished lane back at the tail; a batch's scheduler (continue_first)
-    puts it at the head, so its longest lane never queues behind light ones. Lane order is the same."""
+    """The pods queue a finished lane by its next head (c1 came before a2); a batch's scheduler
+    (continue_first) puts it at the head, so its longest lane never queues behind light ones. Lane order is
+    the same."""
     scheduler = LaneScheduler(continue_first=continue_first)
-    scheduler.add([delivery("a1", "a"), delivery("a2", "a"), delivery("b1", "b"), delivery("c1", "c")])
+    scheduler.add([delivery("b1", "b"), delivery("a1", "a"), delivery("c1", "c"), delivery("a2", "a")])
     ran = []
     while taken := scheduler.take(0.0):
         ran.append(taken[0].message.name)

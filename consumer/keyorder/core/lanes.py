@@ -3,8 +3,10 @@
 A *lane* is the unit of ordering (a key, a partition, or a single message when unordered, see
 ``routing``). Every delivery waits in its lane's own FIFO. A lane is **ready** when it has a head
 delivery, is not running and is not parked; ready lanes wait in one queue, and whichever worker
-is idle takes the next one, runs its head, then puts the lane back at the tail if more is queued
-(round-robin fairness across lanes). Lanes are never bound to workers, so:
+is idle takes the ready lane whose head came first, runs it, then queues the lane again by its next
+head if more is queued: oldest head first, so a partition's lowest unfinished offset (what the pod
+commits) runs as soon as its lane is free, and the committed lag shows the work as it is done.
+Lanes are never bound to workers, so:
 
 * the worker count is just how many workers call ``take``; a resize changes nothing here and takes
   effect on the next message;
@@ -33,7 +35,7 @@ from typing import Any
 class Delivery:
     """A message on its way through the pod, with its lane and retry state."""
 
-    __slots__ = ("attempts", "lane", "message", "partition", "pending_dead_letter", "received_at")
+    __slots__ = ("attempts", "lane", "message", "partition", "pending_dead_letter", "received_at", "sequence")
 
     def __init__(self, message: Any, lane: Hashable | None, partition: Any, received_at: float) -> None:
         self.message = message
@@ -43,6 +45,8 @@ class Delivery:
         """The runtime's per-partition state (opaque here)."""
         self.received_at = received_at
         self.attempts = 0
+        self.sequence = 0
+        """Its place in the order the scheduler received deliveries (``LaneScheduler.add``)."""
         self.pending_dead_letter: BaseException | None = None
         """Set when the handler gave up but the DLQ write failed: only the write is retried."""
 
@@ -111,12 +115,22 @@ class LaneScheduler:
 
     def __init__(self, continue_first: bool = False) -> None:
         self._continue_first = continue_first
-        """A lane that finished a delivery and has more goes to the *head* of the ready queue, not
-        the tail. The pods keep round-robin fairness (False). A batch (the Spark catch-up) wants
-        the shortest makespan, which is its longest lane's: that lane must never queue behind
-        light ones, so its worker goes on with it (True). Order within a lane is the same."""
+        """A lane that finished a delivery and has more goes to the *head* of the ready queue. A batch
+        (the Spark catch-up) wants the shortest makespan, which is its longest lane's: that lane must
+        never queue behind light ones, so its worker goes on with it (True). The pods (False) take the
+        ready lane whose head came first instead (``_oldest``). Order within a lane is the same."""
         self._lanes: dict[Hashable, _Lane] = {}
         self._ready: deque[Hashable] = deque()
+        """Ready lanes in order. When ``continue_first``, all of them. Otherwise the lanes ``add`` made
+        ready, whose heads arrived in this order (a lane's first delivery): with ``_oldest``, the ready
+        lanes by their head's ``sequence``, so the head that came first runs first. A partition's lowest
+        unfinished offset is then among the first heads to run, and its commit follows the work done (a
+        round-robin over lanes held it back by a round of every lane: committed lag that did not move while
+        the pod worked through the keys above it, and re-handled on every rebalance)."""
+        self._oldest: list[tuple[int, Hashable]] = []
+        """When not ``continue_first``: the other ready lanes (with more after a head finished, due after a
+        park, or re-queued by ``withdraw``), a heap by their head's ``sequence``."""
+        self._received = 0
         self._due: list[tuple[float, int, Hashable]] = []  # (due, tie-breaker, lane id); stale entries skipped
         self._tie = 0
         self._running = 0
@@ -126,17 +140,21 @@ class LaneScheduler:
     # -- the poll loop's side --------------------------------------------------------------------------
     def add(self, deliveries: Iterable[Delivery]) -> int:
         """Append each delivery to its lane; returns how many lanes became ready (workers to wake)."""
-        lanes, ready = self._lanes, self._ready
+        lanes = self._lanes
         woken = 0
+        received = self._received
         for delivery in deliveries:
+            delivery.sequence = received
+            received += 1
             lane_id = delivery.lane_id
             lane = lanes.get(lane_id)
             if lane is None:
                 lane = lanes[lane_id] = _Lane()
-                ready.append(lane_id)
+                self._ready.append(lane_id)  # in arrival order, whichever the mode
                 woken += 1
             lane.deliveries.append(delivery)
             self._queued += 1
+        self._received = received
         return woken
 
     def withdraw(self, should_withdraw: Callable[[Delivery], bool]) -> list[Delivery]:
@@ -163,11 +181,19 @@ class LaneScheduler:
                 if lane.parked_until is not None:
                     self._unpark(lane)
                     if keep:
-                        self._ready.append(lane_id)
+                        self._make_ready(lane_id, lane)
             if not keep:
                 self._forget(lane_id)
-        if withdrawn:
-            self._ready = deque(lane_id for lane_id in dict.fromkeys(self._ready) if self._is_ready(lane_id))
+        if withdrawn:  # a ready lane whose head was withdrawn is ready with its new head, or not at all
+            ready = [lane_id for lane_id in dict.fromkeys(self._ready) if self._is_ready(lane_id)]
+            if self._continue_first:
+                self._ready = deque(ready)
+            else:  # new heads, so no longer in arrival order: all of them by their head's sequence
+                ready += [lane_id for _, lane_id in self._oldest if self._is_ready(lane_id)]
+                self._ready = deque()
+                lanes = self._lanes
+                self._oldest = [(lanes[lane_id].deliveries[0].sequence, lane_id) for lane_id in dict.fromkeys(ready)]
+                heapq.heapify(self._oldest)
         return withdrawn
 
     def drain(self) -> list[Delivery]:
@@ -179,10 +205,17 @@ class LaneScheduler:
         """The heads of up to ``limit`` ready lanes (distinct lanes), now marked running; empty when
         no lane is ready. The taker must finish or park each of them."""
         self._wake_due(now)
-        ready, lanes = self._ready, self._lanes
+        lanes = self._lanes
         taken: list[Delivery] = []
-        while ready and len(taken) < limit:
-            lane = lanes[ready.popleft()]  # a lane id is in the ready queue at most once, and only while ready
+        # a lane id is in the ready queues at most once, and only while ready
+        ready, oldest = self._ready, self._oldest
+        while len(taken) < limit:
+            if oldest and (not ready or oldest[0][0] < lanes[ready[0]].deliveries[0].sequence):
+                lane = lanes[heapq.heappop(oldest)[1]]
+            elif ready:
+                lane = lanes[ready.popleft()]
+            else:
+                break
             lane.running = True
             taken.append(lane.deliveries[0])
         self._running += len(taken)
@@ -191,7 +224,7 @@ class LaneScheduler:
     @property
     def ready(self) -> int:
         """Lanes ready to run now (parked lanes past their due time not counted until ``take``)."""
-        return len(self._ready)
+        return len(self._ready) + len(self._oldest)
 
     def seconds_until_due(self, now: float) -> float | None:
         """Seconds until the earliest parked lane is due (0 if one is); ``None`` if none is parked."""
@@ -214,7 +247,7 @@ class LaneScheduler:
         elif self._continue_first:
             self._ready.appendleft(lane_id)
         else:
-            self._ready.append(lane_id)
+            heapq.heappush(self._oldest, (lane.deliveries[0].sequence, lane_id))
 
     def park(self, delivery: Delivery, due: float, blocked: bool = False) -> None:
         """The running head failed: its lane waits until ``due`` (holding no worker), head first."""
@@ -245,7 +278,7 @@ class LaneScheduler:
                 due = lane.parked_until
                 if due is not None and not lane.blocked and (next_retry_due is None or due < next_retry_due):
                     next_retry_due = due
-        ready = len(self._ready)
+        ready = self.ready
         return LaneSummary(
             ready=ready,
             running=self._running,
@@ -279,7 +312,14 @@ class LaneScheduler:
                 continue
             lane = lanes[entry[2]]
             self._unpark(lane)
-            self._ready.append(entry[2])
+            self._make_ready(entry[2], lane)
+
+    def _make_ready(self, lane_id: Hashable, lane: _Lane) -> None:
+        """Queue a lane that just became ready (its head is ``lane.deliveries[0]``)."""
+        if self._continue_first:
+            self._ready.append(lane_id)
+        else:
+            heapq.heappush(self._oldest, (lane.deliveries[0].sequence, lane_id))
 
     def _is_ready(self, lane_id: Hashable) -> bool:
         lane = self._lanes.get(lane_id)
