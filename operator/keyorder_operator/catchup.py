@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from keyorder.catchup.exits import EXIT_CONFIG, EXIT_PASSING, RUNTIME, Refusal, RefusalKind
+from keyorder.catchup.exits import EXIT_CONFIG, EXIT_PASSING, KAFKA, RUNTIME, Refusal, RefusalKind
 from keyorder.catchup.sizing import expected_cores, is_local_master, local_master
 from keyorder_operator.policy import Limited, LimitKind, Observation, ScalingLimits, Size, duration, shape
 
@@ -287,6 +287,7 @@ the same settings, or the same fence, with the consumer pods stopped all the whi
 
 SPEC_FIELDS = {
     RUNTIME: "spec.catchup.image",
+    KAFKA: "spec.kafka (its propertiesSecretRef's principal, or the broker)",
     "--spark-conf": "spec.catchup.sparkConf",
     "--master": "spec.catchup.master",
     "--key-partitions": "spec.catchup.keyPartitions",
@@ -368,6 +369,12 @@ RETRY_MAX_SECONDS = 1800.0
 """The longest back-off (the default cooldown): a refusal that keeps passing is tried twice an hour."""
 
 
+RETRY_LIMIT = 5
+"""Passing refusals in a row after which catch-up goes off (``CatchupRetry.exhausted``): with the back-off
+doubling from a minute, the fifth comes some 15 minutes after the first, longer than any coordinator move
+or session timeout."""
+
+
 def retry_delay(failures: int) -> float:
     """Seconds before the next try after ``failures`` passing refusals in a row (pure): doubling from
     ``RETRY_FIRST_SECONDS``, at most ``RETRY_MAX_SECONDS``."""
@@ -387,6 +394,12 @@ class CatchupRetry:
     def after(cls, previous: CatchupRetry | None, reason: str, now: float) -> CatchupRetry:
         failures = (previous.failures if previous else 0) + 1
         return cls(failures, now + retry_delay(failures), reason)
+
+    @property
+    def exhausted(self) -> bool:
+        """So many passing refusals in a row (``RETRY_LIMIT``) that this one is taken as lasting: a consumer
+        outside the operator keeping the group non-empty, say. Catch-up goes off until the spec changes."""
+        return self.failures >= RETRY_LIMIT
 
     def describe(self, now: float) -> str:
         left = max(self.not_before - now, 0.0)

@@ -37,21 +37,24 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+import re
 import types
 import typing
 from typing import Any
 
 from pydantic import BaseModel
 
-from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS
+from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, SPARK_MAKES_SECRET
 from keyorder_operator.spec import (
     CATCHUP_IMAGE_RULE,
+    CLUSTER_SECRET_RULE,
     FIXED_SPARK_SETTINGS_RULE,
     GROUP,
     KIND,
     KUBERNETES_TYPE,
     LIST_MAP_KEYS,
     LIST_TYPE,
+    MASTER_ATTEMPTS_RULE,
     MAX_NAME_LENGTH,
     NAME_PATTERN,
     NAME_RULE,
@@ -66,6 +69,14 @@ from keyorder_operator.spec import (
     ReplicasSpec,
     WorkersSpec,
 )
+
+
+def _cel_padded(pattern: str, ignore_case: bool = False) -> str:
+    """A CEL string literal of a regex matching ``pattern`` whole, spaces around it allowed (the job strips
+    names, values and the master); ``(?i)`` at its start reads the same in RE2 (Kubernetes) and Python."""
+    regex = ("(?i)" if ignore_case else "") + rf"^\s*(?:{pattern})\s*$"
+    return "'" + regex.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
 
 KEEP = {
     "type",
@@ -119,10 +130,36 @@ VALIDATIONS: dict[type[BaseModel], list[dict[str, str]]] = {
             "fieldPath": ".image",
         },
         {
-            "rule": "!has(self.sparkConf) || !self.sparkConf.exists(name, name in ["
-            + ", ".join(f"'{name}'" for name in ENFORCED_SPARK_SETTINGS)
-            + "])",
+            "rule": "!has(self.sparkConf) || !self.sparkConf.exists(name, "
+            + " || ".join(
+                f"(name.matches({_cel_padded(re.escape(name))}) && "
+                f"!self.sparkConf[name].matches({_cel_padded(re.escape(required), ignore_case=True)}))"
+                for name, required in ENFORCED_SPARK_SETTINGS.items()
+            )
+            + ")",
             "message": FIXED_SPARK_SETTINGS_RULE,
+            "fieldPath": ".sparkConf",
+        },
+        {
+            # local[n,f] with f of 2 or more (settings.master_attempts_problem; sizing's LOCAL_N_FAILURES_REGEX)
+            "rule": "!(has(self.enabled) && self.enabled) || !has(self.master) || !self.master.matches("
+            + _cel_padded(r"local\[([0-9]+|\*)\s*,\s*0*([2-9]|[1-9][0-9]+)\]")
+            + ")",
+            "message": MASTER_ATTEMPTS_RULE,
+            "fieldPath": ".master",
+        },
+        {
+            # settings.cluster_secret_missing: a master not in SPARK_MAKES_SECRET needs the secret or no authentication
+            "rule": "!(has(self.enabled) && self.enabled) || !has(self.master) || self.master.matches("
+            + _cel_padded(SPARK_MAKES_SECRET.pattern.removeprefix("^").removesuffix("$"))
+            + ") || (has(self.sparkConf) && self.sparkConf.exists(name, name.matches("
+            + _cel_padded(r"spark\.authenticate\.secret")
+            + ") || (name.matches("
+            + _cel_padded(r"spark\.authenticate")
+            + ") && !self.sparkConf[name].matches("
+            + _cel_padded("true", ignore_case=True)
+            + "))))",
+            "message": CLUSTER_SECRET_RULE,
             "fieldPath": ".sparkConf",
         },
     ],

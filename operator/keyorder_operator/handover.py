@@ -221,23 +221,24 @@ class CatchupHandover:
         if run.job_ended_at is None:  # the drain window of executors the operator cannot see counts from here
             run = run.job_ended(poll.now)
             poll.patch.status["catchup"] = run.to_status()
+        # refused before Spark started (keyorder catchup's exit 2 or 3): no executor ever had a task
+        refusal = (
+            job_refusal(job, kube.pods(self.namespace, catchup_selector(run.job_name)))
+            if outcome is JobState.FAILED
+            else None
+        )
         # a deleted or failed Job's driver, and any Job's Spark executors, may still be handling messages
         waiting = catchup_pods_left(
             run.job_name,
             outcome,
             drivers=kube.pod_count(self.namespace, catchup_selector(run.job_name)),
             executors=kube.pod_count(self.namespace, catchup_executor_selector(run.job_name)),
-        ) or unobserved_executors_left(run, poll.now)
+        ) or (unobserved_executors_left(run, poll.now) if refusal is None else None)
         if waiting:
             if not self.finishing_already():
                 poll.info("CatchupFinishing", waiting)
             poll.condition("CatchingUp", True, "Finishing", waiting)
             return
-        refusal = (
-            job_refusal(job, kube.pods(self.namespace, catchup_selector(run.job_name)))
-            if outcome is JobState.FAILED
-            else None
-        )
         took = f"{poll.now - run.started_at:.0f} s"
         if outcome is JobState.SUCCEEDED:
             detail = f"Job {run.job_name} committed the fence after {took}"
@@ -284,7 +285,8 @@ class CatchupHandover:
         if they moved meanwhile, it is left as it is, and the next poll decides from it.
 
         A ``refusal`` that passes (``RefusalKind.PASSING``) leaves catch-up on: it is tried again after the
-        back-off in ``status.catchupRetry``; any other failure switches it off for this spec generation."""
+        back-off in ``status.catchupRetry``, unless it is the ``RETRY_LIMIT``-th in a row
+        (``CatchupRetry.exhausted``); any other failure switches it off for this spec generation."""
         poll = self.poll
         resumed = (
             replicas is not None
@@ -298,22 +300,34 @@ class CatchupHandover:
         else:
             pods = "the pods' replicas moved during the hand-over and are left as they are"
         status = poll.patch.status
-        passing = refusal is not None and refusal.kind is RefusalKind.PASSING
+        retry = (
+            CatchupRetry.after(CatchupRetry.from_status(poll.status), refusal.reason, poll.now)
+            if refusal is not None and refusal.kind is RefusalKind.PASSING
+            else None
+        )
+        passing = retry is not None and not retry.exhausted
         if outcome is JobState.SUCCEEDED:
             message = f"{detail}; {pods}"
             poll.info("CatchupSucceeded", message)
             poll.condition("CatchupFailed", False, "Succeeded", message)
             status["catchupRetry"] = None
-        elif passing and refusal is not None:
-            retry = CatchupRetry.after(CatchupRetry.from_status(poll.status), refusal.reason, poll.now)
+        elif retry is not None and not retry.exhausted:
             message = f"{detail}; {pods}. This passes: {retry.describe(poll.now)}, with a new fence"
             poll.warn("CatchupDeferred", message)
             poll.condition("CatchupFailed", False, "Passing", message)
             status["catchupRetry"] = retry.to_status()
         else:
+            if retry is not None:
+                reason = "PassingRefusalsInARow"
+                detail = (
+                    f"{detail}; {retry.failures} refusals in a row for a state that should pass, so it does not "
+                    "(a consumer outside this OrderedConsumer in the group, say)"
+                )
+            else:
+                reason = "Refused" if refusal is not None else "JobFailed"
             message = f"{detail}; {pods}. Automatic catch-up is off until the spec changes."
             poll.warn("CatchupFailed", message)
-            poll.condition("CatchupFailed", True, "Refused" if refusal is not None else "JobFailed", message)
+            poll.condition("CatchupFailed", True, reason, message)
             status["catchupFailedGeneration"] = poll.meta.get("generation")
             status["catchupRetry"] = None
         label = "passing" if passing else outcome.value

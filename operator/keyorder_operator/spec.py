@@ -16,7 +16,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS
+from keyorder.catchup.settings import (
+    ENFORCED_SPARK_SETTINGS,
+    cluster_secret_missing,
+    fixed_setting_overrides,
+    master_attempts_problem,
+)
 
 GROUP = "keyorder.dev"
 VERSION = "v1alpha1"
@@ -543,8 +548,13 @@ class CatchupSpec(_Model):
 
     @model_validator(mode="after")
     def _no_fixed_spark_settings(self) -> CatchupSpec:
-        if set(self.spark_conf) & set(ENFORCED_SPARK_SETTINGS):
+        """What ``keyorder catchup`` would refuse at start, after the pods were stopped: refused here, before."""
+        if fixed_setting_overrides(self.spark_conf):
             raise ValueError(FIXED_SPARK_SETTINGS_RULE)
+        if self.enabled and master_attempts_problem(self.master):
+            raise ValueError(MASTER_ATTEMPTS_RULE)
+        if self.enabled and cluster_secret_missing(self.master, self.spark_conf):
+            raise ValueError(CLUSTER_SECRET_RULE)
         return self
 
 
@@ -556,13 +566,28 @@ CATCHUP_IMAGE_RULE = (
 
 FIXED_SPARK_SETTINGS_RULE = (
     "spec.catchup.sparkConf cannot set "
-    + ", ".join(ENFORCED_SPARK_SETTINGS)
+    + ", ".join(f"{name} to other than {required}" for name, required in ENFORCED_SPARK_SETTINGS.items())
     + ": keyorder catchup fixes them (a speculative or retried task would handle keys twice or concurrently) "
     "and would refuse to start, after the pods were stopped"
 )
-"""Why ``spec.catchup.sparkConf`` may not name an enforced setting (``keyorder.catchup.settings``, the list
-``keyorder catchup --spark-conf`` refuses): at admission, before a hand-over stops any pod (the model and the
-CRD's CEL rule say the same)."""
+"""Why ``spec.catchup.sparkConf`` may not give an enforced setting another value (``keyorder.catchup.settings``,
+``fixed_setting_overrides``: what ``keyorder catchup --spark-conf`` refuses): at admission, before a hand-over
+stops any pod (the model and the CRD's CEL rule say the same)."""
+
+MASTER_ATTEMPTS_RULE = (
+    "spec.catchup.master local[n,f] with f above 1 runs a failed handler task again inside its wave, whatever "
+    "spark.task.maxFailures says: keyorder catchup would refuse it after the pods were stopped; use local[n]"
+)
+"""Why a ``local[n,f]`` master is refused (``settings.master_attempts_problem``; the model and the CEL rule)."""
+
+CLUSTER_SECRET_RULE = (
+    "spec.catchup.master spark:// (or local-cluster) needs the secret its master and workers share: give "
+    'spec.catchup.sparkConf spark.authenticate.secret, or spark.authenticate: "false" to run without '
+    "authentication and encryption (docs/security.md); keyorder catchup would refuse to start without, after "
+    "the pods were stopped"
+)
+"""Why a catch-up on a master with a cluster-wide secret needs it in ``sparkConf`` (``settings.cluster_secret_missing``:
+the operator passes the job only ``sparkConf``; the model and the CEL rule)."""
 
 
 class ObservabilitySpec(_Model):

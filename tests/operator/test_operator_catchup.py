@@ -386,7 +386,11 @@ def test_executors_that_are_not_pods_get_their_drain_window_before_the_pods_resu
     (here 2 x 2 x 1 s, from sparkConf), and say so."""
     topic = "okc-catchup-standalone"
     backlog(broker, topic)
-    heartbeats = {"spark.executor.heartbeatInterval": "1s", "spark.executor.heartbeat.maxFailures": "2"}
+    heartbeats = {
+        "spark.executor.heartbeatInterval": "1s",
+        "spark.executor.heartbeat.maxFailures": "2",
+        "spark.authenticate.secret": "s3",  # the cluster's shared secret (the spec check requires it)
+    }
     with operator(kube.url) as context:
         kube.create(CR, resource(broker, "tokens", topic, master="spark://spark-master:7077", sparkConf=heartbeats))
         started = slow_workers_until_triggered(kube, context, "tokens")
@@ -463,6 +467,45 @@ def test_a_passing_refusal_resumes_the_pods_and_is_retried_without_blaming_the_i
         assert retried["jobName"] != job_name and retried["fence"] == started["fence"]
         wait_for(lambda: kube.get("batch/v1/jobs", retried["jobName"]), 20, "the second catch-up Job")
         assert sorted(catchup_jobs(kube, "rebates")) == sorted([job_name, retried["jobName"]])
+
+
+def test_a_refusal_on_a_standalone_master_skips_the_drain_and_refusals_in_a_row_switch_catchup_off(
+    kube, broker, monkeypatch
+):
+    """Review of issue 38, findings 1 and 2. Before: a Job whose driver refused before Spark started (exit 3)
+    on a spark:// master kept the pods stopped for the executors' drain window (20 min by Spark's
+    heartbeat defaults), though no executor ever had a task, and every passing retry paid it again; and a
+    refusal that kept "passing" (a consumer outside the operator in the group) was retried forever. Now the
+    pods resume at once, and the RETRY_LIMIT-th passing refusal in a row (here 2) switches catch-up off."""
+    monkeypatch.setattr("keyorder_operator.catchup.RETRY_FIRST_SECONDS", 1.0)
+    monkeypatch.setattr("keyorder_operator.catchup.RETRY_LIMIT", 2)
+    topic = "okc-catchup-standalone-refused"
+    backlog(broker, topic)
+    member = f"group 'g-{topic}' has 1 active members: stop its consumers first"
+    with operator(kube.url) as context:
+        secret = {"spark.authenticate.secret": "s3"}
+        kube.create(CR, resource(broker, "stamps", topic, master="spark://spark-master:7077", sparkConf=secret))
+        for attempt in (1, 2):
+            started = slow_workers_until_triggered(kube, context, "stamps")
+            job_name = started["jobName"]
+            wait_for(lambda: catchup_status(kube, "stamps").get("phase") == "Running", 20, "phase Running")
+            assert catchup_status(kube, "stamps")["drainSeconds"] == 1200.0  # Spark's heartbeat defaults
+            ended_driver_pod(kube, job_name, Refusal(RefusalKind.PASSING, member))
+            finish_job(kube, job_name, "Failed", reason="PodFailurePolicy")
+            # the drain window is 20 min: resuming within this wait means it was skipped
+            resume = started["resumeReplicas"]
+            wait_for(lambda: replicas(kube, "stamps") == resume, 20, f"resume after {attempt}")  # noqa: B023
+            wait_for(lambda: not catchup_status(kube, "stamps"), 20, "the hand-over ended")
+        failed = wait_for(
+            lambda: condition(kube.get(CR, "stamps"), "CatchupFailed") == "True" and kube.get(CR, "stamps"),
+            20,
+            "CatchupFailed after the second passing refusal in a row",
+        )
+        entry = condition_entry(failed, "CatchupFailed")
+        assert entry["reason"] == "PassingRefusalsInARow" and member in entry["message"], entry
+        assert failed["status"].get("catchupFailedGeneration") is not None
+        assert failed["status"].get("catchupRetry") is None
+        assert any("2 refusals in a row" in message for message in events(kube, "CatchupFailed"))
 
 
 def waiting_pod(kube, job_name: str, reason: str, message: str) -> None:

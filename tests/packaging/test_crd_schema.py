@@ -328,6 +328,25 @@ BROKEN_BY_RULES = {
     "catch-up with a fixed Spark setting": changed(
         "catchup", {"enabled": True, "image": "reg/spark:1", "sparkConf": {"spark.task.maxFailures": "4"}}
     ),
+    "catch-up with a fixed Spark setting, padded": changed(
+        "catchup", {"enabled": True, "image": "reg/spark:1", "sparkConf": {" spark.speculation ": " true"}}
+    ),
+    # review of issue 38, finding 3: keyorder catchup refused these at start, after the pods were stopped
+    "catch-up on local[n,f] with f above 1": changed(
+        "catchup", {"enabled": True, "image": "reg/spark:1", "master": "local[4,3]"}
+    ),
+    "catch-up on a spark:// master without its secret": changed(
+        "catchup", {"enabled": True, "image": "reg/spark:1", "master": "spark://m:7077"}
+    ),
+    "catch-up on a spark:// master with authentication on and no secret": changed(
+        "catchup",
+        {
+            "enabled": True,
+            "image": "reg/spark:1",
+            "master": "spark://m:7077",
+            "sparkConf": {"spark.authenticate": "TRUE"},
+        },
+    ),
     # librdkafka's leave of a static member under KIP-848 is temporary (member epoch -2)
     "static membership on the consumer protocol": changed(
         "kafka.groupProtocol", "consumer", **{"kafka.staticMembership": True}
@@ -348,6 +367,37 @@ ACCEPTED_BY_RULES = {
     "catch-up disabled without an image": changed("catchup", {"enabled": False}),
     "catch-up with Spark settings it does not fix": changed(
         "catchup", {"enabled": True, "image": "reg/spark:1", "sparkConf": {"spark.executor.memory": "4g"}}
+    ),
+    # review of issue 38, finding 4: the required value is what the job runs with; CRs that passed before pass
+    "catch-up giving a fixed Spark setting its required value": changed(
+        "catchup",
+        {
+            "enabled": True,
+            "image": "reg/spark:1",
+            "sparkConf": {"spark.task.maxFailures": " 1 ", "spark.speculation": "False"},
+        },
+    ),
+    "catch-up on local[n,1]": changed("catchup", {"enabled": True, "image": "reg/spark:1", "master": "local[4,1]"}),
+    "catch-up on a spark:// master with its secret": changed(
+        "catchup",
+        {
+            "enabled": True,
+            "image": "reg/spark:1",
+            "master": "spark://m:7077",
+            "sparkConf": {"spark.authenticate.secret": "s3cret"},
+        },
+    ),
+    "catch-up on a spark:// master without authentication": changed(
+        "catchup",
+        {
+            "enabled": True,
+            "image": "reg/spark:1",
+            "master": "spark://m:7077",
+            "sparkConf": {"spark.authenticate": "false"},
+        },
+    ),
+    "catch-up off on a spark:// master without its secret": changed(
+        "catchup", {"enabled": False, "master": "spark://m:7077"}
     ),
     "static membership on the classic protocol": changed("kafka.staticMembership", True),
     "static membership off on the consumer protocol": changed(

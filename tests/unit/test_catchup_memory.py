@@ -110,7 +110,7 @@ def spec_with(env: list[dict], spark_conf: dict | None = None):
                 "master": "spark://spark-master:7077",
                 "executors": 2,
                 "executorCores": 3,
-                "sparkConf": spark_conf or {},
+                "sparkConf": {"spark.authenticate.secret": "s3", **(spark_conf or {})},
             },
         }
     )

@@ -23,6 +23,7 @@ from keyorder.catchup.job import (
 )
 from keyorder.catchup.plan import (
     CommitMode,
+    MembersUnknown,
     OffsetRange,
     PartitionCounts,
     PartitionSnapshot,
@@ -160,15 +161,16 @@ def test_a_committing_job_refuses_a_group_with_live_members() -> None:
         refuse_live_group(2, True, "g")
     refuse_live_group(2, False, "g")  # --commit never: a dry replay may run next to them
     refuse_live_group(0, True, "g")
-    refuse_live_group(None, False, "g")  # --commit never: whether anyone runs does not matter
+    refuse_live_group(None, False, "g")  # --commit never: not asked
 
 
 def test_a_committing_job_refuses_when_the_broker_cannot_tell_its_members_unless_told_to_go_on() -> None:
     """describe-groups failed (a timeout, an ACL, an old broker): the guard fails closed."""
+    unknown = MembersUnknown("REQUEST_TIMED_OUT: timed out", passes=True)
     with pytest.raises(PlanError, match="could not tell whether group 'g' has active members"):
-        refuse_live_group(None, True, "g")
-    assert refuse_live_group(None, True, "g", allow_unknown=True) is None  # --allow-unknown-members
-    preview = refuse_live_group(None, True, "g", preview=True)
+        refuse_live_group(unknown, True, "g")
+    assert refuse_live_group(unknown, True, "g", allow_unknown=True) is None  # --allow-unknown-members
+    preview = refuse_live_group(unknown, True, "g", preview=True)
     assert preview is not None and "--allow-unknown-members" in preview
     preview = refuse_live_group(2, True, "g", preview=True)  # --plan handles nothing: it only tells
     assert preview is not None and preview.startswith("a run would refuse now: group 'g' has 2 active members")

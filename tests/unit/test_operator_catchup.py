@@ -154,7 +154,7 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
                 "executors": 6,
                 "keyPartitions": 96,
                 "backoffLimit": 1,
-                "sparkConf": {"spark.kubernetes.namespace": "shop"},
+                "sparkConf": {"spark.kubernetes.namespace": "shop", "spark.authenticate.secret": "s3"},
             },
         }
     )
@@ -177,6 +177,8 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
         "96",
         "--task-workers",
         "16",
+        "--spark-conf",
+        "spark.authenticate.secret=s3",  # the cluster's shared secret (the spec check requires it on spark://)
         "--spark-conf",
         "spark.executor.cores=1",  # the verdict's executorCores (the default 1) reach Spark
         "--spark-conf",
@@ -416,7 +418,7 @@ def as_the_kubelet_starts_it(container: dict) -> tuple[list[str], dict[str, str]
             "master": "spark://spark-master:7077",
             "executors": 6,
             "keyPartitions": 96,
-            "sparkConf": {"spark.sql.shuffle.partitions": "256"},
+            "sparkConf": {"spark.sql.shuffle.partitions": "256", "spark.authenticate.secret": "s3"},
         },
         {
             "enabled": True,

@@ -12,13 +12,17 @@ import json
 from dataclasses import replace
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from keyorder.catchup.command import refusal_of, refuse
 from keyorder.catchup.exits import EXIT_CONFIG, EXIT_PASSING, RUNTIME, Refusal, RefusalKind
-from keyorder.catchup.plan import PartitionSnapshot, PassingPlanError, refuse_live_group, resolve_ranges
+from keyorder.catchup.offsets import members_unknown
+from keyorder.catchup.plan import PartitionSnapshot, PassingPlanError, PlanError, refuse_live_group, resolve_ranges
 from keyorder.catchup.positions import parse_position
+from keyorder.catchup.settings import CatchupConfig, cluster_secret_missing, master_attempts_problem
 from keyorder_operator.catchup import (
     RETRY_FIRST_SECONDS,
+    RETRY_LIMIT,
     RETRY_MAX_SECONDS,
     CatchupGate,
     CatchupRetry,
@@ -45,7 +49,12 @@ SLOW = Observation(lag=51_200, partitions=8, arrival_rate=0.0)
 
 
 def describe_groups_failed() -> None:
-    refuse_live_group(None, commit=True, group="g")  # the broker could not say (a coordinator move)
+    moving = members_unknown(KafkaException(KafkaError(KafkaError.NOT_COORDINATOR)))  # a coordinator move
+    refuse_live_group(moving, commit=True, group="g")
+
+
+def describe_groups_timed_out() -> None:
+    refuse_live_group(members_unknown(TimeoutError()), commit=True, group="g")
 
 
 def killed_pod_still_a_member() -> None:
@@ -60,6 +69,7 @@ def partition_added_after_the_fence() -> None:
 
 TRIGGERS = {
     "describe-groups failed": describe_groups_failed,
+    "describe-groups timed out": describe_groups_timed_out,
     "a killed pod still a member": killed_pod_still_a_member,
     "a partition added after the fence": partition_added_after_the_fence,
 }
@@ -95,6 +105,37 @@ def test_each_passing_trigger_exits_3_and_the_operator_reads_it_as_passing(trigg
     assert refusal.reason == str(raised.value)
     detail = refusal_detail(refusal, "reg/spark:1", "o-catchup-1")
     assert "reg/spark:1" not in detail and "image" not in detail  # the image just passed its pre-flight
+
+
+@pytest.mark.parametrize(
+    "code", [KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE]
+)
+def test_a_describe_groups_error_that_does_not_pass_is_a_settings_refusal_naming_spec_kafka(code) -> None:
+    """Review of issue 38, finding 1. Before: every describe-groups error was a passing refusal (exit 3), so a
+    missing DESCRIBE ACL or an old broker stopped and restarted the pods on the back-off forever."""
+    unknown = members_unknown(KafkaException(KafkaError(code)))
+    assert not unknown.passes and KafkaError(code).name() in unknown.reason
+    with pytest.raises(PlanError) as raised:
+        refuse_live_group(unknown, commit=True, group="g")
+    assert not isinstance(raised.value, PassingPlanError)
+    refusal = refusal_of(raised.value)
+    assert refusal.exit_status == EXIT_CONFIG
+    told = job_refusal(failed_on_policy(), [driver_pod(EXIT_CONFIG, refusal.message())])
+    assert told is not None and told.kind is RefusalKind.SETTINGS
+    assert "change spec.kafka" in refusal_detail(told, "reg/spark:1", "o-catchup-1")
+    assert refuse_live_group(unknown, commit=True, group="g", allow_unknown=True) is None  # told to go on
+
+
+def test_an_explicit_start_that_misses_a_partition_is_a_settings_refusal_only_the_until_fence_passes() -> None:
+    """Review of issue 38, finding 9. Before: `--start t:0=5` on a topic with partitions 0 and 1 exited 3
+    (passing) and would be retried, though only a person can add the missing offset."""
+    snapshots = {("t", p): PartitionSnapshot(earliest=0, end=100, committed=10) for p in range(2)}
+    with pytest.raises(PlanError, match="--start: no offset given for t:1") as raised:
+        resolve_ranges(snapshots, parse_position("t:0=5", "--start"), parse_position("end", "--until"))
+    assert not isinstance(raised.value, PassingPlanError)
+    assert refusal_of(raised.value) == Refusal(RefusalKind.SETTINGS, str(raised.value), "--start")
+    with pytest.raises(PassingPlanError, match="--until: no offset given for t:1"):  # the operator's stale fence
+        resolve_ranges(snapshots, parse_position("committed", "--start"), parse_position("t:0=50", "--until"))
 
 
 def test_a_passing_exit_without_a_message_is_still_passing_and_settings_name_their_field() -> None:
@@ -134,6 +175,14 @@ def test_the_back_off_doubles_from_a_minute_up_to_half_an_hour() -> None:
     assert CatchupRetry.from_status({}) is None
 
 
+def test_the_fifth_passing_refusal_in_a_row_is_taken_as_lasting() -> None:
+    """Review of issue 38, finding 1: before, passing refusals were retried forever."""
+    retry = None
+    for failures in range(1, RETRY_LIMIT + 1):
+        retry = CatchupRetry.after(retry, "group 'g' has 1 active members", now=1000.0 * failures)
+        assert retry.exhausted == (failures == RETRY_LIMIT == 5)
+
+
 def verdict(now: float, retry: CatchupRetry | None, ended: float | None = 1000.0):
     gate = replace(GATE, cooldown_seconds=1800.0)
     return catchup_verdict(gate, SLOW, 1.0, LIMITS, None, 0, ended, now, retry)
@@ -164,6 +213,61 @@ def test_a_fixed_spark_setting_is_refused_by_the_spec_check_naming_the_field() -
         assert path == "spec.catchup" and "spec.catchup.sparkConf cannot set" in message and name in message
     allowed = {"enabled": True, "image": "reg/spark:1", "sparkConf": {"spark.executor.memory": "4g"}}
     assert parse_spec({**base, "catchup": allowed}).catchup.spark_conf == {"spark.executor.memory": "4g"}
+
+
+def test_a_fixed_spark_setting_with_its_required_value_passes_the_spec_check_and_the_job() -> None:
+    """Review of issue 38, finding 4. Before: sparkConf spark.task.maxFailures "1" (the value the job runs with)
+    was refused by the spec check (stopping the reconcile of a CR that passed before) and by --spark-conf."""
+    base = {
+        "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
+        "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+    }
+    required = {
+        " spark.task.maxFailures ": " 1 ",
+        "spark.speculation": "False",
+        "spark.stage.maxConsecutiveAttempts": "1",
+    }
+    spec = parse_spec({**base, "catchup": {"enabled": True, "image": "reg/spark:1", "sparkConf": required}})
+    config = CatchupConfig(
+        bootstrap_servers="k:9092",
+        topics=["t"],
+        group_id="g",
+        handler="m:f",
+        spark_conf=[f"{name}={value}" for name, value in spec.catchup.spark_conf.items()],
+    )
+    assert config.spark_settings()["spark.task.maxFailures"] == "1"
+    with pytest.raises(ValueError, match=r"spark.speculation=true: fixed by keyorder catchup"):
+        CatchupConfig(
+            bootstrap_servers="k:9092",
+            topics=["t"],
+            group_id="g",
+            handler="m:f",
+            spark_conf=["spark.speculation= true"],
+        )
+
+
+@pytest.mark.parametrize(
+    ("catchup", "rule"),
+    [
+        ({"master": "local[4,3]"}, "local[n,f] with f above 1"),
+        ({"master": "spark://m:7077"}, "needs the secret its master and workers share"),
+        ({"master": "spark://m:7077", "sparkConf": {"spark.authenticate": " true"}}, "needs the secret"),
+    ],
+)
+def test_what_the_job_refuses_at_start_is_refused_by_the_spec_check(catchup, rule) -> None:
+    """Review of issue 38, finding 3. Before: these passed admission, and keyorder catchup refused them with
+    exit 2 after the pods were stopped (session_problems; security_settings)."""
+    base = {
+        "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
+        "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+    }
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec({**base, "catchup": {"enabled": True, "image": "reg/spark:1", **catchup}})
+    (path, message), *_ = refused.value.problems
+    assert path == "spec.catchup" and rule in message, message
+    # what the job itself says of the same settings (the spec check must not refuse more than it does)
+    master, conf = catchup["master"], catchup.get("sparkConf", {})
+    assert master_attempts_problem(master) or cluster_secret_missing(master, conf)
 
 
 @pytest.mark.parametrize(

@@ -196,10 +196,12 @@ def refusal_of(error: Exception) -> Refusal:
     """What a refusal before the first wave says to whoever runs the command (pure): passing for a state of
     the group or the topics (``PassingPlanError``), else the setting or the runtime to change."""
     from keyorder.catchup.job import SparkSettingsError, SparkStartError
-    from keyorder.catchup.plan import PassingPlanError
+    from keyorder.catchup.plan import PassingPlanError, PlanError
 
     if isinstance(error, PassingPlanError):
         return Refusal(RefusalKind.PASSING, str(error))
+    if isinstance(error, PlanError) and error.setting is not None:
+        return Refusal(RefusalKind.SETTINGS, str(error), error.setting)
     if isinstance(error, SparkStartError):  # no Java, or a master Spark cannot reach
         return Refusal(RefusalKind.SETTINGS, str(error), RUNTIME)
     if isinstance(error, SparkSettingsError):

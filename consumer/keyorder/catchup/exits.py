@@ -46,6 +46,9 @@ class RefusalKind(StrEnum):
     """The group or the topics are not as a run needs them, for now."""
 
 
+KAFKA = "kafka"
+"""``Refusal.setting`` when the Kafka settings must change: the connection's properties, or the ACLs of
+the principal they log in as."""
 RUNTIME = "runtime"
 """``Refusal.setting`` when the runtime itself cannot run the job (no PySpark, no Java): the image."""
 

@@ -74,7 +74,13 @@ from keyorder.catchup.plan import (
     split_ranges,
 )
 from keyorder.catchup.positions import PositionKind
-from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, SPARK_SECURITY_DEFAULTS, CatchupConfig
+from keyorder.catchup.settings import (
+    ENFORCED_SPARK_SETTINGS,
+    SPARK_SECURITY_DEFAULTS,
+    CatchupConfig,
+    cluster_secret_missing,
+    master_attempts_problem,
+)
 from keyorder.catchup.shipped import PRODUCER, READER, ShippedProperties
 from keyorder.catchup.sizing import RegistrationWait, expected_cores, is_local_master, local_master, parse_master
 from keyorder.config import consumer_properties, env_name, kafka_properties, producer_properties, redact
@@ -88,9 +94,6 @@ SPARK_DEFAULTS = {
     "spark.stage.maxConsecutiveAttempts": "4",
 }
 """Spark's own defaults of the enforced settings: what a session that does not set them runs with."""
-_SPARK_MAKES_SECRET = re.compile(r"^(yarn|local(\[.*\])?|k8s://.*)$")
-"""Masters for which Spark generates a per-application secret when ``spark.authenticate`` is on
-(``SecurityManager.initializeAuth`` in apache/spark core): the others need spark.authenticate.secret."""
 _EVERY_INTERFACE = frozenset({"0.0.0.0", "::", "[::]"})
 
 
@@ -118,7 +121,7 @@ def security_settings(master: str, given: Mapping[str, str], ui: bool) -> dict[s
     authenticated = {**given, **added}["spark.authenticate"].strip().lower() == "true"
     if not authenticated:
         added.pop("spark.network.crypto.enabled", None)  # its keys come from the authentication handshake
-    if authenticated and not _SPARK_MAKES_SECRET.match(master) and "spark.authenticate.secret" not in given:
+    if cluster_secret_missing(master, given):
         raise SparkSettingsError(
             f"Spark authentication is on (the default) and a {master or 'spark-submit'} master needs the secret "
             "its master and workers share (Spark makes one per run only on local, YARN and k8s:// masters): give "
@@ -146,11 +149,8 @@ def session_problems(conf: Mapping[str, str], master: str) -> list[str]:
     for name, required in ENFORCED_SPARK_SETTINGS.items():
         value = conf.get(name, SPARK_DEFAULTS[name]).strip().lower()
         if name == "spark.task.maxFailures" and parsed.task_attempts is not None:
-            if parsed.task_attempts != 1:
-                problems.append(
-                    f"master {parsed.url} ({parsed.task_attempts} attempts per task whatever "
-                    f"spark.task.maxFailures says; needs local[n] or local[n,1])"
-                )
+            if problem := master_attempts_problem(master):
+                problems.append(problem)
             continue  # local and local[n] allow one attempt per task whatever the setting says
         if value != required:
             problems.append(f"{name}={value} (needs {required})")

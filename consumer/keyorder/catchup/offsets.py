@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from keyorder.catchup.plan import OffsetRange, PartitionSnapshot, TopicPartition, done_above
+from keyorder.catchup.plan import MembersUnknown, OffsetRange, PartitionSnapshot, TopicPartition, done_above
 from keyorder.catchup.positions import Position, PositionKind
 
 log = logging.getLogger(__name__)
@@ -18,6 +18,44 @@ log = logging.getLogger(__name__)
 
 class CatchupKafkaError(RuntimeError):
     """Kafka could not answer or refused; the message says what was asked."""
+
+
+def passing_error_codes() -> frozenset[int]:
+    """librdkafka's error codes (``KafkaError``) for a broker that cannot answer for now: the group's
+    coordinator moving or loading its state, a request or the client timing out, brokers out of reach.
+    Any other error (``GROUP_AUTHORIZATION_FAILED``: no DESCRIBE on the group; ``UNSUPPORTED_VERSION``
+    or ``_UNSUPPORTED_FEATURE``: a broker without the API) answers the same when asked again."""
+    from confluent_kafka import KafkaError
+
+    return frozenset(
+        {
+            KafkaError.COORDINATOR_NOT_AVAILABLE,
+            KafkaError.NOT_COORDINATOR,
+            KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+            KafkaError.REQUEST_TIMED_OUT,
+            KafkaError.NETWORK_EXCEPTION,
+            KafkaError._TIMED_OUT,
+            KafkaError._TRANSPORT,
+            KafkaError._ALL_BROKERS_DOWN,
+            KafkaError._WAIT_COORD,
+        }
+    )
+
+
+def members_unknown(error: BaseException) -> MembersUnknown:
+    """What a failed describe-groups means for the plan (pure): a ``KafkaException`` passes only for one of
+    ``passing_error_codes``; a wait that timed out passes; anything else is taken as lasting (it fails
+    closed: the operator stops retrying it)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if isinstance(error, TimeoutError):  # concurrent.futures' wait on the result
+        return MembersUnknown(f"no answer within the timeout ({type(error).__name__})", passes=True)
+    kafka_error = error.args[0] if isinstance(error, KafkaException) and error.args else None
+    if isinstance(kafka_error, KafkaError):
+        return MembersUnknown(
+            f"{kafka_error.name()}: {kafka_error.str()}", passes=kafka_error.code() in passing_error_codes()
+        )
+    return MembersUnknown(f"{type(error).__name__}: {error}", passes=False)
 
 
 class KafkaOffsets:
@@ -123,14 +161,15 @@ class KafkaOffsets:
             )
         return snapshots
 
-    def members(self) -> int | None:
-        """Members of the group right now (``None``: the broker could not say)."""
+    def members(self) -> int | MembersUnknown:
+        """Members of the group right now, or why the broker could not say (``MembersUnknown``)."""
         try:
             futures = self._admin.describe_consumer_groups([self.group], request_timeout=self.timeout)
             description = futures[self.group].result(timeout=self.timeout)
-        except Exception as error:  # KafkaException, TimeoutError, an old broker without the API
-            log.warning("could not check the members of group %s: %s", self.group, error)
-            return None
+        except Exception as error:  # KafkaException (its KafkaError says which), TimeoutError
+            unknown = members_unknown(error)
+            log.warning("could not check the members of group %s: %s", self.group, unknown.reason)
+            return unknown
         return len(description.members or [])
 
     def _times(self, partitions: Sequence[TopicPartition], position: Position) -> dict[TopicPartition, int | None]:

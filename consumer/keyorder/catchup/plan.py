@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from keyorder.catchup.exits import KAFKA
 from keyorder.catchup.positions import Position, PositionKind
 from keyorder.core import offset_metadata
 
@@ -100,7 +101,12 @@ def fence_metadata(
 
 
 class PlanError(ValueError):
-    """The requested range cannot be planned; the message names the partition and the reason."""
+    """The requested range cannot be planned; the message names the partition and the reason, and
+    ``setting`` the setting to change when it is not one the message names (``exits.Refusal.setting``)."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class PassingPlanError(PlanError):
@@ -161,10 +167,12 @@ def _offset_for(
     if position.kind is PositionKind.TIMESTAMP:
         return at_time if at_time is not None else snapshot.end
     if tp not in position.offsets:
-        raise PassingPlanError(
+        message = (
             f"{flag}: no offset given for {tp[0]}:{tp[1]} (give one for every partition of the topics: it may "
             "have been added since the offsets were taken)"
         )
+        # the --until fence the operator recorded goes stale when a partition is added: a new one passes
+        raise PassingPlanError(message) if flag == "--until" else PlanError(message, setting=flag)
     return position.offsets[tp]
 
 
@@ -285,31 +293,52 @@ def offsets_a_commit_would_skip(
     return problems
 
 
+@dataclass(frozen=True)
+class MembersUnknown:
+    """The broker could not say who is in the group (``offsets.KafkaOffsets.members``)."""
+
+    reason: str
+    """What describe-groups answered."""
+    passes: bool
+    """A state that passes on its own (a coordinator moving or loading, a timeout); else a setting must
+    change (the principal lacks DESCRIBE on the group, a broker without the API): asking again later
+    answers the same."""
+
+
 def refuse_live_group(
-    members: int | None, commit: bool, group: str, preview: bool = False, allow_unknown: bool = False
+    members: int | MembersUnknown | None, commit: bool, group: str, preview: bool = False, allow_unknown: bool = False
 ) -> str | None:
     """A job that will commit must own the group: live members would handle the same keys concurrently.
-    ``members`` is ``None`` when the broker could not say: that refuses too (it fails closed) unless
-    ``allow_unknown`` (``--allow-unknown-members``).
+    ``members`` is ``MembersUnknown`` when the broker could not say: that refuses too (it fails closed)
+    unless ``allow_unknown`` (``--allow-unknown-members``); for good (a ``PlanError`` naming the Kafka
+    settings) when asking again would not help, else for now (``PassingPlanError``). ``None``: not asked
+    (a job that does not commit).
 
     A preview (``--plan``) handles and commits nothing, so it only returns the refusal as a note."""
-    refusal = None
-    if commit and members:
+    refusal, passes = None, True
+    if commit and isinstance(members, int) and members:
         refusal = (
             f"group {group!r} has {members} active members: stop its consumers first (scale the "
             "OrderedConsumer to 0), or run with --commit never"
         )
-    elif commit and members is None and not allow_unknown:
+    elif commit and isinstance(members, MembersUnknown) and not allow_unknown:
         refusal = (
-            f"could not tell whether group {group!r} has active members (the broker did not answer "
-            "describe-groups; the log says why): stop its consumers and run again with "
-            "--allow-unknown-members, or run with --commit never"
+            f"could not tell whether group {group!r} has active members (describe-groups: {members.reason}): "
+            "stop its consumers and run again with --allow-unknown-members, or run with --commit never"
         )
+        passes = members.passes
+        if not passes:
+            refusal += (
+                "; this does not pass on its own: grant the job's Kafka principal DESCRIBE on the group, or "
+                "use a broker with describe-groups"
+            )
     if refusal is None:
         return None
-    if not preview:
+    if preview:
+        return f"a run would refuse now: {refusal}"
+    if passes:
         raise PassingPlanError(refusal)
-    return f"a run would refuse now: {refusal}"
+    raise PlanError(refusal, setting=KAFKA)
 
 
 def partitions_added_since_commits(snapshots: Mapping[TopicPartition, PartitionSnapshot]) -> dict[str, list[int]]:

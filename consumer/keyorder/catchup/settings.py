@@ -7,6 +7,8 @@ catch-up Job that replaces it, and the handler meets the same retry/DLQ policy i
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from pydantic import Field, field_validator
 from keyorder.catchup.layout import BALANCE_TOLERANCE, Layout
 from keyorder.catchup.plan import CommitMode
 from keyorder.catchup.positions import Position, PositionError, parse_position
+from keyorder.catchup.sizing import parse_master
 from keyorder.config import HandlerSettings, KafkaConnectionSettings, name_values, split_name_values
 
 TASK_LOOKAHEAD_MB = 64
@@ -39,6 +42,48 @@ SPARK_SECURITY_DEFAULTS = {
 }
 """Spark settings the job starts its session with unless ``--spark-conf`` or spark-submit set them otherwise
 (docs/security.md, "Catch-up's Spark traffic")."""
+
+
+def fixed_setting_overrides(conf: Mapping[str, str]) -> list[str]:
+    """``name=value`` for each enforced setting ``conf`` gives a value other than the one the job requires
+    (pure): names and values stripped, values compared case-insensitively, as ``job.session_problems``
+    compares them. Giving the required value is allowed."""
+    return [
+        f"{name.strip()}={value.strip()}"
+        for name, value in conf.items()
+        if name.strip() in ENFORCED_SPARK_SETTINGS
+        and str(value).strip().lower() != ENFORCED_SPARK_SETTINGS[name.strip()]
+    ]
+
+
+def master_attempts_problem(master: str) -> str | None:
+    """Why ``master`` would run a handler task more than once whatever ``spark.task.maxFailures`` says
+    (pure; ``None``: it would not): ``local[n,f]`` with f above 1 (``sizing.parse_master``)."""
+    parsed = parse_master(master)
+    if parsed.task_attempts is None or parsed.task_attempts == 1:
+        return None
+    return (
+        f"master {parsed.url} ({parsed.task_attempts} attempts per task whatever spark.task.maxFailures says; "
+        "needs local[n] or local[n,1])"
+    )
+
+
+SPARK_MAKES_SECRET = re.compile(r"^(yarn|local(\[.*\])?|k8s://.*)$")
+"""Masters for which Spark generates a per-application secret when ``spark.authenticate`` is on
+(``SecurityManager.initializeAuth`` in apache/spark core): the others need spark.authenticate.secret."""
+
+
+def cluster_secret_missing(master: str, conf: Mapping[str, str]) -> bool:
+    """Spark authentication is on (``SPARK_SECURITY_DEFAULTS`` unless ``conf`` turns it off) on a master
+    whose cluster shares one secret (``spark://``, ``local-cluster``: not ``SPARK_MAKES_SECRET``) and
+    ``conf`` gives none (pure): the session would refuse to start (``job.security_settings``)."""
+    names = {name.strip(): str(value) for name, value in conf.items()}
+    authenticate = names.get("spark.authenticate", SPARK_SECURITY_DEFAULTS["spark.authenticate"])
+    return (
+        authenticate.strip().lower() == "true"
+        and not SPARK_MAKES_SECRET.match(master.strip())
+        and "spark.authenticate.secret" not in names
+    )
 
 
 class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
@@ -185,12 +230,13 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     @field_validator("spark_conf")
     @classmethod
     def _conf_pairs(cls, value: list[str]) -> list[str]:
-        for item in name_values(value):
-            if item.split("=", 1)[0].strip() in ENFORCED_SPARK_SETTINGS:
-                raise ValueError(
-                    f"{item.split('=', 1)[0].strip()} is fixed by keyorder catchup (speculative or "
-                    "retried tasks would handle keys twice or concurrently)"
-                )
+        overrides = fixed_setting_overrides(dict(item.split("=", 1) for item in name_values(value)))
+        if overrides:
+            raise ValueError(
+                f"{', '.join(overrides)}: fixed by keyorder catchup to "
+                + ", ".join(f"{name}={required}" for name, required in ENFORCED_SPARK_SETTINGS.items())
+                + " (speculative or retried tasks would handle keys twice or concurrently)"
+            )
         return value
 
     def start_position(self) -> Position:
