@@ -27,6 +27,17 @@ def test_a_task_with_100_kb_values_stays_within_its_budget() -> None:
     assert report["peak_kib"] <= report["budget_mib"] << 10, report
 
 
+def test_the_memory_probes_rows_carry_the_lane_the_reader_gives_them() -> None:
+    """Review of issue 38, finding 11: the probe built lane_hash(key), a lane no reader gives since lanes are a
+    key within its partition (record_lane), so its tasks did not route as real ones."""
+    from keyorder.catchup.datasource import record_lane
+    from keyorder.devtools.catchup_task_memory import TOPIC, batches
+
+    first, *_ = batches(messages=40, value_bytes=10, batch_bytes=1 << 20)
+    rows = zip(first.column("source").to_pylist(), first.column("key").to_pylist(), strict=True)
+    assert first.column("lane").to_pylist() == [record_lane(TOPIC, source, key) for source, key in rows]
+
+
 def test_input_batches_are_turned_into_messages_a_slice_of_bounded_bytes_at_a_time() -> None:
     from keyorder.catchup.apply import MESSAGE_OVERHEAD, batch_slices
     from keyorder.catchup.datasource import arrow_batch

@@ -29,6 +29,8 @@ from keyorder.message import Message
 HANDLE_SECONDS = 0.0005
 """The probe handler's time per message: slower than the feeder, so the look-ahead fills."""
 KEYS = 64
+TOPIC = "t"
+"""The probe task's topic: its partitions 0.. are the task's sources."""
 
 
 def slow(message: Message) -> None:
@@ -69,7 +71,7 @@ def _batch(first: int, count: int, value_bytes: int, offsets: list[int], per_sou
     allocates it (built row by row, the buffer would double on the way)."""
     import pyarrow
 
-    from keyorder.catchup.datasource import arrow_schema, lane_hash, progress_of
+    from keyorder.catchup.datasource import arrow_schema, progress_of, record_lane
 
     schema = arrow_schema()
     sources_of = [(first + n) % len(offsets) for n in range(count)]
@@ -83,7 +85,10 @@ def _batch(first: int, count: int, value_bytes: int, offsets: list[int], per_sou
         pyarrow.binary(), count, [None, ends.buffers()[1], pyarrow.py_buffer(b"v" * (value_bytes * count))]
     )
     columns = {
-        "lane": pyarrow.array([lane_hash(key) for key in keys], pyarrow.int64()),
+        # the lane the reader gives a keyed record: its key within its partition (``TOPIC``, partition = source)
+        "lane": pyarrow.array(
+            [record_lane(TOPIC, source, key) for source, key in zip(sources_of, keys, strict=True)], pyarrow.int64()
+        ),
         "source": pyarrow.array(sources_of, pyarrow.int32()),
         "progress": pyarrow.array([progress_of(o, 0, per_source) for o in numbers], pyarrow.int64()),
         "offset": pyarrow.array(numbers, pyarrow.int64()),
@@ -106,7 +111,7 @@ def run_task(messages: int, value_bytes: int, batch_bytes: int, lookahead_mb: in
         handler="keyorder.devtools.catchup_task_memory:slow",
         policy=RetryPolicy(max_attempts=1),
         dlq_topic="unused",
-        sources=[("t", source) for source in range(4)],
+        sources=[(TOPIC, source) for source in range(4)],
         task_workers=workers,
         lookahead_bytes=lookahead_mb << 20,
     )
