@@ -16,8 +16,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from keyorder.catchup.memory import executor_memory_overhead_mib, lookahead_from_env
+from keyorder.catchup.memory import (
+    DRIVER_MEMORY_MIB,
+    effective_batch_bytes,
+    executor_memory_overhead_mib,
+    local_pod_memory_mib,
+    lookahead_from_env,
+    spark_bytes,
+)
 from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
+from keyorder.catchup.sizing import is_local_master
 from keyorder_operator.catchup import REFUSAL_EXIT_CODES, spark_cores
 from keyorder_operator.image_check import (
     IMAGE_CHECK_JOB_GRACE_SECONDS,
@@ -161,6 +169,32 @@ def _resources(resources: Any) -> dict[str, dict[str, str]]:
         key: value
         for key, value in (("requests", dict(resources.requests)), ("limits", dict(resources.limits)))
         if value
+    }
+
+
+def executor_cores_in_effect(executor_cores: int, spark_conf: dict[str, str]) -> int:
+    """The task slots per executor Spark will run: ``spark.executor.cores`` from ``sparkConf`` when it is a
+    whole number (it overrides the one the Job is given), else ``spec.catchup.executorCores``."""
+    try:
+        return max(int(spark_conf.get("spark.executor.cores", "").strip()), 1)
+    except ValueError:
+        return executor_cores
+
+
+def catchup_pod_resources(catchup: Any, cores: int, lookahead_mb: int, batch_bytes: int) -> dict[str, dict[str, str]]:
+    """The catch-up Job pod's resources: ``spec.catchup.resources``, plus, on a local master (every task runs in
+    this pod, beside the driver) that gives no memory request or limit, both set to
+    ``memory.local_pod_memory_mib`` for its ``cores`` (``catchup.spark_cores``), its look-ahead, its Arrow
+    batch bound and its ``spark.driver.memory``. A memory the user gave is kept as is (docs/catchup.md, Memory)."""
+    resources = _resources(catchup.resources)
+    given = "memory" in catchup.resources.requests or "memory" in catchup.resources.limits
+    if not is_local_master(catchup.master) or given:
+        return resources
+    driver = spark_bytes(catchup.spark_conf.get("spark.driver.memory", ""), default_unit="m")
+    memory = local_pod_memory_mib(cores, lookahead_mb, batch_bytes, (driver >> 20) if driver else DRIVER_MEMORY_MIB)
+    return {
+        "requests": {**resources.get("requests", {}), "memory": f"{memory}Mi"},
+        "limits": {**resources.get("limits", {}), "memory": f"{memory}Mi"},
     }
 
 
@@ -667,14 +701,17 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     image = catchup.image
     on_kubernetes = catchup.master.startswith("k8s://")
     args = ["catchup", "--start", "committed", "--until", until, "--commit", "auto"]
-    master = spark_cores(
+    cores, master = spark_cores(
         catchup.master, catchup.executors, catchup.executor_cores, catchup.resources.limits.get("cpu")
-    )[1]
+    )
     args += ["--master", master]  # local[*] without a CPU limit: the cores the verdict counts, not the node's
     if catchup.key_partitions:
         args += ["--key-partitions", str(catchup.key_partitions)]
     args += ["--task-workers", str(catchup.task_workers)]
     settings: dict[str, str] = {}
+    # the look-ahead the job will run with comes from the handler's env (the Job's env is the pods')
+    lookahead = lookahead_from_env(((item.name, item.value) for item in spec.handler.env), TASK_LOOKAHEAD_MB)
+    batch_bytes = effective_batch_bytes(catchup.spark_conf)
     driver_account = _driver_account(spec)
     if not catchup.master.startswith("local"):
         settings["spark.executor.instances"] = str(catchup.executors)
@@ -682,9 +719,10 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         settings["spark.executor.cores"] = str(catchup.executor_cores)
         # a task's Python workers (reader and handlers) live beside the executor's JVM, in its memory
         # overhead: Spark's default (384 MiB) does not hold them with their look-ahead (docs/catchup.md, Memory);
-        # the look-ahead the job will run with comes from the handler's env (the Job's env is the pods')
-        lookahead = lookahead_from_env(((item.name, item.value) for item in spec.handler.env), TASK_LOOKAHEAD_MB)
-        overhead = executor_memory_overhead_mib(catchup.executor_cores, lookahead)
+        # sized by the settings the job will run with (a sparkConf's executor cores or Arrow batch bound wins)
+        overhead = executor_memory_overhead_mib(
+            executor_cores_in_effect(catchup.executor_cores, catchup.spark_conf), lookahead, batch_bytes
+        )
         settings["spark.executor.memoryOverhead"] = f"{overhead}m"
         if on_kubernetes:  # and the executor pods request them, so the scheduler places them where they fit
             settings["spark.kubernetes.executor.request.cores"] = str(catchup.executor_cores)
@@ -736,7 +774,7 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
         "image": image,
         "args": args,
         "env": env,
-        "resources": _resources(catchup.resources),
+        "resources": catchup_pod_resources(catchup, cores, lookahead, batch_bytes),
         "volumeMounts": mounts,
         "securityContext": CONTAINER_SECURITY,
     }

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from keyorder.catchup.exits import RUNTIME, Refusal, RefusalKind
+from keyorder.catchup.memory import local_pod_memory_mib
 from keyorder.devtools.loadgen import create_topics, produce_keyed
 from tests.operator.harness import CR, wait_for, wait_for_polls
 from tests.operator.kubelet import consumer_labels, create_pod
@@ -220,7 +221,8 @@ def test_a_hopeless_backlog_hands_over_to_a_catchup_job_and_back(kube, broker):
         ]
         assert container["image"] == "registry.example/ledger-spark:1.0"
         assert {"name": "KEYORDER_GROUP_ID", "value": f"g-{topic}"} in container["env"]
-        assert container["resources"] == {"requests": {"cpu": "4"}}
+        memory = f"{local_pod_memory_mib(4, 64)}Mi"  # local[4] and no memory given: the driver and 4 tasks
+        assert container["resources"] == {"requests": {"cpu": "4", "memory": memory}, "limits": {"memory": memory}}
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
         assert job["metadata"]["ownerReferences"][0]["name"] == "payments"

@@ -165,6 +165,64 @@ def test_the_executor_memory_follows_the_default_look_ahead_and_a_given_overhead
     assert given == 4096
 
 
+def test_the_executor_memory_follows_the_executor_cores_and_arrow_batch_bound_given_in_spark_conf() -> None:
+    """Review of issue 38, finding 6. Before: the overhead counted spec.catchup.executorCores (3) and the job's
+    8 MiB Arrow batch whatever sparkConf said, so 6 cores with 64 MiB batches were given room for half the
+    tasks, each with an eighth of its input batch."""
+    from keyorder.catchup.memory import executor_memory_overhead_mib, spark_bytes
+
+    given = {"spark.executor.cores": "6", "spark.sql.execution.arrow.maxBytesPerBatch": "64m"}
+    overhead, lookahead = overhead_and_lookahead(spec_with([], given))
+    assert overhead == executor_memory_overhead_mib(6, lookahead, 64 << 20)
+    assert overhead > executor_memory_overhead_mib(3, lookahead) + 3 * 56  # 3 more tasks, 56 MiB more batch each
+    assert [spark_bytes(v) for v in ("64m", "8388608", "1g", " 2K ", "1.5m", "lots")] == [
+        64 << 20,
+        8 << 20,
+        1 << 30,
+        2048,
+        None,
+        None,
+    ]
+
+
+def local_job_resources(resources: dict, spark_conf: dict | None = None) -> dict:
+    spec = parse_spec(
+        {
+            "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "groupId": "g"},
+            "handler": {"image": "reg/orders:1", "handler": "orders.handler:handle"},
+            "catchup": {
+                "enabled": True,
+                "image": "reg/orders-spark:1",
+                "master": "local[4]",
+                "resources": resources,
+                "sparkConf": spark_conf or {},
+            },
+        }
+    )
+    owner = {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
+    job = build_catchup_job(spec, owner, catchup_job_name("orders", 1700000000), "orders:0=10")
+    return job["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+
+def test_a_local_master_job_pod_gets_the_memory_of_its_driver_and_tasks_unless_one_is_given() -> None:
+    """Review of issue 38, finding 5. Before: on local[*] (the default) the Job pod's memory was whatever
+    spec.catchup.resources said, unchecked: without a figure the pod had no request, however many tasks'
+    Python workers ran in it. Now, when no memory is given: the driver JVM (spark.driver.memory and Spark's
+    overhead), the driver's Python and 4 tasks' workers, as request and limit."""
+    from keyorder.catchup.memory import SPARK_OVERHEAD_MIB, WORKER_BASE_MIB, task_python_mib
+
+    expected = 1024 + SPARK_OVERHEAD_MIB + WORKER_BASE_MIB + 4 * task_python_mib(64)
+    resources = local_job_resources({"requests": {"cpu": "4"}})
+    assert resources == {
+        "requests": {"cpu": "4", "memory": f"{expected}Mi"},
+        "limits": {"memory": f"{expected}Mi"},
+    }
+    bigger_driver = local_job_resources({}, {"spark.driver.memory": "4g"})
+    assert bigger_driver["limits"]["memory"] == f"{expected + 3 * 1024}Mi"
+    given = {"requests": {"memory": "2Gi"}, "limits": {"cpu": "4"}}
+    assert local_job_resources(given) == given  # the user's figure is kept
+
+
 def test_arrow_is_what_the_slices_are_cut_from() -> None:
     """A pandas frame (the unit tests' batches) is converted to Arrow first; an Arrow batch is used as is."""
     from keyorder.catchup.apply import as_arrow

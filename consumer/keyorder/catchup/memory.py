@@ -20,6 +20,7 @@ Pure, and free of Spark and Kafka imports: the operator imports it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from keyorder.config import env_name
@@ -63,15 +64,48 @@ def reader_worker_mib() -> int:
     return WORKER_BASE_MIB + -(-(READER_TASK_BYTES + ALLOCATOR_SLACK_BYTES) // MIB)
 
 
-def task_python_mib(lookahead_mb: int) -> int:
+def task_python_mib(lookahead_mb: int, batch_bytes: int = ARROW_BATCH_BYTES) -> int:
     """MiB one task's two Python workers hold at most: two interpreters, the reader's bytes, one Arrow
     batch, one slice and the look-ahead (each worker with the allocator's slack)."""
-    return handler_worker_mib(lookahead_mb) + reader_worker_mib()
+    return handler_worker_mib(lookahead_mb, batch_bytes) + reader_worker_mib()
 
 
-def executor_memory_overhead_mib(cores: int, lookahead_mb: int) -> int:
+def executor_memory_overhead_mib(cores: int, lookahead_mb: int, batch_bytes: int = ARROW_BATCH_BYTES) -> int:
     """``spark.executor.memoryOverhead`` for an executor running ``cores`` tasks at once."""
-    return SPARK_OVERHEAD_MIB + cores * task_python_mib(lookahead_mb)
+    return SPARK_OVERHEAD_MIB + cores * task_python_mib(lookahead_mb, batch_bytes)
+
+
+DRIVER_MEMORY_MIB = 1024
+"""Spark's ``spark.driver.memory`` by default: the driver JVM's heap."""
+
+
+def local_pod_memory_mib(
+    cores: int, lookahead_mb: int, batch_bytes: int = ARROW_BATCH_BYTES, driver_memory_mib: int = DRIVER_MEMORY_MIB
+) -> int:
+    """MiB a Job pod on a local master needs, where every task runs beside the driver: the driver JVM (its
+    heap and Spark's minimum overhead), the driver's own Python process (``keyorder catchup``: one more
+    interpreter with the same libraries), and ``cores`` tasks' Python workers (``task_python_mib``)."""
+    return driver_memory_mib + SPARK_OVERHEAD_MIB + WORKER_BASE_MIB + cores * task_python_mib(lookahead_mb, batch_bytes)
+
+
+_BYTE_UNITS = {"b": 0, "k": 10, "kb": 10, "m": 20, "mb": 20, "g": 30, "gb": 30, "t": 40, "tb": 40, "p": 50, "pb": 50}
+
+
+def spark_bytes(value: str, default_unit: str = "b") -> int | None:
+    """A Spark size setting in bytes (``8m``, ``64k``, ``1g``; a bare number in ``default_unit``), as
+    ``JavaUtils.byteStringAs`` in apache/spark common/utils reads it (binary units, case-insensitive, whole
+    numbers only); ``None`` if it is not one."""
+    found = re.fullmatch(r"([0-9]+)([a-z]*)", value.strip().lower())
+    if not found or (found.group(2) or default_unit) not in _BYTE_UNITS:
+        return None
+    return int(found.group(1)) << _BYTE_UNITS[found.group(2) or default_unit]
+
+
+def effective_batch_bytes(spark_conf: Mapping[str, str]) -> int:
+    """The Arrow batch bound a job with these settings runs with: ``ARROW_BATCH_CONF`` when given as a size
+    (a bare number is bytes, as Spark reads it), else ``ARROW_BATCH_BYTES`` (``job.memory_settings``)."""
+    given = spark_bytes(spark_conf.get(ARROW_BATCH_CONF, ""))
+    return given if given else ARROW_BATCH_BYTES
 
 
 def lookahead_from_env(env: Iterable[tuple[str, str | None]], default: int) -> int:
