@@ -4,9 +4,9 @@ Exit status: 0 when every message in range was handled in order (and the fence c
 that was asked), 1 when the job or a wave's audit failed (the waves before it stay committed; the
 failed one is not: run it again), 2 on invalid settings or a runtime that cannot run it (a Spark session
 without the settings the job needs included: running it again fails the same way), 3 when the group or
-the topics are not as a run needs them for now (members still in the group, a broker that could not say,
-a partition the offsets do not name: ``plan.PassingPlanError``; nothing was handled or committed, run it
-again later), 128 + the signal's number when SIGTERM (143) or SIGINT (130) stopped it: the
+the topics are not as a run needs them for now (members still in the group, a broker that could not say
+for now, a partition the ``--until`` offsets do not name: ``plan.PassingPlanError``; nothing was handled or
+committed, run it again later), 128 + the signal's number when SIGTERM (143) or SIGINT (130) stopped it: the
 running wave's Spark jobs were cancelled and that wave not committed (the waves before it stay
 committed), Spark was stopped (its executors with it) and the report written; a second signal
 exits at once with the same status (``keyorder.catchup.signals``). On 2 and 3 the reason is also left,

@@ -7,8 +7,8 @@ The operator runs the command in a Kubernetes Job and must tell apart, without r
   until a person changes a setting or the image, so the Job fails at once and catch-up stays off until
   the spec changes;
 - a run refused for a state of the group or the topics that passes on its own (``EXIT_PASSING``,
-  ``plan.PassingPlanError``: members still in the group, a broker that could not say, a partition the
-  fence does not name): nothing was handled or committed, and the same run planned again later (with a
+  ``plan.PassingPlanError``: members still in the group, a broker that could not say for now, a partition
+  the fence does not name): nothing was handled or committed, and the same run planned again later (with a
   fresh fence) can succeed, so the operator tries again after a back-off.
 
 The status says which; the termination message says why, as one JSON object (``Refusal``) written to

@@ -112,9 +112,9 @@ class PlanError(ValueError):
 class PassingPlanError(PlanError):
     """A plan refused for a state of the group or the topics that passes on its own: members still in the
     group (a consumer killed after its grace stays one until its session times out), a broker that could
-    not say (describe-groups during a coordinator move), a partition the given offsets do not name (added
-    since they were taken). Nothing was handled or committed; the same run, planned again later (with
-    offsets taken then), can succeed: ``keyorder catchup`` exits ``EXIT_PASSING`` on it, and the operator
+    not say for now (describe-groups during a coordinator move: ``MembersUnknown.passes``), a partition the
+    ``--until`` fence does not name (added since it was recorded). Nothing was handled or committed; the
+    same run, planned again later (with offsets taken then), can succeed: ``keyorder catchup`` exits ``EXIT_PASSING`` on it, and the operator
     tries again after a back-off instead of switching catch-up off."""
 
 

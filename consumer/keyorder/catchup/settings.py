@@ -28,7 +28,8 @@ ENFORCED_SPARK_SETTINGS = {
     "spark.task.maxFailures": "1",  # a retried task re-handles its keys; rerun the wave instead
     "spark.stage.maxConsecutiveAttempts": "1",  # a fetch failure would re-run the handler stage
 }
-"""Spark settings the job always uses; ``--spark-conf`` cannot override them, and a session that
+"""Spark settings the job always uses; ``--spark-conf`` cannot give them other values
+(``fixed_setting_overrides``), and a session that
 was started without them (``getOrCreate`` on an existing one) is refused (``job.check_session``)."""
 
 SPARK_SECURITY_DEFAULTS = {
@@ -108,8 +109,9 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
     allow_unknown_members: bool = Field(
         False,
         description="Run a committing job even when the broker cannot tell whether the group has live members "
-        "(describe-groups failed: a timeout, an ACL, an old broker). Without it such a job refuses: live "
-        "consumers would handle the same keys at the same time. Set it only once you stopped them yourself.",
+        "(describe-groups failed: a timeout or a coordinator move, which passes, exit 3; an ACL or an old broker, "
+        "which does not, exit 2). Without it such a job refuses: live consumers would handle the same keys at "
+        "the same time. Set it only once you stopped them yourself.",
     )
     master: str = Field(
         "",
