@@ -114,8 +114,9 @@ class PassingPlanError(PlanError):
     group (a consumer killed after its grace stays one until its session times out), a broker that could
     not say for now (describe-groups during a coordinator move: ``MembersUnknown.passes``), a partition the
     ``--until`` fence does not name (added since it was recorded). Nothing was handled or committed; the
-    same run, planned again later (with offsets taken then), can succeed: ``keyorder catchup`` exits ``EXIT_PASSING`` on it, and the operator
-    tries again after a back-off instead of switching catch-up off."""
+    same run, planned again later (with offsets taken then), can succeed: ``keyorder catchup`` exits
+    ``EXIT_PASSING`` on it, and the operator tries again after a back-off instead of switching catch-up
+    off."""
 
 
 OFFSET_RESETS = {
