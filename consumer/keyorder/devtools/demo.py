@@ -608,30 +608,37 @@ def dev_command(args: argparse.Namespace) -> int:
             view.stop()
             stop_producing.set()
             producer_thread.join(10)
-        with stream_lock:
-            stream.flush()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not blocked_polls:  # the last steady events, then stop the pods
-            sample = lag_source.sample([TOPIC], "keyorder-dev", time.time())
-            if sample.lag == 0:
-                break
-            time.sleep(0.5)
-        pods.stop_all()
-        dead_letters = count_records(broker.bootstrap, DLQ_TOPIC) if options.poison_key else 0
-        right_sized = None
         keda_run: KedaGroupRun | None = None
-        if keda is not None:
-            if drained_at is not None:
-                print(
-                    f"  comparing: a static keyorder group at the peak size ({peak.replicas} pods x {peak.workers} "
-                    "workers from the start) on the same spike, beside the KEDA group ...",
-                    flush=True,
-                )
-                right_sized = measure_right_sized_group(broker.bootstrap, options, workdir, lag_source, spike_end, peak)
-            else:
-                keda.stop()  # the autoscaled run did not drain: nothing to compare with
-            print("  waiting for the KEDA group to drain the spike ...", flush=True)
-            keda_run = keda.join()
+        try:
+            with stream_lock:
+                stream.flush()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not blocked_polls:  # the last steady events, then stop the pods
+                sample = lag_source.sample([TOPIC], "keyorder-dev", time.time())
+                if sample.lag == 0:
+                    break
+                time.sleep(0.5)
+            pods.stop_all()
+            dead_letters = count_records(broker.bootstrap, DLQ_TOPIC) if options.poison_key else 0
+            right_sized = None
+            if keda is not None:
+                if drained_at is not None:
+                    print(
+                        f"  comparing: a static keyorder group at the peak size ({peak.replicas} pods x {peak.workers} "
+                        "workers from the start) on the same spike, beside the KEDA group ...",
+                        flush=True,
+                    )
+                    right_sized = measure_right_sized_group(
+                        broker.bootstrap, options, workdir, lag_source, spike_end, peak
+                    )
+                else:
+                    keda.stop()  # the autoscaled run did not drain: nothing to compare with
+                print("  waiting for the KEDA group to drain the spike ...", flush=True)
+                keda_run = keda.join()
+        finally:  # an error or Ctrl-C here must not leave the KEDA group's processes running
+            if keda is not None and keda_run is None:
+                keda.stop()
+                keda.join()
     expected = {order: count for order, count in stream.expected.items() if order != OrderStream.POISON_ORDER}
     result = audit(journal, expected) if options.handler is None else None
     report = {
@@ -661,15 +668,18 @@ def dev_command(args: argparse.Namespace) -> int:
     if right_sized and right_sized.get("spike_drained_seconds") and drained_at:
         ratio = drained_at / right_sized["spike_drained_seconds"]
         print(
-            f"  right-sized static group ({right_sized['pods']} x {right_sized['workers_per_pod']} from the start): "
+            f"  right-sized static group ({right_sized['pods']} x {right_sized['workers_per_pod']} from the start, "
+            "beside the KEDA group's tail): "
             f"spike drained in {right_sized['spike_drained_seconds']:,.1f} s; autoscaled took {ratio:.2f}x that"
         )
     if keda_run is not None:
         if keda_run.drained_seconds is not None and drained_at:
+            ratio = keda_run.drained_seconds / drained_at
+            verdict = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
             print(
-                f"  KEDA-scaled partition-ordered group (peak {keda_run.peak_replicas} pods): spike drained in "
-                f"{keda_run.drained_seconds:,.1f} s; keyorder autoscaled: {drained_at:,.1f} s "
-                f"({keda_run.drained_seconds / drained_at:.1f}x faster)"
+                f"  KEDA-scaled partition-ordered group (peak {keda_run.peak_replicas} pods, run beside it on the "
+                f"same cores): spike drained in {keda_run.drained_seconds:,.1f} s; keyorder autoscaled: "
+                f"{drained_at:,.1f} s ({verdict})"
             )
         else:
             print(f"  KEDA-scaled partition-ordered group: {keda_run.error or 'stopped before it drained'}")

@@ -55,6 +55,8 @@ class LocalPods:
         self.pods: list[LocalPod] = []
         self.stopping: list[LocalPod] = []
         """Sent SIGTERM by a scale-in, not yet exited."""
+        self.failed_stops: list[str] = []
+        """Stopped processes that exited with an error on their SIGTERM, or were killed past their grace."""
         self._started = 0
 
     @property
@@ -96,13 +98,18 @@ class LocalPods:
         self.reap()
 
     def reap(self) -> None:
-        """Forget the stopping processes that exited; kill those past their grace."""
+        """Forget the stopping processes that exited, noting in ``failed_stops`` those that exited with an
+        error; kill those past their grace (noted too)."""
         for pod in list(self.stopping):
-            if pod.process.poll() is not None:
-                self.stopping.remove(pod)
-            elif pod.kill_at is not None and time.monotonic() > pod.kill_at:
+            code = pod.process.poll()
+            if code is None and pod.kill_at is not None and time.monotonic() > pod.kill_at:
                 pod.process.kill()
                 pod.process.wait(10)
+                self.failed_stops.append(f"{pod.log_path.name}: killed {STOP_GRACE_SECONDS:g} s after SIGTERM")
+                self.stopping.remove(pod)
+            elif code is not None:
+                if code != 0:
+                    self.failed_stops.append(f"{pod.log_path.name}: exit {code} on SIGTERM")
                 self.stopping.remove(pod)
 
     def addresses(self) -> set[str]:
@@ -122,11 +129,12 @@ class LocalPods:
         return [pod.address for pod in ready]
 
     def crashed(self) -> list[str]:
-        """The kept processes that exited, and the stopping ones that exited with an error on their SIGTERM."""
+        """The kept processes that exited, and the stopped ones that failed their stop (``failed_stops``)."""
         self.reap()
-        dead = [pod for pod in self.pods if pod.process.poll() is not None]
-        dead += [pod for pod in self.stopping if pod.process.poll() not in (None, 0)]
-        return [f"{pod.log_path.name}: exit {pod.process.returncode}" for pod in dead]
+        dead = [
+            f"{pod.log_path.name}: exit {pod.process.returncode}" for pod in self.pods if pod.process.poll() is not None
+        ]
+        return dead + self.failed_stops
 
     def stop_all(self) -> None:
         """SIGTERM to every process, and wait for all of them (the stopping ones too), killing those past

@@ -200,10 +200,10 @@ def run_strategy(bootstrap: str, name: str, options: Options, workdir: Path, pro
             steps.append((now, size))
             deadline = now + options.step_seconds
             while time.monotonic() < deadline:
-                if pods.crashed():
-                    dead = next(pod for pod in [*pods.pods, *pods.stopping] if pod.process.poll() not in (None, 0))
-                    tail = dead.log_path.read_text().strip().splitlines()[-5:]
-                    raise RuntimeError(f"a pod died: {pods.crashed()}; its log ends:\n" + "\n".join(tail))
+                if crashed := pods.crashed():
+                    log = workdir / crashed[0].split(":")[0]
+                    tail = log.read_text().strip().splitlines()[-5:]
+                    raise RuntimeError(f"a pod died: {crashed}; its log ends:\n" + "\n".join(tail))
                 progress.show(
                     f"[{name}] {size} pods ({strategy}), {deadline - time.monotonic():4.1f} s left in the step"
                 )
