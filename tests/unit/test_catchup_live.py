@@ -205,6 +205,49 @@ def test_the_drivers_listener_is_bound_to_the_drivers_address_not_every_interfac
         job.close()
 
 
+def test_tasks_reach_the_listener_when_the_drivers_name_resolves_to_the_other_family_first(monkeypatch) -> None:
+    """Review of issue 38, finding 7. Before: the listener bound the first of spark.driver.host's addresses
+    (IPv4 here) while the tasks got the name and resolved it themselves, IPv6 first: their reports went to
+    an address nobody listened on (no live progress, no fence). getaddrinfo's order may differ between two
+    calls (RFC 6724 rules, /etc/gai.conf, a DNS answer): here the real one, the order flipped on each call."""
+    from keyorder.catchup.job import CatchupJob
+    from keyorder.catchup.settings import CatchupConfig
+
+    real = socket.getaddrinfo
+    flipped = {"calls": 0}
+
+    def both_families(host, port, *args, **kwargs):
+        if host != "driver.example":
+            return real(host, port, *args, **kwargs)
+        flipped["calls"] += 1
+        v4 = real("127.0.0.1", port, socket.AF_INET, socket.SOCK_DGRAM)
+        v6 = real("::1", port, socket.AF_INET6, socket.SOCK_DGRAM)
+        return v4 + v6 if flipped["calls"] % 2 else v6 + v4
+
+    monkeypatch.setattr(socket, "getaddrinfo", both_families)
+
+    class Context:
+        def getConf(self) -> FakeConf:
+            return FakeConf({"spark.driver.host": "driver.example"})
+
+    class Session:
+        sparkContext = Context()
+
+    config = CatchupConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", handler="m:f")
+    job = CatchupJob(config, spark=Session())
+    job._checked = True
+    try:
+        address = job._live_address(WAVE)
+        assert address is not None and job.live is not None
+        report = TaskReporter(address, WAVE, task=0, task_attempt=0)
+        report(7)
+        wait_for(lambda: job.live.total() == 7, 5, "the task's count at the driver")  # type: ignore[union-attr]
+        assert report.fenced() is None  # answered
+        report.close()
+    finally:
+        job.close()
+
+
 def test_the_fence_says_stop_to_a_closed_attempt_and_to_a_superseded_copy() -> None:
     counts = LiveCounts()
     counts.expect(WAVE)
@@ -346,3 +389,75 @@ def test_the_next_attempt_waits_until_the_closed_attempts_copies_ended() -> None
         copy.close()
     finally:
         job.close()
+
+
+def test_a_copy_that_never_hears_the_driver_is_fenced_after_the_lease_since_it_started() -> None:
+    """Review of issue 38, finding 8. Before: the lease counted only from a first answer, so a copy cut off
+    from the driver from its start (on an executor Spark gave up on) was never fenced."""
+    clock = FakeClock()
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # receives, never answers: a driver out of reach
+    silent.bind(("127.0.0.1", 0))
+    try:
+        report = TaskReporter(silent.getsockname(), WAVE, 0, 0, clock=clock, lease=30.0, answer_wait=0.01)
+        report(0)
+        assert report.fenced() is None  # within the lease
+        clock.sleep(29.0)
+        report(5)
+        assert report.fenced() is None
+        clock.sleep(2.0)
+        assert "has not answered any report in the 30 s since the task started" in (report.fenced() or "")
+        report.close()
+    finally:
+        silent.close()
+
+
+def test_a_task_reports_before_its_first_handler_call() -> None:
+    """Review of issue 38, finding 8. Before: the first report came a report interval after the task started,
+    while its handler calls went on unfenced; a task shorter than the interval was never fenced at all."""
+    events: list[str] = []
+
+    def report(handled: int) -> None:
+        events.append(f"report {handled}")
+
+    def call(message) -> None:
+        events.append("call")
+
+    rows = [(lane_hash(b"k"), 0, n, n, b"k", b"v", [], None, None, None) for n in range(3)]
+    rows.append((0, 0, PROGRESS_SCALE, 3, None, None, [], None, 3, 0))
+    runner = TaskRunner(call, RetryPolicy(), None, [("t", 0)], "key", 2, 1000, report=report, report_interval=60.0)
+    runner.run(iter([batch(rows)]))
+    assert events[0] == "report 0" and events.index("call") > 0, events  # event order
+    assert events[-1] == "report 3"
+
+
+def test_the_driver_warns_once_when_no_task_of_an_attempt_reported(caplog) -> None:
+    """Review of issue 38, finding 8: executors that cannot send UDP to the driver left no trace at the driver."""
+    from keyorder.catchup.job import CatchupJob
+    from keyorder.catchup.settings import CatchupConfig
+
+    class Tracker:
+        def getJobIdsForGroup(self, group: str) -> list[int]:
+            return []
+
+    class Context:
+        def statusTracker(self) -> Tracker:
+            return Tracker()
+
+        def getConf(self) -> FakeConf:
+            return FakeConf({"spark.driver.host": "127.0.0.1"})
+
+    class Session:
+        sparkContext = Context()
+
+    config = CatchupConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", handler="m:f")
+    job = CatchupJob(config, spark=Session())
+    job._checked = True
+    try:
+        assert job._live_address(WAVE) is not None
+        assert job._settle("g-wave") == []
+        job._live_address(WaveAttempt(WAVE.run_id, 1, 1))
+        job._settle("g-wave")
+    finally:
+        job.close()
+    warnings = [r.message for r in caplog.records if "reported to the driver's live progress" in r.message]
+    assert len(warnings) == 1 and "cannot send UDP to the driver" in warnings[0]

@@ -340,6 +340,8 @@ class TaskRunner:
 
     # -- the feeder (Spark's iterator of Arrow batches, on the calling thread) ------------------------
     def run(self, frames: Iterator[Any]) -> None:
+        if self.report is not None:  # before the first handler call: the driver knows of this copy, and it
+            self.report(self.handled())  # has its fence (an answer) from the start
         threads = [
             threading.Thread(target=self._worker, name=f"keyorder-catchup-{index}", daemon=True)
             for index in range(self.workers)

@@ -502,6 +502,8 @@ class CatchupJob:
         self._key_partitions: int | None = None
         self.key_partitions_reason = ""
         self.live: ProgressListener | None = None
+        self._told_no_reports = False
+        """The warning that no task reported to ``live`` was logged (once per run)."""
         """Running tasks' handled counts (``live``), started with the first wave."""
         self._shipped: ShippedProperties | None = None
         """The Kafka properties the tasks read (``shipped``), registered with Spark before the first wave."""
@@ -645,21 +647,24 @@ class CatchupJob:
         return self._shipped.name
 
     def _live_address(self, attempt: WaveAttempt) -> tuple[str, int] | None:
-        """Where this wave attempt's tasks send their handled counts and ask whether to go on: the driver's
-        address as the executors know it (``spark.driver.host``), the listener's port; the listener is bound
-        to the driver's own address (``spark.driver.bindAddress`` when it names one, else that host's), not
-        every interface. None when no listener could start (no live progress, no fence: docs/catchup.md)."""
+        """Where this wave attempt's tasks send their handled counts and ask whether to go on, and the listener's
+        port. The listener is bound to the driver's own address, not every interface: ``spark.driver.host``'s,
+        and the tasks get the numeric address it is bound to (``ProgressListener.task_host``: a name with
+        addresses of both families cannot send them to the other one); or ``spark.driver.bindAddress`` when
+        that names one, and the tasks get ``spark.driver.host``, the address it is reached at, as Spark's own
+        executors do. None when no listener could start (no live progress, no fence: docs/catchup.md)."""
         conf = self.spark.sparkContext.getConf()
         host = conf.get("spark.driver.host") or "127.0.0.1"
+        bind = (conf.get("spark.driver.bindAddress") or "").strip()
+        advertised = bool(bind) and bind not in _EVERY_INTERFACE  # bound here, reached at host (NAT, bridges)
         if self.live is None:
-            bind = (conf.get("spark.driver.bindAddress") or "").strip()
             try:
-                self.live = ProgressListener(host if not bind or bind in _EVERY_INTERFACE else bind)
+                self.live = ProgressListener(bind if advertised else host)
             except OSError as error:
                 log.warning("no live progress from the tasks (handled counts at each task's end): %s", error)
                 return None
         self.live.expect(attempt)
-        return host, self.live.port
+        return (host if advertised else self.live.task_host), self.live.port
 
     def _settle(self, group: str) -> list[str]:
         """After a wave attempt's Spark job ended: close the attempt (its task copies are told to stop at their
@@ -668,6 +673,15 @@ class CatchupJob:
         and the commit come after it. What still ran at the bound, for the log and the report."""
         if self.live is not None:
             self.live.close_attempt()
+            if not self.live.reported() and not self._told_no_reports:
+                self._told_no_reports = True
+                log.warning(
+                    "no task of this wave attempt reported to the driver's live progress listener (UDP port %d): "
+                    "if its tasks ran, the executors cannot send UDP to the driver; their counts show only at "
+                    "each task's end, and a task that hears no answer stops after %.0f s (docs/catchup.md)",
+                    self.live.port,
+                    FENCE_LEASE,
+                )
         deadline = time.monotonic() + SETTLE_WAIT
         while True:
             running = [f"{count} Spark tasks" for count in [self._spark_tasks_running(group)] if count]

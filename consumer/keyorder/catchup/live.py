@@ -11,8 +11,9 @@ The driver answers every report with whether the task copy may go on calling the
 its wave attempt is the one under way and no later copy of the same task (Spark's re-run after a lost
 executor) has reported. A wave attempt is closed when its Spark job ends (done, failed or
 cancelled); from then on every answer says stop. A task copy that was answered once and hears nothing
-for ``FENCE_LEASE`` seconds stops as well: the driver may have given it up. The task checks before
-every handler call (``TaskReporter.fenced``), and the driver starts no other wave attempt and
+for ``FENCE_LEASE`` seconds stops as well: the driver may have given it up; so does one that heard no
+answer in the ``FENCE_LEASE`` seconds since it started. A task reports once before its first handler call,
+and checks before every handler call (``TaskReporter.fenced``), and the driver starts no other wave attempt and
 commits nothing until the closed attempt's copies that reported have ended or gone quiet
 (``LiveCounts.running``; ``CatchupJob._settle``). docs/catchup.md "Guarantees, precisely" says what
 is left: a copy whose datagrams never reach the driver is not fenced.
@@ -222,6 +223,10 @@ class LiveCounts:
     def total(self) -> int:
         return sum(self.by_task.values())
 
+    def reported(self) -> bool:
+        """Whether any copy of the current attempt has reported."""
+        return bool(self.heard)
+
 
 def resolve(host: str, port: int) -> tuple[socket.AddressFamily, Any]:
     """The first UDP address of ``host`` (a name, an IPv4 or an IPv6 address, bracketed or not) and its
@@ -249,10 +254,24 @@ def _bound_socket(host: str) -> socket.socket:
         return sock
     if not infos:
         raise OSError(f"no address for {host}")
-    family = infos[0][0]
     log.warning("live progress: %s is not an address of this machine (%s): listening on every interface", host, last)
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+    return _every_interface_socket()
+
+
+def _every_interface_socket() -> socket.socket:
+    """A UDP socket on every interface of both families when the machine has IPv6 (``::`` with
+    ``IPV6_V6ONLY`` off takes IPv4 too), else of IPv4: tasks resolve the driver's name on their own and may
+    get either family."""
+    if socket.has_ipv6:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+            return sock
+        except OSError:  # no IPv6 on this machine after all
+            sock.close()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("0.0.0.0", 0))
     return sock
 
 
@@ -266,7 +285,12 @@ class ProgressListener:
         self._lock = threading.Lock()
         self._socket = _bound_socket(host)
         self._socket.settimeout(0.5)
-        self.port = self._socket.getsockname()[1]
+        bound = self._socket.getsockname()
+        self.port = bound[1]
+        self.task_host = host if bound[0] in ("0.0.0.0", "::") else bound[0]
+        """What the tasks send to: the numeric address the socket is bound to, so a name with addresses of both
+        families cannot lead them to one it does not listen on; ``host`` itself when bound to every interface
+        (of both families: ``_every_interface_socket``)."""
         self._stopped = threading.Event()
         self._complained = False
         self._thread = threading.Thread(target=self._receive, name="catchup-live-progress", daemon=True)
@@ -289,6 +313,11 @@ class ProgressListener:
     def total(self) -> int:
         with self._lock:
             return self.counts.total()
+
+    def reported(self) -> bool:
+        """Whether any copy of the current attempt has reported (``LiveCounts.reported``)."""
+        with self._lock:
+            return self.counts.reported()
 
     def _receive(self) -> None:
         while not self._stopped.is_set():
@@ -345,6 +374,8 @@ class TaskReporter:
         self._stopped = False
         """The driver answered that this copy's attempt is closed or superseded."""
         self._last_answer: float | None = None
+        self._started = clock()
+        """When the copy started (this reporter was made): the lease counts from here until a first answer."""
 
     def __call__(self, handled: int, ended: bool = False) -> None:
         try:
@@ -378,11 +409,19 @@ class TaskReporter:
 
     def fenced(self) -> str | None:
         """Why this copy must not call the handler any more, or None: the driver said stop (its wave attempt
-        ended, or a later copy of the task reported), or, once it answered, went quiet for the lease."""
+        ended, or a later copy of the task reported), or went quiet for the lease: since its last answer, or,
+        before any, since the copy started (a copy cut off from the driver from the start, on an executor
+        Spark gave up on, is fenced too)."""
         if self._stopped:
             return "the driver closed its wave attempt (it ended, or this task runs again elsewhere)"
         if self._last_answer is not None and self.clock() - self._last_answer > self.lease:
             return f"the driver has not answered for more than {self.lease:.0f} s"
+        if self._last_answer is None and self.clock() - self._started > self.lease:
+            return (
+                f"the driver has not answered any report in the {self.lease:.0f} s since the task started: can "
+                f"the executors send UDP to the driver at {self.address[0]} port {self.address[1]}? "
+                "(docs/catchup.md, Wave attempts never overlap)"
+            )
         return None
 
     def close(self) -> None:
