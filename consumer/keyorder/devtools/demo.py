@@ -24,7 +24,8 @@ from typing import Any
 
 from keyorder.devtools.drain import crossing_seconds_before
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
-from keyorder.devtools.keda_group import KedaGroup, KedaGroupRun, keda_settings
+from keyorder.devtools.groupsim.demo_replay import demo_keda_settings, replay
+from keyorder.devtools.keda_group import KedaGroup, KedaGroupRun
 from keyorder.devtools.loadgen import OrderStream, create_topics
 from keyorder.devtools.local_pods import LocalPods
 from keyorder.logs import configure_logging
@@ -518,7 +519,7 @@ def dev_command(args: argparse.Namespace) -> int:
                 TOPIC,
                 options.partitions,
                 spike_end,
-                keda_settings(options.partitions, options.poll_seconds, options.scale_down_window),
+                demo_keda_settings(options.partitions, options.poll_seconds, options.scale_down_window),
                 started,
                 deadline=options.timeout,
             )
@@ -641,6 +642,7 @@ def dev_command(args: argparse.Namespace) -> int:
                 keda.join()
     expected = {order: count for order, count in stream.expected.items() if order != OrderStream.POISON_ORDER}
     result = audit(journal, expected) if options.handler is None else None
+    simulated = replay(options) if options.handler is None else None  # the example's handler times are known
     report = {
         "options": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(options).items()},
         "spike_events": spike_end,
@@ -655,6 +657,7 @@ def dev_command(args: argparse.Namespace) -> int:
         "timeline": timeline.points,
         "right_sized_comparison": right_sized,
         "keda_comparison": keda_run.report() if keda_run is not None else None,
+        "simulated_drain_seconds": simulated,
     }
     (options.output_dir / "report.json").write_text(json.dumps(report, indent=2))
     image = plot(timeline, report, options.output_dir / "demo.png", keda_run)
@@ -683,6 +686,8 @@ def dev_command(args: argparse.Namespace) -> int:
             )
         else:
             print(f"  KEDA-scaled partition-ordered group: {keda_run.error or 'stopped before it drained'}")
+    if simulated is not None:
+        print_simulated(simulated, drained_at, keda_run.drained_seconds if keda_run is not None else None)
     if options.poison_key:
         print(f"  poison events: {stream.poisoned}; dead letters written: {dead_letters}")
     if result is not None:
@@ -703,6 +708,25 @@ def dev_command(args: argparse.Namespace) -> int:
             ok = ok and dead_letters == stream.poisoned
     print("keyorder dev: OK" if ok else "keyorder dev: FAILED")
     return 0 if ok else 1
+
+
+def print_simulated(
+    simulated: dict[str, float | None], keyorder_seconds: float | None, keda_seconds: float | None
+) -> None:
+    """The simulator's drain times for this spike beside this run's (``groupsim.demo_replay``)."""
+
+    def beside(name: str, measured: float | None) -> str:
+        predicted = simulated.get(name)
+        if predicted is None:
+            return f"{name} did not drain"
+        if measured is None:
+            return f"{name} {predicted:,.1f} s"
+        return f"{name} {predicted:,.1f} s (this run {measured:,.1f} s, {100 * (predicted / measured - 1):+.0f}%)"
+
+    shown = [beside("keyorder", keyorder_seconds)]
+    if keda_seconds is not None:
+        shown.append(beside("KEDA", keda_seconds))
+    print(f"  keyorder simulate, replaying this spike: {'; '.join(shown)}")
 
 
 def count_records(bootstrap: str, topic: str) -> int:

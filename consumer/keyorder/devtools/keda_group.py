@@ -9,7 +9,7 @@ partition. The simulator (``keyorder simulate --against keda``) runs the same po
 
 Time is compressed as the demo compresses the keyorder operator's: KEDA's polling interval and the HPA's
 sync period are the demo's poll interval, the HPA's scaling policies count per poll instead of per 15 s,
-and its scale-down window is the demo's (``keda_settings``).
+and its scale-down window is the demo's (``groupsim.demo_replay.demo_keda_settings``).
 """
 
 from __future__ import annotations
@@ -22,22 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from keyorder.devtools.drain import crossing_seconds_before
-from keyorder.devtools.groupsim.keda import HpaPolicy, KedaSettings, KedaState, decide
+from keyorder.devtools.groupsim.keda import KedaSettings, KedaState, decide
 from keyorder.devtools.local_pods import LocalPods
-
-
-def keda_settings(partitions: int, poll_seconds: float, scale_down_window: float) -> KedaSettings:
-    """KEDA's and the HPA's defaults (``lagThreshold`` 10, the 10% tolerance, up by the larger of 4 pods or
-    100%, down by 100%, the replicas capped at the partition count) on the demo's compressed clock."""
-    return KedaSettings(
-        polling_interval=poll_seconds,
-        sync_period=poll_seconds,
-        min_replicas=1,
-        max_replicas=partitions,
-        scale_up_policies=(HpaPolicy("Pods", 4, poll_seconds), HpaPolicy("Percent", 100, poll_seconds)),
-        scale_down_window=scale_down_window,
-        scale_down_policies=(HpaPolicy("Percent", 100, poll_seconds),),
-    )
 
 
 @dataclass
