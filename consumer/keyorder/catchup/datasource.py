@@ -209,7 +209,8 @@ def read_task(
     partitions interleaved by ``progress`` (a chunk at a time), as a pod's poll batches interleave them.
     The by-partition layout hands these batches straight to the handlers, so no partition waits for
     another to be read first. At most ``reader_shares(...).open_at_once`` partitions are open at a time
-    (the largest ranges first); the others start as those end."""
+    (the largest ranges first); the others start as those end, so their keys start late (docs/catchup.md,
+    How it works, step 2, says why they are not reordered)."""
     by_source: dict[int, list[Split]] = {}
     for split in splits:
         by_source.setdefault(split.source, []).append(split)
