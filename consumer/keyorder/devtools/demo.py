@@ -247,14 +247,35 @@ def plot(timeline: Timeline, report: dict, path: Path, keda: KedaGroupRun | None
             color="tab:purple",
             label="KEDA: replicas (a thread per partition)",
         )
-    size_axes.set_yscale("symlog")
+    from matplotlib.ticker import MaxNLocator
+
+    size_axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    sizes = [point[name] for point in timeline.points for name in ("replicas", "workers")]
+    sizes += [point["replicas"] for point in keda.points] if keda is not None else []
+    size_axes.set_ylim(0, max(sizes, default=1) * 1.35)  # room for the legend above the lines
     size_axes.set_ylabel("size")
     size_axes.set_xlabel("seconds")
     for decision in timeline.decisions:
         for axes in (lag_axes, size_axes):
             axes.axvline(decision["t"], color="grey", alpha=0.3, linewidth=0.8)
+    drained = [(report.get("spike_drained_seconds"), "tab:red", "keyorder")]
+    if keda is not None:
+        drained.append((keda.drained_seconds, "tab:purple", "KEDA"))
+    for at, color, who in drained:  # the lag then is the steady stream's, not the spike's
+        if at is not None:
+            lag_axes.axvline(at, color=color, linestyle="--", linewidth=1)
+            lag_axes.annotate(
+                f"{who}: spike drained, {at:.0f} s",
+                (at, 0.5),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                color=color,
+                fontsize=8,
+                ha="right",
+                va="center",
+            )
     lag_axes.legend(loc="upper right")
-    size_axes.legend(loc="upper right")
+    size_axes.legend(loc="upper center", ncol=3, fontsize=8)
     for axes in (lag_axes, size_axes):
         axes.grid(alpha=0.3)
     figure.tight_layout()
