@@ -25,10 +25,11 @@ The algorithm, in order:
    bias it low). A new workload (image, handler, template) starts learning again. Pods that do not
    report at all (an older release) fall back to the drain rate per decided worker.
 5. **Required workers** = (drainable lag / target drain time + arrivals / target utilisation) /
-   rate. Arrivals are the rate that has lasted (``smoothed_arrivals``): the median of the last three
-   intervals, so a burst that landed within one poll is counted once (in the lag), not twice, and no
-   more than the lowest of the last five when a rise has not lasted that long (a burst of a minute
-   is over before new pods own a partition: its lag sizes the group) or the rate has fallen. Lag
+   rate. Arrivals are the rate that has lasted (``arrival_level``): the median of the last three
+   intervals, so a burst that landed within one poll is counted once (in the lag), not twice; a step
+   up to a plateau counts once it held five intervals (a burst of a minute is over before new pods own
+   a partition: its lag sizes the group), a fall at once, a periodic producer at the level it reaches.
+   The samples are kept in status, so a restarted operator resumes them. Lag
    that a blocked key pins is not drainable (KEDA's ``excludePersistentLag``).
 6. **Bounds: when scaling cannot help** (all computed by ``bounds``), the size stops where it helps
    and the decision says why (``Limited``): a blocked key; one hot key holding most of the pods'
@@ -63,6 +64,7 @@ The algorithm, in order:
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, replace
@@ -241,7 +243,10 @@ class ScalingState:
     handler_time: float | None = None
     """The last interval's mean handler seconds per call."""
     arrival_samples: tuple[float, ...] = ()
-    """The last intervals' arrival rates (their median is the arrival rate used)."""
+    """The last intervals' arrival rates, oldest first (``arrival_level`` reads the rate used from them)."""
+    arrivals_at: float | None = None
+    """When the newest of ``arrival_samples`` was measured: a restarted operator resumes them unless they
+    are older than ``ARRIVALS_STALE_SECONDS``."""
     drainable_lag: int | None = None
     """The drainable lag at the last poll (to tell a growing lag)."""
     settled: bool = True
@@ -581,35 +586,66 @@ def learn_rate(observation: Observation, state: ScalingState, limits: ScalingLim
 
 
 ARRIVAL_SAMPLES = 5
-"""Intervals of arrivals kept: a rise of the arrival rate counts as lasting once it held for all of them."""
+"""Intervals of arrivals kept (with the time of the newest, ``ScalingState.arrivals_at``, so a restarted
+operator resumes them): a step up counts as lasting once it held for all of them."""
+ARRIVALS_STALE_SECONDS = 300.0
+"""Arrival samples a restarted operator finds older than this (the default scale-down window) describe
+another time: it starts them afresh, as a new resource does."""
 RISE_BAND = 0.25
-"""The last ``ARRIVAL_SAMPLES`` intervals' lowest rate within this share below the median: one level
-(noise), not a rise that has not lasted yet or a fall."""
+"""Two intervals' rates within this share of the higher one are one level (noise); further apart, the rate
+rose or fell between them."""
+PERIODIC_CHANGES = 3
+"""Changes of level (beyond ``RISE_BAND``) between consecutive intervals, among the last
+``ARRIVAL_SAMPLES``, from which the arrivals are a periodic producer's (up, down, up...)."""
+
+
+def _apart(lower: float, higher: float) -> bool:
+    """Whether ``lower`` is below ``higher`` by more than ``RISE_BAND`` of it: not one level."""
+    return lower < higher * (1 - RISE_BAND)
+
+
+def arrival_level(samples: tuple[float, ...]) -> float:
+    """The arrival rate the intervals' rates ``samples`` (oldest first) say has lasted:
+
+    - a periodic producer (the level changed at least ``PERIODIC_CHANGES`` times between consecutive
+      intervals, both up and down, as a producer that sends every 30 s looks to a 15 s poll): the level
+      it reaches (the median of the intervals at or above their mean), so its on-intervals do not build
+      a lag the next poll would see as a rise; the down-window would hold that size anyway;
+    - a step up that has not lasted all ``ARRIVAL_SAMPLES`` intervals (every older interval below every
+      newer one beyond the band, and the newer ones one level: a plateau, not a ramp): the older level
+      (its median). A rise of a minute or so (a burst of
+      45 s at 40,000/s) is over before pods added for it would own a partition: it counts in the lag it
+      leaves, which the size drains within the target, not as a rate the group must keep up with;
+    - a fall (the latest interval below the median of the last three, beyond the band): the latest
+      interval's rate at once, so the interval after a burst ends says so (a median still held the
+      burst's rate for a poll or two, and the group stepped up after the burst was over);
+    - else the median of the last three: noise, and a burst that landed within one poll counted once
+      (in the lag), not also as a lasting rate. A gradual ramp (each interval within the band of the
+      one before) is followed by this median, one interval behind."""
+    if not samples:
+        return 0.0
+    pairs = list(itertools.pairwise(samples))
+    ups = sum(1 for older, newer in pairs if _apart(older, newer))
+    downs = sum(1 for older, newer in pairs if _apart(newer, older))
+    if ups and downs and ups + downs >= PERIODIC_CHANGES:
+        mean = statistics.fmean(samples)
+        return statistics.median(rate for rate in samples if rate >= mean)
+    for split in range(1, len(samples)):
+        older, newer = samples[:split], samples[split:]
+        if _apart(max(older), min(newer)) and not _apart(min(newer), max(newer)):
+            return statistics.median(older)
+    median = statistics.median(samples[-SAMPLES:])
+    latest = samples[-1]
+    return latest if _apart(latest, median) else median
 
 
 def smoothed_arrivals(observation: Observation, state: ScalingState) -> tuple[float, tuple[float, ...]]:
-    """The arrival rate to keep up with: the rate that has lasted. The median of the last ``SAMPLES``
-    intervals, so a burst that landed within one poll counts once (in the lag), not also as a lasting
-    rate; but no more than the lowest of the last ``ARRIVAL_SAMPLES`` intervals when that is not the
-    same level (``RISE_BAND``). A rise of a minute or so (a burst of 40 s at 40,000/s) is over before
-    pods added for it would own a partition: it counts in the lag it leaves, which the size drains
-    within the target, not as a rate the group must keep up with; and once a burst has ended, the
-    interval after it says so at once (a median still held the burst's rate for a poll or two, and the
-    group stepped up after the burst was over). A rise that lasts counts after ``ARRIVAL_SAMPLES`` polls;
-    meanwhile the lag it adds sizes the group."""
+    """The arrival rate to keep up with (``arrival_level`` of the last ``ARRIVAL_SAMPLES`` intervals, this
+    poll's included), and the intervals to keep."""
     samples = state.arrival_samples
     if observation.arrival_rate is not None:
         samples = (*samples, observation.arrival_rate)[-ARRIVAL_SAMPLES:]
-    if not samples:
-        return 0.0, samples
-    median = statistics.median(samples[-SAMPLES:])
-    if len(samples) < ARRIVAL_SAMPLES:
-        # too few intervals to tell a lasting rise (a new resource, a restarted operator): no more than a
-        # level the group's drain has shown, so a burst that began just before counts in its lag only
-        drain = observation.drain_rate
-        return (median if drain is None else min(median, drain * (1 + RISE_BAND))), samples
-    lowest = min(samples)
-    return (median if lowest >= median * (1 - RISE_BAND) else lowest), samples
+    return arrival_level(samples), samples
 
 
 # -- the cost of a scale step ------------------------------------------------------------------------
@@ -1397,6 +1433,7 @@ def _sized(
         efficiency_samples=rate.efficiency_samples,
         handler_time=rate.handler_time,
         arrival_samples=arrival_samples,
+        arrivals_at=now if observation.arrival_rate is not None else state.arrivals_at,
         drainable_lag=lag,
         recommendations=window_memory((*history, (now, recommended.replicas, recommended.workers)), now, limits),
         pod_totals=pods.totals() if pods is not None else None,
@@ -1473,7 +1510,6 @@ def not_resized(decision: Decision, now: float) -> ScalingState:
 
 
 MEASURED_EACH_POLL = (
-    "arrival_samples",
     "drainable_lag",
     "handler_time",
     "held_polls",
@@ -1485,8 +1521,10 @@ MEASURED_EACH_POLL = (
     "settled",
 )
 """The state fields that describe the last poll or two (the pods' totals and the lag at the last poll, the
-last intervals' arrivals and handler time, polls in a row counted from them): measured again after a
-restart, never resumed, because what status holds of them is as old as its last write."""
+last interval's handler time, polls in a row counted from them): measured again after a restart, never
+resumed, because what status holds of them is as old as its last write. The arrival samples are resumed
+(a rise must last ``ARRIVAL_SAMPLES`` polls to count, more than an operator that restarts every minute
+would ever see), unless older than ``ARRIVALS_STALE_SECONDS``."""
 
 
 def resumed(state: ScalingState, now: float) -> ScalingState:
@@ -1512,6 +1550,11 @@ def resumed(state: ScalingState, now: float) -> ScalingState:
     started = state.step_started_at
     defaults = ScalingState(current=state.current)
     fresh = {name: getattr(defaults, name) for name in MEASURED_EACH_POLL}
+    arrivals_at = state.arrivals_at
+    if arrivals_at is None or now - arrivals_at > ARRIVALS_STALE_SECONDS:
+        fresh.update(arrival_samples=(), arrivals_at=None)
+    else:
+        fresh.update(arrivals_at=min(arrivals_at, now))
     return replace(
         state,
         recommendations=recommendations,

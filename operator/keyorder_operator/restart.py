@@ -11,10 +11,13 @@ depend on beyond the next poll or two, the *record*, is kept in ``status.autosca
 - what was learned: the efficiency and drain-rate samples, the rate and its source, the workload they
   belong to, the CPU bound on workers per pod;
 - the limit in force (kept while the pods' view is hidden) and the polls it has been gone;
+- the last intervals' arrival rates and when the newest was measured (``arrivalsAt``): a rise counts once
+  it lasted ``policy.ARRIVAL_SAMPLES`` polls, which an operator restarting every minute would never see
+  if they were measured afresh; ``policy.resumed`` drops them when they are stale;
 - the failed observations in a row (the fallback counts them) and the polls in a row with silent pods.
 
 What describes the last poll or two (``policy.MEASURED_EACH_POLL``: the pods' totals and the lag at the
-last poll, the last arrivals and handler time) is left out and measured again after a start. Times are
+last poll, the last handler time) is left out and measured again after a start. Times are
 wall-clock instants (ISO 8601, UTC, to the millisecond), the clock the policy's ``now`` comes from. The
 replica that wrote them may have had another clock: a time later than this one's by more than
 ``RECORD_CLOCK_SKEW_SECONDS`` (or no instant at all, such as ``1e20`` seconds) makes the record unreadable
@@ -57,6 +60,7 @@ from typing import Any
 
 from keyorder_operator.policy import (
     HOLD_POLLS,
+    RISE_BAND,
     RateSource,
     ScalingLimits,
     ScalingState,
@@ -78,7 +82,6 @@ less than this share is not worth a write on its own: it rides along with the ne
 
 NOT_RECORDED = frozenset(
     {
-        "arrivalSamples",
         "drainableLag",
         "handlerSeconds",
         "heldPolls",
@@ -178,6 +181,9 @@ def record_of(state: ScalingState, saved_at: float) -> dict[str, Any]:
         memory["replicaChanges"] = [[instant(at), before] for at, before in state.replica_changes]
     if state.step_started_at is not None:
         memory["stepStartedAt"] = instant(state.step_started_at)
+    memory.pop("arrivalsAt", None)  # an instant, as every time in the record
+    if state.arrival_samples and state.arrivals_at is not None:
+        memory["arrivalsAt"] = instant(state.arrivals_at)
     return {"savedAt": instant(saved_at), **memory}
 
 
@@ -202,6 +208,8 @@ def state_from_record(record: Any, current: Size, now: float | None = None) -> S
     ]
     if record.get("stepStartedAt") is not None:
         memory["stepStartedAt"] = seconds_of(record["stepStartedAt"], f"{field}.stepStartedAt", now)
+    if record.get("arrivalsAt") is not None:
+        memory["arrivalsAt"] = seconds_of(record["arrivalsAt"], f"{field}.arrivalsAt", now)
     try:
         return state_from_memory(memory, current)
     except (TypeError, ValueError, IndexError) as error:
@@ -225,10 +233,18 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _moved(before: float | None, after: float | None) -> bool:
+def _moved(before: float | None, after: float | None, tolerance: float = LEARNED_TOLERANCE) -> bool:
     if before is None or after is None:
         return (before is None) != (after is None)
-    return abs(after - before) > LEARNED_TOLERANCE * max(abs(before), abs(after))
+    return abs(after - before) > tolerance * max(abs(before), abs(after))
+
+
+def _arrivals_moved(stored: ScalingState, live: ScalingState) -> bool:
+    """Whether the arrival samples a restart would resume differ from the live ones: in number, or an
+    interval's rate by more than ``policy.RISE_BAND`` (within it, one level: noise writes nothing; a
+    periodic producer's samples shift on every poll, and are written at the rate limit)."""
+    before, after = stored.arrival_samples, live.arrival_samples
+    return len(before) != len(after) or any(_moved(old, new, RISE_BAND) for old, new in zip(before, after, strict=True))
 
 
 def _windows(state: ScalingState, now: float, limits: ScalingLimits) -> tuple[Any, ...]:
@@ -266,6 +282,8 @@ def record_changes(
         changes.append("replicaChanges")
     if (stored.step_started_at, stored.step_seconds) != (live.step_started_at, live.step_seconds):
         changes.append("stepSeconds")
+    if _arrivals_moved(stored, live):
+        changes.append("arrivalSamples")
     kept_rate = live.rate_source is not RateSource.HANDLER_TIME and _moved(stored.per_worker_rate, live.per_worker_rate)
     if (
         _learned(stored) != _learned(live)

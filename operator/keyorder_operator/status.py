@@ -202,6 +202,7 @@ def state_from_memory(memory: dict[str, Any], current: Size) -> ScalingState:
         efficiency_samples=_floats(memory.get("efficiencySamples")),
         handler_time=_optional_float(memory.get("handlerSeconds")),
         arrival_samples=_floats(memory.get("arrivalSamples")),
+        arrivals_at=_optional_float(memory.get("arrivalsAt")),
         drainable_lag=_optional_int(memory.get("drainableLag")),
         settled=memory.get("settled", True),
         pod_totals=(
@@ -250,6 +251,7 @@ def state_to_status(state: ScalingState) -> dict[str, Any]:
         "efficiencySamples": list(state.efficiency_samples),
         "handlerSeconds": state.handler_time,
         "arrivalSamples": list(state.arrival_samples),
+        "arrivalsAt": state.arrivals_at,
         "drainableLag": state.drainable_lag,
         "settled": state.settled,
         "podTotals": list(state.pod_totals) if state.pod_totals else None,

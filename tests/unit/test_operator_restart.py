@@ -16,17 +16,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyorder_operator.policy import (
+    ARRIVAL_SAMPLES,
+    ARRIVALS_STALE_SECONDS,
     MEASURED_EACH_POLL,
     SEED_AGE,
     Limited,
     LimitKind,
     Observation,
     RateSource,
+    ScalingLimits,
     ScalingState,
     Size,
     decide,
     not_resized,
     resumed,
+    smoothed_arrivals,
     stabilized,
     window_memory,
 )
@@ -65,6 +69,7 @@ LEARNED = ScalingState(
     efficiency_samples=(0.9, 0.95),
     handler_time=0.0102,
     arrival_samples=(400.0, 410.5, 399.0),
+    arrivals_at=T0 + 25.5,
     drainable_lag=12_345,
     settled=False,
     pod_totals=(1_000, 10.5, 2, 3, 4.25),
@@ -104,6 +109,36 @@ def test_the_record_round_trips_what_a_restart_resumes():
     assert resumed(back, T0 + 90) == replace(
         LEARNED, recommendations=((T0 + 10.25, 4, 8), (T0 + 90 - SEED_AGE, 3, 8)), **measured_again
     )
+    assert record["arrivalsAt"] == "2025-06-15T15:07:05.500Z"
+    stale = resumed(back, T0 + 25.5 + ARRIVALS_STALE_SECONDS + 1)
+    assert (stale.arrival_samples, stale.arrivals_at) == ((), None), "samples of another time start afresh"
+
+
+def test_a_lasting_rise_counts_through_restarts_between_every_poll():
+    """Issue 39 review, finding 2: the arrival samples are resumed from the record, so a rise that lasts
+    ``ARRIVAL_SAMPLES`` polls counts even when the operator restarts between every two of them (they were
+    measured afresh after each restart, never reached five, and the rate stayed the old level)."""
+    limits = ScalingLimits()
+    state = ScalingState(Size(2, 16), arrival_samples=(800.0,) * ARRIVAL_SAMPLES, arrivals_at=T0)
+    stored = state_from_record(through_the_api_server(record_of(state, T0)), state.current)
+    rates = []
+    for poll in range(1, ARRIVAL_SAMPLES + 1):
+        now = T0 + 15 * poll
+        state = resumed(stored, now)  # a restart before every poll
+        observation = Observation(lag=0, partitions=12, drain_rate=None, arrival_rate=20_000.0)
+        rate, samples = smoothed_arrivals(observation, state)
+        rates.append(rate)
+        live = replace(state, arrival_samples=samples, arrivals_at=now)
+        assert "arrivalSamples" in record_changes(stored, live, limits, now)
+        stored = state_from_record(through_the_api_server(record_of(live, now)), live.current)
+    assert rates[:-1] == [800.0] * (ARRIVAL_SAMPLES - 1), "a rise counts only once it lasted"
+    assert rates[-1] == 20_000.0
+
+
+def test_noise_in_the_arrivals_writes_no_record():
+    stored = ScalingState(Size(2, 16), arrival_samples=(800.0, 820.0, 790.0), arrivals_at=T0)
+    live = replace(stored, arrival_samples=(820.0, 790.0, 805.0), arrivals_at=T0 + 15)
+    assert "arrivalSamples" not in record_changes(stored, live, ScalingLimits(), T0 + 15)
 
 
 def test_the_record_leaves_out_exactly_what_is_measured_each_poll():

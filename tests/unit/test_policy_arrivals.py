@@ -21,18 +21,25 @@ LEVEL = (800.0, 820.0, 790.0, 810.0)
 
 
 @pytest.mark.parametrize(
-    ("earlier", "latest", "drain", "expected"),
+    ("earlier", "latest", "expected"),
     [
-        (LEVEL, 805.0, 800.0, 805.0),  # one level with noise: the median of the last three
-        ((800.0, 800.0, 800.0, 40_000.0), 40_000.0, 1_500.0, 800.0),  # a 30 s rise has not lasted
-        ((800.0, 40_000.0, 40_000.0, 40_000.0), 800.0, 20_000.0, 800.0),  # the burst ended: at once
-        ((40_000.0,) * 4, 40_000.0, 38_000.0, 40_000.0),  # a rise that held for five intervals counts
-        ((), 40_000.0, 1_500.0, 1_875.0),  # no history (a restart): no more than the drain has shown
-        ((), 800.0, None, 800.0),  # nothing to compare with at all: the interval's rate
+        (LEVEL, 805.0, 805.0),  # one level with noise: the median of the last three
+        ((800.0, 800.0, 800.0, 40_000.0), 40_000.0, 800.0),  # a 30 s step up has not lasted
+        ((800.0, 40_000.0, 40_000.0, 40_000.0), 800.0, 800.0),  # the burst ended: at once
+        ((40_000.0,) * 4, 40_000.0, 40_000.0),  # a rise that held for five intervals counts
+        ((4_000.0, 2_000.0, 4_000.0, 2_000.0), 4_000.0, 4_000.0),  # a periodic producer: the level it reaches
+        ((6_000.0, 0.0, 6_000.0, 0.0), 6_000.0, 6_000.0),  # on/off: never the silent half
+        ((0.0, 6_000.0, 0.0, 6_000.0), 0.0, 6_000.0),
+        ((4_000.0, 4_100.0, 3_900.0, 4_000.0), 2_500.0, 2_500.0),  # a fall counts at once
+        ((1_215.0, 1_702.0, 2_190.0, 2_678.0), 3_165.0, 2_678.0),  # a ramp: followed, not held as a burst
+        ((), 40_000.0, 40_000.0),  # nothing to compare with (a new resource): the interval's rate
     ],
 )
-def test_the_arrival_rate_is_the_rate_that_has_lasted(earlier, latest, drain, expected):
-    observation = Observation(lag=0, partitions=12, drain_rate=drain, arrival_rate=latest)
+def test_the_arrival_rate_is_the_rate_that_has_lasted(earlier, latest, expected):
+    """Issue 39 and its review (finding 1): a step up counts once it lasted, a fall at once, a periodic
+    producer at the level it reaches, a ramp as it goes (the rule before the review took the lowest of the
+    five whenever they varied: 2,000 for the periodic producer, 0 for on/off, 1,215 for the ramp)."""
+    observation = Observation(lag=0, partitions=12, drain_rate=1_000.0, arrival_rate=latest)
     rate, samples = smoothed_arrivals(observation, ScalingState(Size(1, 16), arrival_samples=earlier))
     assert rate == pytest.approx(expected)
     assert samples[-1] == latest and len(samples) <= 5

@@ -170,6 +170,11 @@ def ramp(start: float, end: float, low: float, high: float) -> Callable[[float],
     return value
 
 
+def square_wave(high: float, low: float, period: float) -> Callable[[float], float]:
+    """``high`` for the first half of every ``period`` seconds, ``low`` for the second: a periodic producer."""
+    return lambda t: high if t % period < period / 2 else low
+
+
 APP = "registry.example/orders:1.0"
 APP_SLOWER = "registry.example/orders:1.1"
 TEN_MS = {APP: Workload(APP, constant(0.010))}
@@ -603,6 +608,39 @@ SCENARIOS: tuple[Scenario, ...] = (
         workloads=TEN_MS,
         criteria=Criteria(within_target_seconds=540, max_overshoot=1.6),
         checks=(caveat_said("PodsNotReporting"), shrinks_once_quiet(300, 120)),
+    ),
+    Scenario(
+        name="periodic-producer",
+        summary="4,000/s and 2,000/s in turns of 15 s (a batch producer): one uneven level, sized for it, "
+        "not for the lower half",
+        spec=spec(),
+        duration=1.0 * HOUR,
+        arrivals=square_wave(4_000, 2_000, 30),
+        disturbance=600,
+        workloads=TEN_MS,
+        criteria=Criteria(within_target_seconds=540, max_underprovisioned_minutes=2),
+    ),
+    Scenario(
+        name="on-off-producer",
+        summary="6,000/s for 15 s, then nothing for 15 s, all hour: sized for the level it sends at, never "
+        "for the silent half",
+        spec=spec(),
+        duration=1.0 * HOUR,
+        arrivals=square_wave(6_000, 0, 30),
+        disturbance=600,
+        workloads=TEN_MS,
+        criteria=Criteria(within_target_seconds=540, max_underprovisioned_minutes=2),
+    ),
+    Scenario(
+        name="fast-ramp",
+        summary="arrivals ramp from 500/s to 20,000/s over 10 min, then hold: a rise that lasts is followed, "
+        "not held back as a burst",
+        spec=spec(),
+        duration=1.0 * HOUR,
+        arrivals=ramp(600, 1200, 500, 20_000),
+        disturbance=600,
+        workloads=TEN_MS,
+        criteria=Criteria(within_target_seconds=600, max_underprovisioned_minutes=3),
     ),
 )
 """Every scenario ``keyorder simulate`` knows, in the order ``--list`` shows them."""
