@@ -13,6 +13,9 @@ pinned by digest instead (docs/install.md).
     python -m tools.image --target runtime     # only one
     python -m tools.image --base-only          # only the cached base
 
+``make image`` tags the images ``:dev``; a release build (``make dist``, ``tools/dist.py``) tags them with
+the project's version (``release_tag``: pyproject.toml's ``version``, the one version of the wheel, the
+chart's ``appVersion`` and the image; ``tests/packaging/test_version.py``) and adds the OCI labels.
 ``tests/packaging/test_image.py`` builds and runs the images through this module.
 """
 
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +41,8 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_IMAGE = f"localhost/keyorder-debian:{DEBIAN_SUITE}"
 TARGETS = {"runtime": "localhost/keyorder:dev", "catchup": "localhost/keyorder-catchup:dev"}
 """Dockerfile target -> the local tag it is built as."""
+LICENSE = "Apache-2.0"
+"""The image's ``org.opencontainers.image.licenses`` (the Dockerfile sets the same; pyproject's ``license``)."""
 STORE = Path("/var/lib/containers/storage")
 PRUNE_ABOVE_BYTES = 20 * 1024**3
 """Each source change leaves about 2 GB of superseded layers; above this, they are pruned after a build
@@ -133,12 +140,39 @@ def ensure_python_base() -> str:
     return tag
 
 
-def build(target: str, tag: str | None = None) -> str:
-    """Build one Dockerfile target on the local base (layers cached); returns its tag."""
+def project_version(root: Path = ROOT) -> str:
+    """The project's one version: ``version`` in pyproject.toml (the wheel's; the chart's appVersion and
+    ``keyorder.__version__`` must equal it, which tests/packaging/test_version.py checks)."""
+    return str(tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"])
+
+
+def release_tag(target: str, version: str | None = None) -> str:
+    """The tag a release build of ``target`` gets: its ``:dev`` tag with the project's version instead."""
+    if target not in TARGETS:
+        raise ImageError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    repository = TARGETS[target].rpartition(":")[0]
+    return f"{repository}:{version or project_version()}"
+
+
+def oci_labels(version: str, source: str | None = None, revision: str | None = None) -> dict[str, str]:
+    """The OCI annotations a release image carries (image-spec annotations.md): the version and licence
+    always, the source repository's URL and the commit when they are known."""
+    labels = {"org.opencontainers.image.version": version, "org.opencontainers.image.licenses": LICENSE}
+    if source:
+        labels["org.opencontainers.image.source"] = source
+    if revision:
+        labels["org.opencontainers.image.revision"] = revision
+    return labels
+
+
+def build(target: str, tag: str | None = None, labels: Mapping[str, str] | None = None, context: Path = ROOT) -> str:
+    """Build one Dockerfile target of ``context`` on the local base (layers cached); returns its tag.
+    ``labels`` are set on the image (``buildah bud --label``) on top of the Dockerfile's ``LABEL``s."""
     if target not in TARGETS:
         raise ImageError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
     base = ensure_python_base()
     tag = tag or TARGETS[target]
+    label_flags = [flag for name, value in (labels or {}).items() for flag in ("--label", f"{name}={value}")]
     _run(
         [
             "buildah",
@@ -149,13 +183,24 @@ def build(target: str, tag: str | None = None) -> str:
             target,
             "--build-arg",
             f"PYTHON_IMAGE={base}",
+            *label_flags,
             "-t",
             tag,
-            str(ROOT),
+            str(context),
         ],
         f"building the {target} image",
     )
     return tag
+
+
+def image_labels(name: str) -> dict[str, str]:
+    """The labels in an image's configuration (``buildah inspect``)."""
+    output = _run(
+        ["buildah", "inspect", "--type", "image", "--format", "{{json .OCIv1.Config.Labels}}", name],
+        f"buildah inspect {name}",
+        timeout=60,
+    )
+    return dict(json.loads(output) or {})
 
 
 def store_bytes() -> int:
