@@ -898,12 +898,18 @@ IN_FLIGHT_SECONDS = 5.0
 holds in flight, not a backlog."""
 
 
+def in_flight_lag(arrivals: float, limits: ScalingLimits) -> float:
+    """The most lag a group that keeps up with ``arrivals`` holds in flight: ``IN_FLIGHT_SECONDS`` of them,
+    or the activation lag, or 1 (``keyorder simulate``'s criteria use it too)."""
+    return max(limits.activation_lag, arrivals * IN_FLIGHT_SECONDS, 1)
+
+
 def kept_up(observation: Observation, state: ScalingState, arrivals: float, limits: ScalingLimits) -> bool:
     """Kafka's lag is only what is in flight, on this poll and the last: the group keeps up. While pods
     do not report, a scale-down of pods waits for this (and for the down-window, whose recommendations
     were all lower): a silent pod then no longer holds the group at its peak (Kafka's lag is the
     evidence, as when every pod is silent)."""
-    in_flight = max(limits.activation_lag, arrivals * IN_FLIGHT_SECONDS, 1)
+    in_flight = in_flight_lag(arrivals, limits)
     previous = state.drainable_lag
     return drainable_lag(observation) <= in_flight and previous is not None and previous <= in_flight
 

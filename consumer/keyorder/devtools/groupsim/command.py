@@ -141,7 +141,7 @@ def _against_keda(args: argparse.Namespace, chosen: tuple[Scenario, ...]) -> int
     rows, failed = [], 0
     for scenario in chosen:
         print(f"{scenario.name}: {scenario.summary}", flush=True)
-        comparison = compare(scenario, seed=args.seed, keda=keda)
+        comparison = compare(scenario, seed=args.seed, keda=keda, restart_every=args.restart_every)
         missed = failures(comparison.keyorder)
         failed += bool(missed)
         print(table(comparison))

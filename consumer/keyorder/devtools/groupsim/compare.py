@@ -48,8 +48,6 @@ class Outcome:
     replica_changes: int
     peak_workers: int
     needed_workers: int
-    order_violations: int = 0
-    """0 by construction for both policies (see the module docstring); the fluid model does not count them."""
 
     @property
     def workers_over_need(self) -> float | None:
@@ -103,9 +101,12 @@ def outcome(measured: Measured, needed_workers: int) -> Outcome:
     )
 
 
-def compare(scenario: Scenario, seed: int = 1, keda: KedaSettings | None = None) -> Comparison:
-    """Run ``scenario`` under both policies, same seed and arrivals."""
-    ours = measure(run(scenario, seed=seed))
+def compare(
+    scenario: Scenario, seed: int = 1, keda: KedaSettings | None = None, restart_every: float | None = None
+) -> Comparison:
+    """Run ``scenario`` under both policies, same seed and arrivals; ``restart_every`` restarts keyorder's
+    operator (the KEDA reference keeps its memory: KEDA's and the HPA's restarts are not modelled)."""
+    ours = measure(run(scenario, seed=seed, restart_every=restart_every))
     theirs = measure(run(scenario, seed=seed, keda=keda or KedaSettings()))
     need = ours.needed_workers
     return Comparison(scenario, seed, ours, theirs, outcome(ours, need), outcome(theirs, need))
@@ -115,7 +116,7 @@ def verdict(comparison: Comparison) -> str:
     """``as fast, cheaper`` and its variants: whether keyorder drained at least as fast at no more pod-minutes."""
     ours, theirs = comparison.keyorder_outcome, comparison.keda_outcome
     faster = _at_least_as_fast(ours.seconds_to_target, theirs.seconds_to_target)
-    cheaper = round(ours.pod_minutes) <= round(theirs.pod_minutes)  # as the table shows them
+    cheaper = ours.pod_minutes <= theirs.pod_minutes
     words = ("as fast" if faster else "slower") + (", no costlier" if cheaper else ", costlier")
     if comparison.scenario.name in SPIKE_SCENARIOS:
         ratio = comparison.time_ratio

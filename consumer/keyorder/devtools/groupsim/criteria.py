@@ -13,12 +13,10 @@ import math
 from dataclasses import dataclass
 
 from keyorder.devtools.groupsim.driver import Run
-from keyorder_operator.policy import shape
+from keyorder_operator.policy import in_flight_lag, shape
 from keyorder_operator.spec import parse_spec
 from keyorder_operator.status import limits_from_spec
 
-IN_FLIGHT_SECONDS = 5.0
-"""A lag of at most this many seconds of arrivals is what a keeping-up group has in flight, not a backlog."""
 GROWTH_SHARE = 0.05
 """The lag grows when it rose over a poll interval by more than this share of what arrived in it
 (plus the activation lag): a scale-down then is a failure."""
@@ -55,7 +53,7 @@ def measure(run: Run) -> Measured:
     within: float | None = 0.0  # until the backlog is within the target for good
     for point in points:
         arrivals = scenario.arrivals(point.t)
-        in_flight = max(limits.activation_lag, arrivals * IN_FLIGHT_SECONDS, 1)
+        in_flight = in_flight_lag(arrivals, limits)
         net = point.capacity - arrivals
         if not (point.lag <= in_flight or (net > 0 and point.lag / net <= target)):
             within = point.t - scenario.disturbance + scenario.step_seconds

@@ -40,7 +40,7 @@ not configured by default); a paused ScaledObject (``autoscaling.keda.sh/paused`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,6 @@ class KedaDecision:
     """The external metric the HPA read (the capped total lag), ``None`` when it could not."""
     active: bool
     reason: str
-    recommendations: list[int] = field(default_factory=list)
 
 
 def kafka_metric(partition_lags: tuple[int, ...], settings: KedaSettings) -> tuple[int, bool]:

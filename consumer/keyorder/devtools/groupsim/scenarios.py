@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keyorder.devtools.groupsim.model import GroupSettings, SimulatedGroup, Workload
-from keyorder_operator.policy import shape
+from keyorder_operator.policy import in_flight_lag, shape
 from keyorder_operator.spec import parse_spec
 from keyorder_operator.status import limits_from_spec
 
@@ -280,18 +280,25 @@ def no_flap_within(seconds: float) -> Check:
 
 
 def peak_within_need_after(end: float, most: float) -> Check:
-    """Peak decided workers at most ``most`` x the workers the group needed from ``end`` on (the lag to
-    drain within the target plus the arrivals, at the true rate; shaped as the policy shapes them): a
-    burst that is over is a backlog to drain, not a rate to keep up with."""
+    """Peak decided workers at most ``most`` x the workers the burst leaves to do once it ended at ``end``:
+    its volume above the rate after it (from the scenario, not from the run, so a policy that lets more
+    backlog build does not raise its own allowance) drained within the target, plus the arrivals after it,
+    at the true per-worker rate; shaped as the policy shapes them. A burst that is over is a backlog to
+    drain, not a rate to keep up with."""
 
     def check(measured: Measured) -> str | None:
         scenario = measured.run.scenario
         limits = limits_from_spec(parse_spec(scenario.spec_at(end)))
-        needed = 1
-        for point in measured.run.points:
-            if point.t >= end and point.per_worker_rate:
-                rate = (point.lag / limits.target_drain_seconds + scenario.arrivals(point.t)) / point.per_worker_rate
-                needed = max(needed, math.ceil(rate))
+        after = scenario.arrivals(end)
+        step = scenario.step_seconds
+        volume = sum(
+            max(scenario.arrivals(scenario.disturbance + i * step) - after, 0.0) * step
+            for i in range(math.ceil((end - scenario.disturbance) / step))
+        )
+        true_rate = next((p.per_worker_rate for p in measured.run.points if p.t >= end and p.per_worker_rate), None)
+        if not true_rate:
+            return "no per-worker rate after the burst"
+        needed = max(math.ceil((volume / limits.target_drain_seconds + after) / true_rate), 1)
         shaped = shape(needed, limits, scenario.group.partitions).capacity
         peak = max((p.target.capacity for p in measured.run.polls if p.t >= scenario.disturbance), default=0)
         return (
@@ -305,20 +312,18 @@ def peak_within_need_after(end: float, most: float) -> Check:
 
 
 def shrinks_once_quiet(window: float, slack: float) -> Check:
-    """Once the lag has been within what is in flight (``IN_FLIGHT_SECONDS`` of arrivals, or the activation
-    lag) for ``window`` seconds after the disturbance, the replicas are below their peak within ``slack``
-    seconds more: a pod that does not report does not hold the group at its peak."""
+    """Once the lag has been within what is in flight (``policy.in_flight_lag``) for ``window`` seconds after
+    the disturbance, the replicas are below their peak within ``slack`` seconds more: a pod that does not
+    report does not hold the group at its peak."""
 
     def check(measured: Measured) -> str | None:
-        from keyorder.devtools.groupsim.criteria import IN_FLIGHT_SECONDS
-
         scenario = measured.run.scenario
         limits = limits_from_spec(parse_spec(scenario.spec_at(scenario.disturbance)))
         points = [p for p in measured.run.points if p.t >= scenario.disturbance]
         peak = max((p.replicas for p in points), default=0)
         quiet_since: float | None = None
         for point in points:
-            in_flight = max(limits.activation_lag, scenario.arrivals(point.t) * IN_FLIGHT_SECONDS, 1)
+            in_flight = in_flight_lag(scenario.arrivals(point.t), limits)
             if point.lag > in_flight:
                 quiet_since = None
             elif quiet_since is None:
