@@ -46,12 +46,17 @@ class Outcome:
     peak_lag: float
     pod_minutes: float
     replica_changes: int
-    peak_workers: int
+    peak_workers: int | None
+    """``None`` for the KEDA reference: its workers are the threads of the partitions its ready pods own,
+    which the fluid model does not count apart from the partitions themselves (review of issue 39,
+    finding 7: a constant would say nothing)."""
     needed_workers: int
 
     @property
     def workers_over_need(self) -> float | None:
-        return self.peak_workers / self.needed_workers if self.needed_workers else None
+        if self.peak_workers is None or not self.needed_workers:
+            return None
+        return self.peak_workers / self.needed_workers
 
 
 @dataclass(frozen=True)
@@ -86,10 +91,7 @@ def outcome(measured: Measured, needed_workers: int) -> Outcome:
     after = [p for p in run_.points if p.t >= scenario.disturbance]
     pod_minutes = sum(p.replicas for p in run_.points) * scenario.step_seconds / 60
     changes = sum(1 for poll in run_.polls if poll.target.replicas != poll.before.replicas)
-    if run_.policy == "keda":  # one thread per partition a pod owns: the partitions, once any pod runs
-        peak = scenario.group.partitions if any(p.ready for p in after) else 0
-    else:
-        peak = measured.peak_workers
+    peak = None if run_.policy == "keda" else measured.peak_workers
     return Outcome(
         policy=run_.policy,
         seconds_to_target=measured.seconds_to_within_target,
@@ -146,8 +148,8 @@ def table(comparison: Comparison) -> str:
     rows.append(
         (
             "peak workers / need",
-            f"{ours.peak_workers} / {ours.needed_workers}",
-            f"{theirs.peak_workers} / {theirs.needed_workers}",
+            f"{ours.peak_workers if ours.peak_workers is not None else '-'} / {ours.needed_workers}",
+            f"{theirs.peak_workers if theirs.peak_workers is not None else '-'} / {theirs.needed_workers}",
         )
     )
     rows.append(("order violations", "0 (per-key lanes)", "0 (thread per partition)"))
