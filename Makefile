@@ -79,6 +79,13 @@ clean:
 image: $(STAMP)
 	$(PY) -m tools.image
 
+# The release artefacts from a clean checkout of HEAD, at pyproject's version, each checked: the wheel and
+# sdist (the wheel installs into a clean venv and prints `keyorder --version`), the chart's .tgz (it
+# renders), the runtime and catchup images with OCI version labels (buildah, as root). Files in dist/.
+.PHONY: dist
+dist: $(STAMP)
+	$(PY) -m tools.dist
+
 # Every derived file: the CRD, its embedded Kubernetes schemas, the docs tables and the image's locks
 # (each has a drift test).
 generate: kubernetes-types crds docs locks
