@@ -194,13 +194,9 @@ def build(target: str, tag: str | None = None, labels: Mapping[str, str] | None 
 
 
 def image_labels(name: str) -> dict[str, str]:
-    """The labels in an image's configuration (``buildah inspect``)."""
-    output = _run(
-        ["buildah", "inspect", "--type", "image", "--format", "{{json .OCIv1.Config.Labels}}", name],
-        f"buildah inspect {name}",
-        timeout=60,
-    )
-    return dict(json.loads(output) or {})
+    """The labels in an image's OCI configuration (``buildah inspect``; its ``--format`` has no ``json``)."""
+    output = _run(["buildah", "inspect", "--type", "image", name], f"buildah inspect {name}", timeout=60)
+    return dict(json.loads(output)["OCIv1"]["config"].get("Labels") or {})
 
 
 def store_bytes() -> int:
