@@ -84,6 +84,22 @@ def test_keda_scales_from_zero_on_its_polling_interval_and_to_zero_after_the_coo
     assert decide(330.0, 1, (0,), replace(quiet, last_poll=300.0), settings).replicas == 0
 
 
+def test_keda_raises_an_inactive_target_below_min_replica_count_to_it():
+    """``RequestScale``'s ``currentReplicas < minReplicas`` case (review of issue 39, finding 8: the
+    reference stayed at 0)."""
+    settings = replace(DEFAULTS, min_replicas=2)
+    assert decide(30.0, 0, (0,) * 12, KedaState(last_poll=0.0), settings).replicas == 2
+    assert decide(15.0, 0, (0,) * 12, KedaState(last_poll=0.0), settings).replicas == 0, "on KEDA's loop only"
+
+
+def test_last_active_time_is_set_on_keda_s_loop_not_on_every_hpa_sync():
+    """``LastActiveTime`` is RequestScale's, every ``pollingInterval`` (review of issue 39, finding 8)."""
+    state = KedaState(last_poll=0.0, last_active=0.0)
+    between = decide(15.0, 1, (5,), state, replace(DEFAULTS, min_replicas=0))
+    assert between.state.last_active == 0.0, "an HPA sync between KEDA's polls"
+    assert decide(30.0, 1, (5,), state, replace(DEFAULTS, min_replicas=0)).state.last_active == 30.0
+
+
 def test_an_unreadable_lag_or_a_pause_keeps_the_replicas():
     assert decide(15.0, 7, None, KedaState(), DEFAULTS).replicas == 7
     assert decide(15.0, 7, (1_000,) * 12, KedaState(), DEFAULTS, paused=True).replicas == 7

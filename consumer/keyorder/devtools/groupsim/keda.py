@@ -14,8 +14,10 @@ Deployment. To say how the keyorder autoscaler does against it, the simulator ru
 - **KEDA's own loop**, ``pkg/scaling/executor/scale_scaledobjects.go`` (``RequestScale``,
   ``scaleFromZeroOrIdle``, ``scaleToZeroOrIdle``): every ``pollingInterval`` (30 s,
   ``apis/keda/v1alpha1/withtriggers_types.go``) it only moves between 0 and the minimum: an active
-  trigger at 0 replicas scales to ``max(minReplicaCount, 1)``; with ``minReplicaCount`` 0, a trigger
-  inactive for ``cooldownPeriod`` (300 s, ``scale_executor.go``) scales to 0. Everything in between
+  trigger at 0 replicas scales to ``max(minReplicaCount, 1)``; an inactive one below
+  ``minReplicaCount`` is raised to it; with ``minReplicaCount`` 0, a trigger inactive for
+  ``cooldownPeriod`` (300 s, ``scale_executor.go``) scales to 0, counted from ``LastActiveTime``, which
+  only this loop sets (an active trigger at its polls, not at the HPA's syncs). Everything in between
   is the HPA's, whose ``minReplicas`` is ``max(minReplicaCount, 1)``.
 - **The HPA**, kubernetes ``pkg/controller/podautoscaler/replica_calculator.go``
   (``GetExternalPerPodMetricReplicas``): KEDA's metric is an ``AverageValue`` target of
@@ -202,16 +204,22 @@ def decide(
     if partition_lags is None:
         return KedaDecision(current, state, None, False, "metric unavailable: the HPA keeps the replicas")
     metric, active = kafka_metric(partition_lags, settings)
-    if active:
-        state = replace(state, last_active=now)
     keda_loop = state.last_poll is None or now - state.last_poll >= settings.polling_interval - 1e-9
     if keda_loop:
-        state = replace(state, last_poll=now)
-    if current == 0:  # the HPA does not scale from 0; KEDA's loop does, when the trigger is active
-        if keda_loop and active:
-            target = max(settings.min_replicas, 1)
-            reason = f"KEDA: trigger active (lag {sum(partition_lags)}), 0 -> {target}"
-            return KedaDecision(target, _recorded(state, 0, target, now, settings), metric, active, reason)
+        # RequestScale, on KEDA's polling loop (not on the HPA's syncs): an active trigger sets
+        # LastActiveTime, in scaleFromZeroOrIdle and in its default case alike
+        state = replace(state, last_poll=now, last_active=now if active else state.last_active)
+    if current == 0 and keda_loop and active:  # the HPA does not scale from 0; KEDA's loop does
+        target = max(settings.min_replicas, 1)
+        reason = f"KEDA: trigger active (lag {sum(partition_lags)}), 0 -> {target}"
+        return KedaDecision(target, _recorded(state, 0, target, now, settings), metric, active, reason)
+    if keda_loop and not active and current < settings.min_replicas:
+        # RequestScale's "currentReplicas < minReplicas" case (no idleReplicaCount): inactive, the target
+        # is raised to minReplicaCount all the same
+        target = settings.min_replicas
+        reason = f"KEDA: trigger inactive, {current} replicas below minReplicaCount -> {target}"
+        return KedaDecision(target, _recorded(state, current, target, now, settings), metric, active, reason)
+    if current == 0:
         return KedaDecision(0, state, metric, active, "KEDA: scaled to zero, trigger inactive")
     idle_since = state.last_active if state.last_active is not None else -math.inf
     if settings.min_replicas == 0 and keda_loop and not active and now - idle_since >= settings.cooldown_period:
