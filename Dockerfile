@@ -58,7 +58,7 @@ RUN /opt/keyorder/bin/pip install --no-deps --no-index /wheels/catchup/*.whl
 # --- builder: keyorder's wheel, installed alone under /opt/keyorder-app (the final stages copy it over
 # the venv, so a source change rebuilds a small layer, not the dependencies'), and checked in the venv
 FROM venv-builder AS builder
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY consumer/ consumer/
 COPY operator/ operator/
 COPY examples/keyorder_example/ examples/keyorder_example/

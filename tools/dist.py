@@ -34,8 +34,10 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,6 +115,11 @@ def build_python(tree: Path, version: str) -> tuple[Path, Path]:
     if len(wheels) != 1 or len(sdists) != 1:
         found = ", ".join(path.name for path in sorted(DIST.iterdir())) or "nothing"
         raise DistError(f"expected one keyorder-{version} wheel and sdist in dist/, found: {found}")
+    with zipfile.ZipFile(wheels[0]) as wheel, tarfile.open(sdists[0]) as sdist:
+        if f"keyorder-{version}.dist-info/licenses/LICENSE" not in wheel.namelist():
+            raise DistError(f"{wheels[0].name} carries no LICENSE (pyproject's license-files)")
+        if f"keyorder-{version}/LICENSE" not in sdist.getnames():
+            raise DistError(f"{sdists[0].name} carries no LICENSE")
     return wheels[0], sdists[0]
 
 
@@ -212,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         DIST.mkdir()
         with clean_checkout(revision) as tree:
             wheel, sdist = build_python(tree, version)
-            say(f"built {sdist.name} and {wheel.name} (from the sdist)")
+            say(f"built {sdist.name} and {wheel.name} (from the sdist), each with the LICENSE")
             check_wheel(wheel, version)
             say(f"checked {wheel.name}: installs into a clean venv; `keyorder --version` prints 'keyorder {version}'")
             archive = build_chart(tree)
