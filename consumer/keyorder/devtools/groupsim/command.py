@@ -52,7 +52,8 @@ def add_simulate_flags(parser: argparse.ArgumentParser) -> None:
         "--restart-every",
         type=_positive_seconds,
         metavar="SECONDS",
-        help="restart the operator every SECONDS of simulated time: it resumes from status.autoscaler (default: never)",
+        help="restart the operator every SECONDS of simulated time: it resumes from status.autoscaler (default: "
+        "never; with --against keda, keyorder's run only)",
     )
 
 
