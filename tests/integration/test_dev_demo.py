@@ -43,6 +43,9 @@ def test_quick_demo_scales_out_then_workers_then_in_with_every_order_in_sequence
     assert 1 < keda["peak_replicas"] <= partitions, "KEDA's metric is capped at the partition count"
     assert keda["timeline"][0]["t"] < report["spike_drained_seconds"], "not run beside the autoscaled group"
     assert "could not push" not in result.stdout + result.stderr, "workers pushed to a pod a scale-in stopped"
+    simulated = report["simulated_drain_seconds"]  # the simulator's replay, printed beside the measured times
+    assert simulated["keyorder"] > 0 and simulated["keda"] > 0, simulated
+    assert f"KEDA {simulated['keda']:,.1f} s (this run" in result.stdout
     right_sized = report["right_sized_comparison"]
     peak = report["peak"]
     assert (right_sized["pods"], right_sized["workers_per_pod"]) == (peak["replicas"], peak["workers_per_pod"])

@@ -25,6 +25,9 @@ from keyorder.devtools.drain import crossing_seconds_before
 from keyorder.devtools.groupsim.keda import KedaSettings, KedaState, decide
 from keyorder.devtools.local_pods import LocalPods
 
+KEDA_STOP_GRACE_SECONDS = 5.0
+"""How long the KEDA group's processes may take to stop once it drained (then they are killed)."""
+
 
 @dataclass
 class KedaGroupRun:
@@ -93,7 +96,10 @@ class KedaGroup:
         except Exception as error:  # reported with the comparison: the demo goes on without it
             self.run.error = f"the KEDA group failed: {error!r}"
         finally:
-            self.pods.stop_all()
+            # Its measurement is over and nothing audits it: do not wait out its pods' stop. All of them
+            # leaving at once rebalances the group on the embedded broker, and a stopping pod handed a
+            # partition then spent up to 3 x 10 s reading committed offsets (docs/operator.md).
+            self.pods.stop_all(grace=KEDA_STOP_GRACE_SECONDS)
             self.lag_source.close()
 
     def _drive(self) -> None:

@@ -136,13 +136,13 @@ class LocalPods:
         ]
         return dead + self.failed_stops
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace: float | None = None) -> None:
         """SIGTERM to every process, and wait for all of them (the stopping ones too), killing those past
-        their grace."""
+        their grace (``STOP_GRACE_SECONDS``, or ``grace`` for a group whose last commits do not matter)."""
         for pod in self.pods:
             if pod.process.poll() is None:
                 pod.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        deadline = time.monotonic() + (STOP_GRACE_SECONDS if grace is None else grace)
         for pod in [*self.pods, *self.stopping]:
             try:
                 pod.process.wait(max(min(deadline, pod.kill_at or deadline) - time.monotonic(), 0.1))
