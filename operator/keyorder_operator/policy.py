@@ -49,8 +49,9 @@ The algorithm, in order:
 10. **Stabilization** (as the HPA does, over the recommended *replicas*, and separately over the
     recommended capacity, which sets the workers per pod): a scale-up takes the smallest
     recommendation of the scale-up window, a scale-down the largest of the scale-down window. No
-    scale-down while the lag grows; none of pods while pods do not report, unless Kafka's lag shows
-    the group keeps up and the pods keep their workers (``quiet_scale_in``). Then the rate limits
+    scale-down while the lag grows, nor on a poll with no last lag to tell (``growth_unknown``); none
+    of pods while pods do not report, unless Kafka's lag shows the group keeps up and the pods keep
+    their workers (``quiet_scale_in``). Then the rate limits
     (HPA's default: the larger of 4 pods or 100% per 15 s) cap the change of replicas, workers per
     pod making up the capacity where the pods are held back, within the CPU bound. The memory of
     recommendations keeps only those a window can still use (``window_memory``): a few entries, kept
@@ -1173,6 +1174,13 @@ def lag_growing(observation: Observation, state: ScalingState, limits: ScalingLi
     return lag - previous > GROWTH_SHARE * arrived + limits.activation_lag / 2
 
 
+def growth_unknown(observation: Observation, state: ScalingState, limits: ScalingLimits) -> bool:
+    """No last lag to tell whether a lag at or above the activation lag grows (the first poll of a new
+    resource, or after a restart: ``MEASURED_EACH_POLL``): no scale-down on such a poll, as while the lag
+    grows. A periodic producer's on-half otherwise looked like a quiet poll right after every restart."""
+    return state.drainable_lag is None and drainable_lag(observation) >= max(limits.activation_lag, 1)
+
+
 STEADY_BAND = 0.02
 """Drain and arrivals within this share of each other: the group keeps up, and the lag is only what
 is in flight (it holds at its level)."""
@@ -1377,7 +1385,9 @@ def _sized(
     # fewer pods for the same capacity is a scale-down of pods, and waits for its window)
     hard = replace(bound, replicas=None)
     caveat = silent_pods_caveat(observation, silent_polls)
-    if growing and (target.replicas < current.replicas or target.capacity < current.capacity):
+    if (growing or growth_unknown(observation, state, limits)) and (
+        target.replicas < current.replicas or target.capacity < current.capacity
+    ):
         # never shrink while the lag grows; only the CPU's bound may still take surplus workers away
         target, cause = fitted(current, hard, limits, partitions), Cause.LAG_GROWING
     elif (

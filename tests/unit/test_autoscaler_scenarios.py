@@ -33,8 +33,6 @@ of the poll interval each time."""
 
 
 KNOWN_RESTART_FAILURES = {
-    "on-off-producer": "the first poll after a restart has no previous lag (policy.MEASURED_EACH_POLL), so it "
-    "cannot tell the on-half's lag 0 -> 6,000 grows, and takes one worker per pod off (20 -> 19) within it",
     "slow-ramp": "a step that adds pods lowers the workers of the pods in place at once (6 x 29 -> 12 x 17 at "
     "t=5445 s): for the 30 s the new pods start, the ready capacity is 10,000/s under 12,000/s of arrivals, and "
     "the backlog leaves the target; with the arrival samples resumed after restarts the path reaches such a "

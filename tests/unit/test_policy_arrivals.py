@@ -11,6 +11,7 @@ from keyorder_operator.policy import (
     Observation,
     ScalingState,
     Size,
+    growth_unknown,
     kept_up,
     quiet_scale_in,
     smoothed_arrivals,
@@ -43,6 +44,17 @@ def test_the_arrival_rate_is_the_rate_that_has_lasted(earlier, latest, expected)
     rate, samples = smoothed_arrivals(observation, ScalingState(Size(1, 16), arrival_samples=earlier))
     assert rate == pytest.approx(expected)
     assert samples[-1] == latest and len(samples) <= 5
+
+
+def test_no_scale_down_on_a_poll_that_cannot_tell_whether_the_lag_grows():
+    """The first poll after a restart has no last lag (``MEASURED_EACH_POLL``): an on/off producer's
+    on-half (lag 0 -> 6,000) took a worker per pod off there (review of issue 39; the on-off-producer
+    scenario through restarts)."""
+    on_half = Observation(lag=6_000, partitions=12, drain_rate=None, arrival_rate=6_000.0)
+    assert growth_unknown(on_half, ScalingState(Size(4, 20)), LIMITS)
+    assert not growth_unknown(on_half, ScalingState(Size(4, 20), drainable_lag=0), LIMITS)
+    quiet = Observation(lag=10, partitions=12, drain_rate=None, arrival_rate=0.0)
+    assert not growth_unknown(quiet, ScalingState(Size(4, 20)), LIMITS), "below the activation lag: no backlog"
 
 
 def test_a_scale_in_while_a_pod_is_silent_waits_for_the_lag_to_be_only_what_is_in_flight():
