@@ -126,6 +126,18 @@ BROKEN_BY_RULES = {
         {"scaling": {"fallback": {"failureThreshold": 3, "replicas": 0}}},
     ),
     "spec.catchup.image is required when spec.catchup.enabled": ("catchup", {"catchup": {"enabled": True}}),
+    "spec.catchup.sparkConf cannot set spark.speculation to other than false": (
+        "speculation",
+        {"catchup": {"enabled": True, "image": "catchup:1", "sparkConf": {" spark.speculation ": "true"}}},
+    ),
+    "spec.catchup.master local[n,f] with f above 1": (
+        "failures",
+        {"catchup": {"enabled": True, "image": "catchup:1", "master": "local[2,3]"}},
+    ),
+    "spec.catchup.master spark:// (or local-cluster) needs the secret": (
+        "secret",
+        {"catchup": {"enabled": True, "image": "catchup:1", "master": "spark://spark-master:7077"}},
+    ),
 }
 
 
@@ -133,14 +145,14 @@ def test_every_cel_rule_of_the_crd_is_evaluated_on_create_patch_apply_and_put(ku
     """https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation-rules
     : every ``x-kubernetes-validations`` rule is evaluated (CEL, here with cel-python), on the defaulted object,
     at create and update; a rule that fails refuses the object with its message, at the rule's field
-    (``fieldPath``). Each of the CRD's nine rules is broken once."""
+    (``fieldPath``). Each of the CRD's twelve rules is broken once."""
     crd = yaml.safe_load(CRD_FILE.read_text())
     rules = [
         rule["message"]
         for node in walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         for rule in node.get("x-kubernetes-validations") or []
     ]
-    assert len(rules) == len(BROKEN_BY_RULES) == 9
+    assert len(rules) == len(BROKEN_BY_RULES) == 12
     for message, (name, spec) in BROKEN_BY_RULES.items():
         assert any(rule.startswith(message) for rule in rules), message
         body = refused(lambda name=name, spec=spec: kube.create(CR, consumer(name, **spec)), 422)
