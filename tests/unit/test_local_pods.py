@@ -34,10 +34,10 @@ def test_a_stopped_process_that_exits_with_an_error_on_sigterm_is_reported(tmp_p
     pods = LocalPods(tmp_path, {})
     pods.pods = [stand_in(tmp_path, "pod-1", ON_SIGTERM_EXIT.format(code=0))]
     pods.pods.append(stand_in(tmp_path, "pod-2", ON_SIGTERM_EXIT.format(code=3)))
-    pods.scale(1)  # returns at once: pod-2 stops in the background
-    assert [pod.log_path.name for pod in pods.stopping] == ["pod-2.log"]
-    wait_for(lambda: pods.crashed(), 30, "pod-2 to exit")  # hang guard
-    assert not pods.stopping
+    pods.pods.append(stand_in(tmp_path, "pod-3", "pass"))  # no handler yet (a pod still starting): -SIGTERM
+    pods.scale(1)  # returns at once: pod-2 and pod-3 stop in the background
+    assert sorted(pod.log_path.name for pod in pods.stopping) == ["pod-2.log", "pod-3.log"]
+    wait_for(lambda: pods.crashed() and not pods.stopping, 30, "pod-2 and pod-3 to exit")  # hang guard
     assert pods.crashed() == ["pod-2.log: exit 3 on SIGTERM"]
     assert pods.crashed() == ["pod-2.log: exit 3 on SIGTERM"], "reported on every call, not once"
     pods.stop_all()

@@ -1,4 +1,4 @@
-"""The pod's lane scheduler: one FIFO per lane, one ready queue, any idle worker runs any lane.
+"""The pod's lane scheduler: one FIFO per lane, ready lanes by their head's arrival, any idle worker runs any lane.
 
 A *lane* is the unit of ordering (a key, a partition, or a single message when unordered, see
 ``routing``). Every delivery waits in its lane's own FIFO. A lane is **ready** when it has a head
@@ -111,7 +111,8 @@ class LaneSummary:
 
 
 class LaneScheduler:
-    """Per-lane FIFOs, one ready queue, and a heap of parked lanes by due time."""
+    """Per-lane FIFOs, the ready lanes (by their head's arrival, or for ``continue_first`` in one queue), and a
+    heap of parked lanes by due time."""
 
     def __init__(self, continue_first: bool = False) -> None:
         self._continue_first = continue_first

@@ -34,6 +34,8 @@ from keyorder.logs import configure_logging
 
 TOPIC = "orders"
 DLQ_TOPIC = "orders.dlq"
+COMPARISON_DLQ_TOPIC = "orders.dlq.comparisons"
+"""The comparison groups' dead letters: ``--poison-key`` counts the autoscaled group's in ``DLQ_TOPIC``."""
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -359,11 +361,13 @@ def run_fixed_group(
     seconds: float,
     interval: float,
     committed_threshold: int | None = None,
+    abandoned: threading.Event | None = None,
 ) -> FixedGroupRun:
     """Run ``replicas`` pods with ``settings`` and sample the group's lag every ``interval`` seconds
     until a sample meets ``until`` (at most ``seconds``); with ``committed_threshold``, ``reached_after``
     is when the committed total crossed it (interpolated between samples). The pods are stopped before
-    it returns. ``keyorder dev`` measures the autoscaled group against such a fixed-size group."""
+    it returns, and as soon as ``abandoned`` is set. ``keyorder dev`` measures the autoscaled group against
+    such a fixed-size group."""
     group = settings["KEYORDER_GROUP_ID"]
     pods = LocalPods(workdir, settings, name=name)
     started = time.monotonic()
@@ -371,7 +375,10 @@ def run_fixed_group(
     previous = None
     try:
         while time.monotonic() < started + seconds:
-            time.sleep(interval)
+            if abandoned is not None and abandoned.wait(interval):
+                return FixedGroupRun(died="abandoned: the demo stopped")
+            if abandoned is None:
+                time.sleep(interval)
             if pods.crashed():
                 return FixedGroupRun(died=f"a consumer process died: {pods.crashed()}")
             try:
@@ -389,7 +396,14 @@ def run_fixed_group(
         pods.stop_all()
 
 
-def measure_right_sized_group(bootstrap: str, options: DevOptions, workdir: Path, spike_end: int, size) -> dict:
+def measure_right_sized_group(
+    bootstrap: str,
+    options: DevOptions,
+    workdir: Path,
+    spike_end: int,
+    size,
+    abandoned: threading.Event | None = None,
+) -> dict:
     """A keyorder group started at ``size`` (the autoscaler's peak) on the same topic from the
     beginning: how long it takes to drain the same spike. The autoscaler is judged against it. It reads
     the lag with a client of its own (it runs in a thread beside the demo's other groups)."""
@@ -399,7 +413,13 @@ def measure_right_sized_group(bootstrap: str, options: DevOptions, workdir: Path
     try:
         run = run_fixed_group(
             workdir,
-            pod_settings(bootstrap, "static-right-sized", options, KEYORDER_WORKERS=str(size.workers)),
+            pod_settings(
+                bootstrap,
+                "static-right-sized",
+                options,
+                KEYORDER_WORKERS=str(size.workers),
+                KEYORDER_DLQ_TOPIC=COMPARISON_DLQ_TOPIC,
+            ),
             "right-sized",
             size.replicas,
             lag_source,
@@ -407,6 +427,7 @@ def measure_right_sized_group(bootstrap: str, options: DevOptions, workdir: Path
             seconds=options.timeout,
             interval=0.25,
             committed_threshold=spike_end,
+            abandoned=abandoned,
         )
     finally:
         lag_source.close()
@@ -490,7 +511,7 @@ def dev_command(args: argparse.Namespace) -> int:
         target_drain_seconds=options.target_drain_seconds,
         activation_lag=50,
         scale_down_window_seconds=options.scale_down_window,
-        # the demo compresses time (a 60 s target, 2 s polls): HPA's default scale-up policy (4 pods or
+        # the demo compresses time (a 30 s target, 2 s polls): HPA's default scale-up policy (4 pods or
         # 100% per 15 s) per poll instead of per 15 s
         scale_up_rates=(
             RateLimit(RateKind.PODS, 4, options.poll_seconds),
@@ -501,7 +522,7 @@ def dev_command(args: argparse.Namespace) -> int:
     limits_hit: list[dict] = []
     blocked_polls = 0
     with EmbeddedBroker() as broker:
-        create_topics(broker.bootstrap, [TOPIC, DLQ_TOPIC], options.partitions)
+        create_topics(broker.bootstrap, [TOPIC, DLQ_TOPIC, COMPARISON_DLQ_TOPIC], options.partitions)
         stream = OrderStream(
             broker.bootstrap,
             TOPIC,
@@ -545,6 +566,7 @@ def dev_command(args: argparse.Namespace) -> int:
                     "keda-partition-ordered",
                     options,
                     KEYORDER_ORDERING="partition",
+                    KEYORDER_DLQ_TOPIC=COMPARISON_DLQ_TOPIC,  # the audit counts the autoscaled group's alone
                     KEYORDER_WORKERS=str(options.partitions),  # a handler thread per partition: a plain consumer
                 ),
                 KafkaLagSource({"bootstrap.servers": broker.bootstrap}),
@@ -555,20 +577,33 @@ def dev_command(args: argparse.Namespace) -> int:
                 started,
                 deadline=options.timeout,
             )
-            keda.start()
-            print(
-                f"  beside it: a partition-ordered group scaled by KEDA's Kafka trigger and the HPA "
-                f"(1 to {options.partitions} pods, a thread per partition)",
-                flush=True,
-            )
-        producer_thread.start()
-        view = View(options.ui)
+        abandoned = threading.Event()
+        """Set on an error or Ctrl-C: the comparisons stop at once (their processes too)."""
+
+        def abandon() -> None:
+            abandoned.set()
+            comparisons.shutdown(wait=True, cancel_futures=True)
+            if keda is not None:
+                keda.stop()
+                keda.join()
+            pods.stop_all()
+
+        view = None
         previous = None
         history: list[int] = []
         drained_at = scaled_in_at = None
         previous_cause = None
         peak = Size(1, options.initial_workers)
         try:
+            if keda is not None:
+                keda.start()
+                print(
+                    f"  beside it: a partition-ordered group scaled by KEDA's Kafka trigger and the HPA "
+                    f"(1 to {options.partitions} pods, a thread per partition)",
+                    flush=True,
+                )
+            producer_thread.start()
+            view = View(options.ui)
             while time.monotonic() - started < options.timeout:
                 time.sleep(options.poll_seconds)
                 elapsed = time.monotonic() - started
@@ -621,6 +656,7 @@ def dev_command(args: argparse.Namespace) -> int:
                                 workdir,
                                 spike_end,
                                 peak,
+                                abandoned,
                             )
                             if not options.ui:
                                 print(
@@ -648,14 +684,14 @@ def dev_command(args: argparse.Namespace) -> int:
                 if blocked_polls >= 5:  # a blocked key pins the lag: nothing more to see
                     break
         except BaseException:
-            if keda is not None:
-                keda.stop()
-                keda.join()
+            abandon()
             raise
         finally:
-            view.stop()
+            if view is not None:
+                view.stop()
             stop_producing.set()
-            producer_thread.join(10)
+            if producer_thread.is_alive():
+                producer_thread.join(10)
         keda_run: KedaGroupRun | None = None
         try:
             with stream_lock:
@@ -676,14 +712,13 @@ def dev_command(args: argparse.Namespace) -> int:
                     keda.stop()  # the autoscaled run did not drain: nothing to compare with
                 print("  waiting for the KEDA group to drain the spike ...", flush=True)
                 keda_run = keda.join()
-        finally:  # an error or Ctrl-C here must not leave the comparisons' processes running
-            comparisons.shutdown(wait=True)
-            if keda is not None and keda_run is None:
-                keda.stop()
-                keda.join()
+            comparisons.shutdown()
+        except BaseException:  # an error or Ctrl-C here must not leave the comparisons' processes running
+            abandon()
+            raise
     expected = {order: count for order, count in stream.expected.items() if order != OrderStream.POISON_ORDER}
     result = audit(journal, expected) if options.handler is None else None
-    simulated = replay(options) if options.handler is None else None  # the example's handler times are known
+    simulated = replay(options) if replayable(options) else None
     report = {
         "options": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(options).items()},
         "spike_events": spike_end,
@@ -749,6 +784,18 @@ def dev_command(args: argparse.Namespace) -> int:
             ok = ok and dead_letters == stream.poisoned
     print("keyorder dev: OK" if ok else "keyorder dev: FAILED")
     return 0 if ok else 1
+
+
+def replayable(options: DevOptions) -> bool:
+    """Whether the simulator models this run (``groupsim.demo_replay``): the example's handler, evenly spread
+    keys, no poison key, cooperative rebalancing, and the KEDA group sharing the cores (its calibration)."""
+    return (
+        options.handler is None
+        and options.compare
+        and not options.hot_key_share
+        and not options.poison_key
+        and options.assignment_strategy == "cooperative-sticky"
+    )
 
 
 def print_simulated(

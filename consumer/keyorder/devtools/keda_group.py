@@ -109,8 +109,8 @@ class KedaGroup:
         self.pods.scale(replicas)
         while not self._stop.wait(self.policy.sync_period):
             elapsed = time.monotonic() - self.started
-            if self.pods.crashed():
-                self.run.error = f"a consumer process died: {self.pods.crashed()}"
+            if crashed := self.pods.crashed():
+                self.run.error = f"a consumer process died: {crashed}"
                 return
             if elapsed > self.deadline:
                 self.run.error = f"not drained within {self.deadline:.0f} s"

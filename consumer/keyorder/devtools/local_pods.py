@@ -108,7 +108,7 @@ class LocalPods:
                 self.failed_stops.append(f"{pod.log_path.name}: killed {STOP_GRACE_SECONDS:g} s after SIGTERM")
                 self.stopping.remove(pod)
             elif code is not None:
-                if code != 0:
+                if code not in (0, -signal.SIGTERM):  # -SIGTERM: stopped before it set its handler (starting)
                     self.failed_stops.append(f"{pod.log_path.name}: exit {code} on SIGTERM")
                 self.stopping.remove(pod)
 
