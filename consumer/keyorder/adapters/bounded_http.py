@@ -234,6 +234,9 @@ class BoundedHttpServer:
         self._queued = {"handlers": 0, "priority": 0}
         """Requests holding a place of each lane (I/O thread only): from dispatch to the reply's end."""
         self._replies: deque[tuple[socket.socket, Any, bytes, str]] = deque()
+        self._replies_closed = False
+        """Set when the I/O thread has stopped: a reply computed after it is closed by its handler thread."""
+        self._replies_lock = threading.Lock()
         """Replies computed by the handler threads, for the I/O thread to send (thread-safe appends)."""
         self._stopping = threading.Event()
         self.refused = {"evicted": 0, "expired": 0, "busy": 0, "invalid": 0, "not_reading": 0}
@@ -264,8 +267,10 @@ class BoundedHttpServer:
         finally:
             for fd in [*self._reading, *self._writing, *self._lingering]:
                 self._close_fd(fd)
-            while self._replies:  # computed while stopping: nobody sends them
-                self._replies.popleft()[0].close()
+            with self._replies_lock:  # computed while stopping: nobody sends them
+                self._replies_closed = True
+                while self._replies:
+                    self._replies.popleft()[0].close()
 
     def _next_wait(self) -> float | None:
         deadlines = [next(iter(pending.values())).deadline for pending in (self._reading,) if pending] + [
@@ -455,7 +460,12 @@ class BoundedHttpServer:
 
     def _handle(self, connection: socket.socket, request: bytes, address: Any, lane: str) -> None:
         """Compute the reply; the I/O thread sends it (a client that does not read holds no thread)."""
-        self._replies.append((connection, address, self._answer(request, address), lane))
+        reply = self._answer(request, address)
+        with self._replies_lock:
+            if self._replies_closed:  # the I/O thread stopped while this reply was computed
+                connection.close()
+                return
+            self._replies.append((connection, address, reply, lane))
         try:
             self._wake_writer.send(b"x")
         except BlockingIOError:
