@@ -374,11 +374,10 @@ def run_fixed_group(
     pods.scale(replicas)
     previous = None
     try:
+        stop = abandoned or threading.Event()
         while time.monotonic() < started + seconds:
-            if abandoned is not None and abandoned.wait(interval):
+            if stop.wait(interval):
                 return FixedGroupRun(died="abandoned: the demo stopped")
-            if abandoned is None:
-                time.sleep(interval)
             if pods.crashed():
                 return FixedGroupRun(died=f"a consumer process died: {pods.crashed()}")
             try:
