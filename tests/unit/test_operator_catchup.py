@@ -184,7 +184,7 @@ def test_catchup_job_runs_keyorder_catchup_with_the_pods_settings() -> None:
         "--spark-conf",
         "spark.executor.instances=6",
         "--spark-conf",
-        "spark.executor.memoryOverhead=849m",  # 384 MiB + a task's Python workers (memory.task_python_mib(64): 465)
+        "spark.executor.memoryOverhead=913m",  # 384 MiB + a task's Python workers (memory.task_python_mib(64): 529)
         "--spark-conf",
         "spark.executorEnv.ORDERS_DB=db:5432",  # the handler's own variables reach standalone/YARN executors
         "--spark-conf",

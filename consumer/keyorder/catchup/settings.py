@@ -164,7 +164,7 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         le=65_536,
         description="Estimated memory (MiB) of the messages a Spark task holds at most: keys, values and "
         "headers plus about 600 bytes each. A task's Python workers hold this much on top of their own "
-        "(2 x 160 MiB), the reader's 64 MiB and one 8 MiB Arrow batch; the operator sizes executors' memory "
+        "(2 x 192 MiB), the reader's 64 MiB and one 8 MiB Arrow batch; the operator sizes executors' memory "
         "overhead by it; see docs/catchup.md, Memory.",
     )
     wave_offsets: int = Field(
