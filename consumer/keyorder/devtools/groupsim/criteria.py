@@ -10,9 +10,8 @@ holds them for one run; ``failures`` compares them with the scenario's threshold
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from keyorder.devtools.groupsim.driver import Run
+from keyorder.devtools.groupsim.definitions import Measured, Run
 from keyorder_operator.policy import in_flight_lag, shape
 from keyorder_operator.spec import parse_spec
 from keyorder_operator.status import limits_from_spec
@@ -20,26 +19,6 @@ from keyorder_operator.status import limits_from_spec
 GROWTH_SHARE = 0.05
 """The lag grows when it rose over a poll interval by more than this share of what arrived in it
 (plus the activation lag): a scale-down then is a failure."""
-
-
-@dataclass(frozen=True)
-class Measured:
-    run: Run
-    seconds_to_within_target: float | None
-    """From the disturbance until the backlog drains within the target (``None``: never)."""
-    overshoot: float | None
-    """Peak decided workers / the workers that were needed (``None``: nothing was needed)."""
-    peak_workers: int
-    needed_workers: int
-    replica_overshoot: float | None
-    """Peak decided replicas / the replicas the needed workers take (pods first); reported, not judged
-    (more pods with fewer workers each is a shape, not waste)."""
-    peak_replicas: int
-    needed_replicas: int
-    underprovisioned_minutes: float
-    replica_changes_per_hour: float | None
-    scale_downs_while_growing: list[str]
-    exceptions: list[str]
 
 
 def measure(run: Run) -> Measured:

@@ -23,13 +23,13 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from keyorder.devtools.groupsim.definitions import Point, PollRecord, Run, Scenario
 from keyorder.devtools.groupsim.keda import KedaSettings, KedaState
 from keyorder.devtools.groupsim.keda import decide as keda_decide
 from keyorder.devtools.groupsim.model import TOPIC, SimPod, SimulatedGroup
-from keyorder.devtools.groupsim.scenarios import Scenario
 from keyorder_operator.observe import LagSample, observation_from
 from keyorder_operator.pod_signals import combine, parse_report
 from keyorder_operator.policy import Decision, Observation, Size, decide, resumed
@@ -53,55 +53,6 @@ from keyorder_operator.status import (
 
 EPOCH = 1_700_000_000.0
 """Simulated second 0 as a Unix time (the policy stores times; they must look like real ones)."""
-
-
-@dataclass(frozen=True)
-class Point:
-    """The group after one step."""
-
-    t: float
-    lag: float
-    arrival_rate: float
-    """Messages/s produced in the step (noise and bursts included)."""
-    drain_rate: float
-    """Messages/s committed in the step."""
-    replicas: int
-    """Decided (the Deployment's)."""
-    ready: int
-    """Pods in the group."""
-    workers: int
-    """Decided workers per pod."""
-    capacity: float
-    """Messages/s the group's pods can handle (the ground truth; rebalance pauses aside)."""
-    per_worker_rate: float
-    """Messages/s one busy worker handles (the ground truth)."""
-    paused: bool
-    lag_unknown: bool
-
-
-@dataclass(frozen=True)
-class PollRecord:
-    t: float
-    before: Size
-    target: Size
-    recommended: Size | None
-    cause: str
-    reason: str
-    limited: str | None
-    caveat: str | None
-    exception: str | None = None
-
-
-@dataclass
-class Run:
-    """A scenario's timeline: one point per step, one record per poll."""
-
-    scenario: Scenario
-    seed: int
-    policy: str = "keyorder"
-    """``keyorder`` (the operator's ``decide``) or ``keda`` (``keda.decide`` on a plain consumer)."""
-    points: list[Point] = field(default_factory=list)
-    polls: list[PollRecord] = field(default_factory=list)
 
 
 @dataclass
