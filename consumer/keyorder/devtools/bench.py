@@ -6,10 +6,16 @@ data once per run — the partition-ordered baseline (one worker per partition: 
 orderly or a plain Kafka consumer gives), key mode at several W (thread and asyncio workers), and
 unordered — each with a fresh consumer group. Every run counts per-key order violations.
 
+Fast handlers (issue 40) get rows of their own beside the per-message ones: a pure no-op, the
+no-op that checks order (a small recording handler, no lock), the same recording under one lock
+all workers share, a no-op batch handler, and a sink whose call costs 0.3 ms plus 3 µs a message,
+called per message and in batches, on threads and on worker processes.
+
 Uniform traffic over many keys flatters a scheduler, so four scenarios follow, each on its own
 preloaded topic: few keys (fewer active keys than a wide pool), a live resize under backlog, one
-hot key, and the raw ceiling (a plain confluent-kafka loop, no keyorder) the no-op run is put
-against. They check per-key order too.
+hot key, and the raw ceiling (a plain confluent-kafka loop, no keyorder) the no-op runs are put
+against, measured warm: a first pass discarded, then the best of three, with their spread. They
+check per-key order too.
 
 Figures compared in the report come from one invocation, as ratios, because shared machines are
 noisy. Results: a JSON report, PNG plots (throughput against W; throughput over time around the
@@ -53,6 +59,8 @@ from keyorder.devtools.bench_report import (
     markdown_table,
     plot,
     plot_resize,
+    raw_ceiling_summary,
+    regressions,
     resize_figures,
     scenarios_table,
     split_by_hot_partition,
@@ -81,16 +89,34 @@ NOOP_RUN = "key W=16 no-op"
 """The run put against the raw confluent-kafka ceiling."""
 FAST_RUN = "key W=16 fast"
 """A handler of a few hundred microseconds (``FAST_HANDLER_LATENCY``), against its ideal and the raw ceiling."""
+PURE_RUN = "key W=16 pure no-op"
+"""Does nothing but keep a reference to the message; its order is checked after the run."""
+LOCKED_RUN = "key W=16 recording, one lock"
+"""The no-op's parse and record under one lock shared by all workers (what a harness that collects
+every ``(key, seq)`` in one list under a lock pays)."""
+BATCH_SIZE = 100
+"""``--batch-max-messages`` of the batch rows."""
+NOOP_BATCH_RUN = f"key W=16 no-op batch {BATCH_SIZE}"
+"""The no-op's work (parse and order check) per message, one call per batch: against the raw loop."""
+SINK_WORKERS = 8
+"""W of the sink rows: calls to the sink at a time (a database's connection pool)."""
+SINK_PAIRS = tuple(
+    (f"key W={SINK_WORKERS} sink {executor}", f"key W={SINK_WORKERS} sink batch {BATCH_SIZE} {executor}")
+    for executor in ("thread", "process")
+)
+"""(per message, batched) names of the sink rows, per executor."""
 
 
 @dataclass(frozen=True)
 class RunSpec:
     name: str
     mode: str  # "partition" | "key" | "unordered"
-    handler: str  # "sleep" | "async-sleep" | "noop" | "cpu"
+    handler: str  # "sleep" | "async-sleep" | "noop" | "pure" | "recording-lock" | "noop-batch" | "fast" | "cpu" | ...
     workers: int
     executor: str = "auto"
     """Not ``auto``: the pod imports ``bench_handlers.<handler>`` by path with this ``--executor``."""
+    batch: int = 1
+    """``--batch-max-messages``: above 1 the handler takes a list of messages."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +148,10 @@ class Preset:
     """Of the scenarios, run only the raw ceiling (``--ceiling``)."""
     process_hop: bool = False
     """Measure the process executor's per-message costs (``process_hop_figures``)."""
+    raw_passes: int = 3
+    """Measured passes of the raw loop (its rate: the best of them)."""
+    raw_warmup: bool = True
+    """Run one raw pass first and discard it."""
 
 
 def _sleep_runs(sync_widths, async_widths, unordered_width, partitions) -> list[RunSpec]:
@@ -144,6 +174,21 @@ EXECUTOR_RUNS = (
 CPU_PAIR = ("key W=2 cpu process", "key W=4 cpu thread")
 IO_PAIR = ("key W=8 process", "key W=8 thread")
 
+FAST_RUNS = (
+    RunSpec(PURE_RUN, "key", "pure", 16),
+    RunSpec(NOOP_RUN, "key", "noop", 16),
+    RunSpec(LOCKED_RUN, "key", "recording-lock", 16),
+    RunSpec(NOOP_BATCH_RUN, "key", "noop-batch", 16, batch=BATCH_SIZE),
+    RunSpec(FAST_RUN, "key", "fast", 16),
+    *(
+        RunSpec(name, "key", handler, SINK_WORKERS, executor=executor, batch=batch)
+        for (single, batched), executor in zip(SINK_PAIRS, ("thread", "process"), strict=True)
+        for name, handler, batch in ((single, "sink", 1), (batched, "sink_batch", BATCH_SIZE))
+    ),
+)
+"""The fast-handler rows (issue 40), in the full bench and ``--ceiling``: the no-op family at W=16 and
+the sink, per message and batched, on threads and on worker processes (by path, as the executor rows)."""
+
 PRESETS = {
     "quick": Preset(
         messages=20_000,
@@ -152,6 +197,8 @@ PRESETS = {
         latency_ms=10,
         run_seconds=3,
         memory_check=False,
+        raw_passes=1,
+        raw_warmup=False,
         runs=(
             *_sleep_runs([64], [256], 0, 4),
             RunSpec(NOOP_RUN, "key", "noop", 16),
@@ -176,8 +223,7 @@ PRESETS = {
         runs=(
             *_sleep_runs([1, 4, 16, 64, 256], [64, 256, 1024], 256, 4),
             RunSpec("partition baseline no-op", "partition", "noop", 4),
-            RunSpec(NOOP_RUN, "key", "noop", 16),
-            RunSpec(FAST_RUN, "key", "fast", 16),
+            *FAST_RUNS,
             RunSpec("partition baseline cpu", "partition", "cpu", 4),
             RunSpec("key W=4 cpu", "key", "cpu", 4),
             *EXECUTOR_RUNS,
@@ -199,7 +245,7 @@ PRESETS["executors"] = replace(
 """``keyorder bench --executors``: only the executor comparison and the process hop's costs."""
 PRESETS["ceiling"] = replace(
     PRESETS["full"],
-    runs=(RunSpec(NOOP_RUN, "key", "noop", 16), RunSpec(FAST_RUN, "key", "fast", 16)),
+    runs=FAST_RUNS,
     memory_check=False,
     only_raw_ceiling=True,
 )
@@ -208,23 +254,41 @@ PRESETS["ceiling"] = replace(
 
 class OrderCheck:
     """Per-key sequence check inside the handler. Same-key calls never overlap (that is what is
-    being tested), so each key's entry is only touched by one thread at a time."""
+    being tested), so each key's entry is only touched by one thread at a time.
+
+    Handlers that should not pay for the check note what they saw instead (``unparsed``: the raw
+    ``(key, value)``; ``recorded``: ``(key, seq)``), in call order, and ``settle`` checks it after the
+    run: a key's calls never overlap, so a key's entries are appended in the order its calls ran."""
 
     def __init__(self) -> None:
         self.next_sequence: dict[bytes, int] = {}
         self.violations: list[tuple[bytes, int, int]] = []
+        self.unparsed: list[tuple[bytes, bytes]] = []
+        self.recorded: list[tuple[bytes, int]] = []
 
     def see(self, key: bytes, value: bytes) -> None:
-        sequence = json.loads(value)["seq"]
+        self.see_sequence(key, json.loads(value)["seq"])
+
+    def see_sequence(self, key: bytes, sequence: int) -> None:
         expected = self.next_sequence.get(key, 0)
         if sequence != expected:
             self.violations.append((key, expected, sequence))
         self.next_sequence[key] = sequence + 1
 
+    def settle(self) -> None:
+        """Check what the handlers noted (after the run: the pod is stopped, nothing appends any more)."""
+        for key, value in self.unparsed:
+            self.see(key, value)
+        for key, sequence in self.recorded:
+            self.see_sequence(key, sequence)
+        self.unparsed.clear()
+        self.recorded.clear()
+
 
 def make_handler(kind: str, latency: float, check: OrderCheck) -> Handler:
-    """The simulated handler of a run: IO-bound (``sleep``, ``async-sleep``), free, or CPU-bound;
-    each checks per-key order after its work."""
+    """The simulated handler of a run: IO-bound (``sleep``, ``async-sleep``), free (``pure``, ``noop``,
+    ``recording-lock``, ``noop-batch``: a list of messages), or CPU-bound; each checks per-key order
+    after its work, or notes what it saw for ``OrderCheck.settle``."""
 
     def sleep_handler(message: Any) -> None:
         time.sleep(latency)
@@ -236,6 +300,23 @@ def make_handler(kind: str, latency: float, check: OrderCheck) -> Handler:
 
     def noop_handler(message: Any) -> None:
         check.see(message.key, message.value)
+
+    note = check.unparsed.append  # list.append is atomic under the GIL: the workers share it unlocked
+
+    def pure_handler(message: Any) -> None:
+        note((message.key, message.value))
+
+    lock = threading.Lock()
+    record = check.recorded.append
+
+    def recording_lock_handler(message: Any) -> None:
+        sequence = json.loads(message.value)["seq"]
+        with lock:
+            record((message.key, sequence))
+
+    def noop_batch_handler(messages: list[Any]) -> None:
+        for message in messages:
+            check.see(message.key, message.value)
 
     def fast_handler(message: Any) -> None:
         time.sleep(FAST_HANDLER_LATENCY)
@@ -251,6 +332,9 @@ def make_handler(kind: str, latency: float, check: OrderCheck) -> Handler:
         "sleep": sleep_handler,
         "async-sleep": async_sleep_handler,
         "noop": noop_handler,
+        "pure": pure_handler,
+        "recording-lock": recording_lock_handler,
+        "noop-batch": noop_batch_handler,
         "fast": fast_handler,
         "cpu": cpu_handler,
     }
@@ -329,6 +413,14 @@ class Runner:
         from keyorder.pod import Pod
 
         by_path = spec.executor != "auto"
+        batching: dict[str, Any] = {}
+        if spec.batch > 1:
+            if "batch_max_messages" not in RunConfig.model_fields:
+                raise RuntimeError(
+                    f"the bench row {spec.name!r} needs --batch-max-messages (batch handlers), "
+                    "which this keyorder does not have"
+                )
+            batching["batch_max_messages"] = spec.batch
         config = RunConfig(
             handler=f"keyorder.devtools.bench_handlers:{spec.handler}" if by_path else "keyorder.devtools.bench:unused",
             executor=spec.executor,
@@ -342,6 +434,7 @@ class Runner:
             on_exhausted="block",
             shutdown_grace=0.5,
             kafka_property=FAST_GROUP_JOIN,
+            **batching,
         )
         return Pod(config, handler=None if by_path else handler, serve_http=False)
 
@@ -398,6 +491,7 @@ class Runner:
         handled = processed() - first
         stop.set()
         thread.join(30)
+        check.settle()
         violations = len(check.violations)
         if records is not None:
             violations, _noted = bench_handlers.order_violations(records)
@@ -421,6 +515,7 @@ class Runner:
             peak_inflight=peak_inflight,
             order_violations=violations,
             executor=spec.executor,
+            batch=spec.batch,
         )
 
     def memory(self, topic: str) -> RunResult:
@@ -591,9 +686,33 @@ class Runner:
         )
 
     def raw_ceiling(self, label: str) -> RawCeilingResult:
-        """A plain confluent-kafka loop over the main topic with a fresh group: ``consume(1000)``,
+        """The raw loop, measured warm: one pass discarded (``raw_warmup``), then ``raw_passes`` passes,
+        each a fresh group over the main topic; the best is the ceiling, the others its spread."""
+        preset = self.preset
+        passes = preset.raw_passes + (1 if preset.raw_warmup else 0)
+        results = []
+        for index in range(passes):
+            warmup = preset.raw_warmup and index == 0
+            name = f"{label} raw confluent-kafka loop, " + (
+                "warm-up pass" if warmup else f"pass {index + (0 if preset.raw_warmup else 1)}/{preset.raw_passes}"
+            )
+            results.append(self._raw_pass(name))
+        measured = results[1:] if preset.raw_warmup else results
+        best = max(measured, key=lambda result: result[2])
+        return RawCeilingResult(
+            messages=best[0],
+            seconds=round(best[1], 3),
+            rate=best[2],
+            order_violations=sum(result[3] for result in results),
+            pass_rates=[round(result[2], 1) for result in measured],
+            warmup_rate=round(results[0][2], 1) if preset.raw_warmup else None,
+        )
+
+    def _raw_pass(self, name: str) -> tuple[int, float, float, int]:
+        """One plain confluent-kafka loop over the main topic with a fresh group: ``consume(1000)``,
         ``json.loads`` and the order check per message — the no-op handler's work, no keyorder.
-        Measured like a run: from the first batch to 90% of the backlog (or ``run_seconds``)."""
+        Measured like a run: from the first batch to 90% of the backlog (or ``run_seconds``).
+        Returns (messages, seconds, msg/s, order violations)."""
         from confluent_kafka import Consumer, KafkaException
 
         properties = dict(setting.split("=", 1) for setting in FAST_GROUP_JOIN)
@@ -607,7 +726,6 @@ class Runner:
         )
         check = OrderCheck()
         target = STEADY_STATE_FRACTION * self.preset.messages
-        name = f"{label} raw confluent-kafka loop"
         consumer.subscribe([self.topic])
         try:
             deadline = time.monotonic() + 60
@@ -637,13 +755,12 @@ class Runner:
             seconds = time.monotonic() - started if started is not None else 0.0
         finally:
             consumer.close()
-        return RawCeilingResult(
-            messages=handled,
-            seconds=round(seconds, 3),
-            rate=handled / seconds if seconds else 0.0,
-            order_violations=len(check.violations),
-        )
+        return handled, seconds, handled / seconds if seconds else 0.0, len(check.violations)
 
+
+REGRESSION_FLOOR = 0.9
+"""A row under this fraction of its rate in a baseline report counts as a regression: runs on this
+shared 2-core machine differ by up to 10-19% between back-to-back runs of the same code (docs/performance.md)."""
 
 HOP_ONE_LANE_MESSAGES, HOP_BATCHED_MESSAGES, HOP_BATCHED_KEYS = 3_000, 20_000, 1_000
 
@@ -787,10 +904,18 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
         default=Path("bench-results"),
         help="where report.json, throughput.png, resize.png and table.md go [default: bench-results]",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a report.json of the same command on other code (run just before): each row also measured there "
+        f"is put against it (target: no row under {REGRESSION_FLOOR:g} x)",
+    )
 
 
 def bench_command(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
+    # read before the runs, so that a bad path fails at once
+    earlier = BenchReport.from_json(args.baseline.read_text()) if args.baseline else None
     preset_name = "quick" if args.quick else "executors" if args.executors else "ceiling" if args.ceiling else "full"
     preset = PRESETS[preset_name]
     overrides = {
@@ -853,7 +978,7 @@ def bench_command(args: argparse.Namespace) -> int:
             result = runner.run(spec, f"[{index}/{len(preset.runs)}]")
             report.runs.append(result)
             progress.done()
-            print(f"  {spec.name:<28} {result.rate:>10,.0f} msg/s   violations {result.order_violations}")
+            print(f"  {spec.name:<36} {result.rate:>10,.0f} msg/s   violations {result.order_violations}")
         if preset.with_scenarios:
             run_scenarios(broker.bootstrap, runner, report, progress)
     measured = [run for run in report.runs if run.messages]
@@ -861,7 +986,7 @@ def bench_command(args: argparse.Namespace) -> int:
     raw, noop = report.scenarios.raw_ceiling, next((run for run in report.runs if run.name == NOOP_RUN), None)
     if raw is not None and noop is not None and raw.rate:
         raw.compared_run, raw.compared_fraction = noop.name, noop.rate / raw.rate
-    report.targets = evaluate_targets(report, quick=args.quick)
+    report.targets = evaluate_targets(report, quick=args.quick, earlier=earlier)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "report.json").write_text(report.to_json())
     tables = markdown_table(report.runs) + ("\n" + scenarios_table(report.scenarios) if preset.with_scenarios else "")
@@ -912,7 +1037,7 @@ def run_scenarios(bootstrap: str, runner: Runner, report: BenchReport, progress:
 
     raw = scenarios.raw_ceiling = runner.raw_ceiling("[scenario 1/4]")
     progress.done()
-    print(f"  {'raw confluent-kafka loop':<28} {raw.rate:>10,.0f} msg/s   violations {raw.order_violations}")
+    print(f"  {'raw confluent-kafka loop':<28} {raw_ceiling_summary(raw)}   violations {raw.order_violations}")
     if preset.only_raw_ceiling:
         return
 
@@ -962,8 +1087,9 @@ def hot_key_summary(hot: HotKeyResult) -> str:
     )
 
 
-def evaluate_targets(report: BenchReport, quick: bool) -> dict:
-    """The issue's targets. Correctness is always required; the quick preset's smoke floor too."""
+def evaluate_targets(report: BenchReport, quick: bool, earlier: BenchReport | None = None) -> dict:
+    """The issue's targets. Correctness is always required; the quick preset's smoke floor too.
+    ``earlier``: a report of the same command on other code (``--baseline``), for the no-regression target."""
     runs = {run.name: run for run in report.runs}
     targets: dict[str, dict] = {}
     in_runs = sum(run.order_violations for run in report.runs if run.mode != "unordered")
@@ -1056,6 +1182,32 @@ def evaluate_targets(report: BenchReport, quick: bool) -> dict:
             "required": False,
             "detail": f"{raw.compared_fraction:.2f} x ({raw.rate:,.0f} msg/s raw)",
         }
+    if raw is not None and raw.rate and NOOP_BATCH_RUN in runs:
+        fraction = runs[NOOP_BATCH_RUN].rate / raw.rate
+        targets[f"{NOOP_BATCH_RUN} >= 0.8 x the raw loop (best of {max(len(raw.pass_rates), 1)})"] = {
+            "ok": fraction >= 0.8,
+            "required": False,
+            "detail": f"{fraction:.2f} x ({runs[NOOP_BATCH_RUN].rate:,.0f} vs {raw.rate:,.0f} msg/s)",
+        }
+    for single, batched in SINK_PAIRS:
+        if single in runs and batched in runs and runs[single].rate:
+            ratio = runs[batched].rate / runs[single].rate
+            targets[f"{batched} >= 5 x {single}"] = {
+                "ok": ratio >= 5,
+                "required": False,
+                "detail": f"{ratio:.1f}x ({runs[batched].rate:,.0f} vs {runs[single].rate:,.0f} msg/s)",
+            }
+    if earlier is not None:
+        ratios, below = regressions(report.runs, earlier.runs, REGRESSION_FLOOR)
+        if ratios:
+            worst = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in (below or ratios[:3]))
+            targets[f"no regression: every row measured in the baseline >= {REGRESSION_FLOOR:g} x its rate there"] = {
+                "ok": not below,
+                "required": False,
+                "detail": f"{len(ratios)} rows compared, {len(below)} below; "
+                + ("below: " if below else "lowest: ")
+                + worst,
+            }
     for (measured, against), floor in ((CPU_PAIR, 1.6), (IO_PAIR, 0.8)):
         if measured in runs and against in runs and runs[against].rate:
             ratio = runs[measured].rate / runs[against].rate

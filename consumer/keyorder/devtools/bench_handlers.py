@@ -8,7 +8,11 @@ stops; the bench merges the files of every process by start time and checks each
 of the same comparison use the same handlers and hooks.
 
 ``cpu`` burns about 175 µs of CPU (the bench's ``CPU_LOOP``); ``sleep`` waits
-``$KEYORDER_BENCH_LATENCY_SECONDS`` (an IO-bound call).
+``$KEYORDER_BENCH_LATENCY_SECONDS`` (an IO-bound call). ``sink`` and ``sink_batch`` are a fast sink
+with a bulk form (issue 40): a call costs ``SINK_CALL_SECONDS`` (slept: a round trip to a database)
+plus ``SINK_MESSAGE_SECONDS`` of CPU per message in it (building each row), so one call of 100
+messages costs about what two single calls do. A batch's messages all note the call's start: they
+are of different keys (a batch holds one message per key), and a key's calls never overlap.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from keyorder.message import Message
@@ -24,6 +28,10 @@ from keyorder.message import Message
 CPU_LOOP = 2_000
 RECORDS_DIR_VARIABLE = "KEYORDER_BENCH_RECORDS_DIR"
 LATENCY_VARIABLE = "KEYORDER_BENCH_LATENCY_SECONDS"
+SINK_CALL_SECONDS = 0.0003
+"""A sink call's fixed cost (a round trip), slept so the GIL is free meanwhile."""
+SINK_MESSAGE_SECONDS = 0.000003
+"""A sink's cost per message of a call (building its row), spent on the CPU, holding the GIL."""
 
 _records: list[tuple[bytes, int, float, int]] = []  # list.append is atomic: thread workers share it
 _latency: list[float] = []
@@ -47,6 +55,32 @@ def sleep(message: Message) -> None:
         _latency.append(float(os.environ.get(LATENCY_VARIABLE, "0.01")))
     time.sleep(_latency[0])
     _note(message, started)
+
+
+def spin(seconds: float) -> None:
+    """Busy for ``seconds`` of wall time on this thread (CPU work that holds the GIL, as building rows does)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def sink_call(messages: int) -> None:
+    """One sink call carrying ``messages`` messages: the round trip, then each message's CPU."""
+    time.sleep(SINK_CALL_SECONDS)
+    spin(SINK_MESSAGE_SECONDS * messages)
+
+
+def sink(message: Message) -> None:
+    started = time.monotonic()
+    sink_call(1)
+    _note(message, started)
+
+
+def sink_batch(messages: Sequence[Message]) -> None:
+    started = time.monotonic()
+    sink_call(len(messages))
+    for message in messages:
+        _note(message, started)
 
 
 def save() -> None:
