@@ -9,7 +9,7 @@ status says it is.
 
 Its writes of the replicas are compare-and-swaps, as every other (``Kube.scale`` with ``expected``: the
 replicas this poll read): a size written meanwhile (``kubectl scale``, an HPA) is never overwritten by a
-step that did not see it. Replicas another autoscaler scales (``Poll.other_autoscaler``:
+step that did not see it. Replicas another autoscaler scales (``PolledResource.other_autoscaler``:
 ``ScalingConflict``) are never written at all: a hand-over not yet running ends without a Job, and one
 whose Job runs leaves the pods' size to that autoscaler when it ends.
 """
@@ -17,7 +17,7 @@ whose Job runs leaves the pods' size to that autoscaler when it ends.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kubernetes.client.rest import ApiException
 
@@ -59,18 +59,16 @@ from keyorder_operator.image_check import (
 )
 from keyorder_operator.kube import JobConflict
 from keyorder_operator.policy import duration
+from keyorder_operator.polled_resource import PolledResource
 from keyorder_operator.status import condition_is, timestamp
-
-if TYPE_CHECKING:
-    from keyorder_operator.poll import Poll
 
 log = logging.getLogger(__name__)
 
 
 class CatchupHandover:
-    """The hand-over steps of one poll (``Poll`` carries the resource, its patch and its conditions)."""
+    """The hand-over steps of one poll (``PolledResource`` carries the resource, its patch and its conditions)."""
 
-    def __init__(self, poll: Poll) -> None:
+    def __init__(self, poll: PolledResource) -> None:
         self.poll = poll
         self.kube = poll.context.kube
         self.namespace, self.name = poll.namespace, poll.name

@@ -2,7 +2,8 @@
 
 The kopf timer (``reconcile.register``) builds a ``Poll`` on every tick and calls ``run``, which does
 something every ``scaling.pollIntervalSeconds``. The steps are methods sharing the resource, its patch
-and the poll's own conditions (``status.POLL_CONDITIONS``, written once at the end). The decisions are
+and the poll's own conditions (``status.POLL_CONDITIONS``, written once at the end), which ``Poll`` takes
+from ``polled_resource.PolledResource``, as the catch-up hand-over (``handover``) does. The decisions are
 pure and live elsewhere (``policy.decide``, ``catchup.catchup_verdict``); this module gathers their
 inputs and carries out their outputs: the Deployment's replicas, the pods' worker count, status,
 Events and metrics.
@@ -20,10 +21,9 @@ from kubernetes.client.rest import ApiException
 
 from keyorder_operator.builders import ADMIN_TOKEN_KEY, selector_labels
 from keyorder_operator.catchup import CatchupGate, CatchupRetry, CatchupRun, catchup_verdict, spark_cores
-from keyorder_operator.context import OperatorContext, kafka_properties
+from keyorder_operator.context import kafka_properties
 from keyorder_operator.handover import CatchupHandover
 from keyorder_operator.key_names import with_key_digests
-from keyorder_operator.kube import AUTOSCALERS_SECONDS
 from keyorder_operator.objects import apply_owned_objects
 from keyorder_operator.observe import LagSample, LagUnavailable, observation_from
 from keyorder_operator.pod_admin import needing_push
@@ -41,11 +41,11 @@ from keyorder_operator.policy import (
     not_resized,
     resumed,
 )
+from keyorder_operator.polled_resource import PolledResource
 from keyorder_operator.restart import (
     RecordError,
     first_poll_at,
     first_poll_spread,
-    memory_lasts,
     record_changes,
     record_of,
     save_due,
@@ -59,14 +59,13 @@ from keyorder_operator.status import (
     limits_from_spec,
     sample_from_status,
     sample_to_status,
-    set_condition,
     state_after,
     state_from_status,
     state_to_status,
     timestamp,
     write_conditions,
 )
-from keyorder_operator.status_view import after_write, changed_conditions, still_awaited, with_written
+from keyorder_operator.status_view import after_write, changed_conditions
 
 log = logging.getLogger(__name__)
 
@@ -90,51 +89,8 @@ class Observed:
     pods: PodsRead
 
 
-@dataclass
-class Poll:
+class Poll(PolledResource):
     """One poll of one resource (see the module docstring)."""
-
-    context: OperatorContext
-    body: Any
-    meta: Any
-    spec: OrderedConsumerSpec
-    status: dict[str, Any]
-    patch: kopf.Patch
-    now: float
-    conditions: list[dict[str, Any]] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.monotonic = self.context.monotonic()
-        """The poll's moment on the monotonic clock (``now`` is the wall clock's): for the ages of what the
-        process remembers, which a wall clock set forward or back must not change."""
-        lasts = memory_lasts(self.spec.scaling.poll_interval_seconds, self.context.tick_seconds)
-        self.memory = self.context.poll_memory(self.namespace, self.name, self.monotonic, lasts)
-        self.active_since = self.context.looked(self.now, self.monotonic)
-        # compared with the status as this process last wrote it, not the watched body that may lag behind it
-        self.memory.written = still_awaited(self.status, self.memory.written, self.monotonic)
-        self.status = with_written(self.status, self.memory.written)
-        self.conditions = list(self.status.get("conditions") or [])
-
-    @property
-    def namespace(self) -> str:
-        return str(self.meta["namespace"])
-
-    @property
-    def name(self) -> str:
-        return str(self.meta["name"])
-
-    @property
-    def labels(self) -> tuple[str, str]:
-        return self.namespace, self.name
-
-    def condition(self, kind: str, active: bool, reason: str, message: str) -> None:
-        self.conditions = set_condition(self.conditions, kind, active, reason, message, self.now)
-
-    def info(self, reason: str, message: str) -> None:
-        kopf.info(self.body, reason=reason, message=message)
-
-    def warn(self, reason: str, message: str) -> None:
-        kopf.warn(self.body, reason=reason, message=message)
 
     def due(self) -> bool:
         """Every pollIntervalSeconds, whether or not the last poll could read the lag, counted from the last
@@ -319,36 +275,6 @@ class Poll:
         if save_due(changes, resized, self.memory.autoscaler_saved_at, self.now, every):
             self.patch.status["autoscaler"] = record_of(state, self.now)
             self.memory.autoscaler_saved_at = self.now
-
-    def other_autoscaler(self, replicas: int) -> bool:
-        """Whether another autoscaler (an HPA, or KEDA's) scales this Deployment: then the operator leaves
-        its replicas and the pods' workers alone and says so (``ScalingConflict``), rather than fight it.
-        Asked on the first poll, whenever the replicas moved without the operator (a list at most a second
-        old), and on every poll while the conflict lasts (the namespace's list, shared by its resources, at
-        most ``kube.AUTOSCALERS_SECONDS`` old); a steady poll asks nothing."""
-        decided = self.status.get("replicas")
-        in_conflict = condition_is(self.conditions, "ScalingConflict")
-        moved = not isinstance(decided, int) or decided != replicas
-        if not (in_conflict or moved):
-            return False
-        kube = self.context.kube
-        names = kube.autoscalers_of(self.namespace, self.name, max_age=0.0 if moved else AUTOSCALERS_SECONDS)
-        if not names:
-            if in_conflict:
-                self.condition("ScalingConflict", False, "NoOtherAutoscaler", "no other autoscaler scales the pods")
-            return False
-        listed = ", ".join(f"HorizontalPodAutoscaler {self.namespace}/{name}" for name in names)
-        message = (
-            f"{listed} also scales Deployment {self.name}: two autoscalers would fight over its replicas, so "
-            "keyorder leaves them (and the workers per pod) alone; delete it, or the KEDA ScaledObject that "
-            "made it: keyorder scales by lag itself, pods first, then key workers per pod"
-        )
-        if not in_conflict:
-            self.warn("ScalingConflict", message)
-        self.condition("ScalingConflict", True, "OtherAutoscaler", message)
-        self.condition("Scaling", False, "OtherAutoscaler", message)
-        self.patch.status["replicas"] = replicas
-        return True
 
     def recommend(self, decision: Decision, current: Size, paused: bool, pods: PodsRead) -> None:
         """``scaling.mode: recommend``: publish the decision (status, an Event when it changes, metrics)
