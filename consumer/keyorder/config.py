@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticUndefined
 
 from keyorder.adapters.dead_letters import dead_letter_topic
+from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, BATCH_MAX_WAIT_MS_LIMIT, BatchLimits
 from keyorder.core.flow import CEILING
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.routing import Ordering
@@ -308,6 +309,23 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         "process with the process executor.",
         pattern=r"^[\w.]+:[\w.]+$",
     )
+    batch_max_messages: int = Field(
+        1,
+        ge=1,
+        le=BATCH_MAX_MESSAGES_LIMIT,
+        description="Above 1: the handler is a batch handler, called as handler(messages) with a list of up to "
+        "this many messages, the heads of distinct ready keys (never two of one key); it returns None (all "
+        "succeeded), raises (all failed) or returns one outcome per message, None or an exception "
+        "(docs/handler-tutorial.md, Batch handlers). 1: one call per message.",
+    )
+    batch_max_wait_ms: int = Field(
+        0,
+        ge=0,
+        le=BATCH_MAX_WAIT_MS_LIMIT,
+        description="Batch handlers only: milliseconds a worker holding fewer than --batch-max-messages ready "
+        "messages waits for more keys to become ready before it calls the handler; 0: it calls with what is "
+        "ready now.",
+    )
     workers: int = Field(16, ge=1, description="Key workers per pod at start (live-resizable).")
     max_workers: int = Field(4096, ge=1, description="Upper bound for a live resize of the key workers.")
     max_inflight: int = Field(
@@ -385,6 +403,10 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         "takes effect once the kubelet updates the mount. Without it those endpoints are disabled.",
     )
 
+    def batch_limits(self) -> BatchLimits:
+        """How the pool fills a batch handler's calls (per message when ``batch_max_messages`` is 1)."""
+        return BatchLimits(self.batch_max_messages, self.batch_max_wait_ms / 1000)
+
     @field_validator("revoke_drain_timeout")
     @classmethod
     def _below_the_liveness_threshold(cls, value: float) -> float:
@@ -402,6 +424,11 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
             raise ValueError(
                 f"handler_timeout ({flag_name('handler_timeout')}) needs {flag_name('executor')} process: a thread "
                 "or an asyncio task cannot be killed, only a worker process"
+            )
+        if self.batch_max_wait_ms and self.batch_max_messages == 1:
+            raise ValueError(
+                f"batch_max_wait_ms ({flag_name('batch_max_wait_ms')} / {env_name('batch_max_wait_ms')}) "
+                f"needs {flag_name('batch_max_messages')} above 1: a per-message handler has no batch to fill"
             )
         if self.workers > self.max_workers:
             raise ValueError(f"workers ({self.workers}) must be <= max_workers ({self.max_workers})")

@@ -135,6 +135,7 @@ class Pod:
                 config.workers,
                 completions=self.completions,
                 handler_timeout=config.handler_timeout,
+                batch=config.batch_limits(),
             )
         function = handler if handler is not None else load_handler(config.handler).function
         is_async = is_async_callable(function)
@@ -146,7 +147,14 @@ class Pod:
             )
         lifecycle = load_lifecycle(config.handler_setup, config.handler_teardown, is_async)
         pool_type = AsyncWorkerPool if is_async else ThreadWorkerPool
-        return functools.partial(pool_type, function, config.workers, completions=self.completions, lifecycle=lifecycle)
+        return functools.partial(
+            pool_type,
+            function,
+            config.workers,
+            completions=self.completions,
+            lifecycle=lifecycle,
+            batch=config.batch_limits(),
+        )
 
     @property
     def http_port(self) -> int | None:

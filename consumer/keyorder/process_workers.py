@@ -180,13 +180,14 @@ class _Child:
             self.kill()
             raise HandlerSetupError(f"worker process {self.pid}: {detail}", bad_input=bad_input)
 
-    def run(self, batch: list[tuple[Any, ...]], timeout: float | None) -> list[Any] | str:
+    def run(self, batch: list[tuple[Any, ...]], timeout: float | None, as_batch: bool = False) -> list[Any] | str:
         """Send a batch and wait for its results; ``"crashed"`` or ``"timeout"`` when the process died
         (before the batch too: the send fails) or was killed for running a message longer than
-        ``timeout``. ``slot`` then tells what became of each message."""
+        ``timeout``. ``slot`` then tells what became of each message. ``as_batch``: one call of a batch
+        handler for all of them (every message counts as running during it)."""
         self.batches += 1
         try:
-            self.connection.send((self.batches, batch))
+            self.connection.send((self.batches, batch, as_batch))
             if timeout:  # without one, recv alone: a poll per batch would cost another system call
                 while not self.connection.poll(min(timeout / 4, 1.0)):
                     if self._overran(timeout):
@@ -362,27 +363,32 @@ class ProcessWorkerPool(ThreadWorkerPool):
 
     # -- a worker's turn -------------------------------------------------------------------------------
     def _take_limit(self, worker: _Worker, ready: int) -> int:
-        """One lane per round trip, unless the handler is fast and ready lanes outnumber the workers."""
+        """One lane per round trip, unless the handler is fast and ready lanes outnumber the workers (a
+        batch handler: up to its most messages, in one call)."""
+        if self.batch.enabled:
+            return self.batch.max_messages
         if worker.handler_seconds_ewma > FAST_PROCESS_HANDLER_SECONDS:
             return 1
         return max(1, min(MAX_BATCH, ready // max(self._target, 1)))
 
     def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[_Outcome]:
         assert isinstance(worker, _ProcessWorker)
-        outcomes: list[_Outcome] = []
-        batch: list[Delivery] = []
-        for delivery in deliveries:
-            if self.stopping:
-                outcomes.append(_Outcome(HANDED_BACK, delivery))
-                continue
-            handed_back = self._handed_back_if_let_go(delivery)
-            if handed_back is not None:
-                outcomes.append(handed_back)
-            elif delivery.pending_dead_letter is not None:  # only the write is retried, here
-                outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))
-            else:
-                batch.append(delivery)
+        outcomes, dead_letters, batch = self._runnable(deliveries)
+        for delivery in dead_letters:  # only the write is retried, here
+            outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         if batch:
+            outcomes += self._run_in_process(worker, batch)
+        return outcomes
+
+    def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[_Outcome]:
+        """A batch handler's call, in the worker process: the same frame as a batch of single calls, with
+        ``as_batch`` set, so the process calls the handler once (``worker_process.run_batch_call``)."""
+        assert isinstance(worker, _ProcessWorker)
+        outcomes, dead_letters, batch = self._runnable(taken)
+        for delivery in dead_letters:
+            outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+        if batch:
+            self._count_batch(worker, len(batch), reason, fill_seconds)
             outcomes += self._run_in_process(worker, batch)
         return outcomes
 
@@ -401,7 +407,8 @@ class ProcessWorkerPool(ThreadWorkerPool):
             delivery.attempts += 1
         stats = worker.stats
         stats.busy = True
-        results = child.run([message_fields(delivery.message) for delivery in batch], self.handler_timeout)
+        fields = [message_fields(delivery.message) for delivery in batch]
+        results = child.run(fields, self.handler_timeout, as_batch=self.batch.enabled)
         stats.busy = False
         if isinstance(results, str):
             return self._interrupted(worker, child, batch, results)

@@ -9,8 +9,9 @@ batch holds the heads of distinct lanes.
 The wire protocol (``multiprocessing.connection`` frames over a socket pair):
 
 * pod -> process: first ``Init`` (the loader of the handler and its hooks), then batches
-  (``(number, fields)``: the batch's number, counting from 1, and a list of message fields,
-  ``message_fields``), then ``None`` to stop;
+  (``(number, fields, as_batch)``: the batch's number, counting from 1, a list of message fields,
+  ``message_fields``, and whether the handler is a batch handler, called once with all of them,
+  ``run_batch_call``, or a per-message one, called for each in turn, ``run_batch``), then ``None`` to stop;
 * process -> pod: ``("ready", pid, False)`` or ``("failed", description, bad_input)`` once, then one result list per
   batch: per message a float (the handler's seconds: it returned) or ``(seconds, error type name,
   error text)`` (it raised), or ``None`` (not started: the pod asked to stop mid-batch).
@@ -40,11 +41,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, Outcomes, call_async_batch, call_sync_batch
 from keyorder.message import Message
 from keyorder.workers import Lifecycle, call_sync_handler, is_async_callable, run_async_hook, run_sync_hook
 
 MAX_BATCH = 64
-"""Most messages in one batch (the progress block has one slot per message)."""
+"""Most messages in one batch of a per-message handler."""
+SLOTS = max(MAX_BATCH, BATCH_MAX_MESSAGES_LIMIT)
+"""Slots of the progress block: one per message of a batch (a batch handler's may hold more)."""
 
 NOT_STARTED, RUNNING, SUCCEEDED, FAILED = 0, 1, 2, 3
 # started_at (monotonic seconds), running index (-1: none), stop requested, number of the batch the slots describe
@@ -52,7 +56,7 @@ _HEADER = struct.Struct("=diiq")
 _RUNNING = struct.Struct("=di")  # started_at and running index, at offset 0
 _INDEX_AT, _STOP_AT, _BATCH_AT = 8, 12, 16
 _SLOT = struct.Struct("=bd")  # status, handler seconds
-PROGRESS_BYTES = _HEADER.size + MAX_BATCH * _SLOT.size
+PROGRESS_BYTES = _HEADER.size + SLOTS * _SLOT.size
 PARENT_CHECK_SECONDS = 1.0
 """How often the process checks that the pod still exists (it exits when the pod died)."""
 
@@ -102,6 +106,12 @@ class Progress:
     def start(self, index: int, now: float) -> None:
         _SLOT.pack_into(self.map, _HEADER.size + index * _SLOT.size, RUNNING, 0.0)
         _RUNNING.pack_into(self.map, 0, now, index)
+
+    def start_all(self, size: int, now: float) -> None:
+        """A batch handler's call begins: every message of the batch is running (index 0 names the call)."""
+        for index in range(size):
+            _SLOT.pack_into(self.map, _HEADER.size + index * _SLOT.size, RUNNING, 0.0)
+        _RUNNING.pack_into(self.map, 0, now, 0)
 
     def finish(self, index: int, status: int, seconds: float) -> None:
         _SLOT.pack_into(self.map, _HEADER.size + index * _SLOT.size, status, seconds)
@@ -168,6 +178,11 @@ class _Runner:
         else:
             call_sync_handler(self.handler, message)
 
+    def call_batch(self, messages: list[Message]) -> Outcomes:
+        if self.loop is not None:
+            return self.loop.run_until_complete(call_async_batch(self.handler, messages))
+        return call_sync_batch(self.handler, messages)
+
 
 def run_batch(runner: _Runner, progress: Progress, number: int, batch: list[tuple[Any, ...]]) -> list[Any]:
     """Run every message of batch ``number`` in order; the result list the pod expects (see the module doc)."""
@@ -190,6 +205,33 @@ def run_batch(runner: _Runner, progress: Progress, number: int, batch: list[tupl
         seconds = clock() - started
         progress.finish(index, SUCCEEDED, seconds)
         results.append(seconds)
+    return results
+
+
+def run_batch_call(runner: _Runner, progress: Progress, number: int, batch: list[tuple[Any, ...]]) -> list[Any]:
+    """Run batch ``number`` as one call of a batch handler; the result list the pod expects, as ``run_batch``'s
+    (each message's seconds are the call's split evenly over them). A process that dies inside the call
+    leaves every message running in the progress block: the pod retries each under the retry policy."""
+    progress.begin_batch(number, len(batch))
+    if progress.stop_requested():
+        return [None] * len(batch)
+    clock = time.monotonic
+    started = clock()
+    progress.start_all(len(batch), started)
+    outcomes: Outcomes
+    try:
+        outcomes = runner.call_batch([Message(*fields) for fields in batch])
+    except BaseException as raised:  # every message of the batch failed (SystemExit too, as on threads)
+        outcomes = [raised] * len(batch)
+    share = (clock() - started) / len(batch)
+    results: list[Any] = []
+    for index, error in enumerate(outcomes):
+        if error is None:
+            progress.finish(index, SUCCEEDED, share)
+            results.append(share)
+        else:
+            progress.finish(index, FAILED, share)
+            results.append((share, *describe(error)))
     return results
 
 
@@ -224,8 +266,8 @@ def serve(connection: Connection, progress: Progress) -> int:
                 break
             if frame is None:
                 break
-            number, batch = frame
-            connection.send(run_batch(runner, progress, number, batch))
+            number, batch, as_batch = frame
+            connection.send((run_batch_call if as_batch else run_batch)(runner, progress, number, batch))
     finally:
         try:
             runner.teardown()

@@ -54,6 +54,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from keyorder.batch import BATCH_REASONS, PER_MESSAGE, BatchLimits, Outcomes, call_async_batch, call_sync_batch
 from keyorder.contracts import DeadLetterSink
 from keyorder.core.lanes import Delivery, LaneScheduler, LaneSummary
 from keyorder.core.retry import RetryPolicy, Verdict
@@ -81,6 +82,10 @@ LATENCY_BUCKETS = (
     300.0,
 )
 """Histogram bucket bounds (seconds) for handler duration and end-to-end processing latency."""
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
+"""Histogram bucket bounds (messages) for the size of a batch handler's calls."""
+BATCH_FILL_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Histogram bucket bounds (seconds) for the time a batch took to fill (its first head taken to its call)."""
 
 
 class Completions(deque[tuple["Delivery", bool]]):
@@ -214,26 +219,37 @@ class LatencyHistogram:
     """A single-writer histogram: plain integer buckets, no lock on the hot path.
 
     prometheus_client's Histogram takes a lock per observation; with W workers writing their own
-    instance and the collector summing at scrape time, the hot path stays lock-free.
+    instance and the collector summing at scrape time, the hot path stays lock-free. ``bounds`` are
+    the buckets' upper bounds (``LATENCY_BUCKETS`` unless given; one more bucket holds the rest).
     """
 
-    __slots__ = ("buckets", "count", "total")
+    __slots__ = ("bounds", "buckets", "count", "total")
 
-    def __init__(self) -> None:
-        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.bounds = bounds
+        self.buckets = [0] * (len(bounds) + 1)
         self.count = 0
         self.total = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+    def observe(self, value: float) -> None:
+        self.buckets[bisect_left(self.bounds, value)] += 1
         self.count += 1
-        self.total += seconds
+        self.total += value
+
+    def absorb(self, other: LatencyHistogram) -> None:
+        """Add another histogram's counts (same bounds)."""
+        self.buckets = [a + b for a, b in zip(self.buckets, other.buckets, strict=True)]
+        self.count += other.count
+        self.total += other.total
 
 
 class WorkerStats:
     """Counters of one worker, written only by that worker (read under the pool's lock)."""
 
     __slots__ = (
+        "batch_fill",
+        "batch_sizes",
+        "batches",
         "busy",
         "dead_lettered",
         "failed",
@@ -261,7 +277,16 @@ class WorkerStats:
         self.interrupted = {"crashed": 0, "timeout": 0}
         """Messages whose attempt a dying or killed worker process cut short (each one then retried)."""
         self.handler_seconds = LatencyHistogram()
+        """Seconds inside the handler per successful message. A batch call's seconds are split evenly over
+        its messages, so the count stays messages and the total stays busy seconds: a worker's rate
+        (messages per busy second, what the operator learns) reads the same for both kinds of handler."""
         self.latency = LatencyHistogram()
+        self.batch_sizes = LatencyHistogram(BATCH_SIZE_BUCKETS)
+        """Messages per batch handler call (batch handlers only)."""
+        self.batch_fill = LatencyHistogram(BATCH_FILL_BUCKETS)
+        """Seconds from a batch's first head taken to its call (batch handlers only)."""
+        self.batches = dict.fromkeys(BATCH_REASONS, 0)
+        """Batch handler calls by why the batch was sent (``batch.BATCH_REASONS``)."""
 
     def absorb(self, other: WorkerStats) -> None:
         """Add a retired worker's totals, so pod counters never go backwards after a shrink."""
@@ -273,10 +298,12 @@ class WorkerStats:
             self.process_restarts[reason] += count
         for reason, count in other.interrupted.items():
             self.interrupted[reason] += count
-        for mine, theirs in ((self.handler_seconds, other.handler_seconds), (self.latency, other.latency)):
-            mine.buckets = [a + b for a, b in zip(mine.buckets, theirs.buckets, strict=True)]
-            mine.count += theirs.count
-            mine.total += theirs.total
+        for reason, count in other.batches.items():
+            self.batches[reason] += count
+        self.handler_seconds.absorb(other.handler_seconds)
+        self.latency.absorb(other.latency)
+        self.batch_sizes.absorb(other.batch_sizes)
+        self.batch_fill.absorb(other.batch_fill)
 
 
 class WorkerPool(Protocol):
@@ -339,8 +366,13 @@ class _PoolBase:
         clock: Callable[[], float] = time.monotonic,
         lifecycle: Lifecycle = NO_HOOKS,
         threads: Threads = threading,
+        batch: BatchLimits = PER_MESSAGE,
     ) -> None:
         self._handler = handler
+        self.batch = batch
+        """With ``batch.enabled`` the handler is a batch handler (``keyorder.batch``): each worker turn takes
+        up to ``batch.max_messages`` heads of distinct ready lanes, waits up to ``batch.max_wait`` for more
+        (``_fill_step``), and calls the handler once with their messages."""
         self._threads = threads
         self.lifecycle = lifecycle
         self.retry = retry
@@ -377,7 +409,9 @@ class _PoolBase:
             self._withdrawals += 1
             self._fold_inbox()
             withdrawn = self._scheduler.withdraw(should_withdraw)
-        if withdrawn:
+        if self.batch.max_wait > 0:
+            self._wake_all()  # a worker filling a batch sends it now: the revoke waits for the heads it holds
+        elif withdrawn:
             self._wake(len(withdrawn))  # a parked lane whose head left may have become ready
         return withdrawn
 
@@ -507,8 +541,68 @@ class _PoolBase:
         )
 
     def _take_limit(self, worker: _Worker, ready: int) -> int:
-        """Lanes one worker takes per turn (the async pool: always one)."""
-        return 1
+        """Lanes one worker takes per turn (the async pool: one, or a batch handler's most)."""
+        return self.batch.max_messages
+
+    def _fill_step(self, worker: _Worker, taken: list[Delivery], withdrawals: int, deadline: float) -> str | float:
+        """Caller holds ``_lock``: add the heads of lanes that became ready to a batch being filled; the
+        reason to send it now (``keyorder.batch.BATCH_REASONS``), or seconds to wait for more lanes.
+
+        The wait ends at ``deadline`` (``waited``), and at once when a revoke (``withdraw``) came since the
+        batch began, the pool stops, or the worker retires (``nothing_more_ready``): the heads it holds
+        count as running, and neither a revoke nor a shutdown waits for a fill. A parked lane that falls
+        due within the wait ends it early, to be taken."""
+        limit = self.batch.max_messages
+        if self.stopping or worker.retiring or self._withdrawals != withdrawals:
+            return "nothing_more_ready"
+        if self._inbox:
+            self._fold_inbox()
+        scheduler = self._scheduler
+        now = self.clock()
+        if len(taken) < limit:
+            taken += scheduler.take(now, limit - len(taken))
+            self._wake_others(scheduler.ready)
+        if len(taken) >= limit:
+            return "full"
+        remaining = deadline - now
+        if remaining <= 0:
+            return "waited"
+        due = scheduler.seconds_until_due(now)
+        return remaining if due is None else min(remaining, max(due, 1e-6))
+
+    def _runnable(self, taken: list[Delivery]) -> tuple[list[_Outcome], list[Delivery], list[Delivery]]:
+        """Split the heads taken for a batch: outcomes already known (handed back: the pool stops or the pod
+        let the delivery go), deliveries whose dead-letter write is to be retried (the handler is not run
+        again), and the batch for the handler."""
+        known: list[_Outcome] = []
+        dead_letters: list[Delivery] = []
+        batch: list[Delivery] = []
+        for delivery in taken:
+            if self.stopping:  # on shutdown, lanes taken but not started go back unprocessed
+                known.append(_Outcome(HANDED_BACK, delivery))
+                continue
+            handed_back = self._handed_back_if_let_go(delivery)
+            if handed_back is not None:
+                known.append(handed_back)
+            elif delivery.pending_dead_letter is not None:
+                dead_letters.append(delivery)
+            else:
+                batch.append(delivery)
+        return known, dead_letters, batch
+
+    def _count_batch(self, worker: _Worker, size: int, reason: str, fill_seconds: float) -> None:
+        stats = worker.stats
+        stats.batch_sizes.observe(size)
+        stats.batch_fill.observe(fill_seconds)
+        stats.batches[reason] += 1
+
+    def _batch_outcome(
+        self, worker: _Worker, delivery: Delivery, error: BaseException | None, share: float, now: float
+    ) -> _Outcome | None:
+        """One message's outcome from its batch's answer; ``None`` when the caller must dead-letter it."""
+        if error is None:
+            return self._succeeded_in(worker, delivery, share, now)
+        return self._failed(worker, delivery, error)
 
     def _exit(self, worker: _Worker) -> None:
         """Caller holds ``_lock``: fold the worker's totals in, so pod counters never go backwards."""
@@ -688,8 +782,11 @@ class ThreadWorkerPool(_PoolBase):
         Each turn costs a lock round trip, which matters next to a handler of a few microseconds.
         Then a worker takes a fair share of the ready lanes (at most ``MAX_LANES_PER_TURN``), each
         still one message at a time and in order; every other worker still finds a ready lane. With a
-        slow handler a batch would make the lanes behind it wait, so it is never batched.
+        slow handler a batch would make the lanes behind it wait, so it is never batched. A batch handler
+        takes up to its most messages per call.
         """
+        if self.batch.enabled:
+            return self.batch.max_messages
         if worker.handler_seconds_ewma > FAST_HANDLER_SECONDS:
             return 1
         return max(1, min(MAX_LANES_PER_TURN, ready // max(self._target, 1)))
@@ -710,7 +807,62 @@ class ThreadWorkerPool(_PoolBase):
                     if not self._inbox:  # a batch appended after this turn's fold must not wait
                         condition.wait(turn)
                     self._idle -= 1
-            outcomes = self._run_taken(worker, turn)
+            if self.batch.enabled:
+                reason, fill_seconds = self._fill(worker, turn)
+                outcomes = self._run_batch(worker, turn, reason, fill_seconds)
+            else:
+                outcomes = self._run_taken(worker, turn)
+
+    def _fill(self, worker: _Worker, taken: list[Delivery]) -> tuple[str, float]:
+        """Complete a batch whose first heads were just taken (``_fill_step``); why it is sent, and the
+        seconds it took to fill. A filling worker counts as idle, so ``submit`` wakes it for new lanes."""
+        condition = self._condition
+        started = self.clock()
+        deadline = started + self.batch.max_wait
+        withdrawals = self._withdrawals
+        if len(taken) >= self.batch.max_messages:
+            return "full", 0.0
+        if self.batch.max_wait <= 0:
+            return "nothing_more_ready", 0.0
+        with condition:
+            while True:
+                step = self._fill_step(worker, taken, withdrawals, deadline)
+                if isinstance(step, str):
+                    return step, self.clock() - started
+                self._idle += 1
+                if not self._inbox:
+                    condition.wait(step)
+                self._idle -= 1
+
+    def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[_Outcome]:
+        """Call the batch handler once for the heads taken (distinct lanes); the outcomes, settled on the
+        next turn. Failed messages go through the retry policy one by one, each on its own lane."""
+        outcomes, dead_letters, batch = self._runnable(taken)
+        for delivery in dead_letters:
+            outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+        if not batch:
+            return outcomes
+        self._count_batch(worker, len(batch), reason, fill_seconds)
+        for delivery in batch:
+            delivery.attempts += 1
+        stats = worker.stats
+        stats.busy = True
+        started = self.clock()
+        results: Outcomes
+        try:
+            results = call_sync_batch(self._handler, [delivery.message for delivery in batch])
+        except BaseException as raised:  # the whole batch failed (SystemExit too, as per message)
+            results = [raised] * len(batch)
+        stats.busy = False
+        now = self.clock()
+        share = (now - started) / len(batch)
+        for delivery, error in zip(batch, results, strict=True):
+            outcome = self._batch_outcome(worker, delivery, error, share, now)
+            if outcome is None:
+                assert error is not None
+                outcome = self._publish_dead_letter(worker, delivery, error)
+            outcomes.append(outcome)
+        return outcomes
 
     def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[_Outcome]:
         """Run the heads taken in one turn (distinct lanes), one after the other; the outcomes left
@@ -888,7 +1040,11 @@ class AsyncWorkerPool(_PoolBase):
                 turn = self._turn(worker, outcomes)
             outcomes = []
             if isinstance(turn, list):
-                outcomes = [await self._execute(worker, delivery) for delivery in turn]
+                if self.batch.enabled:
+                    reason, fill_seconds = await self._fill(worker, turn)
+                    outcomes = await self._run_batch(worker, turn, reason, fill_seconds)
+                else:
+                    outcomes = [await self._execute(worker, delivery) for delivery in turn]
                 continue
             if turn is EXIT:
                 return
@@ -899,6 +1055,63 @@ class AsyncWorkerPool(_PoolBase):
             except TimeoutError:  # a parked lane is due; the cancelled future must not pile up in _idle
                 with contextlib.suppress(ValueError):
                     self._idle.remove(future)
+
+    async def _fill(self, worker: _Worker, taken: list[Delivery]) -> tuple[str, float]:
+        """As the thread pool's ``_fill``: a filling task waits as an idle one, so ``submit`` wakes it."""
+        started = self.clock()
+        deadline = started + self.batch.max_wait
+        withdrawals = self._withdrawals
+        if len(taken) >= self.batch.max_messages:
+            return "full", 0.0
+        if self.batch.max_wait <= 0:
+            return "nothing_more_ready", 0.0
+        while True:
+            with self._lock:
+                step = self._fill_step(worker, taken, withdrawals, deadline)
+            if isinstance(step, str):
+                return step, self.clock() - started
+            future = self._loop.create_future()
+            self._idle.append(future)
+            try:
+                await asyncio.wait_for(future, step)
+            except TimeoutError:
+                with contextlib.suppress(ValueError):
+                    self._idle.remove(future)
+
+    async def _run_batch(
+        self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float
+    ) -> list[_Outcome]:
+        """As the thread pool's ``_run_batch``, awaiting an ``async def`` batch handler."""
+        outcomes, dead_letters, batch = self._runnable(taken)
+        for delivery in dead_letters:
+            outcomes.append(await self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+        if not batch:
+            return outcomes
+        self._count_batch(worker, len(batch), reason, fill_seconds)
+        for delivery in batch:
+            delivery.attempts += 1
+        stats = worker.stats
+        stats.busy = True
+        started = self.clock()
+        results: Outcomes
+        try:
+            results = await call_async_batch(self._handler, [delivery.message for delivery in batch])
+        except BaseException as raised:
+            stats.busy = False
+            task = asyncio.current_task()
+            if isinstance(raised, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise  # the pool is cancelling this worker (shutdown), not a failing batch
+            results = [raised] * len(batch)
+        stats.busy = False
+        now = self.clock()
+        share = (now - started) / len(batch)
+        for delivery, error in zip(batch, results, strict=True):
+            outcome = self._batch_outcome(worker, delivery, error, share, now)
+            if outcome is None:
+                assert error is not None
+                outcome = await self._publish_dead_letter(worker, delivery, error)
+            outcomes.append(outcome)
+        return outcomes
 
     async def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
         handed_back = self._handed_back_if_let_go(delivery)

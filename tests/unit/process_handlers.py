@@ -98,3 +98,27 @@ def runs(path: str) -> list[tuple[str, int, int, float, float]]:
         (key, int(seq), int(pid), float(start), float(end))
         for kind, key, seq, pid, start, end in (fields for fields in read(path) if fields[0] == "run")
     ]
+
+
+def batch_stall_once(messages: list[Any]) -> list[BaseException | None]:
+    """A batch handler: ``stall_once`` for a whole batch (``stalled`` line, a minute's sleep, once, when the
+    batch holds ``KEYORDER_TEST_STALL_KEY``/0), then a ``run`` line per message; a message whose value is
+    ``KEYORDER_TEST_FAIL_SEQ`` of key ``KEYORDER_TEST_FAIL_KEY`` fails once (its outcome is an exception)."""
+    stall = os.environ.get("KEYORDER_TEST_STALL_KEY")
+    if any(message.key.decode() == stall and int(message.value) == 0 for message in messages):
+        marker = os.environ["KEYORDER_TEST_RECORD_FILE"] + ".stalled"
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            _write(f"stalled {stall} 0 {os.getpid()} {len(messages)}")
+            time.sleep(60)
+    outcomes: list[BaseException | None] = []
+    for message in messages:
+        failing = (os.environ.get("KEYORDER_TEST_FAIL_KEY"), os.environ.get("KEYORDER_TEST_FAIL_SEQ"))
+        marker = os.environ["KEYORDER_TEST_RECORD_FILE"] + ".failed"
+        if (message.key.decode(), message.value.decode()) == failing and not os.path.exists(marker):
+            open(marker, "w").close()
+            outcomes.append(ValueError("rejected once"))
+            continue
+        record(message)
+        outcomes.append(None)
+    return outcomes

@@ -249,6 +249,12 @@ def test_defaults() -> None:
         ("log_format", "xml"),
         ("kafka_property", "no-equals-sign"),
         ("kafka_property", "=value-without-name"),
+        ("batch_max_messages", "0"),
+        ("batch_max_messages", "1001"),
+        ("batch_max_messages", "many"),
+        ("batch_max_wait_ms", "-1"),
+        ("batch_max_wait_ms", "10001"),
+        ("batch_max_wait_ms", "2.5"),
     ],
 )
 @pytest.mark.parametrize("source", ["flag", "env"])
@@ -832,3 +838,17 @@ def test_json_logs_are_one_object_per_line():
     entry = json_module.loads(JsonFormatter().format(record))
     assert entry["level"] == "WARNING" and entry["message"] == "failed on t[3]" and entry["logger"] == "keyorder.x"
     assert "\n" not in JsonFormatter().format(record)
+
+
+def test_a_batch_handler_is_configured_by_its_most_messages_and_fill_wait() -> None:
+    config = load(env={"KEYORDER_BATCH_MAX_MESSAGES": "200", "KEYORDER_BATCH_MAX_WAIT_MS": "5"})
+    limits = config.batch_limits()
+    assert (limits.enabled, limits.max_messages, limits.max_wait) == (True, 200, 0.005)
+    assert not load().batch_limits().enabled, "a per-message handler by default"
+
+
+def test_a_fill_wait_without_batches_is_refused_naming_both_flags() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(env={"KEYORDER_BATCH_MAX_WAIT_MS": "5"})
+    message = str(caught.value)
+    assert "--batch-max-wait-ms / KEYORDER_BATCH_MAX_WAIT_MS" in message and "--batch-max-messages" in message

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from keyorder.adapters.handlers import load_for_worker_process
+from keyorder.batch import PER_MESSAGE, BatchLimits
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.message import Message
@@ -58,6 +59,7 @@ def process_pool(
     retry: RetryPolicy | None = None,
     sink: FakeDeadLetters | None = None,
     handler_timeout: float | None = None,
+    batch: BatchLimits = PER_MESSAGE,
 ) -> ProcessWorkerPool:
     load = functools.partial(
         load_for_worker_process,
@@ -72,6 +74,7 @@ def process_pool(
         sink,
         completions,
         handler_timeout=handler_timeout,
+        batch=batch,
     )
 
 
@@ -130,6 +133,37 @@ def test_a_worker_process_killed_mid_message_is_replaced_and_its_message_retried
     assert sum(s.process_restarts["crashed"] for s in stats) == 1
     assert sum(s.interrupted["crashed"] for s in stats) == 1
     assert sum(s.failed for s in stats) == 1 and sum(s.retried for s in stats) == 1
+
+
+def test_a_batch_handler_in_a_process_keeps_key_order_through_a_partial_failure_and_a_death_mid_batch(
+    record_file, monkeypatch
+):
+    """One call per batch in the worker process; a failed item retried on its own key; the process killed
+    inside a batch call: every message of that call retried (none lost), each key still in order."""
+    monkeypatch.setenv("KEYORDER_TEST_STALL_KEY", "victim")
+    monkeypatch.setenv("KEYORDER_TEST_FAIL_KEY", "other3")
+    monkeypatch.setenv("KEYORDER_TEST_FAIL_SEQ", "1")
+    completions = Completions()
+    pool = process_pool("batch_stall_once", 2, completions, batch=BatchLimits(8))
+    pool.start()
+    try:
+        keys = ["victim"] * 3 + [f"other{i % 7}" for i in range(40)]
+        pool.submit(keyed(keys))
+        wait_until(lambda: any(f[0] == "stalled" for f in process_handlers.read(record_file)), 30, "the stall")
+        stalled = next(f for f in process_handlers.read(record_file) if f[0] == "stalled")
+        os.kill(int(stalled[3]), signal.SIGKILL)
+        wait_until(lambda: len(completions) == len(keys), 60, "every message handled after the crash")
+    finally:
+        pool.stop(5)
+    assert all(handled for _delivery, handled in completions), "a message was handed back instead of retried"
+    runs = sorted(process_handlers.runs(record_file), key=lambda run: run[3])
+    assert_key_order([(key, seq) for key, seq, _pid, _start, _end in runs])  # each message once, in key order
+    stats = pool.stats()
+    killed_batch = int(stalled[4])
+    assert killed_batch > 1, "the victim was in a batch with other keys"
+    assert sum(s.interrupted["crashed"] for s in stats) == killed_batch, "every message of the call was retried"
+    assert sum(s.failed for s in stats) == killed_batch + 1, "the killed call's messages and other3/1"
+    assert sum(s.batch_sizes.count for s in stats) < len(keys), "messages went in batch calls"
 
 
 class ValueThatKillsItsUnpickler(bytes):

@@ -19,6 +19,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from keyorder.adapters.cpu import pod_cpu_cores, pod_cpu_seconds
+from keyorder.batch import BATCH_REASONS
 from keyorder.runtime import ConsumerRuntime
 from keyorder.workers import LATENCY_BUCKETS, LatencyHistogram, WorkerPool, WorkerStats
 
@@ -218,7 +219,7 @@ class KeyorderCollector(Collector):
         yield from self._executor_families(stats)
         yield _histogram(
             "keyorder_handler_duration_seconds",
-            "Time inside the handler per attempt.",
+            "Time inside the handler per successful message (a batch handler's call split evenly over its messages).",
             [worker.handler_seconds for worker in stats],
         )
         yield _histogram(
@@ -226,6 +227,29 @@ class KeyorderCollector(Collector):
             "Time from receipt by the pod to successful handling (queueing and retries included).",
             [worker.latency for worker in stats],
         )
+        yield from self._batch_families(stats)
+
+    def _batch_families(self, stats: list[WorkerStats]) -> Iterator:
+        """How a batch handler's calls fill (all zero with a per-message handler)."""
+        yield _histogram(
+            "keyorder_batch_size_messages",
+            "Messages per call of a batch handler (--batch-max-messages above 1).",
+            [worker.batch_sizes for worker in stats],
+        )
+        yield _histogram(
+            "keyorder_batch_fill_seconds",
+            "Seconds from a batch's first message taken to the batch handler's call (at most --batch-max-wait-ms).",
+            [worker.batch_fill for worker in stats],
+        )
+        reasons = CounterMetricFamily(
+            "keyorder_batches",
+            "Batch handler calls by why the batch was sent: full (--batch-max-messages), waited (--batch-max-wait-ms "
+            "ran out) or nothing_more_ready (no other key was ready, or a revoke or shutdown cut the wait short).",
+            labels=["reason"],
+        )
+        for reason in BATCH_REASONS:
+            reasons.add_metric([reason], sum(worker.batches[reason] for worker in stats))
+        yield reasons
 
     def _executor_families(self, stats: list[WorkerStats]) -> Iterator:
         """How the handler runs and the CPU it has: what the operator needs to size a CPU-bound pod."""
@@ -271,14 +295,15 @@ class KeyorderCollector(Collector):
 
 
 def _histogram(name: str, text: str, parts: list[LatencyHistogram]) -> HistogramMetricFamily:
-    counts = [0] * (len(LATENCY_BUCKETS) + 1)
+    bounds = parts[0].bounds if parts else LATENCY_BUCKETS
+    counts = [0] * (len(bounds) + 1)
     total = 0.0
     for part in parts:
         for index, count in enumerate(part.buckets):
             counts[index] += count
         total += part.total
     cumulative, buckets = 0, []
-    for bound, count in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
+    for bound, count in zip((*bounds, float("inf")), counts, strict=True):
         cumulative += count
         buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
     return HistogramMetricFamily(name, text, buckets=buckets, sum_value=total)

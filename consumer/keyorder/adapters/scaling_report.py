@@ -97,6 +97,9 @@ def build_report(
         "workersBusy": sum(1 for worker in stats if worker.busy),
         "handlerCallsTotal": sum(worker.handler_seconds.count for worker in stats),
         "handlerSecondsTotal": round(sum(worker.handler_seconds.total for worker in stats), 6),
+        # a batch handler's calls; handlerCallsTotal and handlerSecondsTotal count its messages and split each
+        # call's seconds over them, so seconds per call stay a worker's busy seconds per message
+        "handlerBatchesTotal": sum(worker.batch_sizes.count for worker in stats),
         "rebalancesTotal": snapshot.rebalances,
         "partitionsRevokedTotal": snapshot.partitions_revoked,
         "rebalanceIdleSecondsTotal": round(snapshot.rebalance_idle_seconds, 3),

@@ -1,0 +1,352 @@
+"""Batch handlers (``--batch-max-messages``): one call for the heads of distinct ready lanes.
+
+The pools are the real ``ThreadWorkerPool`` and ``AsyncWorkerPool`` under the pod simulation
+(``tests/simulation``): threads, lock, event loop and clock are the simulation's, so each run is
+deterministic on virtual time and takes milliseconds. The dead-letter sink is the FAKE of
+``test_workers``. Order is checked with per-key sequence numbers carried in the messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from keyorder.batch import BatchLimits, BatchResultError, batch_outcomes
+from keyorder.core.lanes import Delivery
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.message import Message
+from keyorder.workers import AsyncWorkerPool, Completions, ThreadWorkerPool
+from tests.guarantees import assert_key_order
+from tests.simulation.eventloop import event_loop_factory
+from tests.simulation.scheduler import Simulation
+from tests.unit.test_workers import FakeDeadLetters
+
+
+class Partition:
+    def __init__(self, number: int = 0) -> None:
+        self.number = number
+        self.revoked = False
+
+    def lets_go(self, offset: int, leader_epoch: int | None) -> bool:
+        return self.revoked
+
+
+def keyed(
+    simulation: Simulation, keys: str, partition: Partition | None = None, first_offset: int = 0
+) -> list[Delivery]:
+    """One delivery per letter of ``keys`` (the letter is the key); each value is its key's sequence number."""
+    partition = partition or Partition()
+    sequence: dict[str, int] = {}
+    out = []
+    for offset, key in enumerate(keys, start=first_offset):
+        seq = sequence[key] = sequence.get(key, -1) + 1
+        message = Message("t", partition.number, offset, key.encode(), str(seq).encode())
+        out.append(Delivery(message, key.encode(), partition, simulation.now))
+    return out
+
+
+def name(message: Message) -> tuple[str, int]:
+    return message.key.decode(), int(message.value)  # type: ignore[union-attr,arg-type]
+
+
+THREE = BatchLimits(3)
+RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.05, max_backoff=0.05)
+
+
+def make_pool(
+    simulation: Simulation,
+    handler: Callable[[list[Message]], Any],
+    completions: Completions,
+    *,
+    executor: str = "thread",
+    workers: int = 2,
+    limits: BatchLimits = THREE,
+    retry: RetryPolicy = RETRY,
+    sink: FakeDeadLetters | None = None,
+) -> ThreadWorkerPool | AsyncWorkerPool:
+    shared: dict[str, Any] = {"clock": simulation.clock, "threads": simulation, "batch": limits}
+    if executor == "async":
+        return AsyncWorkerPool(handler, workers, retry, sink, completions, **shared,
+                               event_loop=event_loop_factory(simulation))  # fmt: skip
+    return ThreadWorkerPool(handler, workers, retry, sink, completions, **shared)
+
+
+def drive(simulation: Simulation, main: Callable[[], None], limit: float = 100.0) -> None:
+    simulation.spawn(main, name="main")
+    simulation.run(limit=limit)
+    simulation.close()
+    assert simulation.errors == []
+
+
+def collect(completions: Completions, expected: int, timeout: float = 30.0) -> list[tuple[Delivery, bool]]:
+    """Wait (bounded, on virtual time) until ``expected`` deliveries came back; all of them."""
+    back: list[tuple[Delivery, bool]] = []
+    while len(back) < expected:
+        if not completions.wait(1, timeout):  # hang guard
+            break
+        while completions:
+            back.append(completions.popleft())
+    return back
+
+
+# -- the contract, pure ----------------------------------------------------------------------------------------
+def test_the_three_answers_and_what_breaks_the_contract() -> None:
+    def handle_batch(messages: list[Message]) -> None: ...
+
+    failure = ValueError("row 2 rejected")
+    assert batch_outcomes(handle_batch, 3, None) == [None, None, None]
+    assert batch_outcomes(handle_batch, 3, [None, failure, None]) == [None, failure, None]
+    assert batch_outcomes(handle_batch, 2, (None, None)) == [None, None], "any sequence"
+    for returned, said in (
+        ([None], "returned 1 outcomes for a batch of 3 messages"),
+        ("ok", "returned a str ('ok')"),
+        (True, "returned a bool (True)"),
+        ([None, "failed", None], "returned 'failed' (a str) as the outcome of message 1 of 3"),
+    ):
+        outcomes = batch_outcomes(handle_batch, 3, returned)
+        assert len(outcomes) == 3 and all(isinstance(error, BatchResultError) for error in outcomes), returned
+        assert said in str(outcomes[0]) and "test_batch_handlers:test_the_three_answers" in str(outcomes[0])
+
+
+# -- order and one call per batch --------------------------------------------------------------------------------
+@pytest.mark.parametrize("executor", ["thread", "async"])
+def test_per_key_order_through_a_batch_handler_and_never_two_messages_of_a_key_in_one_call(executor: str) -> None:
+    simulation = Simulation(7)
+    records: list[tuple[str, int]] = []
+    calls: list[list[tuple[str, int]]] = []
+
+    def handle(messages: list[Message]) -> None:
+        calls.append([name(message) for message in messages])
+        records.extend(name(message) for message in messages)
+
+    async def async_handle(messages: list[Message]) -> None:
+        await asyncio.sleep(0.001)
+        handle(messages)
+
+    def sync_handle(messages: list[Message]) -> None:
+        simulation.sleep(0.001)
+        handle(messages)
+
+    handler: Any = async_handle if executor == "async" else sync_handle
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, handler, completions, executor=executor, limits=BatchLimits(4))
+    keys = "abcde" * 6 + "aaaa"
+    back: list[tuple[Delivery, bool]] = []
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, keys))
+        back.extend(collect(completions, len(keys)))
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert sorted(delivery.message.offset for delivery, handled in back if handled) == list(range(len(keys)))
+    assert_key_order(records)
+    assert all(len(call) <= 4 for call in calls), calls
+    assert all(len({key for key, _seq in call}) == len(call) for call in calls), f"a key twice in a call: {calls}"
+    assert max(len(call) for call in calls) == 4, "the ready heads of distinct keys went in one call"
+    stats = pool.stats()
+    assert sum(worker.batch_sizes.count for worker in stats) == len(calls)
+    assert sum(worker.handler_seconds.count for worker in stats) == len(keys), "seconds are counted per message"
+    assert sum(worker.processed for worker in stats) == len(keys)
+
+
+# -- failures ------------------------------------------------------------------------------------------------
+def test_failed_items_are_retried_on_their_own_keys_while_the_others_of_the_batch_finish() -> None:
+    simulation = Simulation(3)
+    records: list[tuple[str, int, float]] = []
+    failed_once: set[tuple[str, int]] = set()
+
+    def handler(messages: list[Message]) -> list[BaseException | None]:
+        simulation.sleep(0.001)
+        outcomes: list[BaseException | None] = []
+        for message in messages:
+            key, seq = name(message)
+            if key == "b" and seq == 0 and (key, seq) not in failed_once:
+                failed_once.add((key, seq))
+                outcomes.append(ValueError("b0 rejected once"))
+            else:
+                records.append((key, seq, simulation.now))
+                outcomes.append(None)
+        return outcomes
+
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(3))
+    back: list[tuple[Delivery, bool]] = []
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "abcabc"))
+        back.extend(collect(completions, 6))
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert sorted((delivery.message.offset, handled) for delivery, handled in back) == [(i, True) for i in range(6)]
+    assert_key_order((key, seq) for key, seq, _at in records)
+    finished = {(key, seq): at for key, seq, at in records}
+    assert finished[("a", 1)] < finished[("b", 0)], "a's next message did not wait for b's retry"
+    assert finished[("c", 1)] < finished[("b", 0)], "c's next message did not wait for b's retry"
+    assert finished[("b", 0)] >= 0.05, "b0 ran again after its backoff"
+    stats = pool.stats()
+    assert (sum(worker.failed for worker in stats), sum(worker.retried for worker in stats)) == (1, 1)
+
+
+def test_a_batch_that_raises_fails_every_message_and_each_is_retried() -> None:
+    simulation = Simulation(5)
+    calls: list[list[tuple[str, int]]] = []
+
+    def handler(messages: list[Message]) -> None:
+        calls.append([name(message) for message in messages])
+        if len(calls) == 1:
+            raise ConnectionError("database unreachable")
+
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(5))
+    back: list[tuple[Delivery, bool]] = []
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "abcab"))
+        back.extend(collect(completions, 5))
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert calls[0] == [("a", 0), ("b", 0), ("c", 0)], "one call for the heads of three keys"
+    assert sorted(seq for call in calls[1:] for seq in call) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0)]
+    assert_key_order(seq for call in calls[1:] for seq in call)
+    assert all(handled for _delivery, handled in back) and len(back) == 5
+    assert [delivery.attempts for delivery, _ in back if name(delivery.message)[1] == 0] == [2, 2, 2]
+    assert sum(worker.failed for worker in pool.stats()) == 3
+
+
+@pytest.mark.parametrize("executor", ["thread", "async"])
+def test_a_bad_return_value_fails_the_batch_with_an_error_naming_the_handler(executor: str) -> None:
+    simulation = Simulation(1)
+    sink = FakeDeadLetters()
+
+    def returns_a_count(messages: list[Message]) -> int:
+        return len(messages)  # a common slip: "rows written"
+
+    async def returns_a_count_async(messages: list[Message]) -> int:
+        return len(messages)
+
+    handler = returns_a_count_async if executor == "async" else returns_a_count
+    completions = Completions(threads=simulation)
+    retry = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.DLQ)
+    pool = make_pool(simulation, handler, completions, executor=executor, retry=retry, sink=sink)
+    back: list[tuple[Delivery, bool]] = []
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "ab"))
+        back.extend(collect(completions, 2))
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert sorted(offset for offset, _type, _attempts in sink.published) == [0, 1], "both dead-lettered"
+    assert {type(error) for error in sink.errors} == {BatchResultError}
+    assert "returned a int (2)" in str(sink.errors[0]) and handler.__qualname__ in str(sink.errors[0])
+
+
+# -- revoke, shutdown, fill --------------------------------------------------------------------------------------
+def test_a_revoke_during_a_batch_hands_back_what_waits_and_the_batch_settles_on_its_own_keys() -> None:
+    simulation = Simulation(11)
+    revoked, kept = Partition(0), Partition(1)
+    calls: list[list[tuple[str, int]]] = []
+
+    def handler(messages: list[Message]) -> list[BaseException | None]:
+        calls.append([name(message) for message in messages])
+        simulation.sleep(1.0)
+        # the revoked partition's head fails: handed back, never parked or retried here
+        failing = [message.partition == 0 and name(message) == ("b", 0) for message in messages]
+        return [ValueError("x") if fails else None for fails in failing]
+
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(4))
+    back: dict[tuple[int, int], bool] = {}
+    withdrawn: list[int] = []
+
+    def main() -> None:
+        pool.start()
+        pool.submit([*keyed(simulation, "aab", revoked), *keyed(simulation, "cc", kept, first_offset=10)])
+        simulation.sleep(0.5)  # the batch (a0, b0, c0) runs
+        revoked.revoked = True
+        withdrawn.extend(delivery.message.offset for delivery in pool.withdraw(lambda item: item.partition.revoked))
+        for delivery, handled in collect(completions, 4):
+            back[(delivery.message.partition, delivery.message.offset)] = handled
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert calls[0] == [("a", 0), ("b", 0), ("c", 0)]
+    assert withdrawn == [1], "a1 waited behind its key: handed back at once"
+    assert back == {(0, 0): True, (0, 2): False, (1, 10): True, (1, 11): True}, (
+        "a0 succeeded during the revoke; b0 failed after it and went back unretried; c runs on"
+    )
+    assert [call for call in calls if ("b", 0) in call] == [calls[0]], "b0 was never retried here"
+
+
+def test_shutdown_with_a_batch_in_flight_lets_it_finish_and_hands_back_the_rest() -> None:
+    simulation = Simulation(2)
+    calls: list[list[tuple[str, int]]] = []
+
+    def handler(messages: list[Message]) -> None:
+        calls.append([name(message) for message in messages])
+        simulation.sleep(1.0)
+
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(2))
+    back: dict[int, bool] = {}
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "abab"))
+        simulation.sleep(0.5)
+        pool.stop(5.0)  # the batch (a0, b0) is inside the handler
+        while completions:
+            delivery, handled = completions.popleft()
+            back[delivery.message.offset] = handled
+
+    drive(simulation, main)
+    assert calls == [[("a", 0), ("b", 0)]]
+    assert back == {0: True, 1: True, 2: False, 3: False}, "the running batch finished; the rest went back unrun"
+
+
+@pytest.mark.parametrize("executor", ["thread", "async"])
+def test_a_worker_waits_up_to_the_fill_time_for_more_keys_and_counts_why_each_batch_went(executor: str) -> None:
+    simulation = Simulation(4)
+    calls: list[tuple[float, list[tuple[str, int]]]] = []
+
+    def record(messages: list[Message]) -> None:
+        calls.append((simulation.now, [name(message) for message in messages]))
+
+    async def record_async(messages: list[Message]) -> None:
+        record(messages)
+
+    completions = Completions(threads=simulation)
+    handler = record_async if executor == "async" else record
+    pool = make_pool(simulation, handler, completions, executor=executor, workers=1, limits=BatchLimits(3, 0.1))
+
+    def main() -> None:
+        pool.start()
+        simulation.sleep(0.01)
+        pool.submit(keyed(simulation, "a"))
+        simulation.sleep(0.03)
+        pool.submit(keyed(simulation, "bc", first_offset=1))  # fills the batch: sent at once, full
+        collect(completions, 3)
+        pool.submit(keyed(simulation, "d", first_offset=3))  # alone: sent when the wait ran out
+        collect(completions, 1)
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert [batch for _at, batch in calls] == [[("a", 0), ("b", 0), ("c", 0)], [("d", 0)]]
+    assert calls[0][0] == pytest.approx(0.04), "sent as soon as it was full"
+    assert calls[1][0] == pytest.approx(0.04 + 0.1), "sent when the fill wait ran out"
+    stats = pool.stats()
+    assert {reason: sum(worker.batches[reason] for worker in stats) for reason in ("full", "waited")} == {
+        "full": 1,
+        "waited": 1,
+    }
+    assert sum(worker.batch_fill.total for worker in stats) == pytest.approx(0.03 + 0.1)
