@@ -272,9 +272,17 @@ def _each(addresses: Sequence[str], call: Callable[[str], T]) -> tuple[list[T], 
     return results, failures
 
 
-def needing_push(addresses: Sequence[str], reports: Sequence[dict[str, Any]], workers: int) -> list[str]:
+def needing_push(
+    addresses: Sequence[str], reports: Sequence[dict[str, Any]], workers: int, *, lower: bool = True
+) -> list[str]:
     """The addresses to push ``workers`` to: every one whose report says another count, or that did not
-    report this poll (new, restarted, or unreachable: the push is cheap and idempotent)."""
+    report this poll (new, restarted, or unreachable: the push is cheap and idempotent). With ``lower``
+    False (``policy.Decision.hold_workers``: a scale step's new pods still start), only those that report
+    fewer workers: a pod running more keeps them until the new pods are ready."""
+    if not lower:
+        counts = {report.get(ADDRESS): report.get("workers") for report in reports}
+        fewer = {address for address, count in counts.items() if isinstance(count, int) and count < workers}
+        return [address for address in addresses if address in fewer]
     at_size = {report.get(ADDRESS) for report in reports if report.get("workers") == workers}
     return [address for address in addresses if address not in at_size]
 

@@ -303,6 +303,10 @@ class Decision:
     """Mean handler time per call the pods reported for the interval (for status)."""
     recommended: Size | None = None
     """The size recommended before stabilization, tolerance and rate limits."""
+    hold_workers: bool = False
+    """Pods of a scale step still start and some ready pod runs more workers than ``target.workers``: the
+    ready pods keep theirs (only a pod below the count gets it), so the ready capacity never drops while
+    the new pods start; the first decision once they are ready lowers them (``workers_while_pods_start``)."""
 
     @property
     def scaled(self) -> bool:
@@ -1257,8 +1261,62 @@ def _size_words(size: Size) -> str:
     return f"{size.replicas} replicas x {size.workers} workers"
 
 
+def ready_pods(observation: Observation) -> int | None:
+    """The ready pods: those asked for a report, else those that answered (``None``: not known)."""
+    if observation.pods_expected is not None:
+        return observation.pods_expected
+    return observation.pods.pods if observation.pods is not None else None
+
+
+def workers_while_pods_start(decision: Decision, observation: Observation, now: float) -> Decision:
+    """``decision``, with the pods already running keeping their workers while a scale step's pods start.
+
+    A step that adds pods lowers the workers per pod when the same capacity spreads over more pods (6 x 29
+    -> 12 x 17). Lowered at once, the running pods would lose workers for the whole start of the new ones
+    (30 s in ``keyorder simulate``): 6 x 17 workers at 10 ms handle 10,000/s, under the 12,000/s that 6 x 29
+    kept up with, and the backlog would grow because the group scaled up. So while fewer pods are ready
+    than decided, within ``LONGEST_STEP_SECONDS`` of the step, a ready pod running more than
+    ``target.workers`` keeps them (``Decision.hold_workers``: the operator pushes the count only to the pods
+    below it); the first decision once the decided pods are ready lowers them, whatever its path. A step
+    whose pods are not ready in that time (a pod left Pending) holds nothing any more. The decided size
+    (``target``, the state's ``current``, the windows, the status) stays the one the step is for."""
+    target, before, pods = decision.target, decision.before, observation.pods
+    started = decision.state.step_started_at
+    if started is None or now - started > LONGEST_STEP_SECONDS or target.replicas == 0:
+        return decision
+    ready = ready_pods(observation)
+    if ready is not None and ready >= target.replicas:
+        return decision
+    adding = target.replicas > before.replicas
+    if adding:
+        running: int | None = before.workers  # what the pods in place were last pushed
+    else:
+        running = math.ceil(pods.workers / pods.pods) if pods is not None and pods.pods else None
+    if running is not None and running <= target.workers:
+        return decision
+    then = f"then {target.workers}"
+    if adding:
+        added = target.replicas - before.replicas
+        hold = f"adding {added} pods; workers per pod stay {running} until they are ready ({then})"
+    elif ready is not None and running is not None:
+        hold = (
+            f"{target.replicas - ready} of {target.replicas} pods starting; the {ready} ready pods keep their "
+            f"{running} workers per pod until they are ready ({then})"
+        )
+    else:
+        hold = (
+            f"pods starting; the ready pods keep their workers per pod until all {target.replicas} are ready ({then})"
+        )
+    return replace(decision, hold_workers=True, reason=f"{decision.reason}; {hold}")
+
+
 def decide(observation: Observation, limits: ScalingLimits, state: ScalingState, now: float) -> Decision:
-    """The size the consumer group should have now, and why."""
+    """The size the consumer group should have now, and why (with the workers of the pods in place kept
+    while a step's new pods start: ``workers_while_pods_start``)."""
+    return workers_while_pods_start(_decided(observation, limits, state, now), observation, now)
+
+
+def _decided(observation: Observation, limits: ScalingLimits, state: ScalingState, now: float) -> Decision:
     state = timed_step(observation, relearned(state, limits), now)
     current = state.current
     pods = observation.pods

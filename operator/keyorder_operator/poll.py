@@ -232,7 +232,14 @@ class Poll(PolledResource):
             return
         self.remember(decision.state, limits, resized=decision.scaled)
         self.explain(
-            decision.target, decision.reason, decision.limited, decision.caveat, current, paused, observed.pods
+            decision.target,
+            decision.reason,
+            decision.limited,
+            decision.caveat,
+            current,
+            paused,
+            observed.pods,
+            hold_workers=decision.hold_workers,
         )
 
     def remember(self, state: ScalingState, limits: ScalingLimits, resized: bool) -> None:
@@ -414,9 +421,11 @@ class Poll(PolledResource):
         pods: PodsRead,
         *,
         recommend: bool = False,
+        hold_workers: bool = False,
     ) -> None:
-        """After ``target``'s replicas were written: push the worker count, and say why in status, Events
-        and metrics."""
+        """After ``target``'s replicas were written: push the worker count (with ``hold_workers``, while a
+        scale step's new pods start, only to the pods running fewer: ``policy.workers_while_pods_start``),
+        and say why in status, Events and metrics."""
         metrics = self.context.metrics
         changed = target != current
         if changed:
@@ -434,7 +443,7 @@ class Poll(PolledResource):
         elif target.replicas and pods.token is not None:
             # only pods that run another count or did not report; pods that start after the read get the
             # size on the next poll
-            stale = needing_push(pods.addresses, pods.reports, target.workers)
+            stale = needing_push(pods.addresses, pods.reports, target.workers, lower=not hold_workers)
             pushed = 0
             if stale:
                 pushed, failures = self.context.push(stale, self.spec.http_port, pods.token, target.workers)

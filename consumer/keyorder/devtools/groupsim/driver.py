@@ -274,7 +274,7 @@ def _poll(
     else:
         status["workersPerPod"] = target.workers
         group.scale(target.replicas)
-        group.push_workers(target.workers, answers)
+        group.push_workers(target.workers, answers, lower=not decision.hold_workers)
     result.polls.append(
         PollRecord(
             t=t,

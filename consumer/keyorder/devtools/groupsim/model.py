@@ -205,10 +205,12 @@ class SimulatedGroup:
         """A new image: pods are replaced one at a time (a new one starts; once ready, an old one leaves)."""
         self.workload = workload
 
-    def push_workers(self, workers: int, reachable: Callable[[SimPod], bool]) -> None:
-        """The operator's worker push reaches the ready pods that answer (live: no restart, no rebalance)."""
+    def push_workers(self, workers: int, reachable: Callable[[SimPod], bool], lower: bool = True) -> None:
+        """The operator's worker push reaches the ready pods that answer (live: no restart, no rebalance);
+        with ``lower`` False (``Decision.hold_workers``: a step's new pods still start) only those that run
+        fewer workers, as ``pod_admin.needing_push`` picks them."""
         for pod in self.pods:
-            if pod.joined and reachable(pod):
+            if pod.joined and reachable(pod) and (lower or pod.workers < workers):
                 pod.workers = workers
 
     @property
