@@ -46,6 +46,8 @@ from pydantic import BaseModel
 
 from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, SPARK_MAKES_SECRET
 from keyorder_operator.spec import (
+    BATCH_CATCHUP_RULE,
+    BATCH_WAIT_RULE,
     CATCHUP_IMAGE_RULE,
     CLUSTER_SECRET_RULE,
     FIXED_SPARK_SETTINGS_RULE,
@@ -62,6 +64,7 @@ from keyorder_operator.spec import (
     SHORT_NAME,
     STATIC_MEMBERSHIP_RULE,
     VERSION,
+    BatchSpec,
     CatchupSpec,
     EnvVar,
     KafkaSpec,
@@ -176,6 +179,20 @@ VALIDATIONS: dict[type[BaseModel], list[dict[str, str]]] = {
             "message": "scaling.fallback.replicas 0 needs scaling.scaleToZero: true (it stops every pod)",
             "fieldPath": ".scaling.fallback.replicas",
         },
+        {
+            "rule": "!(has(self.handler.batch) && has(self.handler.batch.maxMessages) && "
+            "self.handler.batch.maxMessages > 1) || !(has(self.catchup) && has(self.catchup.enabled) && "
+            "self.catchup.enabled)",
+            "message": BATCH_CATCHUP_RULE,
+            "fieldPath": ".handler.batch.maxMessages",
+        },
+    ],
+    BatchSpec: [
+        {
+            "rule": "!(has(self.maxWaitMs) && self.maxWaitMs > 0) || (has(self.maxMessages) && self.maxMessages > 1)",
+            "message": BATCH_WAIT_RULE,
+            "fieldPath": ".maxWaitMs",
+        }
     ],
 }
 """CEL restatements of the models' ``model_validator`` rules (a test checks every validator has one)."""

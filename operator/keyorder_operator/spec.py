@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, BATCH_MAX_WAIT_MS_LIMIT
 from keyorder.catchup.settings import (
     ENFORCED_SPARK_SETTINGS,
     cluster_secret_missing,
@@ -256,6 +257,38 @@ class Resources(_Model):
     limits: dict[str, str] = Field(default_factory=dict, description="Resource limits, e.g. memory: 512Mi.")
 
 
+BATCH_WAIT_RULE = "maxWaitMs needs maxMessages above 1: a per-message handler has no batch to fill"
+BATCH_CATCHUP_RULE = (
+    "handler.batch.maxMessages above 1 with catchup.enabled: the catch-up Job calls the handler once per message, "
+    "and a batch handler expects a list; use one or the other"
+)
+
+
+class BatchSpec(_Model):
+    """A batch handler: one call for the heads of several ready keys (``keyorder.batch``)."""
+
+    max_messages: int = Field(
+        1,
+        ge=1,
+        le=BATCH_MAX_MESSAGES_LIMIT,
+        description="Above 1: the handler is a batch handler, called with a list of up to this many messages, "
+        "at most one per key (the pods' --batch-max-messages). 1: one call per message.",
+    )
+    max_wait_ms: int = Field(
+        0,
+        ge=0,
+        le=BATCH_MAX_WAIT_MS_LIMIT,
+        description="Milliseconds a worker with fewer ready messages than maxMessages waits for more keys to "
+        "become ready before it calls the handler (the pods' --batch-max-wait-ms); 0: it calls with what is ready.",
+    )
+
+    @model_validator(mode="after")
+    def _wait_needs_batches(self) -> BatchSpec:
+        if self.max_wait_ms and self.max_messages == 1:
+            raise ValueError(BATCH_WAIT_RULE)
+        return self
+
+
 class HandlerSpec(_Model):
     image: str = Field(
         min_length=1, description="Image with keyorder and the handler package (FROM the keyorder image)."
@@ -265,6 +298,11 @@ class HandlerSpec(_Model):
         Executor.AUTO,
         description="How the pods run the handler: thread, async, or process (one worker process per key worker, "
         "for CPU-bound handlers); auto: thread or async, by the handler.",
+    )
+    batch: BatchSpec = Field(
+        default_factory=BatchSpec,
+        description="A batch handler (docs/handler-tutorial.md, Batch handlers): the most messages per call and "
+        "the longest wait to fill a call.",
     )
     env: list[EnvVar] = Field(
         default_factory=list,
@@ -620,6 +658,8 @@ class OrderedConsumerSpec(_Model):
         fallback = self.scaling.fallback
         if fallback is not None and fallback.replicas == 0 and not self.scaling.scale_to_zero:
             raise ValueError("scaling.fallback.replicas 0 needs scaling.scaleToZero: true (it stops every pod)")
+        if self.handler.batch.max_messages > 1 and self.catchup.enabled:
+            raise ValueError(BATCH_CATCHUP_RULE)
         return self
 
 

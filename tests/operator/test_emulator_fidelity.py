@@ -138,6 +138,11 @@ BROKEN_BY_RULES = {
         "secret",
         {"catchup": {"enabled": True, "image": "catchup:1", "master": "spark://spark-master:7077"}},
     ),
+    "maxWaitMs needs maxMessages above 1": ("batchwait", {"handler": {**SPEC["handler"], "batch": {"maxWaitMs": 5}}}),
+    "handler.batch.maxMessages above 1 with catchup.enabled": (
+        "batchcatchup",
+        {"handler": {**SPEC["handler"], "batch": {"maxMessages": 50}}, "catchup": {"enabled": True, "image": "c:1"}},
+    ),
 }
 
 
@@ -145,14 +150,14 @@ def test_every_cel_rule_of_the_crd_is_evaluated_on_create_patch_apply_and_put(ku
     """https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation-rules
     : every ``x-kubernetes-validations`` rule is evaluated (CEL, here with cel-python), on the defaulted object,
     at create and update; a rule that fails refuses the object with its message, at the rule's field
-    (``fieldPath``). Each of the CRD's twelve rules is broken once."""
+    (``fieldPath``). Each of the CRD's fourteen rules is broken once."""
     crd = yaml.safe_load(CRD_FILE.read_text())
     rules = [
         rule["message"]
         for node in walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         for rule in node.get("x-kubernetes-validations") or []
     ]
-    assert len(rules) == len(BROKEN_BY_RULES) == 12
+    assert len(rules) == len(BROKEN_BY_RULES) == 14
     for message, (name, spec) in BROKEN_BY_RULES.items():
         assert any(rule.startswith(message) for rule in rules), message
         body = refused(lambda name=name, spec=spec: kube.create(CR, consumer(name, **spec)), 422)

@@ -122,6 +122,47 @@ def test_the_executor_reaches_the_pods_as_keyorder_executor(executor, variable):
     assert load_run_config({}, env).executor == (variable or "auto"), "the pod must accept what the builder sets"
 
 
+@pytest.mark.parametrize(
+    ("batch", "variables"),
+    [
+        (None, {}),
+        ({"maxMessages": 200}, {"KEYORDER_BATCH_MAX_MESSAGES": "200"}),
+        (
+            {"maxMessages": 200, "maxWaitMs": 5},
+            {"KEYORDER_BATCH_MAX_MESSAGES": "200", "KEYORDER_BATCH_MAX_WAIT_MS": "5"},
+        ),
+    ],
+)
+def test_a_batch_handler_reaches_the_pods_as_its_two_variables(batch, variables):
+    from keyorder.config import load_run_config
+
+    spec = parse_spec(with_("handler.batch", batch) if batch else MINIMAL)
+    container = build_deployment(spec, OWNER, replicas=1)["spec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert {name: value for name, value in env.items() if name.startswith("KEYORDER_BATCH_")} == variables
+    limits = load_run_config({}, env).batch_limits()
+    assert limits.max_messages == (batch or {}).get("maxMessages", 1), "the pod must accept what the builder sets"
+
+
+@pytest.mark.parametrize(
+    ("batch", "catchup", "expected"),
+    [
+        ({"maxMessages": 0}, None, "spec.handler.batch.maxMessages"),
+        ({"maxMessages": 1001}, None, "spec.handler.batch.maxMessages"),
+        ({"maxWaitMs": -1, "maxMessages": 2}, None, "spec.handler.batch.maxWaitMs"),
+        ({"maxWaitMs": 5}, None, "spec.handler.batch: Value error, maxWaitMs needs maxMessages above 1"),
+        ({"maxMessages": 50}, {"enabled": True, "image": "c:1"}, "handler.batch.maxMessages above 1 with catchup"),
+    ],
+)
+def test_bad_batch_settings_are_refused_naming_the_field(batch, catchup, expected):
+    spec = with_("handler.batch", batch)
+    if catchup:
+        spec["catchup"] = catchup
+    with pytest.raises(InvalidSpec) as error:
+        parse_spec(spec)
+    assert expected in str(error.value)
+
+
 def test_an_unknown_executor_is_refused_naming_the_field():
     with pytest.raises(InvalidSpec, match=r"spec\.handler\.executor"):
         parse_spec(with_("handler.executor", "gpu"))
