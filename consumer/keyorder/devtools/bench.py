@@ -891,7 +891,8 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ceiling",
         action="store_true",
-        help="only the fast-handler rows (no-op and 0.3 ms, W=16) against a raw confluent-kafka loop (about a minute)",
+        help="only the fast-handler rows (no-op family, 0.3 ms, batch handlers and the sink on threads and "
+        "processes) against a raw confluent-kafka loop, best of three warm passes (about 3 minutes)",
     )
     parser.add_argument("--messages", type=int, help="preloaded messages (default: preset)")
     parser.add_argument("--keys", type=int, help="distinct keys (default: preset, 10000)")
