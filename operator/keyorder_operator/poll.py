@@ -441,13 +441,14 @@ class Poll(PolledResource):
         if recommend:
             failures = pods.failures
         elif target.replicas and pods.token is not None:
-            # only pods that run another count or did not report; pods that start after the read get the
-            # size on the next poll
+            # only pods that run another count or did not report (while a step's new pods start, only those
+            # running fewer); pods that start after the read get the size on the next poll
             stale = needing_push(pods.addresses, pods.reports, target.workers, lower=not hold_workers)
             pushed = 0
             if stale:
                 pushed, failures = self.context.push(stale, self.spec.http_port, pods.token, target.workers)
-            at_size = len(pods.addresses) - len(stale) + pushed
+            elsewhere = needing_push(pods.addresses, pods.reports, target.workers) if hold_workers else stale
+            at_size = len(pods.addresses) - len(elsewhere) + pushed
         elif target.replicas and pods.failures:
             failures = pods.failures
         if paused:

@@ -194,6 +194,23 @@ def test_idle_workers_do_not_measure_a_worker():
     assert decide(observation, LIMITS, LEARNED, 15).state.efficiency_samples == LEARNED.efficiency_samples
 
 
+def test_a_group_that_keeps_up_does_not_measure_a_worker():
+    """Keys waited and every worker was busy at both ends of the interval, yet Kafka's lag was only what
+    is in flight at both (16,000 of 16,000/s arriving): the group kept up, at 83% of what 12 x 16 workers
+    handle, and may have idled in between. That share is the load, not the efficiency (``keyorder simulate
+    slow-ramp`` through restarts learned 0.83 so, where a worker spends 0.98 of its time in the handler,
+    and later stepped up to 1.6x the workers needed). With a backlog at both ends the same interval counts."""
+    kept_up = interval(16_000 * 15, 10.0)  # 2,400 handler seconds over 15 s and 192 workers: 0.83
+    state = replace(LEARNED, drainable_lag=16_000, polled_at=0.0)
+    observation = Observation(
+        lag=16_000, partitions=12, drain_rate=16_000.0, arrival_rate=16_000.0, pods=kept_up, pods_expected=12
+    )
+    assert decide(observation, LIMITS, state, 15).state.efficiency_samples == LEARNED.efficiency_samples
+    behind = replace(observation, lag=BACKLOG)
+    learned = decide(behind, LIMITS, replace(state, drainable_lag=BACKLOG), 15).state.efficiency_samples
+    assert learned == pytest.approx((1.0, 1.0, 2_400 / 15 / 192))
+
+
 HOT = BusiestLane(key="acct-17", where="orders[3]", backlog=3_050)
 
 
