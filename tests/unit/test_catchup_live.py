@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 
 import pytest
@@ -182,6 +183,43 @@ class FakeConf:
 
     def get(self, name: str, default: str | None = None) -> str | None:
         return self.values.get(name, default)
+
+
+class _NeverTimesOut(socket.socket):
+    """A socket whose ``settimeout`` leaves it blocking: a thread in its ``recvfrom`` wakes only for a datagram."""
+
+    def settimeout(self, value: float | None) -> None:
+        super().settimeout(None)
+
+
+def _blocked_in_receive(thread: threading.Thread) -> bool:
+    """Whether ``thread`` sleeps in the kernel inside the listener's receive loop (Linux: /proc)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    if frame is None or frame.f_code.co_name != "_receive":
+        return False
+    with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+@pytest.mark.parametrize("bound", ["127.0.0.1", "every interface"])
+def test_closing_the_listener_ends_its_thread_without_waiting_for_a_poll(monkeypatch, bound: str) -> None:
+    """Before: close() closed the socket and joined the thread, which stayed blocked in recvfrom (closing a
+    socket does not wake it) until its 0.5 s poll timed out: half a second at every job's end and in every
+    test with a listener. With no poll at all the old thread never ended."""
+    from keyorder.catchup import live
+
+    real = live._bound_socket
+
+    def bound_socket(host: str) -> socket.socket:
+        plain = real(host) if bound != "every interface" else live._every_interface_socket()
+        return _NeverTimesOut(plain.family, plain.type, fileno=plain.detach())
+
+    monkeypatch.setattr(live, "_bound_socket", bound_socket)
+    listener = ProgressListener("127.0.0.1")
+    wait_for(lambda: _blocked_in_receive(listener._thread), 5, "the listener's thread to wait for a datagram")
+    listener.close()  # joins the thread for at most 2 s (hang guard)
+
+    assert not listener._thread.is_alive()
 
 
 def test_the_drivers_listener_is_bound_to_the_drivers_address_not_every_interface() -> None:
