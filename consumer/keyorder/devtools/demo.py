@@ -9,6 +9,9 @@ platform team runs today: a plain partition-ordered group scaled by KEDA's Kafka
 (``keda_group``), run beside the autoscaled group and charted on the same axes; and with a static
 keyorder group started at the autoscaler's peak size, from the moment the autoscaled group drained the
 spike (its peak is known then), beside the other two.
+
+This module runs it (the broker, the stream, the groups, the sampling loop); its options and flags are
+``demo_options``, and what it shows (the live view, the chart, the audit) is ``demo_view``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,21 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from keyorder.devtools.demo_options import (  # noqa: F401 (QUICK and add_dev_flags: named here by cli.py and tests)
+    EXAMPLE_HANDLER,
+    QUICK,
+    DevFlagError,
+    DevOptions,
+    _apply_flags,
+    add_dev_flags,
+    replayable,
+    validate,
+)
+from keyorder.devtools.demo_view import Timeline, View, audit, plot, print_simulated
 from keyorder.devtools.drain import crossing_seconds_before
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.devtools.groupsim.demo_replay import demo_keda_settings, replay
@@ -36,283 +50,6 @@ TOPIC = "orders"
 DLQ_TOPIC = "orders.dlq"
 COMPARISON_DLQ_TOPIC = "orders.dlq.comparisons"
 """The comparison groups' dead letters: ``--poison-key`` counts the autoscaled group's in ``DLQ_TOPIC``."""
-SPARK = "▁▂▃▄▅▆▇█"
-
-
-@dataclass
-class DevOptions:
-    partitions: int = 8
-    spike: int = 45_000
-    """Sized so that the KEDA-scaled partition-ordered group, at most a thread per partition, drains it in
-    about 80 s (8 threads at 5-20 ms a message: about 640 messages/s), and ``make demo`` stays under three
-    minutes on a fresh clone."""
-    rate: float = 100.0
-    latency_min_ms: float = 5.0
-    latency_max_ms: float = 20.0
-    target_drain_seconds: float = 30.0
-    initial_workers: int = 4
-    max_workers: int = 64
-    poll_seconds: float = 2.0
-    scale_down_window: float = 30.0
-    """As long as the target drain time (as the operator's defaults, 300 s and 300 s): a shorter window
-    shrinks the group mid-drain, as the need falls with the lag, and each shrink is a rebalance."""
-    timeout: float = 900.0
-    compare: bool = True
-    """Run the KEDA-scaled partition-ordered group beside the autoscaled one, then the right-sized group."""
-    seed: int = 7
-    keys: int = 2_000
-    """Orders in progress at once: the distinct keys the stream interleaves."""
-    hot_key_share: float = 0.0
-    """Share of the events on one long-lived key (``order-hot``)."""
-    poison_key: bool = False
-    """One order (``order-poison``) whose events always fail: retried, then dead-lettered (or blocked)."""
-    on_exhausted: str = "dlq"
-    assignment_strategy: str = "cooperative-sticky"
-    """The pods' ``partition.assignment.strategy`` (keyorder's default; ``range`` for eager rebalances)."""
-    handler: str | None = None
-    """Your own ``pkg.module:function`` instead of the order example (the audit then cannot run)."""
-    ui: bool = True
-    output_dir: Path = Path("demo-results")
-
-
-QUICK = DevOptions(
-    partitions=4,
-    spike=12_000,
-    rate=20.0,
-    target_drain_seconds=5.0,
-    poll_seconds=1.0,
-    scale_down_window=5.0,
-    max_workers=32,
-)
-"""``--quick``: a smaller run (copied before the flags are applied to it)."""
-
-
-def add_dev_flags(parser: argparse.ArgumentParser) -> None:
-    defaults = DevOptions()
-    parser.add_argument("--partitions", type=int, help=f"topic partitions [default: {defaults.partitions}]")
-    parser.add_argument("--spike", type=int, help=f"events in the backlog spike [default: {defaults.spike}]")
-    parser.add_argument("--rate", type=float, help=f"steady events/s after the spike [default: {defaults.rate:g}]")
-    parser.add_argument("--latency-min-ms", type=float, help="handler latency, lower bound [default: 5]")
-    parser.add_argument("--latency-max-ms", type=float, help="handler latency, upper bound [default: 20]")
-    parser.add_argument("--target-drain-seconds", type=float, help="autoscaler target [default: 30]")
-    parser.add_argument("--max-workers", type=int, help="key workers per pod, at most [default: 64]")
-    parser.add_argument("--timeout", type=float, help="give up after this many seconds [default: 900]")
-    parser.add_argument(
-        "--compare",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also run, on the same spike, a partition-ordered group scaled by KEDA's Kafka trigger and the HPA "
-        "(beside the autoscaled group) and a static keyorder group at the autoscaler's peak size [default: on]",
-    )
-    parser.add_argument("--seed", type=int, help="random seed of the event stream [default: 7]")
-    parser.add_argument("--keys", type=int, help="orders (keys) in progress at once [default: 2000]")
-    parser.add_argument(
-        "--hot-key-share", type=float, help="share of the events on one hot key, 0 to 0.95 [default: 0]"
-    )
-    parser.add_argument(
-        "--poison-key",
-        action="store_true",
-        default=None,
-        help="one order whose events always fail (retried, then dead-lettered or, with --on-exhausted block, blocked)",
-    )
-    parser.add_argument("--on-exhausted", choices=["dlq", "block"], help="after the last attempt [default: dlq]")
-    parser.add_argument(
-        "--assignment-strategy",
-        choices=["cooperative-sticky", "range", "roundrobin"],
-        help="the pods' partition.assignment.strategy: cooperative (incremental) or eager rebalances "
-        "[default: cooperative-sticky]",
-    )
-    parser.add_argument(
-        "--handler", help="run your own handler (pkg.module:function) on the order events instead of the example"
-    )
-    parser.add_argument("--no-ui", action="store_true", help="plain log lines instead of the live view (CI)")
-    parser.add_argument("--quick", action="store_true", help="a shortened run (4 partitions, 12k events)")
-    parser.add_argument("--output-dir", type=Path, help="where demo.png and report.json go [default: demo-results]")
-
-
-@dataclass
-class Timeline:
-    points: list[dict] = field(default_factory=list)
-    decisions: list[dict] = field(default_factory=list)
-
-
-def audit(journal: Path, expected: dict[str, int]) -> dict:
-    """Every order's events present, and the first handling of each in sequence order."""
-    seen: dict[str, int] = {}
-    violations = duplicates = 0
-    if journal.exists():
-        for line in journal.read_text().splitlines():
-            order, sequence_text = line.split()
-            sequence, done = int(sequence_text), seen.get(order, 0)
-            if sequence < done:
-                duplicates += 1
-            elif sequence == done:
-                seen[order] = done + 1
-            else:
-                violations += 1
-                seen[order] = max(done, sequence + 1)
-    lost = sum(max(count - seen.get(order, 0), 0) for order, count in expected.items())
-    return {
-        "orders": len(expected),
-        "events": sum(expected.values()),
-        "order_violations": violations,
-        "lost_events": lost,
-        "redelivered_events": duplicates,
-    }
-
-
-class View:
-    """The live terminal view (rich), or one plain line per poll with ``--no-ui``."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.live = None
-        if enabled:
-            from rich.console import Console
-            from rich.live import Live
-
-            console = Console()
-            if console.is_terminal:
-                self.live = Live(console=console, refresh_per_second=4)
-                self.live.start()
-
-    def update(
-        self,
-        elapsed: float,
-        sample,
-        replicas: int,
-        workers: int,
-        drain: float | None,
-        history: list[int],
-        decisions: list[dict],
-    ) -> None:
-        lag = sample.lag if sample else None
-        eta = f"{lag / drain:.0f} s" if lag is not None and drain else "-"
-        if self.live is None:
-            print(
-                f"t={elapsed:6.1f}s lag={lag if lag is not None else '?':>8} replicas={replicas} "
-                f"workers/pod={workers} drain={drain or 0:,.0f}/s eta={eta}",
-                flush=True,
-            )
-            return
-        from rich.table import Table
-
-        table = Table(title=f"keyorder dev - {elapsed:.0f}s", expand=False)
-        table.add_column("partition")
-        table.add_column("lag", justify="right")
-        top = max(sample.partition_lags, default=1) if sample else 1
-        for index, value in enumerate(sample.partition_lags if sample else ()):
-            table.add_row(str(index), f"{value:,} {'█' * int(20 * value / max(top, 1))}")
-        high = max(history, default=1) or 1
-        spark = "".join(SPARK[min(int(value / high * (len(SPARK) - 1)), len(SPARK) - 1)] for value in history[-60:])
-        table.add_row("total", f"{lag if lag is not None else '?':,} {spark}" if lag is not None else "?")
-        table.add_row("replicas x workers", f"{replicas} x {workers}")
-        table.add_row("throughput", f"{drain or 0:,.0f} msg/s")
-        table.add_row("projected drain", eta)
-        for decision in decisions[-6:]:
-            table.add_row(f"{decision['t']:.0f}s", decision["reason"])
-        self.live.update(table)
-
-    def stop(self) -> None:
-        if self.live is not None:
-            self.live.stop()
-
-
-def plot(timeline: Timeline, report: dict, path: Path, keda: KedaGroupRun | None = None) -> Path | None:
-    """Lag, then size, over time; with ``keda``, the KEDA-scaled group's lag and replicas on the same axes."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    times = [point["t"] for point in timeline.points]
-    figure, (lag_axes, size_axes) = plt.subplots(2, 1, sharex=True, figsize=(9, 6), dpi=110)
-    lag_axes.plot(times, [point["lag"] for point in timeline.points], color="tab:red", label="keyorder: lag")
-    if keda is not None and keda.points:
-        keda_times = [point["t"] for point in keda.points]
-        lag_axes.plot(
-            keda_times, [point["lag"] for point in keda.points], color="tab:purple", label="KEDA + plain consumer: lag"
-        )
-    lag_axes.set_ylabel("lag")
-    lag_axes.set_title(
-        f"keyorder dev: {report['options']['spike']:,}-event spike on {report['options']['partitions']}"
-        f" partitions, handler {report['options']['latency_min_ms']:g}-"
-        f"{report['options']['latency_max_ms']:g} ms"
-    )
-    size_axes.step(times, [point["replicas"] for point in timeline.points], where="post", label="keyorder: replicas")
-    size_axes.step(
-        times, [point["workers"] for point in timeline.points], where="post", label="keyorder: workers per pod"
-    )
-    if keda is not None and keda.points:
-        size_axes.step(
-            keda_times,
-            [point["replicas"] for point in keda.points],
-            where="post",
-            color="tab:purple",
-            label="KEDA: replicas (a thread per partition)",
-        )
-    from matplotlib.ticker import MaxNLocator
-
-    size_axes.yaxis.set_major_locator(MaxNLocator(integer=True))
-    sizes = [point[name] for point in timeline.points for name in ("replicas", "workers")]
-    sizes += [point["replicas"] for point in keda.points] if keda is not None else []
-    size_axes.set_ylim(0, max(sizes, default=1) * 1.35)  # room for the legend above the lines
-    size_axes.set_ylabel("size")
-    size_axes.set_xlabel("seconds")
-    for decision in timeline.decisions:
-        for axes in (lag_axes, size_axes):
-            axes.axvline(decision["t"], color="grey", alpha=0.3, linewidth=0.8)
-    drained = [(report.get("spike_drained_seconds"), "tab:red", "keyorder")]
-    if keda is not None:
-        drained.append((keda.drained_seconds, "tab:purple", "KEDA"))
-    for at, color, who in drained:  # the lag then is the steady stream's, not the spike's
-        if at is not None:
-            lag_axes.axvline(at, color=color, linestyle="--", linewidth=1)
-            lag_axes.annotate(
-                f"{who}: spike drained, {at:.0f} s",
-                (at, 0.5),
-                xycoords=("data", "axes fraction"),
-                rotation=90,
-                color=color,
-                fontsize=8,
-                ha="right",
-                va="center",
-            )
-    lag_axes.legend(loc="upper right")
-    size_axes.legend(loc="upper center", ncol=3, fontsize=8)
-    for axes in (lag_axes, size_axes):
-        axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-    return path
-
-
-EXAMPLE_HANDLER = "keyorder_example.orders:handle"
-
-
-def validate(options: DevOptions) -> None:
-    """Refuse bad flags with one clear line (``DevFlagError``) before anything starts."""
-    problems = []
-    if options.partitions < 1:
-        problems.append(f"--partitions must be at least 1, got {options.partitions}")
-    if options.spike < 0:
-        problems.append(f"--spike must be >= 0, got {options.spike}")
-    if options.keys < 1:
-        problems.append(f"--keys must be at least 1, got {options.keys}")
-    if not 0.0 <= options.hot_key_share <= 0.95:
-        problems.append(f"--hot-key-share must be between 0 and 0.95, got {options.hot_key_share}")
-    if options.max_workers < options.initial_workers:
-        problems.append(f"--max-workers must be at least {options.initial_workers}, got {options.max_workers}")
-    if options.handler is not None and (":" not in options.handler or options.handler.count(":") != 1):
-        problems.append(f"--handler must look like package.module:function, got {options.handler!r}")
-    if problems:
-        raise DevFlagError("; ".join(problems))
-
-
-class DevFlagError(ValueError):
-    """A ``keyorder dev`` flag is out of range."""
 
 
 def pod_settings(bootstrap: str, group: str, options: DevOptions, **extra: str) -> dict[str, str]:
@@ -437,33 +174,6 @@ def measure_right_sized_group(
         "workers_per_pod": size.workers,
         "spike_drained_seconds": round(run.reached_after, 1) if run.reached_after is not None else None,
     }
-
-
-def _apply_flags(args: argparse.Namespace) -> DevOptions:
-    options = replace(QUICK) if args.quick else DevOptions()
-    for name in (
-        "partitions",
-        "spike",
-        "rate",
-        "latency_min_ms",
-        "latency_max_ms",
-        "target_drain_seconds",
-        "max_workers",
-        "timeout",
-        "compare",
-        "seed",
-        "keys",
-        "hot_key_share",
-        "poison_key",
-        "on_exhausted",
-        "assignment_strategy",
-        "handler",
-        "output_dir",
-    ):
-        if getattr(args, name, None) is not None:
-            setattr(options, name, getattr(args, name))
-    options.ui = not args.no_ui
-    return options
 
 
 def dev_command(args: argparse.Namespace) -> int:
@@ -783,37 +493,6 @@ def dev_command(args: argparse.Namespace) -> int:
             ok = ok and dead_letters == stream.poisoned
     print("keyorder dev: OK" if ok else "keyorder dev: FAILED")
     return 0 if ok else 1
-
-
-def replayable(options: DevOptions) -> bool:
-    """Whether the simulator models this run (``groupsim.demo_replay``): the example's handler, evenly spread
-    keys, no poison key, cooperative rebalancing, and the KEDA group sharing the cores (its calibration)."""
-    return (
-        options.handler is None
-        and options.compare
-        and not options.hot_key_share
-        and not options.poison_key
-        and options.assignment_strategy == "cooperative-sticky"
-    )
-
-
-def print_simulated(
-    simulated: dict[str, float | None], keyorder_seconds: float | None, keda_seconds: float | None
-) -> None:
-    """The simulator's drain times for this spike beside this run's (``groupsim.demo_replay``)."""
-
-    def beside(name: str, measured: float | None) -> str:
-        predicted = simulated.get(name.lower())
-        if predicted is None:
-            return f"{name} did not drain"
-        if measured is None:
-            return f"{name} {predicted:,.1f} s"
-        return f"{name} {predicted:,.1f} s (this run {measured:,.1f} s, {100 * (predicted / measured - 1):+.0f}%)"
-
-    shown = [beside("keyorder", keyorder_seconds)]
-    if keda_seconds is not None:
-        shown.append(beside("KEDA", keda_seconds))
-    print(f"  keyorder simulate, replaying this spike: {'; '.join(shown)}")
 
 
 def count_records(bootstrap: str, topic: str) -> int:
