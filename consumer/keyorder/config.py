@@ -8,6 +8,12 @@ Kafka client properties (any librdkafka property, SASL/TLS included) come from, 
 precedence: a Java-style properties file (``--kafka-properties-file``, e.g. a mounted Secret),
 ``KEYORDER_RDKAFKA_<NAME>`` variables (``KEYORDER_RDKAFKA_SASL_MECHANISM`` -> ``sasl.mechanism``),
 and ``--kafka-property name=value`` flags. Their values are never logged unredacted.
+
+Why one room of over 600 lines: ``RunConfig`` is the one model the flags, the ``KEYORDER_*`` variables and
+the generated settings table (``tools/docs_tables``) are derived from, and its validators are the error
+messages that name a flag and its variable; the settings groups and the Kafka-properties loading
+(``kafka_properties_with_origins``, the properties file) are the parts it is built from. The loading of
+Kafka properties is the seam for a later split; issue 40's work edits this module this session.
 """
 
 from __future__ import annotations

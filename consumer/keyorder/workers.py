@@ -37,6 +37,14 @@ scheduler is touched only under ``_lock``; each worker writes only its own ``Wor
 read them under the lock). Finished deliveries are handed back to the poll loop through the
 shared ``Completions`` deque (``append`` and ``popleft`` are atomic), which wakes a poll loop
 that waits for them.
+
+Why one room of over 600 lines: the thread and asyncio pools are two loops over one core, ``_PoolBase``
+(the lock, the one ``LaneScheduler``, settling outcomes, retries, parking, dead letters, resize and
+revoke), which ``process_workers`` extends too; the invariants above (a lane never moves past a head
+handed back; the scheduler touched only under ``_lock``) hold across all three, and are read here in one
+place. The pieces that stand alone, ``WorkerStats``, ``LatencyHistogram``, ``PoolHealth`` and
+``Lifecycle``, are the seam for a later split; it waits for the batch handlers of issue 40, being added
+here this session, and for the move into ``engine/``.
 """
 
 from __future__ import annotations

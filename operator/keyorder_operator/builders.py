@@ -7,6 +7,13 @@ The user's pod template (``spec.template``, and the handler's env, envFrom and v
 merged onto the generated pods of the Deployment and of the catch-up Job by ``_with_template``:
 it adds to them, and never replaces what the operator sets (``spec.template_problems`` refuses a
 template that would).
+
+Why one room of over 600 lines: the Deployment, the catch-up Job, its image check and the executors'
+pod template are built from the same pieces (names, labels and selectors, the handler's environment,
+the merge of the user's template, ``_with_template``), and the catch-up's driver and executors must
+run the handler with the pods' own environment: kept in one module, a change to a piece reaches every
+object that uses it. ``build_catchup_job`` (about 140 lines) and its helpers are the seam for a later
+split.
 """
 
 from __future__ import annotations

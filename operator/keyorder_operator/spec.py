@@ -4,6 +4,13 @@ The CRD's openAPIV3Schema is generated from these models (so the API server and 
 can never disagree), and the operator validates every resource with them: an invalid spec
 becomes an ``InvalidSpec`` condition naming the field path, and nothing else is touched.
 Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python.
+
+Why one room of over 600 lines: these models are the single source of the CRD's schema (``crd``
+generates it from ``OrderedConsumerSpec`` down), and the cross-field rules (``*_problems``, the model
+validators) read fields of several sections at once: the catch-up's against the handler's, the
+template's against what the operator sets. Split across modules, one resource's schema and its rules
+would be read in several places; the per-section models (``KafkaSpec``, ``HandlerSpec``,
+``ScalingSpec``, ``CatchupSpec``) are the seam if it grows further.
 """
 
 from __future__ import annotations

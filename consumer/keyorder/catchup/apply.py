@@ -24,6 +24,12 @@ then the task fails (a pod would go on retrying, a batch job must end).
 A built-in check stops the task (before calling the handler) if a row of a source partition
 arrives at or below that partition's previous offset; the per-partition counts come back to the
 driver, which audits them before committing anything.
+
+Why one room of over 600 lines: ``TaskRunner`` is the pod's lane discipline inside a Spark task (the
+feeder's look-ahead, the lane scheduler, the worker threads, parking and retries) and ``ApplyHandler``
+is the ``mapInArrow`` function that drives it; they share the task's memory budget and its ordering
+argument, which are stated once, above. The feeder (``batch_slices``) is the seam for a later split; the
+fence's checks are being added here this session (issue 38).
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ handler call (``live``), and after each attempt's Spark job the job waits for it
 before it commits, retries or starts the next wave (``CatchupJob._settle``). Whether a failed wave
 is retried is decided on what the failed task said of itself (``apply.TaskFailed``), not on the
 error's text.
+
+Why one room of over 600 lines: ``CatchupJob`` (about 520 lines) is one run of the driver, and its steps
+(the session check, the plan, each wave's Spark job, its audit and commit, the fence) share the run's
+session, plan and live channel; what the run reports (``Plan``, ``WaveOutcome``, ``Outcome``) is the
+seam for a later split, apart from the run. That split waits for the fence work of issue 38, being done
+here this session.
 """
 
 from __future__ import annotations

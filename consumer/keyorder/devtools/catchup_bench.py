@@ -16,6 +16,10 @@ the uniform run (hot over uniform throughput) is reported beside it.
 
 *Task memory*: a handler task's peak RSS with 100 KB values against its budget (``memory``), measured
 by ``catchup_task_memory`` in a fresh interpreter with Spark's Arrow batches as the job sets them.
+
+Why one room of over 600 lines (a few over): the pod's drain, Spark's drain and the hot-keys scenario
+feed one ``CatchupBenchReport`` from one invocation, whose figures are compared as ratios; the fence's
+own bench is already apart (``catchup_bench_fence``).
 """
 
 from __future__ import annotations
