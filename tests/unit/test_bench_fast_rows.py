@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 
 import pytest
 
+from keyorder.batch import BATCH_REASONS
 from keyorder.devtools import bench_handlers
 from keyorder.devtools.bench import (
     BATCH_SIZE,
@@ -20,6 +22,7 @@ from keyorder.devtools.bench import (
     SINK_WORKERS,
     OrderCheck,
     Runner,
+    batch_figures,
     evaluate_targets,
     make_handler,
 )
@@ -29,6 +32,7 @@ from keyorder.devtools.bench_report import (
     RunResult,
     Scenarios,
     fill_ratios,
+    markdown_table,
     raw_ceiling_summary,
     regressions,
     scenarios_table,
@@ -37,6 +41,7 @@ from keyorder.devtools.bench_report import (
 )
 from keyorder.message import Message
 from keyorder.progress import Progress
+from keyorder.workers import BATCH_SIZE_BUCKETS, LatencyHistogram
 
 
 def run(name: str, rate: float, handler: str = "noop", workers: int = 16, batch: int = 1) -> RunResult:
@@ -120,6 +125,7 @@ def test_the_spread_is_in_the_table_and_reports_from_before_the_passes_still_loa
     for name in ("pass_rates", "warmup_rate"):
         del data["scenarios"]["raw_ceiling"][name]
     old = BenchReport.from_json(json.dumps(data)).scenarios.raw_ceiling
+    assert old is not None
     assert old.pass_rates == [] and raw_ceiling_summary(old) == "150,000 msg/s"
 
 
@@ -212,3 +218,23 @@ def test_no_regression_compares_the_rows_both_reports_measured():
         earlier=BenchReport(machine={}, parameters={}, runs=earlier),
     )
     assert target[name]["ok"] and target[name]["detail"] == "1 rows compared, 0 below; lowest: a 0.95x"
+
+
+def test_batch_figures_are_messages_per_call_and_calls_by_reason_over_every_worker():
+    def worker(sizes: list[int], reasons: dict[str, int]) -> SimpleNamespace:
+        histogram = LatencyHistogram(BATCH_SIZE_BUCKETS)
+        for size in sizes:
+            histogram.observe(size)
+        return SimpleNamespace(batch_sizes=histogram, batches=dict.fromkeys(BATCH_REASONS, 0) | reasons)
+
+    stats = [worker([100, 100, 40], {"full": 2, "nothing_more_ready": 1}), worker([60], {"waited": 1})]
+    assert batch_figures(stats) == (75.0, {"full": 2, "waited": 1, "nothing_more_ready": 1})
+    assert batch_figures([worker([], {})]) == (None, dict.fromkeys(BATCH_REASONS, 0))
+    row = run(NOOP_BATCH_RUN, 50_000, "noop-batch", batch=BATCH_SIZE)
+    row.mean_batch = 75.0
+    table = markdown_table([row, run(NOOP_RUN, 40_000)])
+    assert table.splitlines()[0].endswith("| order violations | mean batch |")
+    assert f"| {NOOP_BATCH_RUN} | noop-batch | 16 | 50,000 |" in table and table.splitlines()[2].endswith(
+        "| 0 | 75.0 |"
+    )
+    assert table.splitlines()[3].endswith("| 0 | - |")

@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -392,6 +392,17 @@ class HotKeyWatch:
                     self.others_finished = finished
 
 
+def batch_figures(stats: Sequence[Any]) -> tuple[float | None, dict[str, int]]:
+    """Messages per batch call, and calls by reason, over every worker's ``WorkerStats``."""
+    calls = sum(worker.batch_sizes.count for worker in stats)
+    messages = sum(worker.batch_sizes.total for worker in stats)
+    reasons: dict[str, int] = {}
+    for worker in stats:
+        for reason, count in worker.batches.items():
+            reasons[reason] = reasons.get(reason, 0) + count
+    return (messages / calls if calls else None), reasons
+
+
 def partition_inflight_bound(partitions: int) -> int:
     """The per-partition in-flight bound a bench pod (default limits) applies with ``partitions``
     assigned: the configured one capped at a fair share of the pod's, as its flow control does."""
@@ -506,6 +517,7 @@ class Runner:
         for stats in pod.pool.stats():
             buckets = [a + b for a, b in zip(buckets, stats.latency.buckets, strict=True)]
         p50, p99 = histogram_percentile(buckets, 0.5), histogram_percentile(buckets, 0.99)
+        mean_batch, reasons = batch_figures(pod.pool.stats()) if spec.batch > 1 else (None, {})
         return RunResult(
             name=spec.name,
             mode=spec.mode,
@@ -522,6 +534,8 @@ class Runner:
             order_violations=violations,
             executor=spec.executor,
             batch=spec.batch,
+            mean_batch=mean_batch,
+            batch_reasons=reasons,
         )
 
     def memory(self, topic: str) -> RunResult:
@@ -985,7 +999,10 @@ def bench_command(args: argparse.Namespace) -> int:
             result = runner.run(spec, f"[{index}/{len(preset.runs)}]")
             report.runs.append(result)
             progress.done()
-            print(f"  {spec.name:<36} {result.rate:>10,.0f} msg/s   violations {result.order_violations}")
+            batching = (
+                "" if result.mean_batch is None else f"   mean batch {result.mean_batch:.1f} {result.batch_reasons}"
+            )
+            print(f"  {spec.name:<36} {result.rate:>10,.0f} msg/s   violations {result.order_violations}{batching}")
         if preset.with_scenarios:
             run_scenarios(broker.bootstrap, runner, report, progress)
     measured = [run for run in report.runs if run.messages]

@@ -45,6 +45,10 @@ class RunResult:
     """``--executor`` of the run's pod (``auto``: thread or async, by the handler)."""
     batch: int = 1
     """``--batch-max-messages`` of the run's pod (1: the handler is called once per message)."""
+    mean_batch: float | None = None
+    """Messages per batch handler call over the pod's life (``None``: a per-message handler)."""
+    batch_reasons: dict[str, int] = field(default_factory=dict)
+    """Batch calls by why each was sent (``keyorder.batch.BATCH_REASONS``: full, waited, nothing more ready)."""
 
 
 @dataclass
@@ -389,8 +393,8 @@ def resize_figures(
 def markdown_table(runs: Sequence[RunResult]) -> str:
     rows = [
         "| run | handler | W | msg/s | x baseline | x ideal | p50 ms | p99 ms | CPU µs/msg | peak RSS MB "
-        "| order violations |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| order violations | mean batch |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def number(value: float | None, digits: int = 1) -> str:
@@ -401,7 +405,7 @@ def markdown_table(runs: Sequence[RunResult]) -> str:
             f"| {run.name} | {run.handler} | {run.workers} | {run.rate:,.0f} | "
             f"{number(run.ratio_to_baseline)} | {number(run.ratio_to_ideal, 2)} | {number(run.p50_ms)} | "
             f"{number(run.p99_ms)} | {run.cpu_us_per_message:.1f} | {run.peak_rss_mb:.0f} | "
-            f"{run.order_violations} |"
+            f"{run.order_violations} | {number(run.mean_batch)} |"
         )
     return "\n".join(rows) + "\n"
 
