@@ -32,8 +32,9 @@ LOG = [event(f"acct-{offset % 7}", offset * 10 - 300, offset, offset % 7 % 2) fo
 def expected_table(events: list[Message]) -> dict[str, tuple[int, int, int, int]]:
     table: dict[str, tuple[int, int, int, int]] = {}
     for message in events:
-        balance, count, _, _ = table.get(message.key.decode(), (0, 0, 0, 0))
-        table[message.key.decode()] = (balance + message.json()["amount"], count + 1, message.partition, message.offset)
+        account = (message.key or b"").decode()
+        balance, count, _, _ = table.get(account, (0, 0, 0, 0))
+        table[account] = (balance + message.json()["amount"], count + 1, message.partition, message.offset)
     return table
 
 
@@ -42,7 +43,8 @@ def batches(events: list[Message], size: int) -> list[list[Message]]:
     pending = list(events)
     formed = []
     while pending:
-        batch, keys = [], set()
+        batch: list[Message] = []
+        keys: set[bytes | None] = set()
         for message in list(pending):
             if message.key not in keys and len(batch) < size:
                 batch.append(message)
