@@ -277,13 +277,13 @@ def needing_push(
 ) -> list[str]:
     """The addresses to push ``workers`` to: every one whose report says another count, or that did not
     report this poll (new, restarted, or unreachable: the push is cheap and idempotent). With ``lower``
-    False (``policy.Decision.hold_workers``: a scale step's new pods still start), only those that report
-    fewer workers: a pod running more keeps them until the new pods are ready."""
+    False (``policy.Decision.hold_workers``: a scale step has not settled), not those that report more
+    workers: a pod running more keeps them until the step settles. A pod that did not report is still
+    pushed (a new pod runs ``spec.workers.initial`` until the push, and may run more than the count)."""
+    counts = {report.get(ADDRESS): report.get("workers") for report in reports}
+    at_size = {address for address, count in counts.items() if count == workers}
     if not lower:
-        counts = {report.get(ADDRESS): report.get("workers") for report in reports}
-        fewer = {address for address, count in counts.items() if isinstance(count, int) and count < workers}
-        return [address for address in addresses if address in fewer]
-    at_size = {report.get(ADDRESS) for report in reports if report.get("workers") == workers}
+        at_size |= {address for address, count in counts.items() if isinstance(count, int) and count > workers}
     return [address for address in addresses if address not in at_size]
 
 

@@ -89,6 +89,9 @@ class PodSignals:
     assignment_age: float | None = None
     """Seconds since the group's latest change of partitions (the smallest any pod reports; ``None``:
     none reported one): when the last rebalance ended, to time a scale step."""
+    most_workers: int = 0
+    """The most key workers any one pod runs (0: not known; ``workers`` is their sum): what the pods in
+    place keep while a scale step's new pods start (``policy.workers_while_pods_start``)."""
 
     @property
     def busiest_share(self) -> float:
@@ -248,6 +251,7 @@ def combine(reports: Sequence[Mapping[str, Any]]) -> PodSignals | None:
         rebalance_idle_seconds_total=sum(_number(report, "rebalanceIdleSecondsTotal") for report in reports),
         pods=len(reports),
         workers=sum(report["workers"] for report in reports),
+        most_workers=max(report["workers"] for report in reports),
         busy=sum(report["workersBusy"] for report in reports),
         lanes_ready=sum(report["lanes"]["ready"] for report in reports),
         queued=sum(report["lanes"]["queued"] for report in reports),

@@ -423,9 +423,9 @@ class Poll(PolledResource):
         recommend: bool = False,
         hold_workers: bool = False,
     ) -> None:
-        """After ``target``'s replicas were written: push the worker count (with ``hold_workers``, while a
-        scale step's new pods start, only to the pods running fewer: ``policy.workers_while_pods_start``),
-        and say why in status, Events and metrics."""
+        """After ``target``'s replicas were written: push the worker count (with ``hold_workers``, until a
+        scale step has settled, not to the pods running more: ``policy.workers_while_pods_start``), and say
+        why in status, Events and metrics."""
         metrics = self.context.metrics
         changed = target != current
         if changed:
@@ -441,8 +441,8 @@ class Poll(PolledResource):
         if recommend:
             failures = pods.failures
         elif target.replicas and pods.token is not None:
-            # only pods that run another count or did not report (while a step's new pods start, only those
-            # running fewer); pods that start after the read get the size on the next poll
+            # only pods that run another count or did not report (until a step has settled, not those running
+            # more); pods that start after the read get the size on the next poll
             stale = needing_push(pods.addresses, pods.reports, target.workers, lower=not hold_workers)
             pushed = 0
             if stale:

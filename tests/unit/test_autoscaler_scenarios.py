@@ -45,12 +45,12 @@ def test_a_step_up_through_restarts_keeps_the_backlog_within_target():
     """slow-ramp with the operator restarting every 73 s (seed 7): its path steps from 2 x 32 to 4 x 16 at
     t=1815 s. Were the 2 pods in place lowered to 16 workers at once, they would handle less than the
     arrivals while the new pods start, and the backlog left the target (t=1832-1844 s: within it 1,245 s
-    after the ramp began, where 600 s are allowed); they keep their 32 until the new pods are ready
+    after the ramp began, where 600 s are allowed); they keep their 32 until the step settles
     (``policy.workers_while_pods_start``). The restart run above (61 s, seed 1) no longer reaches such a
     step on a noisy need since a kept-up interval teaches no efficiency (``policy.measured_efficiency``)."""
     measured = measure(run(next(s for s in SCENARIOS if s.name == "slow-ramp"), seed=7, restart_every=73.0))
     assert failures(measured) == []
-    held = [poll for poll in measured.run.polls if "workers per pod stay" in poll.reason]
+    held = [poll for poll in measured.run.polls if "until the step settles" in poll.reason]
     assert held, "the path no longer reaches a step that lowers the workers per pod"
 
 

@@ -21,11 +21,11 @@ import json
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keyorder.devtools.demo_options import (  # noqa: F401 (QUICK and add_dev_flags: named here by cli.py and tests)
     EXAMPLE_HANDLER,
@@ -45,6 +45,9 @@ from keyorder.devtools.keda_group import KedaGroup, KedaGroupRun
 from keyorder.devtools.loadgen import OrderStream, create_topics
 from keyorder.devtools.local_pods import LocalPods
 from keyorder.logs import configure_logging
+
+if TYPE_CHECKING:
+    from keyorder_operator.policy import Decision
 
 TOPIC = "orders"
 DLQ_TOPIC = "orders.dlq"
@@ -174,6 +177,19 @@ def measure_right_sized_group(
         "workers_per_pod": size.workers,
         "spike_drained_seconds": round(run.reached_after, 1) if run.reached_after is not None else None,
     }
+
+
+def addresses_to_push(
+    addresses: list[str], kept: Collection[str], reports: list[dict[str, Any]], decision: Decision
+) -> list[str]:
+    """The pods ``keyorder dev`` pushes the decided workers to, as the operator picks them
+    (``Poll.explain``): those running another count or not reporting, and while a scale step has not
+    settled (``decision.hold_workers``) not those running more; never a pod a scale-in just stopped (not in
+    ``kept``: it refuses the push)."""
+    from keyorder_operator.pod_admin import needing_push
+
+    chosen = needing_push(addresses, reports, decision.target.workers, lower=not decision.hold_workers)
+    return [address for address in chosen if address in kept]
 
 
 def dev_command(args: argparse.Namespace) -> int:
@@ -337,7 +353,7 @@ def dev_command(args: argparse.Namespace) -> int:
                 target = decision.target
                 pods.scale(target.replicas)
                 kept = pods.addresses()  # not the ones a scale-in just stopped: they refuse the push
-                push_workers([address for address in addresses if address in kept], 0, pods.token, target.workers)
+                push_workers(addresses_to_push(addresses, kept, reports, decision), 0, pods.token, target.workers)
                 held_by_step_cost = decision.cause is Cause.STEP_COST and previous_cause is not Cause.STEP_COST
                 previous_cause = decision.cause
                 if decision.scaled or held_by_step_cost:  # a pod step refused is a decision too

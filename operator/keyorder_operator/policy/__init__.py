@@ -43,8 +43,9 @@ The algorithm, in order:
    not made, so noise at a capacity boundary does not resize the group.
 8. **Shape**: pods first, each with the initial worker count, up to min(max replicas, partitions);
    only at that cap do workers per pod grow. Shrinking walks back the same path. A step that adds
-   pods and lowers the workers per pod (6 x 29 -> 12 x 17) lowers them only once the new pods are
-   ready: until then the pods in place keep theirs (``workers_while_pods_start``).
+   pods and lowers the workers per pod (6 x 29 -> 12 x 17) lowers them only once the step has settled
+   (every pod ready and reporting, every partition owned): until then the pods in place keep theirs
+   (``workers_while_pods_start``).
 9. **Activation and zero**: below ``activation_lag`` only what keeps up with arrivals, but any lag
    or arrival keeps at least one pod; with ``scale_to_zero`` an empty backlog with no arrivals
    scales to zero (``activation_lag: 0``: any lag wakes, zero lag sleeps). A lag of at most 1 per

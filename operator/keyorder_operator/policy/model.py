@@ -245,9 +245,10 @@ class Decision:
     recommended: Size | None = None
     """The size recommended before stabilization, tolerance and rate limits."""
     hold_workers: bool = False
-    """Pods of a scale step still start and some ready pod runs more workers than ``target.workers``: the
-    ready pods keep theirs (only a pod below the count gets it), so the ready capacity never drops while
-    the new pods start; the first decision once they are ready lowers them (``workers_while_pods_start``)."""
+    """A scale step has not settled and some pod reports more workers than ``target.workers``: a pod
+    running more keeps them (only pods below the count or not reporting get it), so the running capacity
+    never drops while the new pods start and take over their partitions; the first decision once the step
+    has settled lowers them (``workers_while_pods_start``)."""
 
     @property
     def scaled(self) -> bool:

@@ -2,7 +2,8 @@
 
 Every change of replicas is timed from the decision until every pod reports and every partition has an
 owner again (``timed_step``, ``group_settled``); while the backlog drains at the current size sooner than
-such steps took, no pod is added (``step_cost``, ``step_outlasts_backlog``).
+such steps took, no pod is added (``step_cost``, ``step_outlasts_backlog``). Until a step has settled,
+the pods in place keep the workers they run (``workers_while_pods_start``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 import statistics
 from dataclasses import replace
 
-from keyorder_operator.policy.explanation import net_drain_seconds
+from keyorder_operator.policy.explanation import duration, net_drain_seconds
 from keyorder_operator.policy.model import SAMPLES, Decision, Observation, ScalingState
 from keyorder_operator.policy.rates import reports_complete
 
@@ -72,43 +73,49 @@ def ready_pods(observation: Observation) -> int | None:
     return observation.pods.pods if observation.pods is not None else None
 
 
+def most_workers_per_pod(observation: Observation) -> int | None:
+    """The most workers one pod reports running (``None``: no pod reported); the mean rounded up where the
+    reports do not say (``PodSignals.most_workers`` 0)."""
+    pods = observation.pods
+    if pods is None or not pods.pods:
+        return None
+    return pods.most_workers or math.ceil(pods.workers / pods.pods)
+
+
 def workers_while_pods_start(decision: Decision, observation: Observation, now: float) -> Decision:
-    """``decision``, with the pods already running keeping their workers while a scale step's pods start.
+    """``decision``, with the pods already running keeping their workers until a scale step has settled.
 
     A step that adds pods lowers the workers per pod when the same capacity spreads over more pods (6 x 29
     -> 12 x 17). Lowered at once, the running pods would lose workers for the whole start of the new ones
-    (30 s in ``keyorder simulate``): 6 x 17 workers at 10 ms handle 10,000/s, under the 12,000/s that 6 x 29
-    kept up with, and the backlog would grow because the group scaled up. So while fewer pods are ready
-    than decided, within ``LONGEST_STEP_SECONDS`` of the step, a ready pod running more than
-    ``target.workers`` keeps them (``Decision.hold_workers``: the operator pushes the count only to the pods
-    below it); the first decision once the decided pods are ready lowers them, whatever its path. A step
-    whose pods are not ready in that time (a pod left Pending) holds nothing any more. The decided size
-    (``target``, the state's ``current``, the windows, the status) stays the one the step is for."""
-    target, before, pods = decision.target, decision.before, observation.pods
+    (30 s in ``keyorder simulate``) and the rebalance after it: 6 x 17 workers at 10 ms handle 10,000/s,
+    under the 12,000/s that 6 x 29 kept up with, and the backlog would grow because the group scaled up.
+
+    So while a step has not settled (``state.step_started_at``, which ``timed_step`` clears once every
+    decided pod is ready and reports and every partition has an owner: /readyz only says a broker
+    answered, the partitions move after it), a pod reporting more than ``target.workers`` keeps them
+    (``Decision.hold_workers``: the operator pushes the count only to pods running fewer or not
+    reporting). This holds on every path of the decision, and for a second step decided while the first
+    one's pods still start (the count kept is the highest a pod reports, not the one decided before).
+    The hold never raises a pod above what it runs, so it never gives the group more than it ran before
+    the step; it has no time limit: a step whose pods stay Pending or crash-loop keeps the pods in place
+    at their count (the reason says how long the step has been under way once that is more than
+    ``LONGEST_STEP_SECONDS``). The decided size (``target``, the state's ``current``, the windows, the
+    status) stays the one the step is for; the first decision once the step has settled lowers them."""
+    target = decision.target
     started = decision.state.step_started_at
-    if started is None or now - started > LONGEST_STEP_SECONDS or target.replicas == 0:
+    if started is None or target.replicas == 0:
+        return decision
+    most = most_workers_per_pod(observation)
+    if most is None or most <= target.workers:
         return decision
     ready = ready_pods(observation)
-    if ready is not None and ready >= target.replicas:
-        return decision
-    adding = target.replicas > before.replicas
-    if adding:
-        running: int | None = before.workers  # what the pods in place were last pushed
+    keep = f"keep up to {most} workers per pod until the step settles (then {target.workers})"
+    if target.replicas > decision.before.replicas:
+        hold = f"adding {target.replicas - decision.before.replicas} pods; the running pods {keep}"
+    elif ready is not None and ready < target.replicas:
+        hold = f"{target.replicas - ready} of {target.replicas} pods starting; the ready pods {keep}"
     else:
-        running = math.ceil(pods.workers / pods.pods) if pods is not None and pods.pods else None
-    if running is not None and running <= target.workers:
-        return decision
-    then = f"then {target.workers}"
-    if adding:
-        added = target.replicas - before.replicas
-        hold = f"adding {added} pods; workers per pod stay {running} until they are ready ({then})"
-    elif ready is not None and running is not None:
-        hold = (
-            f"{target.replicas - ready} of {target.replicas} pods starting; the {ready} ready pods keep their "
-            f"{running} workers per pod until they are ready ({then})"
-        )
-    else:
-        hold = (
-            f"pods starting; the ready pods keep their workers per pod until all {target.replicas} are ready ({then})"
-        )
+        hold = f"the step's pods take over their partitions; the pods {keep}"
+    if now - started > LONGEST_STEP_SECONDS:
+        hold = f"{hold}; the step has not settled in {duration(now - started)} (a pod Pending or restarting?)"
     return replace(decision, hold_workers=True, reason=f"{decision.reason}; {hold}")

@@ -6,7 +6,7 @@ resource, the policy's memory comes back from the status dict (through JSON, as 
 stores it), the lag sample and the ready pods' reports (built by the pods' report code, parsed and
 summed by the operator's) become the ``Observation`` through ``observation_from``, ``decide`` runs,
 and its target is applied: the Deployment's replicas, and the worker count pushed to the ready pods
-that answer (while a step's new pods start, only to those running fewer: ``Decision.hold_workers``).
+that answer (until a scale step has settled, not to those running more: ``Decision.hold_workers``).
 Everything is recorded in the run's timeline.
 
 With ``keda``, the same scenario (the same arrivals and seed) runs under the reference policy instead:

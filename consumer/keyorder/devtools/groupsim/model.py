@@ -207,10 +207,10 @@ class SimulatedGroup:
 
     def push_workers(self, workers: int, reachable: Callable[[SimPod], bool], lower: bool = True) -> None:
         """The operator's worker push reaches the ready pods that answer (live: no restart, no rebalance);
-        with ``lower`` False (``Decision.hold_workers``: a step's new pods still start) only those that run
-        fewer workers, as ``pod_admin.needing_push`` picks them."""
+        with ``lower`` False (``Decision.hold_workers``: a scale step has not settled) not those that run
+        more workers, as ``pod_admin.needing_push`` picks them."""
         for pod in self.pods:
-            if pod.joined and reachable(pod) and (lower or pod.workers < workers):
+            if pod.joined and reachable(pod) and (lower or pod.workers <= workers):
                 pod.workers = workers
 
     @property
