@@ -5,6 +5,8 @@ pin the rules themselves."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from keyorder_operator.policy import (
@@ -68,3 +70,16 @@ def test_a_scale_in_while_a_pod_is_silent_waits_for_the_lag_to_be_only_what_is_i
     assert quiet_scale_in(Size(6, 16), Size(12, 16), quiet, state, 1_000.0, LIMITS)
     # fewer pods with more workers each: the silent pod would not get its push
     assert not quiet_scale_in(Size(6, 30), Size(12, 16), quiet, state, 1_000.0, LIMITS)
+
+
+def test_the_last_polls_lag_is_judged_by_the_arrivals_measured_then():
+    """A backlog of 8,000 left while 1,000/s arrived (8 s of them) is no lag in flight, even when 2,000/s
+    arrive now (4 s of those): the group did not keep up over the interval (``kept_up``; it would
+    otherwise let ``measured_efficiency`` learn from a saturated interval, review of issue 39)."""
+    rising = ScalingState(Size(12, 16), drainable_lag=8_000, arrival_samples=(1_000.0,), arrivals_at=0.0, polled_at=0.0)
+    now = Observation(lag=8_000, partitions=12, drain_rate=2_000.0, arrival_rate=2_000.0)
+    assert not kept_up(now, rising, 2_000.0, LIMITS), "a backlog at the old rate passed for what is in flight"
+    steady = replace(rising, arrival_samples=(2_000.0,))
+    assert kept_up(now, steady, 2_000.0, LIMITS)
+    unknown = replace(rising, arrivals_at=-15.0)  # the newest rate is older than the last poll: judged by today's
+    assert kept_up(now, unknown, 2_000.0, LIMITS)

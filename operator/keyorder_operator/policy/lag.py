@@ -45,7 +45,12 @@ def kept_up(observation: Observation, state: ScalingState, arrivals: float, limi
     """Kafka's lag is only what is in flight, on this poll and the last: the group keeps up. While pods
     do not report, a scale-down of pods waits for this (and for the down-window, whose recommendations
     were all lower): a silent pod then no longer holds the group at its peak (Kafka's lag is the
-    evidence, as when every pod is silent)."""
-    in_flight = in_flight_lag(arrivals, limits)
+    evidence, as when every pod is silent). The last poll's lag is judged by the arrivals measured then
+    (the newest of ``state.arrival_samples``, when measured at that poll; else ``arrivals``): after a rise,
+    a backlog left at the old rate would otherwise pass for what is in flight at the new one."""
     previous = state.drainable_lag
-    return drainable_lag(observation) <= in_flight and previous is not None and previous <= in_flight
+    if previous is None or drainable_lag(observation) > in_flight_lag(arrivals, limits):
+        return False
+    measured_then = state.arrival_samples and state.arrivals_at is not None and state.arrivals_at == state.polled_at
+    arrivals_then = state.arrival_samples[-1] if measured_then else arrivals
+    return previous <= in_flight_lag(arrivals_then, limits)
