@@ -388,6 +388,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         for delivery in dead_letters:
             outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         if batch:
+            outcomes = self._settle_now(outcomes)
             self._count_batch(worker, len(batch), reason, fill_seconds)
             outcomes += self._run_in_process(worker, batch)
         return outcomes

@@ -417,7 +417,7 @@ class _PoolBase:
             self._withdrawals += 1
             self._fold_inbox()
             withdrawn = self._scheduler.withdraw(should_withdraw)
-        if self.batch.max_wait > 0:
+        if self.batch.max_wait > 0 and not self.stopping:
             self._wake_all()  # a worker filling a batch sends it now: the revoke waits for the heads it holds
         elif withdrawn:
             self._wake(len(withdrawn))  # a parked lane whose head left may have become ready
@@ -597,6 +597,16 @@ class _PoolBase:
             else:
                 batch.append(delivery)
         return known, dead_letters, batch
+
+    def _settle_now(self, outcomes: list[_Outcome]) -> list[_Outcome]:
+        """Settle, before a batch's call, the outcomes of the heads that do not go into it (handed back, or
+        dead-lettered): a revoke waits for its partitions' heads, not for other partitions' batch call.
+        Returns what is left to settle (nothing)."""
+        if outcomes:
+            with self._lock:
+                parked = self._settle_outcomes(outcomes)
+                self._wake_others(self._scheduler.ready + parked)
+        return []
 
     def _count_batch(self, worker: _Worker, size: int, reason: str, fill_seconds: float) -> None:
         stats = worker.stats
@@ -850,6 +860,7 @@ class ThreadWorkerPool(_PoolBase):
             outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         if not batch:
             return outcomes
+        outcomes = self._settle_now(outcomes)
         self._count_batch(worker, len(batch), reason, fill_seconds)
         for delivery in batch:
             delivery.attempts += 1
@@ -1095,6 +1106,7 @@ class AsyncWorkerPool(_PoolBase):
             outcomes.append(await self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         if not batch:
             return outcomes
+        outcomes = self._settle_now(outcomes)
         self._count_batch(worker, len(batch), reason, fill_seconds)
         for delivery in batch:
             delivery.attempts += 1

@@ -586,8 +586,8 @@ class LivenessMonitor:
     partitions with unhandled records in more than one. Exempt: a pod that is stopping or serving a
     revoke, a partition not (or recently) assigned, over its own in-flight or uncommitted bound, a pod
     whose commits failed lately or whose broker is down. An idle worker: for threads, fewer calls running
-    than workers; for the process executor, whose workers may take several lanes into one batch, none
-    running at all.
+    than workers (for a batch handler, fewer batch calls); for the process executor, whose workers may take
+    several lanes into one batch, none running at all.
     """
 
     def __init__(self, world: World, bound: float) -> None:
@@ -610,7 +610,12 @@ class LivenessMonitor:
                 continue
             running = world.running_work(pod.session)
             workers = pod.pool.size
-            idle = running == 0 if world.config.executor == "process" else running < workers
+            if world.config.executor == "process":
+                idle = running == 0
+            elif world.config.batch_max_messages > 1:  # a batch call is one worker's, whatever its size
+                idle = world.running_batches(pod.session) < workers
+            else:
+                idle = running < workers
             if not idle:
                 self._reset(pod.session)
                 continue

@@ -34,7 +34,15 @@ from tests.simulation.broker import SimulatedBroker, SimulatedSource
 from tests.simulation.eventloop import event_loop_factory
 from tests.simulation.processes import SimulatedChild, child_factory
 from tests.simulation.scheduler import SimThread, Simulation, Terminated
-from tests.simulation.workload import Journal, Plan, SimulatedDeadLetters, make_async_handler, make_handler
+from tests.simulation.workload import (
+    Journal,
+    Plan,
+    SimulatedDeadLetters,
+    make_async_batch_handler,
+    make_async_handler,
+    make_batch_handler,
+    make_handler,
+)
 
 
 class PodThreads:
@@ -99,10 +107,12 @@ class SimPod:
         dead_letters = (
             SimulatedDeadLetters(journal, plan, simulation, session) if config.on_exhausted == "dlq" else None
         )
-        handler = make_handler(journal, plan, simulation, session)
+        batch = config.batch_limits()
+        make = make_batch_handler if batch.enabled else make_handler
+        handler = make(journal, plan, simulation, session)
         self.children: list[SimulatedChild] = []
         pool: WorkerPool
-        shared: dict[str, Any] = {"clock": simulation.clock, "threads": self.threads}
+        shared: dict[str, Any] = {"clock": simulation.clock, "threads": self.threads, "batch": batch}
         arguments = (config.workers, retry, dead_letters, self.completions)
         if config.executor == "process":
             pool = ProcessWorkerPool(
@@ -113,7 +123,8 @@ class SimPod:
                 start_child=child_factory(simulation, self.children),
             )
         elif config.executor == "async":
-            async_handler = make_async_handler(journal, plan, simulation, session)
+            make_async = make_async_batch_handler if batch.enabled else make_async_handler
+            async_handler = make_async(journal, plan, simulation, session)
             pool = AsyncWorkerPool(async_handler, *arguments, **shared, event_loop=event_loop_factory(simulation))
         else:
             pool = ThreadWorkerPool(handler, *arguments, **shared)

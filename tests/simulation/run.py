@@ -230,6 +230,12 @@ class World:
     def running_work(self, session: int) -> int:
         return sum(1 for work in self.journal.running if work.session == session)
 
+    def running_batches(self, session: int) -> int:
+        """A batch handler's calls running in ``session``: its running messages' calls by thread and start (the
+        messages of one call begin together on one thread), dead-letter writes one each."""
+        running = [work for work in self.journal.running if work.session == session]
+        return len({(getattr(work, "thread", id(work)), work.started) for work in running})
+
     def calls_running_at(self, session: int, at: float) -> list[Any]:
         return [
             work

@@ -21,6 +21,7 @@ import pytest
 from keyorder.contracts import CommitError, FetchPosition
 from tests.simulation.broker import SimulatedBroker, SimulatedSource
 from tests.simulation.scheduler import Simulation
+from tests.simulation.workload import make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = "0-199"
@@ -67,6 +68,30 @@ def test_seeds_that_found_a_defect_hold_now(finding: str) -> None:
 def test_each_issue_36_defect_keeps_a_regression_plan_that_holds_now() -> None:
     result = _simulate("--regressions")
     assert result.returncode == 0, f"{result.stdout[-30000:]}\n{result.stderr[-5000:]}"
+
+
+def test_the_suites_seeds_split_between_per_message_and_batch_handlers_through_the_faults_that_matter() -> None:
+    """About a third of ``SEEDS`` run a batch handler (``workload.BATCH_SHARE``), on every executor, with the
+    faults issue 40 names: partial failures and whole batches failing, a worker process killed while busy
+    (the process executor: mid-batch), revokes (a partition moved, a rolling restart, a lost session); the
+    seeds that found defects keep their per-message plans."""
+    first, last = (int(bound) for bound in SEEDS.split("-"))
+    plans = [make_plan(seed) for seed in range(first, last + 1)]
+    batched = [plan for plan in plans if plan.flags.get("batch_max_messages", 1) > 1]
+    assert 0.25 * len(plans) <= len(batched) <= 0.45 * len(plans)
+    assert {plan.flags["executor"] for plan in batched} == {"thread", "async", "process"}
+    assert any(plan.flags.get("batch_max_wait_ms") for plan in batched), "a fill wait"
+    assert sum(plan.handler.fail_rate > 0 or any(key.poison for key in plan.keys) for plan in batched) >= 10
+    assert sum(plan.handler.batch_fail_rate > 0 for plan in batched) >= 10, "whole batches failing"
+    killed = [
+        plan
+        for plan in batched
+        if plan.flags["executor"] == "process" and any(fault.kind == "kill_process" for fault in plan.faults)
+    ]
+    assert len(killed) >= 5
+    revoking = {"move_elsewhere", "rolling_restart", "session_lost"}
+    assert sum(any(fault.kind in revoking for fault in plan.faults) for plan in batched) >= 10
+    assert all("batch_max_messages" not in make_plan(seed).flags for seed in SOAK_FINDINGS.values())
 
 
 def test_a_seed_replays_the_same_run() -> None:

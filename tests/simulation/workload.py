@@ -13,6 +13,10 @@ different interleaving cannot change what the handler does, only when. ``Journal
 call (start and end virtual time, record, attempt, outcome) and every dead-letter write: with the
 broker's records and commits it is what the invariants read.
 
+About a third of the seeds run a batch handler (``--batch-max-messages``, ``make_batch_handler``): each
+message keeps its own planned outcome (partial failures), and now and then a call fails as a whole (it
+raises, or returns what the contract refuses), on every executor and under the same faults.
+
 Sizes are small on purpose: a seed is a few hundred records over tens of virtual seconds, so a few
 hundred seeds run inside ``make test`` and ten thousand in ``make soak``; the bounds (in flight,
 uncommitted, batch) are small too, so that holds, pauses and commits under pressure happen.
@@ -94,6 +98,9 @@ class HandlerPlan:
     long_duration: tuple[float, float]
     dead_letter_failures: int
     """How many times at most the dead-letter write of a record fails before it succeeds."""
+    batch_fail_rate: float = 0.0
+    """Batch handlers only: chance that a call fails as a whole, by raising or by returning a value the
+    contract refuses (``batch_fails``); each message's own outcome is ``outcome``'s otherwise."""
 
     def outcome(self, record: Record, key: Key | None, attempt: int) -> tuple[float, bool]:
         """``(virtual seconds, fails)`` of attempt ``attempt`` (from 1) of ``record`` (of ``key``)."""
@@ -107,6 +114,16 @@ class HandlerPlan:
         if record.poison or (key is not None and attempt <= key.fails):
             return duration, True
         return duration, attempt <= self.flaky_attempts and draw.random() < self.fail_rate
+
+    def batch_fails(self, first: Record, attempt: int) -> str | None:
+        """How a batch call whose first message is attempt ``attempt`` of ``first`` fails as a whole: ``raise``,
+        ``bad return`` (a value the contract refuses), or ``None`` (each message's own outcome)."""
+        if not self.batch_fail_rate:
+            return None
+        draw = random.Random(f"{self.seed}/batch/{first.ident}/{attempt}")
+        if draw.random() >= self.batch_fail_rate:
+            return None
+        return draw.choice(["raise", "bad return"])
 
     def dead_letter_fails(self, record: Record, write: int) -> bool:
         """Whether the ``write``-th (from 1) dead-letter write of ``record`` fails."""
@@ -206,6 +223,7 @@ def make_plan(seed: int) -> Plan:
         "shutdown_grace": grace,
         "kafka_property": [item for item in properties if item],
     }
+    flags.update(_batch_flags(seed))
     if fit_drains:
         flags.update(_fitting_drains(flags))
     partitions = rng.choice([1, 2, 2, 3, 4])
@@ -222,6 +240,7 @@ def make_plan(seed: int) -> Plan:
         long_rate=rng.choice([0.0, 0.0, 0.01, 0.05]),
         long_duration=(0.5, 4.0),
         dead_letter_failures=rng.choice([0, 0, 1, 3]),
+        batch_fail_rate=_batch_fail_rate(seed, flags),
     )
     return Plan(
         seed,
@@ -234,6 +253,34 @@ def make_plan(seed: int) -> Plan:
         quiet_limit=120.0,
         preemption=rng.choice([0.0, 0.1, 0.3]),
     )
+
+
+BATCH_SHARE = 0.35
+"""Share of the random seeds whose handler is a batch handler (``--batch-max-messages`` above 1)."""
+
+
+def _batch_draw(seed: int) -> random.Random:
+    """The batch settings' own random stream: the rest of a seed's plan is drawn as before batch handlers came,
+    so the seeds that found defects earlier still make the plans they found them with. (The salt is chosen so
+    that those seeds, ``test_simulation.SOAK_FINDINGS``, stay per-message.)"""
+    return random.Random(f"plan/{seed}/batch-handler")
+
+
+def _batch_flags(seed: int) -> dict[str, Any]:
+    """``--batch-max-messages`` and ``--batch-max-wait-ms`` of ``seed``: a per-message handler (empty), or a
+    batch handler of a few messages, with or without a fill wait."""
+    rng = _batch_draw(seed)
+    if rng.random() >= BATCH_SHARE:
+        return {}
+    return {"batch_max_messages": rng.choice([2, 3, 5, 8, 32]), "batch_max_wait_ms": rng.choice([0, 0, 5, 50])}
+
+
+def _batch_fail_rate(seed: int, flags: dict[str, Any]) -> float:
+    if flags.get("batch_max_messages", 1) == 1:
+        return 0.0
+    rng = _batch_draw(seed)
+    rng.random()
+    return rng.choice([0.0, 0.02, 0.1])
 
 
 def _fitting_drains(flags: dict[str, Any]) -> dict[str, Any]:
@@ -463,6 +510,73 @@ def make_handler(journal: Journal, plan: Plan, simulation: Any, session: int) ->
         calls.end(call, fails)
 
     return handle
+
+
+BATCH_CALL_SECONDS_PER_MESSAGE = 0.0002
+"""What each message adds to a batch call's time (a bulk write's per-row cost)."""
+
+
+class _BatchCalls(_Calls):
+    """A batch handler's calls: one ``Call`` per message, all begun together and ended together."""
+
+    def begin_batch(self, messages: list[Message]) -> tuple[list[tuple[Call, float, bool]], float]:
+        begun = [self.begin(message) for message in messages]
+        duration = max(duration for _call, duration, _fails in begun)  # the slowest row sets the bulk call's time
+        return begun, duration + BATCH_CALL_SECONDS_PER_MESSAGE * len(begun)
+
+    def end_batch(self, begun: list[tuple[Call, float, bool]]) -> Any:
+        """The time has passed: journal every outcome; the batch's answer under the contract (or raise)."""
+        first = begun[0][0]
+        whole = self.plan.handler.batch_fails(first.record, first.attempt)
+        now = self.simulation.clock()
+        outcomes: list[BaseException | None] = []
+        for call, _duration, fails in begun:
+            failed = fails or whole is not None
+            call.outcome = "failed" if failed else "ok"
+            self.journal.end(call, now)
+            if failed:
+                outcomes.append(HandlerFailure(f"{call.record.describe()} attempt {call.attempt} failed"))
+            else:
+                self.journal.handled(call.record, now)
+                outcomes.append(None)
+        if whole == "raise":
+            raise HandlerFailure(f"the batch of {len(begun)} from {first.record.describe()} failed as a whole")
+        if whole == "bad return":
+            return len(begun)  # "rows written": the contract refuses it, and every message fails
+        return outcomes
+
+
+def make_batch_handler(journal: Journal, plan: Plan, simulation: Any, session: int) -> Callable[[list[Message]], Any]:
+    """The pod session's batch handler (``--batch-max-messages`` above 1): the plan's outcome per message, in one
+    call that takes its slowest message's time plus a little per message, and fails as a whole now and then."""
+    calls = _BatchCalls(journal, plan, simulation, session)
+
+    def handle_batch(messages: list[Message]) -> Any:
+        begun, duration = calls.begin_batch(messages)
+        simulation.sleep(duration)
+        return calls.end_batch(begun)
+
+    return handle_batch
+
+
+def make_async_batch_handler(
+    journal: Journal, plan: Plan, simulation: Any, session: int
+) -> Callable[[list[Message]], Any]:
+    """``make_batch_handler``'s, awaiting the virtual time on the pool's (simulated) event loop."""
+    calls = _BatchCalls(journal, plan, simulation, session)
+
+    async def handle_batch(messages: list[Message]) -> Any:
+        begun, duration = calls.begin_batch(messages)
+        try:
+            await asyncio.sleep(duration)
+        except BaseException:  # cancelled by the pool's stop after the grace: every call of the batch ends here
+            for call, _duration, _fails in begun:
+                call.outcome = "cancelled"
+                journal.end(call, simulation.clock())
+            raise
+        return calls.end_batch(begun)
+
+    return handle_batch
 
 
 def handler_for_the_process_executor(message: Message) -> None:

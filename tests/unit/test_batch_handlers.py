@@ -350,3 +350,59 @@ def test_a_worker_waits_up_to_the_fill_time_for_more_keys_and_counts_why_each_ba
         "waited": 1,
     }
     assert sum(worker.batch_fill.total for worker in stats) == pytest.approx(0.03 + 0.1)
+
+
+def test_a_revoke_during_a_fill_gets_its_heads_back_before_the_other_partitions_call() -> None:
+    """A worker filling a batch holds its heads as running; a revoke ends the fill, and the revoked heads go
+    back at once, not after the call the worker then makes for the other partitions' heads."""
+    simulation = Simulation(8)
+    revoked, kept = Partition(0), Partition(1)
+    calls: list[tuple[float, list[tuple[str, int]]]] = []
+
+    def handler(messages: list[Message]) -> None:
+        calls.append((simulation.now, [name(message) for message in messages]))
+        simulation.sleep(1.0)
+
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(5, 0.5))
+    back: dict[str, tuple[bool, float]] = {}
+
+    def main() -> None:
+        pool.start()
+        pool.submit([*keyed(simulation, "a", revoked), *keyed(simulation, "b", kept, first_offset=10)])
+        simulation.sleep(0.1)  # the worker holds a0 and b0, waiting to fill its batch
+        revoked.revoked = True
+        assert pool.withdraw(lambda item: item.partition.revoked) == [], "a0 was taken"
+        while len(back) < 2 and completions.wait(1, 30.0):  # hang guard
+            while completions:
+                delivery, handled = completions.popleft()
+                back[name(delivery.message)[0]] = (handled, simulation.now)
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert calls == [(pytest.approx(0.1), [("b", 0)])], "the fill ended at the revoke; only b0 was called"
+    assert back["a"] == (False, pytest.approx(0.1)), "a0 went back at the revoke, not after b0's call"
+    assert back["b"] == (True, pytest.approx(1.1))
+
+
+def test_a_revoke_after_the_async_pool_stopped_does_not_reach_for_its_closed_event_loop() -> None:
+    """The shutdown's last revoke comes after the pool stopped: waking fillers then would schedule a call on
+    the workers' closed event loop (``RuntimeError: Event loop is closed``, simulation seed 1913)."""
+    simulation = Simulation(6)
+
+    async def handler(messages: list[Message]) -> None:
+        await asyncio.sleep(0.001)
+
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, handler, completions, executor="async", limits=BatchLimits(3, 0.05))
+    withdrawn: list[Delivery] = []
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "ab"))
+        collect(completions, 2)
+        pool.stop(5.0)
+        withdrawn.extend(pool.withdraw(lambda _item: True))
+
+    drive(simulation, main)
+    assert withdrawn == []
