@@ -61,5 +61,5 @@ def test_merged_chunks_keep_each_streams_order_and_go_least_progress_first() -> 
 
     first = iter([[row(0, 0), row(0, 10)], [row(0, 20)], [row(0, PROGRESS_SCALE, marker=3)]])
     second = iter([[row(1, 5)], [row(1, 15)], [row(1, 30)]])
-    merged = [[(r[1], r[2]) for r in chunk] for chunk in merge_chunks([first, second])]
+    merged = [[(r[1], r[2]) for r in chunk] for chunk in merge_chunks([lambda: first, lambda: second])]
     assert merged == [[(0, 0), (0, 10)], [(1, 5)], [(1, 15)], [(0, 20)], [(0, PROGRESS_SCALE)], [(1, 30)]]

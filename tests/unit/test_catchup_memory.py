@@ -78,7 +78,7 @@ def test_a_reader_task_of_any_number_of_partitions_stays_within_its_bytes(partit
 
 
 def test_a_reader_task_opens_at_most_its_share_of_partitions_at_once_each_in_offset_order() -> None:
-    """32 partitions in one task: never more than ``open_at_once`` streams started and not ended (the old
+    """32 partitions in one task: never more than ``open_at_once`` streams opened and not ended (the old
     reader opened all 32 consumers and held a chunk of each before the first chunk moved); every stream's
     chunks in their own order, every chunk once."""
     from keyorder.catchup.datasource import merge_chunks, reader_shares
@@ -86,16 +86,22 @@ def test_a_reader_task_opens_at_most_its_share_of_partitions_at_once_each_in_off
     open_now, most = set(), 0
 
     def stream(index: int, chunks: int):
-        nonlocal most
-        open_now.add(index)
-        most = max(most, len(open_now))
         for number in range(chunks):
             # (lane, source, progress, offset, ..., marker_read): records of ``index``, progress rising
             yield [(0, index, number * 10, number, b"k", b"v", [], None, None, None)]
         open_now.discard(index)
 
+    def opener(index: int):
+        def open_stream():
+            nonlocal most
+            open_now.add(index)  # read_task's openers create and assign a consumer here
+            most = max(most, len(open_now))
+            return stream(index, 3 + index % 4)
+
+        return open_stream
+
     shares = reader_shares(32, budget=12 << 20)
-    merged = list(merge_chunks([stream(index, 3 + index % 4) for index in range(32)], shares.open_at_once))
+    merged = list(merge_chunks([opener(index) for index in range(32)], shares.open_at_once))
 
     assert 1 < shares.open_at_once < 32
     assert most <= shares.open_at_once
