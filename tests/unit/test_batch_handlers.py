@@ -406,3 +406,35 @@ def test_a_revoke_after_the_async_pool_stopped_does_not_reach_for_its_closed_eve
 
     drive(simulation, main)
     assert withdrawn == []
+
+
+def test_the_scaling_report_counts_a_batch_handlers_messages_and_its_calls() -> None:
+    """The operator learns a worker's rate as handlerCallsTotal over handlerSecondsTotal (messages per busy
+    second): a batch call counts its messages, its seconds split over them; handlerBatchesTotal counts calls."""
+    from keyorder.adapters.scaling_report import build_report
+    from keyorder.core.lanes import LaneSummary
+    from keyorder.runtime import RuntimeSnapshot
+    from keyorder.workers import WorkerStats
+
+    simulation = Simulation(9)
+
+    def handler(messages: list[Message]) -> None:
+        simulation.sleep(0.4)  # a bulk call: 0.4 s whatever its size
+
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(4))
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "abcdefgh"))
+        collect(completions, 8)
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    stats: list[WorkerStats] = pool.stats()
+    report = build_report(
+        RuntimeSnapshot(), LaneSummary(), stats, ordering="key", executor="thread", workers=1, cpu_cores=1.0,
+        cpu_seconds=0.0, worker_processes=0,
+    )  # fmt: skip
+    assert (report["handlerCallsTotal"], report["handlerBatchesTotal"]) == (8, 2)
+    assert report["handlerSecondsTotal"] == pytest.approx(0.8), "two calls of 0.4 s: 0.1 s per message"
