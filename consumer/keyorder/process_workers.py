@@ -17,6 +17,10 @@ due time, wait for the whole batch (a thread worker settles those at once): ``MA
 ``FAST_PROCESS_HANDLER_SECONDS`` (0.128 s) for handlers as fast as batching requires on average, and
 longer by whatever one call of the batch takes beyond that.
 
+A batch handler (``--batch-max-messages``) takes its heads the same way and sends them in one frame
+marked ``as_batch``: the process calls the handler once for all of them (``worker_process.run_batch_call``),
+every message counts as running during the call, and ``--handler-timeout`` bounds the whole call.
+
 Faults: a process that dies (segfault, OOM kill, ``os._exit``) is replaced on the next batch; the
 message it was running fails with ``WorkerProcessDied`` and is retried under the retry policy (or
 dead-lettered), the messages after it in the batch run again as if never taken, and the ones

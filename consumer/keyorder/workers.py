@@ -25,6 +25,13 @@ wait. Lanes are never bound to workers, so a resize only starts or
 retires workers (a retiring worker finishes its current message first) and takes effect on the
 next message.
 
+With a batch handler (``--batch-max-messages`` above 1, ``keyorder.batch``) a turn takes up to that many
+heads of distinct ready lanes, a worker may wait up to ``--batch-max-wait-ms`` for more lanes to become
+ready (``_fill``: it counts as idle meanwhile, so ``submit`` wakes it; a revoke, a shutdown or a shrink
+ends the wait), and the handler is called once with their messages (``_run_batch``). Heads that do not go
+into the call (let go, or only a dead-letter write to retry) are settled before it. Each message's outcome
+is then settled on its own lane, exactly as a per-message outcome: a failed one parks its lane alone.
+
 A lane never moves past a head handed back unprocessed: the partition's commit stays below that
 head, so its next owner runs it again, and must not find later messages of its key marked done.
 For a revoked partition the revoke takes the rest; on shutdown no worker takes a lane again; and
