@@ -31,7 +31,10 @@ split.
 A reader task's memory is bounded in bytes (``reader_shares``): at most ``READER_TASK_BYTES`` for its
 open consumers' pre-fetch queues, one fetch response each, and the chunks waiting to be interleaved.
 A task of many partitions opens at most ``open_at_once`` of them at a time (the largest first), each
-with a smaller pre-fetch and smaller chunks; every partition is still read in offset order.
+with a smaller pre-fetch and smaller chunks; every partition is still read in offset order. Those
+partitions' consumers are all created and assigned before the task waits for a record (``open_split``,
+``merge_chunks``): librdkafka fetches for each in its own threads, so the task's first batch waits for one
+first fetch, not for one per partition in turn.
 """
 
 from __future__ import annotations
@@ -209,8 +212,9 @@ def read_task(
     partitions interleaved by ``progress`` (a chunk at a time), as a pod's poll batches interleave them.
     The by-partition layout hands these batches straight to the handlers, so no partition waits for
     another to be read first. At most ``reader_shares(...).open_at_once`` partitions are open at a time
-    (the largest ranges first); the others start as those end, so their keys start late (docs/catchup.md,
-    How it works, step 2, says why they are not reordered)."""
+    (the largest ranges first), all opened (consumer created and assigned) before the task waits for any
+    record, so their first fetches overlap; the others start as those end, so their keys start late
+    (docs/catchup.md, How it works, step 2, says why they are not reordered)."""
     by_source: dict[int, list[Split]] = {}
     for split in splits:
         by_source.setdefault(split.source, []).append(split)
