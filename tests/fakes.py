@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from keyorder.contracts import CommitError, CommitOutcome, FetchPosition, RebalanceCallback, TopicPartitionId
 from keyorder.core.lanes import Delivery, LaneSummary
+from keyorder.engine.worker_pools import Completions, PoolHealth
 from keyorder.message import Message
-from keyorder.workers import Completions, PoolHealth
 
 
 class FakeClock:

@@ -145,7 +145,7 @@ sys.path[:0] = [sys.argv[1] + "/operator", sys.argv[1] + "/consumer"]
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 from keyorder.adapters.http_server import PodHttpServer
-from keyorder.runtime import RuntimeSnapshot
+from keyorder.engine.poll_loop import RuntimeSnapshot
 class Runtime:
     snapshot = RuntimeSnapshot(broker_reachable=True, assigned_partitions=2)
     started = threading.Event()
@@ -214,7 +214,7 @@ import sys, threading, time
 sys.path[:0] = [sys.argv[1] + "/operator", sys.argv[1] + "/consumer"]
 from prometheus_client.registry import CollectorRegistry
 from keyorder.adapters.http_server import PodHttpServer
-from keyorder.runtime import RuntimeSnapshot
+from keyorder.engine.poll_loop import RuntimeSnapshot
 class Runtime:
     snapshot = RuntimeSnapshot(broker_reachable=True, assigned_partitions=2)
     started = threading.Event()
@@ -332,7 +332,7 @@ def read_once(tree: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]
 def real_report_sizes() -> None:
     from keyorder.adapters.scaling_report import build_report
     from keyorder.core.lanes import LaneSummary
-    from keyorder.runtime import PartitionSnapshot, RuntimeSnapshot
+    from keyorder.engine.poll_loop import PartitionSnapshot, RuntimeSnapshot
 
     for partitions, topic in ((1000, "orders"), (1000, "t" * 249), (10000, "orders")):
         parts = tuple(

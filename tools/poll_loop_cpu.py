@@ -110,9 +110,9 @@ def measure(partitions: int, paused: int, seconds: float) -> dict[str, float]:
     from keyorder.core.flow import FlowLimits
     from keyorder.core.retry import RetryPolicy
     from keyorder.core.routing import Ordering
+    from keyorder.engine.poll_loop import ConsumerRuntime, RuntimeSettings
+    from keyorder.engine.worker_pools import Completions, ThreadWorkerPool
     from keyorder.message import Message
-    from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-    from keyorder.workers import Completions, ThreadWorkerPool
 
     limits = FlowLimits()
     share = max(1, min(limits.max_inflight_per_partition, limits.max_inflight // partitions))

@@ -22,7 +22,7 @@ bug of the handler: every message of the batch fails with ``BatchResultError``, 
 and what it returned. Each failed message then goes through the retry, block and dead-letter policies on
 its own key, exactly as a per-message failure does; the batch's other keys go on.
 
-Pure: no I/O, no clock. The pools (``workers``, ``worker_process``) call the handler and hand its answer
+Pure: no I/O, no clock. The pools (``workers``, ``process_child``) call the handler and hand its answer
 (or the error it raised) to ``batch_outcomes``.
 """
 

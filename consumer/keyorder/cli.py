@@ -146,9 +146,9 @@ def run_command(args: argparse.Namespace) -> int:
     from keyorder.adapters.handlers import HandlerLoadError
     from keyorder.config import ConfigError, load_run_config
     from keyorder.contracts import DeadLetterError, SourceError
+    from keyorder.engine.worker_pools import HandlerSetupError, WorkerCrashed
     from keyorder.logs import configure_logging
     from keyorder.pod import Pod
-    from keyorder.workers import HandlerSetupError, WorkerCrashed
 
     try:
         config = load_run_config(vars(args))

@@ -32,9 +32,9 @@ from keyorder.config import (
 from keyorder.contracts import DeadLetterError, DeadLetterSink, SourceError
 from keyorder.core.flow import FlowLimits
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
-from keyorder.process_workers import ProcessWorkerPool
-from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import AsyncWorkerPool, Completions, ThreadWorkerPool, WorkerPool
+from keyorder.engine.poll_loop import ConsumerRuntime, RuntimeSettings
+from keyorder.engine.process_pool import ProcessWorkerPool
+from keyorder.engine.worker_pools import AsyncWorkerPool, Completions, ThreadWorkerPool, WorkerPool
 
 log = logging.getLogger(__name__)
 

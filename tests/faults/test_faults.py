@@ -161,7 +161,7 @@ def test_a_lost_assignment_commits_nothing_for_the_lost_partitions(broker, make_
     source.commit = recording_commit  # type: ignore[method-assign]
     wait_until(lambda: recorder.count() >= 300, 60, "some progress")
     wait_until(lambda: pod.runtime.snapshot.assigned_partitions == 2, 30, "both partitions assigned")
-    caplog.set_level(logging.INFO, logger="keyorder.runtime")
+    caplog.set_level(logging.INFO, logger="keyorder.engine.poll_loop")
     hold.set()
     wait_until(lambda: pod.runtime.snapshot.inflight > 0, 10, "handlers held mid-call")
     broker.proxy.black_hole()

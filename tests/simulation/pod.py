@@ -2,7 +2,7 @@
 
 The composition mirrors ``keyorder.pod.Pod`` (``runtime_settings(config)``, the pool of the
 configured executor with the retry policy and the dead-letter sink, the source wired to
-``runtime.record_commit_outcomes``), with the simulation's seams in place of the real world: the
+``poll_loop.record_commit_outcomes``), with the simulation's seams in place of the real world: the
 pools and ``Completions`` take their threads, locks, conditions and events from the simulation
 (``threads=``), the runtime and pools its clock and sleep, the process executor its simulated
 worker processes (``processes.child_factory``), and the source is a ``SimulatedSource`` built from
@@ -26,10 +26,10 @@ from typing import Any
 
 from keyorder.config import RunConfig, consumer_properties, kafka_properties
 from keyorder.contracts import SourceError
+from keyorder.engine.poll_loop import ConsumerRuntime
+from keyorder.engine.process_pool import ProcessWorkerPool
+from keyorder.engine.worker_pools import NO_HOOKS, AsyncWorkerPool, Completions, Lifecycle, ThreadWorkerPool, WorkerPool
 from keyorder.pod import runtime_settings
-from keyorder.process_workers import ProcessWorkerPool
-from keyorder.runtime import ConsumerRuntime
-from keyorder.workers import NO_HOOKS, AsyncWorkerPool, Completions, Lifecycle, ThreadWorkerPool, WorkerPool
 from tests.simulation.broker import SimulatedBroker, SimulatedSource
 from tests.simulation.eventloop import event_loop_factory
 from tests.simulation.processes import SimulatedChild, child_factory

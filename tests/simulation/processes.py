@@ -1,8 +1,8 @@
 """The process executor's worker processes, simulated: the real child code, a simulated operating system.
 
-The pod's side of the process executor (``keyorder.process_workers``: the pool and ``_Child``'s
+The pod's side of the process executor (``keyorder.engine.process_pool``: the pool and ``_Child``'s
 ``run``, ``await_ready``, ``kill``, ``close``) is code under test and runs unchanged. So does the
-child's: ``keyorder.worker_process.serve`` with its batch loop (``run_batch``) and its writes to
+child's: ``keyorder.engine.process_child.serve`` with its batch loop (``run_batch``) and its writes to
 the real shared-memory progress block (``Progress`` over a memfd, mapped twice as the pod and
 the child map it). What is simulated is what the operating system provides between them, so that
 a seed decides when the child runs and when it dies: while a message runs, between two messages
@@ -32,8 +32,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from keyorder.process_workers import _Child
-from keyorder.worker_process import Init, Loader, Progress, serve
+from keyorder.engine.process_child import Init, Loader, Progress, serve
+from keyorder.engine.process_pool import _Child
 from tests.simulation.scheduler import SimThread, Simulation, _Managed
 
 _pids = itertools.count(40_000)
@@ -146,7 +146,7 @@ class SimulatedProcess:
 
 
 class SimulatedChild(_Child):
-    """``process_workers._Child`` with a simulated process and socket; everything else is the real code."""
+    """``process_pool._Child`` with a simulated process and socket; everything else is the real code."""
 
     def __init__(self, load: Loader, worker_id: int, simulation: Simulation, registry: list[SimulatedChild]) -> None:
         self._simulation = simulation

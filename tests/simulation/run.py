@@ -31,11 +31,11 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from keyorder import worker_process
 from keyorder.config import ConfigError, RunConfig, consumer_properties, kafka_properties, load_run_config
 from keyorder.contracts import SourceError
+from keyorder.engine import process_child as worker_process
+from keyorder.engine.process_child import MAX_BATCH
 from keyorder.pod import runtime_settings
-from keyorder.worker_process import MAX_BATCH
 from tests.simulation import invariants
 from tests.simulation.broker import CommitFaults, Record, SimulatedBroker
 from tests.simulation.invariants import TICK, HoldCheck, LaneReportCheck, LivenessMonitor, Violation, blocked_by_design

@@ -91,7 +91,7 @@ class Simulation:
         self._current: _Managed | None = None
         self._driver_baton = threading.Semaphore(0)
         self._closing = False
-        # the Threads kit (keyorder.workers.Threads): pass ``threads=simulation`` to pools and Completions
+        # the Threads kit (keyorder.engine.worker_pools.Threads): pass ``threads=simulation`` to pools and Completions
         self.Thread = functools.partial(SimThread, self)
         self.Lock = functools.partial(SimLock, self)
         self.Condition = functools.partial(SimCondition, self)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.engine.worker_pools import AsyncWorkerPool, Completions
 from keyorder.message import Message
-from keyorder.workers import AsyncWorkerPool, Completions
 from tests.simulation.eventloop import event_loop_factory
 from tests.simulation.scheduler import Simulation
 

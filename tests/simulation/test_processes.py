@@ -7,9 +7,9 @@ from typing import Any
 
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.engine.process_pool import ProcessWorkerPool
+from keyorder.engine.worker_pools import NO_HOOKS, Completions, Lifecycle
 from keyorder.message import Message
-from keyorder.process_workers import ProcessWorkerPool
-from keyorder.workers import NO_HOOKS, Completions, Lifecycle
 from tests.simulation.processes import SimulatedChild, child_factory, live_processes
 from tests.simulation.scheduler import Simulation
 

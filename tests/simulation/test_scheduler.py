@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import RetryPolicy
+from keyorder.engine.worker_pools import Completions, ThreadWorkerPool
 from keyorder.message import Message
-from keyorder.workers import Completions, ThreadWorkerPool
 from tests.simulation.scheduler import Simulation
 
 

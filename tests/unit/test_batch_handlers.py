@@ -17,8 +17,8 @@ import pytest
 from keyorder.batch import BatchLimits, BatchResultError, batch_outcomes
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.engine.worker_pools import AsyncWorkerPool, Completions, ThreadWorkerPool
 from keyorder.message import Message
-from keyorder.workers import AsyncWorkerPool, Completions, ThreadWorkerPool
 from tests.guarantees import assert_key_order
 from tests.simulation.eventloop import event_loop_factory
 from tests.simulation.scheduler import Simulation
@@ -413,8 +413,8 @@ def test_the_scaling_report_counts_a_batch_handlers_messages_and_its_calls() -> 
     second): a batch call counts its messages, its seconds split over them; handlerBatchesTotal counts calls."""
     from keyorder.adapters.scaling_report import build_report
     from keyorder.core.lanes import LaneSummary
-    from keyorder.runtime import RuntimeSnapshot
-    from keyorder.workers import WorkerStats
+    from keyorder.engine.poll_loop import RuntimeSnapshot
+    from keyorder.engine.worker_pools import WorkerStats
 
     simulation = Simulation(9)
 

@@ -39,9 +39,9 @@ from keyorder.devtools.bench_report import (
     sink_ideal_rate,
     spread,
 )
+from keyorder.engine.worker_pools import BATCH_SIZE_BUCKETS, LatencyHistogram
 from keyorder.message import Message
 from keyorder.progress import Progress
-from keyorder.workers import BATCH_SIZE_BUCKETS, LatencyHistogram
 
 
 def run(name: str, rate: float, handler: str = "noop", workers: int = 16, batch: int = 1) -> RunResult:

@@ -30,7 +30,7 @@ from keyorder.devtools.bench_report import (
     split_by_hot_partition,
     trailing_rates,
 )
-from keyorder.workers import LATENCY_BUCKETS
+from keyorder.engine.worker_pools import LATENCY_BUCKETS
 
 
 def run(name: str, mode: str, handler: str, workers: int, rate: float) -> RunResult:

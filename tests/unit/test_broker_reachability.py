@@ -23,8 +23,8 @@ from keyorder.adapters.kafka_source import LIBRDKAFKA_LOGGER, PROBE_INTERVAL, Co
 from keyorder.adapters.metrics import build_registry
 from keyorder.core.retry import RetryPolicy
 from keyorder.core.routing import Ordering
-from keyorder.runtime import ConsumerRuntime, RuntimeSettings, RuntimeSnapshot
-from keyorder.workers import Completions, ThreadWorkerPool
+from keyorder.engine.poll_loop import ConsumerRuntime, RuntimeSettings, RuntimeSnapshot
+from keyorder.engine.worker_pools import Completions, ThreadWorkerPool
 from tests.fakes import FakeClock, RecordingSource
 
 REFUSED = (

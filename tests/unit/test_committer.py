@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder.committer import EARLY_COMMIT_SPACING, Committer
 from keyorder.core import offset_metadata
 from keyorder.core.partitions import PartitionState
 from keyorder.core.tracking import PartitionOffsets
+from keyorder.engine.committer import EARLY_COMMIT_SPACING, Committer
 from tests.fakes import RecordingSource
 
 PID = ("orders", 0)

@@ -22,7 +22,7 @@ from keyorder.config import (
 )
 from keyorder.core.retry import ExhaustedPolicy
 from keyorder.core.routing import Ordering
-from keyorder.process_workers import TEARDOWN_TIMEOUT
+from keyorder.engine.process_pool import TEARDOWN_TIMEOUT
 
 REQUIRED_FLAGS = {"handler": "app.handlers:handle", "topics": "orders", "group_id": "g1"}
 

@@ -60,8 +60,8 @@ def test_the_scaling_report_tells_the_operator_the_executor_and_the_pods_cores_a
     from keyorder.adapters.scaling_report import scaling_report
     from keyorder.core.retry import RetryPolicy
     from keyorder.core.routing import Ordering
-    from keyorder.runtime import RuntimeSnapshot
-    from keyorder.workers import Completions, ThreadWorkerPool
+    from keyorder.engine.poll_loop import RuntimeSnapshot
+    from keyorder.engine.worker_pools import Completions, ThreadWorkerPool
 
     class Runtime:  # FAKE: only what the report reads
         snapshot = RuntimeSnapshot()

@@ -8,9 +8,9 @@ from pathlib import Path
 from keyorder.adapters.metrics import KeyorderCollector
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import RetryPolicy
+from keyorder.engine.poll_loop import PartitionSnapshot, RuntimeSnapshot
+from keyorder.engine.worker_pools import Completions, ThreadWorkerPool
 from keyorder.message import Message
-from keyorder.runtime import PartitionSnapshot, RuntimeSnapshot
-from keyorder.workers import Completions, ThreadWorkerPool
 from tools.docs_tables import generated_tables, render_table
 
 ROOT = Path(__file__).resolve().parents[2]

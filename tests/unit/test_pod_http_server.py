@@ -23,7 +23,7 @@ from prometheus_client.registry import CollectorRegistry
 from keyorder.adapters.bounded_http import RequestRefused, ServerLimits, request_size
 from keyorder.adapters.http_server import PodHttpServer
 from keyorder.config import RunConfig, read_admin_token
-from keyorder.runtime import RuntimeSnapshot
+from keyorder.engine.poll_loop import RuntimeSnapshot
 
 OLD_TOKEN = "old-token-" + "a" * 20
 NEW_TOKEN = "new-token-" + "b" * 20

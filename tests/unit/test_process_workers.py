@@ -18,9 +18,9 @@ from keyorder.adapters.handlers import load_for_worker_process
 from keyorder.batch import PER_MESSAGE, BatchLimits
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
+from keyorder.engine.process_pool import ProcessWorkerPool
+from keyorder.engine.worker_pools import AsyncWorkerPool, Completions, HandlerSetupError, Lifecycle, ThreadWorkerPool
 from keyorder.message import Message
-from keyorder.process_workers import ProcessWorkerPool
-from keyorder.workers import AsyncWorkerPool, Completions, HandlerSetupError, Lifecycle, ThreadWorkerPool
 from tests.conftest import wait_until
 from tests.guarantees import assert_key_order, assert_serial_in_order_per_key
 from tests.unit import process_handlers
@@ -356,8 +356,8 @@ def test_stop_waits_for_the_grace_period_then_kills_a_process_still_in_the_handl
 
 def test_a_fresh_progress_block_shows_no_running_message():
     """Before a worker process starts its first message, nothing may look overdue to the timeout."""
-    from keyorder.process_workers import _progress_file
-    from keyorder.worker_process import Progress
+    from keyorder.engine.process_child import Progress
+    from keyorder.engine.process_pool import _progress_file
 
     fd = _progress_file()
     try:
@@ -396,7 +396,7 @@ def test_an_async_hook_for_a_plain_handler_is_refused_at_start_up_naming_the_fla
 
 def test_a_message_crosses_to_the_worker_process_whole() -> None:
     """Every field of a ``Message`` reaches the handler in the worker process, its leader epoch too."""
-    from keyorder.worker_process import message_fields
+    from keyorder.engine.process_child import message_fields
 
     message = Message("orders", 3, 41, b"k", b"v", (("h", b"1"), ("h", None)), 1_700_000_000.5, leader_epoch=7)
     assert Message(*message_fields(message)) == message

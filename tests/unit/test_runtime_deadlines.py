@@ -15,9 +15,9 @@ import pytest
 from keyorder.core import offset_metadata
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.routing import Ordering
+from keyorder.engine.poll_loop import ConsumerRuntime, RuntimeSettings
+from keyorder.engine.worker_pools import Completions, ThreadWorkerPool
 from keyorder.message import Message
-from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import Completions, ThreadWorkerPool
 from tests.conftest import wait_until
 from tests.fakes import FakeClock, RecordingSource
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from keyorder.contracts import FetchPosition, TopicPartitionId
 from keyorder.core.flow import FlowLimits
 from keyorder.core.routing import Ordering
+from keyorder.engine.poll_loop import ConsumerRuntime, RuntimeSettings
+from keyorder.engine.worker_pools import Completions
 from keyorder.message import Message
-from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import Completions
 from tests.fakes import FakeClock, HoldingPool, RecordingSource
 
 P0 = ("t", 0)

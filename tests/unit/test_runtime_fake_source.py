@@ -15,9 +15,9 @@ import zlib
 from keyorder.core import offset_metadata
 from keyorder.core.retry import RetryPolicy
 from keyorder.core.routing import Ordering
+from keyorder.engine.poll_loop import ConsumerRuntime, RuntimeSettings
+from keyorder.engine.worker_pools import Completions, ThreadWorkerPool
 from keyorder.message import Message
-from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import Completions, ThreadWorkerPool
 from tests.conftest import wait_until
 
 
@@ -198,7 +198,7 @@ def test_a_log_reset_below_the_committed_offset_is_processed_and_committed(caplo
     metadata = offset_metadata.encode(1000, [1002])
     source = FakeMetadataSource(records, committed={0: (1000, metadata)})
     handled: list[int] = []
-    with caplog.at_level("WARNING", logger="keyorder.runtime"):
+    with caplog.at_level("WARNING", logger="keyorder.engine.poll_loop"):
         runtime = run_until(source, handled, expected_count=10)
     assert sorted(handled) == list(range(10)), "messages of the reset log must not be dropped"
     assert source.committed_offsets[0][0] == 10
@@ -224,7 +224,7 @@ def test_out_of_bounds_commit_metadata_is_ignored_with_a_warning(caplog):
     assert len(forged) < 40
     source = FakeMetadataSource(records, committed={0: (5, forged)})
     handled: list[int] = []
-    with caplog.at_level("WARNING", logger="keyorder.runtime"):
+    with caplog.at_level("WARNING", logger="keyorder.engine.poll_loop"):
         runtime = run_until(source, handled, expected_count=5)
     assert sorted(handled) == [5, 6, 7, 8, 9]
     assert runtime.snapshot.skipped == 0

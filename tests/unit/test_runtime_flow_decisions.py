@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from keyorder.core.flow import FlowLimits
 from keyorder.core.routing import Ordering
+from keyorder.engine.poll_loop import PARTLY_PAUSED_TIMEOUT, ConsumerRuntime, RuntimeSettings
+from keyorder.engine.worker_pools import Completions
 from keyorder.message import Message
-from keyorder.runtime import PARTLY_PAUSED_TIMEOUT, ConsumerRuntime, RuntimeSettings
-from keyorder.workers import Completions
 from tests.fakes import FakeClock, HoldingPool, RecordingSource
 
 P0, P1 = ("t", 0), ("t", 1)
@@ -154,7 +154,7 @@ def test_a_pod_at_its_ceiling_pauses_every_partition_keeps_calling_the_client_an
     # every partition paused: each turn waits up to poll_timeout for completions, on the real clock
     settings = RuntimeSettings(topics=("t",), flow=limits, poll_timeout=0.001, shutdown_grace=0.05)
     runtime = ConsumerRuntime(settings, source, pool, Ordering.KEY, completions, clock, clock.sleep)
-    with caplog.at_level("INFO", logger="keyorder.runtime"):
+    with caplog.at_level("INFO", logger="keyorder.engine.poll_loop"):
         runtime.run(stop)
 
     assert sorted(source.paused) == [P0, P1], "both paused at the ceiling, P1 with nothing in it"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from keyorder.core.retry import RetryPolicy
 from keyorder.core.routing import Ordering
-from keyorder.runtime import ConsumerRuntime, RuntimeSettings
-from keyorder.workers import Completions, ThreadWorkerPool
+from keyorder.engine.poll_loop import ConsumerRuntime, RuntimeSettings
+from keyorder.engine.worker_pools import Completions, ThreadWorkerPool
 from tests.fakes import FakeClock, RecordingSource
 
 P0, P1 = ("t", 0), ("t", 1)

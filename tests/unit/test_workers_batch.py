@@ -16,8 +16,8 @@ import pytest
 
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import RetryPolicy
+from keyorder.engine.worker_pools import Completions, ThreadWorkerPool, _Worker
 from keyorder.message import Message
-from keyorder.workers import Completions, ThreadWorkerPool, _Worker
 from tests.simulation.scheduler import Simulation
 
 

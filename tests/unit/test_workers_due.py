@@ -19,8 +19,8 @@ import pytest
 
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import RetryPolicy
+from keyorder.engine.worker_pools import AsyncWorkerPool, Completions, ThreadWorkerPool, _Worker
 from keyorder.message import Message
-from keyorder.workers import AsyncWorkerPool, Completions, ThreadWorkerPool, _Worker
 from tests.conftest import wait_until
 
 RETRY_SOON = RetryPolicy(max_attempts=3, initial_backoff=0.05, max_backoff=0.05)

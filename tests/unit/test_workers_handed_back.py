@@ -18,10 +18,10 @@ import pytest
 
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import RetryPolicy
+from keyorder.engine.process_child import Loader
+from keyorder.engine.process_pool import ProcessWorkerPool, _Child
+from keyorder.engine.worker_pools import NO_HOOKS, Completions, HandlerSetupError, Lifecycle
 from keyorder.message import Message
-from keyorder.process_workers import ProcessWorkerPool, _Child
-from keyorder.worker_process import Loader
-from keyorder.workers import NO_HOOKS, Completions, HandlerSetupError, Lifecycle
 from tests.simulation.processes import SimulatedChild, live_processes
 from tests.simulation.scheduler import Simulation
 

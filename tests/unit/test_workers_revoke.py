@@ -17,8 +17,8 @@ import pytest
 
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
+from keyorder.engine.worker_pools import AsyncWorkerPool, Completions, ThreadWorkerPool
 from keyorder.message import Message
-from keyorder.workers import AsyncWorkerPool, Completions, ThreadWorkerPool
 from tests.conftest import wait_until
 from tests.fakes import FakeClock
 

@@ -16,8 +16,8 @@ from keyorder.core.lanes import Delivery
 from keyorder.core.partitions import PartitionState
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.tracking import PartitionOffsets
+from keyorder.engine.worker_pools import AsyncWorkerPool, ThreadWorkerPool
 from keyorder.message import Message
-from keyorder.workers import AsyncWorkerPool, ThreadWorkerPool
 from tests.conftest import wait_until
 from tests.unit.test_workers_revoke import (
     DEAD_LETTER_NOW,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from keyorder.workers import Lifecycle, is_async_callable
+from keyorder.engine.worker_pools import Lifecycle, is_async_callable
 
 
 class HandlerLoadError(ValueError):

@@ -39,7 +39,7 @@ from keyorder.adapters.bounded_http import (
 )
 from keyorder.adapters.scaling_report import scaling_report
 from keyorder.config import ConfigError
-from keyorder.runtime import ConsumerRuntime
+from keyorder.engine.poll_loop import ConsumerRuntime
 
 log = logging.getLogger(__name__)
 

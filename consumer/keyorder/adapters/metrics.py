@@ -20,8 +20,8 @@ from prometheus_client.registry import Collector
 
 from keyorder.adapters.cpu import pod_cpu_cores, pod_cpu_seconds
 from keyorder.batch import BATCH_REASONS
-from keyorder.runtime import ConsumerRuntime
-from keyorder.workers import LATENCY_BUCKETS, LatencyHistogram, WorkerPool, WorkerStats
+from keyorder.engine.poll_loop import ConsumerRuntime
+from keyorder.engine.worker_pools import LATENCY_BUCKETS, LatencyHistogram, WorkerPool, WorkerStats
 
 # name -> help; the table in docs/metrics.md is checked against this in the tests
 PARTITION_GAUGES = {

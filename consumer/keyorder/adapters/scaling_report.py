@@ -17,8 +17,8 @@ from typing import Any
 
 from keyorder.adapters.cpu import pod_cpu_cores, pod_cpu_seconds
 from keyorder.core.lanes import LaneSummary
-from keyorder.runtime import ConsumerRuntime, RuntimeSnapshot
-from keyorder.workers import WorkerPool, WorkerStats
+from keyorder.engine.poll_loop import ConsumerRuntime, RuntimeSnapshot
+from keyorder.engine.worker_pools import WorkerPool, WorkerStats
 
 REPORT_VERSION = 1
 KEY_TEXT_LIMIT = 80

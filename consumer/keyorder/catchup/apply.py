@@ -60,8 +60,8 @@ from keyorder.contracts import DeadLetterError, DeadLetterSink
 from keyorder.core.concurrency import ThreadLimit
 from keyorder.core.lanes import Delivery, LaneScheduler
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
+from keyorder.engine.worker_pools import call_sync_handler
 from keyorder.message import Message
-from keyorder.workers import call_sync_handler
 
 SUMMARY_SCHEMA = (
     "topic string, partition int, "

@@ -1,6 +1,6 @@
 """How long each executor's stop may run past the shutdown grace: one number each, in one place.
 
-The pools wait this long (``process_workers``, ``workers``), and the configuration check that keeps a
+The pools wait this long (``process_pool``, ``worker_pools``), and the configuration check that keeps a
 whole shutdown inside ``max.poll.interval.ms`` (``config.shutdown_overrun``, which the operator runs
 too) counts it. The check may not import the engine (the operator must not load it), so the numbers
 live here, in the pure core both may read.

@@ -73,9 +73,9 @@ from keyorder.devtools.bench_report import (
 )
 from keyorder.devtools.embedded import FAST_GROUP_JOIN, EmbeddedBroker
 from keyorder.devtools.loadgen import ProducedLog, create_topics, key_name, produce_keyed
+from keyorder.engine.worker_pools import Completions
 from keyorder.logs import configure_logging
 from keyorder.progress import Progress
-from keyorder.workers import Completions
 
 CPU_LOOP = 2_000
 STEADY_STATE_FRACTION = 0.9
@@ -825,10 +825,10 @@ def process_hop_figures(progress: Progress) -> dict:
 
     from keyorder.adapters.handlers import load_for_worker_process
     from keyorder.core.retry import RetryPolicy
+    from keyorder.engine.process_child import message_fields
+    from keyorder.engine.process_pool import ProcessWorkerPool
+    from keyorder.engine.worker_pools import ThreadWorkerPool
     from keyorder.message import Message
-    from keyorder.process_workers import ProcessWorkerPool
-    from keyorder.worker_process import message_fields
-    from keyorder.workers import ThreadWorkerPool
 
     progress.show("process hop: pickling")
     message = Message("bench", 3, 123_456, key_name(42).encode(), json.dumps({"key": key_name(42), "seq": 7}).encode())

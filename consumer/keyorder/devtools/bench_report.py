@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from keyorder.devtools.bench_handlers import SINK_CALL_SECONDS, SINK_MESSAGE_SECONDS
-from keyorder.workers import LATENCY_BUCKETS
+from keyorder.engine.worker_pools import LATENCY_BUCKETS
 
 
 @dataclass

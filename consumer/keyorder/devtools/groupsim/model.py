@@ -34,8 +34,8 @@ from typing import Any
 
 from keyorder.adapters.scaling_report import build_report
 from keyorder.core.lanes import LaneSummary
-from keyorder.runtime import PartitionSnapshot, RuntimeSnapshot
-from keyorder.workers import WorkerStats
+from keyorder.engine.poll_loop import PartitionSnapshot, RuntimeSnapshot
+from keyorder.engine.worker_pools import WorkerStats
 
 TOPIC = "orders"
 HOT_KEY = "acct-hot"

@@ -1,6 +1,6 @@
 """Inside one worker process of the process executor: run the handler on the batches the pod sends.
 
-The pod (``process_workers``) starts ``main(SOCKET_FD, PROGRESS_FD)`` in a fresh interpreter.
+The pod (``process_pool``) starts ``main(SOCKET_FD, PROGRESS_FD)`` in a fresh interpreter.
 This process imports the handler once, runs its set-up hook, then answers batches until told to
 stop, and runs the tear-down hook. It never decides anything about order: the pod's lane
 scheduler sends a lane's next message only after this process reported the previous one, and a
@@ -42,8 +42,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, Outcomes, call_async_batch, call_sync_batch
+from keyorder.engine.worker_pools import Lifecycle, call_sync_handler, is_async_callable, run_async_hook, run_sync_hook
 from keyorder.message import Message
-from keyorder.workers import Lifecycle, call_sync_handler, is_async_callable, run_async_hook, run_sync_hook
 
 MAX_BATCH = 64
 """Most messages in one batch of a per-message handler."""

@@ -3,7 +3,7 @@
 Threads and asyncio tasks share one interpreter, so the GIL serialises CPU-bound handlers and a
 pod uses one core whatever W is. Here each of the W workers is still a thread of the pod, taking
 lanes from the one ``LaneScheduler`` exactly as ``ThreadWorkerPool`` does, but it sends the
-messages it took to its own worker process (``worker_process``) and waits for the answer. So the
+messages it took to its own worker process (``process_child``) and waits for the answer. So the
 lane scheduler stays the single authority on order: a lane's next message is taken only after the
 process reported the previous one, and a batch holds the heads of distinct lanes. Retries, the
 dead-letter writes, min-offset commits, revoke and live resize are the thread pool's own code;
@@ -18,7 +18,7 @@ due time, wait for the whole batch (a thread worker settles those at once): ``MA
 longer by whatever one call of the batch takes beyond that.
 
 A batch handler (``--batch-max-messages``) takes its heads the same way and sends them in one frame
-marked ``as_batch``: the process calls the handler once for all of them (``worker_process.run_batch_call``),
+marked ``as_batch``: the process calls the handler once for all of them (``process_child.run_batch_call``),
 every message counts as running during the call, and ``--handler-timeout`` bounds the whole call.
 
 Faults: a process that dies (segfault, OOM kill, ``os._exit``) is replaced on the next batch; the
@@ -52,7 +52,7 @@ from typing import Any
 
 from keyorder.core.lanes import Delivery
 from keyorder.core.stop_overruns import PROCESS_TEARDOWN_SECONDS
-from keyorder.worker_process import (
+from keyorder.engine.process_child import (
     FAILED,
     MAX_BATCH,
     NOT_STARTED,
@@ -64,7 +64,7 @@ from keyorder.worker_process import (
     Progress,
     message_fields,
 )
-from keyorder.workers import (
+from keyorder.engine.worker_pools import (
     HANDED_BACK,
     PARKED,
     HandlerSetupError,
@@ -82,7 +82,7 @@ START_TIMEOUT = 300.0
 """Seconds a worker process may take to import the handler and run its set-up hook."""
 TEARDOWN_TIMEOUT = PROCESS_TEARDOWN_SECONDS
 """Seconds a stopping worker process may take for its tear-down hook before it is killed."""
-_CHILD_MAIN = "import sys; from keyorder.worker_process import main; sys.exit(main(sys.argv[1:]))"
+_CHILD_MAIN = "import sys; from keyorder.engine.process_child import main; sys.exit(main(sys.argv[1:]))"
 
 
 class WorkerProcessDied(RuntimeError):
@@ -386,7 +386,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
 
     def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[_Outcome]:
         """A batch handler's call, in the worker process: the same frame as a batch of single calls, with
-        ``as_batch`` set, so the process calls the handler once (``worker_process.run_batch_call``)."""
+        ``as_batch`` set, so the process calls the handler once (``process_child.run_batch_call``)."""
         assert isinstance(worker, _ProcessWorker)
         outcomes, dead_letters, batch = self._runnable(taken)
         for delivery in dead_letters:

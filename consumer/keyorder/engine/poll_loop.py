@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from keyorder.committer import Committer
 from keyorder.contracts import CommitOutcome, FetchPosition, Source, SourceError, TopicPartitionId
 from keyorder.core import offset_metadata
 from keyorder.core.flow import CEILING, FlowControl, FlowDecision, FlowLimits, Load
@@ -41,7 +40,8 @@ from keyorder.core.lanes import Delivery
 from keyorder.core.partitions import PartitionState
 from keyorder.core.routing import Ordering, lane_function
 from keyorder.core.tracking import EpochGap, LogTruncated, PartitionOffsets
-from keyorder.workers import Completions, WorkerCrashed, WorkerPool
+from keyorder.engine.committer import Committer
+from keyorder.engine.worker_pools import Completions, WorkerCrashed, WorkerPool
 
 log = logging.getLogger(__name__)
 

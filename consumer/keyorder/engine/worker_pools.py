@@ -6,7 +6,7 @@ failure-handling core (``_Execution``):
 * ``ThreadWorkerPool`` for plain handlers: one OS thread per worker, idle ones wait on a condition.
 * ``AsyncWorkerPool`` for ``async def`` handlers: one asyncio task per worker, all on one event
   loop thread, so thousands of workers cost little for IO-bound work.
-* ``process_workers.ProcessWorkerPool`` (a ``ThreadWorkerPool`` whose workers each drive one
+* ``process_pool.ProcessWorkerPool`` (a ``ThreadWorkerPool`` whose workers each drive one
   worker process) for CPU-bound handlers.
 
 The handler's optional set-up and tear-down hooks (``Lifecycle``) run once per pool: before the
@@ -47,7 +47,7 @@ that waits for them.
 
 Why one room of over 600 lines: the thread and asyncio pools are two loops over one core, ``_PoolBase``
 (the lock, the one ``LaneScheduler``, settling outcomes, retries, parking, dead letters, resize and
-revoke), which ``process_workers`` extends too; the invariants above (a lane never moves past a head
+revoke), which ``process_pool`` extends too; the invariants above (a lane never moves past a head
 handed back; the scheduler touched only under ``_lock``) hold across all three, and are read here in one
 place. The pieces that stand alone, ``WorkerStats``, ``LatencyHistogram``, ``PoolHealth`` and
 ``Lifecycle``, are the seam for a later split; it waits for the batch handlers of issue 40, being added
