@@ -17,6 +17,9 @@ The handler's answer (``batch_outcomes``):
 * returns a sequence as long as the batch, each item ``None`` (that message succeeded) or an exception
   instance (that message failed with it), in the batch's order.
 
+The list the handler gets is its own copy: consuming it in place (``pop``, ``clear``) changes neither the
+batch nor its size.
+
 Anything else (another length, an item that is neither ``None`` nor an exception, another type) is a
 bug of the handler: every message of the batch fails with ``BatchResultError``, which names the handler
 and what it returned. Each failed message then goes through the retry, block and dead-letter policies on
@@ -115,8 +118,12 @@ PER_MESSAGE = BatchLimits()
 
 
 def call_sync_batch(handler: Callable[[list[Any]], Any], messages: list[Any]) -> Outcomes:
-    """Call a plain batch handler; its outcomes. Raises what the handler raised (every message failed)."""
-    returned = handler(messages)
+    """Call a plain batch handler; its outcomes. Raises what the handler raised (every message failed).
+
+    The handler gets a list of its own: one that consumes or reorders it in place (``pop``, ``clear``)
+    changes neither the batch the outcomes are matched to nor its size, taken before the call."""
+    size = len(messages)
+    returned = handler(list(messages))
     if inspect.isawaitable(returned):
         if inspect.iscoroutine(returned):
             returned.close()
@@ -124,9 +131,11 @@ def call_sync_batch(handler: Callable[[list[Any]], Any], messages: list[Any]) ->
             f"the batch handler {describe_handler(handler)} returned an awaitable without awaiting it: declare it "
             "'async def' so keyorder runs it on asyncio workers"
         )
-    return batch_outcomes(handler, len(messages), returned)
+    return batch_outcomes(handler, size, returned)
 
 
 async def call_async_batch(handler: Callable[[list[Any]], Any], messages: list[Any]) -> Outcomes:
-    """Await an ``async def`` batch handler; its outcomes. Raises what the handler raised."""
-    return batch_outcomes(handler, len(messages), await handler(messages))
+    """Await an ``async def`` batch handler; its outcomes. Raises what the handler raised. As
+    ``call_sync_batch``, the handler gets a list of its own, and the size is taken before the call."""
+    size = len(messages)
+    return batch_outcomes(handler, size, await handler(list(messages)))

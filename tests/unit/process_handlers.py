@@ -122,3 +122,9 @@ def batch_stall_once(messages: list[Any]) -> list[BaseException | None]:
         record(message)
         outcomes.append(None)
     return outcomes
+
+
+def batch_drains(messages: list[Any]) -> None:
+    """A batch handler that consumes its list in place (``pop`` until empty), then records each message."""
+    while messages:
+        record(messages.pop())

@@ -438,3 +438,39 @@ def test_the_scaling_report_counts_a_batch_handlers_messages_and_its_calls() -> 
     )  # fmt: skip
     assert (report["handlerCallsTotal"], report["handlerBatchesTotal"]) == (8, 2)
     assert report["handlerSecondsTotal"] == pytest.approx(0.8), "two calls of 0.4 s: 0.1 s per message"
+
+
+# -- review of the batch handlers (issue 40) -------------------------------------------------------------------
+@pytest.mark.parametrize("executor", ["thread", "async"])
+def test_a_handler_that_empties_its_list_still_settles_every_message_and_the_worker_lives(executor: str) -> None:
+    """The handler's list is its own: one that drains it (``pop`` until empty) and returns None succeeded for
+    every message. Before, the length was read after the call (0 outcomes for a batch of 0: no contract error)
+    and ``zip(strict=True)`` raised outside any try: "key worker 0 crashed; the pod stops"."""
+    simulation = Simulation(11)
+    seen: list[list[tuple[str, int]]] = []
+
+    def drains(messages: list[Message]) -> None:
+        seen.append([name(message) for message in messages])
+        while messages:
+            messages.pop()
+
+    async def async_drains(messages: list[Message]) -> None:
+        drains(messages)
+
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, async_drains if executor == "async" else drains, completions, executor=executor,
+                     workers=1)  # fmt: skip
+    back: list[tuple[Delivery, bool]] = []
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "abc"))
+        back.extend(collect(completions, 3, timeout=5.0))
+        pool.stop(1.0)
+
+    drive(simulation, main)
+    assert seen == [[("a", 0), ("b", 0), ("c", 0)]]
+    assert sorted((name(delivery.message), handled) for delivery, handled in back) == [
+        (("a", 0), True), (("b", 0), True), (("c", 0), True)
+    ]  # fmt: skip
+    assert not pool.health.crashed

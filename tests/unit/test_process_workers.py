@@ -400,3 +400,21 @@ def test_a_message_crosses_to_the_worker_process_whole() -> None:
 
     message = Message("orders", 3, 41, b"k", b"v", (("h", b"1"), ("h", None)), 1_700_000_000.5, leader_epoch=7)
     assert Message(*message_fields(message)) == message
+
+
+def test_a_batch_handler_that_empties_its_list_in_a_process_settles_every_message(record_file):
+    """``process_child.run_batch_call`` hands the handler a list of its own: draining it sent back a shorter
+    result list, and the pod's ``zip(strict=True)`` crashed the key worker (the pod stopped)."""
+    completions = Completions()
+    pool = process_pool("batch_drains", 1, completions, batch=BatchLimits(4))
+    pool.start()
+    try:
+        pool.submit(keyed(["a", "b", "c"]))
+        wait_until(lambda: len(completions) == 3 or pool.health.crashed, 30, "the batch settled")
+    finally:
+        pool.stop(5)
+    assert not pool.health.crashed
+    assert sorted((delivery.message.key, handled) for delivery, handled in completions) == [
+        (b"a", True), (b"b", True), (b"c", True)
+    ]  # fmt: skip
+    assert sorted((key, seq) for key, seq, *_ in process_handlers.runs(record_file)) == [("a", 0), ("b", 0), ("c", 0)]
