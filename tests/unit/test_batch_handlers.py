@@ -474,3 +474,101 @@ def test_a_handler_that_empties_its_list_still_settles_every_message_and_the_wor
         (("a", 0), True), (("b", 0), True), (("c", 0), True)
     ]  # fmt: skip
     assert not pool.health.crashed
+
+
+@pytest.mark.parametrize("executor", ["thread", "async"])
+def test_a_retry_runs_when_due_though_a_filling_worker_took_the_wake_up_meant_to_watch_it(executor: str) -> None:
+    """Three workers, batches of 2 filled for up to 1 s, retries after 3 s. x0 fails at 0.32 and parks (due
+    3.32) while a worker fills a batch with k1: the turn's wake-up "watch the new due time" reached a filler
+    (fillers wait among the idle workers), which watched only until its own deadline. A worker takes x0 at
+    3.32 and fills its batch for 1 s: the call at 4.32. Before, the idle thread worker slept on without a
+    timeout and x0 ran at 12.0, after the 10 s call of a0."""
+    from keyorder.core.retry import RetryPolicy
+
+    simulation = Simulation(1)
+    runs: list[tuple[float, list[tuple[str, int]]]] = []
+    failed: set[tuple[str, int]] = set()
+
+    def outcomes(names: list[tuple[str, int]]) -> list[BaseException | None]:
+        out: list[BaseException | None] = []
+        for item in names:
+            out.append(ValueError("x0 once") if item == ("x", 0) and item not in failed else None)
+            failed.add(item)  # each message fails at most once
+        return out
+
+    def seconds(names: list[tuple[str, int]]) -> float:
+        keys = {key for key, _seq in names}
+        return 10.0 if "a" in keys or ("k", 1) in names else 0.2 if "p" in keys else 0.3
+
+    def handler(messages: list[Message]) -> list[BaseException | None]:
+        names = [name(message) for message in messages]
+        runs.append((simulation.now, names))
+        simulation.sleep(seconds(names))
+        return outcomes(names)
+
+    async def async_handler(messages: list[Message]) -> list[BaseException | None]:
+        names = [name(message) for message in messages]
+        runs.append((simulation.now, names))
+        await asyncio.sleep(seconds(names))
+        return outcomes(names)
+
+    completions = Completions(threads=simulation)
+    retry = RetryPolicy(max_attempts=3, initial_backoff=3.0, max_backoff=3.0)
+    pool = make_pool(simulation, async_handler if executor == "async" else handler, completions, executor=executor,
+                     workers=3, limits=BatchLimits(2, 1.0), retry=retry)  # fmt: skip
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "a", Partition(0)))
+        simulation.sleep(0.01)
+        pool.submit(keyed(simulation, "pq", Partition(1)))
+        simulation.sleep(0.01)
+        pool.submit(keyed(simulation, "xkk", Partition(2)))
+        collect(completions, 6, timeout=60.0)
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    x0 = [at for at, names in runs if ("x", 0) in names]
+    assert len(x0) == 2 and x0[0] == pytest.approx(0.02)
+    assert x0[1] == pytest.approx(4.32), f"x0's retry, due at 3.32 (+1 s fill wait), ran at {x0[1]:.2f}: {runs}"
+
+
+def test_a_revoke_just_after_the_turn_that_took_the_heads_ends_the_fill() -> None:
+    """A revoke between the turn that took a batch's first heads (lock released) and the fill's first step
+    must end the fill at once. Before, the fill read the revoke count only then, missed this revoke, and held
+    the revoked head a0 (running, so not withdrawn) until the fill's deadline, 0.5 s."""
+    simulation = Simulation(8)
+    revoked, kept = Partition(0), Partition(1)
+    calls: list[tuple[float, list[tuple[str, int]]]] = []
+
+    def handler(messages: list[Message]) -> None:
+        calls.append((simulation.now, [name(message) for message in messages]))
+        simulation.sleep(1.0)
+
+    completions = Completions(threads=simulation)
+    pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(5, 0.5))
+    assert isinstance(pool, ThreadWorkerPool)
+    fill = pool._fill
+
+    def revoke_then_fill(worker: Any, taken: list[Delivery]) -> tuple[str, float]:
+        if revoked.revoked:
+            return fill(worker, taken)
+        revoked.revoked = True  # the poll loop's revoke, landing in the window after _turn let go of the lock
+        assert pool.withdraw(lambda item: item.partition.revoked) == [], "a0 was taken"
+        return fill(worker, taken)
+
+    pool._fill = revoke_then_fill  # type: ignore[method-assign]
+    back: dict[str, tuple[bool, float]] = {}
+
+    def main() -> None:
+        pool.start()
+        pool.submit([*keyed(simulation, "a", revoked), *keyed(simulation, "b", kept, first_offset=10)])
+        while len(back) < 2 and completions.wait(1, 30.0):  # hang guard
+            while completions:
+                delivery, handled = completions.popleft()
+                back[name(delivery.message)[0]] = (handled, simulation.now)
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert calls == [(pytest.approx(0.0), [("b", 0)])], "the fill ended at the revoke; only b0 was called"
+    assert back["a"] == (False, pytest.approx(0.0)), "a0 went back at once, not at the fill's deadline"

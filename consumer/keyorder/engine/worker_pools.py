@@ -352,7 +352,7 @@ class _Outcome:
 
 
 class _Worker:
-    __slots__ = ("handler_seconds_ewma", "id", "retiring", "stats", "task", "thread")
+    __slots__ = ("handler_seconds_ewma", "id", "retiring", "stats", "task", "thread", "withdrawals")
 
     def __init__(self, worker_id: int) -> None:
         self.id = worker_id
@@ -363,6 +363,10 @@ class _Worker:
         """Set by a shrink (or stop): the worker exits before taking its next delivery."""
         self.thread: threading.Thread | None = None
         self.task: asyncio.Task[None] | None = None
+        self.withdrawals = 0
+        """The pool's ``withdraw`` count when this worker's turn took its deliveries, read under the lock of
+        that turn: a revoke after it, even before the worker looks, ends its fill (``_fill_step``) and
+        settles its turn's outcomes early (``_run_taken``)."""
 
 
 class _PoolBase:
@@ -407,7 +411,8 @@ class _PoolBase:
         self._target = workers
         self.stopping = False
         self._withdrawals = 0
-        """Calls of ``withdraw`` (revokes), so a worker running a batch sees one came (``_run_taken``)."""
+        """Calls of ``withdraw`` (revokes), so a worker running a batch sees one came since its turn
+        (``_Worker.withdrawals``; ``_run_taken``, ``_fill_step``)."""
         self._given_up: list[tuple[Hashable, Any]] = []
         """``(lane id, partition)`` of each head handed back while its partition stayed assigned: that
         key of that partition runs no more in this pod (``_give_up_key``). Empty unless the pod is exiting."""
@@ -503,6 +508,7 @@ class _PoolBase:
         deliveries = scheduler.take(now, self._take_limit(worker, scheduler.ready))
         self._wake_others(scheduler.ready)  # whoever folded the batches in, idle workers get the rest
         if deliveries:
+            worker.withdrawals = self._withdrawals
             if parked:
                 self._wake_others(1)  # this worker runs, so one idle worker watches the new due time
             return deliveries
@@ -559,16 +565,22 @@ class _PoolBase:
         """Lanes one worker takes per turn (the async pool: one, or a batch handler's most)."""
         return self.batch.max_messages
 
-    def _fill_step(self, worker: _Worker, taken: list[Delivery], withdrawals: int, deadline: float) -> str | float:
+    def _fill_step(self, worker: _Worker, taken: list[Delivery], deadline: float) -> str | float:
         """Caller holds ``_lock``: add the heads of lanes that became ready to a batch being filled; the
         reason to send it now (``keyorder.batch.BATCH_REASONS``), or seconds to wait for more lanes.
 
         The wait ends at ``deadline`` (``waited``), and at once when a revoke (``withdraw``) came since the
-        batch began, the pool stops, or the worker retires (``nothing_more_ready``): the heads it holds
-        count as running, and neither a revoke nor a shutdown waits for a fill. A parked lane that falls
+        turn that took the first heads (``_Worker.withdrawals``, read under that turn's lock), a head taken
+        was let go, the pool stops, or the worker retires (``nothing_more_ready``): the heads it holds count
+        as running, and a revoke does not wait for a fill (nor does ``stop``). A parked lane that falls
         due within the wait ends it early, to be taken."""
         limit = self.batch.max_messages
-        if self.stopping or worker.retiring or self._withdrawals != withdrawals:
+        if (
+            self.stopping
+            or worker.retiring
+            or self._withdrawals != worker.withdrawals
+            or any(delivery.let_go for delivery in taken)
+        ):
             return "nothing_more_ready"
         if self._inbox:
             self._fold_inbox()
@@ -584,6 +596,15 @@ class _PoolBase:
             return "waited"
         due = scheduler.seconds_until_due(now)
         return remaining if due is None else min(remaining, max(due, 1e-6))
+
+    def _fill_ended(self, waited: bool) -> None:
+        """Caller holds ``_lock``: a fill ended. A filler waits among the idle workers, so the wake-up a turn
+        sends for one of them to watch a newly parked lane's due time (``_turn``) may have reached it, and it
+        watched only until its own deadline: pass that watch on to an idle worker (or another filler, which
+        passes it on in turn when its fill ends), or a retry could wait for the next submit while a worker
+        idles."""
+        if waited and self._scheduler.seconds_until_due(self.clock()) is not None:
+            self._wake_others(1)
 
     def _runnable(self, taken: list[Delivery]) -> tuple[list[_Outcome], list[Delivery], list[Delivery]]:
         """Split the heads taken for a batch: outcomes already known (handed back: the pool stops or the pod
@@ -844,19 +865,21 @@ class ThreadWorkerPool(_PoolBase):
         condition = self._condition
         started = self.clock()
         deadline = started + self.batch.max_wait
-        withdrawals = self._withdrawals
         if len(taken) >= self.batch.max_messages:
             return "full", 0.0
         if self.batch.max_wait <= 0:
             return "nothing_more_ready", 0.0
+        waited = False
         with condition:
             while True:
-                step = self._fill_step(worker, taken, withdrawals, deadline)
+                step = self._fill_step(worker, taken, deadline)
                 if isinstance(step, str):
+                    self._fill_ended(waited)
                     return step, self.clock() - started
                 self._idle += 1
                 if not self._inbox:
                     condition.wait(step)
+                    waited = True
                 self._idle -= 1
 
     def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[_Outcome]:
@@ -901,7 +924,7 @@ class ThreadWorkerPool(_PoolBase):
         a revoke waits for no handler of the batch but the one running when it came.
         """
         outcomes: list[_Outcome] = []
-        withdrawals = self._withdrawals
+        withdrawals = worker.withdrawals  # as this turn's lock saw it: a revoke since then counts
         remaining = deque(deliveries)
         while remaining:
             delivery = remaining.popleft()
@@ -1086,16 +1109,19 @@ class AsyncWorkerPool(_PoolBase):
         """As the thread pool's ``_fill``: a filling task waits as an idle one, so ``submit`` wakes it."""
         started = self.clock()
         deadline = started + self.batch.max_wait
-        withdrawals = self._withdrawals
         if len(taken) >= self.batch.max_messages:
             return "full", 0.0
         if self.batch.max_wait <= 0:
             return "nothing_more_ready", 0.0
+        waited = False
         while True:
             with self._lock:
-                step = self._fill_step(worker, taken, withdrawals, deadline)
+                step = self._fill_step(worker, taken, deadline)
+                if isinstance(step, str):
+                    self._fill_ended(waited)
             if isinstance(step, str):
                 return step, self.clock() - started
+            waited = True
             future = self._loop.create_future()
             self._idle.append(future)
             try:
