@@ -300,7 +300,8 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         le=MAX_GRACE_SECONDS,
         allow_inf_nan=False,
         description="Process executor only: a message running longer has its worker process killed and replaced, "
-        "and is retried under the retry policy; 0: no timeout.",
+        "and is retried under the retry policy; with a batch handler it bounds the whole call (a call of several "
+        "messages that overruns charges none of them: each is retried in a call of its own); 0: no timeout.",
     )
     handler_setup: str | None = Field(
         None,

@@ -128,3 +128,13 @@ def batch_drains(messages: list[Any]) -> None:
     """A batch handler that consumes its list in place (``pop`` until empty), then records each message."""
     while messages:
         record(messages.pop())
+
+
+def batch_poison(messages: list[Any]) -> None:
+    """A batch handler whose process dies (``os._exit``, as a segfault) whenever its call holds a message of key
+    ``KEYORDER_TEST_POISON_KEY``; otherwise it records each message."""
+    poison = os.environ["KEYORDER_TEST_POISON_KEY"]
+    if any(message.key.decode() == poison for message in messages):
+        os._exit(139)
+    for message in messages:
+        record(message)

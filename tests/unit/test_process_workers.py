@@ -139,7 +139,8 @@ def test_a_batch_handler_in_a_process_keeps_key_order_through_a_partial_failure_
     record_file, monkeypatch
 ):
     """One call per batch in the worker process; a failed item retried on its own key; the process killed
-    inside a batch call: every message of that call retried (none lost), each key still in order."""
+    inside a batch call: every message of that call retried alone (none lost, none charged), each key still
+    in order."""
     monkeypatch.setenv("KEYORDER_TEST_STALL_KEY", "victim")
     monkeypatch.setenv("KEYORDER_TEST_FAIL_KEY", "other3")
     monkeypatch.setenv("KEYORDER_TEST_FAIL_SEQ", "1")
@@ -162,7 +163,7 @@ def test_a_batch_handler_in_a_process_keeps_key_order_through_a_partial_failure_
     killed_batch = int(stalled[4])
     assert killed_batch > 1, "the victim was in a batch with other keys"
     assert sum(s.interrupted["crashed"] for s in stats) == killed_batch, "every message of the call was retried"
-    assert sum(s.failed for s in stats) == killed_batch + 1, "the killed call's messages and other3/1"
+    assert sum(s.failed for s in stats) == 1, "only other3/1: the killed call's messages, retried alone, cost none"
     assert sum(s.batch_sizes.count for s in stats) < len(keys), "messages went in batch calls"
 
 
@@ -418,3 +419,25 @@ def test_a_batch_handler_that_empties_its_list_in_a_process_settles_every_messag
         (b"a", True), (b"b", True), (b"c", True)
     ]  # fmt: skip
     assert sorted((key, seq) for key, seq, *_ in process_handlers.runs(record_file)) == [("a", 0), ("b", 0), ("c", 0)]
+
+
+def test_a_poison_message_that_kills_its_batch_call_dead_letters_itself_alone(record_file, monkeypatch):
+    """``maxAttempts`` 1 and a dead-letter topic; the process dies in every call that holds ``poison``. The
+    call's messages are not charged for a death any of them may have caused: each runs next in a call of its
+    own, so only ``poison`` is dead-lettered. Before, every message of the call failed (``WorkerProcessDied``)
+    with its one attempt, and its innocent keys were dead-lettered with it."""
+    monkeypatch.setenv("KEYORDER_TEST_POISON_KEY", "poison")
+    sink = FakeDeadLetters()
+    retry = RetryPolicy(max_attempts=1, initial_backoff=0.0, max_backoff=0.01, exhausted=ExhaustedPolicy.DLQ)
+    completions = Completions()
+    pool = process_pool("batch_poison", 1, completions, retry=retry, sink=sink, batch=BatchLimits(4))
+    pool.start()
+    try:
+        pool.submit(keyed(["a", "poison", "b", "c"]))
+        wait_until(lambda: len(completions) == 4, 30, "every message settled")
+    finally:
+        pool.stop(5)
+    assert [(offset, error) for offset, error, _attempts in sink.published] == [(1, "WorkerProcessDied")]
+    assert sorted((key, seq) for key, seq, *_ in process_handlers.runs(record_file)) == [("a", 0), ("b", 0), ("c", 0)]
+    stats = pool.stats()
+    assert sum(s.interrupted["crashed"] for s in stats) == 5, "the call of 4, then poison alone"

@@ -35,7 +35,9 @@ from typing import Any
 class Delivery:
     """A message on its way through the pod, with its lane and retry state."""
 
-    __slots__ = ("attempts", "lane", "message", "partition", "pending_dead_letter", "received_at", "sequence")
+    __slots__ = (
+        "attempts", "lane", "message", "partition", "pending_dead_letter", "received_at", "run_alone", "sequence"
+    )  # fmt: skip
 
     def __init__(self, message: Any, lane: Hashable | None, partition: Any, received_at: float) -> None:
         self.message = message
@@ -49,6 +51,9 @@ class Delivery:
         """Its place in the order the scheduler received deliveries (``LaneScheduler.add``)."""
         self.pending_dead_letter: BaseException | None = None
         """Set when the handler gave up but the DLQ write failed: only the write is retried."""
+        self.run_alone = False
+        """Set when a batch handler's call with it died or timed out in a worker process: it goes into a call
+        of its own next (``ProcessWorkerPool._run_batch``), so only a message that fails alone is charged."""
 
     @property
     def let_go(self) -> bool:

@@ -29,7 +29,11 @@ it began the batch, ran none of it: the whole batch runs again as if never taken
 block still describes the previous batch; ``_Child.slot`` tells by the batch number). A message
 running longer than ``handler_timeout`` has its process killed and replaced, and fails with
 ``HandlerTimedOut``.
-Both are counted (``WorkerStats.process_restarts``, ``WorkerStats.interrupted``).
+Both are counted (``WorkerStats.process_restarts``, ``WorkerStats.interrupted``). A batch handler's
+call of several messages that dies or times out charges none of them an attempt, as any one of them
+may be the cause: each is retried at once in a call of its own (``Delivery.run_alone``, ``_run_batch``),
+so only a message that kills or hangs its process alone fails and exhausts its attempts (with
+``maxAttempts`` 1 and a dead-letter topic, one poison message no longer dead-letters its batch).
 
 Threading: each worker thread owns its ``_Child`` (process, socket and progress block); ``stop``
 only sets the child's stop flag and, after the grace period, kills it.
@@ -393,8 +397,15 @@ class ProcessWorkerPool(ThreadWorkerPool):
             outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         if batch:
             outcomes = self._settle_now(outcomes)
-            self._count_batch(worker, len(batch), reason, fill_seconds)
-            outcomes += self._run_in_process(worker, batch)
+            together = [delivery for delivery in batch if not delivery.run_alone]
+            for delivery in batch:
+                if delivery.run_alone:  # its last call died or timed out with other messages in it
+                    delivery.run_alone = False
+                    self._count_batch(worker, 1, reason, fill_seconds)
+                    outcomes += self._run_in_process(worker, [delivery])
+            if together:
+                self._count_batch(worker, len(together), reason, fill_seconds)
+                outcomes += self._run_in_process(worker, together)
         return outcomes
 
     def _run_in_process(self, worker: _ProcessWorker, batch: list[Delivery]) -> list[_Outcome]:
@@ -442,7 +453,19 @@ class ProcessWorkerPool(ThreadWorkerPool):
             stats.process_restarts[reason] += 1
         returncode = child.process.returncode
         statuses = [child.slot(index) for index in range(len(batch))]
-        if not self.stopping and all(status != RUNNING for status, _seconds in statuses):
+        running = sum(status == RUNNING for status, _seconds in statuses)
+        # A batch handler's call of several messages: any of them may be the cause (one that segfaults the
+        # handler, exhausts its memory or hangs it), so none is charged; each runs next in a call of its own.
+        shared = self.batch.enabled and running > 1 and not self.stopping
+        if shared:
+            log.error(
+                "worker process %d %s during a batch handler's call of %d messages; it is replaced and each of "
+                "them is retried at once in a call of its own (no attempt counted): only one that fails alone "
+                "counts an attempt",
+                child.pid, "was killed (handler timeout)" if reason == "timeout" else _exit_reason(returncode),
+                running,
+            )  # fmt: skip
+        if not self.stopping and not running:
             log.warning(
                 "worker process %d %s between messages (%d of a batch of %d not started); it is replaced "
                 "and those run again",
@@ -456,6 +479,11 @@ class ProcessWorkerPool(ThreadWorkerPool):
             elif status == FAILED:  # its error text was in the lost reply
                 error: BaseException = RuntimeError("the handler raised (details lost: its worker process died later)")
                 outcomes.append(self._failure(worker, delivery, error))
+            elif status == RUNNING and shared:
+                stats.interrupted[reason] += 1
+                delivery.attempts -= 1
+                delivery.run_alone = True  # _run_batch sends it by itself
+                outcomes.append(_Outcome(PARKED, delivery, self.clock()))
             elif status == RUNNING and not self.stopping:
                 stats.interrupted[reason] += 1
                 message = delivery.message
