@@ -9,6 +9,7 @@ The real broker's side is in tests/integration/test_catchup_source.py.
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from keyorder.catchup.datasource import Split, read_task
@@ -109,3 +110,60 @@ def test_an_abandoned_task_closes_the_consumers_it_opened() -> None:
     next(batches)
     batches.close()  # type: ignore[attr-defined]
     assert len(consumers) == 2 and all(consumer.closed for consumer in consumers)
+
+
+class FailingRangeConsumer(FakeRangeConsumer):
+    """A FakeRangeConsumer whose ``consume`` raises (a broker connection lost under the client: the
+    error a failed read task dies of), and whose ``close`` raises too when ``close_fails``."""
+
+    def __init__(self, *args: object, close_fails: bool = False) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.close_fails = close_fails
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        raise RuntimeError(f"partition {self.partition}: connection lost")
+
+    def close(self) -> None:
+        super().close()
+        if self.close_fails:
+            raise RuntimeError("close failed")
+
+
+def test_a_task_whose_first_partition_fails_closes_every_consumer_it_opened() -> None:
+    """The first stream fails on its first chunk, before the others were asked for one: each opened
+    consumer (the later ones only assigned) is closed by the time the error reaches the caller, though
+    the caller still holds the error's traceback (the frames and their locals)."""
+    clock = FakeClock(start=0.0)
+    consumers: list[FakeRangeConsumer] = []
+
+    def factory(config: dict) -> FakeRangeConsumer:
+        kind = FailingRangeConsumer if not consumers else FakeRangeConsumer
+        consumers.append(kind(config, clock, 10, []))
+        return consumers[-1]
+
+    splits = [Split("t", p, 0, 10 - p, source=p) for p in range(3)]
+    batches = read_task(
+        {}, "key", splits, timeout=30, chunk_rows=4, consumer_factory=factory, clock=clock, sleep=clock.sleep
+    )
+    with pytest.raises(RuntimeError, match="partition 0: connection lost") as failure:
+        next(batches)
+    assert len(consumers) == 3
+    assert [consumer.closed for consumer in consumers] == [True, True, True], failure.traceback
+
+
+def test_a_consumer_whose_close_fails_leaves_the_others_closed_and_the_tasks_error_raised() -> None:
+    clock = FakeClock(start=0.0)
+    consumers: list[FakeRangeConsumer] = []
+
+    def factory(config: dict) -> FakeRangeConsumer:
+        # the first fails to read; the second fails to close; the third must still be closed
+        consumers.append(FailingRangeConsumer(config, clock, 10, [], close_fails=len(consumers) == 1))
+        return consumers[-1]
+
+    splits = [Split("t", p, 0, 10 - p, source=p) for p in range(3)]
+    batches = read_task(
+        {}, "key", splits, timeout=30, chunk_rows=4, consumer_factory=factory, clock=clock, sleep=clock.sleep
+    )
+    with pytest.raises(RuntimeError, match="partition 0: connection lost"):
+        next(batches)
+    assert [consumer.closed for consumer in consumers] == [True, True, True]
