@@ -53,7 +53,8 @@ class Delivery:
         """Set when the handler gave up but the DLQ write failed: only the write is retried."""
         self.run_alone = False
         """Set when a batch handler's call with it died or timed out in a worker process: it goes into a call
-        of its own next (``ProcessWorkerPool._run_batch``), so only a message that fails alone is charged."""
+        of its own next (``ProcessWorkerPool._run_batch``), so only a message that fails alone is charged.
+        Cleared once a call with it gets an answer (success or a raised error), not when it dies alone."""
 
     @property
     def let_go(self) -> bool:

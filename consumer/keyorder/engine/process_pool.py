@@ -33,7 +33,10 @@ Both are counted (``WorkerStats.process_restarts``, ``WorkerStats.interrupted``)
 call of several messages that dies or times out charges none of them an attempt, as any one of them
 may be the cause: each is retried at once in a call of its own (``Delivery.run_alone``, ``_run_batch``),
 so only a message that kills or hangs its process alone fails and exhausts its attempts (with
-``maxAttempts`` 1 and a dead-letter topic, one poison message no longer dead-letters its batch).
+``maxAttempts`` 1 and a dead-letter topic, one poison message no longer dead-letters its batch); its
+retries stay alone, or each would kill a full call again. A worker makes one such lone call per turn and
+puts the other heads it took back, due at once, so a revoke, the shutdown or a retirement is seen
+before the next call (and no replacement process starts after shutdown began).
 
 Threading: each worker thread owns its ``_Child`` (process, socket and progress block); ``stop``
 only sets the child's stop flag and, after the grace period, kills it.
@@ -55,6 +58,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from keyorder.core.lanes import Delivery
+from keyorder.core.retry import ExhaustedPolicy
 from keyorder.core.stop_overruns import PROCESS_TEARDOWN_SECONDS
 from keyorder.engine.process_child import (
     FAILED,
@@ -395,18 +399,28 @@ class ProcessWorkerPool(ThreadWorkerPool):
         outcomes, dead_letters, batch = self._runnable(taken)
         for delivery in dead_letters:
             outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
-        if batch:
+        if not batch:
+            return outcomes
+        alone = next((delivery for delivery in batch if delivery.run_alone), None)
+        if alone is None:
             outcomes = self._settle_now(outcomes)
-            together = [delivery for delivery in batch if not delivery.run_alone]
-            for delivery in batch:
-                if delivery.run_alone:  # its last call died or timed out with other messages in it
-                    delivery.run_alone = False
-                    self._count_batch(worker, 1, reason, fill_seconds)
-                    outcomes += self._run_in_process(worker, [delivery])
-            if together:
-                self._count_batch(worker, len(together), reason, fill_seconds)
-                outcomes += self._run_in_process(worker, together)
-        return outcomes
+            self._count_batch(worker, len(batch), reason, fill_seconds)
+            return self._run_in_process(worker, batch)
+        # A message whose last call died or timed out (with others in it, or alone) runs in a call of its
+        # own: one such call per turn. The rest go back now, due at once and their attempts unchanged, for
+        # any worker's next turn, which checks revokes, shutdown and retirement again (a call may take up to
+        # the handler timeout, and a dead process's replacement must not start after shutdown began).
+        now = self.clock()
+        outcomes += [self._back_now(delivery, now) for delivery in batch if delivery is not alone]
+        self._settle_now(outcomes)
+        self._count_batch(worker, 1, reason, fill_seconds)
+        return self._run_in_process(worker, [alone])
+
+    def _back_now(self, delivery: Delivery, now: float) -> _Outcome:
+        """``delivery`` goes back to its lane unrun, due ``now``; a blocked head stays blocked (a lane's
+        ``blocked`` is its head's state: it failed its last allowed attempt and is retried every max backoff)."""
+        blocked = delivery.attempts >= self.retry.max_attempts and self.retry.exhausted is ExhaustedPolicy.BLOCK
+        return _Outcome(PARKED, delivery, now, blocked)
 
     def _run_in_process(self, worker: _ProcessWorker, batch: list[Delivery]) -> list[_Outcome]:
         child = worker.child
@@ -428,6 +442,8 @@ class ProcessWorkerPool(ThreadWorkerPool):
         stats.busy = False
         if isinstance(results, str):
             return self._interrupted(worker, child, batch, results)
+        for delivery in batch:  # an answer, not a death or a timeout: its next call may hold others
+            delivery.run_alone = False
         return [self._settle(worker, delivery, result) for delivery, result in zip(batch, results, strict=True)]
 
     def _settle(self, worker: _Worker, delivery: Delivery, result: Any) -> _Outcome:
@@ -474,6 +490,8 @@ class ProcessWorkerPool(ThreadWorkerPool):
             )  # fmt: skip
         outcomes = []
         for delivery, (status, seconds) in zip(batch, statuses, strict=True):
+            if status in (SUCCEEDED, FAILED):
+                delivery.run_alone = False
             if status == SUCCEEDED:
                 outcomes.append(self._succeeded_in(worker, delivery, seconds, self.clock()))
             elif status == FAILED:  # its error text was in the lost reply
@@ -486,6 +504,9 @@ class ProcessWorkerPool(ThreadWorkerPool):
                 outcomes.append(_Outcome(PARKED, delivery, self.clock()))
             elif status == RUNNING and not self.stopping:
                 stats.interrupted[reason] += 1
+                # it killed or hung its process alone (or as the only one running): its retries stay alone, or
+                # each would kill a whole call again and send its other messages to run alone
+                delivery.run_alone = self.batch.enabled
                 message = delivery.message
                 if reason == "timeout":
                     error = HandlerTimedOut(
