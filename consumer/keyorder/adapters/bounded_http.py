@@ -36,8 +36,9 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -352,7 +353,8 @@ class BoundedHttpServer:
         fd = pending.connection.fileno()
         del self._reading[fd]
         self._selector.unregister(pending.connection)  # the connection waits for its reply, unwatched
-        executor.submit(self._handle, pending.connection, request, pending.address, lane)
+        queued = executor.submit(self._handle, pending.connection, request, pending.address, lane)
+        queued.add_done_callback(partial(_close_if_cancelled, pending.connection))
 
     def _answer_now(self, pending: _Pending, reply: bytes) -> None:
         """Send ``reply`` to a connection being read (a probe's answer, a refusal)."""
@@ -476,13 +478,20 @@ class BoundedHttpServer:
     # -- life cycle (any thread) ------------------------------------------------------------------
     def shutdown(self) -> None:
         self._stopping.set()
-        with contextlib.suppress(BlockingIOError):
+        with contextlib.suppress(BlockingIOError, OSError):  # OSError: closed already (a second stop)
             self._wake_writer.send(b"x")
 
     def server_close(self) -> None:
         for executor, _ in self._lanes.values():
-            executor.shutdown(wait=False, cancel_futures=True)
+            executor.shutdown(wait=False, cancel_futures=True)  # a queued request's connection: closed on cancel
         self._selector.close()
         self._listener.close()
         self._wake_reader.close()
         self._wake_writer.close()
+
+
+def _close_if_cancelled(connection: socket.socket, queued: Future[None]) -> None:
+    """A request still queued when the server stops is cancelled (``server_close``); its connection waits for a
+    reply nobody will compute, so it is closed here rather than left to the garbage collector."""
+    if queued.cancelled():
+        connection.close()
