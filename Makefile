@@ -41,9 +41,9 @@ demo: $(DEMO_STAMP)
 
 # The checks first (seconds), then the whole suite on TEST_WORKERS pytest-xdist workers, each with its
 # own broker, ports and loopback addresses. The suite mostly waits (group joins, JVM start-ups, fault
-# windows): 4 workers on 2 cores kept the CPU 155% busy and ran it in 580 s against 719 s on 3 (one run
-# each, 2026-11-28, docs/testing.md); TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 4
+# windows): 5 workers on 2 cores kept the CPU 167% busy and ran it in 575 s against 622 s on 4 the same
+# hour (one run each, 2026-11-28, docs/testing.md); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 5
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 test: check
 	$(PY) -m pytest $(PYTEST_PARALLEL)
