@@ -660,15 +660,18 @@ class LagReaders:
         self._start_reader = start_reader
         self._lock = threading.Lock()
         self._namespaces: dict[tuple[str, str], NamespaceLagReader] = {}
+        self._closed = False
 
     def source(self, namespace: str, properties: Mapping[str, str]) -> IsolatedLagSource:
         """A resource's lag source for ``properties`` in ``namespace``'s reader; close it when the resource is
-        deleted or its configuration changes."""
+        deleted or its configuration changes. After ``close`` (the operator is stopping) the source is closed
+        from the start: a poll still under way gets ``LagUnavailable`` instead of starting a child that nothing
+        would stop."""
         key = (namespace, properties.get("bootstrap.servers", ""))
         with self._lock:
             reader = self._namespaces.get(key)
             if reader is None:
-                reader = self._namespaces[key] = NamespaceLagReader(
+                reader = NamespaceLagReader(
                     namespace,
                     self.deadline_seconds,
                     self.memory_bytes,
@@ -676,6 +679,10 @@ class LagReaders:
                     self._clock,
                     self._start_reader,
                 )
+                if self._closed:
+                    reader.close()
+                else:
+                    self._namespaces[key] = reader
             number = reader.register(properties)
         return IsolatedLagSource(reader, number, self._release)
 
@@ -697,6 +704,7 @@ class LagReaders:
     def close(self) -> None:
         """Stop every child (the operator is stopping)."""
         with self._lock:
+            self._closed = True
             readers, self._namespaces = list(self._namespaces.values()), {}
         for reader in readers:
             reader.close()

@@ -67,6 +67,27 @@ def test_a_closed_kafka_source_refuses_to_sample():
         source.sample(["orders"], "orders", 0.0)
 
 
+def test_a_lag_source_asked_for_after_the_readers_closed_starts_no_child():
+    """A full run failed with 'subprocess ... is still running' after an operator test: a poll still under
+    way when the operator stopped asked for a namespace's lag source after ``LagReaders.close`` and started a
+    child that nothing stopped any more."""
+    from keyorder_operator.lag_reader import LagReaders
+
+    started: list[int] = []
+
+    def start_reader(memory_bytes: int) -> object:
+        started.append(memory_bytes)
+        raise AssertionError("a reader process was started after close")
+
+    readers = LagReaders(start_reader=start_reader)  # type: ignore[arg-type]
+    readers.close()
+    source = readers.source("late", {"bootstrap.servers": "127.0.0.1:9"})
+    with pytest.raises(LagUnavailable, match="clos"):
+        source.sample(["orders"], "orders", 0.0)
+    assert started == [] and len(readers) == 0
+    source.close()
+
+
 def test_a_bad_property_is_lag_unavailable_without_its_value():
     source = KafkaLagSource({"bootstrap.servers": "127.0.0.1:9", "security.protocol": "NOT-A-PROTOCOL-xyz"})
     with pytest.raises(LagUnavailable) as error:
