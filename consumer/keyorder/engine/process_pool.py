@@ -396,9 +396,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         """A batch handler's call, in the worker process: the same frame as a batch of single calls, with
         ``as_batch`` set, so the process calls the handler once (``process_child.run_batch_call``)."""
         assert isinstance(worker, _ProcessWorker)
-        outcomes, dead_letters, batch = self._runnable(taken)
-        for delivery in dead_letters:
-            outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+        outcomes, batch = self._split_for_call(worker, taken)
         if not batch:
             return outcomes
         alone = next((delivery for delivery in batch if delivery.run_alone), None)

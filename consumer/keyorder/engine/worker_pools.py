@@ -642,6 +642,27 @@ class _PoolBase:
         stats.batch_fill.observe(fill_seconds)
         stats.batches[reason] += 1
 
+    def _start_batch(self, worker: _Worker, batch: list[Delivery], reason: str, fill_seconds: float) -> float:
+        """A batch call begins: count it, charge each message an attempt, mark the worker busy; its start."""
+        self._count_batch(worker, len(batch), reason, fill_seconds)
+        for delivery in batch:
+            delivery.attempts += 1
+        worker.stats.busy = True
+        return self.clock()
+
+    def _batch_outcomes(
+        self, worker: _Worker, batch: list[Delivery], results: Outcomes, started: float
+    ) -> list[tuple[Delivery, _Outcome | None, BaseException | None]]:
+        """A batch call ended with ``results``: each message with its outcome (``None`` when the caller must
+        dead-letter it with its error), the call's seconds split evenly over its messages."""
+        worker.stats.busy = False
+        now = self.clock()
+        share = (now - started) / len(batch)
+        return [
+            (delivery, self._batch_outcome(worker, delivery, error, share, now), error)
+            for delivery, error in zip(batch, results, strict=True)
+        ]
+
     def _batch_outcome(
         self, worker: _Worker, delivery: Delivery, error: BaseException | None, share: float, now: float
     ) -> _Outcome | None:
@@ -885,33 +906,30 @@ class ThreadWorkerPool(_PoolBase):
     def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[_Outcome]:
         """Call the batch handler once for the heads taken (distinct lanes); the outcomes, settled on the
         next turn. Failed messages go through the retry policy one by one, each on its own lane."""
-        outcomes, dead_letters, batch = self._runnable(taken)
-        for delivery in dead_letters:
-            outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+        outcomes, batch = self._split_for_call(worker, taken)
         if not batch:
             return outcomes
         outcomes = self._settle_now(outcomes)
-        self._count_batch(worker, len(batch), reason, fill_seconds)
-        for delivery in batch:
-            delivery.attempts += 1
-        stats = worker.stats
-        stats.busy = True
-        started = self.clock()
+        started = self._start_batch(worker, batch, reason, fill_seconds)
         results: Outcomes
         try:
             results = call_sync_batch(self._handler, [delivery.message for delivery in batch])
         except BaseException as raised:  # the whole batch failed (SystemExit too, as per message)
             results = [raised] * len(batch)
-        stats.busy = False
-        now = self.clock()
-        share = (now - started) / len(batch)
-        for delivery, error in zip(batch, results, strict=True):
-            outcome = self._batch_outcome(worker, delivery, error, share, now)
+        for delivery, outcome, error in self._batch_outcomes(worker, batch, results, started):
             if outcome is None:
                 assert error is not None
                 outcome = self._publish_dead_letter(worker, delivery, error)
             outcomes.append(outcome)
         return outcomes
+
+    def _split_for_call(self, worker: _Worker, taken: list[Delivery]) -> tuple[list[_Outcome], list[Delivery]]:
+        """``_runnable`` with the pending dead-letter writes done: the outcomes known before the call, and the
+        batch for the handler."""
+        outcomes, dead_letters, batch = self._runnable(taken)
+        for delivery in dead_letters:
+            outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+        return outcomes, batch
 
     def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[_Outcome]:
         """Run the heads taken in one turn (distinct lanes), one after the other; the outcomes left
@@ -1140,26 +1158,17 @@ class AsyncWorkerPool(_PoolBase):
         if not batch:
             return outcomes
         outcomes = self._settle_now(outcomes)
-        self._count_batch(worker, len(batch), reason, fill_seconds)
-        for delivery in batch:
-            delivery.attempts += 1
-        stats = worker.stats
-        stats.busy = True
-        started = self.clock()
+        started = self._start_batch(worker, batch, reason, fill_seconds)
         results: Outcomes
         try:
             results = await call_async_batch(self._handler, [delivery.message for delivery in batch])
         except BaseException as raised:
-            stats.busy = False
             task = asyncio.current_task()
             if isinstance(raised, asyncio.CancelledError) and task is not None and task.cancelling():
+                worker.stats.busy = False
                 raise  # the pool is cancelling this worker (shutdown), not a failing batch
             results = [raised] * len(batch)
-        stats.busy = False
-        now = self.clock()
-        share = (now - started) / len(batch)
-        for delivery, error in zip(batch, results, strict=True):
-            outcome = self._batch_outcome(worker, delivery, error, share, now)
+        for delivery, outcome, error in self._batch_outcomes(worker, batch, results, started):
             if outcome is None:
                 assert error is not None
                 outcome = await self._publish_dead_letter(worker, delivery, error)
