@@ -117,6 +117,16 @@ class BatchLimits:
 PER_MESSAGE = BatchLimits()
 
 
+def is_unawaited(returned: Any) -> bool:
+    """True when a plain handler or hook returned an awaitable (it was meant to be ``async def``); a coroutine is
+    closed first, so that Python does not warn that it was never awaited. The caller raises its own error."""
+    if returned is None or not inspect.isawaitable(returned):
+        return False
+    if inspect.iscoroutine(returned):
+        returned.close()
+    return True
+
+
 def call_sync_batch(handler: Callable[[list[Any]], Any], messages: list[Any]) -> Outcomes:
     """Call a plain batch handler; its outcomes. Raises what the handler raised (every message failed).
 
@@ -124,9 +134,7 @@ def call_sync_batch(handler: Callable[[list[Any]], Any], messages: list[Any]) ->
     changes neither the batch the outcomes are matched to nor its size, taken before the call."""
     size = len(messages)
     returned = handler(list(messages))
-    if inspect.isawaitable(returned):
-        if inspect.iscoroutine(returned):
-            returned.close()
+    if is_unawaited(returned):
         raise TypeError(
             f"the batch handler {describe_handler(handler)} returned an awaitable without awaiting it: declare it "
             "'async def' so keyorder runs it on asyncio workers"

@@ -572,3 +572,28 @@ def test_a_revoke_just_after_the_turn_that_took_the_heads_ends_the_fill() -> Non
     drive(simulation, main)
     assert calls == [(pytest.approx(0.0), [("b", 0)])], "the fill ended at the revoke; only b0 was called"
     assert back["a"] == (False, pytest.approx(0.0)), "a0 went back at once, not at the fill's deadline"
+
+
+def test_a_plain_handler_hook_or_batch_handler_that_returns_a_coroutine_is_refused_and_the_coroutine_closed() -> None:
+    """One rule for the three plain call sites (``batch.is_unawaited``): the awaitable is refused with a
+    TypeError naming the fix, and a coroutine is closed first, so Python does not warn it was never awaited."""
+    import warnings
+
+    from keyorder.batch import call_sync_batch, is_unawaited
+    from keyorder.engine.worker_pools import call_sync_handler, run_sync_hook
+
+    async def meant_async(*_: object) -> None:
+        return None
+
+    assert is_unawaited(None) is False and is_unawaited([None]) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "coroutine ... was never awaited"
+        with pytest.raises(TypeError, match="async def"):
+            call_sync_batch(meant_async, [object()])
+        with pytest.raises(TypeError, match="async def"):
+            call_sync_handler(meant_async, object())
+        with pytest.raises(TypeError, match="make the hook a plain function"):
+            run_sync_hook(meant_async)
+        import gc
+
+        gc.collect()

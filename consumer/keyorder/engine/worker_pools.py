@@ -69,7 +69,15 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from keyorder.batch import BATCH_REASONS, PER_MESSAGE, BatchLimits, Outcomes, call_async_batch, call_sync_batch
+from keyorder.batch import (
+    BATCH_REASONS,
+    PER_MESSAGE,
+    BatchLimits,
+    Outcomes,
+    call_async_batch,
+    call_sync_batch,
+    is_unawaited,
+)
 from keyorder.contracts import DeadLetterSink
 from keyorder.core.lanes import Delivery, LaneScheduler, LaneSummary
 from keyorder.core.retry import RetryPolicy, Verdict
@@ -182,10 +190,7 @@ def run_sync_hook(hook: Callable[[], Any] | None) -> None:
     """Call a hook outside an event loop; an ``async def`` one here is a configuration mistake."""
     if hook is None:
         return
-    result = hook()
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()
+    if is_unawaited(hook()):
         raise TypeError(
             f"the hook {getattr(hook, '__qualname__', hook)!r} is async, but the handler is a plain function: "
             "its resources would belong to no running event loop; make the hook a plain function"
@@ -213,9 +218,7 @@ class PoolHealth:
 def call_sync_handler(handler: Callable[[Any], Any], message: Any) -> None:
     """Call a plain handler; a handler that returns a coroutine was meant to be ``async def``."""
     result = handler(message)
-    if result is not None and inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()
+    if result is not None and is_unawaited(result):  # per message: the usual None costs no call
         raise TypeError(
             "the handler returned an awaitable without awaiting it: declare it 'async def' "
             "so keyorder runs it on asyncio workers"
