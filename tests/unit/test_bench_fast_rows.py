@@ -42,25 +42,11 @@ from keyorder.devtools.bench_report import (
 from keyorder.engine.worker_pools import BATCH_SIZE_BUCKETS, LatencyHistogram
 from keyorder.message import Message
 from keyorder.progress import Progress
+from tests.unit.test_bench_report import run as report_run
 
 
 def run(name: str, rate: float, handler: str = "noop", workers: int = 16, batch: int = 1) -> RunResult:
-    return RunResult(
-        name=name,
-        mode="key",
-        handler=handler,
-        workers=workers,
-        messages=1000,
-        seconds=1.0,
-        rate=rate,
-        cpu_us_per_message=10.0,
-        p50_ms=1.0,
-        p99_ms=2.0,
-        peak_rss_mb=50.0,
-        peak_inflight=10,
-        order_violations=0,
-        batch=batch,
-    )
+    return report_run(name, "key", handler, workers, rate, batch)
 
 
 def message(key: str, seq: int, offset: int) -> Message:

@@ -33,7 +33,7 @@ from keyorder.devtools.bench_report import (
 from keyorder.engine.worker_pools import LATENCY_BUCKETS
 
 
-def run(name: str, mode: str, handler: str, workers: int, rate: float) -> RunResult:
+def run(name: str, mode: str, handler: str, workers: int, rate: float, batch: int = 1) -> RunResult:
     return RunResult(
         name=name,
         mode=mode,
@@ -48,6 +48,7 @@ def run(name: str, mode: str, handler: str, workers: int, rate: float) -> RunRes
         peak_rss_mb=50.0,
         peak_inflight=10,
         order_violations=0,
+        batch=batch,
     )
 
 
