@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -185,6 +186,33 @@ class FakeConf:
         return self.values.get(name, default)
 
 
+def job_on_a_stand_in_session(conf: dict[str, str], tracker: Any = None) -> Any:
+    """A ``CatchupJob`` whose Spark session is a stand-in with only what the live listener's set-up and
+    ``_settle`` read: the driver's ``conf`` and a status tracker (``tracker``; by default one that knows no
+    job)."""
+    from keyorder.catchup.job import CatchupJob
+    from keyorder.catchup.settings import CatchupConfig
+
+    class Tracker:
+        def getJobIdsForGroup(self, group: str) -> list[int]:
+            return []
+
+    class Context:
+        def statusTracker(self) -> Any:
+            return tracker if tracker is not None else Tracker()
+
+        def getConf(self) -> FakeConf:
+            return FakeConf(conf)
+
+    class Session:
+        sparkContext = Context()
+
+    config = CatchupConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", handler="m:f")
+    job = CatchupJob(config, spark=Session())
+    job._checked = True
+    return job
+
+
 class _NeverTimesOut(socket.socket):
     """A socket whose ``settimeout`` leaves it blocking: a thread in its ``recvfrom`` wakes only for a datagram."""
 
@@ -223,19 +251,8 @@ def test_closing_the_listener_ends_its_thread_without_waiting_for_a_poll(monkeyp
 
 
 def test_the_drivers_listener_is_bound_to_the_drivers_address_not_every_interface() -> None:
-    from keyorder.catchup.job import CatchupJob
-    from keyorder.catchup.settings import CatchupConfig
 
-    class Context:
-        def getConf(self) -> FakeConf:
-            return FakeConf({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "0.0.0.0"})
-
-    class Session:
-        sparkContext = Context()
-
-    config = CatchupConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", handler="m:f")
-    job = CatchupJob(config, spark=Session())
-    job._checked = True
+    job = job_on_a_stand_in_session({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "0.0.0.0"})
     try:
         assert job._live_address(WAVE) == ("127.0.0.1", job.live.port)  # type: ignore[union-attr]
         assert job.live._socket.getsockname()[0] == "127.0.0.1"  # type: ignore[union-attr]
@@ -248,8 +265,6 @@ def test_tasks_reach_the_listener_when_the_drivers_name_resolves_to_the_other_fa
     (IPv4 here) while the tasks got the name and resolved it themselves, IPv6 first: their reports went to
     an address nobody listened on (no live progress, no fence). getaddrinfo's order may differ between two
     calls (RFC 6724 rules, /etc/gai.conf, a DNS answer): here the real one, the order flipped on each call."""
-    from keyorder.catchup.job import CatchupJob
-    from keyorder.catchup.settings import CatchupConfig
 
     real = socket.getaddrinfo
     flipped = {"calls": 0}
@@ -264,16 +279,7 @@ def test_tasks_reach_the_listener_when_the_drivers_name_resolves_to_the_other_fa
 
     monkeypatch.setattr(socket, "getaddrinfo", both_families)
 
-    class Context:
-        def getConf(self) -> FakeConf:
-            return FakeConf({"spark.driver.host": "driver.example"})
-
-    class Session:
-        sparkContext = Context()
-
-    config = CatchupConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", handler="m:f")
-    job = CatchupJob(config, spark=Session())
-    job._checked = True
+    job = job_on_a_stand_in_session({"spark.driver.host": "driver.example"})
     try:
         address = job._live_address(WAVE)
         assert address is not None and job.live is not None
@@ -376,8 +382,6 @@ def test_the_next_attempt_waits_until_the_closed_attempts_copies_ended() -> None
     """``--wave-retry-pause 0`` started the retry while the failed attempt's tasks still ran (Spark kills
     them, and their Python workers after spark.python.task.killTimeout). Now ``_settle`` returns only
     once Spark runs none of them and every copy that reported sent its last report."""
-    from keyorder.catchup.job import CatchupJob
-    from keyorder.catchup.settings import CatchupConfig
 
     spark_running = [2, 1, 0]  # what Spark's status tracker says, one reading after the other
     ended_sent = threading.Event()
@@ -393,19 +397,7 @@ def test_the_next_attempt_waits_until_the_closed_attempts_copies_ended() -> None
             count = spark_running.pop(0) if len(spark_running) > 1 else spark_running[0]
             return type("StageInfo", (), {"numActiveTasks": count})()
 
-    class Context:
-        def statusTracker(self) -> Tracker:
-            return Tracker()
-
-        def getConf(self) -> FakeConf:
-            return FakeConf({"spark.driver.host": "127.0.0.1"})
-
-    class Session:
-        sparkContext = Context()
-
-    config = CatchupConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", handler="m:f")
-    job = CatchupJob(config, spark=Session())
-    job._checked = True
+    job = job_on_a_stand_in_session({"spark.driver.host": "127.0.0.1"}, Tracker())
     try:
         address = job._live_address(WAVE)
         assert address is not None and job.live is not None
@@ -470,26 +462,8 @@ def test_a_task_reports_before_its_first_handler_call() -> None:
 
 def test_the_driver_warns_once_when_no_task_of_an_attempt_reported(caplog) -> None:
     """Review of issue 38, finding 8: executors that cannot send UDP to the driver left no trace at the driver."""
-    from keyorder.catchup.job import CatchupJob
-    from keyorder.catchup.settings import CatchupConfig
 
-    class Tracker:
-        def getJobIdsForGroup(self, group: str) -> list[int]:
-            return []
-
-    class Context:
-        def statusTracker(self) -> Tracker:
-            return Tracker()
-
-        def getConf(self) -> FakeConf:
-            return FakeConf({"spark.driver.host": "127.0.0.1"})
-
-    class Session:
-        sparkContext = Context()
-
-    config = CatchupConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", handler="m:f")
-    job = CatchupJob(config, spark=Session())
-    job._checked = True
+    job = job_on_a_stand_in_session({"spark.driver.host": "127.0.0.1"})
     try:
         assert job._live_address(WAVE) is not None
         assert job._settle("g-wave") == []
