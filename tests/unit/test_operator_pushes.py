@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from keyorder_operator.pod_admin import ADDRESS, needing_push
 from keyorder_operator.policy import Size
 from keyorder_operator.poll import PodsRead
@@ -34,10 +36,9 @@ def test_a_map_written_whole_replaces_the_stored_one_and_an_unchanged_one_is_not
     assert dict(smaller["status"]) == {"pods": {"reporting": 0, "failures": [], "busiestKey": None, "workers": None}}
 
 
-def test_while_a_steps_new_pods_start_the_poll_pushes_only_to_pods_running_fewer():
-    """``Decision.hold_workers``: the 2 pods in place keep their 29 workers, the new one that is ready with
-    16 gets the decided 17; ``podsUpdated`` counts the pods at 17 only (the push and the status:
-    ``Poll.explain``)."""
+def three_pods_mid_step() -> tuple[Any, list[tuple[list[str], int]], PodsRead]:
+    """A poll's context whose pushes are recorded, and the pods read in the middle of a step to 4 x 17: two in
+    place at 29 workers, a new one ready at 16."""
     context = poll_context(Clocks(wall=1_700_000_000.0, monotonic=100.0))
     pushes: list[tuple[list[str], int]] = []
 
@@ -48,7 +49,14 @@ def test_while_a_steps_new_pods_start_the_poll_pushes_only_to_pods_running_fewer
     context.push = push
     reports = [{ADDRESS: "10.0.0.1", "workers": 29}, {ADDRESS: "10.0.0.2", "workers": 29}]
     reports.append({ADDRESS: "10.0.0.3", "workers": 16})
-    read = PodsRead("token", ["10.0.0.1", "10.0.0.2", "10.0.0.3"], None, [], reports)
+    return context, pushes, PodsRead("token", ["10.0.0.1", "10.0.0.2", "10.0.0.3"], None, [], reports)
+
+
+def test_while_a_steps_new_pods_start_the_poll_pushes_only_to_pods_running_fewer():
+    """``Decision.hold_workers``: the 2 pods in place keep their 29 workers, the new one that is ready with
+    16 gets the decided 17; ``podsUpdated`` counts the pods at 17 only (the push and the status:
+    ``Poll.explain``)."""
+    context, pushes, read = three_pods_mid_step()
     poll = poll_of(context)
     size = Size(4, 17)  # decided a poll ago; the fourth pod still starts
     poll.explain(size, "kept 4 replicas x 17 workers", None, None, size, False, read, hold_workers=True)
@@ -75,17 +83,7 @@ def test_the_poll_hands_the_decisions_hold_to_the_push(monkeypatch):
     from keyorder_operator import poll as poll_module
     from keyorder_operator.policy import Cause, Decision, Observation, ScalingState
 
-    context = poll_context(Clocks(wall=1_700_000_000.0, monotonic=100.0))
-    pushes: list[tuple[list[str], int]] = []
-
-    def push(addresses, port, token, workers):
-        pushes.append((list(addresses), workers))
-        return len(addresses), []
-
-    context.push = push
-    reports = [{ADDRESS: "10.0.0.1", "workers": 29}, {ADDRESS: "10.0.0.2", "workers": 29}]
-    reports.append({ADDRESS: "10.0.0.3", "workers": 16})
-    read = PodsRead("token", ["10.0.0.1", "10.0.0.2", "10.0.0.3"], None, [], reports)
+    context, pushes, read = three_pods_mid_step()
     size = Size(4, 17)  # the fourth pod still starts
     held = Decision(
         before=size,
