@@ -127,7 +127,11 @@ class RegistrationWait:
     expected: int | None
     started: float
     timeout: float = 120.0
-    settle: float = 3.0
+    settle: float = 10.0
+    """Seconds without a new registration that end a wait with no expected count. 3 s cut a standalone
+    cluster's 4 cores to 2 in a full test run on a loaded machine: its second worker's executor registered
+    more than 3 s after the first (`test_spark_submit_on_a_standalone_cluster...`). Executors of one
+    application start in parallel, so a longer quiet only costs its length, once, before the first wave."""
     tasks_per_core: int = 1
 
     def __post_init__(self) -> None:
