@@ -16,6 +16,10 @@ class _Partition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
         return self.revoked
 
+    @property
+    def may_let_go(self) -> bool:
+        return self.revoked
+
 
 def _run(seed: int) -> tuple[list, list, Simulation]:
     simulation = Simulation(seed)

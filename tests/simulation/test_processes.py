@@ -20,6 +20,10 @@ class _Partition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
         return self.revoked
 
+    @property
+    def may_let_go(self) -> bool:
+        return self.revoked
+
 
 def _load(handler: Any) -> tuple[Any, Lifecycle]:
     return handler, NO_HOOKS

@@ -15,6 +15,10 @@ class _Partition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
         return self.revoked
 
+    @property
+    def may_let_go(self) -> bool:
+        return self.revoked
+
 
 def _pool_run(seed: int) -> list[tuple[str, bytes, int, float]]:
     """A real ThreadWorkerPool of 3 workers running 40 messages of 4 keys under the simulation."""

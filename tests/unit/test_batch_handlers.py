@@ -33,6 +33,10 @@ class Partition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:
         return self.revoked
 
+    @property
+    def may_let_go(self) -> bool:
+        return self.revoked
+
 
 def keyed(
     simulation: Simulation, keys: str, partition: Partition | None = None, first_offset: int = 0

@@ -52,6 +52,10 @@ class _Partition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
         return self.revoked
 
+    @property
+    def may_let_go(self) -> bool:
+        return self.revoked
+
 
 def _pool() -> ThreadWorkerPool:
     """A real pool, never started (no threads): 3 messages of a hot key, 1 of another, the min-offset

@@ -395,3 +395,63 @@ def test_continue_first_lets_a_lane_with_more_go_on_before_the_others(
         ran.append(taken[0].message.name)
         scheduler.finished(taken[0])
     assert ran == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arrivals=st.lists(st.lists(st.sampled_from("ABCDEFU"), min_size=1, max_size=12), min_size=1, max_size=6),
+    limit=st.integers(1, 5),
+    continue_first=st.booleans(),
+)
+def test_finishing_a_taken_batch_at_once_is_finishing_each_of_it(
+    arrivals: list[list[str]], limit: int, continue_first: bool
+) -> None:
+    """``finished_all`` (a batch call that succeeded whole) leaves the scheduler as ``finished`` one by one
+    does: the same heads taken next, in the same order, and the same counts; emptied lanes are reused."""
+    one_by_one, at_once = LaneScheduler(continue_first), LaneScheduler(continue_first)
+    order: dict[str, list[str]] = {"one_by_one": [], "at_once": []}
+    for number, names_arriving in enumerate(arrivals):
+        arriving = [f"{name}{number}.{index}" for index, name in enumerate(names_arriving)]
+        for label, scheduler in (("one_by_one", one_by_one), ("at_once", at_once)):
+            scheduler.add(lane_deliveries(*arriving))
+            taken = scheduler.take(0.0, limit)
+            order[label] += names(taken)
+            if label == "one_by_one":
+                for item in taken:
+                    scheduler.finished(item)
+            else:
+                scheduler.finished_all(taken)
+        assert order["one_by_one"] == order["at_once"]
+        assert len(one_by_one) == len(at_once) and one_by_one.summary() == at_once.summary()
+    for label, scheduler in (("one_by_one", one_by_one), ("at_once", at_once)):
+        while taken := scheduler.take(0.0, limit):
+            order[label] += names(taken)
+            scheduler.finished_all(taken)
+    assert order["one_by_one"] == order["at_once"]
+    assert len(at_once) == 0 and at_once.summary().active == 0
+
+
+def test_finishing_at_once_anything_but_running_heads_is_an_error() -> None:
+    scheduler = LaneScheduler()
+    first, second = lane_deliveries("A1", "A2")
+    scheduler.add([first, second])
+    with pytest.raises(RuntimeError, match="not its running head"):
+        scheduler.finished_all([first])
+    scheduler.take(0.0)
+    with pytest.raises(RuntimeError, match="not its running head"):
+        scheduler.finished_all([second])
+
+
+def test_emptied_lanes_are_kept_for_reuse_up_to_a_bound() -> None:
+    """A pod with many keys empties a lane per message: its object is reused, but a spike of keys must not
+    keep them all (``SPARE_LANES``)."""
+    from keyorder.core.lanes import SPARE_LANES
+
+    scheduler = LaneScheduler()
+    many = [delivery(f"K{index}", f"K{index}".encode(), offset=index) for index in range(SPARE_LANES + 100)]
+    scheduler.add(many)
+    scheduler.finished_all(scheduler.take(0.0, len(many)))
+    assert len(scheduler._spare) == SPARE_LANES
+    reused = scheduler._spare[-1]
+    scheduler.add([delivery("again", b"again", offset=0)])
+    assert scheduler._lanes[b"again"] is reused and not reused.running and len(reused.deliveries) == 1

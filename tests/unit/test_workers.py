@@ -40,6 +40,10 @@ class Partition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
         return self.revoked
 
+    @property
+    def may_let_go(self) -> bool:
+        return self.revoked
+
 
 def deliveries(offsets, lane=b"k"):
     partition = Partition()

@@ -28,6 +28,10 @@ class Partition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
         return self.revoked
 
+    @property
+    def may_let_go(self) -> bool:
+        return self.revoked
+
 
 class ThreeLanesATurn(ThreadWorkerPool):
     """Takes three lanes a turn, as a thread worker does once its handler is fast."""
@@ -116,3 +120,45 @@ def test_a_lane_parked_in_a_batch_is_retried_at_its_due_time_while_the_batch_run
     retried_at = [when for name, when in ran if name == "x1"][1]
     assert retried_at < 1.0, f"x1 was retried at {retried_at:g}s, its due time 0.1s after it failed at 0.01s"
     assert sorted((item.message.offset, handled) for item, handled in completions) == [(1, True), (2, True)]
+
+
+def test_a_batch_that_succeeded_whole_counts_as_each_of_its_messages_would() -> None:
+    """``_batch_succeeded`` (one pass for a batch call that succeeded) leaves a worker's statistics as
+    ``_succeeded_in`` for each message does: processed, the handler-seconds and latency histograms, and the
+    recent handler time a fast handler's turns are sized by."""
+    pool = ThreadWorkerPool(lambda _messages: None, 1, RetryPolicy(), None, Completions())
+    partition = Partition()
+    batch = [
+        Delivery(Message("t", 0, offset, b"k%d" % offset, b"", (), 0), b"k%d" % offset, partition, offset * 0.004)
+        for offset in range(40)
+    ]
+    one_by_one, at_once = _Worker(0), _Worker(1)
+    share, now = 0.00007, 0.5
+    for item in batch:
+        pool._succeeded_in(one_by_one, item, share, now)
+    settled = pool._batch_succeeded(at_once, batch, share, now)
+    assert settled.deliveries is batch
+    for name in ("handler_seconds", "latency"):
+        expected, got = getattr(one_by_one.stats, name), getattr(at_once.stats, name)
+        assert got.buckets == expected.buckets and got.count == expected.count == 40, name
+        assert got.total == pytest.approx(expected.total), name
+    assert at_once.stats.processed == 40
+    assert at_once.handler_seconds_ewma == pytest.approx(one_by_one.handler_seconds_ewma)
+
+
+def test_a_batch_with_a_revoked_partitions_head_hands_that_head_back_and_runs_the_rest() -> None:
+    """The heads of a batch are asked per partition whether the pod let them go (``may_let_go``): a revoked
+    partition's head taken into a batch goes back unrun, the other partition's run."""
+    pool = ThreadWorkerPool(lambda _messages: None, 1, RetryPolicy(), None, Completions())
+    revoked, kept = Partition(), Partition()
+    taken = [
+        Delivery(Message("t", 0, 1, b"a", b"", (), 0), b"a", kept, 0.0),
+        Delivery(Message("t", 1, 1, b"b", b"", (), 0), b"b", revoked, 0.0),
+        Delivery(Message("t", 0, 2, b"c", b"", (), 0), b"c", kept, 0.0),
+    ]
+    known, dead_letters, batch = pool._runnable(taken)
+    assert (known, dead_letters, batch) == ([], [], taken)
+    revoked.revoked = True
+    known, dead_letters, batch = pool._runnable(taken)
+    assert [outcome.delivery for outcome in known] == [taken[1]] and dead_letters == []
+    assert batch == [taken[0], taken[2]]

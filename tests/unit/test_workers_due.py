@@ -32,6 +32,10 @@ class Partition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
         return self.revoked
 
+    @property
+    def may_let_go(self) -> bool:
+        return self.revoked
+
 
 class TwoLanesATurnThreads(ThreadWorkerPool):
     """Takes two lanes a turn, as a thread worker does once its handler is fast (``_take_limit``)."""

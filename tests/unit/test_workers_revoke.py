@@ -37,6 +37,10 @@ class Partition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:  # no truncation here: only a revoke
         return self.revoked
 
+    @property
+    def may_let_go(self) -> bool:
+        return self.revoked
+
 
 class FakeDeadLetters:
     """FAKE sink: records what would have been published."""

@@ -31,18 +31,26 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+SPARE_LANES = 4096
+"""Most empty lanes kept for reuse (``LaneScheduler._spare``): enough for the lanes a pod turns over between two
+polls, not so many that a spike of keys keeps their memory (an empty lane is about 700 bytes)."""
+
 
 class Delivery:
     """A message on its way through the pod, with its lane and retry state."""
 
     __slots__ = (
-        "attempts", "lane", "message", "partition", "pending_dead_letter", "received_at", "run_alone", "sequence"
+        "attempts", "lane", "lane_id", "message", "partition", "pending_dead_letter", "received_at", "run_alone",
+        "sequence",
     )  # fmt: skip
 
     def __init__(self, message: Any, lane: Hashable | None, partition: Any, received_at: float) -> None:
         self.message = message
         self.lane = lane
         """The ordering lane; ``None`` when unordered (the delivery is a lane of its own)."""
+        self.lane_id: Hashable = lane if lane is not None else id(self)
+        """The scheduler's key for this delivery's lane: its lane, or the delivery itself if unordered (an
+        attribute, not a property: the scheduler reads it several times per message)."""
         self.partition = partition
         """The runtime's per-partition state (opaque here)."""
         self.received_at = received_at
@@ -63,11 +71,6 @@ class Delivery:
         parked or dead-lettered."""
         message = self.message
         return bool(self.partition.lets_go(message.offset, message.leader_epoch))
-
-    @property
-    def lane_id(self) -> Hashable:
-        """The scheduler's key for this delivery's lane: its lane, or the delivery itself if unordered."""
-        return self.lane if self.lane is not None else id(self)
 
 
 class _Lane:
@@ -138,6 +141,9 @@ class LaneScheduler:
         """When not ``continue_first``: the other ready lanes (with more after a head finished, due after a
         park, or re-queued by ``withdraw``), a heap by their head's ``sequence``."""
         self._received = 0
+        self._spare: list[_Lane] = []
+        """Lanes forgotten (empty, not running, parked or blocked), kept to be reused by ``add``: most lanes of a
+        pod with many keys hold one message at a time, and a new lane for each would cost an allocation."""
         self._due: list[tuple[float, int, Hashable]] = []  # (due, tie-breaker, lane id); stale entries skipped
         self._tie = 0
         self._running = 0
@@ -147,20 +153,20 @@ class LaneScheduler:
     # -- the poll loop's side --------------------------------------------------------------------------
     def add(self, deliveries: Iterable[Delivery]) -> int:
         """Append each delivery to its lane; returns how many lanes became ready (workers to wake)."""
-        lanes = self._lanes
+        lanes, spare, ready = self._lanes, self._spare, self._ready
         woken = 0
-        received = self._received
+        received = first = self._received
         for delivery in deliveries:
             delivery.sequence = received
             received += 1
             lane_id = delivery.lane_id
             lane = lanes.get(lane_id)
             if lane is None:
-                lane = lanes[lane_id] = _Lane()
-                self._ready.append(lane_id)  # in arrival order, whichever the mode
+                lane = lanes[lane_id] = spare.pop() if spare else _Lane()
+                ready.append(lane_id)  # in arrival order, whichever the mode
                 woken += 1
             lane.deliveries.append(delivery)
-            self._queued += 1
+        self._queued += received - first
         self._received = received
         return woken
 
@@ -211,11 +217,19 @@ class LaneScheduler:
     def take(self, now: float, limit: int = 1) -> list[Delivery]:
         """The heads of up to ``limit`` ready lanes (distinct lanes), now marked running; empty when
         no lane is ready. The taker must finish or park each of them."""
-        self._wake_due(now)
+        if self._due and self._due[0][0] <= now:
+            self._wake_due(now)
         lanes = self._lanes
         taken: list[Delivery] = []
         # a lane id is in the ready queues at most once, and only while ready
         ready, oldest = self._ready, self._oldest
+        if not oldest:  # one queue to take from (always so with continue_first)
+            for _ in range(min(limit, len(ready))):
+                lane = lanes[ready.popleft()]
+                lane.running = True
+                taken.append(lane.deliveries[0])
+            self._running += len(taken)
+            return taken
         while len(taken) < limit:
             if oldest and (not ready or oldest[0][0] < lanes[ready[0]].deliveries[0].sequence):
                 lane = lanes[heapq.heappop(oldest)[1]]
@@ -255,6 +269,31 @@ class LaneScheduler:
             self._ready.appendleft(lane_id)
         else:
             heapq.heappush(self._oldest, (lane.deliveries[0].sequence, lane_id))
+
+    def finished_all(self, deliveries: Iterable[Delivery]) -> None:
+        """``finished`` for each of ``deliveries`` (a batch call that succeeded whole), in one pass."""
+        lanes, oldest, continue_first = self._lanes, self._oldest, self._continue_first
+        count = 0
+        for delivery in deliveries:
+            lane_id = delivery.lane_id
+            lane = lanes.get(lane_id)
+            if lane is None or not lane.running or lane.deliveries[0] is not delivery:
+                raise RuntimeError("a lane finished or parked a delivery that is not its running head")
+            queue = lane.deliveries
+            queue.popleft()
+            count += 1
+            lane.running = False
+            lane.blocked = False
+            if not queue:
+                del lanes[lane_id]
+                if len(self._spare) < SPARE_LANES:
+                    self._spare.append(lane)
+            elif continue_first:
+                self._ready.appendleft(lane_id)
+            else:
+                heapq.heappush(oldest, (queue[0].sequence, lane_id))
+        self._queued -= count
+        self._running -= count
 
     def park(self, delivery: Delivery, due: float, blocked: bool = False) -> None:
         """The running head failed: its lane waits until ``due`` (holding no worker), head first."""
@@ -341,4 +380,9 @@ class LaneScheduler:
         self._parked -= 1
 
     def _forget(self, lane_id: Hashable) -> None:
-        del self._lanes[lane_id]
+        """The lane is empty: drop it, keeping its object for ``add`` to reuse (with no delivery it is neither
+        running nor parked; ``blocked`` is its head's state, so cleared)."""
+        lane = self._lanes.pop(lane_id)
+        lane.blocked = False
+        if len(self._spare) < SPARE_LANES:
+            self._spare.append(lane)

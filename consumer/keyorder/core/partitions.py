@@ -61,6 +61,12 @@ class PartitionState:
         return self.revoked or self.offsets.is_stale(offset, leader_epoch)
 
     @property
+    def may_let_go(self) -> bool:
+        """Whether ``lets_go`` may be true of any message of the partition (it is being revoked, or its log was
+        ever truncated): when not, none of its messages need asking, which a batch of them is spared."""
+        return self.revoked or self.offsets.truncated
+
+    @property
     def resets(self) -> int:
         """Times the partition's log was found reset below the committed offset since the assignment."""
         return self.offsets.resets

@@ -252,6 +252,12 @@ class PartitionOffsets:
         self.leader_epoch = leader_epoch
         self.resets += 1
 
+    @property
+    def truncated(self) -> bool:
+        """Whether the log was ever truncated since tracking began (``truncate``): only then can a message be
+        stale."""
+        return bool(self._truncations)
+
     def is_stale(self, offset: int, leader_epoch: int | None) -> bool:
         """Whether a message at ``offset`` of ``leader_epoch`` belongs to a log truncated since it was received."""
         if leader_epoch is None or not self._truncations:

@@ -793,6 +793,10 @@ class _HopPartition:
     def lets_go(self, offset: int, leader_epoch: int | None) -> bool:
         return False  # never revoked, never truncated: every message runs
 
+    @property
+    def may_let_go(self) -> bool:
+        return False
+
 
 def _pool_seconds(pool: Any, completions: Completions, keys: int, messages: int) -> float:
     """Seconds for ``pool`` (one worker) to run ``messages`` no-op messages spread over ``keys`` keys."""

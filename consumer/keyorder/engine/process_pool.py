@@ -76,6 +76,7 @@ from keyorder.engine.worker_pools import (
     HANDED_BACK,
     PARKED,
     HandlerSetupError,
+    Settlement,
     ThreadWorkerPool,
     _Outcome,
     _Worker,
@@ -383,7 +384,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
             return 1
         return max(1, min(MAX_BATCH, ready // max(self._target, 1)))
 
-    def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[_Outcome]:
+    def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[Settlement]:
         assert isinstance(worker, _ProcessWorker)
         outcomes, dead_letters, batch = self._runnable(deliveries)
         for delivery in dead_letters:  # only the write is retried, here
@@ -392,7 +393,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
             outcomes += self._run_in_process(worker, batch)
         return outcomes
 
-    def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[_Outcome]:
+    def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[Settlement]:
         """A batch handler's call, in the worker process: the same frame as a batch of single calls, with
         ``as_batch`` set, so the process calls the handler once (``process_child.run_batch_call``)."""
         assert isinstance(worker, _ProcessWorker)
@@ -401,7 +402,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
             return outcomes
         alone = next((delivery for delivery in batch if delivery.run_alone), None)
         if alone is None:
-            outcomes = self._settle_now(outcomes)
+            self._settle_now(outcomes)
             self._count_batch(worker, len(batch), reason, fill_seconds)
             return self._run_in_process(worker, batch)
         # A message whose last call died or timed out (with others in it, or alone) runs in a call of its
@@ -420,7 +421,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         blocked = delivery.attempts >= self.retry.max_attempts and self.retry.exhausted is ExhaustedPolicy.BLOCK
         return _Outcome(PARKED, delivery, now, blocked)
 
-    def _run_in_process(self, worker: _ProcessWorker, batch: list[Delivery]) -> list[_Outcome]:
+    def _run_in_process(self, worker: _ProcessWorker, batch: list[Delivery]) -> list[Settlement]:
         child = worker.child
         if child is None or not child.alive:
             try:
@@ -442,6 +443,8 @@ class ProcessWorkerPool(ThreadWorkerPool):
             return self._interrupted(worker, child, batch, results)
         for delivery in batch:  # an answer, not a death or a timeout: its next call may hold others
             delivery.run_alone = False
+        if self.batch.enabled and all(type(result) is float for result in results):  # one call, all succeeded
+            return [self._batch_succeeded(worker, batch, results[0], self.clock())]  # each its equal share
         return [self._settle(worker, delivery, result) for delivery, result in zip(batch, results, strict=True)]
 
     def _settle(self, worker: _Worker, delivery: Delivery, result: Any) -> _Outcome:
@@ -457,7 +460,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         """The attempt failed: the retry policy parks the lane, or the message is dead-lettered."""
         return self._failed(worker, delivery, error) or self._publish_dead_letter(worker, delivery, error)
 
-    def _interrupted(self, worker: _Worker, child: _Child, batch: list[Delivery], reason: str) -> list[_Outcome]:
+    def _interrupted(self, worker: _Worker, child: _Child, batch: list[Delivery], reason: str) -> list[Settlement]:
         """The process died or was killed mid-batch: settle each message by what the progress block says.
 
         During shutdown the pool killed it (still inside the handler after the grace period): its
@@ -486,7 +489,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
                 child.pid, _exit_reason(returncode),
                 sum(status == NOT_STARTED for status, _seconds in statuses), len(batch),
             )  # fmt: skip
-        outcomes = []
+        outcomes: list[Settlement] = []
         for delivery, (status, seconds) in zip(batch, statuses, strict=True):
             if status in (SUCCEEDED, FAILED):
                 delivery.run_alone = False

@@ -61,11 +61,12 @@ import contextlib
 import inspect
 import itertools
 import logging
+import operator
 import threading
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -254,6 +255,23 @@ class LatencyHistogram:
         self.count += 1
         self.total += value
 
+    def observe_many(self, value: float, times: int) -> None:
+        """``observe(value)`` ``times`` times (a batch's messages, each charged the same share of its call)."""
+        self.buckets[bisect_left(self.bounds, value)] += times
+        self.count += times
+        self.total += value * times
+
+    def observe_all(self, values: Iterable[float]) -> None:
+        """``observe`` each of ``values``, in one pass (a batch's latencies)."""
+        bounds, buckets = self.bounds, self.buckets
+        count, total = 0, 0.0
+        for value in values:
+            buckets[bisect_left(bounds, value)] += 1
+            count += 1
+            total += value
+        self.count += count
+        self.total += total
+
     def absorb(self, other: LatencyHistogram) -> None:
         """Add another histogram's counts (same bounds)."""
         self.buckets = [a + b for a, b in zip(self.buckets, other.buckets, strict=True)]
@@ -352,6 +370,20 @@ class _Outcome:
 
     def __init__(self, kind: str, delivery: Delivery, due: float = 0.0, blocked: bool = False) -> None:
         self.kind, self.delivery, self.due, self.blocked = kind, delivery, due, blocked
+
+
+class _BatchFinished:
+    """Every message of a batch call succeeded: settled in one step (``_settle_outcomes``), not one ``_Outcome``
+    each, so that a batch of N costs its worker N list items, not N objects and N scheduler calls."""
+
+    __slots__ = ("deliveries",)
+
+    def __init__(self, deliveries: list[Delivery]) -> None:
+        self.deliveries = deliveries
+
+
+Settlement = _Outcome | _BatchFinished
+"""What a worker's turn settles under the lock: one delivery's outcome, or a whole batch that succeeded."""
 
 
 class _Worker:
@@ -492,7 +524,7 @@ class _PoolBase:
             self._scheduler.add(deliveries)
 
     # -- under the lock, on a worker's turn ------------------------------------------------------------
-    def _turn(self, worker: _Worker, outcomes: list[_Outcome]) -> list[Delivery] | float | None:
+    def _turn(self, worker: _Worker, outcomes: list[Settlement]) -> list[Delivery] | float | None:
         """Settle ``outcomes``; then the next deliveries (heads of distinct ready lanes), or seconds to
         wait (``None``: until woken), or ``EXIT``. Caller holds ``_lock``.
 
@@ -517,11 +549,17 @@ class _PoolBase:
             return deliveries
         return scheduler.seconds_until_due(now)
 
-    def _settle_outcomes(self, outcomes: list[_Outcome]) -> bool:
+    def _settle_outcomes(self, outcomes: list[Settlement]) -> bool:
         """Caller holds ``_lock``: finish or park each outcome's lane; True if one was parked."""
         scheduler = self._scheduler
         parked = False
         for outcome in outcomes:
+            if type(outcome) is _BatchFinished:
+                finished = outcome.deliveries
+                scheduler.finished_all(finished)
+                self.completions.extend(zip(finished, itertools.repeat(True)))
+                continue
+            assert type(outcome) is _Outcome
             delivery = outcome.delivery
             # A revoke withdraws what is parked and waits only for what runs: a delivery whose partition
             # was revoked while it ran (or whose log was truncated below it) goes back now, never parked.
@@ -609,11 +647,20 @@ class _PoolBase:
         if waited and self._scheduler.seconds_until_due(self.clock()) is not None:
             self._wake_others(1)
 
-    def _runnable(self, taken: list[Delivery]) -> tuple[list[_Outcome], list[Delivery], list[Delivery]]:
+    def _runnable(self, taken: list[Delivery]) -> tuple[list[Settlement], list[Delivery], list[Delivery]]:
         """Split the heads taken for a batch: outcomes already known (handed back: the pool stops or the pod
         let the delivery go), deliveries whose dead-letter write is to be retried (the handler is not run
-        again), and the batch for the handler."""
-        known: list[_Outcome] = []
+        again), and the batch for the handler.
+
+        The common case, none of those, is told per partition (a few), not per message: a partition neither
+        revoked nor ever truncated lets none of its messages go (``PartitionState.may_let_go``)."""
+        if (
+            not self.stopping
+            and not any(map(_PENDING_DEAD_LETTER, taken))
+            and not any(partition.may_let_go for partition in {delivery.partition for delivery in taken})
+        ):
+            return [], [], taken
+        known: list[Settlement] = []
         dead_letters: list[Delivery] = []
         batch: list[Delivery] = []
         for delivery in taken:
@@ -629,7 +676,7 @@ class _PoolBase:
                 batch.append(delivery)
         return known, dead_letters, batch
 
-    def _settle_now(self, outcomes: list[_Outcome]) -> list[_Outcome]:
+    def _settle_now(self, outcomes: list[Settlement]) -> list[Settlement]:
         """Settle, before a batch's call, the outcomes of the heads that do not go into it (handed back, or
         dead-lettered): a revoke waits for its partitions' heads, not for other partitions' batch call.
         Returns what is left to settle (nothing)."""
@@ -655,24 +702,42 @@ class _PoolBase:
 
     def _batch_outcomes(
         self, worker: _Worker, batch: list[Delivery], results: Outcomes, started: float
-    ) -> list[tuple[Delivery, _Outcome | None, BaseException | None]]:
-        """A batch call ended with ``results``: each message with its outcome (``None`` when the caller must
-        dead-letter it with its error), the call's seconds split evenly over its messages."""
+    ) -> tuple[list[Settlement], list[tuple[Delivery, BaseException]]]:
+        """A batch call ended with ``results``: what to settle (the messages that succeeded as one
+        ``_BatchFinished``, each failure's outcome), and the failed messages the caller must dead-letter, with
+        their errors. The call's seconds are split evenly over its messages."""
         worker.stats.busy = False
         now = self.clock()
         share = (now - started) / len(batch)
-        return [
-            (delivery, self._batch_outcome(worker, delivery, error, share, now), error)
-            for delivery, error in zip(batch, results, strict=True)
-        ]
+        if results.count(None) == len(results):  # the common case: all succeeded
+            return [self._batch_succeeded(worker, batch, share, now)], []
+        settled: list[Settlement] = []
+        succeeded: list[Delivery] = []
+        to_dead_letter: list[tuple[Delivery, BaseException]] = []
+        for delivery, error in zip(batch, results, strict=True):
+            if error is None:
+                succeeded.append(delivery)
+                continue
+            outcome = self._failed(worker, delivery, error)
+            if outcome is None:
+                to_dead_letter.append((delivery, error))
+            else:
+                settled.append(outcome)
+        if succeeded:
+            settled.append(self._batch_succeeded(worker, succeeded, share, now))
+        return settled, to_dead_letter
 
-    def _batch_outcome(
-        self, worker: _Worker, delivery: Delivery, error: BaseException | None, share: float, now: float
-    ) -> _Outcome | None:
-        """One message's outcome from its batch's answer; ``None`` when the caller must dead-letter it."""
-        if error is None:
-            return self._succeeded_in(worker, delivery, share, now)
-        return self._failed(worker, delivery, error)
+    def _batch_succeeded(self, worker: _Worker, deliveries: list[Delivery], share: float, now: float) -> _BatchFinished:
+        """``_succeeded_in`` for each of a batch call's messages that succeeded, each charged ``share`` of the
+        call, counted in one pass: the same counts, histograms and recent handler time."""
+        stats = worker.stats
+        size = len(deliveries)
+        stats.processed += size
+        stats.handler_seconds.observe_many(share, size)
+        # ``size`` steps of the 1/8 average towards the same value, in one
+        worker.handler_seconds_ewma = share + (worker.handler_seconds_ewma - share) * (7 / 8) ** size
+        stats.latency.observe_all([now - delivery.received_at for delivery in deliveries])
+        return _BatchFinished(deliveries)
 
     def _exit(self, worker: _Worker) -> None:
         """Caller holds ``_lock``: fold the worker's totals in, so pod counters never go backwards."""
@@ -774,6 +839,8 @@ class _PoolBase:
             self.completions.signal()
 
 
+_PENDING_DEAD_LETTER = operator.attrgetter("pending_dead_letter")
+
 EXIT = -1.0
 """``_turn``'s answer to a retiring or stopping worker."""
 
@@ -863,7 +930,7 @@ class ThreadWorkerPool(_PoolBase):
 
     def _loop(self, worker: _Worker) -> None:
         condition = self._condition
-        outcomes: list[_Outcome] = []
+        outcomes: list[Settlement] = []
         while True:
             with condition:
                 while True:
@@ -906,7 +973,7 @@ class ThreadWorkerPool(_PoolBase):
                     waited = True
                 self._idle -= 1
 
-    def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[_Outcome]:
+    def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[Settlement]:
         """Call the batch handler once for the heads taken (distinct lanes); the outcomes, settled on the
         next turn. Failed messages go through the retry policy one by one, each on its own lane."""
         outcomes, batch = self._split_for_call(worker, taken)
@@ -919,14 +986,13 @@ class ThreadWorkerPool(_PoolBase):
             results = call_sync_batch(self._handler, [delivery.message for delivery in batch])
         except BaseException as raised:  # the whole batch failed (SystemExit too, as per message)
             results = [raised] * len(batch)
-        for delivery, outcome, error in self._batch_outcomes(worker, batch, results, started):
-            if outcome is None:
-                assert error is not None
-                outcome = self._publish_dead_letter(worker, delivery, error)
-            outcomes.append(outcome)
-        return outcomes
+        settled, to_dead_letter = self._batch_outcomes(worker, batch, results, started)
+        settled += outcomes
+        for delivery, error in to_dead_letter:
+            settled.append(self._publish_dead_letter(worker, delivery, error))
+        return settled
 
-    def _split_for_call(self, worker: _Worker, taken: list[Delivery]) -> tuple[list[_Outcome], list[Delivery]]:
+    def _split_for_call(self, worker: _Worker, taken: list[Delivery]) -> tuple[list[Settlement], list[Delivery]]:
         """``_runnable`` with the pending dead-letter writes done: the outcomes known before the call, and the
         batch for the handler."""
         outcomes, dead_letters, batch = self._runnable(taken)
@@ -934,7 +1000,7 @@ class ThreadWorkerPool(_PoolBase):
             outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         return outcomes, batch
 
-    def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[_Outcome]:
+    def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[Settlement]:
         """Run the heads taken in one turn (distinct lanes), one after the other; the outcomes left
         for the next turn to settle.
 
@@ -944,7 +1010,7 @@ class ThreadWorkerPool(_PoolBase):
         so far is settled at once and the revoked partitions' lanes not yet started go back unrun:
         a revoke waits for no handler of the batch but the one running when it came.
         """
-        outcomes: list[_Outcome] = []
+        outcomes: list[Settlement] = []
         withdrawals = worker.withdrawals  # as this turn's lock saw it: a revoke since then counts
         remaining = deque(deliveries)
         while remaining:
@@ -1104,7 +1170,7 @@ class AsyncWorkerPool(_PoolBase):
                 self._exit(worker)
 
     async def _work(self, worker: _Worker) -> None:
-        outcomes: list[_Outcome] = []
+        outcomes: list[Settlement] = []
         while True:
             with self._lock:
                 turn = self._turn(worker, outcomes)
@@ -1153,7 +1219,7 @@ class AsyncWorkerPool(_PoolBase):
 
     async def _run_batch(
         self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float
-    ) -> list[_Outcome]:
+    ) -> list[Settlement]:
         """As the thread pool's ``_run_batch``, awaiting an ``async def`` batch handler."""
         outcomes, dead_letters, batch = self._runnable(taken)
         for delivery in dead_letters:
@@ -1171,12 +1237,11 @@ class AsyncWorkerPool(_PoolBase):
                 worker.stats.busy = False
                 raise  # the pool is cancelling this worker (shutdown), not a failing batch
             results = [raised] * len(batch)
-        for delivery, outcome, error in self._batch_outcomes(worker, batch, results, started):
-            if outcome is None:
-                assert error is not None
-                outcome = await self._publish_dead_letter(worker, delivery, error)
-            outcomes.append(outcome)
-        return outcomes
+        settled, to_dead_letter = self._batch_outcomes(worker, batch, results, started)
+        settled += outcomes
+        for delivery, error in to_dead_letter:
+            settled.append(await self._publish_dead_letter(worker, delivery, error))
+        return settled
 
     async def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
         handed_back = self._handed_back_if_let_go(delivery)
