@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -422,7 +423,9 @@ def test_finishing_a_taken_batch_at_once_is_finishing_each_of_it(
             else:
                 scheduler.finished_all(taken)
         assert order["one_by_one"] == order["at_once"]
-        assert len(one_by_one) == len(at_once) and one_by_one.summary() == at_once.summary()
+        # an unordered delivery's lane is the delivery itself: its id differs between the two
+        assert len(one_by_one) == len(at_once)
+        assert replace(one_by_one.summary(), longest_lane=None) == replace(at_once.summary(), longest_lane=None)
     for label, scheduler in (("one_by_one", one_by_one), ("at_once", at_once)):
         while taken := scheduler.take(0.0, limit):
             order[label] += names(taken)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keyorder.core.routing import Ordering, lane_function
+from keyorder.core.routing import Ordering, lanes_function
 
 
 @pytest.mark.parametrize(
@@ -20,17 +20,17 @@ from keyorder.core.routing import Ordering, lane_function
     ],
 )
 def test_lane_per_ordering_mode(ordering: Ordering, key: bytes | None, expected: object) -> None:
-    assert lane_function(ordering)("orders", 3, key) == expected
+    assert lanes_function(ordering)(("orders", 3), [key, key]) == [expected, expected]
 
 
 def test_ordering_accepts_its_string_values_and_rejects_others() -> None:
-    assert lane_function("partition")("t", 1, b"k") == ("t", 1)
+    assert lanes_function("partition")(("t", 1), [b"k"]) == [("t", 1)]
     with pytest.raises(ValueError, match="random"):
-        lane_function("random")
+        lanes_function("random")
 
 
 def test_keyless_messages_of_one_partition_share_a_lane_and_partitions_differ() -> None:
-    lane_of = lane_function(Ordering.KEY)
-    assert lane_of("orders", 5, None) == lane_of("orders", 5, None)
-    assert len({lane_of("orders", partition, None) for partition in range(32)}) == 32
-    assert lane_of("orders", 5, None) != lane_of("payments", 5, None)
+    lanes_of = lanes_function(Ordering.KEY)
+    assert lanes_of(("orders", 5), [None, b"k", None]) == [("orders", 5), b"k", ("orders", 5)]
+    assert len({lanes_of(("orders", partition), [None])[0] for partition in range(32)}) == 32
+    assert lanes_of(("orders", 5), [None]) != lanes_of(("payments", 5), [None])

@@ -107,6 +107,21 @@ def test_another_partitions_records_in_the_same_batch_are_taken() -> None:
     assert source.seeks == [{P0: FetchPosition(3, 1)}]
 
 
+def test_records_before_the_gap_in_the_same_run_are_taken_and_those_from_it_on_are_not() -> None:
+    """3-5 of epoch 1 arrive in one run with 8 of epoch 2 after them (9 and 10 behind it): the run is not plain,
+    so it goes record by record. 3-5 are taken (received, so the pod must run them: it will not fetch them
+    again), and the partition is fetched again from 6; 8-10 arrive again."""
+    runtime, source, pool = runtime_assigned()
+    runtime._dispatch([message(offset, 1) for offset in range(3)], 0.0)
+    runtime._dispatch(
+        [*(message(offset, 1) for offset in range(3, 6)), *(message(offset, 2) for offset in (8, 9, 10))], 1.0
+    )
+    assert held(pool) == [(offset, 1) for offset in range(6)], "3-5 taken, 8-10 not"
+    assert source.seeks == [{P0: FetchPosition(6, 1)}]
+    assert runtime.partitions[P0].outstanding == 6 and runtime.inflight == 6
+    assert runtime.partitions[P0].receive_times._marks[-1] == (3, 1.0), "the run's mark stays: 3-5 were taken"
+
+
 def test_a_refused_batch_leaves_no_receive_time_behind() -> None:
     """The refused record's batch mark would make the re-fetched 3-5 look older than they are."""
     runtime, _source, _pool = runtime_assigned()

@@ -379,3 +379,55 @@ def test_a_log_reset_forgets_the_passed_position() -> None:
     tracker.received(998)  # reset below the committed offset
     tracker.completed(998)
     assert tracker.commit_position == 999, "the new log's 999 and 1000 were never received or passed"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    first=st.lists(st.integers(0, 40), min_size=1, max_size=8),
+    run=st.lists(st.integers(0, 40), min_size=1, max_size=8),
+    epochs=st.lists(st.sampled_from([None, 3, 4, 5]), min_size=9, max_size=16),
+    prior_done=st.sets(st.integers(0, 40), max_size=3),
+    start=st.one_of(st.none(), st.integers(0, 10)),
+)
+def test_a_run_received_at_once_is_the_run_received_one_by_one_or_nothing(
+    first: list[int], run: list[int], epochs: list[int | None], prior_done: set[int], start: int | None
+) -> None:
+    """``received_run`` records a run only when ``received`` for each of its records would take each, with
+    nothing else happening; then both leave the same state. Otherwise it records nothing (the caller goes
+    record by record)."""
+
+    def tracker_after_first() -> PartitionOffsets:
+        tracker = PartitionOffsets(start, prior_done, 3)
+        for offset, epoch in zip(first, epochs, strict=False):
+            try:
+                tracker.received(offset, epoch)
+            except Exception:  # LogTruncated, EpochGap: what the runtime handles; not this test's subject
+                pass
+        return tracker
+
+    run_epochs = epochs[len(first) : len(first) + len(run)] + [epochs[-1]] * len(run)
+    run_epochs = run_epochs[: len(run)]
+    at_once, one_by_one = tracker_after_first(), tracker_after_first()
+    taken_at_once = at_once.received_run(list(run), list(run_epochs))
+    if not taken_at_once:
+        assert at_once.last_received == one_by_one.last_received and at_once.inflight == one_by_one.inflight
+        assert at_once.received_count == one_by_one.received_count, "nothing recorded"
+        return
+    assert all(one_by_one.received(offset, epoch) for offset, epoch in zip(run, run_epochs, strict=True))
+    for name in ("last_received", "leader_epoch", "received_count", "inflight", "commit_position", "skipped"):
+        assert getattr(at_once, name) == getattr(one_by_one, name), name
+
+
+def test_a_plain_run_is_received_at_once_and_the_other_cases_go_one_by_one() -> None:
+    tracker = PartitionOffsets(10, (), 3)
+    assert not tracker.received_run([10, 11], [3, 3]), "the partition's first record goes one by one"
+    assert tracker.received(10, 3) and tracker.received(11, 3)
+    assert tracker.received_run([12, 13, 15], [3, 3, 3]), "a gap (compaction, markers) is still plain"
+    assert (tracker.last_received, tracker.inflight, tracker.commit_position) == (15, 5, 10)
+    assert not tracker.received_run([15, 16], [3, 3]), "a re-delivery"
+    assert not tracker.received_run([17, 16], [3, 3]), "not increasing"
+    assert not tracker.received_run([16, 17], [3, 4]), "a new leader epoch"
+    assert tracker.last_received == 15, "nothing recorded by a run refused"
+    skipping = PartitionOffsets(10, {12}, 3)
+    assert skipping.received(10, 3)
+    assert not skipping.received_run([11, 12], [3, 3]), "an offset the commit metadata marks done"

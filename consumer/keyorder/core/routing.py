@@ -5,7 +5,7 @@ order (the ``lanes`` scheduler guarantees it). The ordering mode decides what a 
 message key, the partition, or nothing at all. Lanes are not bound to workers, so no hashing is
 needed: any idle worker may run any ready lane.
 
-Pure functions; the poll loop calls the chosen one once per message.
+Pure functions; the poll loop calls the chosen one once per run of a partition's messages.
 """
 
 from __future__ import annotations
@@ -28,26 +28,27 @@ class Ordering(StrEnum):
 Lane = Hashable | None
 """A lane: message key bytes, a ``(topic, partition)`` tuple, or ``None`` for unordered."""
 
-LaneOf = Callable[[str, int, bytes | None], Lane]
-"""``lane_of(topic, partition, key)``."""
+LanesOf = Callable[[tuple[str, int], list[bytes | None]], list[Lane]]
+"""``lanes_of((topic, partition), keys)``: the lane of each of a run of one partition's messages, by their keys.
+A run, not a message: the poll loop routes what one fetch of a partition hands out in one call."""
 
 
-def _by_key(topic: str, partition: int, key: bytes | None) -> Lane:
+def _by_key(partition_id: tuple[str, int], keys: list[bytes | None]) -> list[Lane]:
     # A message without a key gets its partition's lane: keyless messages of one partition stay in
     # offset order among themselves (the safe reading of "no key").
-    return key if key is not None else (topic, partition)
+    return [key if key is not None else partition_id for key in keys]
 
 
-def _by_partition(topic: str, partition: int, key: bytes | None) -> Lane:
-    return (topic, partition)
+def _by_partition(partition_id: tuple[str, int], keys: list[bytes | None]) -> list[Lane]:
+    return [partition_id] * len(keys)
 
 
-def _unordered(topic: str, partition: int, key: bytes | None) -> Lane:
-    return None
+def _unordered(partition_id: tuple[str, int], keys: list[bytes | None]) -> list[Lane]:
+    return [None] * len(keys)
 
 
-def lane_function(ordering: Ordering | str) -> LaneOf:
-    """The lane of a message under ``ordering`` (raises ``ValueError`` for an unknown mode)."""
+def lanes_function(ordering: Ordering | str) -> LanesOf:
+    """The lanes of a partition's messages under ``ordering`` (raises ``ValueError`` for an unknown mode)."""
     return {Ordering.KEY: _by_key, Ordering.PARTITION: _by_partition, Ordering.UNORDERED: _unordered}[
         Ordering(ordering)
     ]

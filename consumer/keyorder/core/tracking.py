@@ -63,6 +63,7 @@ threads call too (it reads one attribute the poll loop replaces whole).
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Iterable
 
@@ -210,6 +211,25 @@ class PartitionOffsets:
                 self._done.add(offset)
             return False
         self._pending.append(offset)
+        return True
+
+    def received_run(self, offsets: list[int], leader_epochs: list[int | None]) -> bool:
+        """``received`` for a run of one fetch's records, in one step, when it is the plain case: each offset
+        above the last received and above the one before it, each record of the greatest leader epoch known,
+        and no commit metadata left to skip by. Then each would be received fresh with nothing else
+        happening, so they are recorded at once and ``True`` returned (every one must be processed).
+        Otherwise nothing is recorded and ``False`` returned: the caller calls ``received`` for each (the
+        first record of a partition, a new leader epoch, a truncation, a re-delivery, offsets to skip)."""
+        last = self.last_received
+        if last is None or self._prior_done or offsets[0] <= last:
+            return False
+        if leader_epochs.count(self.leader_epoch) != len(leader_epochs):
+            return False
+        if len(offsets) > 1 and not all(map(operator.lt, offsets, offsets[1:])):
+            return False
+        self.last_received = offsets[-1]
+        self.received_count += len(offsets)
+        self._pending.extend(offsets)
         return True
 
     def _reset(self, offset: int) -> None:

@@ -27,7 +27,9 @@ thread owns it" would have to be re-stated in each. It moves whole into the ``en
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,12 +40,15 @@ from keyorder.core import offset_metadata
 from keyorder.core.flow import CEILING, FlowControl, FlowDecision, FlowLimits, Load
 from keyorder.core.lanes import Delivery
 from keyorder.core.partitions import PartitionState
-from keyorder.core.routing import Ordering, lane_function
+from keyorder.core.routing import Ordering, lanes_function
 from keyorder.core.tracking import EpochGap, LogTruncated, PartitionOffsets
 from keyorder.engine.committer import Committer
 from keyorder.engine.worker_pools import Completions, WorkerCrashed, WorkerPool
 
 log = logging.getLogger(__name__)
+
+_PARTITION_ID = operator.attrgetter("topic", "partition")
+"""A message's ``(topic, partition)``."""
 
 PARTLY_PAUSED_TIMEOUT = 0.005
 """Seconds a ``consume`` may wait for messages while some partitions are paused: their resumes
@@ -176,7 +181,7 @@ class ConsumerRuntime:
         self.source = source
         self.pool = pool
         self.ordering = Ordering(ordering)
-        self._lane_of = lane_function(self.ordering)
+        self._lanes_of = lanes_function(self.ordering)
         self.completions = completions
         self.clock = clock
         self.sleep = sleep
@@ -299,53 +304,74 @@ class ConsumerRuntime:
         return []
 
     def _dispatch(self, messages: list, now: float) -> None:
+        """Record, route and hand to the pool what ``consume`` returned, a run of one partition at a time.
+
+        The client hands out one partition's fetched records after another, so a batch is a few runs. A run
+        in the plain case (each record above the last received, of the leader epoch known, none to skip by
+        the commit metadata: ``PartitionOffsets.received_run``) is recorded and routed in one step; any other
+        run goes record by record (``_receive_each``)."""
         self._load_changes += 1
         partitions = self.partitions
-        lane_of = self._lane_of
+        lanes_of = self._lanes_of
         deliveries: list[Delivery] = []
-        state = None
         refetching: set[TopicPartitionId] = set()  # partitions sent back to an earlier offset (EpochGap)
-        for message in messages:
-            partition_id = (message.topic, message.partition)
-            if state is None or state.id != partition_id:
-                state = partitions.get(partition_id)
-                if state is None or state.revoked or partition_id in refetching:
-                    state = None  # no longer ours (the new owner fetches it again), or fetched again
-                    continue
-                state.receive_times.mark(message.offset, now)
-                state.client_sought = False  # a record: the client knows its position again
-                offsets = state.offsets
-                if offsets.last_received is None and offsets.start is not None and message.offset < offsets.start:
-                    log.warning(
-                        "%s[%d]: offset reset: committed offset %d but received %d below it (topic recreated or "
-                        "truncated?); tracking and committing from %d",
-                        *partition_id,
-                        offsets.start,
-                        message.offset,
-                        message.offset,
-                    )
-            try:
-                fresh = state.offsets.received(message.offset, message.leader_epoch)
-            except LogTruncated as truncated:
-                deliveries = self._log_truncated(state, truncated, deliveries, now)
-                fresh = state.offsets.received(message.offset, message.leader_epoch)
-            except EpochGap as gap:
-                state.receive_times.unmark(message.offset)  # nothing of this batch is taken: it arrives again
-                self._fetch_again(state, gap)
-                refetching.add(partition_id)
-                state = None
+        for partition_id, grouped in itertools.groupby(messages, _PARTITION_ID):
+            state = partitions.get(partition_id)
+            if state is None or state.revoked or partition_id in refetching:
+                continue  # no longer ours (the new owner fetches it again), or fetched again
+            run = list(grouped)
+            first = run[0].offset
+            state.receive_times.mark(first, now)
+            state.client_sought = False  # a record: the client knows its position again
+            offsets = state.offsets
+            if offsets.last_received is None and offsets.start is not None and first < offsets.start:
+                log.warning(
+                    "%s[%d]: offset reset: committed offset %d but received %d below it (topic recreated or "
+                    "truncated?); tracking and committing from %d",
+                    *partition_id,
+                    offsets.start,
+                    first,
+                    first,
+                )
+            if not offsets.received_run([message.offset for message in run], [m.leader_epoch for m in run]):
+                run, deliveries, fetched_again = self._receive_each(state, run, deliveries, now)
+                if fetched_again:
+                    refetching.add(partition_id)
+            if not run:
                 continue
-            if not fresh:
-                offsets = state.offsets
-                if offsets.skipped != state.skipped_counted:  # marked done by the commit metadata, not a re-delivery
-                    self._skipped += offsets.skipped - state.skipped_counted
-                    state.skipped_counted = offsets.skipped
-                continue
-            deliveries.append(Delivery(message, lane_of(message.topic, message.partition, message.key), state, now))
-            state.outstanding += 1
+            lanes = lanes_of(partition_id, [message.key for message in run])
+            deliveries += [Delivery(message, lane, state, now) for message, lane in zip(run, lanes, strict=True)]
+            state.outstanding += len(run)
         if deliveries:
             self.inflight += len(deliveries)
             self.pool.submit(deliveries)
+
+    def _receive_each(
+        self, state: PartitionState, run: list, deliveries: list[Delivery], now: float
+    ) -> tuple[list, list[Delivery], bool]:
+        """``PartitionOffsets.received`` for each record of a partition's run, in order: the records to process,
+        the batch's deliveries so far without those a log truncation let go (``LogTruncated``), and whether the
+        partition is fetched again from an earlier offset (``EpochGap``: the records from the one that raised it
+        on are not taken; they arrive again)."""
+        offsets = state.offsets
+        fresh: list = []
+        for message in run:
+            try:
+                taken = offsets.received(message.offset, message.leader_epoch)
+            except LogTruncated as truncated:
+                deliveries = self._log_truncated(state, truncated, deliveries, now)
+                fresh = [kept for kept in fresh if not offsets.is_stale(kept.offset, kept.leader_epoch)]
+                taken = offsets.received(message.offset, message.leader_epoch)
+            except EpochGap as gap:
+                state.receive_times.unmark(message.offset)  # the run's mark, if nothing of it was taken
+                self._fetch_again(state, gap)
+                return fresh, deliveries, True
+            if taken:
+                fresh.append(message)
+            elif offsets.skipped != state.skipped_counted:  # marked done by the commit metadata, not a re-delivery
+                self._skipped += offsets.skipped - state.skipped_counted
+                state.skipped_counted = offsets.skipped
+        return fresh, deliveries, False
 
     def _log_truncated(
         self, state: PartitionState, truncated: LogTruncated, batch: list[Delivery], now: float
