@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyorder.core.tracking import OffsetOrderError, PartitionOffsets, ReceiveTimes
+from keyorder.core.tracking import EpochGap, LogTruncated, OffsetOrderError, PartitionOffsets, ReceiveTimes
 
 
 @st.composite
@@ -399,10 +401,9 @@ def test_a_run_received_at_once_is_the_run_received_one_by_one_or_nothing(
     def tracker_after_first() -> PartitionOffsets:
         tracker = PartitionOffsets(start, prior_done, 3)
         for offset, epoch in zip(first, epochs, strict=False):
-            try:
+            # LogTruncated, EpochGap: what the runtime handles; not this test's subject
+            with contextlib.suppress(LogTruncated, EpochGap):
                 tracker.received(offset, epoch)
-            except Exception:  # LogTruncated, EpochGap: what the runtime handles; not this test's subject
-                pass
         return tracker
 
     run_epochs = epochs[len(first) : len(first) + len(run)] + [epochs[-1]] * len(run)
