@@ -70,11 +70,12 @@ def plain(bootstrap: str, messages: int) -> None:
     )
 
 
-def pod(bootstrap: str, workers: int, count: bool, profile: bool) -> None:
+def pod(bootstrap: str, workers: int, count: bool, profile: bool, batch: int = 0) -> None:
     port, workdir = free_port(), Path(tempfile.mkdtemp(prefix="keyorder-ceiling-"))
     environment = {
         **os.environ,
-        "KEYORDER_HANDLER": "keyorder.devtools.bench_handlers:noop",
+        "KEYORDER_HANDLER": f"keyorder.devtools.bench_handlers:{'noop_batch' if batch else 'noop'}",
+        "KEYORDER_BATCH_MAX_MESSAGES": str(max(batch, 1)),
         "KEYORDER_TOPICS": "t",
         "KEYORDER_GROUP_ID": "pod",
         "KEYORDER_BOOTSTRAP_SERVERS": bootstrap,
@@ -113,7 +114,7 @@ def pod(bootstrap: str, workers: int, count: bool, profile: bool) -> None:
         if profile:
             sampler = subprocess.Popen(
                 [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(process.pid), "-d", str(int(WINDOW)),
-                 "-r", "200", "-f", "raw", "-o", str(workdir / "profile.txt"), "--threads", "--idle", "--nonblocking"],
+                 "-r", "200", "-f", "raw", "-o", str(workdir / "profile.txt"), "--threads", "--gil", "--nonblocking"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )  # fmt: skip
@@ -122,7 +123,8 @@ def pod(bootstrap: str, workers: int, count: bool, profile: bool) -> None:
         if sampler is not None:
             sampler.wait(60)
         print(
-            f"keyorder run, no-op handler, W={workers}: {done / elapsed:,.0f} msg/s over {elapsed:.1f} s; "
+            f"keyorder run, no-op {f'batch {batch} ' if batch else ''}handler, W={workers}: "
+            f"{done / elapsed:,.0f} msg/s over {elapsed:.1f} s; "
             f"pod CPU {cpu / elapsed:.2f} cores, {1e6 * cpu / max(done, 1):.1f} us/msg"
         )
     finally:
@@ -183,7 +185,8 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--count", action="store_true", help="count the pod's consume and pause/resume calls")
-    parser.add_argument("--profile", action="store_true", help="sample the pod with py-spy")
+    parser.add_argument("--profile", action="store_true", help="sample the pod with py-spy (threads holding the GIL)")
+    parser.add_argument("--batch", type=int, default=0, help="a no-op batch handler of at most this many messages")
     args = parser.parse_args()
     with EmbeddedBroker() as broker:
         create_topics(broker.bootstrap, ["t"], 4)
@@ -191,7 +194,7 @@ def main() -> int:
         if args.mode == "plain":
             plain(broker.bootstrap, args.messages)
         else:
-            pod(broker.bootstrap, args.workers, args.count, args.profile)
+            pod(broker.bootstrap, args.workers, args.count, args.profile, args.batch)
     return 0
 
 

@@ -432,3 +432,32 @@ def test_a_plain_run_is_received_at_once_and_the_other_cases_go_one_by_one() -> 
     skipping = PartitionOffsets(10, {12}, 3)
     assert skipping.received(10, 3)
     assert not skipping.received_run([11, 12], [3, 3]), "an offset the commit metadata marks done"
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=received_and_completion_order(), cut=st.integers(1, 10))
+def test_completing_in_batches_is_completing_one_by_one(case: tuple[int, list[int], list[int]], cut: int) -> None:
+    """``completed_all`` over slices of any completion order leaves what ``completed`` for each leaves."""
+    start, offsets, order = case
+    at_once, one_by_one = PartitionOffsets(start), PartitionOffsets(start)
+    for offset in offsets:
+        at_once.received(offset)
+        one_by_one.received(offset)
+    for index in range(0, len(order), cut):
+        at_once.completed_all(order[index : index + cut])
+        for offset in order[index : index + cut]:
+            one_by_one.completed(offset)
+        assert at_once.commit_position == one_by_one.commit_position
+        assert at_once.inflight == one_by_one.inflight
+        assert at_once.completed_above_position() == one_by_one.completed_above_position()
+
+
+def test_completing_in_a_batch_what_was_completed_or_never_received_is_an_error_and_records_nothing() -> None:
+    tracker = PartitionOffsets(0)
+    for offset in range(5):
+        tracker.received(offset)
+    tracker.completed_all([3])
+    for wrong in ([3], [2, 2], [5], [1, 4, 9]):
+        with pytest.raises(OffsetOrderError):
+            tracker.completed_all(wrong)
+    assert (tracker.commit_position, tracker.inflight, tracker.completed_above_position()) == (0, 4, [3])

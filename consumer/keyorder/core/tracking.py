@@ -303,6 +303,28 @@ class PartitionOffsets:
         self._done.add(offset)
         return True
 
+    def completed_all(self, offsets: list[int]) -> None:
+        """``completed`` for each of ``offsets`` at once (a batch's messages of this partition), in any order.
+
+        Only while the log was never truncated (``truncated``: none can be stale); the caller goes one by one
+        otherwise. Raises ``OffsetOrderError``, recording nothing, when one was completed already, twice in
+        ``offsets``, or never received."""
+        pending, done = self._pending, self._done
+        new = set(offsets)
+        last = self.last_received  # not None whenever ``pending`` is non-empty
+        if (
+            len(new) != len(offsets)
+            or not pending
+            or last is None
+            or min(new) < pending[0]
+            or max(new) > last
+            or not done.isdisjoint(new)
+        ):
+            raise OffsetOrderError(f"offsets {sorted(offsets)} completed twice or never received")
+        done |= new
+        while pending and pending[0] in done:
+            done.remove(pending.popleft())
+
     @property
     def commit_position(self) -> int | None:
         """The offset to commit: lowest unfinished, else the idle position (``None``: nothing known).

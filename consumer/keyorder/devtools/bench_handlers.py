@@ -125,6 +125,13 @@ def noop(message: Message) -> None:
     _note(message, time.monotonic())
 
 
+def noop_batch(messages: Sequence[Message]) -> None:
+    """The no-op's work for each message of a batch (``tools/ceiling_probe.py pod --batch``)."""
+    started = time.monotonic()
+    for message in messages:
+        _note(message, started)
+
+
 def forget() -> None:
     """Drop this process's records (the bench's own micro-measurements keep none)."""
     _records.clear()

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 _PARTITION_ID = operator.attrgetter("topic", "partition")
 """A message's ``(topic, partition)``."""
+_PARTITION = operator.attrgetter("partition")
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 PARTLY_PAUSED_TIMEOUT = 0.005
 """Seconds a ``consume`` may wait for messages while some partitions are paused: their resumes
@@ -466,19 +468,33 @@ class ConsumerRuntime:
                 self.partitions[partition_id].client_sought = True
 
     def _collect_completions(self) -> None:
+        """Mark what the workers finished completed in its partition's offsets (handed-back deliveries only
+        leave the in-flight counts), a run of one partition's finished messages at a time: workers take heads
+        in arrival order, and arrival comes a partition's fetch at a time, so a batch call's messages come back
+        in a few such runs (``PartitionOffsets.completed_all``)."""
         completions = self.completions
-        finished = 0
-        while completions:
-            delivery, handled = completions.popleft()
-            finished += 1
-            state = delivery.partition
-            state.outstanding -= 1
-            message = delivery.message
-            if handled and not state.dropped and state.offsets.completed(message.offset, message.leader_epoch):
-                state.completed += 1
-        if finished:
-            self.inflight -= finished
-            self._load_changes += 1
+        if not completions:
+            return
+        popleft = completions.popleft
+        entries = [popleft() for _ in range(len(completions))]  # workers may append meanwhile: next turn's
+        self.inflight -= len(entries)
+        self._load_changes += 1
+        deliveries = list(map(_FIRST, entries))
+        runs = zip(zip(map(_PARTITION, deliveries), map(_SECOND, entries), strict=True), deliveries, strict=True)
+        for (state, handled), run in itertools.groupby(runs, _FIRST):
+            finished = list(map(_SECOND, run))
+            state.outstanding -= len(finished)
+            if not handled or state.dropped:
+                continue
+            offsets = state.offsets
+            if offsets.truncated:  # some may be of the old log (stale): each is asked
+                for delivery in finished:
+                    message = delivery.message
+                    if offsets.completed(message.offset, message.leader_epoch):
+                        state.completed += 1
+                continue
+            offsets.completed_all([delivery.message.offset for delivery in finished])
+            state.completed += len(finished)
 
     def _hand_back(self, deliveries: list[Delivery]) -> None:
         """Deliveries withdrawn from the scheduler unprocessed: no longer in flight, offsets untouched."""
