@@ -70,11 +70,11 @@ def plain(bootstrap: str, messages: int) -> None:
     )
 
 
-def pod(bootstrap: str, workers: int, count: bool, profile: bool, batch: int = 0) -> None:
+def pod(bootstrap: str, workers: int, count: bool, profile: bool, batch: int = 0, handler: str = "") -> None:
     port, workdir = free_port(), Path(tempfile.mkdtemp(prefix="keyorder-ceiling-"))
     environment = {
         **os.environ,
-        "KEYORDER_HANDLER": f"keyorder.devtools.bench_handlers:{'noop_batch' if batch else 'noop'}",
+        "KEYORDER_HANDLER": f"keyorder.devtools.bench_handlers:{handler or ('noop_batch' if batch else 'noop')}",
         "KEYORDER_BATCH_MAX_MESSAGES": str(max(batch, 1)),
         "KEYORDER_TOPICS": "t",
         "KEYORDER_GROUP_ID": "pod",
@@ -123,7 +123,7 @@ def pod(bootstrap: str, workers: int, count: bool, profile: bool, batch: int = 0
         if sampler is not None:
             sampler.wait(60)
         print(
-            f"keyorder run, no-op {f'batch {batch} ' if batch else ''}handler, W={workers}: "
+            f"keyorder run, {handler or 'no-op'} {f'batch {batch} ' if batch else ''}handler, W={workers}: "
             f"{done / elapsed:,.0f} msg/s over {elapsed:.1f} s; "
             f"pod CPU {cpu / elapsed:.2f} cores, {1e6 * cpu / max(done, 1):.1f} us/msg"
         )
@@ -187,6 +187,7 @@ def main() -> int:
     parser.add_argument("--count", action="store_true", help="count the pod's consume and pause/resume calls")
     parser.add_argument("--profile", action="store_true", help="sample the pod with py-spy (threads holding the GIL)")
     parser.add_argument("--batch", type=int, default=0, help="a no-op batch handler of at most this many messages")
+    parser.add_argument("--handler", default="", help="another bench_handlers function (sink_batch)")
     args = parser.parse_args()
     with EmbeddedBroker() as broker:
         create_topics(broker.bootstrap, ["t"], 4)
@@ -194,7 +195,7 @@ def main() -> int:
         if args.mode == "plain":
             plain(broker.bootstrap, args.messages)
         else:
-            pod(broker.bootstrap, args.workers, args.count, args.profile, args.batch)
+            pod(broker.bootstrap, args.workers, args.count, args.profile, args.batch, args.handler)
     return 0
 
 

@@ -40,23 +40,22 @@ class Delivery:
     """A message on its way through the pod, with its lane and retry state."""
 
     __slots__ = (
-        "attempts", "lane", "lane_id", "message", "partition", "pending_dead_letter", "received_at", "run_alone",
-        "sequence",
+        "attempts", "lane_id", "message", "partition", "pending_dead_letter", "received_at", "run_alone", "sequence"
     )  # fmt: skip
 
     def __init__(self, message: Any, lane: Hashable | None, partition: Any, received_at: float) -> None:
         self.message = message
-        self.lane = lane
-        """The ordering lane; ``None`` when unordered (the delivery is a lane of its own)."""
         self.lane_id: Hashable = lane if lane is not None else id(self)
-        """The scheduler's key for this delivery's lane: its lane, or the delivery itself if unordered (an
-        attribute, not a property: the scheduler reads it several times per message)."""
+        """The scheduler's key for this delivery's lane: its ordering lane, or, unordered (``lane`` is ``None``),
+        the delivery itself, a lane of its own. An attribute, not a property: the scheduler reads it several
+        times per message, and the poll loop makes one of these per message."""
         self.partition = partition
         """The runtime's per-partition state (opaque here)."""
         self.received_at = received_at
         self.attempts = 0
-        self.sequence = 0
-        """Its place in the order the scheduler received deliveries (``LaneScheduler.add``)."""
+        self.sequence: int
+        """Its place in the order the scheduler received deliveries, set by ``LaneScheduler.add`` (not here: one
+        assignment less per message)."""
         self.pending_dead_letter: BaseException | None = None
         """Set when the handler gave up but the DLQ write failed: only the write is retried."""
         self.run_alone = False
