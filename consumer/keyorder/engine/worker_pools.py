@@ -530,7 +530,7 @@ class _PoolBase:
             return EXIT
         now = self.clock()
         deliveries = scheduler.take(now, self._take_limit(worker, scheduler.ready))
-        self._wake_others(scheduler.ready)  # whoever folded the batches in, idle workers get the rest
+        self._wake_others(self._takers_for(scheduler.ready))  # whoever folded the batches in, idle workers get the rest
         if deliveries:
             worker.withdrawals = self._withdrawals
             if parked:
@@ -595,6 +595,14 @@ class _PoolBase:
         """Lanes one worker takes per turn (the async pool: one, or a batch handler's most)."""
         return self.batch.max_messages
 
+    def _takers_for(self, ready: int) -> int:
+        """Idle workers to wake for ``ready`` lanes: one each, or for a batch handler one per full batch of them.
+        Woken one per lane, every idle worker of a batch handler took a few lanes each: many small calls, each
+        paying the call's cost, and as many thread switches."""
+        if not self.batch.enabled:
+            return ready
+        return -(-ready // self.batch.max_messages)
+
     def _fill_step(self, worker: _Worker, taken: list[Delivery], deadline: float) -> str | float:
         """Caller holds ``_lock``: add the heads of lanes that became ready to a batch being filled; the
         reason to send it now (``keyorder.batch.BATCH_REASONS``), or seconds to wait for more lanes.
@@ -618,7 +626,7 @@ class _PoolBase:
         now = self.clock()
         if len(taken) < limit:
             taken += scheduler.take(now, limit - len(taken))
-            self._wake_others(scheduler.ready)
+            self._wake_others(self._takers_for(scheduler.ready))
         if len(taken) >= limit:
             return "full"
         remaining = deadline - now
@@ -672,7 +680,7 @@ class _PoolBase:
         if outcomes:
             with self._lock:
                 parked = self._settle_outcomes(outcomes)
-                self._wake_others(self._scheduler.ready + parked)
+                self._wake_others(self._takers_for(self._scheduler.ready) + parked)
         return []
 
     def _count_batch(self, worker: _Worker, size: int, reason: str, fill_seconds: float) -> None:
