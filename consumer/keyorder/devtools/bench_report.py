@@ -1,4 +1,5 @@
-"""Pure arithmetic and rendering for ``keyorder bench``: ideals, ratios, percentiles, plot, table.
+"""Pure arithmetic and rendering for ``keyorder bench``: ideals, ratios, percentiles, the order of
+a run's passes and their best, plot, table.
 
 Kept apart from the runner (which owns brokers, pods and clocks) so the numbers a user reads can
 be unit-tested, and re-rendered from a saved JSON report without re-running anything.
@@ -11,8 +12,8 @@ are the seam if it grows further.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from keyorder.devtools.bench_handlers import SINK_CALL_SECONDS, SINK_MESSAGE_SECONDS
@@ -30,14 +31,16 @@ class RunResult:
     messages: int
     seconds: float
     rate: float
-    """Messages per second between the first and the last handled message."""
+    """Messages per second between the first and the last handled message (of several passes: the
+    best pass's; the other figures are that pass's too, but ``order_violations``)."""
     cpu_us_per_message: float
     p50_ms: float | None
     p99_ms: float | None
     peak_rss_mb: float
     peak_inflight: int
     order_violations: int
-    """Per-key sequence gaps seen by the handler (expected, and not a failure, in unordered mode)."""
+    """Per-key sequence gaps seen by the handler (expected, and not a failure, in unordered mode); of
+    several passes, summed over all of them."""
     ideal_rate: float | None = None
     ratio_to_baseline: float | None = None
     ratio_to_ideal: float | None = None
@@ -49,6 +52,78 @@ class RunResult:
     """Messages per batch handler call over the pod's life (``None``: a per-message handler)."""
     batch_reasons: dict[str, int] = field(default_factory=dict)
     """Batch calls by why each was sent (``keyorder.batch.BATCH_REASONS``: full, waited, nothing more ready)."""
+    pass_rates: list[float] = field(default_factory=list)
+    """Each measured pass's msg/s, in the order they ran (empty: one pass, or a report from before passes)."""
+
+
+def best_of_passes(passes: Sequence[RunResult]) -> RunResult:
+    """One row from its passes: the best by rate, with every pass's rate (``pass_rates``) and the order
+    violations of all of them; one pass is returned as it is."""
+    if not passes:
+        raise ValueError("best_of_passes needs at least one pass")
+    if len(passes) == 1:
+        return passes[0]
+    best = max(passes, key=lambda result: result.rate)
+    return replace(
+        best,
+        order_violations=sum(result.order_violations for result in passes),
+        pass_rates=[round(result.rate, 1) for result in passes],
+    )
+
+
+def median_rate(rate: float, pass_rates: Sequence[float]) -> float:
+    """The median of a row's passes (its ``rate`` when it ran once)."""
+    figures = spread(pass_rates)
+    return rate if figures is None else figures[1]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One measurement of a row: pass ``number`` of ``passes`` (0: a warm-up pass, discarded)."""
+
+    name: str
+    number: int
+    passes: int
+
+    @property
+    def text(self) -> str:
+        return "warm-up pass" if self.number == 0 else f"pass {self.number}/{self.passes}"
+
+    @property
+    def last(self) -> bool:
+        return self.number == self.passes
+
+
+def interleave(
+    rows: Sequence[tuple[str, int]], groups: Sequence[Sequence[str]], warmups: Collection[str] = ()
+) -> list[Pass]:
+    """The order to measure ``rows`` ((name, passes), in the order they are defined) in.
+
+    A row runs all its passes in turn, except the rows of a group, which are compared with each
+    other: they take turns, pass 1 of each, then pass 2 of each, and so on, so that the machine's
+    drift over minutes (1.5-2 x on a shared 2-core VM) hits every row of the group alike. A group
+    runs where its first row is defined; a row named in ``warmups`` runs a warm-up pass (number 0)
+    before its group's first passes. Names of a group that are not rows are ignored."""
+    names = {name for name, _passes in rows}
+    passes_of = dict(rows)
+    group_of: dict[str, list[str]] = {}
+    for group in groups:
+        members = [name for name in group if name in names]
+        for name in members:
+            if name in group_of:
+                raise ValueError(f"the bench row {name!r} is in two interleaved groups")
+            group_of[name] = members
+    order: list[Pass] = []
+    done: set[str] = set()
+    for name, _passes in rows:
+        if name in done:
+            continue
+        members = group_of.get(name, [name])
+        done.update(members)
+        order += [Pass(member, 0, passes_of[member]) for member in members if member in warmups]
+        for number in range(1, max(passes_of[member] for member in members) + 1):
+            order += [Pass(member, number, passes_of[member]) for member in members if number <= passes_of[member]]
+    return order
 
 
 @dataclass
@@ -220,17 +295,36 @@ def spread(rates: Sequence[float]) -> tuple[float, float, float] | None:
     return ordered[0], median, ordered[-1]
 
 
+def raw_ceiling_of(
+    passes: Sequence[tuple[int, float, float, int]], warmup: tuple[int, float, float, int] | None
+) -> RawCeilingResult:
+    """The ceiling from the raw loop's measured passes and its warm-up pass (``None``: none ran), each
+    (messages, seconds, msg/s, order violations): the best pass, the others its spread."""
+    if not passes:
+        raise ValueError("the raw ceiling needs at least one measured pass")
+    best = max(passes, key=lambda figures: figures[2])
+    return RawCeilingResult(
+        messages=best[0],
+        seconds=round(best[1], 3),
+        rate=best[2],
+        order_violations=sum(figures[3] for figures in passes) + (warmup[3] if warmup else 0),
+        pass_rates=[round(figures[2], 1) for figures in passes],
+        warmup_rate=round(warmup[2], 1) if warmup else None,
+    )
+
+
+def spread_suffix(pass_rates: Sequence[float]) -> str:
+    """", best of N (min, median, max)" after a rate measured N > 1 times; nothing after one pass."""
+    figures = spread(pass_rates)
+    if figures is None or len(pass_rates) < 2:
+        return ""
+    low, median, high = figures
+    return f", best of {len(pass_rates)} (min {low:,.0f}, median {median:,.0f}, max {high:,.0f})"
+
+
 def raw_ceiling_summary(raw: RawCeilingResult) -> str:
     """The ceiling and its spread, as the console and the table show it."""
-    figures = spread(raw.pass_rates)
-    if figures is None or len(raw.pass_rates) < 2:
-        text = f"{raw.rate:,.0f} msg/s"
-    else:
-        low, median, high = figures
-        text = (
-            f"{raw.rate:,.0f} msg/s, best of {len(raw.pass_rates)} "
-            f"(min {low:,.0f}, median {median:,.0f}, max {high:,.0f})"
-        )
+    text = f"{raw.rate:,.0f} msg/s{spread_suffix(raw.pass_rates)}"
     if raw.warmup_rate is not None:
         text += f"; warm-up pass {raw.warmup_rate:,.0f} discarded"
     return text
@@ -391,6 +485,7 @@ def resize_figures(
 
 
 def markdown_table(runs: Sequence[RunResult]) -> str:
+    """One row per run; a row measured in several passes shows its best, then their spread, in msg/s."""
     rows = [
         "| run | handler | W | msg/s | x baseline | x ideal | p50 ms | p99 ms | CPU µs/msg | peak RSS MB "
         "| order violations | mean batch |",
@@ -402,7 +497,7 @@ def markdown_table(runs: Sequence[RunResult]) -> str:
 
     for run in runs:
         rows.append(
-            f"| {run.name} | {run.handler} | {run.workers} | {run.rate:,.0f} | "
+            f"| {run.name} | {run.handler} | {run.workers} | {run.rate:,.0f}{spread_suffix(run.pass_rates)} | "
             f"{number(run.ratio_to_baseline)} | {number(run.ratio_to_ideal, 2)} | {number(run.p50_ms)} | "
             f"{number(run.p99_ms)} | {run.cpu_us_per_message:.1f} | {run.peak_rss_mb:.0f} | "
             f"{run.order_violations} | {number(run.mean_batch)} |"

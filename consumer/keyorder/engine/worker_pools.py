@@ -653,7 +653,7 @@ class _PoolBase:
         revoked nor ever truncated lets none of its messages go (``PartitionState.may_let_go``)."""
         if (
             not self.stopping
-            and not any(map(_PENDING_DEAD_LETTER, taken))
+            and list(map(_PENDING_DEAD_LETTER, taken)).count(None) == len(taken)  # not truth: an error may be falsy
             and not any(partition.may_let_go for partition in set(map(_PARTITION, taken)))
         ):
             return [], [], taken
