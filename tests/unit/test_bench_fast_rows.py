@@ -181,10 +181,10 @@ def test_the_batch_targets_put_the_batched_sink_against_per_message_and_the_no_o
     assert targets[f"{NOOP_BATCH_RUN} >= 0.8 x the raw loop (best of 3)"] == {
         "ok": True,
         "required": False,
-        "detail": "0.83 x (125,000 vs 150,000 msg/s)",
+        "detail": "0.83 x (best 125,000 vs 150,000 msg/s; medians 0.86 x)",  # the raw loop's median: 145,000
     }
     assert targets[f"{thread_batched} >= 5 x {thread_single}"]["ok"]
-    assert targets[f"{thread_batched} >= 5 x {thread_single}"]["detail"] == "5.0x (100,000 vs 20,000 msg/s)"
+    assert targets[f"{thread_batched} >= 5 x {thread_single}"]["detail"] == "5.0x (best 100,000 vs 20,000 msg/s)"
     assert not targets[f"{process_batched} >= 5 x {process_single}"]["ok"]
     assert not [name for name in targets if name.startswith("no regression")]  # no earlier report given
 

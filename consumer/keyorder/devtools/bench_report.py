@@ -314,7 +314,7 @@ def raw_ceiling_of(
 
 
 def spread_suffix(pass_rates: Sequence[float]) -> str:
-    """", best of N (min, median, max)" after a rate measured N > 1 times; nothing after one pass."""
+    """ ", best of N (min, median, max)" after a rate measured N > 1 times; nothing after one pass."""
     figures = spread(pass_rates)
     if figures is None or len(pass_rates) < 2:
         return ""
