@@ -601,3 +601,31 @@ def test_a_plain_handler_hook_or_batch_handler_that_returns_a_coroutine_is_refus
         import gc
 
         gc.collect()
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_an_async_worker_closed_while_its_handler_awaits_stops_without_an_error(batched: bool) -> None:
+    """A worker's coroutine closed at its handler's await (its loop went away, or it was collected) gets
+    ``GeneratorExit``: it must stop, not count the messages failed (asking for the current task with no running
+    loop raised ``RuntimeError: no running event loop``, printed as "Exception ignored" in the simulation)."""
+    from keyorder.batch import PER_MESSAGE
+    from keyorder.engine.worker_pools import _Worker
+
+    loop = asyncio.new_event_loop()  # the pool's, never started: the future on it never completes
+    never: asyncio.Future[None] = loop.create_future()
+
+    async def handler(_messages: object) -> None:
+        await never
+
+    limits = BatchLimits(10, 0.0) if batched else PER_MESSAGE
+    pool = AsyncWorkerPool(handler, 1, RetryPolicy(), None, Completions(), batch=limits, event_loop=lambda: loop)
+    partition = Partition()
+    delivery = Delivery(Message("t", 0, 0, b"k", b"", (), 0), b"k", partition, 0.0)
+    worker = _Worker(0)
+    coroutine = pool._run_batch(worker, [delivery], "full", 0.0) if batched else pool._execute(worker, delivery)
+    try:
+        coroutine.send(None)  # runs up to the handler's await of the future
+        coroutine.close()  # GeneratorExit there: no RuntimeError, nothing counted failed
+    finally:
+        loop.close()
+    assert worker.stats.failed == 0 and not worker.stats.busy

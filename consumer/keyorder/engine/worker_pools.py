@@ -1081,6 +1081,18 @@ class ThreadWorkerPool(_PoolBase):
             log.error("the handler's tear-down hook failed: %s: %s", type(error).__name__, error)
 
 
+def _stops_the_worker(error: BaseException) -> bool:
+    """Whether ``error``, out of an awaited handler, stops the async worker rather than failing its messages: the
+    pool cancelling the worker's task (shutdown), or the worker's coroutine closed while it awaited (``GeneratorExit``:
+    its loop went away, or it was collected), when no loop runs to ask about a task at all."""
+    if isinstance(error, GeneratorExit):
+        return True
+    if not isinstance(error, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class AsyncWorkerPool(_PoolBase):
     """Key workers as asyncio tasks on one event-loop thread, for ``async def`` handlers.
 
@@ -1234,8 +1246,7 @@ class AsyncWorkerPool(_PoolBase):
         try:
             results = await call_async_batch(self._handler, list(map(_MESSAGE, batch)))
         except BaseException as raised:
-            task = asyncio.current_task()
-            if isinstance(raised, asyncio.CancelledError) and task is not None and task.cancelling():
+            if _stops_the_worker(raised):
                 worker.stats.busy = False
                 raise  # the pool is cancelling this worker (shutdown), not a failing batch
             results = [raised] * len(batch)
@@ -1259,8 +1270,7 @@ class AsyncWorkerPool(_PoolBase):
             await self._handler(delivery.message)
         except BaseException as error:
             stats.busy = False
-            task = asyncio.current_task()
-            if isinstance(error, asyncio.CancelledError) and task is not None and task.cancelling():
+            if _stops_the_worker(error):
                 raise  # the pool is cancelling this worker (shutdown), not a failing message
             outcome = self._failed(worker, delivery, error)
             return outcome or await self._publish_dead_letter(worker, delivery, error)
