@@ -629,3 +629,27 @@ def test_an_async_worker_closed_while_its_handler_awaits_stops_without_an_error(
     finally:
         loop.close()
     assert worker.stats.failed == 0 and not worker.stats.busy
+
+
+def test_an_async_worker_closed_while_it_awaits_stops_and_does_not_crash_the_pod() -> None:
+    """The same close, seen by the worker's whole life (``_run``): a stop, not a crash (a crash stops the pod)."""
+    from keyorder.engine.worker_pools import _Worker
+
+    loop = asyncio.new_event_loop()  # the pool's, never started: the future on it never completes
+    never: asyncio.Future[None] = loop.create_future()
+
+    async def handler(_message: object) -> None:
+        raise AssertionError("not called")
+
+    async def work_awaiting(_worker: _Worker) -> None:  # a worker's loop, at its handler's await
+        await never
+
+    pool = AsyncWorkerPool(handler, 1, RetryPolicy(), None, Completions(), event_loop=lambda: loop)
+    pool._work = work_awaiting  # type: ignore[method-assign]
+    whole = pool._run(_Worker(1))
+    try:
+        whole.send(None)
+        whole.close()
+    finally:
+        loop.close()
+    assert pool.health.crashed is None, "a closed worker stopped; it did not crash (the pod would exit)"

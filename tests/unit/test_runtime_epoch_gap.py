@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pytest
+
 from keyorder.contracts import FetchPosition, TopicPartitionId
 from keyorder.core.flow import FlowLimits
 from keyorder.core.routing import Ordering
@@ -154,3 +156,19 @@ def test_a_truncation_with_no_new_record_yet_is_found_by_the_clients_lost_positi
     assert len(source.seeks) == 1, "once: the pod's own seek leaves the position unknown until the next record"
     runtime._dispatch([message(10, 1)], 1.0)
     assert runtime.partitions[P0].client_sought is False, "a record: the client knows its place again"
+
+
+def test_an_offset_completed_twice_leaves_the_other_partitions_counts_right() -> None:
+    """Completing an offset twice is a bug (``OffsetOrderError``, the poll loop stops); the other partitions'
+    completions taken in the same turn still leave their in-flight counts, or a revoke or the shutdown would
+    wait for them out its whole timeout."""
+    from keyorder.core.tracking import OffsetOrderError
+
+    runtime, _source, pool = runtime_assigned()
+    runtime._on_assign([("t", 1)])
+    runtime._dispatch([message(0, 1), Message("t", 1, 0, b"x", b"{}", leader_epoch=1)], 0.0)
+    first, other = pool.held
+    runtime.completions.extend([(first, True), (first, True), (other, True)])
+    with pytest.raises(OffsetOrderError):
+        runtime._collect_completions()
+    assert runtime.partitions[("t", 1)].outstanding == 0

@@ -461,3 +461,16 @@ def test_completing_in_a_batch_what_was_completed_or_never_received_is_an_error_
         with pytest.raises(OffsetOrderError):
             tracker.completed_all(wrong)
     assert (tracker.commit_position, tracker.inflight, tracker.completed_above_position()) == (0, 4, [3])
+
+
+def test_done_offsets_of_the_metadata_that_never_arrive_do_not_keep_every_later_run_one_by_one() -> None:
+    """The metadata marked 105 and 107 done; compaction removed 105 before this owner read it. Once past them,
+    runs are plain again; a done offset still ahead keeps only the runs that hold it record by record."""
+    tracker = PartitionOffsets(100, {105, 107, 140}, 3)
+    for offset in (100, 101, 102, 103, 104, 106):
+        assert tracker.received(offset, 3)
+    assert not tracker.received(107, 3), "107 is skipped: done by the earlier owner"
+    assert tracker.received_run([108, 109, 110], [3, 3, 3]), "105 and 107 are behind: they can never be skipped"
+    assert tracker.received_run([111, 112], [3, 3]), "140 is ahead of this run"
+    assert not tracker.received_run([139, 140, 141], [3, 3, 3]), "140 is in this run: one by one"
+    assert tracker.skipped == 1 and tracker.last_received == 112

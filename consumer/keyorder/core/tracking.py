@@ -221,7 +221,9 @@ class PartitionOffsets:
         Otherwise nothing is recorded and ``False`` returned: the caller calls ``received`` for each (the
         first record of a partition, a new leader epoch, a truncation, a re-delivery, offsets to skip)."""
         last = self.last_received
-        if last is None or self._prior_done or offsets[0] <= last:
+        if last is None or offsets[0] <= last:
+            return False
+        if self._prior_done and not self._prior_done_all_above(last, offsets[-1]):
             return False
         if leader_epochs.count(self.leader_epoch) != len(leader_epochs):
             return False
@@ -231,6 +233,16 @@ class PartitionOffsets:
         self.received_count += len(offsets)
         self._pending.extend(offsets)
         return True
+
+    def _prior_done_all_above(self, last: int, run_end: int) -> bool:
+        """Whether the commit metadata's done offsets left are all above ``run_end`` (none is in the run), after
+        dropping those at or below ``last`` received: those can never be skipped any more (a record at or below
+        it is a re-delivery), and one that never arrived (compacted away) would otherwise keep every later run
+        of the partition on the record-by-record path."""
+        prior = self._prior_done
+        if min(prior) <= last:
+            prior.difference_update([offset for offset in prior if offset <= last])
+        return not prior or min(prior) > run_end
 
     def _reset(self, offset: int) -> None:
         """Nothing received yet and ``offset`` < ``start``: the log was reset; track from ``offset``."""

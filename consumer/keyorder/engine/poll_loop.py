@@ -481,11 +481,13 @@ class ConsumerRuntime:
         self._load_changes += 1
         deliveries = list(map(_FIRST, entries))
         runs = zip(zip(map(_PARTITION, deliveries), map(_SECOND, entries), strict=True), deliveries, strict=True)
+        handled_runs = []
         for (state, handled), run in itertools.groupby(runs, _FIRST):
             finished = list(map(_SECOND, run))
-            state.outstanding -= len(finished)
-            if not handled or state.dropped:
-                continue
+            state.outstanding -= len(finished)  # every count first: an offset error below leaves none behind
+            if handled and not state.dropped:
+                handled_runs.append((state, finished))
+        for state, finished in handled_runs:
             offsets = state.offsets
             if offsets.truncated:  # some may be of the old log (stale): each is asked
                 for delivery in finished:

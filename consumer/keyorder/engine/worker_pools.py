@@ -653,7 +653,7 @@ class _PoolBase:
         revoked nor ever truncated lets none of its messages go (``PartitionState.may_let_go``)."""
         if (
             not self.stopping
-            and list(map(_PENDING_DEAD_LETTER, taken)).count(None) == len(taken)  # not truth: an error may be falsy
+            and all(map(operator.is_, map(_PENDING_DEAD_LETTER, taken), _NONE))  # identity: an error may be falsy
             and not any(partition.may_let_go for partition in set(map(_PARTITION, taken)))
         ):
             return [], [], taken
@@ -706,7 +706,7 @@ class _PoolBase:
         worker.stats.busy = False
         now = self.clock()
         share = (now - started) / len(batch)
-        if results.count(None) == len(results):  # the common case: all succeeded
+        if all(map(operator.is_, results, _NONE)):  # the common case: all succeeded (identity, not ==)
             return [self._batch_succeeded(worker, batch, share, now)], []
         settled: list[Settlement] = []
         succeeded: list[Delivery] = []
@@ -839,6 +839,8 @@ class _PoolBase:
 
 
 _PENDING_DEAD_LETTER = operator.attrgetter("pending_dead_letter")
+_NONE = itertools.repeat(None)
+"""``None`` for ``map(operator.is_, items, _NONE)``: each item's identity with ``None``, in C."""
 _PARTITION = operator.attrgetter("partition")
 _MESSAGE = operator.attrgetter("message")
 _RECEIVED_AT = operator.attrgetter("received_at")
@@ -1175,8 +1177,8 @@ class AsyncWorkerPool(_PoolBase):
     async def _run(self, worker: _Worker) -> None:
         try:
             await self._work(worker)
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            raise  # stopped (the pool cancelled it, or its coroutine was closed), not crashed
         except BaseException as error:
             self._crashed(worker, error)
         finally:
