@@ -36,39 +36,26 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
+from tools.poll_loop_cpu import IdleSource
+
 ROOT = Path(__file__).resolve().parents[1]
 FETCH = 2000
 """Messages of one partition a fake fetch holds (about what librdkafka hands out of one fetch here)."""
 
 
-class PreloadedSource:
-    """FAKE Source: every partition assigned at the first ``consume``, its messages handed out a fetch at a
-    time, partition after partition; commits succeed (asynchronous ones are confirmed in the next
-    ``consume``, as librdkafka does)."""
-
-    broker_reachable = True
-    broker_error = None
+class PreloadedSource(IdleSource):
+    """FAKE Source (``tools.poll_loop_cpu``'s, whose commits succeed, asynchronous ones confirmed in the next
+    ``consume`` as librdkafka does): every partition assigned at the first ``consume``, its preloaded messages
+    handed out a fetch at a time, partition after partition."""
 
     def __init__(self, by_partition: dict[tuple[str, int], list[Any]]) -> None:
-        self.pending = {pid: deque(messages) for pid, messages in by_partition.items()}
-        self.paused: set[tuple[str, int]] = set()
-        self.on_commit_result: Any = None
-        self.committed_offsets: dict[tuple[str, int], int] = {}
-        self._results: list[Any] = []
-        self._on_assign: Any = None
+        super().__init__(0, by_partition)
+        self.partition_ids = list(by_partition)
         self._order = deque(self.pending)
         self._left_in_fetch = FETCH
 
-    def subscribe(self, topics, on_assign, on_revoke, on_lost):
-        self._on_assign = on_assign
-
     def consume(self, max_messages, timeout):
-        if self._on_assign is not None:
-            on_assign, self._on_assign = self._on_assign, None
-            on_assign(list(self.pending))
-        if self._results and self.on_commit_result is not None:
-            results, self._results = self._results, []
-            self.on_commit_result(results)
+        self.serve_callbacks()
         out: list[Any] = []
         for _ in range(len(self._order)):
             pid = self._order[0]
@@ -84,36 +71,6 @@ class PreloadedSource:
         if not out and timeout:
             time.sleep(min(timeout, 0.001))
         return out
-
-    def pause(self, partitions):
-        self.paused.update(partitions)
-
-    def resume(self, partitions):
-        self.paused.difference_update(partitions)
-
-    def committed(self, partitions, timeout):
-        return {pid: (0, None) for pid in partitions}
-
-    def commit(self, offsets, asynchronous):
-        results = [(pid, offset, None) for pid, (offset, _metadata) in offsets.items()]
-        for pid, (offset, _metadata) in offsets.items():
-            self.committed_offsets[pid] = offset
-        if asynchronous:
-            self._results.extend(results)
-            return []
-        return results
-
-    def positions(self, partitions):
-        return dict.fromkeys(partitions)
-
-    def high_watermark(self, partition):
-        return None
-
-    def fetch_queue(self, partition):
-        return None
-
-    def close(self):
-        pass
 
 
 def measure(messages: int, partitions: int, keys: int, workers: int, batch: int) -> dict[str, float]:

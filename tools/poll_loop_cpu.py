@@ -60,14 +60,18 @@ class IdleSource:
     def subscribe(self, topics, on_assign, on_revoke, on_lost):
         self._on_assign = on_assign
 
-    def consume(self, max_messages, timeout):
-        self.samples.append((time.monotonic(), time.thread_time()))
+    def serve_callbacks(self) -> None:
+        """What librdkafka does inside ``consume`` before records: the assignment, then the commit results."""
         if self._on_assign is not None:
             on_assign, self._on_assign = self._on_assign, None
             on_assign(self.partition_ids)
         if self._results and self.on_commit_result is not None:
             results, self._results = self._results, []
             self.on_commit_result(results)
+
+    def consume(self, max_messages, timeout):
+        self.samples.append((time.monotonic(), time.thread_time()))
+        self.serve_callbacks()
         out = []
         for pid, messages in self.pending.items():
             while messages and pid not in self.paused and len(out) < max_messages:
