@@ -14,6 +14,11 @@ from its own metrics, its CPU from ``/proc``, and optionally:
     .venv/bin/python -m tools.ceiling_probe plain
     .venv/bin/python -m tools.ceiling_probe pod --workers 16 --count
     .venv/bin/python -m tools.ceiling_probe pod --workers 16 --profile
+    .venv/bin/python -m tools.ceiling_probe pod --workers 16 --batch 100 --profile      # a no-op batch handler
+    .venv/bin/python -m tools.ceiling_probe pod --workers 8 --batch 100 --handler sink_batch
+
+``--profile`` samples only the threads holding the GIL (py-spy's ``--gil``): the pod is bound by that one
+lock, so what holds it is what costs.
 """
 
 from __future__ import annotations
