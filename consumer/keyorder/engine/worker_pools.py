@@ -603,6 +603,15 @@ class _PoolBase:
             return ready
         return -(-ready // self.batch.max_messages)
 
+    def _sent_unfilled(self, taken: list[Delivery]) -> str | None:
+        """Why a batch whose first heads were just taken goes without a fill wait (``BATCH_REASONS``): it is
+        full, or no wait is set; ``None``: fill it (``_fill_step``)."""
+        if len(taken) >= self.batch.max_messages:
+            return "full"
+        if self.batch.max_wait <= 0:
+            return "nothing_more_ready"
+        return None
+
     def _fill_step(self, worker: _Worker, taken: list[Delivery], deadline: float) -> str | float:
         """Caller holds ``_lock``: add the heads of lanes that became ready to a batch being filled; the
         reason to send it now (``keyorder.batch.BATCH_REASONS``), or seconds to wait for more lanes.
@@ -958,12 +967,11 @@ class ThreadWorkerPool(_PoolBase):
         """Complete a batch whose first heads were just taken (``_fill_step``); why it is sent, and the
         seconds it took to fill. A filling worker counts as idle, so ``submit`` wakes it for new lanes."""
         condition = self._condition
+        unfilled = self._sent_unfilled(taken)
+        if unfilled is not None:
+            return unfilled, 0.0
         started = self.clock()
         deadline = started + self.batch.max_wait
-        if len(taken) >= self.batch.max_messages:
-            return "full", 0.0
-        if self.batch.max_wait <= 0:
-            return "nothing_more_ready", 0.0
         waited = False
         with condition:
             while True:
@@ -1210,12 +1218,11 @@ class AsyncWorkerPool(_PoolBase):
 
     async def _fill(self, worker: _Worker, taken: list[Delivery]) -> tuple[str, float]:
         """As the thread pool's ``_fill``: a filling task waits as an idle one, so ``submit`` wakes it."""
+        unfilled = self._sent_unfilled(taken)
+        if unfilled is not None:
+            return unfilled, 0.0
         started = self.clock()
         deadline = started + self.batch.max_wait
-        if len(taken) >= self.batch.max_messages:
-            return "full", 0.0
-        if self.batch.max_wait <= 0:
-            return "nothing_more_ready", 0.0
         waited = False
         while True:
             with self._lock:
