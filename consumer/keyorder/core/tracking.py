@@ -223,8 +223,10 @@ class PartitionOffsets:
         last = self.last_received
         if last is None or offsets[0] <= last:
             return False
-        if self._prior_done and not self._prior_done_all_above(last, offsets[-1]):
-            return False
+        if self._prior_done:
+            self._forget_prior_done_through(last)
+            if self._prior_done and min(self._prior_done) <= offsets[-1]:
+                return False  # one of the run's offsets may be one to skip
         if leader_epochs.count(self.leader_epoch) != len(leader_epochs):
             return False
         if len(offsets) > 1 and not all(map(operator.lt, offsets, offsets[1:])):
@@ -234,15 +236,13 @@ class PartitionOffsets:
         self._pending.extend(offsets)
         return True
 
-    def _prior_done_all_above(self, last: int, run_end: int) -> bool:
-        """Whether the commit metadata's done offsets left are all above ``run_end`` (none is in the run), after
-        dropping those at or below ``last`` received: those can never be skipped any more (a record at or below
-        it is a re-delivery), and one that never arrived (compacted away) would otherwise keep every later run
-        of the partition on the record-by-record path."""
+    def _forget_prior_done_through(self, last: int) -> None:
+        """Drop the commit metadata's done offsets at or below ``last`` received: they can never be skipped any
+        more (a record at or below it is a re-delivery), and one that never arrived (compacted away) would
+        otherwise keep every later run of the partition on the record-by-record path."""
         prior = self._prior_done
         if min(prior) <= last:
             prior.difference_update([offset for offset in prior if offset <= last])
-        return not prior or min(prior) > run_end
 
     def _reset(self, offset: int) -> None:
         """Nothing received yet and ``offset`` < ``start``: the log was reset; track from ``offset``."""
