@@ -356,11 +356,12 @@ def test_a_worker_waits_up_to_the_fill_time_for_more_keys_and_counts_why_each_ba
     assert sum(worker.batch_fill.total for worker in stats) == pytest.approx(0.03 + 0.1)
 
 
-def test_a_revoke_during_a_fill_gets_its_heads_back_before_the_other_partitions_call() -> None:
-    """A worker filling a batch holds its heads as running; a revoke ends the fill, and the revoked heads go
-    back at once, not after the call the worker then makes for the other partitions' heads."""
+def one_worker_filling_for_half_a_second() -> tuple[
+    Simulation, Partition, Partition, list[tuple[float, list[tuple[str, int]]]], Completions, Any
+]:
+    """The revoke-during-a-fill set-up: one thread worker filling batches of 5 for up to 0.5 s, a handler that
+    records each call's time and messages and takes 1 s, and a partition to revoke beside one to keep."""
     simulation = Simulation(8)
-    revoked, kept = Partition(0), Partition(1)
     calls: list[tuple[float, list[tuple[str, int]]]] = []
 
     def handler(messages: list[Message]) -> None:
@@ -369,6 +370,13 @@ def test_a_revoke_during_a_fill_gets_its_heads_back_before_the_other_partitions_
 
     completions = Completions(threads=simulation)
     pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(5, 0.5))
+    return simulation, Partition(0), Partition(1), calls, completions, pool
+
+
+def test_a_revoke_during_a_fill_gets_its_heads_back_before_the_other_partitions_call() -> None:
+    """A worker filling a batch holds its heads as running; a revoke ends the fill, and the revoked heads go
+    back at once, not after the call the worker then makes for the other partitions' heads."""
+    simulation, revoked, kept, calls, completions, pool = one_worker_filling_for_half_a_second()
     back: dict[str, tuple[bool, float]] = {}
 
     def main() -> None:
@@ -541,16 +549,7 @@ def test_a_revoke_just_after_the_turn_that_took_the_heads_ends_the_fill() -> Non
     """A revoke between the turn that took a batch's first heads (lock released) and the fill's first step
     must end the fill at once. Before, the fill read the revoke count only then, missed this revoke, and held
     the revoked head a0 (running, so not withdrawn) until the fill's deadline, 0.5 s."""
-    simulation = Simulation(8)
-    revoked, kept = Partition(0), Partition(1)
-    calls: list[tuple[float, list[tuple[str, int]]]] = []
-
-    def handler(messages: list[Message]) -> None:
-        calls.append((simulation.now, [name(message) for message in messages]))
-        simulation.sleep(1.0)
-
-    completions = Completions(threads=simulation)
-    pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(5, 0.5))
+    simulation, revoked, kept, calls, completions, pool = one_worker_filling_for_half_a_second()
     assert isinstance(pool, ThreadWorkerPool)
     fill = pool._fill
 
