@@ -8,7 +8,9 @@ process's CPU per message and its rate once every message is handled. The figure
 own path (offsets, lanes, hand-offs, completions, flow control, commits), the part a batch handler's
 call does not remove; ``keyorder bench --ceiling`` measures the whole pod against a real broker.
 
-``--batch N`` runs a batch handler of at most N messages a call (0: per message); ``--profile``
+The preloaded messages are frozen out of the garbage collector's reach (``gc.freeze``): they are the
+harness's, not the pod's. ``--batch N`` runs a batch handler of at most N messages a call (0: per
+message); ``--verbose`` prints each run's batch calls and holds; ``--profile``
 samples the run with py-spy (a development tool from PyPI) and prints the innermost frames of the
 busiest functions; ``--against COMMIT`` runs the same on that commit's ``consumer/`` first (each in
 its own process) and prints the ratio::
@@ -21,6 +23,7 @@ its own process) and prints the ratio::
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import os
@@ -73,7 +76,9 @@ class PreloadedSource(IdleSource):
         return out
 
 
-def measure(messages: int, partitions: int, keys: int, workers: int, batch: int) -> dict[str, float]:
+def measure(
+    messages: int, partitions: int, keys: int, workers: int, batch: int, verbose: bool = False
+) -> dict[str, float]:
     """Run the probe with whichever ``keyorder`` this process imports."""
     from keyorder.core.retry import RetryPolicy
     from keyorder.engine.poll_loop import ConsumerRuntime, RuntimeSettings
@@ -93,17 +98,8 @@ def measure(messages: int, partitions: int, keys: int, workers: int, batch: int)
         for message in listed:
             message.partition = number
     source = PreloadedSource(by_partition)
-    if os.environ.get("POD_PATH_GC") == "freeze":
-        import gc
-
-        gc.collect()
-        gc.freeze()  # the preloaded messages are the harness's, not the pod's: keep them out of the collections
-    if os.environ.get("POD_PATH_GC") == "off":
-        import gc
-
-        gc.collect()
-        gc.freeze()
-        gc.disable()
+    gc.collect()
+    gc.freeze()  # the preloaded messages are the harness's, not the pod's: keep them out of its collections
     seen: dict[bytes, int] = {}
     violations = [0]
 
@@ -116,11 +112,7 @@ def measure(messages: int, partitions: int, keys: int, workers: int, batch: int)
     def per_message(message: Any) -> None:
         check(message)
 
-    calls = [0, 0]
-
     def per_batch(listed: Any) -> None:
-        calls[0] += 1
-        calls[1] += len(listed)
         for message in listed:
             check(message)
 
@@ -145,13 +137,16 @@ def measure(messages: int, partitions: int, keys: int, workers: int, batch: int)
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
     by_thread = {name: seconds - before.get(name, 0.0) for name, seconds in _thread_cpu().items()}
     snapshot = runtime.snapshot
-    stats = pool.stats()
+    stats = pool.stats()  # live objects: read them before the stop folds the workers' into the retired ones
+    reasons = sum((Counter(stat.batches) for stat in stats[1:]), Counter(stats[0].batches))
+    calls = sum(stat.batch_sizes.count for stat in stats)
+    in_calls = sum(stat.batch_sizes.total for stat in stats)
     stop.set()
     thread.join(30)
-    if os.environ.get("POD_PATH_VERBOSE"):
-        reasons = sum((Counter(stat.batches) for stat in stats[1:]), Counter(stats[0].batches))
+    if verbose:
         print(
-            f"handler calls and messages {calls}, reasons {dict(reasons)}, holds {snapshot.holds}, "
+            f"{calls} batch calls ({in_calls / calls if calls else 0:.1f} messages a call), by reason "
+            f"{dict(reasons)}, holds {snapshot.holds}, "
             f"reading {snapshot.reading_seconds:.2f} s, waiting {snapshot.waiting_seconds:.2f} s",
             file=sys.stderr,
         )
@@ -233,6 +228,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs; the best is reported")
     parser.add_argument("--against", help="run the same on this commit's consumer/ first")
     parser.add_argument("--profile", action="store_true", help="sample one run with py-spy")
+    parser.add_argument("--verbose", action="store_true", help="print each run's batch calls, reasons and holds")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
     shape = ["--messages", str(options.messages), "--partitions", str(options.partitions), "--keys",
@@ -248,8 +244,8 @@ def main() -> None:
         print(f"after ÷ before: CPU {after['cpu_us_per_message'] / before['cpu_us_per_message']:.2f} x, "
               f"rate {after['rate'] / before['rate']:.2f} x")  # fmt: skip
         return
-    runs = [measure(options.messages, options.partitions, options.keys, options.workers, options.batch)
-            for _ in range(options.runs)]  # fmt: skip
+    shape_of_run = (options.messages, options.partitions, options.keys, options.workers, options.batch)
+    runs = [measure(*shape_of_run, options.verbose) for _ in range(options.runs)]
     best = min(runs, key=lambda run: run["cpu_us_per_message"])
     if options.json:
         print(json.dumps(best))
