@@ -16,6 +16,7 @@ from keyorder.devtools import bench_handlers
 from keyorder.devtools.bench import (
     BATCH_SIZE,
     NOOP_BATCH_RUN,
+    NOOP_BATCH_WORKERS,
     NOOP_RUN,
     PRESETS,
     SINK_PAIRS,
@@ -169,7 +170,7 @@ def test_the_batch_targets_put_the_batched_sink_against_per_message_and_the_no_o
     (thread_single, thread_batched), (process_single, process_batched) = SINK_PAIRS
     assert thread_batched == f"key W={SINK_WORKERS} sink batch {BATCH_SIZE} thread"
     runs = [
-        run(NOOP_BATCH_RUN, 125_000, "noop-batch", batch=BATCH_SIZE),
+        run(NOOP_BATCH_RUN, 125_000, "noop-batch", NOOP_BATCH_WORKERS, batch=BATCH_SIZE),
         run(thread_single, 20_000, "sink", SINK_WORKERS),
         run(thread_batched, 100_000, "sink_batch", SINK_WORKERS, BATCH_SIZE),
         run(process_single, 10_000, "sink", SINK_WORKERS),
@@ -216,11 +217,10 @@ def test_batch_figures_are_messages_per_call_and_calls_by_reason_over_every_work
     stats = [worker([100, 100, 40], {"full": 2, "nothing_more_ready": 1}), worker([60], {"waited": 1})]
     assert batch_figures(stats) == (75.0, {"full": 2, "waited": 1, "nothing_more_ready": 1})
     assert batch_figures([worker([], {})]) == (None, dict.fromkeys(BATCH_REASONS, 0))
-    row = run(NOOP_BATCH_RUN, 50_000, "noop-batch", batch=BATCH_SIZE)
+    row = run(NOOP_BATCH_RUN, 50_000, "noop-batch", NOOP_BATCH_WORKERS, batch=BATCH_SIZE)
     row.mean_batch = 75.0
     table = markdown_table([row, run(NOOP_RUN, 40_000)])
     assert table.splitlines()[0].endswith("| order violations | mean batch |")
-    assert f"| {NOOP_BATCH_RUN} | noop-batch | 16 | 50,000 |" in table and table.splitlines()[2].endswith(
-        "| 0 | 75.0 |"
-    )
+    assert f"| {NOOP_BATCH_RUN} | noop-batch | {NOOP_BATCH_WORKERS} | 50,000 |" in table
+    assert table.splitlines()[2].endswith("| 0 | 75.0 |")
     assert table.splitlines()[3].endswith("| 0 | - |")

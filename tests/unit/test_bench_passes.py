@@ -22,6 +22,7 @@ from keyorder.devtools.bench import (
     RAW_LOOP,
     SINK_PAIRS,
     SINK_WORKERS,
+    WIDE_NOOP_BATCH_RUN,
     Runner,
     RunSpec,
     evaluate_targets,
@@ -59,6 +60,7 @@ def test_the_ceiling_preset_runs_the_raw_loop_and_each_sink_pair_in_turns_with_t
         *once,
         (RAW_LOOP, "warm-up pass"),
         *turns((RAW_LOOP, NOOP_BATCH_RUN), 3),
+        (WIDE_NOOP_BATCH_RUN, "pass 1/1"),
         (FAST_RUN, "pass 1/1"),
         *turns((THREAD_SINK, THREAD_BATCHED), 3),
         *turns((PROCESS_SINK, PROCESS_BATCHED), 3),
@@ -120,16 +122,21 @@ def test_measure_interleaves_the_passes_keeps_the_rows_order_and_takes_each_rows
     said: list[str] = []
     results, raw = runner.measure(said.append)
     assert runner.calls[3:10] == [
-        f"[4/9] {RAW_LOOP}, warm-up pass",
-        f"[4/9] {RAW_LOOP}, pass 1/3",
-        f"[4/9] {NOOP_BATCH_RUN}, pass 1/3",
-        f"[4/9] {RAW_LOOP}, pass 2/3",
-        f"[4/9] {NOOP_BATCH_RUN}, pass 2/3",
-        f"[4/9] {RAW_LOOP}, pass 3/3",
-        f"[4/9] {NOOP_BATCH_RUN}, pass 3/3",
+        f"[4/10] {RAW_LOOP}, warm-up pass",
+        f"[4/10] {RAW_LOOP}, pass 1/3",
+        f"[4/10] {NOOP_BATCH_RUN}, pass 1/3",
+        f"[4/10] {RAW_LOOP}, pass 2/3",
+        f"[4/10] {NOOP_BATCH_RUN}, pass 2/3",
+        f"[4/10] {RAW_LOOP}, pass 3/3",
+        f"[4/10] {NOOP_BATCH_RUN}, pass 3/3",
     ]
-    assert runner.calls[:3] == ["[1/9] " + PURE_RUN, "[2/9] " + NOOP_RUN, "[3/9] " + LOCKED_RUN]
-    assert runner.calls[11:13] == [f"[6/9] {THREAD_SINK}, pass 1/3", f"[7/9] {THREAD_BATCHED}, pass 1/3"]
+    assert runner.calls[:3] == ["[1/10] " + PURE_RUN, "[2/10] " + NOOP_RUN, "[3/10] " + LOCKED_RUN]
+    assert runner.calls[10:14] == [
+        f"[5/10] {WIDE_NOOP_BATCH_RUN}",
+        f"[6/10] {FAST_RUN}",
+        f"[7/10] {THREAD_SINK}, pass 1/3",
+        f"[8/10] {THREAD_BATCHED}, pass 1/3",
+    ]
     assert [result.name for result in results] == [spec.name for spec in PRESETS["ceiling"].runs]
     batch_row = results[3]
     assert (batch_row.rate, batch_row.pass_rates, batch_row.order_violations) == (
@@ -137,14 +144,14 @@ def test_measure_interleaves_the_passes_keeps_the_rows_order_and_takes_each_rows
         [100_000.0, 120_000.0, 90_000.0],
         1,  # the second pass's, though the best pass saw none
     )
-    assert results[0].pass_rates == [] and results[5].rate == 12_000.0
+    assert results[0].pass_rates == [] and results[6].rate == 12_000.0
     assert raw is not None and (raw.rate, raw.pass_rates, raw.warmup_rate) == (
         150_000.0,
         [140_000.0, 150_000.0, 145_000.0],
         300_000.0,
     )
-    assert f"    [4/9] {NOOP_BATCH_RUN}, pass 2/3: 120,000 msg/s   violations 1" in said
-    assert f"    [4/9] {RAW_LOOP}, warm-up pass: 300,000 msg/s (discarded)   violations 0" in said
+    assert f"    [4/10] {NOOP_BATCH_RUN}, pass 2/3: 120,000 msg/s   violations 1" in said
+    assert f"    [4/10] {RAW_LOOP}, warm-up pass: 300,000 msg/s (discarded)   violations 0" in said
     summary = [line for line in said if line.startswith(f"  {NOOP_BATCH_RUN} ")]
     assert summary == [
         f"  {NOOP_BATCH_RUN:<36}    120,000 msg/s, best of 3 (min 90,000, median 100,000, max 120,000)   violations 1"

@@ -8,8 +8,9 @@ unordered — each with a fresh consumer group. Every run counts per-key order v
 
 Fast handlers (issue 40) get rows of their own beside the per-message ones: a pure no-op, the
 no-op that checks order (a small recording handler, no lock), the same recording under one lock
-all workers share, a no-op batch handler, and a sink whose call costs 0.3 ms plus 3 µs a message,
-called per message and in batches, on threads and on worker processes.
+all workers share, a no-op batch handler (one call at a time, and 16), and a sink whose call
+costs 0.3 ms plus 3 µs a message, called per message and in batches, on threads and on worker
+processes.
 
 Uniform traffic over many keys flatters a scheduler, so four scenarios follow, each on its own
 preloaded topic: few keys (fewer active keys than a wide pool), a live resize under backlog, one
@@ -113,8 +114,16 @@ LOCKED_RUN = "key W=16 recording, one lock"
 every ``(key, seq)`` in one list under a lock pays)."""
 BATCH_SIZE = 100
 """``--batch-max-messages`` of the batch rows."""
-NOOP_BATCH_RUN = f"key W=16 no-op batch {BATCH_SIZE}"
+NOOP_BATCH_WORKERS = 1
+"""W of the no-op batch row put against the raw loop: one call at a time, as the raw loop is one thread.
+The no-op's calls are pure CPU, and the pod's threads share one GIL, so more calls at a time run no more
+of them: they only add GIL hand-offs (16 threads contending cost 10-15% of the rate here;
+``WIDE_NOOP_BATCH_RUN`` shows it beside)."""
+NOOP_BATCH_RUN = f"key W={NOOP_BATCH_WORKERS} no-op batch {BATCH_SIZE}"
 """The no-op's work (parse and order check) per message, one call per batch: against the raw loop."""
+WIDE_NOOP_BATCH_RUN = f"key W=16 no-op batch {BATCH_SIZE}"
+"""The same at W=16, one pass, compared with nothing: what a CPU-bound batch handler loses to the GIL
+when many threads call it at once."""
 SINK_WORKERS = 8
 """W of the sink rows: calls to the sink at a time (a database's connection pool)."""
 SINK_PAIRS = tuple(
@@ -202,7 +211,8 @@ FAST_RUNS = (
     RunSpec(PURE_RUN, "key", "pure", 16),
     RunSpec(NOOP_RUN, "key", "noop", 16),
     RunSpec(LOCKED_RUN, "key", "recording-lock", 16),
-    RunSpec(NOOP_BATCH_RUN, "key", "noop-batch", 16, batch=BATCH_SIZE, passes=COMPARED_PASSES),
+    RunSpec(NOOP_BATCH_RUN, "key", "noop-batch", NOOP_BATCH_WORKERS, batch=BATCH_SIZE, passes=COMPARED_PASSES),
+    RunSpec(WIDE_NOOP_BATCH_RUN, "key", "noop-batch", 16, batch=BATCH_SIZE),
     RunSpec(FAST_RUN, "key", "fast", 16),
     *(
         RunSpec(name, "key", handler, SINK_WORKERS, executor=executor, batch=batch, passes=COMPARED_PASSES)
@@ -210,10 +220,10 @@ FAST_RUNS = (
         for name, handler, batch in ((single, "sink", 1), (batched, "sink_batch", BATCH_SIZE))
     ),
 )
-"""The fast-handler rows (issue 40), in the full bench and ``--ceiling``: the no-op family at W=16 and
-the sink, per message and batched, on threads and on worker processes (by path, as the executor rows).
-The rows a target compares run three passes each, taking turns with what they are compared with
-(``pass_order``)."""
+"""The fast-handler rows (issue 40), in the full bench and ``--ceiling``: the no-op family at W=16, the
+no-op batch at W=1 (put against the raw loop) and at W=16, and the sink, per message and batched, on
+threads and on worker processes (by path, as the executor rows). The rows a target compares run three
+passes each, taking turns with what they are compared with (``pass_order``)."""
 
 PRESETS = {
     "quick": Preset(
