@@ -233,15 +233,20 @@ class LaneScheduler:
                 taken.append(lane.deliveries[0])
             self._running += len(taken)
             return taken
-        while len(taken) < limit:
-            if oldest and (not ready or oldest[0] < lanes[ready[0]].deliveries[0].sequence):
-                lane = lanes[oldest_lane.pop(heapq.heappop(oldest))]
+        # merge the two queues by head sequence; past the last sequence given out stands for "ready is empty"
+        after_all = self._received
+        ready_head = lanes[ready[0]].deliveries[0].sequence if ready else after_all
+        heappop, append = heapq.heappop, taken.append
+        for _ in range(limit):
+            if oldest and oldest[0] < ready_head:
+                lane = lanes[oldest_lane.pop(heappop(oldest))]
             elif ready:
                 lane = lanes[ready.popleft()]
+                ready_head = lanes[ready[0]].deliveries[0].sequence if ready else after_all
             else:
                 break
             lane.running = True
-            taken.append(lane.deliveries[0])
+            append(lane.deliveries[0])
         self._running += len(taken)
         return taken
 
