@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 _PARTITION_ID = operator.attrgetter("topic", "partition")
 """A message's ``(topic, partition)``."""
 _PARTITION = operator.attrgetter("partition")
+_OFFSET, _KEY = operator.attrgetter("offset"), operator.attrgetter("key")
+_LEADER_EPOCH = operator.attrgetter("leader_epoch")
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 PARTLY_PAUSED_TIMEOUT = 0.005
@@ -335,14 +337,16 @@ class ConsumerRuntime:
                     first,
                     first,
                 )
-            if not offsets.received_run([message.offset for message in run], [m.leader_epoch for m in run]):
+            if not offsets.received_run(list(map(_OFFSET, run)), list(map(_LEADER_EPOCH, run))):
                 run, deliveries, fetched_again = self._receive_each(state, run, deliveries, now)
                 if fetched_again:
                     refetching.add(partition_id)
             if not run:
                 continue
-            lanes = lanes_of(partition_id, [message.key for message in run])
-            deliveries += [Delivery(message, lane, state, now) for message, lane in zip(run, lanes, strict=True)]
+            lanes = lanes_of(partition_id, list(map(_KEY, run)))
+            if len(lanes) != len(run):
+                raise RuntimeError(f"routing gave {len(lanes)} lanes for {len(run)} messages of {partition_id}")
+            deliveries += map(Delivery, run, lanes, itertools.repeat(state), itertools.repeat(now))
             state.outstanding += len(run)
         if deliveries:
             self.inflight += len(deliveries)
