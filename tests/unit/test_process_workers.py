@@ -373,6 +373,28 @@ def test_a_fresh_progress_block_shows_no_running_message():
         os.close(fd)
 
 
+def test_a_batch_calls_slots_are_cleared_started_and_finished_whole_and_only_its_own():
+    """``Progress.begin_batch``, ``start_all`` and ``finish_all`` write a batch's slots in one copy each: every
+    slot of the batch, none past it, and the pod reads them as the per-message writes left them."""
+    from keyorder.engine.process_child import FAILED, NOT_STARTED, RUNNING, SUCCEEDED, Progress
+    from keyorder.engine.process_pool import _progress_file
+
+    fd = _progress_file()
+    try:
+        progress = Progress(fd, fresh=True)
+        progress.finish(5, FAILED, 9.0)  # a slot past the next batch, left by an earlier, longer one
+        progress.begin_batch(7, 5)
+        assert progress.batch() == 7 and [progress.slot(index) for index in range(5)] == [(NOT_STARTED, 0.0)] * 5
+        progress.start_all(5, 12.5)
+        assert progress.running() == (0, 12.5) and {progress.slot(index) for index in range(5)} == {(RUNNING, 0.0)}
+        progress.finish_all(5, SUCCEEDED, 0.125)
+        assert progress.running() == (-1, 0.0)
+        assert [progress.slot(index) for index in range(6)] == [(SUCCEEDED, 0.125)] * 5 + [(FAILED, 9.0)]
+        progress.close()
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("pool_type", [ThreadWorkerPool, AsyncWorkerPool])
 def test_a_failing_set_up_hook_stops_a_thread_or_async_pool_from_starting(pool_type):
     hooks = Lifecycle(setup=process_handlers.failing_setup)

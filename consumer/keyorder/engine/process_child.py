@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import mmap
+import operator
 import os
 import signal
 import struct
@@ -56,6 +57,7 @@ _HEADER = struct.Struct("=diiq")
 _RUNNING = struct.Struct("=di")  # started_at and running index, at offset 0
 _INDEX_AT, _STOP_AT, _BATCH_AT = 8, 12, 16
 _SLOT = struct.Struct("=bd")  # status, handler seconds
+_NOT_STARTED_SLOT, _RUNNING_SLOT = _SLOT.pack(NOT_STARTED, 0.0), _SLOT.pack(RUNNING, 0.0)
 PROGRESS_BYTES = _HEADER.size + SLOTS * _SLOT.size
 PARENT_CHECK_SECONDS = 1.0
 """How often the process checks that the pod still exists (it exits when the pod died)."""
@@ -73,18 +75,11 @@ class Init:
     """The pod's worker id (for log lines)."""
 
 
-def message_fields(message: Message) -> tuple[Any, ...]:
-    """A ``Message`` as plain fields: a tuple pickles in a fraction of a dataclass's time."""
-    return (
-        message.topic,
-        message.partition,
-        message.offset,
-        message.key,
-        message.value,
-        message.headers,
-        message.timestamp,
-        message.leader_epoch,
-    )
+message_fields: Callable[[Message], tuple[Any, ...]] = operator.attrgetter(
+    "topic", "partition", "offset", "key", "value", "headers", "timestamp", "leader_epoch"
+)
+"""A ``Message`` as plain fields, in ``Message(*fields)``'s order: a tuple pickles in a fraction of a dataclass's
+time, and an ``attrgetter`` builds it in C (the pod builds one per message it sends)."""
 
 
 class Progress:
@@ -99,8 +94,7 @@ class Progress:
     def begin_batch(self, number: int, size: int) -> None:
         """Clear the slots, then name the batch: a process that dies in between leaves the previous
         batch's number, so the pod reads every message of this one as not started."""
-        for index in range(size):
-            _SLOT.pack_into(self.map, _HEADER.size + index * _SLOT.size, NOT_STARTED, 0.0)
+        self._fill_slots(size, _NOT_STARTED_SLOT)
         struct.pack_into("=q", self.map, _BATCH_AT, number)
 
     def start(self, index: int, now: float) -> None:
@@ -109,13 +103,22 @@ class Progress:
 
     def start_all(self, size: int, now: float) -> None:
         """A batch handler's call begins: every message of the batch is running (index 0 names the call)."""
-        for index in range(size):
-            _SLOT.pack_into(self.map, _HEADER.size + index * _SLOT.size, RUNNING, 0.0)
+        self._fill_slots(size, _RUNNING_SLOT)
         _RUNNING.pack_into(self.map, 0, now, 0)
 
     def finish(self, index: int, status: int, seconds: float) -> None:
         _SLOT.pack_into(self.map, _HEADER.size + index * _SLOT.size, status, seconds)
         struct.pack_into("=i", self.map, _INDEX_AT, -1)
+
+    def finish_all(self, size: int, status: int, seconds: float) -> None:
+        """``finish`` for the first ``size`` slots at once, each with ``status`` and ``seconds`` (a batch call
+        whose messages all succeeded)."""
+        self._fill_slots(size, _SLOT.pack(status, seconds))
+        struct.pack_into("=i", self.map, _INDEX_AT, -1)
+
+    def _fill_slots(self, size: int, slot: bytes) -> None:
+        """The first ``size`` slots set to the packed ``slot``, in one copy (not a ``pack_into`` per message)."""
+        self.map[_HEADER.size : _HEADER.size + size * _SLOT.size] = slot * size
 
     def stop_requested(self) -> bool:
         return bool(_HEADER.unpack_from(self.map)[2])
@@ -224,6 +227,9 @@ def run_batch_call(runner: _Runner, progress: Progress, number: int, batch: list
     except BaseException as raised:  # every message of the batch failed (SystemExit too, as on threads)
         outcomes = [raised] * len(batch)
     share = (clock() - started) / len(batch)
+    if outcomes.count(None) == len(outcomes):  # all succeeded: the common case, in one step
+        progress.finish_all(len(outcomes), SUCCEEDED, share)
+        return [share] * len(outcomes)
     results: list[Any] = []
     for index, error in enumerate(outcomes):
         if error is None:
