@@ -144,6 +144,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from keyorder.adapters.handlers import HandlerLoadError
+    from keyorder.collector import set_first_threshold
     from keyorder.config import ConfigError, load_run_config
     from keyorder.contracts import DeadLetterError, SourceError
     from keyorder.engine.worker_pools import HandlerSetupError, WorkerCrashed
@@ -156,6 +157,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"keyorder run: {error}", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(config.log_level, config.log_format)
+    set_first_threshold(config.gc_threshold)
     try:
         pod = Pod(config)
     except (ConfigError, HandlerLoadError, SourceError, DeadLetterError) as error:

@@ -34,6 +34,7 @@ from pydantic_core import PydanticUndefined
 
 from keyorder.adapters.dead_letters import dead_letter_topic
 from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, BATCH_MAX_WAIT_MS_LIMIT, BatchLimits
+from keyorder.collector import DEFAULT_THRESHOLD as DEFAULT_GC_THRESHOLD
 from keyorder.core.flow import CEILING
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.routing import Ordering
@@ -377,6 +378,14 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         "partition, or the others full or paused) do not add up.",
     )
     poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
+    gc_threshold: int = Field(
+        DEFAULT_GC_THRESHOLD,
+        ge=0,
+        le=10_000_000,
+        description="Container objects Python allocates between two young-generation garbage collections, in the "
+        "pod's process and each worker process (Python's default is 700; a pod allocates several per message, so "
+        "at 700 it collects hundreds of times a second while holding the GIL). 0 keeps Python's setting.",
+    )
     commit_interval: float = Field(
         1.0, gt=0, le=MAX_GRACE_SECONDS, allow_inf_nan=False, description="Seconds between periodic commits."
     )

@@ -128,6 +128,7 @@ class Pod:
                 config.handler_teardown,
                 config.log_level,
                 config.log_format,
+                config.gc_threshold,
             )
             return functools.partial(
                 ProcessWorkerPool,

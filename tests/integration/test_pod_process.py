@@ -282,3 +282,28 @@ def test_unreachable_broker_is_not_ready_is_measured_and_logs_once(tmp_path):
     output = log_file.read_text()
     refused = [line for line in output.splitlines() if "Connection refused" in line]
     assert 1 <= len(refused) < 10, output[-3000:]
+
+
+def test_keyorder_run_sets_its_garbage_collector_from_the_flag(tmp_path):
+    """``--gc-threshold`` reaches the pod's own process (``keyorder.collector``): its set-up hook, run on the
+    pod's threads, sees the young generation's threshold the flag gave, before any broker answered."""
+    record_file = tmp_path / "records.txt"
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "KEYORDER_TEST_RECORD_FILE": str(record_file),
+        "KEYORDER_TOPICS": "t",
+        "KEYORDER_GROUP_ID": "g",
+        "KEYORDER_BOOTSTRAP_SERVERS": f"127.0.0.1:{_closed_port()}",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keyorder.cli", "run", "--handler", "keyorder_example.ledger:handle",
+         "--handler-setup", "tests.unit.process_handlers:record_gc_threshold_setup", "--gc-threshold", "23456",
+         "--http-port", "0"],
+        env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: record_file.exists() and record_file.read_text().strip(), 30, "the set-up hook's line")
+    finally:
+        output = stop(process)
+    assert record_file.read_text().split() == ["gc", str(process.pid), "23456"], output[-2000:]

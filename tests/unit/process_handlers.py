@@ -11,7 +11,9 @@ SIGKILL leaves only whole lines. A message's value is its key's sequence number.
 * ``fail_value_error``: raises ``ValueError``;
 * ``setup``/``teardown``: ``setup PID`` / ``teardown PID``; ``failing_setup`` raises;
 * ``async_record`` with ``async_setup``/``async_teardown``: the handler fails unless it runs on the
-  event loop the set-up ran on.
+  event loop the set-up ran on;
+* ``record_gc_threshold`` and the set-up hook ``record_gc_threshold_setup``: ``gc PID THRESHOLD``, the
+  garbage collector's first threshold in the process they run in.
 """
 
 from __future__ import annotations
@@ -138,3 +140,17 @@ def batch_poison(messages: list[Any]) -> None:
         os._exit(139)
     for message in messages:
         record(message)
+
+
+def record_gc_threshold(message: Any) -> None:
+    """``gc PID THRESHOLD``: the young generation's threshold of the process the handler runs in."""
+    import gc
+
+    _write(f"gc {os.getpid()} {gc.get_threshold()[0]}")
+
+
+def record_gc_threshold_setup() -> None:
+    """A set-up hook: ``gc PID THRESHOLD`` of the process it runs in (the pod's, on threads)."""
+    import gc
+
+    _write(f"gc {os.getpid()} {gc.get_threshold()[0]}")

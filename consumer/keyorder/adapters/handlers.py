@@ -91,10 +91,19 @@ def load_lifecycle(setup: str | None, teardown: str | None, handler_is_async: bo
 
 
 def load_for_worker_process(
-    handler: str, setup: str | None, teardown: str | None, log_level: str | None = None, log_format: str = "text"
+    handler: str,
+    setup: str | None,
+    teardown: str | None,
+    log_level: str | None = None,
+    log_format: str = "text",
+    gc_threshold: int = 0,
 ) -> tuple[Callable[[Any], Any], Lifecycle]:
     """What each worker process of the process executor imports once (bind with ``functools.partial``);
-    with ``log_level``, the process logs as the pod does (a handler's log lines keep the pod's format)."""
+    with ``log_level``, the process logs as the pod does (a handler's log lines keep the pod's format), and
+    its garbage collector is set as the pod's (``collector``; 0 keeps Python's)."""
+    from keyorder.collector import set_first_threshold
+
+    set_first_threshold(gc_threshold)
     if log_level is not None:
         from keyorder.logs import configure_logging
 
