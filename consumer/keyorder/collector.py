@@ -9,9 +9,13 @@ generations' passes. All of it holds the GIL the poll loop and the workers share
 handler's run of ``keyorder bench`` the collector took about 9% of the run (0.16 of 1.8 s).
 
 With the first threshold at ``DEFAULT_THRESHOLD`` most messages are freed by their reference counts
-before any pass sees them (the pod makes no reference cycles per message), so passes are rare and
-short; the same run took no pass at all and ran 5-11% faster (docs/performance.md, *Batch handlers*).
-What the collector is for, reference cycles, is still collected: after that many objects, not 700.
+before any pass sees them (the pod makes no reference cycles per message), so passes are rare; in that
+run a threshold of 10,000 took at most one pass (1 ms), and so did 25,000 and 100,000, each run a few
+percent to 20% faster than at 700, the machine's noise included (docs/performance.md, *Batch handlers*).
+The price is what the collector is for: reference cycles wait longer for a pass, up to about this many
+objects of them, not 700. The pod makes none per message, failed ones included (a handler's error is kept
+without its traceback, whose frames led back to the frame that caught it: ``tests/unit/test_failure_garbage.py``).
+Cycles a handler makes itself wait as long: with large messages held by such cycles, lower the threshold.
 ``--gc-threshold`` (``KEYORDER_GC_THRESHOLD``) changes it; 0 keeps Python's own setting.
 
 The setting is the process's, so it is applied by what owns the process: ``keyorder run`` and each
@@ -26,7 +30,7 @@ import logging
 
 log = logging.getLogger(__name__)
 
-DEFAULT_THRESHOLD = 100_000
+DEFAULT_THRESHOLD = 10_000
 """Container objects allocated and not freed between two young-generation collections (Python's: 700)."""
 
 

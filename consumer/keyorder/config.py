@@ -384,7 +384,8 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         le=10_000_000,
         description="Container objects Python allocates between two young-generation garbage collections, in the "
         "pod's process and each worker process (Python's default is 700; a pod allocates several per message, so "
-        "at 700 it collects hundreds of times a second while holding the GIL). 0 keeps Python's setting.",
+        "at 700 it collects hundreds of times a second while holding the GIL). Reference cycles a handler makes wait "
+        "that long too: lower it if they hold large messages. 0 keeps Python's setting.",
     )
     commit_interval: float = Field(
         1.0, gt=0, le=MAX_GRACE_SECONDS, allow_inf_nan=False, description="Seconds between periodic commits."

@@ -47,7 +47,7 @@ def test_the_first_threshold_is_set_keeping_the_older_two_and_zero_keeps_pythons
 
 
 def test_the_flag_defaults_to_the_pods_threshold_and_refuses_a_negative_one_naming_it():
-    assert load_run_config(REQUIRED, environ={}).gc_threshold == DEFAULT_THRESHOLD == 100_000
+    assert load_run_config(REQUIRED, environ={}).gc_threshold == DEFAULT_THRESHOLD == 10_000
     assert load_run_config(REQUIRED, environ={"KEYORDER_GC_THRESHOLD": "0"}).gc_threshold == 0
     with pytest.raises(ConfigError, match="--gc-threshold / KEYORDER_GC_THRESHOLD"):
         load_run_config({**REQUIRED, "gc_threshold": -1}, environ={})

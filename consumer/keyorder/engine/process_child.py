@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, Outcomes, call_async_batch, call_sync_batch
+from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, Outcomes, async_batch_outcomes, sync_batch_outcomes
 from keyorder.engine.worker_pools import Lifecycle, call_sync_handler, is_async_callable, run_async_hook, run_sync_hook
 from keyorder.message import Message
 
@@ -183,8 +183,8 @@ class _Runner:
 
     def call_batch(self, messages: list[Message]) -> Outcomes:
         if self.loop is not None:
-            return self.loop.run_until_complete(call_async_batch(self.handler, messages))
-        return call_sync_batch(self.handler, messages)
+            return self.loop.run_until_complete(async_batch_outcomes(self.handler, messages, _never))
+        return sync_batch_outcomes(self.handler, messages)
 
 
 def run_batch(runner: _Runner, progress: Progress, number: int, batch: list[tuple[Any, ...]]) -> list[Any]:
@@ -209,6 +209,11 @@ def run_batch(runner: _Runner, progress: Progress, number: int, batch: list[tupl
         progress.finish(index, SUCCEEDED, seconds)
         results.append(seconds)
     return results
+
+
+def _never(_error: BaseException) -> bool:
+    """In a worker process every error of a batch call is the batch's (``async_batch_outcomes``)."""
+    return False
 
 
 def run_batch_call(runner: _Runner, progress: Progress, number: int, batch: list[tuple[Any, ...]]) -> list[Any]:
@@ -238,6 +243,7 @@ def run_batch_call(runner: _Runner, progress: Progress, number: int, batch: list
         else:
             progress.finish(index, FAILED, share)
             results.append((share, *describe(error)))
+            error.__traceback__ = None  # a returned outcome's frames lead back here: no reference cycle
     return results
 
 

@@ -75,9 +75,9 @@ from keyorder.batch import (
     PER_MESSAGE,
     BatchLimits,
     Outcomes,
-    call_async_batch,
-    call_sync_batch,
+    async_batch_outcomes,
     is_unawaited,
+    sync_batch_outcomes,
 )
 from keyorder.contracts import DeadLetterSink
 from keyorder.core.lanes import Delivery, LaneScheduler, LaneSummary
@@ -778,7 +778,13 @@ class _PoolBase:
         new owner runs it again under its own retry policy, and the revoke waits for no backoff. (A
         revoke landing after this check is caught by ``_turn``, which never parks a revoked delivery.) So
         is a failure of a message whose log was truncated below it meanwhile: that record is gone from the
-        partition, and retrying it would block its key (in this partition and any other) for nothing."""
+        partition, and retrying it would block its key (in this partition and any other) for nothing.
+
+        The error's traceback is dropped here: nothing of keyorder reads it (logs and dead letters carry the type
+        and text), and through its frames it led back to the frame that caught it, whose locals hold the error:
+        a reference cycle that kept every failed message's delivery and message until the cyclic garbage
+        collector ran (``keyorder.collector``)."""
+        error.__traceback__ = None
         stats = worker.stats
         stats.failed += 1
         message = delivery.message
@@ -993,11 +999,7 @@ class ThreadWorkerPool(_PoolBase):
             return outcomes
         outcomes = self._settle_now(outcomes)
         started = self._start_batch(worker, batch, reason, fill_seconds)
-        results: Outcomes
-        try:
-            results = call_sync_batch(self._handler, list(map(_MESSAGE, batch)))
-        except BaseException as raised:  # the whole batch failed (SystemExit too, as per message)
-            results = [raised] * len(batch)
+        results = sync_batch_outcomes(self._handler, list(map(_MESSAGE, batch)))  # raises nothing
         settled, to_dead_letter = self._batch_outcomes(worker, batch, results, started)
         settled += outcomes
         for delivery, error in to_dead_letter:
@@ -1251,14 +1253,11 @@ class AsyncWorkerPool(_PoolBase):
             return outcomes
         outcomes = self._settle_now(outcomes)
         started = self._start_batch(worker, batch, reason, fill_seconds)
-        results: Outcomes
         try:
-            results = await call_async_batch(self._handler, list(map(_MESSAGE, batch)))
-        except BaseException as raised:
-            if _stops_the_worker(raised):
-                worker.stats.busy = False
-                raise  # the pool is cancelling this worker (shutdown), not a failing batch
-            results = [raised] * len(batch)
+            results = await async_batch_outcomes(self._handler, list(map(_MESSAGE, batch)), _stops_the_worker)
+        except BaseException:  # only what stops the worker: the pool cancelling it (shutdown), not a failing batch
+            worker.stats.busy = False
+            raise
         settled, to_dead_letter = self._batch_outcomes(worker, batch, results, started)
         settled += outcomes
         for delivery, error in to_dead_letter:
