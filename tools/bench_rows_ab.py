@@ -39,12 +39,6 @@ def run_rows(names: list[str]) -> None:
     missing = set(names) - {spec.name for spec in specs}
     if missing:
         raise SystemExit(f"no such rows in the full preset: {sorted(missing)}")
-    try:  # as ``keyorder bench`` does, on code that has it (``keyorder.collector``)
-        from keyorder.collector import DEFAULT_THRESHOLD, set_first_threshold
-
-        set_first_threshold(DEFAULT_THRESHOLD)
-    except ImportError:
-        pass
     with EmbeddedBroker() as broker:
         create_topics(broker.bootstrap, ["bench"], preset.partitions)
         produce_keyed(broker.bootstrap, "bench", preset.messages, preset.keys)

@@ -34,7 +34,6 @@ from pydantic_core import PydanticUndefined
 
 from keyorder.adapters.dead_letters import dead_letter_topic
 from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, BATCH_MAX_WAIT_MS_LIMIT, BatchLimits
-from keyorder.collector import DEFAULT_THRESHOLD as DEFAULT_GC_THRESHOLD
 from keyorder.core.flow import CEILING
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.core.routing import Ordering
@@ -379,13 +378,14 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
     )
     poll_batch: int = Field(500, ge=1, le=100_000, description="Most messages taken per poll.")
     gc_threshold: int = Field(
-        DEFAULT_GC_THRESHOLD,
+        0,
         ge=0,
         le=10_000_000,
         description="Container objects Python allocates between two young-generation garbage collections, in the "
-        "pod's process and each worker process (Python's default is 700; a pod allocates several per message, so "
-        "at 700 it collects hundreds of times a second while holding the GIL). Reference cycles a handler makes wait "
-        "that long too: lower it if they hold large messages. 0 keeps Python's setting.",
+        "pod's process and each worker process; 0 keeps Python's 700. A pod allocates several per message, so at "
+        "700 it collects hundreds of times a second holding the GIL: 10,000 made key-ordered fast handlers 8-34% "
+        "faster in keyorder bench but partition-ordered ones slower (docs/performance.md, Batch handlers). "
+        "Reference cycles a handler makes wait that long too.",
     )
     commit_interval: float = Field(
         1.0, gt=0, le=MAX_GRACE_SECONDS, allow_inf_nan=False, description="Seconds between periodic commits."

@@ -1,5 +1,5 @@
-"""The pod's garbage-collector setting (``keyorder.collector``): what ``keyorder run`` and each worker process
-of the process executor apply, and the flag that changes it."""
+"""The pod's garbage-collector setting (``keyorder.collector``, ``--gc-threshold``, off by default): what
+``keyorder run`` and each worker process of the process executor apply."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from keyorder.adapters.handlers import load_for_worker_process
-from keyorder.collector import DEFAULT_THRESHOLD, set_first_threshold
+from keyorder.collector import set_first_threshold
 from keyorder.config import ConfigError, load_run_config
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import RetryPolicy
@@ -46,9 +46,9 @@ def test_the_first_threshold_is_set_keeping_the_older_two_and_zero_keeps_pythons
     assert gc.get_threshold() == (50_000, 11, 12)
 
 
-def test_the_flag_defaults_to_the_pods_threshold_and_refuses_a_negative_one_naming_it():
-    assert load_run_config(REQUIRED, environ={}).gc_threshold == DEFAULT_THRESHOLD == 10_000
-    assert load_run_config(REQUIRED, environ={"KEYORDER_GC_THRESHOLD": "0"}).gc_threshold == 0
+def test_the_flag_keeps_pythons_threshold_by_default_and_refuses_a_negative_one_naming_it():
+    assert load_run_config(REQUIRED, environ={}).gc_threshold == 0
+    assert load_run_config(REQUIRED, environ={"KEYORDER_GC_THRESHOLD": "10000"}).gc_threshold == 10_000
     with pytest.raises(ConfigError, match="--gc-threshold / KEYORDER_GC_THRESHOLD"):
         load_run_config({**REQUIRED, "gc_threshold": -1}, environ={})
 

@@ -53,8 +53,6 @@ from pathlib import Path
 from typing import Any
 
 from keyorder.adapters.cpu import pod_cpu_seconds
-from keyorder.collector import DEFAULT_THRESHOLD as DEFAULT_GC_THRESHOLD
-from keyorder.collector import set_first_threshold
 from keyorder.config import RunConfig
 from keyorder.core import offset_metadata
 from keyorder.devtools import bench_handlers
@@ -1092,9 +1090,6 @@ def bench_command(args: argparse.Namespace) -> int:
             progress=lambda n: progress.show(f"preloading {n:,}/{preset.messages:,}"),
         )
         progress.done()
-        # the rows are pods as ``keyorder run`` deploys them, whose process sets the collector so (the raw loop
-        # runs under the same setting; process-executor rows' worker processes set it from their config)
-        set_first_threshold(DEFAULT_GC_THRESHOLD)
         runner = Runner(broker.bootstrap, topic, preset, progress)
         if preset.memory_check:
             create_topics(broker.bootstrap, ["bench-1kb"], preset.partitions)
