@@ -31,6 +31,7 @@ import logging
 
 log = logging.getLogger(__name__)
 
+
 def set_first_threshold(threshold: int) -> None:
     """Set the young generation's threshold to ``threshold`` (0: leave Python's), keeping the older two."""
     if threshold <= 0:
