@@ -140,7 +140,7 @@ class LaneScheduler:
         """When not ``continue_first``: the other ready lanes (with more after a head finished, due after a
         park, or re-queued by ``withdraw``), a heap of their head's ``sequence``, which is unique (each lane
         is queued at most once, and two lanes never share a head); ``_oldest_lane`` maps it to the lane. A
-        heap of plain ints: a heap of ``(sequence, lane id)`` tuples cost a third more per push and pop."""
+        heap of plain ints: with ``(sequence, lane id)`` tuples a push and a pop cost about 1.5 times as much."""
         self._oldest_lane: dict[int, Hashable] = {}
         self._received = 0
         self._spare: list[_Lane] = []

@@ -117,7 +117,7 @@ BATCH_SIZE = 100
 NOOP_BATCH_WORKERS = 1
 """W of the no-op batch row put against the raw loop: one call at a time, as the raw loop is one thread.
 The no-op's calls are pure CPU, and the pod's threads share one GIL, so more calls at a time run no more
-of them: they only add GIL hand-offs (16 threads contending cost 10-15% of the rate here;
+of them: they only add GIL hand-offs (16 threads contending cost up to 15% of the rate here;
 ``WIDE_NOOP_BATCH_RUN`` shows it beside)."""
 NOOP_BATCH_RUN = f"key W={NOOP_BATCH_WORKERS} no-op batch {BATCH_SIZE}"
 """The no-op's work (parse and order check) per message, one call per batch: against the raw loop."""
