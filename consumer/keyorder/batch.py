@@ -32,7 +32,9 @@ Pure: no I/O, no clock. The pools (``workers``, ``process_child``) call the hand
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+import itertools
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 BATCH_REASONS = ("full", "waited", "nothing_more_ready")
@@ -149,26 +151,10 @@ async def call_async_batch(handler: Callable[[list[Any]], Any], messages: list[A
     return batch_outcomes(handler, size, await handler(list(messages)))
 
 
-def sync_batch_outcomes(handler: Callable[[list[Any]], Any], messages: list[Any]) -> Outcomes:
-    """``call_sync_batch``'s outcomes, or, when it raised, that error for every message (SystemExit too, as a
-    per-message handler's), its traceback dropped: nothing reads it (logs and dead letters carry the type and
-    text), and through its frames it led back to the caller's, whose list of outcomes holds the error, a
-    reference cycle that kept the call's messages until the cyclic garbage collector ran
-    (``keyorder.collector``)."""
-    try:
-        return call_sync_batch(handler, messages)
-    except BaseException as raised:
-        return [raised.with_traceback(None)] * len(messages)
+def all_none(items: Iterable[object]) -> bool:
+    """Whether every item is ``None``, by identity (an error may compare equal to ``None``), in C: "every message
+    of the batch succeeded" for a batch's outcomes."""
+    return all(map(operator.is_, items, _NONE))
 
 
-async def async_batch_outcomes(
-    handler: Callable[[list[Any]], Any], messages: list[Any], propagates: Callable[[BaseException], bool]
-) -> Outcomes:
-    """As ``sync_batch_outcomes``, awaiting ``call_async_batch``; an error ``propagates`` says is not the batch's
-    (the task being cancelled) is raised instead."""
-    try:
-        return await call_async_batch(handler, messages)
-    except BaseException as raised:
-        if propagates(raised):
-            raise
-        return [raised.with_traceback(None)] * len(messages)
+_NONE = itertools.repeat(None)

@@ -652,3 +652,17 @@ def test_an_async_worker_closed_while_it_awaits_stops_and_does_not_crash_the_pod
     finally:
         loop.close()
     assert pool.health.crashed is None, "a closed worker stopped; it did not crash (the pod would exit)"
+
+
+def test_all_succeeded_is_every_outcome_being_none_itself_not_an_error_equal_to_it() -> None:
+    from keyorder.batch import all_none
+
+    class EqualToEverything(Exception):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = Exception.__hash__
+
+    assert all_none([None, None]) and all_none([])
+    assert [EqualToEverything()].count(None) == 1, "what == would have taken for a success"
+    assert not all_none([None, EqualToEverything()])

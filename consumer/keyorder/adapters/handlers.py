@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from keyorder.collector import set_first_threshold
 from keyorder.engine.worker_pools import Lifecycle, is_async_callable
 
 
@@ -101,8 +102,6 @@ def load_for_worker_process(
     """What each worker process of the process executor imports once (bind with ``functools.partial``);
     with ``log_level``, the process logs as the pod does (a handler's log lines keep the pod's format), and
     its garbage collector is set as the pod's (``collector``; 0 keeps Python's)."""
-    from keyorder.collector import set_first_threshold
-
     set_first_threshold(gc_threshold)
     if log_level is not None:
         from keyorder.logs import configure_logging

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, Outcomes, async_batch_outcomes, sync_batch_outcomes
+from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, Outcomes, all_none, call_async_batch, call_sync_batch
 from keyorder.engine.worker_pools import Lifecycle, call_sync_handler, is_async_callable, run_async_hook, run_sync_hook
 from keyorder.message import Message
 
@@ -183,8 +183,8 @@ class _Runner:
 
     def call_batch(self, messages: list[Message]) -> Outcomes:
         if self.loop is not None:
-            return self.loop.run_until_complete(async_batch_outcomes(self.handler, messages, _never))
-        return sync_batch_outcomes(self.handler, messages)
+            return self.loop.run_until_complete(call_async_batch(self.handler, messages))
+        return call_sync_batch(self.handler, messages)
 
 
 def run_batch(runner: _Runner, progress: Progress, number: int, batch: list[tuple[Any, ...]]) -> list[Any]:
@@ -211,11 +211,6 @@ def run_batch(runner: _Runner, progress: Progress, number: int, batch: list[tupl
     return results
 
 
-def _never(_error: BaseException) -> bool:
-    """In a worker process every error of a batch call is the batch's (``async_batch_outcomes``)."""
-    return False
-
-
 def run_batch_call(runner: _Runner, progress: Progress, number: int, batch: list[tuple[Any, ...]]) -> list[Any]:
     """Run batch ``number`` as one call of a batch handler; the result list the pod expects, as ``run_batch``'s
     (each message's seconds are the call's split evenly over them). A process that dies inside the call
@@ -232,7 +227,7 @@ def run_batch_call(runner: _Runner, progress: Progress, number: int, batch: list
     except BaseException as raised:  # every message of the batch failed (SystemExit too, as on threads)
         outcomes = [raised] * len(batch)
     share = (clock() - started) / len(batch)
-    if outcomes.count(None) == len(outcomes):  # all succeeded: the common case, in one step
+    if all_none(outcomes):  # all succeeded: the common case, in one step
         progress.finish_all(len(outcomes), SUCCEEDED, share)
         return [share] * len(outcomes)
     results: list[Any] = []
@@ -243,7 +238,7 @@ def run_batch_call(runner: _Runner, progress: Progress, number: int, batch: list
         else:
             progress.finish(index, FAILED, share)
             results.append((share, *describe(error)))
-            error.__traceback__ = None  # a returned outcome's frames lead back here: no reference cycle
+            error.__traceback__ = None  # its frames lead back to this one, which holds it: no reference cycle
     return results
 
 

@@ -75,9 +75,10 @@ from keyorder.batch import (
     PER_MESSAGE,
     BatchLimits,
     Outcomes,
-    async_batch_outcomes,
+    all_none,
+    call_async_batch,
+    call_sync_batch,
     is_unawaited,
-    sync_batch_outcomes,
 )
 from keyorder.contracts import DeadLetterSink
 from keyorder.core.lanes import Delivery, LaneScheduler, LaneSummary
@@ -662,7 +663,7 @@ class _PoolBase:
         revoked nor ever truncated lets none of its messages go (``PartitionState.may_let_go``)."""
         if (
             not self.stopping
-            and all(map(operator.is_, map(_PENDING_DEAD_LETTER, taken), _NONE))  # identity: an error may be falsy
+            and all_none(map(_PENDING_DEAD_LETTER, taken))
             and not any(partition.may_let_go for partition in set(map(_PARTITION, taken)))
         ):
             return [], [], taken
@@ -715,7 +716,7 @@ class _PoolBase:
         worker.stats.busy = False
         now = self.clock()
         share = (now - started) / len(batch)
-        if all(map(operator.is_, results, _NONE)):  # the common case: all succeeded (identity, not ==)
+        if all_none(results):  # the common case: all succeeded
             return [self._batch_succeeded(worker, batch, share, now)], []
         settled: list[Settlement] = []
         succeeded: list[Delivery] = []
@@ -854,8 +855,6 @@ class _PoolBase:
 
 
 _PENDING_DEAD_LETTER = operator.attrgetter("pending_dead_letter")
-_NONE = itertools.repeat(None)
-"""``None`` for ``map(operator.is_, items, _NONE)``: each item's identity with ``None``, in C."""
 _PARTITION = operator.attrgetter("partition")
 _MESSAGE = operator.attrgetter("message")
 _RECEIVED_AT = operator.attrgetter("received_at")
@@ -999,7 +998,11 @@ class ThreadWorkerPool(_PoolBase):
             return outcomes
         outcomes = self._settle_now(outcomes)
         started = self._start_batch(worker, batch, reason, fill_seconds)
-        results = sync_batch_outcomes(self._handler, list(map(_MESSAGE, batch)))  # raises nothing
+        results: Outcomes
+        try:
+            results = call_sync_batch(self._handler, list(map(_MESSAGE, batch)))
+        except BaseException as raised:  # the whole batch failed (SystemExit too, as per message)
+            results = [raised] * len(batch)
         settled, to_dead_letter = self._batch_outcomes(worker, batch, results, started)
         settled += outcomes
         for delivery, error in to_dead_letter:
@@ -1253,11 +1256,14 @@ class AsyncWorkerPool(_PoolBase):
             return outcomes
         outcomes = self._settle_now(outcomes)
         started = self._start_batch(worker, batch, reason, fill_seconds)
+        results: Outcomes
         try:
-            results = await async_batch_outcomes(self._handler, list(map(_MESSAGE, batch)), _stops_the_worker)
-        except BaseException:  # only what stops the worker: the pool cancelling it (shutdown), not a failing batch
-            worker.stats.busy = False
-            raise
+            results = await call_async_batch(self._handler, list(map(_MESSAGE, batch)))
+        except BaseException as raised:
+            if _stops_the_worker(raised):
+                worker.stats.busy = False
+                raise  # the pool is cancelling this worker (shutdown), not a failing batch
+            results = [raised] * len(batch)
         settled, to_dead_letter = self._batch_outcomes(worker, batch, results, started)
         settled += outcomes
         for delivery, error in to_dead_letter:
