@@ -72,7 +72,7 @@ from keyorder.devtools.bench_report import (
     ideal_rate,
     interleave,
     markdown_table,
-    median_rate,
+    median_ratio,
     plot,
     plot_resize,
     raw_ceiling_of,
@@ -1206,17 +1206,6 @@ def hot_key_summary(hot: HotKeyResult) -> str:
         f"({hot.partition_inflight_bound or 0:,} in flight per partition)"
         f"{indent}{everyone}"
     )
-
-
-def median_ratio(
-    rate: float, pass_rates: Sequence[float], against: float, against_pass_rates: Sequence[float]
-) -> float | None:
-    """A target's second figure: the median pass over the median pass (``None`` when neither side ran
-    several passes, or the one against ran at 0)."""
-    if len(pass_rates) < 2 and len(against_pass_rates) < 2:
-        return None
-    below = median_rate(against, against_pass_rates)
-    return median_rate(rate, pass_rates) / below if below else None
 
 
 def evaluate_targets(report: BenchReport, quick: bool, earlier: BenchReport | None = None) -> dict:

@@ -77,6 +77,17 @@ def median_rate(rate: float, pass_rates: Sequence[float]) -> float:
     return rate if figures is None else figures[1]
 
 
+def median_ratio(
+    rate: float, pass_rates: Sequence[float], against: float, against_pass_rates: Sequence[float]
+) -> float | None:
+    """A target's second figure: the median pass over the median pass (``None`` when neither side ran
+    several passes, or the one against ran at 0)."""
+    if len(pass_rates) < 2 and len(against_pass_rates) < 2:
+        return None
+    below = median_rate(against, against_pass_rates)
+    return median_rate(rate, pass_rates) / below if below else None
+
+
 @dataclass(frozen=True)
 class Pass:
     """One measurement of a row: pass ``number`` of ``passes`` (0: a warm-up pass, discarded)."""
