@@ -142,15 +142,14 @@ def batch_poison(messages: list[Any]) -> None:
         record(message)
 
 
-def record_gc_threshold(message: Any) -> None:
-    """``gc PID THRESHOLD``: the young generation's threshold of the process the handler runs in."""
-    import gc
-
-    _write(f"gc {os.getpid()} {gc.get_threshold()[0]}")
-
-
 def record_gc_threshold_setup() -> None:
-    """A set-up hook: ``gc PID THRESHOLD`` of the process it runs in (the pod's, on threads)."""
+    """A set-up hook: ``gc PID THRESHOLD``, the young generation's threshold of the process it runs in (the pod's,
+    on threads)."""
     import gc
 
     _write(f"gc {os.getpid()} {gc.get_threshold()[0]}")
+
+
+def record_gc_threshold(message: Any) -> None:
+    """The same line from a handler (in a worker process, with the process executor)."""
+    record_gc_threshold_setup()
