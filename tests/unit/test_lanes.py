@@ -458,3 +458,33 @@ def test_emptied_lanes_are_kept_for_reuse_up_to_a_bound() -> None:
     reused = scheduler._spare[-1]
     scheduler.add([delivery("again", b"again", offset=0)])
     assert scheduler._lanes[b"again"] is reused and not reused.running and len(reused.deliveries) == 1
+
+
+def test_a_long_lane_keeps_its_order_through_the_switch_to_a_deque_and_back() -> None:
+    """A lane's FIFO is a list while short and a deque from ``LONG_LANE`` deliveries on (``_Lane.deliveries``):
+    across the switch, through a withdraw that shortens it and a reuse of the emptied lane, its deliveries run
+    in arrival order, and a reused lane starts short again."""
+    from collections import deque
+
+    from keyorder.core.lanes import LONG_LANE
+
+    scheduler = LaneScheduler()
+    hot = [delivery(f"H{index}", b"H", offset=index) for index in range(LONG_LANE + 10)]
+    scheduler.add(hot[: LONG_LANE - 1])
+    assert type(scheduler._lanes[b"H"].deliveries) is list
+    scheduler.add(hot[LONG_LANE - 1 :])
+    assert type(scheduler._lanes[b"H"].deliveries) is deque
+    first = take_one(scheduler, 0.0)
+    assert first is hot[0]
+    scheduler.finished(first)
+    odd = scheduler.withdraw(lambda queued: queued.message.offset % 2 == 1)  # keeps the even half, a list again
+    assert names(odd) == [f"H{index}" for index in range(1, LONG_LANE + 10, 2)]
+    assert type(scheduler._lanes[b"H"].deliveries) is list
+    assert take_all(scheduler) == [f"H{index}" for index in range(2, LONG_LANE + 10, 2)]
+    lane = scheduler._spare[-1]
+    assert type(lane.deliveries) is list and not lane.deliveries
+    scheduler.add(hot[:LONG_LANE])  # the same lane object, long again, then emptied at once by finished_all
+    assert scheduler._lanes[b"H"] is lane and type(lane.deliveries) is deque
+    for _ in range(LONG_LANE):
+        scheduler.finished_all(scheduler.take(0.0, 1))
+    assert scheduler._spare[-1] is lane and type(lane.deliveries) is list
