@@ -122,14 +122,20 @@ def test_a_lane_parked_in_a_batch_is_retried_at_its_due_time_while_the_batch_run
     assert sorted((item.message.offset, handled) for item, handled in completions) == [(1, True), (2, True)]
 
 
-def test_a_batch_that_succeeded_whole_counts_as_each_of_its_messages_would() -> None:
+@pytest.mark.parametrize(
+    "arrival",
+    [lambda offset: offset * 0.004, lambda offset: (offset // 10) * 0.1, lambda offset: (offset % 3) * 0.1],
+    ids=["each its own", "in runs", "interleaved"],
+)
+def test_a_batch_that_succeeded_whole_counts_as_each_of_its_messages_would(arrival) -> None:
     """``_batch_succeeded`` (one pass for a batch call that succeeded) leaves a worker's statistics as
     ``_succeeded_in`` for each message does: processed, the handler-seconds and latency histograms, and the
-    recent handler time a fast handler's turns are sized by."""
+    recent handler time a fast handler's turns are sized by; whether the messages arrived each at its own time,
+    in runs of one time (a few poll batches), or with the times interleaved (heads taken from both ready queues)."""
     pool = ThreadWorkerPool(lambda _messages: None, 1, RetryPolicy(), None, Completions())
     partition = Partition()
     batch = [
-        Delivery(Message("t", 0, offset, b"k%d" % offset, b"", (), 0), b"k%d" % offset, partition, offset * 0.004)
+        Delivery(Message("t", 0, offset, b"k%d" % offset, b"", (), 0), b"k%d" % offset, partition, arrival(offset))
         for offset in range(40)
     ]
     one_by_one, at_once = _Worker(0), _Worker(1)

@@ -52,6 +52,8 @@ _PARTITION_ID = operator.attrgetter("topic", "partition")
 _PARTITION = operator.attrgetter("partition")
 _OFFSET, _KEY = operator.attrgetter("offset"), operator.attrgetter("key")
 _LEADER_EPOCH = operator.attrgetter("leader_epoch")
+_MESSAGE_OFFSET = operator.attrgetter("message.offset")
+_NO_ARGUMENTS = ()
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 PARTLY_PAUSED_TIMEOUT = 0.005
@@ -479,8 +481,8 @@ class ConsumerRuntime:
         completions = self.completions
         if not completions:
             return
-        popleft = completions.popleft
-        entries = [popleft() for _ in range(len(completions))]  # workers may append meanwhile: next turn's
+        # as many as are there now (workers may append meanwhile: next turn's), popped in C
+        entries = list(itertools.starmap(completions.popleft, itertools.repeat(_NO_ARGUMENTS, len(completions))))
         self.inflight -= len(entries)
         self._load_changes += 1
         deliveries = list(map(_FIRST, entries))
@@ -499,7 +501,7 @@ class ConsumerRuntime:
                     if offsets.completed(message.offset, message.leader_epoch):
                         state.completed += 1
                 continue
-            offsets.completed_all([delivery.message.offset for delivery in finished])
+            offsets.completed_all(list(map(_MESSAGE_OFFSET, finished)))
             state.completed += len(finished)
 
     def _hand_back(self, deliveries: list[Delivery]) -> None:

@@ -65,7 +65,7 @@ import operator
 import threading
 import time
 from bisect import bisect_left
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -743,9 +743,10 @@ class _PoolBase:
         stats.handler_seconds.observe_many(share, size)
         # ``size`` steps of the 1/8 average towards the same value, in one
         worker.handler_seconds_ewma = share + (worker.handler_seconds_ewma - share) * (7 / 8) ** size
-        # a batch's messages arrived in a few poll batches: one bucket lookup per arrival time, not per message
-        for received_at, count in Counter(map(_RECEIVED_AT, deliveries)).items():
-            stats.latency.observe_many(now - received_at, count)
+        # a batch's messages arrived in a few poll batches, taken in arrival order: one bucket lookup per run of one
+        # arrival time, not per message (``groupby``: a Counter cost about twice as much at a batch's size)
+        for received_at, run in itertools.groupby(map(_RECEIVED_AT, deliveries)):
+            stats.latency.observe_many(now - received_at, operator.countOf(run, received_at))
         return _BatchFinished(deliveries)
 
     def _exit(self, worker: _Worker) -> None:
