@@ -486,10 +486,15 @@ class ConsumerRuntime:
         self.inflight -= len(entries)
         self._load_changes += 1
         deliveries = list(map(_FIRST, entries))
-        runs = zip(zip(map(_PARTITION, deliveries), map(_SECOND, entries), strict=True), deliveries, strict=True)
+        runs: Iterable[tuple[PartitionState, bool, list[Delivery]]]
+        if all(map(_SECOND, entries)):  # the common case, every one handled: runs of one partition
+            runs = ((state, True, list(run)) for state, run in itertools.groupby(deliveries, _PARTITION))
+        else:  # and of one outcome
+            keyed = zip(zip(map(_PARTITION, deliveries), map(_SECOND, entries), strict=True), deliveries, strict=True)
+            by_outcome = itertools.groupby(keyed, _FIRST)
+            runs = ((state, handled, list(map(_SECOND, run))) for (state, handled), run in by_outcome)
         handled_runs = []
-        for (state, handled), run in itertools.groupby(runs, _FIRST):
-            finished = list(map(_SECOND, run))
+        for state, handled, finished in runs:
             state.outstanding -= len(finished)  # every count first: an offset error below leaves none behind
             if handled and not state.dropped:
                 handled_runs.append((state, finished))
