@@ -16,7 +16,7 @@ busiest functions; ``--against COMMIT`` runs the same on that commit's ``consume
 its own process) and prints the ratio::
 
     .venv/bin/python -m tools.pod_path_cpu --batch 100
-    .venv/bin/python -m tools.pod_path_cpu --batch 100 --against HEAD~3
+    .venv/bin/python -m tools.pod_path_cpu --batch 100 --against HEAD~3 --rounds 10 --runs 1
     .venv/bin/python -m tools.pod_path_cpu --batch 100 --profile
 """
 
@@ -28,6 +28,7 @@ import io
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -198,6 +199,27 @@ def _child(consumer: Path, arguments: list[str]) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _figures(run: dict[str, float]) -> str:
+    return f"{run['cpu_us_per_message']:.2f} µs/msg, {run['rate']:,.0f} msg/s"
+
+
+def _against(commit: str, arguments: list[str], rounds: int) -> None:
+    """This probe on ``commit``'s ``consumer/`` and on the working tree's, taking turns ``rounds`` times, each in a
+    process of its own: this shared machine drifts by more than a change worth measuring, so one pair says little."""
+    pairs = []
+    for number in range(1, rounds + 1):
+        before, after = _run_commit(commit, arguments), _child(ROOT / "consumer", arguments)
+        pairs.append((before, after))
+        print(f"round {number}/{rounds}: {commit} {_figures(before)}; working tree {_figures(after)}", flush=True)
+    cpu_before = statistics.median(before["cpu_us_per_message"] for before, _after in pairs)
+    cpu_after = statistics.median(after["cpu_us_per_message"] for _before, after in pairs)
+    rate_before = statistics.median(before["rate"] for before, _after in pairs)
+    rate_after = statistics.median(after["rate"] for _before, after in pairs)
+    print(f"medians over {rounds} rounds: {commit} {cpu_before:.2f} µs/msg, {rate_before:,.0f} msg/s; "
+          f"working tree {cpu_after:.2f} µs/msg, {rate_after:,.0f} msg/s")  # fmt: skip
+    print(f"after ÷ before (medians): CPU {cpu_after / cpu_before:.2f} x, rate {rate_after / rate_before:.2f} x")
+
+
 def _profile(arguments: list[str]) -> None:
     with tempfile.NamedTemporaryFile(suffix=".txt") as out:
         subprocess.run(
@@ -227,6 +249,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="most messages per batch call (0: per message)")
     parser.add_argument("--runs", type=int, default=3, help="runs; the best is reported")
     parser.add_argument("--against", help="run the same on this commit's consumer/ first")
+    parser.add_argument("--rounds", type=int, default=1, help="with --against: turns on each, the medians compared")
     parser.add_argument("--profile", action="store_true", help="sample one run with py-spy")
     parser.add_argument("--verbose", action="store_true", help="print each run's batch calls, reasons and holds")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
@@ -237,12 +260,7 @@ def main() -> None:
         _profile([*shape, "--runs", "1"])
         return
     if options.against:
-        before = _run_commit(options.against, [*shape, "--runs", str(options.runs)])
-        after = _child(ROOT / "consumer", [*shape, "--runs", str(options.runs)])
-        print(f"{options.against}: {before['cpu_us_per_message']:.2f} µs/msg, {before['rate']:,.0f} msg/s")
-        print(f"working tree: {after['cpu_us_per_message']:.2f} µs/msg, {after['rate']:,.0f} msg/s")
-        print(f"after ÷ before: CPU {after['cpu_us_per_message'] / before['cpu_us_per_message']:.2f} x, "
-              f"rate {after['rate'] / before['rate']:.2f} x")  # fmt: skip
+        _against(options.against, [*shape, "--runs", str(options.runs)], options.rounds)
         return
     shape_of_run = (options.messages, options.partitions, options.keys, options.workers, options.batch)
     runs = [measure(*shape_of_run, options.verbose) for _ in range(options.runs)]
