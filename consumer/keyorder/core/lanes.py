@@ -83,7 +83,8 @@ class _Lane:
         that taking the head (``del deliveries[0]``, which both allow) never moves more than ``LONG_LANE`` others.
         Most lanes of a pod with many keys hold a message or two, and a deque costs about 530 bytes however short
         (its first 64-slot block): at 10,000 keys in flight the lanes' deques took some 6 MB, beyond the CPU's
-        caches, and the scheduler's steps ran about a fifth slower than with lists (``tools/pod_path_cpu``)."""
+        caches, and with lists the pod's CPU a message under a batch handler fell by about a tenth
+        (``tools/pod_path_cpu``, docs/performance.md)."""
         self.running = False
         self.parked_until: float | None = None
         self.blocked = False
