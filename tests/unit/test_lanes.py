@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keyorder.core import lanes as lanes_module
 from keyorder.core.lanes import Delivery, LaneScheduler
 
 
@@ -306,16 +308,24 @@ def test_drain_returns_everything_not_running() -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=100)
+@pytest.mark.parametrize("long_lane", [2, 64], ids=["lanes-become-deques-at-2", "lanes-become-deques-at-64"])
+@settings(max_examples=60)  # per switch point: 120 examples in all, about the time 100 took
 @given(data=st.data())
 def test_random_workers_failures_and_revokes_keep_lanes_serial_in_order_and_lose_nothing(
-    data: st.DataObject,
+    long_lane: int, data: st.DataObject
 ) -> None:
     """W simulated workers interleave take/finish/park; random arrivals and withdrawals.
 
     Oracles: a lane never has two deliveries running; every lane's deliveries finish in arrival
-    order; every delivery added is finished or withdrawn exactly once.
+    order; every delivery added is finished or withdrawn exactly once. With the lists' switch to deques
+    (``LONG_LANE``) at 2 deliveries too, so that both shapes of a lane's FIFO, and the switches between
+    them, meet every step.
     """
+    with mock.patch.object(lanes_module, "LONG_LANE", long_lane):
+        _random_workers_failures_and_revokes(data)
+
+
+def _random_workers_failures_and_revokes(data: st.DataObject) -> None:
     scheduler = LaneScheduler()
     partitions = [Partition("p0"), Partition("p1")]
     lanes: list[Hashable | None] = [b"A", b"B", b"C", None]
