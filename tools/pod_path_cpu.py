@@ -203,6 +203,10 @@ def _figures(run: dict[str, float]) -> str:
     return f"{run['cpu_us_per_message']:.2f} µs/msg, {run['rate']:,.0f} msg/s"
 
 
+def _medians(runs: tuple[dict[str, float], ...]) -> dict[str, float]:
+    return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+
+
 def _against(commit: str, arguments: list[str], rounds: int) -> None:
     """This probe on ``commit``'s ``consumer/`` and on the working tree's, taking turns ``rounds`` times, each in a
     process of its own: this shared machine drifts by more than a change worth measuring, so one pair says little."""
@@ -211,13 +215,10 @@ def _against(commit: str, arguments: list[str], rounds: int) -> None:
         before, after = _run_commit(commit, arguments), _child(ROOT / "consumer", arguments)
         pairs.append((before, after))
         print(f"round {number}/{rounds}: {commit} {_figures(before)}; working tree {_figures(after)}", flush=True)
-    cpu_before = statistics.median(before["cpu_us_per_message"] for before, _after in pairs)
-    cpu_after = statistics.median(after["cpu_us_per_message"] for _before, after in pairs)
-    rate_before = statistics.median(before["rate"] for before, _after in pairs)
-    rate_after = statistics.median(after["rate"] for _before, after in pairs)
-    print(f"medians over {rounds} rounds: {commit} {cpu_before:.2f} µs/msg, {rate_before:,.0f} msg/s; "
-          f"working tree {cpu_after:.2f} µs/msg, {rate_after:,.0f} msg/s")  # fmt: skip
-    print(f"after ÷ before (medians): CPU {cpu_after / cpu_before:.2f} x, rate {rate_after / rate_before:.2f} x")
+    before, after = map(_medians, zip(*pairs, strict=True))
+    print(f"medians over {rounds} rounds: {commit} {_figures(before)}; working tree {_figures(after)}")
+    print(f"after ÷ before (medians): CPU {after['cpu_us_per_message'] / before['cpu_us_per_message']:.2f} x, "
+          f"rate {after['rate'] / before['rate']:.2f} x")  # fmt: skip
 
 
 def _profile(arguments: list[str]) -> None:
