@@ -137,25 +137,83 @@ def test_a_refused_batch_leaves_no_receive_time_behind() -> None:
 def test_a_truncation_with_no_new_record_yet_is_found_by_the_clients_lost_position() -> None:
     """Soak seeds 2140, 4024, 4136, 4751: the log truncated at 30 while the pod had read 0-9 and the client had
     prefetched to 37; librdkafka sought to 30, purging 10-36, and no record was written past 30 yet, so no
-    record came to raise EpochGap: 10-29 (the same in both logs) waited for good. An idle partition whose
-    position the client no longer knows, though the pod read it and did not seek it, is sought back."""
+    record came to raise EpochGap: 10-29 (the same in both logs) waited for good. A partition whose position
+    the client no longer knows, though the pod read it and did not seek it, is sought back."""
     runtime, source, pool = runtime_assigned()
     runtime._dispatch([message(offset, 1) for offset in range(10)], 0.0)
     pool.finish(10)
     runtime._collect_completions()
     source.client_positions[P0] = 10
-    runtime.committer.commit(runtime.partitions.values(), asynchronous=True)
     runtime._fetch_where_the_client_lost_its_place()
     assert source.seeks == [], "the client knows its place: nothing to do"
     del source.client_positions[P0]  # librdkafka's own seek to the truncation point reset its position
-    runtime.committer.commit(runtime.partitions.values(), asynchronous=True)
     runtime._fetch_where_the_client_lost_its_place()
     assert source.seeks == [{P0: FetchPosition(10, 1)}], "sought back to where the pod is, validated with epoch 1"
-    runtime.committer.commit(runtime.partitions.values(), asynchronous=True)
     runtime._fetch_where_the_client_lost_its_place()
     assert len(source.seeks) == 1, "once: the pod's own seek leaves the position unknown until the next record"
     runtime._dispatch([message(10, 1)], 1.0)
-    assert runtime.partitions[P0].client_sought is False, "a record: the client knows its place again"
+    assert runtime.partitions[P0].sought_at is None, "a record: the client knows its place again"
+
+
+class DrainingSource(SeekingSource):
+    """FAKE Source whose ``consume`` hands out nothing (the client holds nothing more), with a settable end offset."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.end: int | None = None
+
+    def high_watermark(self, partition: TopicPartitionId) -> int | None:
+        return self.end
+
+
+@pytest.mark.parametrize("blocked_key", [False, True], ids=["idle partition", "a blocked key in flight"])
+def test_a_purge_after_the_pods_own_seek_is_found_once_the_client_has_handed_out_all_it_held(
+    blocked_key: bool,
+) -> None:
+    """Simulation seed 51737: flow control resumed the partition with a seek to 12 (its position unknown until
+    the next record), the client prefetched 12-77, then the log was truncated at 56: librdkafka sought to 56
+    and purged 12-77, 12-55 too, and no record past 56 came. The pod's own seek hid the loss, and a key blocked
+    in flight (``on_exhausted=block``) kept the partition from counting as idle: 12-55 waited for good. Now, a
+    second after the pod's seek, a client that has handed out all it held, none of the partition, while the
+    broker has records past 12, has lost its place. Records of the partition queued behind others' are not
+    taken for a loss: until the client is drained, nothing is done."""
+    clock, completions = FakeClock(), Completions()
+    source, pool = DrainingSource(), HoldingPool(completions)
+    limits = FlowLimits(max_inflight=100, max_inflight_per_partition=100, max_uncommitted=100, pause_after=1.0)
+    runtime = ConsumerRuntime(
+        RuntimeSettings(topics=("t",), flow=limits), source, pool, Ordering.KEY, completions, clock, clock.sleep
+    )
+    runtime._on_assign([P0])
+    runtime._dispatch([message(offset, 1) for offset in range(12)], clock())
+    pool.finish(11 if blocked_key else 12)
+    runtime._collect_completions()
+    runtime._resume({P0: FetchPosition(12, 1)})  # flow control's resume after a pause: the pod's own seek
+    source.seeks.clear()
+    source.end = 56
+    runtime._read()  # the client is drained right after the seek: its first fetch may still be on its way
+    clock.now += 0.5
+    runtime._fetch_where_the_client_lost_its_place()
+    assert source.seeks == [], "half a second after the pod's seek: its fetch may still be on its way"
+    clock.now += 0.6
+    runtime._fetch_where_the_client_lost_its_place()
+    assert source.seeks == [], "the client has not been drained since the seek's patience ran out"
+    runtime._read()  # drained again, past the patience: nothing of the partition came
+    runtime._fetch_where_the_client_lost_its_place()
+    assert source.seeks == [{P0: FetchPosition(12, 1)}], "sought back to 12, validated with epoch 1"
+    assert runtime.partitions[P0].sought_at == clock.now
+
+
+def test_a_sought_partition_at_the_end_of_its_log_has_not_lost_its_place() -> None:
+    """Sought, drained and idle at the end of the log (nothing past where the pod fetches): no record is due."""
+    runtime, _source, _pool = runtime_assigned()
+    runtime._dispatch([message(offset, 1) for offset in range(12)], 0.0)
+    runtime._resume({P0: FetchPosition(12, 1)})
+    state = runtime.partitions[P0]
+    assert state.sought_at is not None
+    assert not state.lost_place(None, 12, drained_at=state.sought_at + 5.0), "the broker has nothing past 12"
+    assert state.lost_place(None, 13, drained_at=state.sought_at + 5.0), "the broker has 12: it did not come"
+    assert state.lost_place(None, None, drained_at=state.sought_at + 5.0), "an unknown end offset: fetch again"
+    assert not state.lost_place(12, 56, drained_at=state.sought_at + 5.0), "the client knows its place"
 
 
 def test_an_offset_completed_twice_leaves_the_other_partitions_counts_right() -> None:

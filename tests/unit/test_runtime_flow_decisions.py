@@ -51,6 +51,8 @@ class ScriptedSource(RecordingSource):
         if turn + 1 >= self.turns:
             self.stop.set()
         handed_out = self.script.get(turn, list)()
+        for message in handed_out:  # librdkafka's application position: past the last record handed out
+            self.client_positions[(message.topic, message.partition)] = message.offset + 1
         self.clock.sleep(timeout)
         return handed_out
 

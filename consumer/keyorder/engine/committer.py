@@ -55,8 +55,6 @@ class Committer:
         self._next_periodic = now
         self._next_early = now
         self.learn_client_positions = True
-        self.positions_lost: list[PartitionState] = []
-        """Idle partitions the client lost its place in (``_learn_client_positions``), for the poll loop."""
         """Whether commits may move idle partitions past offsets the client read and never handed out
         (transaction markers). The runtime turns it off for its shutdown: after the loop, and above all
         after a fatal ``consume`` error that dropped the records of its batch, the client's position may
@@ -123,20 +121,14 @@ class Committer:
         self.record_outcomes(outcomes)
 
     def _learn_client_positions(self, states: list[PartitionState]) -> None:
-        """Idle partitions may commit past offsets the client read and never handed out (markers). Those
-        whose position the client no longer knows, though the pod has read them and did not seek them since,
-        are kept in ``positions_lost`` for the poll loop
-        (``ConsumerRuntime._fetch_where_the_client_lost_its_place``)."""
+        """Idle partitions may commit past offsets the client read and never handed out (markers). (A position
+        the client lost is the poll loop's business: ``ConsumerRuntime._fetch_where_the_client_lost_its_place``.)"""
         idle = {state.id: state for state in states if state.offsets.min_inflight is None}
         if not idle:
             return
         for partition_id, position in self.source.positions(list(idle)).items():
             state = idle.get(partition_id)
-            if state is None:
-                continue
-            if position is None and state.offsets.last_received is not None and not state.client_sought:
-                self.positions_lost.append(state)
-            else:
+            if state is not None:
                 state.offsets.passed_by_client(position)
 
     def record_outcomes(self, outcomes: list[CommitOutcome]) -> None:

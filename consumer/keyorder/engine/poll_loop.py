@@ -209,6 +209,10 @@ class ConsumerRuntime:
         self._reading = self._waiting = 0.0
         self._holds = 0
         self._holding = False
+        self._drained_at: float | None = None
+        """When the latest ``consume`` that returned fewer records than it asked for began: the client had handed
+        out all it held (``PartitionState.lost_place``)."""
+        self._next_place_check = clock()
         self._load_changes = 0
         """Bumped by whatever changes a count flow control decides on: a partition's in-flight or
         uncommitted count, the pod's, or the assigned partitions (messages received, completions,
@@ -265,8 +269,9 @@ class ConsumerRuntime:
                     self._dispatch(messages, self.clock())
                 now = self.clock()
                 self.committer.periodic(self.partitions.values(), now)
-                if self.committer.positions_lost:
+                if now >= self._next_place_check:
                     self._fetch_where_the_client_lost_its_place()
+                    self._next_place_check = now + settings.commit_interval
                 if now >= next_snapshot:
                     self._publish_snapshot(now)
                     next_snapshot = now + settings.snapshot_interval
@@ -296,8 +301,11 @@ class ConsumerRuntime:
         # without a partition the call only serves the group join, whatever handlers a revoke left running
         if not self.partitions or (hold is None and not all_paused):
             timeout = min(settings.poll_timeout, PARTLY_PAUSED_TIMEOUT) if self.flow.paused else settings.poll_timeout
-            messages = self.source.consume(min(settings.poll_batch, capacity), timeout)  # capacity: at least 1
+            asked = min(settings.poll_batch, capacity)  # capacity: at least 1
+            messages = self.source.consume(asked, timeout)
             self._reading += clock() - started
+            if len(messages) < asked:
+                self._drained_at = started
             return messages
         if all_paused:
             messages = self.source.consume(1, 0)
@@ -328,7 +336,7 @@ class ConsumerRuntime:
             run = list(grouped)
             first = run[0].offset
             state.receive_times.mark(first, now)
-            state.client_sought = False  # a record: the client knows its position again
+            state.sought_at = None  # a record: the client knows its position again
             offsets = state.offsets
             if offsets.last_received is None and offsets.start is not None and first < offsets.start:
                 log.warning(
@@ -440,38 +448,64 @@ class ConsumerRuntime:
             self._resume({state.id: FetchPosition(gap.resume_at, gap.leader_epoch)})
 
     def _fetch_where_the_client_lost_its_place(self) -> None:
-        """Idle partitions whose position the client no longer knows though the pod read them and did not seek
-        them since: librdkafka sought them by itself. It does so on a log truncation below its *fetch* position
-        (``core.tracking``'s module docstring), purging what it had prefetched, those records below the
-        truncation point too, and its position stays unknown until it hands out a record. When the new log
-        has no record past the truncation point yet, no record comes to tell the pod (``EpochGap`` needs
-        one): the purged records would wait for good. So the partition is sought back to where the pod is,
-        with the leader epoch it knows, which librdkafka validates (a truncation below it moves it to the
-        truncation point, and ``LogTruncated`` follows). Once per such loss: the seek marks the partition
-        sought until its next record."""
-        lost, self.committer.positions_lost = self.committer.positions_lost, []
-        for state in lost:
-            if state.revoked or state.dropped or state.client_sought or state.id in self.flow.paused:
+        """Partitions whose position the client no longer knows though the pod read them
+        (``PartitionState.lost_place``), checked every commit interval: librdkafka sought them by itself. It does
+        so on a log truncation below its *fetch* position (``core.tracking``'s module docstring), purging what it
+        had prefetched, those records below the truncation point too, and its position stays unknown until it
+        hands out a record. When the new log has no record past the truncation point yet, no record comes to tell
+        the pod (``EpochGap`` needs one): the purged records would wait for good, whether the purge came after
+        the pod's last record or after the pod's own seek, and whether a key of the partition holds messages in
+        flight (a blocked one) or none. So the partition is sought back to where the pod is, with the leader
+        epoch it knows, which librdkafka validates (a truncation below it moves it to the truncation point, and
+        ``LogTruncated`` follows). Not while the loop holds (it reads nothing, so no record could come), the
+        partition is paused (its resume seeks the same way) or no broker answers."""
+        if self._holding or not self.source.broker_reachable:
+            return
+        read = [
+            state
+            for state in self.partitions.values()
+            if state.offsets.last_received is not None
+            and not (state.revoked or state.dropped or state.id in self.flow.paused)
+        ]
+        if not read:
+            return
+        positions = self.source.positions([state.id for state in read])
+        now = self.clock()
+        for state in read:
+            if state.id not in positions:  # the client could not say: nothing to go on
                 continue
-            position = self._fetch_position(state.offsets)
-            if position is None:
+            position = positions[state.id]
+            high_watermark = self.source.high_watermark(state.id) if position is None else None
+            if not state.lost_place(position, high_watermark, self._drained_at):
                 continue
+            fetch_position = self._fetch_position(state.offsets)
+            if fetch_position is None:
+                continue
+            if state.sought_at is None:
+                why = "no position, and the pod did not seek it"
+            else:
+                why = (
+                    f"none of its records in {now - state.sought_at:.1f} s since the pod sought it, though the "
+                    f"client has handed out all it held and the broker has records up to {high_watermark}"
+                )
             log.info(
-                "%s[%d]: the client lost its place (no position, and the pod did not seek it): a truncation that "
-                "dropped prefetched records? Fetching again from %d, validated with leader epoch %s",
+                "%s[%d]: the client lost its place (%s): a truncation that dropped prefetched records? Fetching "
+                "again from %d, validated with leader epoch %s",
                 *state.id,
-                position.offset,
-                position.leader_epoch,
+                why,
+                fetch_position.offset,
+                fetch_position.leader_epoch,
             )
-            self._resume({state.id: position})
+            self._resume({state.id: fetch_position})
 
     def _resume(self, positions: dict[TopicPartitionId, FetchPosition | None]) -> None:
         """Resume fetching, seeking where a position is given; a sought partition is marked so until its next
-        record (``PartitionState.client_sought``: the client knows no position for it meanwhile)."""
+        record (``PartitionState.sought_at``: the client knows no position for it meanwhile)."""
         self.source.resume(positions)
+        now = self.clock()
         for partition_id, position in positions.items():
             if position is not None:
-                self.partitions[partition_id].client_sought = True
+                self.partitions[partition_id].sought_at = now
 
     def _collect_completions(self) -> None:
         """Mark what the workers finished completed in its partition's offsets (handed-back deliveries only
