@@ -144,6 +144,9 @@ class HoldingPool:
     def stats(self) -> list:
         return []
 
+    def begin_shutdown(self) -> None:
+        pass
+
     def lane_summary(self) -> LaneSummary:
         return LaneSummary(running=len(self.held))
 

@@ -17,6 +17,7 @@ its CPU from ``/proc``, and optionally:
     .venv/bin/python -m tools.ceiling_probe pod --workers 16 --profile
     .venv/bin/python -m tools.ceiling_probe pod --workers 16 --batch 100 --profile      # a no-op batch handler
     .venv/bin/python -m tools.ceiling_probe pod --workers 8 --batch 100 --handler sink_batch
+    .venv/bin/python -m tools.ceiling_probe pod --workers 1 --batch 100 --pin-pod 1      # the pod on CPU 1 only
 
 ``--profile`` samples only the threads holding the GIL (py-spy's ``--gil``): the pod is bound by that one
 lock, so what holds it is what costs.
@@ -77,7 +78,14 @@ def plain(bootstrap: str, messages: int) -> None:
 
 
 def pod(
-    bootstrap: str, workers: int, count: bool, profile: bool, batch: int = 0, handler: str = "", messages: int = 0
+    bootstrap: str,
+    workers: int,
+    count: bool,
+    profile: bool,
+    batch: int = 0,
+    handler: str = "",
+    messages: int = 0,
+    pin: int | None = None,
 ) -> None:
     port, workdir = free_port(), Path(tempfile.mkdtemp(prefix="keyorder-ceiling-"))
     environment = {
@@ -96,7 +104,12 @@ def pod(
     if count:
         environment["PYTHONPATH"] = os.pathsep.join([str(COUNTING), environment.get("PYTHONPATH", "")])
         environment["CEILING_PROBE_COUNTS"] = str(workdir)
-    process = subprocess.Popen([sys.executable, "-m", "keyorder.cli", "run"], env=environment)
+
+    def pinned() -> None:  # every thread of the pod, librdkafka's too, on one CPU; the broker goes where it may
+        if pin is not None:
+            os.sched_setaffinity(0, {pin})
+
+    process = subprocess.Popen([sys.executable, "-m", "keyorder.cli", "run"], env=environment, preexec_fn=pinned)
 
     def handled() -> float:
         try:
@@ -198,6 +211,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="sample the pod with py-spy (threads holding the GIL)")
     parser.add_argument("--batch", type=int, default=0, help="a no-op batch handler of at most this many messages")
     parser.add_argument("--handler", default="", help="another bench_handlers function (sink_batch)")
+    parser.add_argument("--pin-pod", type=int, help="run the pod process (all its threads) on this one CPU")
     args = parser.parse_args()
     with EmbeddedBroker() as broker:
         create_topics(broker.bootstrap, ["t"], 4)
@@ -205,7 +219,16 @@ def main() -> int:
         if args.mode == "plain":
             plain(broker.bootstrap, args.messages)
         else:
-            pod(broker.bootstrap, args.workers, args.count, args.profile, args.batch, args.handler, args.messages)
+            pod(
+                broker.bootstrap,
+                args.workers,
+                args.count,
+                args.profile,
+                args.batch,
+                args.handler,
+                args.messages,
+                args.pin_pod,
+            )
     return 0
 
 

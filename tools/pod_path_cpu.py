@@ -18,6 +18,10 @@ its own process) and prints the ratio::
     .venv/bin/python -m tools.pod_path_cpu --batch 100
     .venv/bin/python -m tools.pod_path_cpu --batch 100 --against HEAD~3 --rounds 10 --runs 1
     .venv/bin/python -m tools.pod_path_cpu --batch 100 --profile
+    .venv/bin/python -m tools.pod_path_cpu --batch 100 --workers 1 --pin 1     # every thread on CPU 1
+
+``--pin CPU`` puts the poll thread and the workers on one core: without it they run on both, and each
+message a worker takes was built on the other core (docs/performance.md, the sixth round).
 """
 
 from __future__ import annotations
@@ -253,10 +257,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="with --against: turns on each, the medians compared")
     parser.add_argument("--profile", action="store_true", help="sample one run with py-spy")
     parser.add_argument("--verbose", action="store_true", help="print each run's batch calls, reasons and holds")
+    parser.add_argument("--pin", type=int, help="run every thread of the probe on this one CPU (sched_setaffinity)")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
     shape = ["--messages", str(options.messages), "--partitions", str(options.partitions), "--keys",
              str(options.keys), "--workers", str(options.workers), "--batch", str(options.batch)]  # fmt: skip
+    if options.pin is not None:
+        os.sched_setaffinity(0, {options.pin})  # before any thread starts: they inherit it
+        shape += ["--pin", str(options.pin)]
     if options.profile:
         _profile([*shape, "--runs", "1"])
         return

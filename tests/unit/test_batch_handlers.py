@@ -397,6 +397,54 @@ def test_a_revoke_during_a_fill_gets_its_heads_back_before_the_other_partitions_
     assert back["b"] == (True, pytest.approx(1.1))
 
 
+@pytest.mark.parametrize("executor", ["thread", "async"])
+def test_once_the_shutdown_began_a_batch_goes_with_what_is_ready_and_a_due_retry_waits_for_no_fill(
+    executor: str,
+) -> None:
+    """Simulation seed 53737: the shutdown waits for a retry that falls due within its grace; the worker took it
+    when due, then waited the fill (``--batch-max-wait-ms``) past the grace, and the retry never ran. From
+    ``begin_shutdown`` on, a worker filling a batch sends it at once, and no later batch waits to fill."""
+    simulation = Simulation(8)
+    calls: list[tuple[float, list[tuple[str, int]]]] = []
+    failed: set[str] = set()
+
+    def handler(messages: list[Message]) -> list[BaseException | None]:
+        calls.append((simulation.now, [name(message) for message in messages]))
+        outcomes: list[BaseException | None] = []
+        for message in messages:
+            key = name(message)[0]
+            outcomes.append(None if key in failed or key != "r" else RuntimeError("once"))
+            failed.add(key)
+        return outcomes
+
+    async def async_handler(messages: list[Message]) -> list[BaseException | None]:
+        return handler(messages)
+
+    completions = Completions(threads=simulation)
+    retry = RetryPolicy(max_attempts=3, initial_backoff=0.2, max_backoff=0.2)
+    pool = make_pool(
+        simulation, async_handler if executor == "async" else handler, completions,
+        executor=executor, workers=1, limits=BatchLimits(5, 0.5), retry=retry,
+    )  # fmt: skip
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "r"))
+        collect_until = simulation.now + 0.6
+        simulation.sleep(collect_until - simulation.now)  # r0 filled for 0.5 s, failed at 0.5, due at 0.7
+        pool.begin_shutdown()
+        pool.submit(keyed(simulation, "b", first_offset=10))  # ready now: goes at once, no fill wait
+        back = collect(completions, 2, timeout=5.0)
+        assert sorted(name(delivery.message)[0] for delivery, handled in back if handled) == ["b", "r"]
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert calls[0] == (pytest.approx(0.5), [("r", 0)]), "before the shutdown: a fill of 0.5 s"
+    assert calls[1:] == [(pytest.approx(0.6), [("b", 0)]), (pytest.approx(0.7), [("r", 0)])], (
+        "after it: b0 at once, r0's retry when due, neither after a fill wait"
+    )
+
+
 def test_a_revoke_after_the_async_pool_stopped_does_not_reach_for_its_closed_event_loop() -> None:
     """The shutdown's last revoke comes after the pool stopped: waking fillers then would schedule a call on
     the workers' closed event loop (``RuntimeError: Event loop is closed``, simulation seed 1913)."""

@@ -746,6 +746,7 @@ class ConsumerRuntime:
         final commit stays at its offset, so the next owner runs it again.
         """
         self.stopping = True
+        self.pool.begin_shutdown()  # no batch waits to fill within the grace
         self.committer.learn_client_positions = False  # what the client read past now is no one's to skip
         settings, clock = self.settings, self.clock
         deadline = clock() + settings.shutdown_grace

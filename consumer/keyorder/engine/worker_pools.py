@@ -344,6 +344,7 @@ class WorkerPool(Protocol):
     def submit(self, deliveries: list[Delivery]) -> None: ...
     def withdraw(self, should_withdraw: Callable[[Delivery], bool]) -> list[Delivery]: ...
     def resize(self, workers: int) -> None: ...
+    def begin_shutdown(self) -> None: ...
     def stop(self, timeout: float) -> None: ...
     def stats(self) -> list[WorkerStats]: ...
     def lane_summary(self) -> LaneSummary: ...
@@ -435,6 +436,8 @@ class _PoolBase:
         self._retired = WorkerStats()
         self._target = workers
         self.stopping = False
+        self.shutting_down = False
+        """The pod's shutdown began (``begin_shutdown``): no batch waits to fill any more."""
         self._withdrawals = 0
         """Calls of ``withdraw`` (revokes), so a worker running a batch sees one came since its turn
         (``_Worker.withdrawals``; ``_run_taken``, ``_fill_step``)."""
@@ -459,6 +462,15 @@ class _PoolBase:
         elif withdrawn:
             self._wake(len(withdrawn))  # a parked lane whose head left may have become ready
         return withdrawn
+
+    def begin_shutdown(self) -> None:
+        """The pod began its shutdown: its grace is for what can still finish, so from now on a batch goes with
+        the heads that are ready (``_sent_unfilled``, ``_fill_step``), and a worker filling one sends it now. A
+        retry that falls due within the grace, which the shutdown waits for, runs when it is due, not a fill
+        wait later (simulation seed 53737: the wait outlasted the grace, and the retry never ran)."""
+        self.shutting_down = True
+        if self.batch.max_wait > 0:
+            self._wake_all()
 
     def stats(self) -> list[WorkerStats]:
         with self._lock:
@@ -606,10 +618,11 @@ class _PoolBase:
 
     def _sent_unfilled(self, taken: list[Delivery]) -> str | None:
         """Why a batch whose first heads were just taken goes without a fill wait (``BATCH_REASONS``): it is
-        full, or no wait is set; ``None``: fill it (``_fill_step``)."""
+        full, or no wait is set, or the pod's shutdown began (``begin_shutdown``); ``None``: fill it
+        (``_fill_step``)."""
         if len(taken) >= self.batch.max_messages:
             return "full"
-        if self.batch.max_wait <= 0:
+        if self.batch.max_wait <= 0 or self.shutting_down:
             return "nothing_more_ready"
         return None
 
@@ -619,12 +632,14 @@ class _PoolBase:
 
         The wait ends at ``deadline`` (``waited``), and at once when a revoke (``withdraw``) came since the
         turn that took the first heads (``_Worker.withdrawals``, read under that turn's lock), a head taken
-        was let go, the pool stops, or the worker retires (``nothing_more_ready``): the heads it holds count
-        as running, and a revoke does not wait for a fill (nor does ``stop``). A parked lane that falls
+        was let go, the pod's shutdown began, the pool stops, or the worker retires (``nothing_more_ready``):
+        the heads it holds count as running, and a revoke does not wait for a fill (nor do the shutdown's grace
+        and ``stop``). A parked lane that falls
         due within the wait ends it early, to be taken."""
         limit = self.batch.max_messages
         if (
             self.stopping
+            or self.shutting_down
             or worker.retiring
             or self._withdrawals != worker.withdrawals
             or any(delivery.let_go for delivery in taken)
