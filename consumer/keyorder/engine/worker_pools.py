@@ -1192,7 +1192,8 @@ class AsyncWorkerPool(_PoolBase):
         self._loop.call_soon_threadsafe(self._wake_idle, lanes)
 
     def _wake_all(self) -> None:
-        self._loop.call_soon_threadsafe(self._wake_idle, None)
+        if not self._loop.is_closed():  # a closed loop has no worker to wake (a shutdown must not fail on it)
+            self._loop.call_soon_threadsafe(self._wake_idle, None)
 
     def _wake_idle(self, count: int | None) -> None:  # on the loop thread
         idle = self._idle
