@@ -76,6 +76,9 @@ class Ending:
     """``stopped`` (after SIGTERM), ``exited`` (its loop raised) or ``crashed`` (SIGKILL)."""
     error: BaseException | None = None
     lanes_left: int = 0
+    """Deliveries still queued in the lanes, not running: ``stop`` hands back everything queued, so none should be.
+    (A head still running when ``stop`` gave up, its worker past the grace inside the handler or its dead-letter
+    write, cancelled on asyncio, is abandoned by design: the pod says so, and the commit stays below it.)"""
     threads_left: list[str] = field(default_factory=list)
     processes_left: list[int] = field(default_factory=list)
 
@@ -162,7 +165,8 @@ class SimPod:
         if self.ending is not None:  # crashed: the simulation unwinds a frozen thread at its end, nothing more
             return
         ending = Ending(self.simulation.clock(), "stopped" if error is None else "exited", error)
-        ending.lanes_left = self.pool.lane_summary().queued
+        lanes = self.pool.lane_summary()
+        ending.lanes_left = lanes.queued - lanes.running
         ending.threads_left = [thread.name for thread in self.threads.started if thread.is_alive()]
         ending.processes_left = [child.process.pid for child in self.children if child.process.poll() is None]
         self.ending = ending

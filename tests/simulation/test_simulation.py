@@ -58,6 +58,7 @@ SOAK_FINDINGS = {
 BATCH_ERA_FINDINGS = {
     "F8: as F7, the purge just after the pod's own seek, with a blocked key keeping the partition busy": 51737,
     "F9: the shutdown waited for a retry due within its grace, and a batch fill wait outlasted the grace": 53737,
+    "F10: a call began after a revoke, with the revoked partition's heads taken before a dead-letter write": 60457,
 }
 """Seeds of later runs, whose plans draw batch handlers too, that found a defect, fixed since (docs/testing.md)."""
 

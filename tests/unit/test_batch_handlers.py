@@ -255,6 +255,63 @@ def test_a_bad_return_value_fails_the_batch_with_an_error_naming_the_handler(exe
     assert "returned a int (2)" in str(sink.errors[0]) and handler.__qualname__ in str(sink.errors[0])
 
 
+class SlowFailingFirstDeadLetters(FakeDeadLetters):
+    """FAKE sink whose writes take 0.5 s (a round trip to the broker) and whose first write fails."""
+
+    def __init__(self, simulation: Simulation) -> None:
+        super().__init__()
+        self.simulation = simulation
+        self.writes = 0
+
+    def publish(self, message, error, attempts):  # type: ignore[no-untyped-def]
+        self.writes += 1
+        self.simulation.sleep(0.5)
+        if self.writes == 1:
+            raise RuntimeError("the dead-letter topic is not there yet")
+        super().publish(message, error, attempts)
+
+
+def test_a_revoke_during_the_dead_letter_write_before_a_call_keeps_the_revoked_heads_out_of_the_call() -> None:
+    """Simulation seed 60457: a worker took d0 (its dead-letter write to retry) with a0 and b0, checked that none
+    was let go, wrote d0's dead letter (a round trip), and only then called the handler, with a0 too, though
+    a0's partition had been revoked during the write: the revoke waited for a call that began after it. The
+    batch is asked again after the writes: a0 goes back unrun, the call holds b0 alone."""
+    simulation = Simulation(3)
+    revoked, kept = Partition(0), Partition(1)
+    calls: list[tuple[float, list[tuple[str, int]]]] = []
+
+    def handler(messages: list[Message]) -> list[BaseException | None]:
+        calls.append((simulation.now, [name(message) for message in messages]))
+        simulation.sleep(0.1)
+        return [RuntimeError("poison") if name(message)[0] == "d" else None for message in messages]
+
+    completions = Completions(threads=simulation)
+    sink = SlowFailingFirstDeadLetters(simulation)
+    retry = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.DLQ, initial_backoff=0.0, max_backoff=0.0)
+    pool = make_pool(simulation, handler, completions, workers=1, limits=BatchLimits(5), retry=retry, sink=sink)
+    back: dict[str, tuple[bool, float]] = {}
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "d", kept))
+        simulation.sleep(0.3)  # d0's call fails at 0.1; its first dead-letter write runs until 0.6, and fails
+        pool.submit([*keyed(simulation, "a", revoked, first_offset=10), *keyed(simulation, "b", kept, 20)])
+        simulation.sleep(0.5)  # at 0.6 d0 (due at once) is taken with a0 and b0; its write runs until 1.1
+        revoked.revoked = True
+        assert pool.withdraw(lambda item: item.partition.revoked) == [], "a0 was taken: the revoke waits for it"
+        while len(back) < 3 and completions.wait(1, 30.0):  # hang guard
+            while completions:
+                delivery, handled = completions.popleft()
+                back[name(delivery.message)[0]] = (handled, simulation.now)
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert [batch for _at, batch in calls] == [[("d", 0)], [("b", 0)]], "a0 never ran: its partition was revoked"
+    assert back["a"][0] is False, "a0 went back unrun"
+    assert back["a"][1] < calls[1][0] + 0.01, "a0 went back before b0's call ended, not after it"
+    assert [offset for offset, _type, _attempts in sink.published] == [0], "d0 dead-lettered on the second write"
+
+
 # -- revoke, shutdown, fill --------------------------------------------------------------------------------------
 def test_a_revoke_during_a_batch_hands_back_what_waits_and_the_batch_settles_on_its_own_keys() -> None:
     simulation = Simulation(11)

@@ -386,9 +386,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
 
     def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[Settlement]:
         assert isinstance(worker, _ProcessWorker)
-        outcomes, dead_letters, batch = self._runnable(deliveries)
-        for delivery in dead_letters:  # only the write is retried, here
-            outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+        outcomes, batch = self._split_for_call(worker, deliveries)  # only a pending dead-letter write is retried
         if batch:
             outcomes += self._run_in_process(worker, batch)
         return outcomes

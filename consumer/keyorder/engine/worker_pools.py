@@ -698,6 +698,15 @@ class _PoolBase:
                 batch.append(delivery)
         return known, dead_letters, batch
 
+    def _runnable_after_writes(
+        self, outcomes: list[Settlement], batch: list[Delivery]
+    ) -> tuple[list[Settlement], list[Delivery]]:
+        """``_runnable`` again for a batch whose call waited for dead-letter writes (a round trip to the broker
+        each): a revoke or the shutdown that came meanwhile lets its heads go, and a revoke waits only for the
+        handlers running when it came, not for a call that starts after it (simulation seed 60457)."""
+        known, _dead_letters, batch = self._runnable(batch)
+        return outcomes + known, batch
+
     def _settle_now(self, outcomes: list[Settlement]) -> list[Settlement]:
         """Settle, before a batch's call, the outcomes of the heads that do not go into it (handed back, or
         dead-lettered): a revoke waits for its partitions' heads, not for other partitions' batch call.
@@ -1027,10 +1036,12 @@ class ThreadWorkerPool(_PoolBase):
 
     def _split_for_call(self, worker: _Worker, taken: list[Delivery]) -> tuple[list[Settlement], list[Delivery]]:
         """``_runnable`` with the pending dead-letter writes done: the outcomes known before the call, and the
-        batch for the handler."""
+        batch for the handler (asked again after the writes, ``_runnable_after_writes``)."""
         outcomes, dead_letters, batch = self._runnable(taken)
         for delivery in dead_letters:
             outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+        if dead_letters:
+            outcomes, batch = self._runnable_after_writes(outcomes, batch)
         return outcomes, batch
 
     def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[Settlement]:
@@ -1269,6 +1280,8 @@ class AsyncWorkerPool(_PoolBase):
         outcomes, dead_letters, batch = self._runnable(taken)
         for delivery in dead_letters:
             outcomes.append(await self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+        if dead_letters:
+            outcomes, batch = self._runnable_after_writes(outcomes, batch)
         if not batch:
             return outcomes
         outcomes = self._settle_now(outcomes)
