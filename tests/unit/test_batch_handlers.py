@@ -52,6 +52,17 @@ def keyed(
     return out
 
 
+def returned_by_key(simulation: Simulation, completions: Completions, expected: int) -> dict[str, tuple[bool, float]]:
+    """Wait (bounded, on virtual time) until ``expected`` keys came back: per key, whether it was handled and when
+    it came back."""
+    back: dict[str, tuple[bool, float]] = {}
+    while len(back) < expected and completions.wait(1, 30.0):  # hang guard
+        while completions:
+            delivery, handled = completions.popleft()
+            back[name(delivery.message)[0]] = (handled, simulation.now)
+    return back
+
+
 def name(message: Message) -> tuple[str, int]:
     return message.key.decode(), int(message.value)  # type: ignore[union-attr,arg-type]
 
@@ -299,10 +310,7 @@ def test_a_revoke_during_the_dead_letter_write_before_a_call_keeps_the_revoked_h
         simulation.sleep(0.5)  # at 0.6 d0 (due at once) is taken with a0 and b0; its write runs until 1.1
         revoked.revoked = True
         assert pool.withdraw(lambda item: item.partition.revoked) == [], "a0 was taken: the revoke waits for it"
-        while len(back) < 3 and completions.wait(1, 30.0):  # hang guard
-            while completions:
-                delivery, handled = completions.popleft()
-                back[name(delivery.message)[0]] = (handled, simulation.now)
+        back.update(returned_by_key(simulation, completions, 3))
         pool.stop(5.0)
 
     drive(simulation, main)
@@ -442,10 +450,7 @@ def test_a_revoke_during_a_fill_gets_its_heads_back_before_the_other_partitions_
         simulation.sleep(0.1)  # the worker holds a0 and b0, waiting to fill its batch
         revoked.revoked = True
         assert pool.withdraw(lambda item: item.partition.revoked) == [], "a0 was taken"
-        while len(back) < 2 and completions.wait(1, 30.0):  # hang guard
-            while completions:
-                delivery, handled = completions.popleft()
-                back[name(delivery.message)[0]] = (handled, simulation.now)
+        back.update(returned_by_key(simulation, completions, 2))
         pool.stop(5.0)
 
     drive(simulation, main)
@@ -671,10 +676,7 @@ def test_a_revoke_just_after_the_turn_that_took_the_heads_ends_the_fill() -> Non
     def main() -> None:
         pool.start()
         pool.submit([*keyed(simulation, "a", revoked), *keyed(simulation, "b", kept, first_offset=10)])
-        while len(back) < 2 and completions.wait(1, 30.0):  # hang guard
-            while completions:
-                delivery, handled = completions.popleft()
-                back[name(delivery.message)[0]] = (handled, simulation.now)
+        back.update(returned_by_key(simulation, completions, 2))
         pool.stop(5.0)
 
     drive(simulation, main)

@@ -163,6 +163,8 @@ class DrainingSource(SeekingSource):
         self.end: int | None = None
 
     def high_watermark(self, partition: TopicPartitionId) -> int | None:
+        # the end offset as librdkafka caches it from fetch responses (src/rdkafka_fetcher.c keeps the response's
+        # HighwaterMarkOffset in rktp_hi_offset; rd_kafka_get_watermark_offsets reads it)
         return self.end
 
 

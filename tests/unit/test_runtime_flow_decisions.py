@@ -51,7 +51,9 @@ class ScriptedSource(RecordingSource):
         if turn + 1 >= self.turns:
             self.stop.set()
         handed_out = self.script.get(turn, list)()
-        for message in handed_out:  # librdkafka's application position: past the last record handed out
+        # librdkafka's application position, past the last record handed out (src/rdkafka_queue.c sets
+        # rktp_app_pos as it returns records; rd_kafka_position reads it), as tests/simulation/broker.py's fake does
+        for message in handed_out:
             self.client_positions[(message.topic, message.partition)] = message.offset + 1
         self.clock.sleep(timeout)
         return handed_out
