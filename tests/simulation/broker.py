@@ -762,6 +762,7 @@ class SimulatedSource:
             fetching.position = fetching.fetched = end
             fetching.leader_epoch = log_.records[end - 1].leader_epoch if end > 0 else None
             fetching.sought = True
+            fetching.queued_from = self.sim.clock()
             self.queue_event(("purge", tp))
 
     def _prefetch(self) -> None:
@@ -852,6 +853,7 @@ class SimulatedSource:
                 tps = [tp for tp in event[1] if member is self.member and tp in member.owned]
                 for tp in tps:
                     self.assigned[tp] = _Fetching(None, self.sim.clock(), self.broker.logs[tp].committed)
+                    self.assigned[tp].queued_from = self.sim.clock()
                 self._mark_reachable()  # as KafkaSource.subscribe's assigned(): the coordinator answered
                 self.assigning = True
                 try:
@@ -900,8 +902,18 @@ class SimulatedSource:
 
     def _fetch(self, wanted: int) -> list[Message]:
         """Records of the fetching (assigned, not paused) partitions, from each one's position, in
-        fetch-response chunks of a seeded size and order (librdkafka interleaves the partitions'
-        fetch responses on the consumer queue)."""
+        fetch-response chunks of a seeded size, oldest queued first (``_queued_at``).
+
+        librdkafka's consumer queue is one FIFO: each partition's fetch queue forwards to the consumer's queue
+        (src/rdkafka_partition.c ``rd_kafka_toppar_op_fetch_start``: ``rd_kafka_q_fwd_set0(rktp->rktp_fetchq,
+        fwdq, ...)``), a fetch response's records are appended to it as the response is parsed
+        (src/rdkafka_msgset_reader.c: ``rd_kafka_q_concat(msetr->msetr_par_rkq, &msetr->msetr_rkq)``, the
+        parent queue being ``rktp->rktp_fetchq``), and a batch consume serves it from its head
+        (src/rdkafka_queue.c ``rd_kafka_q_serve_rkmessages``, following the forward). So records queued earlier
+        are handed out before records queued later, whatever their partitions; partitions whose records were
+        queued together interleave in a seeded order. (Before, each call shuffled the partitions anew, so a
+        partition paused and resumed could overtake records queued before its own fetch again, which librdkafka
+        never does: simulation seed 70213.)"""
         if self.broker.down:
             return []
         self._prefetch()
@@ -912,6 +924,7 @@ class SimulatedSource:
         out: list[Message] = []
         order = [tp for tp in self.assigned if tp not in self.paused]
         rng.shuffle(order)
+        order.sort(key=self._queued_at)  # stable: ties keep the seeded order
         for tp in order:
             fetching = self.assigned[tp]
             log_ = broker.logs[tp]
@@ -944,6 +957,17 @@ class SimulatedSource:
                 break
         return out
 
+    def _queued_at(self, tp: TopicPartitionId) -> float:
+        """When the fetcher queued the partition's next record: as it was produced, with a fetcher that keeps
+        up, but not before the fetcher began fetching the partition from where it is now (``queued_from``: its
+        assignment, a resume, a seek; a pause drops what was queued, and a resume fetches it again, queued
+        behind what other partitions queued meanwhile)."""
+        fetching = self.assigned[tp]
+        log_ = self.broker.logs[tp]
+        if fetching.position is None or fetching.position >= log_.end:
+            return fetching.queued_from
+        return max(log_.records[fetching.position].produced_at, fetching.queued_from)
+
     def pause(self, partitions: Sequence[TopicPartitionId]) -> None:
         """Pause fetching; the partition's prefetched records are dropped and it will fetch again from the
         last record handed out (src/rdkafka_partition.c ``rd_kafka_toppar_pause_resume``: next fetch at
@@ -964,8 +988,10 @@ class SimulatedSource:
         "seek")``), as ``validate_position``."""
         self._check_frozen()
         for tp, position in partitions.items():
-            self.paused.discard(tp)
             fetching = self.assigned.get(tp)
+            if fetching is not None and (tp in self.paused or position is not None):
+                fetching.queued_from = self.sim.clock()  # fetched again from here: queued behind the others' records
+            self.paused.discard(tp)
             if fetching is not None and position is not None:
                 fetching.position, fetching.leader_epoch = position.offset, position.leader_epoch
                 fetching.fetched, fetching.sought = position.offset, True  # the prefetched records are dropped
@@ -1126,6 +1152,9 @@ class _Fetching:
     leader_epoch: int | None = None
     """The epoch of the fetch position: the last record handed out's, or the committed offset's (the one its
     commit carried: ``KafkaSource.commit`` commits the metadata's); ``None``: unknown, never validated."""
+    queued_from: float = 0.0
+    """When the fetcher last began fetching the partition from its position (assignment, resume, seek): no
+    record of it is queued before then (``SimulatedSource._queued_at``)."""
     fetched: int = 0
     """The fetcher's position (``_prefetch``): records from ``position`` up to it are queued, not handed out."""
     fetched_epoch: int | None = None

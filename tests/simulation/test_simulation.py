@@ -210,6 +210,38 @@ def test_pause_stops_fetching_and_resume_seeks_to_the_offset_given() -> None:
     assert fetched == [[0, 1], [], [1, 2, 3, 4]]
 
 
+def test_records_queued_earlier_come_first_and_a_resumed_partition_queues_behind_the_others() -> None:
+    """The consumer queue is one FIFO (src/rdkafka_partition.c ``rd_kafka_toppar_op_fetch_start`` forwards each
+    partition's fetch queue to it; src/rdkafka_queue.c ``rd_kafka_q_serve_rkmessages`` serves its head): a record
+    produced earlier is handed out first, whatever its partition, and a partition paused and resumed is fetched
+    again behind what the others queued meanwhile. Before, each ``consume`` drew the partitions' order anew, so
+    partition 0, resumed, could come first again (simulation seed 70213)."""
+    simulation, broker, source, recorder = _world(partitions=2)
+    handed: list[list[tuple[int, int]]] = []
+
+    def main() -> None:
+        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+        while not source.assigned:
+            source.consume(10, 0.1)
+        for _ in range(3):
+            broker.produce("t", 0, b"a")
+            simulation.sleep(0.01)
+        broker.produce("t", 1, b"b")
+        simulation.sleep(0.01)
+        handed.append([(message.partition, message.offset) for message in source.consume(1, 0.1)])
+        source.pause([("t", 0)])
+        simulation.sleep(0.01)
+        source.resume({("t", 0): None})
+        for _ in range(20):  # each call draws the order of partitions queued together anew
+            taken = source.consume(1, 0.1)
+            if taken:
+                handed.append([(message.partition, message.offset) for message in taken])
+
+    _drive(simulation, main)
+    assert handed[:2] == [[(0, 0)], [(1, 0)]], handed
+    assert [step[0] for step in handed[2:]] == [(0, 1), (0, 2)], handed
+
+
 def test_past_max_poll_interval_the_member_is_lost_and_its_commits_fail_until_it_rejoins() -> None:
     """src/rdkafka_cgrp.c ``rd_kafka_cgrp_max_poll_interval_check_tmr_cb``: past max.poll.interval.ms without
     a poll the member leaves and its assignment is lost (``on_lost`` at the next consume); the broker then
