@@ -49,28 +49,29 @@ def test_random_seeds_hold_every_invariant() -> None:
 
 SOAK_FINDINGS = {
     "F1: a worker closing its process block while stop asks it to stop (ProcessWorkerPool.stop died)": 115,
-    "F5: a fatal consume error dropped its batch, then the shutdown committed the client's position past it": 1532,
     "F6: commit metadata from before a truncation marked the refilled log's records done": 4364,
     "F4: one partition's holds followed each other and kept another partition with work unread": 1551,
-    "F7: a truncation purged prefetched records and no new record came to tell the pod": 4751,
 }
-"""Seeds of the 10,000-seed soak that found a defect, fixed since (docs/testing.md). Since the simulated client keeps
-librdkafka's FIFO order, F7's first seed (2140) no longer reaches it; 4751, another that found it then, still does
-(it fails with only the not-sought case of ``PartitionState.lost_place`` taken out)."""
-BATCH_ERA_FINDINGS = {
+"""Seeds of the 10,000-seed soak that found a defect, fixed since (docs/testing.md), and still run here. F1's and F4's
+still fail with their fix taken out, with the simulated client in librdkafka's FIFO order; F6's run changed earlier
+(its plan ``metadata-outlives-a-truncation`` carries it)."""
+LATER_FINDINGS = {
+    "F5: a fatal consume error dropped its batch, then the shutdown committed the client's position past it": 1012,
+    "F7: a truncation purged prefetched records and no new record came to tell the pod": 4751,
     "F8: as F7, the purge just after the pod's own seek, with a blocked key keeping the partition busy": 50750,
     "F9: the shutdown waited for a retry due within its grace, and a batch fill wait outlasted the grace": 57328,
 }
-"""Seeds of later runs, whose plans draw batch handlers too, that show a defect fixed since (docs/testing.md). The
-seeds that found them (51737, 53737) no longer reach them since the simulated client keeps librdkafka's FIFO order;
-these fail on d0e3275 (before both fixes) and with only that fix taken out. F10 (seed 60457) has no such seed in
-4,000 runs with its fix taken out; its unit test (tests/unit/test_batch_handlers.py) carries it."""
+"""Seeds whose plans may draw batch handlers, each failing with only its defect's fix taken out (docs/testing.md).
+Since the simulated client keeps librdkafka's FIFO order, the seeds that found F5, F7, F8 and F9 (1532, 2140, 51737,
+53737) no longer reach them: 1012 came from seeds 0-3999 run with F5's fix out, 4751 is another soak seed of F7,
+50750 and 57328 came from seeds 50000-59999 run on d0e3275 (before F8's and F9's fixes). F10 (seed 60457) has no
+such seed in 4,000 runs with its fix out; its unit test (tests/unit/test_batch_handlers.py) carries it."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("finding", sorted({**SOAK_FINDINGS, **BATCH_ERA_FINDINGS}))
+@pytest.mark.parametrize("finding", sorted({**SOAK_FINDINGS, **LATER_FINDINGS}))
 def test_seeds_that_found_a_defect_hold_now(finding: str) -> None:
-    result = _simulate("--seed", str({**SOAK_FINDINGS, **BATCH_ERA_FINDINGS}[finding]))
+    result = _simulate("--seed", str({**SOAK_FINDINGS, **LATER_FINDINGS}[finding]))
     assert result.returncode == 0, f"{finding}\n{result.stdout[-30000:]}\n{result.stderr[-5000:]}"
 
 
