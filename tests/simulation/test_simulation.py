@@ -144,6 +144,13 @@ def _world(properties: dict[str, str] | None = None, partitions: int = 2) -> Wor
     return simulation, broker, source, recorder
 
 
+def _join(source: SimulatedSource, recorder: _Recorder) -> None:
+    """Subscribe to ``t`` and consume until the group assigned partitions (on the simulation's poll thread)."""
+    source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
+    while not source.assigned:
+        source.consume(10, 0.1)
+
+
 def _drive(simulation: Simulation, main: Any, limit: float = 60.0) -> None:
     simulation.spawn(main, name="poll")
     simulation.run(limit=limit)
@@ -158,9 +165,7 @@ def test_asynchronous_commit_results_arrive_inside_a_later_consume() -> None:
     seen: list[Any] = []
 
     def main() -> None:
-        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
-        while not source.assigned:
-            source.consume(10, 0.1)
+        _join(source, recorder)
         seen.append(source.commit({("t", 0): (0, "")}, asynchronous=True))
         seen.append(list(recorder.commit_results))
         source.consume(10, 0.1)
@@ -180,9 +185,7 @@ def test_a_synchronous_commit_with_one_failing_partition_fails_as_a_whole() -> N
     raised: list[str] = []
 
     def main() -> None:
-        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
-        while not source.assigned:
-            source.consume(10, 0.1)
+        _join(source, recorder)
         broker.commit_faults = CommitFaults(until=simulation.clock() + 10, whole_request=False, share=1.0)
         try:
             source.commit({("t", 0): (3, ""), ("t", 1): (2, "")}, asynchronous=False)
@@ -200,9 +203,7 @@ def test_pause_stops_fetching_and_resume_seeks_to_the_offset_given() -> None:
     fetched: list[list[int]] = []
 
     def main() -> None:
-        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
-        while not source.assigned:
-            source.consume(10, 0.1)
+        _join(source, recorder)
         for _ in range(5):
             broker.produce("t", 0, b"k")
         fetched.append([message.offset for message in source.consume(2, 0.1)])
@@ -225,9 +226,7 @@ def test_records_queued_earlier_come_first_and_a_resumed_partition_queues_behind
     handed: list[list[tuple[int, int]]] = []
 
     def main() -> None:
-        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
-        while not source.assigned:
-            source.consume(10, 0.1)
+        _join(source, recorder)
         for _ in range(3):
             broker.produce("t", 0, b"a")
             simulation.sleep(0.01)
@@ -255,9 +254,7 @@ def test_past_max_poll_interval_the_member_is_lost_and_its_commits_fail_until_it
     outcomes: list[Any] = []
 
     def main() -> None:
-        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
-        while not source.assigned:
-            source.consume(10, 0.1)
+        _join(source, recorder)
         simulation.sleep(3.0)  # no poll for longer than max.poll.interval.ms
         try:
             source.commit({("t", 0): (0, "")}, asynchronous=False)
@@ -280,9 +277,7 @@ def test_a_static_member_under_the_consumer_protocol_leaves_only_until_its_sessi
     owners: list[Any] = []
 
     def main() -> None:
-        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
-        while not source.assigned:
-            source.consume(10, 0.1)
+        _join(source, recorder)
         source.close()
         owners.append(sorted(broker.kept_for_static))
 
@@ -301,9 +296,7 @@ def test_a_truncated_log_moves_the_fetch_position_back_to_the_truncation_point()
     fetched: list[list[int]] = []
 
     def main() -> None:
-        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
-        while not source.assigned:
-            source.consume(10, 0.1)
+        _join(source, recorder)
         for _ in range(5):
             broker.produce("t", 0, b"k")
         fetched.append([message.offset for message in source.consume(10, 0.1)])
@@ -323,9 +316,7 @@ def test_records_carry_their_leader_epoch_and_a_clean_leader_change_moves_no_pos
     fetched: list[list[tuple[int, int | None]]] = []
 
     def main() -> None:
-        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
-        while not source.assigned:
-            source.consume(10, 0.1)
+        _join(source, recorder)
         for _ in range(3):
             broker.produce("t", 0, b"k")
         fetched.append([(message.offset, message.leader_epoch) for message in source.consume(10, 0.1)])
@@ -345,9 +336,7 @@ def test_a_resume_seek_with_an_epoch_is_validated_against_a_truncation_while_pau
     fetched: list[list[tuple[int, int | None]]] = []
 
     def main() -> None:
-        source.subscribe(["t"], recorder.assign, recorder.revoke, recorder.lost)
-        while not source.assigned:
-            source.consume(10, 0.1)
+        _join(source, recorder)
         for _ in range(5):
             broker.produce("t", 0, b"k")
         fetched.append([(message.offset, message.leader_epoch) for message in source.consume(10, 0.1)])
