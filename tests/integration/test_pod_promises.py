@@ -73,6 +73,7 @@ def test_a_broken_worker_turns_healthz_503_commits_what_finished_and_exits_1(bro
         "KEYORDER_TEST_SLEEP": "0.3",  # the others are mid-call when the worker breaks: the shutdown waits
         "KEYORDER_TEST_POISON_KEY": "breaker",
         "KEYORDER_TEST_BREAK_KEY": "breaker",
+        "KEYORDER_TEST_BREAK_AFTER_PARTITION": "1",  # partition 1 has finished work to commit when it breaks
     }
     command = [
         sys.executable, "-m", "tests.integration.broken_worker", "run",
