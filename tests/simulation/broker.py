@@ -851,9 +851,9 @@ class SimulatedSource:
             if kind == "assign":
                 member = event[2]
                 tps = [tp for tp in event[1] if member is self.member and tp in member.owned]
+                now = self.sim.clock()
                 for tp in tps:
-                    self.assigned[tp] = _Fetching(None, self.sim.clock(), self.broker.logs[tp].committed)
-                    self.assigned[tp].queued_from = self.sim.clock()
+                    self.assigned[tp] = _Fetching(None, now, self.broker.logs[tp].committed, queued_from=now)
                 self._mark_reachable()  # as KafkaSource.subscribe's assigned(): the coordinator answered
                 self.assigning = True
                 try:
