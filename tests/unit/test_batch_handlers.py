@@ -320,6 +320,62 @@ def test_a_revoke_during_the_dead_letter_write_before_a_call_keeps_the_revoked_h
     assert [offset for offset, _type, _attempts in sink.published] == [0], "d0 dead-lettered on the second write"
 
 
+class SlowDeadLetters(FakeDeadLetters):
+    """FAKE sink whose writes take 0.5 s each (a round trip to the broker)."""
+
+    def __init__(self, simulation: Simulation) -> None:
+        super().__init__()
+        self.simulation = simulation
+
+    def publish(self, message, error, attempts):  # type: ignore[no-untyped-def]
+        self.simulation.sleep(0.5)
+        super().publish(message, error, attempts)
+
+
+@pytest.mark.parametrize("pool_kind", ["thread", "async"])
+def test_a_revoke_during_a_failed_batchs_dead_letter_writes_waits_for_its_own_messages_only(pool_kind: str) -> None:
+    """Simulation seed 80443: a batch of two partitions' messages failed, each to be dead-lettered, one write (a
+    round trip) after the other. A revoke of one partition came during the first write: its message not yet
+    written was written all the same, and the revoke waited for the other partition's writes too. Now it goes
+    back unwritten, at once (its new owner runs it again), and the other partition's writes go on."""
+    simulation = Simulation(5)
+    revoked, kept = Partition(0), Partition(1)
+
+    def handler(messages: list[Message]) -> None:
+        simulation.sleep(0.1)
+        raise RuntimeError("the sink refused the batch")
+
+    async def async_handler(messages: list[Message]) -> None:
+        handler(messages)
+
+    completions = Completions(threads=simulation)
+    sink = SlowDeadLetters(simulation)
+    retry = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.DLQ, initial_backoff=0.0, max_backoff=0.0)
+    chosen = async_handler if pool_kind == "async" else handler
+    pool = make_pool(
+        simulation, chosen, completions, executor=pool_kind, workers=1, limits=THREE, retry=retry, sink=sink
+    )
+    back: dict[str, tuple[bool, float]] = {}
+
+    def main() -> None:
+        pool.start()
+        # b0 of the kept partition first, then a0 of the revoked one, then c0: the call fails at 0.1,
+        # b0's write runs until 0.6, a0's would until 1.1, c0's until 1.6 (1.1 without a0's)
+        pool.submit(
+            [*keyed(simulation, "b", kept), *keyed(simulation, "a", revoked, 10), *keyed(simulation, "c", kept, 20)]
+        )
+        simulation.sleep(0.3)
+        revoked.revoked = True
+        assert pool.withdraw(lambda item: item.partition.revoked) == [], "a0 was taken: the revoke waits for it"
+        back.update(returned_by_key(simulation, completions, 3))
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    assert back["a"][0] is False, "a0 went back unwritten: its new owner runs it"
+    assert back["a"][1] < 0.61, f"a0 went back when b0's write ended, not after c0's: {back}"
+    assert [offset for offset, _type, _attempts in sink.published] == [0, 20], "b0 and c0 dead-lettered, a0 not"
+
+
 # -- revoke, shutdown, fill --------------------------------------------------------------------------------------
 def test_a_revoke_during_a_batch_hands_back_what_waits_and_the_batch_settles_on_its_own_keys() -> None:
     simulation = Simulation(11)

@@ -443,7 +443,19 @@ class ProcessWorkerPool(ThreadWorkerPool):
             delivery.run_alone = False
         if self.batch.enabled and all(type(result) is float for result in results):  # one call, all succeeded
             return [self._batch_succeeded(worker, batch, results[0], self.clock())]  # each its equal share
-        return [self._settle(worker, delivery, result) for delivery, result in zip(batch, results, strict=True)]
+        settled: list[Settlement] = []
+        failed: list[tuple[Delivery, BaseException]] = []
+        for delivery, result in zip(batch, results, strict=True):
+            if isinstance(result, tuple):  # it failed: retried, or dead-lettered below, after the others settle
+                failure = remote_error(result[1], result[2])
+                outcome = self._failed(worker, delivery, failure)
+                if outcome is None:
+                    failed.append((delivery, failure))
+                    continue
+                settled.append(outcome)
+                continue
+            settled.append(self._settle(worker, delivery, result))
+        return self._dead_letter_each(worker, failed, settled)
 
     def _settle(self, worker: _Worker, delivery: Delivery, result: Any) -> _Outcome:
         if result is None:  # not started: the pool is stopping

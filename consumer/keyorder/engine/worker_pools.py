@@ -1029,10 +1029,7 @@ class ThreadWorkerPool(_PoolBase):
         except BaseException as raised:  # the whole batch failed (SystemExit too, as per message)
             results = [raised] * len(batch)
         settled, to_dead_letter = self._batch_outcomes(worker, batch, results, started)
-        settled += outcomes
-        for delivery, error in to_dead_letter:
-            settled.append(self._publish_dead_letter(worker, delivery, error))
-        return settled
+        return self._dead_letter_each(worker, to_dead_letter, settled + outcomes)
 
     def _split_for_call(self, worker: _Worker, taken: list[Delivery]) -> tuple[list[Settlement], list[Delivery]]:
         """``_runnable`` with the pending dead-letter writes done: the outcomes known before the call, and the
@@ -1091,6 +1088,26 @@ class ThreadWorkerPool(_PoolBase):
             return self._failed(worker, delivery, error) or self._publish_dead_letter(worker, delivery, error)
         stats.busy = False
         return self._succeeded(worker, delivery, started)
+
+    def _dead_letter_each(
+        self, worker: _Worker, failed: list[tuple[Delivery, BaseException]], settled: list[Settlement]
+    ) -> list[Settlement]:
+        """Dead-letter a call's failed messages, one write (a round trip to the broker) at a time, after
+        ``settled``; what is left to settle. A revoke that came since the turn (``_Worker.withdrawals``) settles
+        what is known at once: it waits for its partitions' messages, not for the writes of other partitions'
+        messages of the same call (simulation seed 80443: a revoke waited out ten writes of the other partition).
+        A failed message its partition let go meanwhile is handed back, not written, as ``_failed`` does for one
+        let go before the call ended (its new owner runs it again), and settled at once, for the revoke."""
+        withdrawals = worker.withdrawals
+        for delivery, error in failed:
+            if self._withdrawals != withdrawals:
+                withdrawals = self._withdrawals
+                settled = self._settle_now(settled)
+            if delivery.let_go:  # back at once: the revoke waits for it, not for the writes after it
+                settled = self._settle_now([*settled, _Outcome(HANDED_BACK, delivery)])
+                continue
+            settled.append(self._publish_dead_letter(worker, delivery, error))
+        return settled
 
     def _publish_dead_letter(self, worker: _Worker, delivery: Delivery, error: BaseException) -> _Outcome:
         publish_error = None
@@ -1296,7 +1313,14 @@ class AsyncWorkerPool(_PoolBase):
             results = [raised] * len(batch)
         settled, to_dead_letter = self._batch_outcomes(worker, batch, results, started)
         settled += outcomes
+        withdrawals = worker.withdrawals  # as the thread pool's _dead_letter_each, awaiting each write
         for delivery, error in to_dead_letter:
+            if self._withdrawals != withdrawals:
+                withdrawals = self._withdrawals
+                settled = self._settle_now(settled)
+            if delivery.let_go:
+                settled = self._settle_now([*settled, _Outcome(HANDED_BACK, delivery)])
+                continue
             settled.append(await self._publish_dead_letter(worker, delivery, error))
         return settled
 
