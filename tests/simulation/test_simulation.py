@@ -60,12 +60,14 @@ LATER_FINDINGS = {
     "F7: a truncation purged prefetched records and no new record came to tell the pod": 4751,
     "F8: as F7, the purge just after the pod's own seek, with a blocked key keeping the partition busy": 50750,
     "F9: the shutdown waited for a retry due within its grace, and a batch fill wait outlasted the grace": 57328,
+    "F11: a revoke waited for a failed batch's dead-letter writes of the other partition's messages": 80443,
 }
 """Seeds whose plans may draw batch handlers, each failing with only its defect's fix taken out (docs/testing.md).
 Since the simulated client keeps librdkafka's FIFO order, the seeds that found F5, F7, F8 and F9 (1532, 2140, 51737,
 53737) no longer reach them: 1012 came from seeds 0-3999 run with F5's fix out, 4751 is another soak seed of F7,
 50750 and 57328 came from seeds 50000-59999 run on d0e3275 (before F8's and F9's fixes). F10 (seed 60457) has no
-such seed in 4,000 runs with its fix out; its unit test (tests/unit/test_batch_handlers.py) carries it."""
+such seed in 4,000 runs with its fix out; its unit test (tests/unit/test_batch_handlers.py) carries it. F11's seed
+(80443) found it, with the FIFO client, on the code before its fix."""
 
 
 @pytest.mark.slow
