@@ -446,25 +446,24 @@ class ProcessWorkerPool(ThreadWorkerPool):
         settled: list[Settlement] = []
         failed: list[tuple[Delivery, BaseException]] = []
         for delivery, result in zip(batch, results, strict=True):
-            if isinstance(result, tuple):  # it failed: retried, or dead-lettered below, after the others settle
-                failure = remote_error(result[1], result[2])
-                outcome = self._failed(worker, delivery, failure)
-                if outcome is None:
-                    failed.append((delivery, failure))
-                    continue
-                settled.append(outcome)
+            if not isinstance(result, tuple):
+                settled.append(self._settle(worker, delivery, result))
                 continue
-            settled.append(self._settle(worker, delivery, result))
+            _seconds, name, text = result  # it failed: retried, or dead-lettered below, after the others settle
+            failure = remote_error(name, text)
+            outcome = self._failed(worker, delivery, failure)
+            if outcome is None:
+                failed.append((delivery, failure))
+            else:
+                settled.append(outcome)
         return self._dead_letter_each(worker, failed, settled)
 
-    def _settle(self, worker: _Worker, delivery: Delivery, result: Any) -> _Outcome:
-        if result is None:  # not started: the pool is stopping
+    def _settle(self, worker: _Worker, delivery: Delivery, result: float | None) -> _Outcome:
+        """A message the process did not start (``None``: the pool is stopping) or ran in ``result`` seconds."""
+        if result is None:
             delivery.attempts -= 1
             return _Outcome(HANDED_BACK, delivery)
-        if isinstance(result, float):
-            return self._succeeded_in(worker, delivery, result, self.clock())
-        _seconds, name, text = result
-        return self._failure(worker, delivery, remote_error(name, text))
+        return self._succeeded_in(worker, delivery, result, self.clock())
 
     def _failure(self, worker: _Worker, delivery: Delivery, error: BaseException) -> _Outcome:
         """The attempt failed: the retry policy parks the lane, or the message is dead-lettered."""

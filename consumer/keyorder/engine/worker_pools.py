@@ -717,6 +717,22 @@ class _PoolBase:
                 self._wake_others(self._takers_for(self._scheduler.ready) + parked)
         return []
 
+    def _before_dead_letter(
+        self, delivery: Delivery, settled: list[Settlement], withdrawals: int
+    ) -> tuple[list[Settlement], int, bool]:
+        """Before one of a call's dead-letter writes (a round trip to the broker each): a revoke that came since
+        ``withdrawals`` settles what is known at once, for it waits for its partitions' messages, not for the
+        writes of other partitions' messages of the same call (simulation seed 80443: a revoke waited out ten
+        writes of the other partition); a failed message its partition let go meanwhile is handed back unwritten,
+        as ``_failed`` does for one let go before the call ended (its new owner runs it again), and settled at
+        once, for the revoke. Returns what is left to settle, the revokes seen, and whether to write it."""
+        if self._withdrawals != withdrawals:
+            withdrawals = self._withdrawals
+            settled = self._settle_now(settled)
+        if delivery.let_go:
+            return self._settle_now([*settled, _Outcome(HANDED_BACK, delivery)]), withdrawals, False
+        return settled, withdrawals, True
+
     def _count_batch(self, worker: _Worker, size: int, reason: str, fill_seconds: float) -> None:
         stats = worker.stats
         stats.batch_sizes.observe(size)
@@ -1092,21 +1108,13 @@ class ThreadWorkerPool(_PoolBase):
     def _dead_letter_each(
         self, worker: _Worker, failed: list[tuple[Delivery, BaseException]], settled: list[Settlement]
     ) -> list[Settlement]:
-        """Dead-letter a call's failed messages, one write (a round trip to the broker) at a time, after
-        ``settled``; what is left to settle. A revoke that came since the turn (``_Worker.withdrawals``) settles
-        what is known at once: it waits for its partitions' messages, not for the writes of other partitions'
-        messages of the same call (simulation seed 80443: a revoke waited out ten writes of the other partition).
-        A failed message its partition let go meanwhile is handed back, not written, as ``_failed`` does for one
-        let go before the call ended (its new owner runs it again), and settled at once, for the revoke."""
+        """Dead-letter a call's failed messages, one write at a time, after ``settled``, each as a revoke since the
+        turn (``_Worker.withdrawals``) allows (``_before_dead_letter``); what is left to settle."""
         withdrawals = worker.withdrawals
         for delivery, error in failed:
-            if self._withdrawals != withdrawals:
-                withdrawals = self._withdrawals
-                settled = self._settle_now(settled)
-            if delivery.let_go:  # back at once: the revoke waits for it, not for the writes after it
-                settled = self._settle_now([*settled, _Outcome(HANDED_BACK, delivery)])
-                continue
-            settled.append(self._publish_dead_letter(worker, delivery, error))
+            settled, withdrawals, write = self._before_dead_letter(delivery, settled, withdrawals)
+            if write:
+                settled.append(self._publish_dead_letter(worker, delivery, error))
         return settled
 
     def _publish_dead_letter(self, worker: _Worker, delivery: Delivery, error: BaseException) -> _Outcome:
@@ -1315,13 +1323,9 @@ class AsyncWorkerPool(_PoolBase):
         settled += outcomes
         withdrawals = worker.withdrawals  # as the thread pool's _dead_letter_each, awaiting each write
         for delivery, error in to_dead_letter:
-            if self._withdrawals != withdrawals:
-                withdrawals = self._withdrawals
-                settled = self._settle_now(settled)
-            if delivery.let_go:
-                settled = self._settle_now([*settled, _Outcome(HANDED_BACK, delivery)])
-                continue
-            settled.append(await self._publish_dead_letter(worker, delivery, error))
+            settled, withdrawals, write = self._before_dead_letter(delivery, settled, withdrawals)
+            if write:
+                settled.append(await self._publish_dead_letter(worker, delivery, error))
         return settled
 
     async def _execute(self, worker: _Worker, delivery: Delivery) -> _Outcome:
