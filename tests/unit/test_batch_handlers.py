@@ -376,6 +376,61 @@ def test_a_revoke_during_a_failed_batchs_dead_letter_writes_waits_for_its_own_me
     assert [offset for offset, _type, _attempts in sink.published] == [0, 20], "b0 and c0 dead-lettered, a0 not"
 
 
+@pytest.mark.parametrize("pool_kind", ["thread", "async"])
+@pytest.mark.parametrize("revoked_first", [False, True], ids=["kept-first", "revoked-first"])
+def test_a_revoke_during_the_dead_letter_writes_retried_before_a_call_waits_for_its_own_messages_only(
+    pool_kind: str, revoked_first: bool
+) -> None:
+    """The writes a batch retries before its call (heads whose last dead-letter write failed) follow the rule of
+    the writes after a call (the test above): a revoke between two writes settles what is known at once, a head
+    its partition let go goes back unwritten, and so does a head of that partition waiting for the call behind
+    the writes. Before, the writes ran one after the other and nothing settled until the last: the revoked head
+    was written after the revoke, or held until the other partition's write ended (a review found it)."""
+    simulation = Simulation(5)
+    revoked, kept = Partition(0), Partition(1)
+    calls: list[list[str]] = []
+
+    def handler(messages: list[Message]) -> None:
+        calls.append([name(message)[0] for message in messages])
+
+    async def async_handler(messages: list[Message]) -> None:
+        handler(messages)
+
+    completions = Completions(threads=simulation)
+    sink = SlowDeadLetters(simulation)
+    retry = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.DLQ, initial_backoff=0.0, max_backoff=0.0)
+    chosen = async_handler if pool_kind == "async" else handler
+    pool = make_pool(
+        simulation, chosen, completions, executor=pool_kind, workers=1, limits=BatchLimits(4), retry=retry, sink=sink
+    )
+    # d0 (kept) and e0 (revoked) gave up and their first write failed: only the write is left; f0 (revoked) and g0
+    # (kept) are fresh heads waiting for the call behind the writes
+    d0, e0 = keyed(simulation, "d", kept), keyed(simulation, "e", revoked, 10)
+    for delivery in (*d0, *e0):
+        delivery.pending_dead_letter, delivery.attempts = RuntimeError("poison"), 1
+    writes = [*e0, *d0] if revoked_first else [*d0, *e0]
+    back: dict[str, tuple[bool, float]] = {}
+
+    def main() -> None:
+        pool.start()
+        pool.submit([*writes, *keyed(simulation, "f", revoked, 20), *keyed(simulation, "g", kept, 30)])
+        simulation.sleep(0.2)  # the first write runs from 0.0 to 0.5
+        revoked.revoked = True
+        assert pool.withdraw(lambda item: item.partition.revoked) == [], "e0 and f0 were taken: the revoke waits"
+        back.update(returned_by_key(simulation, completions, 4))
+        pool.stop(5.0)
+
+    drive(simulation, main)
+    for key in ("e", "f"):  # the revoke waits out the write running when it came, not the next one
+        assert back[key][1] < 0.51, f"{key}0 came back at {back[key][1]:.2f} s: {back}"
+    assert back["f"][0] is False and calls == [["g"]], "f0 goes back unrun; the call holds g0 only"
+    written = [offset for offset, _type, _attempts in sink.published]
+    if revoked_first:
+        assert back["e"] == (True, 0.5) and written == [10, 0], "e0's write had begun before the revoke: it ends"
+    else:
+        assert back["e"][0] is False and written == [0], "e0 goes back unwritten: its new owner runs it"
+
+
 # -- revoke, shutdown, fill --------------------------------------------------------------------------------------
 def test_a_revoke_during_a_batch_hands_back_what_waits_and_the_batch_settles_on_its_own_keys() -> None:
     simulation = Simulation(11)

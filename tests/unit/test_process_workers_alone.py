@@ -158,3 +158,21 @@ def test_a_blocked_head_handed_back_unrun_stays_blocked() -> None:
     worker.child = FakeChild(lambda batch: [0.001])  # type: ignore[assignment]
     pool._run_batch(worker, [lone, blocked], "full", 0.0)
     assert pool._scheduler.summary().blocked == 1
+
+
+def test_a_blocked_head_stays_blocked_when_a_shared_call_with_it_dies() -> None:
+    """A call of several messages died: none is charged, each goes back to run alone, and a blocked head stays
+    blocked (its lane's ``blocked`` is what the metrics and the scaling report read), as when it goes back unrun
+    (the test above). It read as an ordinary retry until its lone call failed again (a review found it)."""
+    retry = RetryPolicy(max_attempts=1, initial_backoff=0.0, max_backoff=60.0, exhausted=ExhaustedPolicy.BLOCK)
+    pool = _pool([], retry)
+    taken = _taken(pool, Partition(), 2, alone=0)
+    taken[0].attempts = 1  # it failed its one attempt: its key is blocked, retried every max backoff
+    pool._scheduler._lanes[taken[0].lane_id].blocked = True
+    worker = _ProcessWorker(1)
+    worker.child = FakeChild(lambda batch: "crashed")  # type: ignore[assignment]
+    outcomes = pool._run_batch(worker, taken, "full", 0.0)
+    assert [(outcome.kind, outcome.blocked) for outcome in outcomes] == [(PARKED, True), (PARKED, False)]  # type: ignore[union-attr]
+    with pool._lock:
+        pool._settle_outcomes(outcomes)
+    assert pool._scheduler.summary().blocked == 1

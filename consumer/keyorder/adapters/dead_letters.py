@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keyorder.contracts import DeadLetterError
+from keyorder.core.errors import error_text
 from keyorder.message import Message
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def dead_letter_topic(template: str, source_topic: str) -> str:
 
 def dead_letter_headers(message: Message, error: BaseException, attempts: int) -> list[tuple[str, bytes]]:
     """The original headers followed by keyorder's provenance headers."""
-    description = f"{type(error).__name__}: {error}".encode(errors="replace")[:MAX_ERROR_HEADER_BYTES]
+    description = f"{type(error).__name__}: {error_text(error)}".encode(errors="replace")[:MAX_ERROR_HEADER_BYTES]
     description = description.decode("utf-8", "ignore").encode()  # never cut a character in half
     return [
         *((name, value if value is not None else b"") for name, value in message.headers),

@@ -58,6 +58,7 @@ from keyorder.catchup.plan import COUNTS, PartitionCounts
 from keyorder.catchup.settings import TASK_LOOKAHEAD_MB
 from keyorder.contracts import DeadLetterError, DeadLetterSink
 from keyorder.core.concurrency import ThreadLimit
+from keyorder.core.errors import error_text
 from keyorder.core.lanes import Delivery, LaneScheduler
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
 from keyorder.engine.worker_pools import call_sync_handler
@@ -117,7 +118,7 @@ class TaskFailed(RuntimeError):
 
     @classmethod
     def of(cls, error: BaseException, token: str) -> TaskFailed:
-        text = str(error)
+        text = error_text(error)
         first = text.splitlines()[0] if text else ""
         return cls(f"{FAILURE_MARKER} {token} {TaskFailure.of(error).value}: {type(error).__name__}: {first}\n{text}")
 
@@ -567,7 +568,7 @@ class TaskRunner:
             raise KeyBlocked(
                 f"{message.topic}[{message.partition}]@{message.offset} failed {delivery.attempts} times and "
                 f"on-exhausted is block: stopping without committing this wave; last error: "
-                f"{type(error).__name__}: {error}"
+                f"{type(error).__name__}: {error_text(error)}"
             ) from error
 
     def _dead_letter(self, delivery: Delivery, error: BaseException) -> tuple[str, float]:

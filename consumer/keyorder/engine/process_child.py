@@ -43,6 +43,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from keyorder.batch import BATCH_MAX_MESSAGES_LIMIT, Outcomes, all_none, call_async_batch, call_sync_batch
+from keyorder.core.errors import error_text
 from keyorder.engine.worker_pools import Lifecycle, call_sync_handler, is_async_callable, run_async_hook, run_sync_hook
 from keyorder.message import Message
 
@@ -151,7 +152,9 @@ class Progress:
 
 
 def describe(error: BaseException) -> tuple[str, str]:
-    return type(error).__name__, str(error)
+    """A failed message's error as the pod gets it: its type's name and its text (``error_text``: never raises, or
+    the process would die after the call answered, and the call's other messages be charged the death)."""
+    return type(error).__name__, error_text(error)
 
 
 class _Runner:

@@ -401,8 +401,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         alone = next((delivery for delivery in batch if delivery.run_alone), None)
         if alone is None:
             self._settle_now(outcomes)
-            self._count_batch(worker, len(batch), reason, fill_seconds)
-            return self._run_in_process(worker, batch)
+            return self._run_in_process(worker, batch, (reason, fill_seconds))
         # A message whose last call died or timed out (with others in it, or alone) runs in a call of its
         # own: one such call per turn. The rest go back now, due at once and their attempts unchanged, for
         # any worker's next turn, which checks revokes, shutdown and retirement again (a call may take up to
@@ -410,8 +409,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         now = self.clock()
         outcomes += [self._back_now(delivery, now) for delivery in batch if delivery is not alone]
         self._settle_now(outcomes)
-        self._count_batch(worker, 1, reason, fill_seconds)
-        return self._run_in_process(worker, [alone])
+        return self._run_in_process(worker, [alone], (reason, fill_seconds))
 
     def _back_now(self, delivery: Delivery, now: float) -> _Outcome:
         """``delivery`` goes back to its lane unrun, due ``now``; a blocked head stays blocked (a lane's
@@ -419,7 +417,11 @@ class ProcessWorkerPool(ThreadWorkerPool):
         blocked = delivery.attempts >= self.retry.max_attempts and self.retry.exhausted is ExhaustedPolicy.BLOCK
         return _Outcome(PARKED, delivery, now, blocked)
 
-    def _run_in_process(self, worker: _ProcessWorker, batch: list[Delivery]) -> list[Settlement]:
+    def _run_in_process(
+        self, worker: _ProcessWorker, batch: list[Delivery], batch_call: tuple[str, float] | None = None
+    ) -> list[Settlement]:
+        """Run ``batch`` in the worker's process (replaced first if it died), one call of a batch handler (counted
+        with ``batch_call``: why it was sent and its fill seconds) or each message in turn; the outcomes."""
         child = worker.child
         if child is None or not child.alive:
             try:
@@ -430,6 +432,15 @@ class ProcessWorkerPool(ThreadWorkerPool):
                 self._crashed(worker, error)
                 worker.retiring = True
                 return [_Outcome(HANDED_BACK, delivery) for delivery in batch]
+            # The replacement loaded the handler and ran its set-up hook, which may take long: a revoke or the
+            # shutdown that came meanwhile lets its heads go, settled now (the revoke waits for the handlers
+            # running when it came, not for this call), as after a batch's dead-letter writes.
+            known, batch = self._runnable_after_wait([], batch)
+            self._settle_now(known)
+            if not batch:
+                return []
+        if batch_call is not None:
+            self._count_batch(worker, len(batch), *batch_call)
         for delivery in batch:
             delivery.attempts += 1
         stats = worker.stats
@@ -450,13 +461,24 @@ class ProcessWorkerPool(ThreadWorkerPool):
                 settled.append(self._settle(worker, delivery, result))
                 continue
             _seconds, name, text = result  # it failed: retried, or dead-lettered below, after the others settle
-            failure = remote_error(name, text)
-            outcome = self._failed(worker, delivery, failure)
-            if outcome is None:
-                failed.append((delivery, failure))
-            else:
-                settled.append(outcome)
+            self._fail(worker, delivery, remote_error(name, text), settled, failed)
         return self._dead_letter_each(worker, failed, settled)
+
+    def _fail(
+        self,
+        worker: _Worker,
+        delivery: Delivery,
+        error: BaseException,
+        settled: list[Settlement],
+        failed: list[tuple[Delivery, BaseException]],
+    ) -> None:
+        """The attempt failed: its outcome (its lane parked for a retry, or handed back) goes to ``settled``; a
+        message to dead-letter goes to ``failed``, written after the others settle (``_dead_letter_each``)."""
+        outcome = self._failed(worker, delivery, error)
+        if outcome is None:
+            failed.append((delivery, error))
+        else:
+            settled.append(outcome)
 
     def _settle(self, worker: _Worker, delivery: Delivery, result: float | None) -> _Outcome:
         """A message the process did not start (``None``: the pool is stopping) or ran in ``result`` seconds."""
@@ -464,10 +486,6 @@ class ProcessWorkerPool(ThreadWorkerPool):
             delivery.attempts -= 1
             return _Outcome(HANDED_BACK, delivery)
         return self._succeeded_in(worker, delivery, result, self.clock())
-
-    def _failure(self, worker: _Worker, delivery: Delivery, error: BaseException) -> _Outcome:
-        """The attempt failed: the retry policy parks the lane, or the message is dead-lettered."""
-        return self._failed(worker, delivery, error) or self._publish_dead_letter(worker, delivery, error)
 
     def _interrupted(self, worker: _Worker, child: _Child, batch: list[Delivery], reason: str) -> list[Settlement]:
         """The process died or was killed mid-batch: settle each message by what the progress block says.
@@ -499,6 +517,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
                 sum(status == NOT_STARTED for status, _seconds in statuses), len(batch),
             )  # fmt: skip
         outcomes: list[Settlement] = []
+        failed: list[tuple[Delivery, BaseException]] = []  # to dead-letter, after the others settle
         for delivery, (status, seconds) in zip(batch, statuses, strict=True):
             if status in (SUCCEEDED, FAILED):
                 delivery.run_alone = False
@@ -506,12 +525,12 @@ class ProcessWorkerPool(ThreadWorkerPool):
                 outcomes.append(self._succeeded_in(worker, delivery, seconds, self.clock()))
             elif status == FAILED:  # its error text was in the lost reply
                 error: BaseException = RuntimeError("the handler raised (details lost: its worker process died later)")
-                outcomes.append(self._failure(worker, delivery, error))
+                self._fail(worker, delivery, error, outcomes, failed)
             elif status == RUNNING and shared:
                 stats.interrupted[reason] += 1
                 delivery.attempts -= 1
                 delivery.run_alone = True  # _run_batch sends it by itself
-                outcomes.append(_Outcome(PARKED, delivery, self.clock()))
+                outcomes.append(self._back_now(delivery, self.clock()))
             elif status == RUNNING and not self.stopping:
                 stats.interrupted[reason] += 1
                 # it killed or hung its process alone (or as the only one running): its retries stay alone, or
@@ -530,11 +549,13 @@ class ProcessWorkerPool(ThreadWorkerPool):
                     child.pid, "was killed (handler timeout)" if reason == "timeout" else _exit_reason(returncode),
                     message.topic, message.partition, message.offset,
                 )  # fmt: skip
-                outcomes.append(self._failure(worker, delivery, error))
+                self._fail(worker, delivery, error, outcomes, failed)
             else:  # never started: runs again as if never taken (its attempt does not count)
                 delivery.attempts -= 1
-                outcomes.append(_Outcome(HANDED_BACK if self.stopping else PARKED, delivery, self.clock()))
-        return outcomes
+                outcomes.append(
+                    _Outcome(HANDED_BACK, delivery) if self.stopping else self._back_now(delivery, self.clock())
+                )
+        return self._dead_letter_each(worker, failed, outcomes)
 
     def _replace(self, worker: _ProcessWorker) -> _Child:
         old = worker.child

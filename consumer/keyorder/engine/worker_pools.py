@@ -81,6 +81,7 @@ from keyorder.batch import (
     is_unawaited,
 )
 from keyorder.contracts import DeadLetterSink
+from keyorder.core.errors import error_text
 from keyorder.core.lanes import Delivery, LaneScheduler, LaneSummary
 from keyorder.core.retry import RetryPolicy, Verdict
 from keyorder.core.stop_overruns import ASYNC_LOOP_STOP_SECONDS
@@ -698,12 +699,13 @@ class _PoolBase:
                 batch.append(delivery)
         return known, dead_letters, batch
 
-    def _runnable_after_writes(
+    def _runnable_after_wait(
         self, outcomes: list[Settlement], batch: list[Delivery]
     ) -> tuple[list[Settlement], list[Delivery]]:
-        """``_runnable`` again for a batch whose call waited for dead-letter writes (a round trip to the broker
-        each): a revoke or the shutdown that came meanwhile lets its heads go, and a revoke waits only for the
-        handlers running when it came, not for a call that starts after it (simulation seed 60457)."""
+        """``_runnable`` again for a batch whose call waited for something slow (dead-letter writes, a round trip
+        to the broker each; a replacement worker process's set-up): a revoke or the shutdown that came meanwhile
+        lets its heads go, and a revoke waits only for the handlers running when it came, not for a call that
+        starts after it (simulation seed 60457; a review found the replacement's case)."""
         known, _dead_letters, batch = self._runnable(batch)
         return outcomes + known, batch
 
@@ -732,6 +734,20 @@ class _PoolBase:
         if delivery.let_go:
             return self._settle_now([*settled, _Outcome(HANDED_BACK, delivery)]), withdrawals, False
         return settled, withdrawals, True
+
+    def _before_pending_write(
+        self, delivery: Delivery, settled: list[Settlement], batch: list[Delivery], withdrawals: int
+    ) -> tuple[list[Settlement], list[Delivery], int, bool]:
+        """``_before_dead_letter`` for a dead-letter write retried before a call (a head whose last write failed),
+        ``batch`` the heads waiting for the call behind these writes: a revoke that came since ``withdrawals`` hands
+        back at once those of them it let go, as well as what is settled, for it waits for its own partitions'
+        messages, not for other partitions' writes (a review found the revoked head written after the revoke, or
+        kept waiting for another partition's write). Returns what is left to settle, the heads still waiting, the
+        revokes seen, and whether to write ``delivery``."""
+        if self._withdrawals != withdrawals:
+            settled, batch = self._runnable_after_wait(settled, batch)
+        settled, withdrawals, write = self._before_dead_letter(delivery, settled, withdrawals)
+        return settled, batch, withdrawals, write
 
     def _count_batch(self, worker: _Worker, size: int, reason: str, fill_seconds: float) -> None:
         stats = worker.stats
@@ -881,10 +897,11 @@ class _PoolBase:
         return _Outcome(FINISHED, delivery)
 
     def _crashed(self, worker: _Worker, error: BaseException) -> None:
+        text = error_text(error)
         log.critical(
-            "key worker %d crashed; the pod stops: %s: %s", worker.id, type(error).__name__, error, exc_info=error
+            "key worker %d crashed; the pod stops: %s: %s", worker.id, type(error).__name__, text, exc_info=error
         )
-        self.health.crashed = f"worker {worker.id}: {type(error).__name__}: {error}"
+        self.health.crashed = f"worker {worker.id}: {type(error).__name__}: {text}"
 
     def _abandon_queued(self) -> None:
         """After the workers stopped: hand back everything not running, so the poll loop can release it."""
@@ -1049,12 +1066,15 @@ class ThreadWorkerPool(_PoolBase):
 
     def _split_for_call(self, worker: _Worker, taken: list[Delivery]) -> tuple[list[Settlement], list[Delivery]]:
         """``_runnable`` with the pending dead-letter writes done: the outcomes known before the call, and the
-        batch for the handler (asked again after the writes, ``_runnable_after_writes``)."""
+        batch for the handler (asked again after the writes, ``_runnable_after_wait``)."""
         outcomes, dead_letters, batch = self._runnable(taken)
+        withdrawals = worker.withdrawals
         for delivery in dead_letters:
-            outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+            outcomes, batch, withdrawals, write = self._before_pending_write(delivery, outcomes, batch, withdrawals)
+            if write:
+                outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         if dead_letters:
-            outcomes, batch = self._runnable_after_writes(outcomes, batch)
+            outcomes, batch = self._runnable_after_wait(outcomes, batch)
         return outcomes, batch
 
     def _run_taken(self, worker: _Worker, deliveries: list[Delivery]) -> list[Settlement]:
@@ -1303,10 +1323,13 @@ class AsyncWorkerPool(_PoolBase):
     ) -> list[Settlement]:
         """As the thread pool's ``_run_batch``, awaiting an ``async def`` batch handler."""
         outcomes, dead_letters, batch = self._runnable(taken)
+        withdrawals = worker.withdrawals  # as the thread pool's _split_for_call, awaiting each write
         for delivery in dead_letters:
-            outcomes.append(await self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
+            outcomes, batch, withdrawals, write = self._before_pending_write(delivery, outcomes, batch, withdrawals)
+            if write:
+                outcomes.append(await self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         if dead_letters:
-            outcomes, batch = self._runnable_after_writes(outcomes, batch)
+            outcomes, batch = self._runnable_after_wait(outcomes, batch)
         if not batch:
             return outcomes
         outcomes = self._settle_now(outcomes)
