@@ -431,6 +431,42 @@ def test_a_revoke_during_the_dead_letter_writes_retried_before_a_call_waits_for_
         assert back["e"][0] is False and written == [0], "e0 goes back unwritten: its new owner runs it"
 
 
+@pytest.mark.parametrize("pool_kind", ["thread", "async"])
+def test_a_batchs_successes_are_settled_before_its_failures_are_dead_lettered(pool_kind: str) -> None:
+    """A call whose failed messages are dead-lettered one round trip after another: the messages that succeeded
+    are settled before the first write, so a shutdown whose grace ends during the writes commits them (a review
+    found them held until the last write: run again after the restart)."""
+    simulation = Simulation(2)
+
+    def handler(messages: list[Message]) -> list[BaseException | None]:
+        simulation.sleep(0.05)
+        return [None if name(message)[0] == "a" else RuntimeError("bad") for message in messages]
+
+    async def async_handler(messages: list[Message]) -> list[BaseException | None]:
+        return handler(messages)
+
+    completions = Completions(threads=simulation)
+    retry = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.DLQ, initial_backoff=0.0, max_backoff=0.0)
+    chosen = async_handler if pool_kind == "async" else handler
+    pool = make_pool(
+        simulation, chosen, completions, executor=pool_kind, workers=1, retry=retry, sink=SlowDeadLetters(simulation)
+    )
+    back: dict[str, tuple[bool, float]] = {}
+
+    def main() -> None:
+        pool.start()
+        pool.submit(keyed(simulation, "abc"))  # one call: a succeeds at 0.05; b, c written 0.05-0.55-1.05
+        simulation.sleep(0.2)
+        pool.begin_shutdown()
+        pool.stop(0.2)  # the grace ends during b's write
+        while completions:
+            delivery, handled = completions.popleft()
+            back[name(delivery.message)[0]] = (handled, simulation.now)
+
+    drive(simulation, main, limit=10.0)
+    assert back.get("a") == (True, 0.4), f"a0 succeeded at 0.05 s, settled before b0's write: {back}"
+
+
 # -- revoke, shutdown, fill --------------------------------------------------------------------------------------
 def test_a_revoke_during_a_batch_hands_back_what_waits_and_the_batch_settles_on_its_own_keys() -> None:
     simulation = Simulation(11)

@@ -719,35 +719,28 @@ class _PoolBase:
                 self._wake_others(self._takers_for(self._scheduler.ready) + parked)
         return []
 
-    def _before_dead_letter(
-        self, delivery: Delivery, settled: list[Settlement], withdrawals: int
-    ) -> tuple[list[Settlement], int, bool]:
-        """Before one of a call's dead-letter writes (a round trip to the broker each): a revoke that came since
-        ``withdrawals`` settles what is known at once, for it waits for its partitions' messages, not for the
-        writes of other partitions' messages of the same call (simulation seed 80443: a revoke waited out ten
-        writes of the other partition); a failed message its partition let go meanwhile is handed back unwritten,
-        as ``_failed`` does for one let go before the call ended (its new owner runs it again), and settled at
-        once, for the revoke. Returns what is left to settle, the revokes seen, and whether to write it."""
-        if self._withdrawals != withdrawals:
-            withdrawals = self._withdrawals
-            settled = self._settle_now(settled)
+    def _before_dead_letter(self, delivery: Delivery, settled: list[Settlement]) -> tuple[list[Settlement], bool]:
+        """Before one of a call's dead-letter writes (a round trip to the broker each): what is known is settled
+        first, for a revoke waits for its own partitions' messages and a shutdown's grace for every finished one,
+        not for the writes of other messages of the same call (simulation seed 80443: a revoke waited out ten
+        writes of the other partition; a review found a shutdown missing the call's successes); a failed message
+        its partition let go meanwhile is handed back unwritten, as ``_failed`` does for one let go before the
+        call ended (its new owner runs it again). Returns what is left to settle (nothing) and whether to write."""
+        settled = self._settle_now(settled)
         if delivery.let_go:
-            return self._settle_now([*settled, _Outcome(HANDED_BACK, delivery)]), withdrawals, False
-        return settled, withdrawals, True
+            return self._settle_now([_Outcome(HANDED_BACK, delivery)]), False
+        return settled, True
 
     def _before_pending_write(
-        self, delivery: Delivery, settled: list[Settlement], batch: list[Delivery], withdrawals: int
-    ) -> tuple[list[Settlement], list[Delivery], int, bool]:
+        self, delivery: Delivery, settled: list[Settlement], batch: list[Delivery]
+    ) -> tuple[list[Settlement], list[Delivery], bool]:
         """``_before_dead_letter`` for a dead-letter write retried before a call (a head whose last write failed),
-        ``batch`` the heads waiting for the call behind these writes: a revoke that came since ``withdrawals`` hands
-        back at once those of them it let go, as well as what is settled, for it waits for its own partitions'
-        messages, not for other partitions' writes (a review found the revoked head written after the revoke, or
-        kept waiting for another partition's write). Returns what is left to settle, the heads still waiting, the
-        revokes seen, and whether to write ``delivery``."""
-        if self._withdrawals != withdrawals:
-            settled, batch = self._runnable_after_wait(settled, batch)
-        settled, withdrawals, write = self._before_dead_letter(delivery, settled, withdrawals)
-        return settled, batch, withdrawals, write
+        ``batch`` the heads waiting for the call behind these writes: those a revoke let go meanwhile go back at
+        once too (a review found the revoked head written after the revoke, or kept waiting for another
+        partition's write). Returns what is left to settle, the heads still waiting, and whether to write."""
+        settled, batch = self._runnable_after_wait(settled, batch)
+        settled, write = self._before_dead_letter(delivery, settled)
+        return settled, batch, write
 
     def _count_batch(self, worker: _Worker, size: int, reason: str, fill_seconds: float) -> None:
         stats = worker.stats
@@ -1068,9 +1061,8 @@ class ThreadWorkerPool(_PoolBase):
         """``_runnable`` with the pending dead-letter writes done: the outcomes known before the call, and the
         batch for the handler (asked again after the writes, ``_runnable_after_wait``)."""
         outcomes, dead_letters, batch = self._runnable(taken)
-        withdrawals = worker.withdrawals
         for delivery in dead_letters:
-            outcomes, batch, withdrawals, write = self._before_pending_write(delivery, outcomes, batch, withdrawals)
+            outcomes, batch, write = self._before_pending_write(delivery, outcomes, batch)
             if write:
                 outcomes.append(self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         if dead_letters:
@@ -1128,11 +1120,10 @@ class ThreadWorkerPool(_PoolBase):
     def _dead_letter_each(
         self, worker: _Worker, failed: list[tuple[Delivery, BaseException]], settled: list[Settlement]
     ) -> list[Settlement]:
-        """Dead-letter a call's failed messages, one write at a time, after ``settled``, each as a revoke since the
-        turn (``_Worker.withdrawals``) allows (``_before_dead_letter``); what is left to settle."""
-        withdrawals = worker.withdrawals
+        """Dead-letter a call's failed messages, one write at a time, what is known settled before each
+        (``_before_dead_letter``); what is left to settle."""
         for delivery, error in failed:
-            settled, withdrawals, write = self._before_dead_letter(delivery, settled, withdrawals)
+            settled, write = self._before_dead_letter(delivery, settled)
             if write:
                 settled.append(self._publish_dead_letter(worker, delivery, error))
         return settled
@@ -1323,9 +1314,8 @@ class AsyncWorkerPool(_PoolBase):
     ) -> list[Settlement]:
         """As the thread pool's ``_run_batch``, awaiting an ``async def`` batch handler."""
         outcomes, dead_letters, batch = self._runnable(taken)
-        withdrawals = worker.withdrawals  # as the thread pool's _split_for_call, awaiting each write
-        for delivery in dead_letters:
-            outcomes, batch, withdrawals, write = self._before_pending_write(delivery, outcomes, batch, withdrawals)
+        for delivery in dead_letters:  # as the thread pool's _split_for_call, awaiting each write
+            outcomes, batch, write = self._before_pending_write(delivery, outcomes, batch)
             if write:
                 outcomes.append(await self._publish_dead_letter(worker, delivery, delivery.pending_dead_letter))  # type: ignore[arg-type]
         if dead_letters:
@@ -1344,9 +1334,8 @@ class AsyncWorkerPool(_PoolBase):
             results = [raised] * len(batch)
         settled, to_dead_letter = self._batch_outcomes(worker, batch, results, started)
         settled += outcomes
-        withdrawals = worker.withdrawals  # as the thread pool's _dead_letter_each, awaiting each write
-        for delivery, error in to_dead_letter:
-            settled, withdrawals, write = self._before_dead_letter(delivery, settled, withdrawals)
+        for delivery, error in to_dead_letter:  # as the thread pool's _dead_letter_each, awaiting each write
+            settled, write = self._before_dead_letter(delivery, settled)
             if write:
                 settled.append(await self._publish_dead_letter(worker, delivery, error))
         return settled
