@@ -16,7 +16,7 @@ from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from keyorder.engine.process_child import RUNNING
 from keyorder.engine.process_pool import ProcessWorkerPool, _ProcessWorker
-from keyorder.engine.worker_pools import HANDED_BACK, PARKED, Completions
+from keyorder.engine.worker_pools import HANDED_BACK, Completions
 from keyorder.message import Message
 from tests.unit.test_workers import Partition
 
@@ -63,14 +63,20 @@ class FakeChild:
     def slot(self, index: int) -> tuple[int, float]:
         return RUNNING, 0.0
 
+    def await_ready(self, timeout: float) -> None:
+        """Loaded at once."""
+
     def close(self, timeout: float = 0.0) -> None:
+        self.alive = False
+
+    def discard(self) -> None:
         self.alive = False
 
 
 def _pool(started: list[str], retry: RetryPolicy | None = None) -> ProcessWorkerPool:
     def start_child(load: Any, worker_id: int) -> Any:
         started.append("a replacement process")
-        raise AssertionError("no process may start here")
+        return FakeChild(lambda batch: [0.001] * len(batch))
 
     return ProcessWorkerPool(
         lambda: None,  # type: ignore[arg-type]  # never loaded: start_child stands in
@@ -134,10 +140,11 @@ def test_a_message_that_dies_alone_runs_alone_again() -> None:
     worker = _ProcessWorker(1)
     worker.child = FakeChild(lambda batch: "crashed")  # type: ignore[assignment]
 
-    (outcome,) = pool._run_batch(worker, [poison], "full", 0.0)
+    assert pool._run_batch(worker, [poison], "full", 0.0) == [], "settled before the process is replaced"
 
-    assert (outcome.kind, poison.attempts) == (PARKED, 1), "the lone death is charged and retried"
+    assert (pool._scheduler.summary().parked, poison.attempts) == (1, 1), "the lone death is charged and retried"
     assert poison.run_alone, "its retry would go back into a call with other messages"
+    assert started == ["a replacement process"] and worker.child is not None and worker.child.alive
 
 
 def test_a_lone_message_that_gets_an_answer_may_run_with_others_again() -> None:
@@ -171,8 +178,6 @@ def test_a_blocked_head_stays_blocked_when_a_shared_call_with_it_dies() -> None:
     pool._scheduler._lanes[taken[0].lane_id].blocked = True
     worker = _ProcessWorker(1)
     worker.child = FakeChild(lambda batch: "crashed")  # type: ignore[assignment]
-    outcomes = pool._run_batch(worker, taken, "full", 0.0)
-    assert [(outcome.kind, outcome.blocked) for outcome in outcomes] == [(PARKED, True), (PARKED, False)]  # type: ignore[union-attr]
-    with pool._lock:
-        pool._settle_outcomes(outcomes)
-    assert pool._scheduler.summary().blocked == 1
+    assert pool._run_batch(worker, taken, "full", 0.0) == [], "settled before the process is replaced"
+    summary = pool._scheduler.summary()
+    assert (summary.parked, summary.blocked) == (2, 1), "both back, due at once; the blocked one still blocked"

@@ -1,10 +1,11 @@
-"""A worker process replaced before a call: a revoke or the shutdown that comes while it starts.
+"""A worker process that died is replaced holding no heads: no revoke or shutdown waits for its start.
 
-A worker whose process died (in its last call, or while idle) replaces it at its next call: the new process
-imports the handler and runs its set-up hook, which may take long (up to ``START_TIMEOUT``). The heads the
-worker took count as running meanwhile, so a revoke waits for them; they must not run after it, nor after the
-shutdown began (a review found both). The real pool and scheduler drive one worker's turn directly; the
-processes are FAKES (``FakeChild``), whose set-up runs what the test says came meanwhile.
+A replacement imports the handler and runs its set-up hook, which may take long (up to ``START_TIMEOUT``). The
+pool once started it at the worker's next call, holding the heads taken for that call meanwhile: a revoke waited
+for them, and they ran in the new process after the revoke or the shutdown that came while it loaded (a review
+found it). Now the dead call's outcomes are settled first (its messages back in their lanes, or failed under the
+retry policy), then the replacement starts. The real pool and scheduler drive one worker's turn directly; the
+processes are FAKES (``FakeChild``), whose start runs what the test says came meanwhile.
 """
 
 from __future__ import annotations
@@ -22,14 +23,6 @@ from tests.unit.test_process_workers_alone import FakeChild, _taken
 from tests.unit.test_workers import Partition
 
 
-class DeadChild(FakeChild):
-    """FAKE: the worker's process that died after its last call (``alive`` False, as ``_interrupted`` leaves it)."""
-
-    def __init__(self) -> None:
-        super().__init__(lambda batch: "crashed")
-        self.alive = False
-
-
 class StartingChild(FakeChild):
     """FAKE replacement process: while the pod waits for it to load (``await_ready``), ``meanwhile`` runs."""
 
@@ -45,16 +38,33 @@ class StartingChild(FakeChild):
         self.meanwhile()
 
 
-def _replaced(
-    batch: BatchLimits, meanwhile: Callable[[ProcessWorkerPool, Partition], None]
-) -> tuple[ProcessWorkerPool, _ProcessWorker, list[StartingChild], list[Any]]:
-    """One worker's call of 3 heads (one call, or one at a time) after its process died; ``meanwhile`` comes
-    while the replacement starts. The pool, the worker, the replacements, the call's outcomes."""
-    partition, replacements = Partition(), []
+class DyingChild(FakeChild):
+    """FAKE worker process that dies in its next call, per message or as a batch."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda batch: "crashed")
+
+    def run(self, batch: list[tuple[Any, ...]], timeout: float | None, as_batch: bool = False) -> Any:
+        self.alive = False
+        self.process.kill()
+        return "crashed"
+
+
+@pytest.mark.parametrize("batch", [BatchLimits(8), BatchLimits(1)], ids=["batch-handler", "per-message"])
+def test_a_revoke_while_the_replacement_starts_waits_for_none_of_the_dead_calls_messages(batch: BatchLimits) -> None:
+    partition = Partition()
+    seen: dict[str, Any] = {}
     pool: ProcessWorkerPool
 
+    def revoke_meanwhile() -> None:  # what the poll loop's _on_revoke does: mark, withdraw, wait for what runs
+        partition.revoked = True
+        seen["running"] = pool._scheduler.summary().running
+        seen["withdrawn"] = sorted(delivery.message.offset for delivery in pool.withdraw(lambda d: d.partition.revoked))
+
+    replacements: list[StartingChild] = []
+
     def start_child(load: Any, worker_id: int) -> StartingChild:
-        replacements.append(StartingChild(lambda: meanwhile(pool, partition)))
+        replacements.append(StartingChild(revoke_meanwhile))
         return replacements[-1]
 
     pool = ProcessWorkerPool(
@@ -66,34 +76,37 @@ def _replaced(
         batch=batch,
         start_child=start_child,  # type: ignore[arg-type]
     )
-    taken = _taken(pool, partition, 3 if batch.enabled else 1, alone=0)
+    taken = _taken(pool, partition, 3, alone=0) if batch.enabled else _taken(pool, partition, 1, alone=0)
     worker = _ProcessWorker(1)
-    worker.child = DeadChild()  # type: ignore[assignment]
+    worker.child = DyingChild()  # type: ignore[assignment]
+
     outcomes = pool._run_batch(worker, taken, "full", 0.0) if batch.enabled else pool._run_taken(worker, taken)
-    return pool, worker, replacements, outcomes
+
+    assert outcomes == [], "settled before the replacement started"
+    assert seen == {"running": 0, "withdrawn": [d.message.offset for d in taken]}, "the revoke waits for nothing"
+    assert worker.child is replacements[0] and replacements[0].calls == [], "replaced; nothing of it ran there"
 
 
-def _revoke(_pool: ProcessWorkerPool, partition: Partition) -> None:
-    partition.revoked = True  # what the poll loop's _on_revoke marks before it waits for the running heads
+def test_the_next_call_runs_in_the_replacement() -> None:
+    replacements: list[StartingChild] = []
 
+    def start_child(load: Any, worker_id: int) -> StartingChild:
+        replacements.append(StartingChild(lambda: None))
+        return replacements[-1]
 
-def _shut_down(pool: ProcessWorkerPool, _partition: Partition) -> None:
-    pool.stopping = True
-
-
-@pytest.mark.parametrize("batch", [BatchLimits(8), BatchLimits(1)], ids=["batch-handler", "per-message"])
-@pytest.mark.parametrize("meanwhile", [_revoke, _shut_down], ids=["revoke", "shutdown"])
-def test_heads_taken_before_a_replacement_started_run_not_after_a_revoke_or_shutdown_came_meanwhile(
-    batch: BatchLimits, meanwhile: Callable[[ProcessWorkerPool, Partition], None]
-) -> None:
-    pool, worker, replacements, outcomes = _replaced(batch, meanwhile)
-    assert replacements[0].calls == [], "the heads ran in the new process after the revoke or shutdown"
-    assert pool._scheduler.summary().running == 0, "handed back at once: a revoke waits for none of them"
-    assert outcomes == [] and worker.stats.batch_sizes.count == 0  # settled already; no call counted
-
-
-def test_heads_run_in_the_replacement_when_nothing_came_meanwhile() -> None:
-    _pool, worker, replacements, outcomes = _replaced(BatchLimits(8), lambda _pool, _partition: None)
-    assert replacements[0].calls == [[0, 1, 2]]
-    (finished,) = outcomes
-    assert len(finished.deliveries) == 3 and worker.stats.batch_sizes.count == 1  # type: ignore[union-attr]
+    pool = ProcessWorkerPool(
+        lambda: None,  # type: ignore[arg-type]
+        1,
+        RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.05),
+        None,
+        Completions(),
+        batch=BatchLimits(8),
+        start_child=start_child,  # type: ignore[arg-type]
+    )
+    taken = _taken(pool, Partition(), 3, alone=0)
+    worker = _ProcessWorker(1)
+    worker.child = FakeChild(lambda fields: "crashed")  # type: ignore[assignment]
+    pool._run_batch(worker, taken, "full", 0.0)  # a shared death: each goes back to run alone, due at once
+    lone = pool._scheduler.take(pool.clock(), 8)
+    pool._run_batch(worker, lone, "full", 0.0)
+    assert replacements[0].calls == [[0]], "one lone call in the replacement; the other heads wait their turn"

@@ -388,7 +388,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         assert isinstance(worker, _ProcessWorker)
         outcomes, batch = self._split_for_call(worker, deliveries)  # only a pending dead-letter write is retried
         if batch:
-            outcomes += self._run_in_process(worker, batch)
+            outcomes = self._settle_now(outcomes) + self._run_in_process(worker, batch)
         return outcomes
 
     def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[Settlement]:
@@ -420,25 +420,11 @@ class ProcessWorkerPool(ThreadWorkerPool):
     def _run_in_process(
         self, worker: _ProcessWorker, batch: list[Delivery], batch_call: tuple[str, float] | None = None
     ) -> list[Settlement]:
-        """Run ``batch`` in the worker's process (replaced first if it died), one call of a batch handler (counted
-        with ``batch_call``: why it was sent and its fill seconds) or each message in turn; the outcomes."""
+        """Run ``batch`` in the worker's process, one call of a batch handler (counted with ``batch_call``: why it
+        was sent and its fill seconds) or each message in turn; the outcomes. A process that died in the call (or
+        before it, idle) is replaced before this returns, its outcomes settled first (``_replace_dead``)."""
         child = worker.child
-        if child is None or not child.alive:
-            try:
-                child = worker.child = self._replace(worker)
-            except HandlerSetupError as error:
-                # cannot run anything: the pod exits, these are re-delivered, and _turn hands back their
-                # keys with them, so that the other workers, still running until the pool stops, run none
-                self._crashed(worker, error)
-                worker.retiring = True
-                return [_Outcome(HANDED_BACK, delivery) for delivery in batch]
-            # The replacement loaded the handler and ran its set-up hook, which may take long: a revoke or the
-            # shutdown that came meanwhile lets its heads go, settled now (the revoke waits for the handlers
-            # running when it came, not for this call), as after a batch's dead-letter writes.
-            known, batch = self._runnable_after_wait([], batch)
-            self._settle_now(known)
-            if not batch:
-                return []
+        assert child is not None and child.alive, "a dead worker process is replaced as soon as its death is known"
         if batch_call is not None:
             self._count_batch(worker, len(batch), *batch_call)
         for delivery in batch:
@@ -449,7 +435,15 @@ class ProcessWorkerPool(ThreadWorkerPool):
         results = child.run(fields, self.handler_timeout, as_batch=self.batch.enabled)
         stats.busy = False
         if isinstance(results, str):
-            return self._interrupted(worker, child, batch, results)
+            outcomes = self._interrupted(worker, child, batch, results)
+            if self.stopping or worker.retiring:
+                return outcomes
+            # Replaced now, holding no heads: the call's outcomes are settled first, so that no revoke or shutdown
+            # waits for the new process to load the handler and run its set-up hook (a review found heads taken
+            # for a call before the replacement started running after a revoke that came meanwhile).
+            self._settle_now(outcomes)
+            self._replace_dead(worker)
+            return []
         for delivery in batch:  # an answer, not a death or a timeout: its next call may hold others
             delivery.run_alone = False
         if self.batch.enabled and all(type(result) is float for result in results):  # one call, all succeeded
@@ -557,13 +551,20 @@ class ProcessWorkerPool(ThreadWorkerPool):
                 )
         return self._dead_letter_each(worker, failed, outcomes)
 
-    def _replace(self, worker: _ProcessWorker) -> _Child:
+    def _replace_dead(self, worker: _ProcessWorker) -> None:
+        """Start a replacement for the worker's process, which died (in a call, or idle and found dead by the next
+        one). One that cannot load the handler or run its set-up stops the pod (``HandlerSetupError``): the worker
+        retires, and the messages are re-delivered after the restart."""
         old = worker.child
         if old is not None:
             old.close(timeout=0)
-        child = self._start_child(worker)
-        log.info("worker %d: replacement worker process %d started", worker.id, child.pid)
-        return child
+        try:
+            worker.child = self._start_child(worker)
+        except HandlerSetupError as error:
+            self._crashed(worker, error)
+            worker.retiring = True
+            return
+        log.info("worker %d: replacement worker process %d started", worker.id, worker.child.pid)
 
 
 def _never_called(_message: Any) -> None:

@@ -34,10 +34,10 @@ is then settled on its own lane, exactly as a per-message outcome: a failed one 
 
 A lane never moves past a head handed back unprocessed: the partition's commit stays below that
 head, so its next owner runs it again, and must not find later messages of its key marked done.
-For a revoked partition the revoke takes the rest; on shutdown no worker takes a lane again; and
-when a partition stays assigned (a replacement worker process could not start, so the pod exits
-while the other workers still run) the key of that partition goes back with its head
-(``_give_up_key``).
+A head is handed back only when its partition was let go (the revoke takes the rest) or the pool
+stops (no worker takes a lane again). A worker process that died is replaced after its call's
+messages went back to their lanes (``ProcessWorkerPool._replace_dead``), so a replacement that
+cannot start hands back nothing: the pod exits, and the other workers may run those lanes meanwhile.
 
 Threading contract: the poll-loop thread calls ``submit``/``withdraw``/``resize``/``stop``; the
 scheduler is touched only under ``_lock``; each worker writes only its own ``WorkerStats`` (metrics
@@ -66,7 +66,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -442,9 +442,6 @@ class _PoolBase:
         self._withdrawals = 0
         """Calls of ``withdraw`` (revokes), so a worker running a batch sees one came since its turn
         (``_Worker.withdrawals``; ``_run_taken``, ``_fill_step``)."""
-        self._given_up: list[tuple[Hashable, Any]] = []
-        """``(lane id, partition)`` of each head handed back while its partition stayed assigned: that
-        key of that partition runs no more in this pod (``_give_up_key``). Empty unless the pod is exiting."""
 
     # -- the poll loop's side --------------------------------------------------------------------
     @property
@@ -516,15 +513,7 @@ class _PoolBase:
         wakes idle workers for the lanes that became ready)."""
         inbox = self._inbox
         while inbox:
-            deliveries = inbox.popleft()
-            if self._given_up:  # only once a head was handed back while its partition stays assigned
-                refused = [delivery for delivery in deliveries if self._given_up_on(delivery)]
-                if refused:
-                    deliveries = [delivery for delivery in deliveries if not self._given_up_on(delivery)]
-                    for delivery in refused:
-                        self.completions.append((delivery, False))
-                    self.completions.signal()
-            self._scheduler.add(deliveries)
+            self._scheduler.add(inbox.popleft())
 
     # -- under the lock, on a worker's turn ------------------------------------------------------------
     def _turn(self, worker: _Worker, outcomes: list[Settlement]) -> list[Delivery] | float | None:
@@ -578,32 +567,9 @@ class _PoolBase:
                 )  # fmt: skip
             scheduler.finished(delivery)
             self.completions.append((delivery, outcome.kind is FINISHED))
-            if outcome.kind is HANDED_BACK and not delivery.let_go and not self.stopping:
-                self._give_up_key(delivery)
         if outcomes:
             self.completions.signal()
         return parked
-
-    def _give_up_key(self, head: Delivery) -> None:
-        """Caller holds ``_lock``: ``head`` was handed back unprocessed while its partition stays
-        assigned (a replacement worker process could not start: the pod is exiting). The partition's
-        commit stays below it, so the next owner runs it again; had the lane moved on, the key's next
-        messages would run here first and be marked done in the commit metadata, and the next owner
-        would run ``head`` after them. So the key of that partition goes back with it: what is queued
-        now and what the poll loop submits until the pool stops. (Not while stopping: no worker takes
-        a lane then, and ``stop`` hands back all that is queued. Nor for a revoked partition: the
-        revoke withdraws the rest and the poll loop submits no more of it.)"""
-        lane_id, partition = head.lane_id, head.partition
-        self._given_up.append((lane_id, partition))
-        for delivery in self._scheduler.withdraw(
-            lambda queued: queued.lane_id == lane_id and queued.partition is partition
-        ):
-            self.completions.append((delivery, False))
-
-    def _given_up_on(self, delivery: Delivery) -> bool:
-        return any(
-            delivery.lane_id == lane_id and delivery.partition is partition for lane_id, partition in self._given_up
-        )
 
     def _take_limit(self, worker: _Worker, ready: int) -> int:
         """Lanes one worker takes per turn (the async pool: one, or a batch handler's most)."""
