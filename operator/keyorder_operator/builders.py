@@ -147,10 +147,11 @@ def consumer_env(spec: OrderedConsumerSpec) -> list[dict[str, Any]]:
     if spec.handler.executor is not Executor.AUTO:  # pods only: a catch-up Job runs the handler on Spark
         env["KEYORDER_EXECUTOR"] = spec.handler.executor.value
     batch = spec.handler.batch
-    if batch.max_messages > 1:  # pods only: a catch-up Job calls the handler per message (the spec refuses both)
-        env["KEYORDER_BATCH_MAX_MESSAGES"] = str(batch.max_messages)
-        if batch.max_wait_ms:
-            env["KEYORDER_BATCH_MAX_WAIT_MS"] = str(batch.max_wait_ms)
+    # pods only: a catch-up Job calls the handler per message (the spec refuses both). Set even at 1, so that no
+    # variable of spec.handler.envFrom turns a per-message handler into a batch one behind the spec's back.
+    env["KEYORDER_BATCH_MAX_MESSAGES"] = str(batch.max_messages)
+    if batch.max_wait_ms:
+        env["KEYORDER_BATCH_MAX_WAIT_MS"] = str(batch.max_wait_ms)
     listed = _env_list(env, spec)
     if spec.kafka.static_membership:  # one id per pod: a shared id would fence all members but one
         listed.append({"name": GROUP_INSTANCE_ID_VARIABLE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})

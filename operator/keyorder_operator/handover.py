@@ -259,6 +259,16 @@ class CatchupHandover:
 
     def start_job(self, run: CatchupRun, replicas: int | None) -> None:
         poll = self.poll
+        batch = poll.spec.handler.batch.max_messages
+        if batch > 1:  # the spec changed since the hand-over began; it refuses a batch handler with catch-up on
+            self.finish(
+                run,
+                JobState.FAILED,
+                f"Job {run.job_name} not started: the spec now names a batch handler (spec.handler.batch.maxMessages "
+                f"{batch}), and a catch-up Job calls the handler once per message; the backlog is the pods' again",
+                replicas,
+            )
+            return
         try:
             self.kube.create_job(
                 build_catchup_job(poll.spec, self.owner(), run.job_name, fence_argument(run.fence)), FENCE_ANNOTATION

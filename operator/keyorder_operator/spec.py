@@ -114,6 +114,8 @@ OPERATOR_ENV = frozenset(
         "KEYORDER_HTTP_PORT",
         "KEYORDER_ADMIN_TOKEN_FILE",
         "KEYORDER_EXECUTOR",
+        "KEYORDER_BATCH_MAX_MESSAGES",  # spec.handler.batch.maxMessages (always set: 1 is a per-message handler)
+        "KEYORDER_BATCH_MAX_WAIT_MS",  # spec.handler.batch.maxWaitMs
         "KEYORDER_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY",  # spec.kafka.assignmentStrategy
         "KEYORDER_RDKAFKA_GROUP_PROTOCOL",  # spec.kafka.groupProtocol
         "KEYORDER_RDKAFKA_GROUP_INSTANCE_ID",  # spec.kafka.staticMembership

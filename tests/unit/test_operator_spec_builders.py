@@ -125,7 +125,7 @@ def test_the_executor_reaches_the_pods_as_keyorder_executor(executor, variable):
 @pytest.mark.parametrize(
     ("batch", "variables"),
     [
-        (None, {}),
+        (None, {"KEYORDER_BATCH_MAX_MESSAGES": "1"}),  # set even so: no envFrom variable turns batching on
         ({"maxMessages": 200}, {"KEYORDER_BATCH_MAX_MESSAGES": "200"}),
         (
             {"maxMessages": 200, "maxWaitMs": 5},
@@ -142,6 +142,16 @@ def test_a_batch_handler_reaches_the_pods_as_its_two_variables(batch, variables)
     assert {name: value for name, value in env.items() if name.startswith("KEYORDER_BATCH_")} == variables
     limits = load_run_config({}, env).batch_limits()
     assert limits.max_messages == (batch or {}).get("maxMessages", 1), "the pod must accept what the builder sets"
+
+
+@pytest.mark.parametrize("name", ["KEYORDER_BATCH_MAX_MESSAGES", "KEYORDER_BATCH_MAX_WAIT_MS"])
+def test_a_batch_variable_in_the_handlers_env_is_refused_as_the_operators(name):
+    """Set from spec.handler.batch: in spec.handler.env it would override the spec (Kubernetes takes the later
+    entry), pass the refusal of a batch handler with catch-up, or make the pods refuse to start (a review found
+    it accepted)."""
+    spec = with_("handler.env", [{"name": name, "value": "50"}])
+    with pytest.raises(InvalidSpec, match=f"{name} is set by the operator from the spec"):
+        parse_spec(spec)
 
 
 @pytest.mark.parametrize(

@@ -193,6 +193,10 @@ def test_the_reserved_names_are_what_the_builders_generate():
         generated_annotations |= set(pod["metadata"].get("annotations", {})) - {"vault.hashicorp.com/agent-inject"}
     assert generated_env <= OPERATOR_ENV
     assert {item["name"] for item in consumer_env(spec)} <= OPERATOR_ENV
+    # a batch handler's variables too (the spec above has catch-up on, which refuses a batch handler)
+    value["handler"]["batch"] = {"maxMessages": 100, "maxWaitMs": 5}
+    batch_env = {item["name"] for item in consumer_env(parse_spec(value))}
+    assert {"KEYORDER_BATCH_MAX_MESSAGES", "KEYORDER_BATCH_MAX_WAIT_MS"} <= batch_env <= OPERATOR_ENV
     assert generated_volumes <= OPERATOR_VOLUMES
     assert generated_mounts <= OPERATOR_MOUNT_PATHS
     assert generated_labels <= OPERATOR_LABELS
