@@ -316,7 +316,7 @@ def test_every_command_in_the_guides_is_checked(guide_name, command, output, req
             text=True,
             timeout=120,
         )
-        assert result.returncode == 0 and "3 passed" in result.stdout, result.stdout + result.stderr
+        assert result.returncode == 0 and "4 passed" in result.stdout, result.stdout + result.stderr
     elif argv[:3] == ["pip", "install", "-e"]:
         assert argv[3] == "." and "pyproject.toml" in guide.files  # installed by the tutorial_project fixture
     else:

@@ -100,7 +100,21 @@ def test_a_bad_event_fails_alone_and_the_rest_of_its_batch_is_written():
         bulk_sqlite.handle(batch[1])
 
 
-def test_a_database_error_rolls_the_whole_batch_back_and_raises(database):
+def test_a_database_error_rolls_the_whole_batch_back_and_raises(database, monkeypatch):
+    monkeypatch.setattr(bulk_sqlite, "BUSY_TIMEOUT_SECONDS", 0.05)
+    bulk_sqlite.handle_batch([event("a", 1, 0)])
+    other = sqlite3.connect(database, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another writer holds the lock past the busy timeout
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            bulk_sqlite.handle_batch([event("b", 7, 1), event("a", 2, 2)])
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert bulk_sqlite.balances() == {"a": (1, 1, 0, 0)}  # b's insert was rolled back with the batch
+
+
+def test_an_event_the_table_refuses_fails_alone_and_the_rest_of_its_batch_is_written(database):
     bulk_sqlite.handle_batch([event("a", 1, 0)])
     with sqlite3.connect(database) as other:
         other.execute(
@@ -108,9 +122,57 @@ def test_a_database_error_rolls_the_whole_batch_back_and_raises(database):
             "BEGIN SELECT RAISE(ABORT, 'no'); END"
         )
     other.close()
-    with pytest.raises(sqlite3.IntegrityError, match="no"):
-        bulk_sqlite.handle_batch([event("b", 7, 1), event("a", 2, 2)])
-    assert bulk_sqlite.balances() == {"a": (1, 1, 0, 0)}  # b's insert was rolled back with the batch
+    outcomes = bulk_sqlite.handle_batch([event("b", 7, 1), event("a", 2, 2)])
+    assert outcomes is not None and outcomes[0] is None and "refused by the table: no" in str(outcomes[1])
+    assert bulk_sqlite.balances() == {"a": (1, 1, 0, 0), "b": (7, 1, 0, 1)}
+
+
+@pytest.mark.parametrize("amount", [2**63, -(2**63) - 1])
+def test_an_amount_past_64_bits_fails_alone(amount):
+    """SQLite cannot bind it: the whole batch's executemany raised (a review found one bad event failing every
+    batch it landed in)."""
+    outcomes = bulk_sqlite.handle_batch([event("a", amount, 0), event("b", 5, 1)])
+    assert outcomes is not None and "within 64 bits" in str(outcomes[0]) and outcomes[1] is None
+    assert bulk_sqlite.balances() == {"b": (5, 1, 0, 1)}
+
+
+def test_a_balance_that_would_leave_64_bits_fails_alone_and_stays_exact():
+    """SQLite turns an integer sum that overflows into an inexact float; the table refuses it instead."""
+    bulk_sqlite.handle_batch([event("a", 2**63 - 10, 0)])
+    outcomes = bulk_sqlite.handle_batch([event("a", 20, 1), event("b", 5, 2)])
+    assert outcomes is not None and "refused by the table" in str(outcomes[0]) and outcomes[1] is None
+    assert bulk_sqlite.balances() == {"a": (2**63 - 10, 1, 0, 0), "b": (5, 1, 0, 2)}
+
+
+@pytest.mark.parametrize("offset", [3, 50])
+def test_an_accounts_event_from_another_partition_fails_instead_of_being_skipped_or_applied(offset):
+    """Offsets of two partitions cannot be compared: a lower one was skipped as out of date (money lost, a review
+    found), a higher one would be applied whatever came before it. It fails, for an operator to decide."""
+    bulk_sqlite.handle_batch([event("a", 1, 10, partition=0)])
+    outcomes = bulk_sqlite.handle_batch([event("a", 5, offset, partition=1)])
+    assert outcomes is not None and "another partition" in str(outcomes[0])
+    assert bulk_sqlite.balances() == {"a": (1, 1, 0, 10)}
+
+
+def test_the_connections_of_threads_that_ended_are_closed():
+    """A worker retired by a resize leaves its thread's connection: closed when the next one is opened."""
+    import threading
+
+    opened: list[sqlite3.Connection] = []
+
+    def work(offset: int) -> None:
+        bulk_sqlite.handle(event(f"t{offset}", 1, offset))
+        opened.append(bulk_sqlite.connection())
+
+    for offset in range(3):
+        thread = threading.Thread(target=work, args=(offset,))
+        thread.start()
+        thread.join()
+    bulk_sqlite.handle(event("main", 1, 9))
+    for ended in opened:
+        with pytest.raises(sqlite3.ProgrammingError):
+            ended.execute("SELECT 1")
+    assert bulk_sqlite.connection().execute("SELECT count(*) FROM accounts").fetchone() == (4,)
 
 
 def test_close_closes_every_connection_and_the_next_call_opens_a_new_one():
