@@ -92,6 +92,17 @@ class PodSignals:
     most_workers: int = 0
     """The most key workers any one pod runs (0: not known; ``workers`` is their sum): what the pods in
     place keep while a scale step's new pods start (``policy.workers_while_pods_start``)."""
+    handler_batches_total: int = 0
+    """A batch handler's calls, summed (0: per-message handlers, or pods that do not report it);
+    ``handler_calls_total`` counts their messages."""
+
+    @property
+    def messages_per_call(self) -> float:
+        """Messages a handler call holds on average: 1 for a per-message handler. A batch handler runs at most
+        one message of a key per call, so one key's messages take a call each, this many messages' time."""
+        if not self.handler_batches_total:
+            return 1.0
+        return max(self.handler_calls_total / self.handler_batches_total, 1.0)
 
     @property
     def busiest_share(self) -> float:
@@ -257,6 +268,9 @@ def combine(reports: Sequence[Mapping[str, Any]]) -> PodSignals | None:
         queued=sum(report["lanes"]["queued"] for report in reports),
         inflight=sum(report["inflight"] for report in reports),
         handler_calls_total=sum(report["handlerCallsTotal"] for report in reports),
+        handler_batches_total=sum(
+            _int(report, "handlerBatchesTotal") for report in reports if "handlerBatchesTotal" in report
+        ),
         handler_seconds_total=sum(float(report["handlerSecondsTotal"]) for report in reports),
         rebalances_total=sum(report["rebalancesTotal"] for report in reports),
         ordering=orderings.pop() if len(orderings) == 1 else "mixed",

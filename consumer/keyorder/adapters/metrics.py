@@ -189,7 +189,11 @@ class KeyorderCollector(Collector):
         )
         for name, text, attribute in (
             ("keyorder_messages_processed", "Messages handled successfully.", "processed"),
-            ("keyorder_messages_failed", "Handler calls that raised.", "failed"),
+            (
+                "keyorder_messages_failed",
+                "Messages whose handler attempt failed (each of a failed batch call).",
+                "failed",
+            ),
             ("keyorder_messages_retried", "Failures that scheduled a retry of the key.", "retried"),
             ("keyorder_messages_dead_lettered", "Messages published to the dead-letter topic.", "dead_lettered"),
         ):

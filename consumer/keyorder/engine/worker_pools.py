@@ -292,7 +292,7 @@ class WorkerStats:
         self.processed = 0
         """Messages handled successfully."""
         self.failed = 0
-        """Handler calls that raised."""
+        """Messages whose handler attempt failed (each message of a batch call that failed, or whose outcome is an error)."""
         self.retried = 0
         """Failures that scheduled a retry."""
         self.dead_lettered = 0

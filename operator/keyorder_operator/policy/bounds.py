@@ -60,13 +60,14 @@ def required_capacity(
 
 
 def hot_key_horizon(observation: Observation, handler_time: float | None, limits: ScalingLimits) -> float | None:
-    """Seconds the busiest key needs on its own (its estimated backlog x the handler time), when
-    that is longer than the target: no size drains the backlog sooner, so sizing for the target
-    would add pods and workers that only wait for that key."""
+    """Seconds the busiest key needs on its own (its estimated backlog x the handler time of one of its
+    messages: a call's, under a batch handler, which runs one message of a key per call), when that is
+    longer than the target: no size drains the backlog sooner, so sizing for the target would add pods
+    and workers that only wait for that key."""
     pods = observation.pods
     if pods is None or pods.busiest is None or not handler_time:
         return None
-    seconds = pods.busiest.estimated_backlog * handler_time
+    seconds = pods.busiest.estimated_backlog * handler_time * pods.messages_per_call
     return seconds if seconds > limits.target_drain_seconds else None
 
 
@@ -91,7 +92,8 @@ def _first_limit(
     if pods is not None and pods.busiest is not None and lag >= limits.activation_lag:
         share = pods.busiest_share
         if share >= HOT_KEY_SHARE and pods.queued >= pods.workers:  # a nearly empty queue is no hot key
-            parallelism = pods.queued / pods.busiest.backlog
+            # the workers beyond which the key's own messages, a call each, take longer than the rest of the queue
+            parallelism = pods.queued / (pods.busiest.backlog * pods.messages_per_call)
             cap = max(math.ceil(parallelism), current.capacity)
             message = (
                 f"scaling cannot help: key '{pods.busiest.key}' holds {share:.0%} of the backlog on "
