@@ -292,7 +292,7 @@ class WorkerStats:
         self.processed = 0
         """Messages handled successfully."""
         self.failed = 0
-        """Messages whose handler attempt failed (each message of a batch call that failed, or whose outcome is an error)."""
+        """Messages whose handler attempt failed (each of a batch call that raised, or whose outcome is an error)."""
         self.retried = 0
         """Failures that scheduled a retry."""
         self.dead_lettered = 0
