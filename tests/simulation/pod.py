@@ -63,7 +63,12 @@ class PodThreads:
         return thread
 
 
-def _load(handler: Callable[[Any], None]) -> tuple[Callable[[Any], None], Lifecycle]:
+def _load(
+    handler: Callable[[Any], None], simulation: Simulation, seconds: float
+) -> tuple[Callable[[Any], None], Lifecycle]:
+    """The worker process's import of the handler and its set-up hook, ``seconds`` of virtual time."""
+    if seconds:
+        simulation.sleep(seconds)
     return handler, NO_HOOKS
 
 
@@ -119,7 +124,7 @@ class SimPod:
         arguments = (config.workers, retry, dead_letters, self.completions)
         if config.executor == "process":
             pool = ProcessWorkerPool(
-                functools.partial(_load, handler),
+                functools.partial(_load, handler, simulation, plan.handler.process_start),
                 *arguments,
                 **shared,
                 handler_timeout=config.handler_timeout,

@@ -139,7 +139,8 @@ class World:
         partition that can be read waits because of holds at most ``pause_after`` for each partition whose
         records the client queued ahead of its own; seed 3682 has them follow each other across three
         partitions, each with an in-flight bound of one message), an uncommitted bound released by the next
-        commit, a commit round trip, and a second of slack; for the process executor also a worst batch."""
+        commit, a commit round trip, and a second of slack; for the process executor also a worst batch and a
+        worker process's start (a dead one is replaced before its worker takes a lane again)."""
         config, settings = self.config, self.settings
         holds = max(1, len(self.broker.logs) - 1) * config.pause_after
         bound = 2 * settings.poll_timeout + holds + config.commit_interval + 0.02 + 1.0
@@ -148,7 +149,7 @@ class World:
             longest = max(
                 (key.slow + (key.duration or handler.base_duration[1]) for key in self.plan.keys), default=0.0
             )
-            bound += MAX_BATCH * longest
+            bound += MAX_BATCH * longest + 2 * self.plan.handler.process_start  # a replacement may start first
         return bound
 
     # -- the truth as the run goes -----------------------------------------------------------------------------

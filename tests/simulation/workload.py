@@ -101,6 +101,10 @@ class HandlerPlan:
     batch_fail_rate: float = 0.0
     """Batch handlers only: chance that a call fails as a whole, by raising or by returning a value the
     contract refuses (``batch_fails``); each message's own outcome is ``outcome``'s otherwise."""
+    process_start: float = 0.0
+    """The process executor only: virtual seconds a worker process takes to load the handler and run its set-up
+    hook, the first and each replacement. A review found a revoke waiting for a replacement's start, with the
+    heads it held run after the revoke: at 0 no fault could land in that window."""
 
     def outcome(self, record: Record, key: Key | None, attempt: int) -> tuple[float, bool]:
         """``(virtual seconds, fails)`` of attempt ``attempt`` (from 1) of ``record`` (of ``key``)."""
@@ -241,6 +245,7 @@ def make_plan(seed: int) -> Plan:
         long_duration=(0.5, 4.0),
         dead_letter_failures=rng.choice([0, 0, 1, 3]),
         batch_fail_rate=_batch_fail_rate(seed, flags),
+        process_start=_process_start(seed, executor),
     )
     return Plan(
         seed,
@@ -253,6 +258,14 @@ def make_plan(seed: int) -> Plan:
         quiet_limit=120.0,
         preemption=rng.choice([0.0, 0.1, 0.3]),
     )
+
+
+def _process_start(seed: int, executor: str) -> float:
+    """``HandlerPlan.process_start``, from a stream of its own: drawing it changes no other draw of the plan, so
+    the seeds of earlier findings keep their configurations and workloads."""
+    if executor != "process":
+        return 0.0
+    return random.Random(f"process-start/{seed}").choice([0.0, 0.0, 0.005, 0.05, 0.3])
 
 
 BATCH_SHARE = 0.35

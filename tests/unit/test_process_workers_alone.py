@@ -66,6 +66,9 @@ class FakeChild:
     def await_ready(self, timeout: float) -> None:
         """Loaded at once."""
 
+    def request_stop(self) -> None:
+        """Nothing runs in it to stop."""
+
     def close(self, timeout: float = 0.0) -> None:
         self.alive = False
 

@@ -17,8 +17,8 @@ import pytest
 
 from keyorder.batch import BatchLimits
 from keyorder.core.retry import RetryPolicy
-from keyorder.engine.process_pool import ProcessWorkerPool, _ProcessWorker
-from keyorder.engine.worker_pools import Completions
+from keyorder.engine.process_pool import REPLACEMENT_ATTEMPTS, DiedWhileLoading, ProcessWorkerPool, _ProcessWorker
+from keyorder.engine.worker_pools import Completions, HandlerSetupError
 from tests.unit.test_process_workers_alone import FakeChild, _taken
 from tests.unit.test_workers import Partition
 
@@ -110,3 +110,71 @@ def test_the_next_call_runs_in_the_replacement() -> None:
     lone = pool._scheduler.take(pool.clock(), 8)
     pool._run_batch(worker, lone, "full", 0.0)
     assert replacements[0].calls == [[0]], "one lone call in the replacement; the other heads wait their turn"
+
+
+class DiesWhileLoading(StartingChild):
+    """FAKE process killed while it loads (the kernel's OOM killer), as ``_Child.await_ready`` reports it."""
+
+    def await_ready(self, timeout: float) -> None:
+        self.alive = False
+        raise DiedWhileLoading(f"worker process {self.pid} was killed by SIGKILL while loading the handler")
+
+
+class FailsItsSetUp(StartingChild):
+    """FAKE process whose handler's set-up hook raised: the handler's own error, the same on every start."""
+
+    def await_ready(self, timeout: float) -> None:
+        raise HandlerSetupError("worker process 4242: the handler's set-up hook failed: database unreachable")
+
+
+def _starting(kinds: list[type[StartingChild]]) -> tuple[ProcessWorkerPool, list[StartingChild]]:
+    """A pool of one worker whose process starts are ``kinds``, in turn."""
+    started: list[StartingChild] = []
+
+    def start_child(load: Any, worker_id: int) -> StartingChild:
+        started.append(kinds[len(started)](lambda: None))
+        return started[-1]
+
+    pool = ProcessWorkerPool(
+        lambda: None,  # type: ignore[arg-type]
+        1,
+        RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.05),
+        None,
+        Completions(),
+        batch=BatchLimits(8),
+        start_child=start_child,  # type: ignore[arg-type]
+    )
+    return pool, started
+
+
+@pytest.mark.parametrize("dead", range(REPLACEMENT_ATTEMPTS + 1))
+def test_a_replacement_killed_while_it_loads_is_started_again_up_to_a_limit(dead: int) -> None:
+    """A seed of the simulation with worker processes that take time to load had one killed while loading, and
+    the pod exited. A death while loading is now retried as a death in a call is, up to the limit."""
+    pool, started = _starting([DiesWhileLoading] * dead + [StartingChild])
+    worker = _ProcessWorker(1)
+    worker.child = DyingChild()  # type: ignore[assignment]
+    pool._run_batch(worker, _taken(pool, Partition(), 2, alone=0), "full", 0.0)
+    if dead < REPLACEMENT_ATTEMPTS:
+        assert worker.child is started[-1] and pool.health.crashed is None and not worker.retiring
+    else:
+        assert len(started) == REPLACEMENT_ATTEMPTS and worker.retiring
+        assert pool.health.crashed is not None and "while loading the handler" in pool.health.crashed
+
+
+def test_a_handlers_own_set_up_error_is_not_tried_again() -> None:
+    pool, started = _starting([FailsItsSetUp, StartingChild])
+    worker = _ProcessWorker(1)
+    worker.child = DyingChild()  # type: ignore[assignment]
+    pool._run_batch(worker, _taken(pool, Partition(), 2, alone=0), "full", 0.0)
+    assert len(started) == 1 and worker.retiring and "database unreachable" in (pool.health.crashed or "")
+
+
+def test_a_process_killed_while_the_pod_starts_is_started_again() -> None:
+    pool, started = _starting([DiesWhileLoading, StartingChild])
+    pool.start()
+    try:
+        assert [type(child) for child in started] == [DiesWhileLoading, StartingChild]
+        assert pool.worker_pids() == [started[1].pid]
+    finally:
+        pool.stop(1.0)

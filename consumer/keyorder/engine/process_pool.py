@@ -139,6 +139,15 @@ def _progress_file() -> int:
     return fd
 
 
+REPLACEMENT_ATTEMPTS = 3
+"""Starts of a replacement worker process that dies while it loads, in a row, before the pod gives up."""
+
+
+class DiedWhileLoading(HandlerSetupError):
+    """A worker process died while it loaded the handler or ran its set-up hook, without saying why: killed, or a
+    crash in an import. A replacement is started again (``REPLACEMENT_ATTEMPTS``); a handler's own error is not."""
+
+
 class _Child:
     """One worker process, its socket and its progress block; owned by one worker thread."""
 
@@ -186,7 +195,7 @@ class _Child:
             status, detail, bad_input = self.connection.recv()
         except (EOFError, OSError):
             self.kill()  # reaps it (it exited: its end of the socket closed)
-            raise HandlerSetupError(
+            raise DiedWhileLoading(
                 f"worker process {self.pid} {_exit_reason(self.process.returncode)} while loading the handler"
             ) from None
         if status != "ready":
@@ -303,8 +312,13 @@ class ProcessWorkerPool(ThreadWorkerPool):
         try:
             for worker in workers:
                 children.append(self._new_child(self._load, worker.id))
-            for child in children:  # they load side by side: waiting for each in turn takes the slowest's time
-                child.await_ready(START_TIMEOUT)
+            for index, (worker, child) in enumerate(zip(workers, children, strict=True)):
+                try:  # they load side by side: waiting for each in turn takes the slowest's time
+                    child.await_ready(START_TIMEOUT)
+                except DiedWhileLoading as error:
+                    child.discard()
+                    log.warning("worker %d: %s; starting another", worker.id, error)
+                    children[index] = self._start_child(worker, attempts=REPLACEMENT_ATTEMPTS - 1)
         except BaseException:
             for child in children:
                 child.discard()
@@ -337,14 +351,25 @@ class ProcessWorkerPool(ThreadWorkerPool):
             if worker.child is not None:
                 worker.child.close()
 
-    def _start_child(self, worker: _ProcessWorker) -> _Child:
-        child = self._new_child(self._load, worker.id)
-        try:
-            child.await_ready(START_TIMEOUT)
-        except BaseException:
-            child.discard()
-            raise
-        return child
+    def _start_child(self, worker: _ProcessWorker, attempts: int = REPLACEMENT_ATTEMPTS) -> _Child:
+        """A worker process for ``worker``, loaded and set up. One that dies while it loads (killed: the kernel's OOM
+        killer, a node under pressure) is started again, up to ``attempts`` starts in a row, as a death in a call
+        is; raises ``HandlerSetupError`` (nothing left running) for the handler's own error, or every start dead."""
+        for attempt in range(1, attempts + 1):
+            child = self._new_child(self._load, worker.id)
+            try:
+                child.await_ready(START_TIMEOUT)
+            except DiedWhileLoading as error:
+                child.discard()
+                if attempt == attempts or self.stopping:
+                    raise
+                log.warning("worker %d: %s; starting another (%d of %d)", worker.id, error, attempt + 1, attempts)
+                continue
+            except BaseException:
+                child.discard()
+                raise
+            return child
+        raise AssertionError("unreachable: attempts >= 1")
 
     def stop(self, timeout: float) -> None:
         """As the thread pool: running messages may finish within ``timeout`` (a batch stops after its
@@ -553,8 +578,8 @@ class ProcessWorkerPool(ThreadWorkerPool):
 
     def _replace_dead(self, worker: _ProcessWorker) -> None:
         """Start a replacement for the worker's process, which died (in a call, or idle and found dead by the next
-        one). One that cannot load the handler or run its set-up stops the pod (``HandlerSetupError``): the worker
-        retires, and the messages are re-delivered after the restart."""
+        one). One that cannot start (``_start_child``) stops the pod (``HandlerSetupError``): the worker retires,
+        and the messages are re-delivered after the restart."""
         old = worker.child
         if old is not None:
             old.close(timeout=0)
