@@ -107,13 +107,16 @@ def test_a_poison_key_is_dead_lettered_from_a_worker_process_while_the_other_key
 def test_a_second_pod_joining_revokes_partitions_from_worker_processes_without_loss_or_reordering(
     broker, make_topic, run_pod, record_file, monkeypatch
 ):
-    monkeypatch.setenv("KEYORDER_TEST_SLEEP", "0.002")
+    monkeypatch.setenv("KEYORDER_TEST_SLEEP", "0.003")  # the first pod still busy when the second has joined
     topic = make_topic(4)
     produced = produce_keyed(broker.bootstrap, topic, 6_000, 200, seed=23)
     group = f"g-{topic}"
     first = run_pod(topic, HANDLER, group=group, executor="process", workers=2)
     wait_until(lambda: len(read_timed(record_file)) >= 600, 60, "the first pod to make progress", interval=0.1)
     second = run_pod(topic, HANDLER, group=group, executor="process", workers=2)
+    # its worker processes start and the group rebalances: seconds on a loaded machine (make test once read none
+    # assigned after 9 s, when the first pod had drained the topic)
+    wait_until(lambda: second.runtime.snapshot.partitions, 90, "the second pod to get partitions", interval=0.1)
     wait_for_commits(broker.bootstrap, group, topic, produced.end_offsets, 120)
     assert first.runtime.snapshot.rebalances >= 2 and second.runtime.snapshot.rebalances >= 1
     assert second.runtime.snapshot.partitions, "the second pod got no partitions"

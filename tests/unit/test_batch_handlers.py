@@ -332,6 +332,25 @@ class SlowDeadLetters(FakeDeadLetters):
         super().publish(message, error, attempts)
 
 
+def dead_lettering_pool(
+    simulation: Simulation, handler: Callable[[list[Message]], Any], pool_kind: str, limits: BatchLimits = THREE
+) -> tuple[ThreadWorkerPool | AsyncWorkerPool, Completions, SlowDeadLetters]:
+    """One worker calling ``handler`` (in an ``async def`` of its own on asyncio), each failed message dead-lettered
+    at once, each write a round trip of 0.5 s; the pool, its completions and its sink."""
+
+    async def async_handler(messages: list[Message]) -> Any:
+        return handler(messages)
+
+    completions = Completions(threads=simulation)
+    sink = SlowDeadLetters(simulation)
+    retry = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.DLQ, initial_backoff=0.0, max_backoff=0.0)
+    chosen = async_handler if pool_kind == "async" else handler
+    pool = make_pool(
+        simulation, chosen, completions, executor=pool_kind, workers=1, limits=limits, retry=retry, sink=sink
+    )
+    return pool, completions, sink
+
+
 @pytest.mark.parametrize("pool_kind", ["thread", "async"])
 def test_a_revoke_during_a_failed_batchs_dead_letter_writes_waits_for_its_own_messages_only(pool_kind: str) -> None:
     """Simulation seed 80443: a batch of two partitions' messages failed, each to be dead-lettered, one write (a
@@ -345,16 +364,7 @@ def test_a_revoke_during_a_failed_batchs_dead_letter_writes_waits_for_its_own_me
         simulation.sleep(0.1)
         raise RuntimeError("the sink refused the batch")
 
-    async def async_handler(messages: list[Message]) -> None:
-        handler(messages)
-
-    completions = Completions(threads=simulation)
-    sink = SlowDeadLetters(simulation)
-    retry = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.DLQ, initial_backoff=0.0, max_backoff=0.0)
-    chosen = async_handler if pool_kind == "async" else handler
-    pool = make_pool(
-        simulation, chosen, completions, executor=pool_kind, workers=1, limits=THREE, retry=retry, sink=sink
-    )
+    pool, completions, sink = dead_lettering_pool(simulation, handler, pool_kind)
     back: dict[str, tuple[bool, float]] = {}
 
     def main() -> None:
@@ -393,16 +403,7 @@ def test_a_revoke_during_the_dead_letter_writes_retried_before_a_call_waits_for_
     def handler(messages: list[Message]) -> None:
         calls.append([name(message)[0] for message in messages])
 
-    async def async_handler(messages: list[Message]) -> None:
-        handler(messages)
-
-    completions = Completions(threads=simulation)
-    sink = SlowDeadLetters(simulation)
-    retry = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.DLQ, initial_backoff=0.0, max_backoff=0.0)
-    chosen = async_handler if pool_kind == "async" else handler
-    pool = make_pool(
-        simulation, chosen, completions, executor=pool_kind, workers=1, limits=BatchLimits(4), retry=retry, sink=sink
-    )
+    pool, completions, sink = dead_lettering_pool(simulation, handler, pool_kind, BatchLimits(4))
     # d0 (kept) and e0 (revoked) gave up and their first write failed: only the write is left; f0 (revoked) and g0
     # (kept) are fresh heads waiting for the call behind the writes
     d0, e0 = keyed(simulation, "d", kept), keyed(simulation, "e", revoked, 10)
@@ -442,15 +443,7 @@ def test_a_batchs_successes_are_settled_before_its_failures_are_dead_lettered(po
         simulation.sleep(0.05)
         return [None if name(message)[0] == "a" else RuntimeError("bad") for message in messages]
 
-    async def async_handler(messages: list[Message]) -> list[BaseException | None]:
-        return handler(messages)
-
-    completions = Completions(threads=simulation)
-    retry = RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.DLQ, initial_backoff=0.0, max_backoff=0.0)
-    chosen = async_handler if pool_kind == "async" else handler
-    pool = make_pool(
-        simulation, chosen, completions, executor=pool_kind, workers=1, retry=retry, sink=SlowDeadLetters(simulation)
-    )
+    pool, completions, _sink = dead_lettering_pool(simulation, handler, pool_kind)
     back: dict[str, tuple[bool, float]] = {}
 
     def main() -> None:

@@ -50,6 +50,26 @@ class DyingChild(FakeChild):
         return "crashed"
 
 
+def _pool(batch: BatchLimits, start: Callable[[], StartingChild]) -> tuple[ProcessWorkerPool, list[StartingChild]]:
+    """A pool of one worker whose every process start is ``start()``; the processes it started."""
+    started: list[StartingChild] = []
+
+    def start_child(load: Any, worker_id: int) -> StartingChild:
+        started.append(start())
+        return started[-1]
+
+    pool = ProcessWorkerPool(
+        lambda: None,  # type: ignore[arg-type]  # never loaded: start_child stands in
+        1,
+        RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.05),
+        None,
+        Completions(),
+        batch=batch,
+        start_child=start_child,  # type: ignore[arg-type]
+    )
+    return pool, started
+
+
 @pytest.mark.parametrize("batch", [BatchLimits(8), BatchLimits(1)], ids=["batch-handler", "per-message"])
 def test_a_revoke_while_the_replacement_starts_waits_for_none_of_the_dead_calls_messages(batch: BatchLimits) -> None:
     partition = Partition()
@@ -61,21 +81,7 @@ def test_a_revoke_while_the_replacement_starts_waits_for_none_of_the_dead_calls_
         seen["running"] = pool._scheduler.summary().running
         seen["withdrawn"] = sorted(delivery.message.offset for delivery in pool.withdraw(lambda d: d.partition.revoked))
 
-    replacements: list[StartingChild] = []
-
-    def start_child(load: Any, worker_id: int) -> StartingChild:
-        replacements.append(StartingChild(revoke_meanwhile))
-        return replacements[-1]
-
-    pool = ProcessWorkerPool(
-        lambda: None,  # type: ignore[arg-type]  # never loaded: start_child stands in
-        1,
-        RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.05),
-        None,
-        Completions(),
-        batch=batch,
-        start_child=start_child,  # type: ignore[arg-type]
-    )
+    pool, replacements = _pool(batch, lambda: StartingChild(revoke_meanwhile))
     taken = _taken(pool, partition, 3, alone=0) if batch.enabled else _taken(pool, partition, 1, alone=0)
     worker = _ProcessWorker(1)
     worker.child = DyingChild()  # type: ignore[assignment]
@@ -88,21 +94,7 @@ def test_a_revoke_while_the_replacement_starts_waits_for_none_of_the_dead_calls_
 
 
 def test_the_next_call_runs_in_the_replacement() -> None:
-    replacements: list[StartingChild] = []
-
-    def start_child(load: Any, worker_id: int) -> StartingChild:
-        replacements.append(StartingChild(lambda: None))
-        return replacements[-1]
-
-    pool = ProcessWorkerPool(
-        lambda: None,  # type: ignore[arg-type]
-        1,
-        RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.05),
-        None,
-        Completions(),
-        batch=BatchLimits(8),
-        start_child=start_child,  # type: ignore[arg-type]
-    )
+    pool, replacements = _pool(BatchLimits(8), lambda: StartingChild(lambda: None))
     taken = _taken(pool, Partition(), 3, alone=0)
     worker = _ProcessWorker(1)
     worker.child = FakeChild(lambda fields: "crashed")  # type: ignore[assignment]
@@ -129,22 +121,8 @@ class FailsItsSetUp(StartingChild):
 
 def _starting(kinds: list[type[StartingChild]]) -> tuple[ProcessWorkerPool, list[StartingChild]]:
     """A pool of one worker whose process starts are ``kinds``, in turn."""
-    started: list[StartingChild] = []
-
-    def start_child(load: Any, worker_id: int) -> StartingChild:
-        started.append(kinds[len(started)](lambda: None))
-        return started[-1]
-
-    pool = ProcessWorkerPool(
-        lambda: None,  # type: ignore[arg-type]
-        1,
-        RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.05),
-        None,
-        Completions(),
-        batch=BatchLimits(8),
-        start_child=start_child,  # type: ignore[arg-type]
-    )
-    return pool, started
+    following = iter(kinds)
+    return _pool(BatchLimits(8), lambda: next(following)(lambda: None))
 
 
 @pytest.mark.parametrize("dead", range(REPLACEMENT_ATTEMPTS + 1))
