@@ -456,6 +456,9 @@ def check_shutdowns(world: World) -> list[Violation]:
         if ending is None or ending.how != "stopped" or pod.stop_requested_at is None:
             continue
         asked = pod.stop_requested_at
+        # a stop during the pod's start is noticed once the loop runs: its worker processes load first (seed 100217)
+        loop_started = pod.runtime._loop_started
+        asked = max(asked, loop_started) if loop_started is not None else asked
         # the loop notices the stop when the client call it is in returns (a callback may block in it)
         asked = max([asked, *(end for start, end in pod.source.long_consumes if start <= asked < end)])
         revoking = sum(
