@@ -410,6 +410,8 @@ def test_executors_that_are_not_pods_get_their_drain_window_before_the_pods_resu
         assert catchup_status(kube, "tokens")["drainSeconds"] == 4.0  # from sparkConf when the Job was created
         ended_at = catchup_status(kube, "tokens")["jobEndedAt"]
         wait_for(lambda: replicas(kube, "tokens") == started["resumeReplicas"], 20, "the pods resumed")
+        # the poll scales the pods, then writes its status: the end's time lands a moment after the replicas
+        wait_for(lambda: "lastCatchupEndedAt" in kube.get(CR, "tokens")["status"], 20, "the end in the status")
         resumed_at = kube.get(CR, "tokens")["status"]["lastCatchupEndedAt"]
         assert resumed_at >= ended_at + 4.0, (ended_at, resumed_at)
 
