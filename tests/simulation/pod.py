@@ -28,11 +28,11 @@ from keyorder.config import RunConfig, consumer_properties, kafka_properties
 from keyorder.contracts import SourceError
 from keyorder.engine.poll_loop import ConsumerRuntime
 from keyorder.engine.process_pool import ProcessWorkerPool
-from keyorder.engine.worker_pools import NO_HOOKS, AsyncWorkerPool, Completions, Lifecycle, ThreadWorkerPool, WorkerPool
+from keyorder.engine.worker_pools import AsyncWorkerPool, Completions, ThreadWorkerPool, WorkerPool
 from keyorder.pod import runtime_settings
 from tests.simulation.broker import SimulatedBroker, SimulatedSource
 from tests.simulation.eventloop import event_loop_factory
-from tests.simulation.processes import SimulatedChild, child_factory
+from tests.simulation.processes import SimulatedChild, child_factory, loading_for
 from tests.simulation.scheduler import SimThread, Simulation, Terminated
 from tests.simulation.workload import (
     Journal,
@@ -61,15 +61,6 @@ class PodThreads:
         thread = self.simulation.Thread(*args, name=f"{self.prefix}/{name or 'thread'}", **kwargs)
         self.started.append(thread)
         return thread
-
-
-def _load(
-    handler: Callable[[Any], None], simulation: Simulation, seconds: float
-) -> tuple[Callable[[Any], None], Lifecycle]:
-    """The worker process's import of the handler and its set-up hook, ``seconds`` of virtual time."""
-    if seconds:
-        simulation.sleep(seconds)
-    return handler, NO_HOOKS
 
 
 @dataclass
@@ -124,7 +115,7 @@ class SimPod:
         arguments = (config.workers, retry, dead_letters, self.completions)
         if config.executor == "process":
             pool = ProcessWorkerPool(
-                functools.partial(_load, handler, simulation, plan.handler.process_start),
+                functools.partial(loading_for, handler, simulation, plan.handler.process_start),
                 *arguments,
                 **shared,
                 handler_timeout=config.handler_timeout,

@@ -17,6 +17,12 @@ A **fake**, copying the code of the parts it stands in for:
   socket is readable); ``send`` on a socket whose peer is closed fails with ``BrokenPipeError``
   (Linux ``net/unix/af_unix.c``, ``unix_stream_sendmsg``: ``EPIPE`` once the peer has shut down);
   using a closed end raises ``OSError("handle is closed")`` (``_check_closed``).
+* ``loading_for`` stands in for the time a worker process takes to load: ``serve`` runs the loader the pod
+  gives it (``keyorder.adapters.handlers.load_for_worker_process``, which imports the handler's module, CPython
+  ``Lib/importlib/__init__.py`` ``import_module``, and resolves its hooks; then ``Lifecycle.setup`` runs the
+  set-up hook) before it sends ``("ready", ...)``, which ``_Child.await_ready`` waits for. The fake loader
+  returns the handler after that many virtual seconds; a SIGKILL meanwhile stops the process there, and the pod
+  reads end of file, as from a real process killed while it imports.
 * ``SimulatedProcess`` stands in for ``subprocess.Popen`` (CPython ``Lib/subprocess.py``): ``poll``
   and ``returncode`` (``-SIGKILL`` after ``kill``), ``wait(timeout)`` raising
   ``TimeoutExpired``. SIGKILL stops the process where it is (``Simulation.freeze``: not one more
@@ -34,6 +40,7 @@ from typing import Any
 
 from keyorder.engine.process_child import Init, Loader, Progress, serve
 from keyorder.engine.process_pool import _Child
+from keyorder.engine.worker_pools import NO_HOOKS, Lifecycle
 from tests.simulation.scheduler import SimThread, Simulation, _Managed
 
 _pids = itertools.count(40_000)
@@ -180,6 +187,16 @@ class SimulatedChild(_Child):
 
         process = SimulatedProcess(self._simulation, f"worker-process-{self.worker_id}", main, theirs)
         return process, ours
+
+
+def loading_for(
+    handler: Callable[[Any], None], simulation: Simulation, seconds: float
+) -> tuple[Callable[[Any], None], Lifecycle]:
+    """FAKE loader (bind with ``functools.partial``): the handler, after ``seconds`` of virtual time (the module
+    docstring says what it stands in for)."""
+    if seconds:
+        simulation.sleep(seconds)
+    return handler, NO_HOOKS
 
 
 def child_factory(simulation: Simulation, registry: list[SimulatedChild]) -> Callable[[Loader, int], _Child]:

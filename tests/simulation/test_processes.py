@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import pytest
+
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
-from keyorder.engine.process_pool import ProcessWorkerPool
+from keyorder.engine.process_pool import DiedWhileLoading, ProcessWorkerPool
 from keyorder.engine.worker_pools import NO_HOOKS, Completions, Lifecycle
 from keyorder.message import Message
-from tests.simulation.processes import SimulatedChild, child_factory, live_processes
+from tests.simulation.processes import SimulatedChild, child_factory, live_processes, loading_for
 from tests.simulation.scheduler import Simulation
 
 
@@ -107,3 +109,34 @@ def test_a_process_killed_while_idle_does_not_make_the_next_batch_count_as_handl
     handled = [delivery.message.offset for delivery, ok in completions if ok]
     assert [offset for offset in handled if offset not in ran] == [], "counted as handled without running"
     assert sorted(ran) == [0, 1]
+
+
+def test_a_worker_process_is_ready_once_its_load_time_passed_and_a_kill_meanwhile_is_a_death_while_loading() -> None:
+    """Fidelity of ``loading_for``: the pod's real ``_Child.await_ready`` returns once the load's virtual seconds
+    passed (the fake loaded at once before, so no fault could land in a load), and a SIGKILL during the load reads
+    as the real process's end of file: ``DiedWhileLoading``."""
+    simulation = Simulation(6)
+    children: list[SimulatedChild] = []
+    start = child_factory(simulation, children)
+    seen: dict[str, Any] = {}
+
+    def handler(message: Message) -> None: ...
+
+    def main() -> None:
+        loads = functools.partial(loading_for, handler, simulation, 0.3)
+        ready = start(loads, 1)
+        ready.await_ready(60)
+        seen["ready at"] = simulation.now
+        ready.close(1)
+        dying = start(loads, 2)
+        simulation.call_at(simulation.now + 0.1, dying.process.kill)
+        try:
+            dying.await_ready(60)
+        except DiedWhileLoading as error:
+            seen["died at"], seen["error"] = simulation.now, str(error)
+
+    simulation.spawn(main, name="main")
+    simulation.run(limit=60)
+    assert simulation.errors == []
+    assert seen["ready at"] == pytest.approx(0.3)
+    assert seen["died at"] == pytest.approx(0.4) and "killed by SIGKILL while loading the handler" in seen["error"]
