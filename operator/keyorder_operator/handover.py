@@ -259,13 +259,14 @@ class CatchupHandover:
 
     def start_job(self, run: CatchupRun, replicas: int | None) -> None:
         poll = self.poll
-        batch = poll.spec.handler.batch.max_messages
-        if batch > 1:  # the spec changed since the hand-over began; it refuses a batch handler with catch-up on
+        batch = poll.spec.handler.batch
+        if batch.enabled:  # the spec changed since the hand-over began; it refuses a batch handler with catch-up on
             self.finish(
                 run,
                 JobState.FAILED,
                 f"Job {run.job_name} not started: the spec now names a batch handler (spec.handler.batch.maxMessages "
-                f"{batch}), and a catch-up Job calls the handler once per message; the backlog is the pods' again",
+                f"{batch.max_messages}), and a catch-up Job calls the handler once per message; the backlog is the "
+                "pods' again",
                 replicas,
             )
             return

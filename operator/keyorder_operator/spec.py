@@ -291,6 +291,11 @@ class BatchSpec(_Model):
         "become ready before it calls the handler (the pods' --batch-max-wait-ms); 0: it calls with what is ready.",
     )
 
+    @property
+    def enabled(self) -> bool:
+        """True: the handler is a batch handler (as the pods' ``BatchLimits.enabled``)."""
+        return self.max_messages > 1
+
     @model_validator(mode="after")
     def _wait_needs_batches(self) -> BatchSpec:
         if self.max_wait_ms and self.max_messages == 1:
@@ -667,7 +672,7 @@ class OrderedConsumerSpec(_Model):
         fallback = self.scaling.fallback
         if fallback is not None and fallback.replicas == 0 and not self.scaling.scale_to_zero:
             raise ValueError("scaling.fallback.replicas 0 needs scaling.scaleToZero: true (it stops every pod)")
-        if self.handler.batch.max_messages > 1 and self.catchup.enabled:
+        if self.handler.batch.enabled and self.catchup.enabled:
             raise ValueError(BATCH_CATCHUP_RULE)
         return self
 
