@@ -24,9 +24,11 @@ from keyorder.devtools.bench import (
     OrderCheck,
     Runner,
     batch_figures,
+    comparisons,
     evaluate_targets,
     make_handler,
 )
+from keyorder.devtools.bench_plots import plot_comparisons
 from keyorder.devtools.bench_report import (
     BenchReport,
     RawCeilingResult,
@@ -224,3 +226,23 @@ def test_batch_figures_are_messages_per_call_and_calls_by_reason_over_every_work
     assert f"| {NOOP_BATCH_RUN} | noop-batch | {NOOP_BATCH_WORKERS} | 50,000 |" in table
     assert table.splitlines()[2].endswith("| 0 | 75.0 |")
     assert table.splitlines()[3].endswith("| 0 | - |")
+
+
+def test_the_compared_rows_are_drawn_one_panel_a_target_from_the_targets_own_pairs(tmp_path):
+    (thread_single, thread_batched), _process = SINK_PAIRS
+    runs = [
+        run(NOOP_BATCH_RUN, 125_000, "noop-batch", NOOP_BATCH_WORKERS, batch=BATCH_SIZE),
+        run(thread_single, 20_000, "sink", SINK_WORKERS),
+        run(thread_batched, 90_000, "sink_batch", SINK_WORKERS, BATCH_SIZE),
+    ]
+    raw = RawCeilingResult(100, 1.0, 150_000.0, 0, pass_rates=[150_000.0, 140_000.0, 145_000.0])
+    report = BenchReport(machine={}, parameters={}, runs=runs, scenarios=Scenarios(raw_ceiling=raw))
+    found = comparisons(report)  # the process pair was not run: left out
+    assert [(c.row, c.against, c.factor, c.met) for c in found] == [
+        (NOOP_BATCH_RUN, "raw confluent-kafka loop", 0.8, True),
+        (thread_batched, thread_single, 5.0, False),
+    ]
+    assert found[0].median_ratio == pytest.approx(125_000 / 145_000)  # one pass against the raw loop's median
+    image = plot_comparisons(found, tmp_path / "compared.png")
+    assert image is not None and image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_comparisons([], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()

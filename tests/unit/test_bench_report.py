@@ -10,6 +10,7 @@ import pytest
 
 from keyorder.config import RunConfig
 from keyorder.devtools.bench import evaluate_targets, hot_key_summary, partition_inflight_bound
+from keyorder.devtools.bench_plots import plot, plot_resize
 from keyorder.devtools.bench_report import (
     LOOK_AHEAD_NOTE,
     BenchReport,
@@ -23,8 +24,6 @@ from keyorder.devtools.bench_report import (
     histogram_percentile,
     ideal_rate,
     markdown_table,
-    plot,
-    plot_resize,
     resize_figures,
     scenarios_table,
     split_by_hot_partition,

@@ -56,10 +56,12 @@ from keyorder.adapters.cpu import pod_cpu_seconds
 from keyorder.config import RunConfig
 from keyorder.core import offset_metadata
 from keyorder.devtools import bench_handlers
+from keyorder.devtools.bench_plots import matplotlib_missing, plot, plot_comparisons, plot_resize
 from keyorder.devtools.bench_report import (
     FAST_HANDLER_LATENCY,
     LOOK_AHEAD_NOTE,
     BenchReport,
+    Comparison,
     FewKeysResult,
     HotKeyResult,
     Pass,
@@ -72,9 +74,6 @@ from keyorder.devtools.bench_report import (
     ideal_rate,
     interleave,
     markdown_table,
-    median_ratio,
-    plot,
-    plot_resize,
     raw_ceiling_of,
     raw_ceiling_summary,
     regressions,
@@ -1024,7 +1023,8 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
         "--output-dir",
         type=Path,
         default=Path("bench-results"),
-        help="where report.json, throughput.png, resize.png and table.md go [default: bench-results]",
+        help="where report.json, table.md and the plots (throughput.png, compared.png, resize.png) go "
+        "[default: bench-results]",
     )
     parser.add_argument(
         "--baseline",
@@ -1112,10 +1112,12 @@ def bench_command(args: argparse.Namespace) -> int:
     if report.process_hop:
         tables += "\n" + process_hop_summary(report.process_hop) + "\n"
     (args.output_dir / "table.md").write_text(tables)
-    image = plot(report, args.output_dir / "throughput.png")
-    resize_image = None
+    images = [
+        plot(report, args.output_dir / "throughput.png"),
+        plot_comparisons(comparisons(report), args.output_dir / "compared.png"),
+    ]
     if report.scenarios.resize is not None:
-        resize_image = plot_resize(report.scenarios.resize, args.output_dir / "resize.png")
+        images.append(plot_resize(report.scenarios.resize, args.output_dir / "resize.png"))
     print()
     print(tables)
     print(
@@ -1124,10 +1126,12 @@ def bench_command(args: argparse.Namespace) -> int:
     )
     for name, outcome in report.targets.items():
         print(f"  {'PASS' if outcome['ok'] else 'MISS'}  {name}: {outcome['detail']}")
-    plots = ", ".join(str(path) for path in (image, resize_image) if path)
-    print(
-        f"report: {args.output_dir / 'report.json'}" + (f", plots: {plots}" if plots else " (no matplotlib: no plot)")
-    )
+    plots = ", ".join(str(path) for path in images if path)
+    if plots:
+        drawn = f", plots: {plots}"
+    else:
+        drawn = " (no plot: matplotlib is missing)" if matplotlib_missing() else " (no plot: no rows to draw)"
+    print(f"report: {args.output_dir / 'report.json'}{drawn}")
     failed = [name for name, outcome in report.targets.items() if outcome["required"] and not outcome["ok"]]
     if failed:
         print(f"keyorder bench: FAILED {', '.join(failed)}", file=sys.stderr)
@@ -1206,6 +1210,39 @@ def hot_key_summary(hot: HotKeyResult) -> str:
         f"({hot.partition_inflight_bound or 0:,} in flight per partition)"
         f"{indent}{everyone}"
     )
+
+
+NOOP_BATCH_FACTOR, SINK_BATCH_FACTOR = 0.8, 5.0
+"""Issue 40's targets: the no-op batch row against the raw loop, each batched sink against its per-message row."""
+
+
+def comparisons(report: BenchReport) -> list[Comparison]:
+    """The targets that put one row of this run against another, for the targets and their plot: the no-op
+    batch row against the raw loop, and each batched sink against its per-message row (rows the preset did
+    not run are left out)."""
+    runs = {run.name: run for run in report.runs}
+    found: list[Comparison] = []
+    raw = report.scenarios.raw_ceiling
+    if raw is not None and raw.rate and NOOP_BATCH_RUN in runs:
+        batch_row = runs[NOOP_BATCH_RUN]
+        found.append(
+            Comparison(
+                NOOP_BATCH_RUN,
+                batch_row.rate,
+                batch_row.pass_rates,
+                RAW_LOOP,
+                raw.rate,
+                raw.pass_rates,
+                NOOP_BATCH_FACTOR,
+            )
+        )
+    for single, batched in SINK_PAIRS:
+        if single in runs and batched in runs and runs[single].rate:
+            one, many = runs[single], runs[batched]
+            found.append(
+                Comparison(batched, many.rate, many.pass_rates, single, one.rate, one.pass_rates, SINK_BATCH_FACTOR)
+            )
+    return found
 
 
 def evaluate_targets(report: BenchReport, quick: bool, earlier: BenchReport | None = None) -> dict:
@@ -1303,29 +1340,24 @@ def evaluate_targets(report: BenchReport, quick: bool, earlier: BenchReport | No
             "required": False,
             "detail": f"{raw.compared_fraction:.2f} x ({raw.rate:,.0f} msg/s raw)",
         }
-    if raw is not None and raw.rate and NOOP_BATCH_RUN in runs:
-        batch_row = runs[NOOP_BATCH_RUN]
-        fraction = batch_row.rate / raw.rate
-        medians = median_ratio(batch_row.rate, batch_row.pass_rates, raw.rate, raw.pass_rates)
-        targets[f"{NOOP_BATCH_RUN} >= 0.8 x the raw loop (best of {max(len(raw.pass_rates), 1)})"] = {
-            "ok": fraction >= 0.8,
-            "required": False,
-            "detail": f"{fraction:.2f} x (best {batch_row.rate:,.0f} vs {raw.rate:,.0f} msg/s"
-            + ("" if medians is None else f"; medians {medians:.2f} x")
-            + ")",
-        }
-    for single, batched in SINK_PAIRS:
-        if single in runs and batched in runs and runs[single].rate:
-            one, many = runs[single], runs[batched]
-            ratio = many.rate / one.rate
-            medians = median_ratio(many.rate, many.pass_rates, one.rate, one.pass_rates)
-            targets[f"{batched} >= 5 x {single}"] = {
-                "ok": ratio >= 5,
-                "required": False,
-                "detail": f"{ratio:.1f}x (best {many.rate:,.0f} vs {one.rate:,.0f} msg/s"
+    for comparison in comparisons(report):
+        medians = comparison.median_ratio
+        if comparison.against == RAW_LOOP:
+            passes = max(len(comparison.against_passes), 1)
+            name = f"{comparison.row} >= {comparison.factor:g} x the raw loop (best of {passes})"
+            detail = (
+                f"{comparison.ratio:.2f} x (best {comparison.row_rate:,.0f} vs {comparison.against_rate:,.0f} msg/s"
+                + ("" if medians is None else f"; medians {medians:.2f} x")
+                + ")"
+            )
+        else:
+            name = f"{comparison.row} >= {comparison.factor:g} x {comparison.against}"
+            detail = (
+                f"{comparison.ratio:.1f}x (best {comparison.row_rate:,.0f} vs {comparison.against_rate:,.0f} msg/s"
                 + ("" if medians is None else f"; medians {medians:.1f}x")
-                + ")",
-            }
+                + ")"
+            )
+        targets[name] = {"ok": comparison.met, "required": False, "detail": detail}
     if earlier is not None:
         ratios, below = regressions(report.runs, earlier.runs, REGRESSION_FLOOR)
         if ratios:

@@ -1,12 +1,13 @@
 """Pure arithmetic and rendering for ``keyorder bench``: ideals, ratios, percentiles, the order of
-a run's passes and their best, plot, table.
+a run's passes and their best, the targets' comparisons, tables (the plots are ``bench_plots``).
 
 Kept apart from the runner (which owns brokers, pods and clocks) so the numbers a user reads can
 be unit-tested, and re-rendered from a saved JSON report without re-running anything.
 
-Why one room of over 600 lines (a few over): it is pure, and each table and plot renders figures from
-the same report dict, so one module reads the report's shape once; the hot-key and resize renderings
-are the seam if it grows further.
+Why one room of over 600 lines (a few over): it is pure, and each figure and table is read from the
+same report's shape, so one module holds that shape; the scenario tables (few keys, resize, hot key)
+are the seam if it grows further. The plots left for ``bench_plots``, which alone needs matplotlib.
+
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 from keyorder.devtools.bench_handlers import SINK_CALL_SECONDS, SINK_MESSAGE_SECONDS
 from keyorder.engine.worker_pools import LATENCY_BUCKETS
@@ -77,15 +77,35 @@ def median_rate(rate: float, pass_rates: Sequence[float]) -> float:
     return rate if figures is None else figures[1]
 
 
-def median_ratio(
-    rate: float, pass_rates: Sequence[float], against: float, against_pass_rates: Sequence[float]
-) -> float | None:
-    """A target's second figure: the median pass over the median pass (``None`` when neither side ran
-    several passes, or the one against ran at 0)."""
-    if len(pass_rates) < 2 and len(against_pass_rates) < 2:
-        return None
-    below = median_rate(against, against_pass_rates)
-    return median_rate(rate, pass_rates) / below if below else None
+@dataclass(frozen=True)
+class Comparison:
+    """A target that puts a row of one run against another: ``row`` must reach ``factor`` x ``against``,
+    best over best, with the median pass over the median pass beside it (a ratio that holds only for the
+    best passes is luck). The pass rates are what each side's best was chosen from."""
+
+    row: str
+    row_rate: float
+    row_passes: Sequence[float]
+    against: str
+    against_rate: float
+    against_passes: Sequence[float]
+    factor: float
+
+    @property
+    def ratio(self) -> float:
+        return self.row_rate / self.against_rate if self.against_rate else float("inf")
+
+    @property
+    def met(self) -> bool:
+        return self.ratio >= self.factor
+
+    @property
+    def median_ratio(self) -> float | None:
+        """``None`` when neither side ran several passes, or the one against ran at 0."""
+        if len(self.row_passes) < 2 and len(self.against_passes) < 2:
+            return None
+        below = median_rate(self.against_rate, self.against_passes)
+        return median_rate(self.row_rate, self.row_passes) / below if below else None
 
 
 @dataclass(frozen=True)
@@ -600,123 +620,3 @@ def hot_key_rows(hot: HotKeyResult) -> list[str]:
             f"| none: {LOOK_AHEAD_NOTE} | (same run) |"
         )
     return rows
-
-
-def plot_resize(result: ResizeResult, path: Path) -> Path | None:
-    """Throughput over time around a live resize, with the old and new ideals and the target drawn."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    if not result.series_seconds:
-        return None
-    figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
-    axes.plot(
-        result.series_seconds,
-        result.series_rates,
-        color="tab:blue",
-        label=f"throughput (trailing {result.window_seconds:g} s window)",
-    )
-    axes.axvline(0, color="black", linestyle="-", label=f"resize W={result.workers_before} -> {result.workers_after}")
-    if result.ideal_before:
-        axes.axhline(
-            result.ideal_before,
-            color="grey",
-            linestyle=":",
-            label=f"ideal at W={result.workers_before}: {result.ideal_before:,.0f} msg/s",
-        )
-    if result.ideal_after:
-        axes.axhline(
-            result.ideal_after,
-            color="green",
-            linestyle=":",
-            label=f"ideal at W={result.workers_after}: {result.ideal_after:,.0f} msg/s",
-        )
-        axes.axhline(
-            result.target_fraction * result.ideal_after,
-            color="green",
-            linestyle="--",
-            alpha=0.5,
-            label=f"target: {result.target_fraction:g} x new ideal within {result.settle_seconds:g} s",
-        )
-    if result.seconds_to_target is not None:
-        axes.axvline(result.seconds_to_target, color="green", alpha=0.4, linestyle="-.")
-    axes.set_xlabel("seconds since the resize")
-    axes.set_ylabel("messages / second")
-    axes.set_ylim(0, 1.15 * max([*result.series_rates, result.ideal_after or 0.0]))
-    axes.set_title(f"keyorder: live resize under backlog, {result.keys:,} keys")
-    axes.grid(True, alpha=0.3)
-    axes.legend(fontsize=8, loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-    return path
-
-
-def plot(report: BenchReport, path: Path) -> Path | None:
-    """Throughput against W (log-log), with the partition baseline and the ideal line drawn."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    latency = report.parameters["latency_ms"] / 1000.0
-    keys = report.parameters["keys"]
-    sleep_runs = [run for run in report.runs if run.handler in ("sleep", "async-sleep")]
-    if not sleep_runs:
-        return None
-    figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
-    for handler, label, marker in (
-        ("sleep", "key mode, thread workers", "o"),
-        ("async-sleep", "key mode, asyncio workers", "s"),
-    ):
-        points = sorted((run.workers, run.rate) for run in sleep_runs if run.mode == "key" and run.handler == handler)
-        if points:
-            axes.plot(*zip(*points, strict=True), marker=marker, label=label)
-    widths = sorted({run.workers for run in sleep_runs} | {1})
-    ideals = [(w, ideal) for w in widths if (ideal := ideal_rate(w, keys, latency)) is not None]
-    if ideals:  # none for L = 0
-        axes.plot(
-            *zip(*ideals, strict=True),
-            linestyle=":",
-            color="grey",
-            label=f"ideal min(W, {keys:,} keys) / {latency * 1000:g} ms",
-        )
-    for run in sleep_runs:
-        if run.mode == "partition":
-            axes.axhline(
-                run.rate,
-                color="red",
-                linestyle="--",
-                label=f"partition-ordered baseline ({run.workers} workers): {run.rate:,.0f} msg/s",
-            )
-        elif run.mode == "unordered":
-            axes.scatter(
-                [run.workers],
-                [run.rate],
-                marker="*",
-                s=150,
-                color="black",
-                zorder=5,
-                label=f"unordered (no ordering), W={run.workers}",
-            )
-    axes.set_xscale("log", base=2)
-    axes.set_yscale("log")
-    axes.set_xlabel("key workers per pod (W)")
-    axes.set_ylabel("messages / second")
-    parameters = report.parameters
-    axes.set_title(
-        f"keyorder: one pod, {parameters['partitions']} partitions, {keys:,} keys, "
-        f"handler latency {latency * 1000:g} ms"
-    )
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=8, loc="upper left")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-    return path
