@@ -24,7 +24,7 @@ import math
 import os
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -516,9 +516,12 @@ def is_service_link(name: str, value: str) -> bool:
     return name.endswith("_PORT") and re.match(r"(tcp|udp|sctp)://", value) is not None
 
 
-def check_unknown_variables(model: type[BaseModel], environ: Mapping[str, str]) -> None:
-    """Refuse ``KEYORDER_*`` variables that are neither a setting of ``model`` nor a Kafka property."""
-    known = [env_name(field) for field in model.model_fields]
+def check_unknown_variables(
+    model: type[BaseModel], environ: Mapping[str, str], also_known: Collection[str] = ()
+) -> None:
+    """Refuse ``KEYORDER_*`` variables that are neither a setting of ``model`` (or one of ``also_known``'s names)
+    nor a Kafka property."""
+    known = [env_name(field) for field in model.model_fields] + [name for name in also_known if name]
     unknown = sorted(
         name
         for name, value in environ.items()

@@ -113,7 +113,11 @@ def preflight(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPro
         text=True,
         timeout=120,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            **env,
+        },
         check=False,
     )
 
@@ -122,7 +126,7 @@ def test_the_command_prints_one_line_per_check_and_exits_0_when_all_pass(tmp_pat
     done = preflight(tmp_path, "--handler", "tests.unit.catchup_handlers:slow")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["ok   java", "ok   pyspark", "ok   handler"], lines
+    assert [line.split(":")[0] for line in lines] == ["ok   java", "ok   pyspark", "ok   handler", "ok   environment"]
 
 
 def test_the_command_exits_2_naming_what_failed_without_kafka_or_spark(tmp_path: Path) -> None:
@@ -137,3 +141,12 @@ def test_the_command_exits_2_naming_what_failed_without_kafka_or_spark(tmp_path:
     assert lines[0].startswith("FAIL java:") and "is Java 11" in lines[0], lines
     assert lines[1].startswith("ok   pyspark:"), lines
     assert lines[2].startswith("FAIL handler:") and "has no attribute 'nope'" in lines[2], lines
+
+
+def test_the_preflight_fails_a_batch_size_or_an_unknown_variable_the_job_would_refuse(tmp_path: Path) -> None:
+    done = preflight(tmp_path, "--handler", "tests.unit.catchup_handlers:slow", KEYORDER_BATCH_MAX_MESSAGES="100")
+    assert done.returncode == 2
+    assert done.stdout.splitlines()[3].startswith("FAIL environment: KEYORDER_BATCH_MAX_MESSAGES=100"), done.stdout
+    done = preflight(tmp_path, "--handler", "tests.unit.catchup_handlers:slow", KEYORDER_TASK_WORKER="64")
+    assert done.returncode == 2
+    assert "KEYORDER_TASK_WORKER: did you mean KEYORDER_TASK_WORKERS?" in done.stdout, done.stdout

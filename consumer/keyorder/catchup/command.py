@@ -237,7 +237,8 @@ def catchup_command(args: argparse.Namespace) -> int:
     from keyorder.catchup.job import CatchupJob, SparkSettingsError, SparkStartError
     from keyorder.catchup.offsets import CatchupKafkaError
     from keyorder.catchup.plan import PlanError
-    from keyorder.catchup.settings import CatchupConfig
+    from keyorder.catchup.preflight import load as load_handler_error
+    from keyorder.catchup.settings import CatchupConfig, environment_problem
     from keyorder.catchup.signals import StopSignals, signal_exit_status
     from keyorder.logs import configure_logging
 
@@ -245,6 +246,15 @@ def catchup_command(args: argparse.Namespace) -> int:
         config = load_config(CatchupConfig, vars(args))
     except ConfigError as error:
         return refuse(Refusal(RefusalKind.SETTINGS, str(error)))
+    problem = environment_problem(os.environ)
+    if problem is not None:
+        variable, reason = problem
+        return refuse(Refusal(RefusalKind.SETTINGS, reason, variable or None))
+    # loaded here as each Spark task will: a handler that does not load is refused before the group is touched
+    # and Spark starts, not found by every task of the first wave (and its retries)
+    handler_error = load_handler_error(config.handler)
+    if handler_error is not None:
+        return refuse(Refusal(RefusalKind.SETTINGS, handler_error, "--handler"))
     configure_logging(config.log_level, config.log_format)
     try:
         job = CatchupJob(config)

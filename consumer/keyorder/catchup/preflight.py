@@ -5,7 +5,8 @@ A catch-up Job replaces the consumer pods: the operator stops them first. An ima
 nothing. So the operator first runs this pre-flight in a short Job of the same image, environment and
 account (``keyorder_operator.image_check``), and stops the pods only when it passes. It touches no
 Kafka group and starts no Spark session: it runs ``java -version``, imports the Python packages the
-driver needs and loads the handler as a Spark task would.
+driver needs, loads the handler as a Spark task would and reads the ``KEYORDER_*`` variables as the driver
+will (``settings.environment_problem``).
 
 The decisions (``java_check``, ``packages_check``, ``handler_check``, ``exit_status``) are pure: they
 read what the I/O (``run_java``, ``import_packages``, ``load``) found. One line per check is printed
@@ -105,6 +106,13 @@ def handler_check(path: str | None, error: str | None) -> Check:
     return Check("handler", True, f"{path} loads")
 
 
+def environment_check(problem: tuple[str, str] | None) -> Check:
+    """The job's ``KEYORDER_*`` variables (``settings.environment_problem``: what is wrong, or ``None``)."""
+    if problem is None:
+        return Check("environment", True, "no KEYORDER_* variable that catch-up cannot honour")
+    return Check("environment", False, problem[1])
+
+
 def exit_status(checks: Sequence[Check]) -> int:
     """0 when every check passed, else ``EXIT_CONFIG`` (2): refused before touching the group, as the driver's
     own refusals (the operator reads a probe's exit and the catch-up Job's ``podFailurePolicy`` by it)."""
@@ -150,5 +158,12 @@ def load(path: str | None) -> str | None:
 
 
 def preflight(handler: str | None, environ: Mapping[str, str]) -> list[Check]:
+    from keyorder.catchup.settings import environment_problem
+
     found, errors = import_packages()
-    return [java_check(run_java(environ)), packages_check(found, errors), handler_check(handler, load(handler))]
+    return [
+        java_check(run_java(environ)),
+        packages_check(found, errors),
+        handler_check(handler, load(handler)),
+        environment_check(environment_problem(environ)),
+    ]

@@ -18,7 +18,16 @@ from keyorder.catchup.layout import BALANCE_TOLERANCE, Layout
 from keyorder.catchup.plan import CommitMode
 from keyorder.catchup.positions import Position, PositionError, parse_position
 from keyorder.catchup.sizing import parse_master
-from keyorder.config import HandlerSettings, KafkaConnectionSettings, name_values, split_name_values
+from keyorder.config import (
+    ConfigError,
+    HandlerSettings,
+    KafkaConnectionSettings,
+    RunConfig,
+    check_unknown_variables,
+    env_name,
+    name_values,
+    split_name_values,
+)
 
 TASK_LOOKAHEAD_MB = 64
 """``--task-lookahead-mb``'s default; the operator sizes executors' memory overhead by it (``memory``)."""
@@ -251,3 +260,33 @@ class CatchupConfig(HandlerSettings, KafkaConnectionSettings):
         """The user's ``--spark-conf`` plus the enforced settings."""
         given = {name.strip(): value.strip() for name, value in (item.split("=", 1) for item in self.spark_conf)}
         return {**given, **ENFORCED_SPARK_SETTINGS}
+
+
+BATCH_VARIABLE = env_name("batch_max_messages")
+"""The pods' batch size: catch-up calls its handler per message, so it must be unset or 1 for a catch-up."""
+
+
+def environment_problem(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """Why ``keyorder catchup`` refuses this environment, as ``(the variable, the reason)``; ``None`` when it
+    may run. Pure: it reads ``environ`` only.
+
+    * A ``KEYORDER_*`` variable that is neither a catch-up setting nor a pod's (``keyorder run``'s: a Job
+      shares its environment with the pods it replaces, ``spec.handler.env``): a typo such as
+      ``KEYORDER_TASK_WORKER`` would otherwise be ignored and the job run with the default.
+    * ``KEYORDER_BATCH_MAX_MESSAGES`` above 1: the pods' handler takes a list, and catch-up calls its handler
+      with one ``Message``. Run so, a batch handler fails every message, and under ``--on-exhausted dlq``
+      the whole backlog goes to the dead-letter topic and the fence is committed.
+    """
+    try:
+        check_unknown_variables(CatchupConfig, environ, also_known=[env_name(name) for name in RunConfig.model_fields])
+    except ConfigError as error:
+        return "", str(error)
+    batch = environ.get(BATCH_VARIABLE, "").strip()
+    if batch not in ("", "1"):
+        return BATCH_VARIABLE, (
+            f"{BATCH_VARIABLE}={batch}: the pods run a batch handler (a list of messages a call), and keyorder "
+            "catchup calls its handler once per message (handler(message)): the batch handler would fail every "
+            "message. Give the job a per-message handler (--handler; docs/handler-tutorial.md shows one wrapping "
+            f"the batch function) and leave {BATCH_VARIABLE} unset or 1 for it"
+        )
+    return None
