@@ -266,6 +266,20 @@ class HandlerSettings(BaseModel):
     dlq_topic: str = Field(
         "{topic}.dlq", min_length=1, description="Dead-letter topic; {topic} is replaced by the source topic."
     )
+    handler_setup: str | None = Field(
+        None,
+        description="Hook run once before the first message, as 'package.module:function' without arguments "
+        "(plain or async def; an async one runs on the async workers' event loop); in each worker process "
+        "with the process executor, and in each Spark task of a catch-up (a plain function there). If it "
+        "raises, the pod exits with status 1 (a catch-up's task fails).",
+        pattern=r"^[\w.]+:[\w.]+$",
+    )
+    handler_teardown: str | None = Field(
+        None,
+        description="Hook run once after the last message (on shutdown), like --handler-setup; in each worker "
+        "process with the process executor, and at the end of each Spark task of a catch-up.",
+        pattern=r"^[\w.]+:[\w.]+$",
+    )
     log_format: Literal["text", "json"] = Field("text", description="Log format.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
@@ -302,19 +316,6 @@ class RunConfig(HandlerSettings, KafkaConnectionSettings):
         description="Process executor only: a message running longer has its worker process killed and replaced, "
         "and is retried under the retry policy; with a batch handler it bounds the whole call (a call of several "
         "messages that overruns charges none of them: each is retried in a call of its own); 0: no timeout.",
-    )
-    handler_setup: str | None = Field(
-        None,
-        description="Hook run once before the first message, as 'package.module:function' without arguments "
-        "(plain or async def; an async one runs on the async workers' event loop); in each worker process "
-        "with the process executor. If it raises, the pod exits with status 1.",
-        pattern=r"^[\w.]+:[\w.]+$",
-    )
-    handler_teardown: str | None = Field(
-        None,
-        description="Hook run once after the last message (on shutdown), like --handler-setup; in each worker "
-        "process with the process executor.",
-        pattern=r"^[\w.]+:[\w.]+$",
     )
     batch_max_messages: int = Field(
         1,

@@ -71,3 +71,34 @@ def gated(message: Message) -> None:
         time.sleep(0.02)
     with _LOCK:
         HANDLED_OFFSETS.append(message.offset)
+
+
+HOOK_CALLS: list[str] = []
+"""What the hooks and ``needs_setup`` saw, in order (one Spark task's hooks run around its messages)."""
+_CONNECTION: dict[str, bool] = {}
+
+
+def open_connection() -> None:
+    """A set-up hook: what a handler that needs a client opens once (``--handler-setup``)."""
+    HOOK_CALLS.append("setup")
+    _CONNECTION["open"] = True
+
+
+def close_connection() -> None:
+    HOOK_CALLS.append("teardown")
+    _CONNECTION.pop("open", None)
+
+
+def needs_setup(message: Message) -> None:
+    """Fails unless ``open_connection`` ran first, as a handler whose client the set-up hook makes."""
+    if not _CONNECTION.get("open"):
+        raise RuntimeError("no connection: the set-up hook did not run")
+    HOOK_CALLS.append(f"message {int(message.value)}")
+
+
+def fails_setup() -> None:
+    raise ConnectionError("the database is not there")
+
+
+async def open_async() -> None:
+    HOOK_CALLS.append("async setup")

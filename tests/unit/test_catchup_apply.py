@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 import pandas
 import pytest
 
+from keyorder.adapters.handlers import HandlerLoadError, load_for_catchup
 from keyorder.catchup.apply import ApplyHandler, OrderViolation, TaskFailed
 from keyorder.catchup.datasource import PROGRESS_SCALE, lane_hash, progress_of
-from keyorder.core.retry import RetryPolicy
+from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
 from tests.guarantees import assert_key_order
 from tests.unit import catchup_handlers
 
@@ -243,3 +245,50 @@ def test_a_blocked_key_is_never_retried_whatever_lines_its_handlers_error_holds(
     )
     assert wave_failure(crashed, token)[1] is None
     assert retryable_wave_error(*wave_failure(crashed, token))
+
+
+def with_hooks(handler: str, setup: str | None, teardown: str | None) -> ApplyHandler:
+    return ApplyHandler(
+        handler=f"tests.unit.catchup_handlers:{handler}",
+        policy=RetryPolicy(max_attempts=1),
+        dlq_topic="unused",
+        sources=[("t", 0)],
+        setup=setup and f"tests.unit.catchup_handlers:{setup}",
+        teardown=teardown and f"tests.unit.catchup_handlers:{teardown}",
+    )
+
+
+def test_a_tasks_hooks_run_once_around_its_messages_as_a_pods_do() -> None:
+    catchup_handlers.HOOK_CALLS.clear()
+    frames = sorted_partition([b"a", b"a", b"b"], batch_rows=2)
+    list(with_hooks("needs_setup", "open_connection", "close_connection")(iter(frames)))
+    calls = catchup_handlers.HOOK_CALLS
+    assert calls[0] == "setup" and calls[-1] == "teardown", calls
+    assert sorted(calls[1:-1]) == ["message 0", "message 0", "message 1"], calls  # each message once, between
+
+
+def test_a_failing_set_up_fails_the_task_before_any_message_and_a_failed_task_still_tears_down() -> None:
+    catchup_handlers.HOOK_CALLS.clear()
+    frames = sorted_partition([b"a"], batch_rows=2)
+    with pytest.raises(TaskFailed, match="the database is not there"):
+        list(with_hooks("needs_setup", "fails_setup", "close_connection")(iter(frames)))
+    assert catchup_handlers.HOOK_CALLS == [], "no message ran, and no tear-down without a set-up"
+    frames = sorted_partition([b"a"], batch_rows=2)
+    with pytest.raises(TaskFailed):  # the handler fails (no set-up hook): its key blocks, the task fails
+        list(
+            ApplyHandler(
+                handler="tests.unit.catchup_handlers:needs_setup",
+                policy=RetryPolicy(max_attempts=1, exhausted=ExhaustedPolicy.BLOCK),
+                dlq_topic="unused",
+                sources=[("t", 0)],
+                teardown="tests.unit.catchup_handlers:close_connection",
+            )(iter(frames))
+        )
+    assert catchup_handlers.HOOK_CALLS == ["teardown"]
+
+
+def test_an_async_hook_is_refused_naming_it() -> None:
+    with pytest.raises(
+        HandlerLoadError, match=re.escape("--handler-setup 'tests.unit.catchup_handlers:open_async' is async def")
+    ):
+        load_for_catchup("tests.unit.catchup_handlers:slow_async", "tests.unit.catchup_handlers:open_async", None)

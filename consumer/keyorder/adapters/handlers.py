@@ -91,6 +91,27 @@ def load_lifecycle(setup: str | None, teardown: str | None, handler_is_async: bo
     return Lifecycle(setup=hooks["--handler-setup"], teardown=hooks["--handler-teardown"])
 
 
+def load_for_catchup(handler: str, setup: str | None, teardown: str | None) -> tuple[LoadedHandler, Lifecycle]:
+    """What each Spark task of a catch-up loads (and the driver, to refuse a bad path before Spark starts).
+
+    Its hooks must be plain functions: catch-up runs an ``async def`` handler on an event loop per task
+    thread, so an ``async def`` hook's resources (a client session, say) would belong to none of the loops
+    that call the handler."""
+    loaded = load_handler(handler)
+    lifecycle = load_lifecycle(setup, teardown, loaded.is_async)
+    for what, path, hook in (
+        ("--handler-setup", setup, lifecycle.setup),
+        ("--handler-teardown", teardown, lifecycle.teardown),
+    ):
+        if hook is not None and is_async_callable(hook):
+            raise HandlerLoadError(
+                f"{what} {path!r} is async def: keyorder catchup runs an async handler on an event loop per task "
+                "thread, so the hook's resources would belong to none of them; give the job a plain function as "
+                "the hook (it runs once per Spark task, before its first message)"
+            )
+    return loaded, lifecycle
+
+
 def load_for_worker_process(
     handler: str,
     setup: str | None,

@@ -49,7 +49,7 @@ from typing import Any
 import pandas
 
 from keyorder.adapters.dead_letters import KafkaDeadLetterSink
-from keyorder.adapters.handlers import LoadedHandler, load_handler
+from keyorder.adapters.handlers import LoadedHandler, load_for_catchup
 from keyorder.catchup import shipped
 from keyorder.catchup.datasource import route_of
 from keyorder.catchup.live import REPORT_INTERVAL, TaskReporter, WaveAttempt
@@ -61,7 +61,7 @@ from keyorder.core.concurrency import ThreadLimit
 from keyorder.core.errors import error_text
 from keyorder.core.lanes import Delivery, LaneScheduler
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
-from keyorder.engine.worker_pools import call_sync_handler
+from keyorder.engine.worker_pools import call_sync_handler, run_sync_hook
 from keyorder.message import Message
 
 SUMMARY_SCHEMA = (
@@ -625,6 +625,15 @@ def summary_batch(rows: list[dict[str, Any]]) -> Any:
     return pyarrow.RecordBatch.from_pylist(rows, schema=schema)
 
 
+def _tear_down_after_failure(teardown: Callable[[], Any] | None) -> None:
+    """A failed task's tear-down: its own error is logged, and the task's error is the one the driver reads
+    (a tear-down error must not turn a blocked key, which is not retried, into a wave that is)."""
+    try:
+        run_sync_hook(teardown)
+    except Exception:
+        log.exception("the tear-down hook failed after the task had failed")
+
+
 @dataclass
 class ApplyHandler:
     """The ``mapInArrow`` function (picklable: Spark ships it to the executors): one ``TaskRunner``
@@ -654,9 +663,14 @@ class ApplyHandler:
     """Where the driver's ``live.ProgressListener`` takes the running task's handled counts, or None."""
     failure_token: str = "0" * 32
     """The wave attempt's own token (32 hex digits) in the marker of a failed task's ``TaskFailed``."""
+    setup: str | None = None
+    """``--handler-setup``: run once per task before its first message (a plain function)."""
+    teardown: str | None = None
+    """``--handler-teardown``: run once per task after its last message, also when the task failed."""
 
     def __call__(self, frames: Iterator[Any]) -> Iterator[Any]:
-        call, close_loops = thread_safe_caller(load_handler(self.handler))
+        loaded, lifecycle = load_for_catchup(self.handler, self.setup, self.teardown)
+        call, close_loops = thread_safe_caller(loaded)
         sink = (
             LazyDeadLetters(partial(shipped.load, self.properties_file, shipped.PRODUCER), self.dlq_topic)
             if self.policy.exhausted is ExhaustedPolicy.DLQ
@@ -683,7 +697,13 @@ class ApplyHandler:
             fence=reporter.fenced if reporter is not None else None,
         )
         try:
-            runner.run(frames)
+            run_sync_hook(lifecycle.setup)  # once per task, before its first message (a pod: once per pod)
+            try:
+                runner.run(frames)
+            except BaseException:
+                _tear_down_after_failure(lifecycle.teardown)
+                raise
+            run_sync_hook(lifecycle.teardown)
         except Exception as error:  # typed for the driver's retry decision (read_task_failure)
             raise TaskFailed.of(error, self.failure_token) from error
         finally:

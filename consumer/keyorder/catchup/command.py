@@ -252,7 +252,7 @@ def catchup_command(args: argparse.Namespace) -> int:
         return refuse(Refusal(RefusalKind.SETTINGS, reason, variable or None))
     # loaded here as each Spark task will: a handler that does not load is refused before the group is touched
     # and Spark starts, not found by every task of the first wave (and its retries)
-    handler_error = load_handler_error(config.handler)
+    handler_error = load_handler_error(config.handler, config.handler_setup, config.handler_teardown)
     if handler_error is not None:
         return refuse(Refusal(RefusalKind.SETTINGS, handler_error, "--handler"))
     configure_logging(config.log_level, config.log_format)

@@ -889,6 +889,8 @@ class CatchupJob:
             wave_attempt=self._attempt[0],
             live_address=self._live_address(WaveAttempt(run_id, index, self._attempt[0])),
             failure_token=failure_token,
+            setup=self.config.handler_setup,
+            teardown=self.config.handler_teardown,
         )
         layout = self.wave_layout(plan, wave)
         log.info("wave %d/%d: %s", index + 1, len(plan.waves), layout.reason)

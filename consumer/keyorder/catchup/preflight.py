@@ -144,14 +144,15 @@ def import_packages(names: Sequence[str] = DRIVER_PACKAGES) -> tuple[dict[str, s
     return found, errors
 
 
-def load(path: str | None) -> str | None:
-    """Load the handler as a Spark task would (``keyorder.adapters.handlers.load_handler``); why it failed."""
+def load(path: str | None, setup: str | None = None, teardown: str | None = None) -> str | None:
+    """Load the handler and its hooks as a Spark task would (``keyorder.adapters.handlers.load_for_catchup``);
+    why it failed."""
     if not path:
         return None
-    from keyorder.adapters.handlers import HandlerLoadError, load_handler
+    from keyorder.adapters.handlers import HandlerLoadError, load_for_catchup
 
     try:
-        load_handler(path)
+        load_for_catchup(path, setup, teardown)
     except HandlerLoadError as error:
         return str(error)
     return None
@@ -164,6 +165,8 @@ def preflight(handler: str | None, environ: Mapping[str, str]) -> list[Check]:
     return [
         java_check(run_java(environ)),
         packages_check(found, errors),
-        handler_check(handler, load(handler)),
+        handler_check(
+            handler, load(handler, environ.get("KEYORDER_HANDLER_SETUP"), environ.get("KEYORDER_HANDLER_TEARDOWN"))
+        ),
         environment_check(environment_problem(environ)),
     ]
