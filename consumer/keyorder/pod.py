@@ -15,7 +15,13 @@ from typing import Any
 
 from keyorder.adapters.cpu import pod_cpu_cores
 from keyorder.adapters.dead_letters import KafkaDeadLetterSink
-from keyorder.adapters.handlers import is_async_callable, load_for_worker_process, load_handler, load_lifecycle
+from keyorder.adapters.handlers import (
+    check_input,
+    is_async_callable,
+    load_for_worker_process,
+    load_handler,
+    load_lifecycle,
+)
 from keyorder.adapters.http_server import PodHttpServer
 from keyorder.adapters.kafka_source import KafkaSource
 from keyorder.adapters.metrics import build_registry
@@ -129,6 +135,7 @@ class Pod:
                 config.log_level,
                 config.log_format,
                 config.gc_threshold,
+                config.batch_limits().enabled,
             )
             return functools.partial(
                 ProcessWorkerPool,
@@ -139,6 +146,7 @@ class Pod:
                 batch=config.batch_limits(),
             )
         function = handler if handler is not None else load_handler(config.handler).function
+        check_input(config.handler, function, config.batch_limits().enabled)
         is_async = is_async_callable(function)
         if config.executor != "auto" and (config.executor == "async") != is_async:
             kind = "an async def" if is_async else "a plain"

@@ -8,14 +8,17 @@ start-up, naming exactly what could not be found, instead of failing on the firs
 
 from __future__ import annotations
 
+import collections.abc
 import importlib
 import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from keyorder.collector import set_first_threshold
 from keyorder.engine.worker_pools import Lifecycle, is_async_callable
+from keyorder.message import Message
 
 
 class HandlerLoadError(ValueError):
@@ -98,6 +101,7 @@ def load_for_catchup(handler: str, setup: str | None, teardown: str | None) -> t
     thread, so an ``async def`` hook's resources (a client session, say) would belong to none of the loops
     that call the handler."""
     loaded = load_handler(handler)
+    check_input(handler, loaded.function, batch=False)
     lifecycle = load_lifecycle(setup, teardown, loaded.is_async)
     for what, path, hook in (
         ("--handler-setup", setup, lifecycle.setup),
@@ -119,6 +123,7 @@ def load_for_worker_process(
     log_level: str | None = None,
     log_format: str = "text",
     gc_threshold: int = 0,
+    batch: bool = False,
 ) -> tuple[Callable[[Any], Any], Lifecycle]:
     """What each worker process of the process executor imports once (bind with ``functools.partial``);
     with ``log_level``, the process logs as the pod does (a handler's log lines keep the pod's format), and
@@ -129,6 +134,7 @@ def load_for_worker_process(
 
         configure_logging(log_level, log_format)
     loaded = load_handler(handler)
+    check_input(handler, loaded.function, batch)
     return loaded.function, load_lifecycle(setup, teardown, loaded.is_async)
 
 
@@ -145,3 +151,52 @@ def check_signature(path: str, function: Callable[..., Any]) -> None:
             f"handler {path!r} has the signature {signature}: it must accept exactly one positional "
             f"argument, the message ({error})"
         ) from None
+
+
+ONE, MANY = "one message", "a list of messages"
+_LIST_TYPES = (
+    list,
+    tuple,
+    collections.abc.Sequence,
+    collections.abc.MutableSequence,
+    collections.abc.Collection,
+    collections.abc.Iterable,
+)
+
+
+def declared_input(function: Callable[..., Any]) -> str | None:
+    """What the handler's first parameter says it takes, by its annotation: ``ONE`` (``Message``), ``MANY``
+    (``Sequence[Message]``, ``list[Message]``, ...), or ``None``: no annotation, or one that says neither (or
+    that does not resolve), in which case nothing is assumed."""
+    try:
+        first = next(iter(inspect.signature(function).parameters.values()), None)
+        # a callable object's annotations are its __call__'s (bound, as the signature above is)
+        hints = typing.get_type_hints(function if inspect.isroutine(function) else function.__call__)
+    except Exception:  # a forward reference that does not resolve, a C callable: trust the handler
+        return None
+    hint = hints.get(first.name) if first is not None else None
+    if isinstance(hint, type) and issubclass(hint, Message):
+        return ONE
+    arguments = typing.get_args(hint)
+    if typing.get_origin(hint) in _LIST_TYPES and arguments and arguments[0] is Message:
+        return MANY
+    return None
+
+
+def check_input(path: str, function: Callable[..., Any], batch: bool) -> None:
+    """Refuse a handler whose annotation says it takes the other shape than it would be given (``batch``:
+    a list, else one ``Message``): every call would fail, and each message be retried and dead-lettered."""
+    declared, given = declared_input(function), MANY if batch else ONE
+    if declared is None or declared == given:
+        return
+    if batch:
+        raise HandlerLoadError(
+            f"handler {path!r} takes {ONE} (its annotation), but --batch-max-messages above 1 calls it with {MANY}: "
+            "point --handler at a batch function (handle_batch(messages: Sequence[Message])), or set "
+            "--batch-max-messages 1"
+        )
+    raise HandlerLoadError(
+        f"handler {path!r} takes {MANY} (its annotation), but it would be called with {ONE}: set "
+        "--batch-max-messages above 1 to run it as a batch handler (keyorder run), or point --handler at a "
+        "per-message function (keyorder catchup calls one per message)"
+    )
