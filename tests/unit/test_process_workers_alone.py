@@ -14,7 +14,7 @@ from typing import Any
 from keyorder.batch import BatchLimits
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
-from keyorder.engine.process_child import RUNNING
+from keyorder.engine.process_child import NOT_STARTED, RUNNING
 from keyorder.engine.process_pool import ProcessWorkerPool, _ProcessWorker
 from keyorder.engine.worker_pools import HANDED_BACK, Completions
 from keyorder.message import Message
@@ -184,3 +184,47 @@ def test_a_blocked_head_stays_blocked_when_a_shared_call_with_it_dies() -> None:
     assert pool._run_batch(worker, taken, "full", 0.0) == [], "settled before the process is replaced"
     summary = pool._scheduler.summary()
     assert (summary.parked, summary.blocked) == (2, 1), "both back, due at once; the blocked one still blocked"
+
+
+def test_a_batch_holding_a_lone_head_is_sent_without_a_fill_wait_and_counted_as_a_call_of_one() -> None:
+    """Before (a review), a turn that took a lone head with fewer heads ready than the batch's most waited the whole
+    fill time, taking heads only to put them back, and counted the lone call as the original batch's reason."""
+    started: list[str] = []
+    pool = ProcessWorkerPool(
+        lambda: None,  # type: ignore[arg-type]
+        1,
+        RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.05),
+        None,
+        Completions(),
+        batch=BatchLimits(8, max_wait=30.0),  # a fill would wait 30 s
+        start_child=lambda load, worker_id: started.append("a process") or FakeChild(lambda b: [0.001] * len(b)),
+    )
+    partition = Partition()
+    taken = _taken(pool, partition, 2, alone=1)
+    worker = _ProcessWorker(1)
+    worker.child = child = FakeChild(lambda batch: [0.001] * len(batch))  # type: ignore[assignment]
+    reason, fill_seconds = pool._fill(worker, taken)
+    assert (reason, fill_seconds) == ("nothing_more_ready", 0.0)
+    pool._run_batch(worker, taken, reason, fill_seconds)
+    assert child.calls == [[0]]
+    stats = worker.stats
+    assert stats.batch_sizes.count == 1
+    assert {reason: count for reason, count in stats.batches.items() if count} == {"nothing_more_ready": 1}
+
+
+def test_a_call_the_process_died_before_beginning_is_not_counted() -> None:
+    """Its heads go back not started and are taken and counted again in a later call: counted here too, the
+    batch figures (and the operator's messages per call) read one call more per death (a review)."""
+    started: list[str] = []
+    pool = _pool(started)
+    taken = _taken(pool, Partition(), 3, alone=0)
+
+    class DiedIdle(FakeChild):
+        def slot(self, index: int) -> tuple[int, float]:
+            return NOT_STARTED, 0.0
+
+    worker = _ProcessWorker(1)
+    worker.child = DiedIdle(lambda batch: "crashed")  # type: ignore[assignment]
+    pool._run_batch(worker, taken, "full", 0.0)
+    assert worker.stats.batch_sizes.count == 0 and sum(worker.stats.batches.values()) == 0
+    assert started == ["a replacement process"]

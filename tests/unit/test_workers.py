@@ -246,3 +246,22 @@ def test_completions_wait_gives_up_at_its_timeout_and_reports_it() -> None:
     completions.append((0, True))  # type: ignore[arg-type]
     assert completions.wait(1, timeout=0), "already there: no wait"
     assert not completions.wait(2, timeout=0.01), "only one of two: the timeout ends the wait"
+
+
+def test_a_scrape_counts_a_worker_that_exits_meanwhile_once():
+    """A scrape sums ``stats()`` outside the pool's lock; a retiring worker that exits meanwhile folds its
+    totals into the retired ones. The list the scrape holds must not change under it (a review: the pod's
+    counters read double for that scrape, then dropped, which Prometheus takes for a counter reset)."""
+    from keyorder.engine.worker_pools import _Worker
+
+    pool = ThreadWorkerPool(lambda message: None, 2, RetryPolicy(), None, Completions())
+    worker = _Worker(0)
+    worker.stats.processed = 100
+    worker.stats.batches["full"] = 7
+    pool._workers[0] = worker
+    scrape = pool.stats()
+    with pool._lock:
+        pool._exit(worker)  # a shrink: the worker retires at the end of its call
+    assert sum(stats.processed for stats in scrape) == 100
+    assert sum(stats.batches["full"] for stats in scrape) == 7
+    assert sum(stats.processed for stats in pool.stats()) == 100, "and the next scrape counts it once too"

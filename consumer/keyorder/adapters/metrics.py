@@ -147,7 +147,7 @@ class KeyorderCollector(Collector):
         yield GaugeMetricFamily(
             "keyorder_pod_queued_messages",
             "Messages waiting for a worker (in flight and not being handled).",
-            value=max(snapshot.inflight - busy, 0),
+            value=max(snapshot.inflight - lanes.running, 0),  # a batch handler's busy worker holds many
         )
         yield GaugeMetricFamily(
             "keyorder_lanes_ready",
@@ -173,7 +173,12 @@ class KeyorderCollector(Collector):
         yield GaugeMetricFamily(
             "keyorder_workers", "Key workers (target; retiring ones excluded).", value=self.pool.size
         )
-        yield GaugeMetricFamily("keyorder_workers_busy", "Workers inside the handler right now.", value=busy)
+        yield GaugeMetricFamily(
+            "keyorder_workers_busy",
+            "Workers inside the handler right now (retiring ones finishing their call included: for that call, "
+            "above keyorder_workers after a shrink).",
+            value=busy,
+        )
         yield GaugeMetricFamily(
             "keyorder_keys_inflight", "Distinct keys (lanes) with messages in flight.", value=lanes.active
         )

@@ -416,6 +416,13 @@ class ProcessWorkerPool(ThreadWorkerPool):
             outcomes = self._settle_now(outcomes) + self._run_in_process(worker, batch)
         return outcomes
 
+    def _sent_unfilled(self, taken: list[Delivery]) -> str | None:
+        """A head whose last call died or timed out with others runs in a call of its own (``_run_batch``): a batch
+        holding one is sent at once, not after a fill wait that would only take heads to put back (a review)."""
+        if any(delivery.run_alone for delivery in taken):
+            return "nothing_more_ready"
+        return super()._sent_unfilled(taken)
+
     def _run_batch(self, worker: _Worker, taken: list[Delivery], reason: str, fill_seconds: float) -> list[Settlement]:
         """A batch handler's call, in the worker process: the same frame as a batch of single calls, with
         ``as_batch`` set, so the process calls the handler once (``process_child.run_batch_call``)."""
@@ -434,7 +441,7 @@ class ProcessWorkerPool(ThreadWorkerPool):
         now = self.clock()
         outcomes += [self._back_now(delivery, now) for delivery in batch if delivery is not alone]
         self._settle_now(outcomes)
-        return self._run_in_process(worker, [alone], (reason, fill_seconds))
+        return self._run_in_process(worker, [alone], ("nothing_more_ready", 0.0))  # a call of one, sent unfilled
 
     def _back_now(self, delivery: Delivery, now: float) -> _Outcome:
         """``delivery`` goes back to its lane unrun, due ``now``; a blocked head stays blocked (a lane's
@@ -450,8 +457,6 @@ class ProcessWorkerPool(ThreadWorkerPool):
         before it, idle) is replaced before this returns, its outcomes settled first (``_replace_dead``)."""
         child = worker.child
         assert child is not None and child.alive, "a dead worker process is replaced as soon as its death is known"
-        if batch_call is not None:
-            self._count_batch(worker, len(batch), *batch_call)
         for delivery in batch:
             delivery.attempts += 1
         stats = worker.stats
@@ -459,6 +464,10 @@ class ProcessWorkerPool(ThreadWorkerPool):
         fields = [message_fields(delivery.message) for delivery in batch]
         results = child.run(fields, self.handler_timeout, as_batch=self.batch.enabled)
         stats.busy = False
+        if batch_call is not None and (
+            not isinstance(results, str) or any(child.slot(index)[0] != NOT_STARTED for index in range(len(batch)))
+        ):  # a call the process began (one it died before is taken and counted again)
+            self._count_batch(worker, len(batch), *batch_call)
         if isinstance(results, str):
             outcomes = self._interrupted(worker, child, batch, results)
             if self.stopping or worker.retiring:

@@ -209,6 +209,10 @@ async def run_async_hook(hook: Callable[[], Any] | None) -> None:
         await result
 
 
+MIN_WAIT_SECONDS = 1e-6
+"""The shortest wait for a parked lane's due time (a rounding error must not make a wait of nothing)."""
+
+
 class PoolHealth:
     """Shared between a pool's workers and the poll loop: set once, read every poll."""
 
@@ -471,8 +475,12 @@ class _PoolBase:
             self._wake_all()
 
     def stats(self) -> list[WorkerStats]:
+        """The retired workers' totals (a copy: a worker that exits while a scrape sums this list folds its totals
+        into ``_retired``, and the original would count it twice) and each live worker's."""
         with self._lock:
-            return [self._retired, *(worker.stats for worker in self._workers.values())]
+            retired = WorkerStats()
+            retired.absorb(self._retired)
+            return [retired, *(worker.stats for worker in self._workers.values())]
 
     def lane_summary(self) -> LaneSummary:
         with self._lock:
@@ -539,7 +547,10 @@ class _PoolBase:
             if parked:
                 self._wake_others(1)  # this worker runs, so one idle worker watches the new due time
             return deliveries
-        return scheduler.seconds_until_due(now)
+        due = scheduler.seconds_until_due(now)
+        # at least a microsecond: a due time a rounding error past now (0.01 + 0.05 against 0.06) is a wait of
+        # 7e-18 s, which a virtual clock's timer fires without time moving: the async pool span on it (a review)
+        return due if due is None else max(due, MIN_WAIT_SECONDS)
 
     def _settle_outcomes(self, outcomes: list[Settlement]) -> bool:
         """Caller holds ``_lock``: finish or park each outcome's lane; True if one was parked."""
@@ -619,13 +630,14 @@ class _PoolBase:
         if len(taken) < limit:
             taken += scheduler.take(now, limit - len(taken))
             self._wake_others(self._takers_for(scheduler.ready))
-        if len(taken) >= limit:
-            return "full"
+        unfilled = self._sent_unfilled(taken)
+        if unfilled is not None:
+            return unfilled
         remaining = deadline - now
         if remaining <= 0:
             return "waited"
         due = scheduler.seconds_until_due(now)
-        return remaining if due is None else min(remaining, max(due, 1e-6))
+        return remaining if due is None else min(remaining, max(due, MIN_WAIT_SECONDS))
 
     def _fill_ended(self, waited: bool) -> None:
         """Caller holds ``_lock``: a fill ended. A filler waits among the idle workers, so the wake-up a turn
