@@ -170,8 +170,8 @@ def declared_input(function: Callable[..., Any]) -> str | None:
     that does not resolve), in which case nothing is assumed."""
     try:
         first = next(iter(inspect.signature(function).parameters.values()), None)
-        # a callable object's annotations are its __call__'s (bound, as the signature above is)
-        hints = typing.get_type_hints(function if inspect.isroutine(function) else function.__call__)
+        # a callable object's annotations are its class's __call__'s
+        hints = typing.get_type_hints(function if inspect.isroutine(function) else type(function).__call__)
     except Exception:  # a forward reference that does not resolve, a C callable: trust the handler
         return None
     hint = hints.get(first.name) if first is not None else None
