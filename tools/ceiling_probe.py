@@ -160,6 +160,9 @@ def pod(
             print("  timeline of consume, pause and resume calls:", path)
     if profile:
         summarise(workdir / "profile.txt")
+        kept = Path(tempfile.gettempdir()) / "ceiling-probe-profile.txt"
+        kept.write_text((workdir / "profile.txt").read_text())
+        print(f"  the samples (py-spy's raw format): {kept}")
 
 
 def summarise(path: Path) -> None:
@@ -169,13 +172,15 @@ def summarise(path: Path) -> None:
     stages: Counter[str] = Counter()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        thread, *frames = stack.split(";")
-        frames = [frame.split(" (")[0] for frame in frames]
+        thread, *located = stack.split(";")
+        frames = [frame.split(" (")[0] for frame in located]  # "function (file:line)": the function
         name, samples = thread.split(": ", 1)[-1], int(count)
         group = "key workers" if name.startswith("keyorder-worker") else name
         leaves[group][frames[-1] if frames else ""] += samples
         if frames and frames[-1] not in IDLE_FRAMES and name.startswith(("keyorder-worker", "MainThread")):
-            stage = next((stage for stage, marker in STAGES if any(marker in frame for frame in frames)), "other")
+            # markers name a function or a module's file ("bench_handlers.py"), so they are looked for in the
+            # located frames: the function names alone never held the handler's module, which read as "other"
+            stage = next((stage for stage, marker in STAGES if any(marker in frame for frame in located)), "other")
             stages[stage] += samples
     for group, counter in leaves.items():
         total = sum(counter.values())
@@ -189,7 +194,7 @@ def summarise(path: Path) -> None:
 IDLE_FRAMES = {"Condition.wait", "Event.wait", "_PollLikeSelector.select", "Condition.__enter__"}
 """Innermost frames of a thread that waits (a lock, a condition, a socket): not CPU the pod spends."""
 STAGES = (
-    ("handler", "bench_handlers."),
+    ("handler", "bench_handlers.py"),
     ("reading (librdkafka consume, Message objects)", "KafkaSource.consume"),
     ("routing and offset tracking", "ConsumerRuntime._dispatch"),
     ("completions", "ConsumerRuntime._collect_completions"),
