@@ -5,16 +5,12 @@ and a handler that does not load. Without these a batch handler failed every mes
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from keyorder.catchup.settings import BATCH_VARIABLE, environment_problem
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.test_catchup_preflight import run_catchup
 
 
 def test_a_catchup_setting_a_pods_setting_a_handlers_own_variable_and_a_kafka_property_are_accepted():
@@ -58,19 +54,7 @@ def test_the_command_refuses_before_kafka_or_spark_with_exit_2(tmp_path: Path, e
         "KEYORDER_BOOTSTRAP_SERVERS": "127.0.0.1:9",  # nothing listens: a refusal must come before any connect
         **env,
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "keyorder.catchup"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("KEYORDER_")},
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            **environ,
-        },
-        check=False,
-    )
+    done = run_catchup(tmp_path, **environ)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith("keyorder catchup: ") and says in done.stderr, done.stderr
     assert "Spark" not in done.stdout, "refused before Spark started"

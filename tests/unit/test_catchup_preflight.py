@@ -106,20 +106,25 @@ def test_a_package_that_fails_to_import_is_named() -> None:
     assert "keyorder_no_such_package" in errors["keyorder_no_such_package"]
 
 
-def preflight(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run_catchup(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``keyorder catchup ARGS`` in a process of its own, with ``env`` as its only ``KEYORDER_*`` variables."""
     return subprocess.run(
-        [sys.executable, "-m", "keyorder.catchup", "--preflight", *args],
+        [sys.executable, "-m", "keyorder.catchup", *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=tmp_path,
         env={
-            **os.environ,
+            **{name: value for name, value in os.environ.items() if not name.startswith("KEYORDER_")},
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             **env,
         },
         check=False,
     )
+
+
+def preflight(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return run_catchup(tmp_path, "--preflight", *args, **env)
 
 
 def test_the_command_prints_one_line_per_check_and_exits_0_when_all_pass(tmp_path: Path) -> None:
