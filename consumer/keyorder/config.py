@@ -270,14 +270,15 @@ class HandlerSettings(BaseModel):
         None,
         description="Hook run once before the first message, as 'package.module:function' without arguments "
         "(plain or async def; an async one runs on the async workers' event loop); in each worker process "
-        "with the process executor, and in each Spark task of a catch-up (a plain function there). If it "
-        "raises, the pod exits with status 1 (a catch-up's task fails).",
+        "with the process executor; in a catch-up, once per Spark task (with an async def handler, once per "
+        "task thread, on its event loop). If it raises, the pod exits with status 1 (a catch-up's task fails).",
         pattern=r"^[\w.]+:[\w.]+$",
     )
     handler_teardown: str | None = Field(
         None,
         description="Hook run once after the last message (on shutdown), like --handler-setup; in each worker "
-        "process with the process executor, and at the end of each Spark task of a catch-up.",
+        "process with the process executor, and after each Spark task (or task thread) of a catch-up. An error "
+        "is logged.",
         pattern=r"^[\w.]+:[\w.]+$",
     )
     log_format: Literal["text", "json"] = Field("text", description="Log format.")

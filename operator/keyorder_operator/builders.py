@@ -125,6 +125,13 @@ def _handler_env(spec: OrderedConsumerSpec) -> dict[str, str]:
     return env
 
 
+def _catchup_env(spec: OrderedConsumerSpec) -> dict[str, str]:
+    """The handler's settings for the catch-up Job, its pre-flight and its executors: a per-message handler
+    (catch-up calls it once per message, and refuses ``KEYORDER_BATCH_MAX_MESSAGES`` above 1), set so that no
+    variable of ``spec.handler.envFrom`` makes the Job refuse a spec whose pods run per message."""
+    return {**_handler_env(spec), "KEYORDER_BATCH_MAX_MESSAGES": "1"}
+
+
 def _env_list(env: dict[str, str], spec: OrderedConsumerSpec) -> list[dict[str, Any]]:
     user = [item.manifest() for item in spec.handler.env]
     return [{"name": key, "value": value} for key, value in env.items()] + user
@@ -579,7 +586,7 @@ def build_executor_pod_template(spec: OrderedConsumerSpec, owner: dict[str, Any]
             "containers": [
                 {
                     "name": EXECUTOR_CONTAINER,
-                    "env": _env_list(_handler_env(spec), spec),
+                    "env": _env_list(_catchup_env(spec), spec),
                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts],
                     "securityContext": CONTAINER_SECURITY,
                 }
@@ -660,7 +667,7 @@ def build_image_check_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_
         "name": IMAGE_CHECK_CONTAINER,
         "image": spec.catchup.image,
         "args": ["catchup", "--preflight"],
-        "env": _env_list(_handler_env(spec), spec),
+        "env": _env_list(_catchup_env(spec), spec),
         "resources": IMAGE_CHECK_RESOURCES,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts],
         "securityContext": CONTAINER_SECURITY,
@@ -765,7 +772,7 @@ def build_catchup_job(spec: OrderedConsumerSpec, owner: dict[str, Any], job_name
     for setting, value in sorted(settings.items()):
         args += ["--spark-conf", f"{setting}={value}"]
     kafka_volumes, kafka_mounts = _kafka_properties_volume(spec)
-    env: list[dict[str, Any]] = [*_env_list(_handler_env(spec), spec)]  # plus valueFrom entries below
+    env: list[dict[str, Any]] = [*_env_list(_catchup_env(spec), spec)]  # plus valueFrom entries below
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}, *kafka_volumes]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}, *kafka_mounts]  # Spark's scratch space
     pod_metadata: dict[str, Any] = {"labels": catchup_labels(name)}

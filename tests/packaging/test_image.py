@@ -175,7 +175,7 @@ def test_the_catchup_image_drains_a_topic_on_local_spark(images, broker):
         # the pre-flight the operator runs before it stops the pods passes in the catch-up image
         preflight = run_preflight(name)
         assert preflight.returncode == 0, preflight.stdout[-3000:] + preflight.stderr[-3000:]
-        assert [line.split()[0] for line in preflight.stdout.splitlines()] == ["ok", "ok", "ok"], preflight.stdout
+        assert [line.split()[0] for line in preflight.stdout.splitlines()] == ["ok"] * 4, preflight.stdout
         done = subprocess.run(
             run_in(
                 name,

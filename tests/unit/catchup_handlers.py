@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 from keyorder import Message
 from tests.guarantees import SerialPerKey
@@ -100,5 +101,41 @@ def fails_setup() -> None:
     raise ConnectionError("the database is not there")
 
 
+def fails_teardown() -> None:
+    HOOK_CALLS.append("teardown")
+    raise ConnectionError("the connection was already gone")
+
+
+_LOOP_CONNECTIONS: dict[int, bool] = {}
+
+
 async def open_async() -> None:
+    """An async set-up hook: its resource belongs to the running loop (a client session, say)."""
+    import asyncio
+
     HOOK_CALLS.append("async setup")
+    _LOOP_CONNECTIONS[id(asyncio.get_running_loop())] = True
+
+
+async def close_async() -> None:
+    import asyncio
+
+    HOOK_CALLS.append("async teardown")
+    _LOOP_CONNECTIONS.pop(id(asyncio.get_running_loop()), None)
+
+
+async def needs_loop_setup(message: Message) -> None:
+    """Fails unless ``open_async`` ran on the loop this call runs on."""
+    import asyncio
+
+    if not _LOOP_CONNECTIONS.get(id(asyncio.get_running_loop())):
+        raise RuntimeError("no connection on this event loop")
+    HOOK_CALLS.append(f"message {int(message.value)}")
+
+
+async def fails_async_setup() -> None:
+    raise ConnectionError("the database is not there")
+
+
+def batch_of(messages: Sequence[Message]) -> None:
+    """A batch handler, by its annotation: catch-up, which calls one per message, refuses it."""

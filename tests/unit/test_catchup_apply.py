@@ -9,7 +9,7 @@ import time
 import pandas
 import pytest
 
-from keyorder.adapters.handlers import HandlerLoadError, load_for_catchup
+from keyorder.adapters.handlers import HandlerContractError, load_for_catchup
 from keyorder.catchup.apply import ApplyHandler, OrderViolation, TaskFailed
 from keyorder.catchup.datasource import PROGRESS_SCALE, lane_hash, progress_of
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy
@@ -287,8 +287,41 @@ def test_a_failing_set_up_fails_the_task_before_any_message_and_a_failed_task_st
     assert catchup_handlers.HOOK_CALLS == ["teardown"]
 
 
-def test_an_async_hook_is_refused_naming_it() -> None:
+def test_a_failing_tear_down_after_a_task_that_succeeded_is_logged_and_fails_nothing(caplog) -> None:
+    """As on a pod. Before (a review), it failed the task, so the wave, which ran again: every message twice."""
+    catchup_handlers.HOOK_CALLS.clear()
+    frames = sorted_partition([b"a", b"b"], batch_rows=2)
+    rows = list(with_hooks("needs_setup", "open_connection", "fails_teardown")(iter(frames)))
+    assert rows, "the task's summary"
+    assert catchup_handlers.HOOK_CALLS[-1] == "teardown"
+    assert "the tear-down hook failed" in caplog.text
+
+
+def test_an_async_handlers_hooks_run_on_each_task_threads_loop_around_its_messages() -> None:
+    """The hooks' resources belong to the loop that runs the handler, as on a pod's asyncio workers: each task
+    thread has its own, so each thread that handled a message set up and tears down on its own loop."""
+    catchup_handlers.HOOK_CALLS.clear()
+    frames = sorted_partition([b"a", b"b", b"c", b"d", b"a", b"b"], batch_rows=3)
+    handler = with_hooks("needs_loop_setup", "open_async", "close_async")
+    handler.task_workers = 3
+    list(handler(iter(frames)))
+    calls = catchup_handlers.HOOK_CALLS
+    setups, teardowns = calls.count("async setup"), calls.count("async teardown")
+    assert 1 <= setups <= 3 and teardowns == setups, calls  # one per thread that ran a message
+    assert sorted(call for call in calls if call.startswith("message")) == ["message 0"] * 4 + ["message 1"] * 2
+    assert calls[0] == "async setup" and calls[-1] == "async teardown", calls
+
+
+def test_an_async_set_up_that_fails_fails_the_task_and_no_message_is_retried_or_dead_lettered() -> None:
+    catchup_handlers.HOOK_CALLS.clear()
+    frames = sorted_partition([b"a", b"b"], batch_rows=2)
+    with pytest.raises(TaskFailed, match="the database is not there"):
+        list(with_hooks("needs_loop_setup", "fails_async_setup", "close_async")(iter(frames)))
+    assert catchup_handlers.HOOK_CALLS == [], "no message ran, and no tear-down after a failed set-up"
+
+
+def test_an_async_hook_beside_a_plain_handler_is_refused_naming_it() -> None:
     with pytest.raises(
-        HandlerLoadError, match=re.escape("--handler-setup 'tests.unit.catchup_handlers:open_async' is async def")
+        HandlerContractError, match=re.escape("--handler-setup 'tests.unit.catchup_handlers:open_async'")
     ):
-        load_for_catchup("tests.unit.catchup_handlers:slow_async", "tests.unit.catchup_handlers:open_async", None)
+        load_for_catchup("tests.unit.catchup_handlers:slow", "tests.unit.catchup_handlers:open_async", None)

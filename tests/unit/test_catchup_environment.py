@@ -43,7 +43,7 @@ def test_a_batch_size_above_one_is_refused_naming_the_variable_and_the_way_out(s
     ("env", "says"),
     [
         ({BATCH_VARIABLE: "100"}, "calls its handler once per message"),
-        ({"KEYORDER_HANDLER": "tests.unit.catchup_handlers:nope"}, "has no attribute 'nope'"),
+        ({"KEYORDER_HANDLER": "tests.unit.catchup_handlers:batch_of"}, "takes a list of messages (its annotation)"),
     ],
 )
 def test_the_command_refuses_before_kafka_or_spark_with_exit_2(tmp_path: Path, env: dict[str, str], says: str):
@@ -58,3 +58,21 @@ def test_the_command_refuses_before_kafka_or_spark_with_exit_2(tmp_path: Path, e
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith("keyorder catchup: ") and says in done.stderr, done.stderr
     assert "Spark" not in done.stdout, "refused before Spark started"
+
+
+def test_the_driver_refuses_a_handler_it_cannot_call_and_only_warns_when_one_does_not_import(caplog):
+    """An import that fails on the driver may work on the executors (``spark.executorEnv.*``, pyFiles): it was
+    never loaded there before this check, so that is a warning; a handler of the wrong shape is refused."""
+    from types import SimpleNamespace
+
+    from keyorder.catchup.command import driver_load_refusal
+
+    def config(handler: str, setup: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(handler=handler, handler_setup=setup, handler_teardown=None)
+
+    assert driver_load_refusal(config("tests.unit.catchup_handlers:nope")) is None
+    assert "the handler does not load on the driver" in caplog.text and "has no attribute 'nope'" in caplog.text
+    refusal = driver_load_refusal(config("tests.unit.catchup_handlers:batch_of"))
+    assert refusal is not None and refusal.setting == "--handler" and "takes a list of messages" in refusal.reason
+    refusal = driver_load_refusal(config("tests.unit.catchup_handlers:slow", "tests.unit.catchup_handlers:open_async"))
+    assert refusal is not None and refusal.setting == "--handler-setup", refusal

@@ -5,6 +5,7 @@ Unannotated handlers, and annotations that say neither, are trusted."""
 
 from __future__ import annotations
 
+import functools
 import typing
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,17 @@ class Handler:
     def __call__(self, message: Message) -> None: ...
 
 
+def per_message(batch_function):  # an adapter a user writes: one message in, a batch of one out
+    @functools.wraps(batch_function)
+    def handle(message):
+        return batch_function([message])
+
+    return handle
+
+
+wrapped = per_message(many)
+
+
 @pytest.mark.parametrize(
     ("function", "declared"),
     [
@@ -51,6 +63,7 @@ class Handler:
         (ints, None),
         (unresolved, None),  # a name only imported for the type checker: nothing is assumed
         (len, None),  # a C callable
+        (wrapped, None),  # functools.wraps copies the batch function's annotations onto the adapter
     ],
 )
 def test_what_the_first_parameter_says_it_takes(function, declared) -> None:

@@ -437,7 +437,7 @@ def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(
     from keyorder.catchup.entrypoint import spark_command
     from keyorder.catchup.plan import CommitMode
     from keyorder.catchup.positions import Position, PositionKind
-    from keyorder.catchup.settings import ENFORCED_SPARK_SETTINGS, CatchupConfig
+    from keyorder.catchup.settings import BATCH_VARIABLE, ENFORCED_SPARK_SETTINGS, CatchupConfig, environment_problem
     from keyorder.cli import build_parser
     from keyorder.config import env_name, load_config
 
@@ -508,9 +508,12 @@ def test_the_catchup_jobs_command_is_what_keyorder_catchup_parses_into_the_spec(
     assert (config.handler, config.ordering.value) == ("orders.handler:handle", "key")
     assert (config.max_attempts, config.retry_initial_backoff) == (7, 0.5)
     assert (config.on_exhausted.value, config.dlq_topic) == ("dlq", "orders.dlq")
-    settings = {env_name(field) for field in CatchupConfig.model_fields}
+    # the batch size is read too: environment_problem refuses it above 1 (set to 1, envFrom cannot change it)
+    assert env["KEYORDER_BATCH_MAX_MESSAGES"] == "1"
+    settings = {env_name(field) for field in CatchupConfig.model_fields} | {BATCH_VARIABLE}
     ignored = sorted(name for name in env if name.startswith("KEYORDER_") and name not in settings)
     assert ignored == [], f"the Job sets variables keyorder catchup ignores: {ignored}"
+    assert environment_problem(env) is None, "the Job's own environment is refused by the job"
 
 
 @pytest.mark.parametrize(

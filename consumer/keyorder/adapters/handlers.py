@@ -25,6 +25,13 @@ class HandlerLoadError(ValueError):
     """The handler path does not name an importable callable."""
 
 
+class HandlerContractError(HandlerLoadError):
+    """The handler (or a hook) loads, but cannot be called as this command would call it: a signature, an
+    annotation of the other shape, an ``async def`` hook beside a plain handler. Unlike an import that fails,
+    this does not depend on the environment the code is loaded in (``keyorder catchup``'s driver refuses it
+    before Spark starts; an import error there is only a warning, the executors may import what it cannot)."""
+
+
 @dataclass(frozen=True)
 class LoadedHandler:
     function: Callable[..., Any]
@@ -72,7 +79,7 @@ def load_hook(path: str, what: str) -> Callable[[], Any]:
     try:
         signature.bind()
     except TypeError as error:
-        raise HandlerLoadError(
+        raise HandlerContractError(
             f"{what} {path!r} has the signature {signature}: it must be callable without arguments ({error})"
         ) from None
     return target
@@ -86,7 +93,7 @@ def load_lifecycle(setup: str | None, teardown: str | None, handler_is_async: bo
     }
     for what, hook in hooks.items():
         if hook is not None and is_async_callable(hook) and not handler_is_async:
-            raise HandlerLoadError(
+            raise HandlerContractError(
                 f"{what} {setup if what == '--handler-setup' else teardown!r} is async def, but the handler is a "
                 "plain function: the hook's resources would belong to no running event loop; make the hook a plain "
                 "function, or the handler async def"
@@ -95,25 +102,11 @@ def load_lifecycle(setup: str | None, teardown: str | None, handler_is_async: bo
 
 
 def load_for_catchup(handler: str, setup: str | None, teardown: str | None) -> tuple[LoadedHandler, Lifecycle]:
-    """What each Spark task of a catch-up loads (and the driver, to refuse a bad path before Spark starts).
-
-    Its hooks must be plain functions: catch-up runs an ``async def`` handler on an event loop per task
-    thread, so an ``async def`` hook's resources (a client session, say) would belong to none of the loops
-    that call the handler."""
+    """What each Spark task of a catch-up loads (and the driver and the pre-flight, to refuse a bad one before
+    Spark starts): the handler, which must take one message (catch-up calls it per message), and its hooks."""
     loaded = load_handler(handler)
     check_input(handler, loaded.function, batch=False)
-    lifecycle = load_lifecycle(setup, teardown, loaded.is_async)
-    for what, path, hook in (
-        ("--handler-setup", setup, lifecycle.setup),
-        ("--handler-teardown", teardown, lifecycle.teardown),
-    ):
-        if hook is not None and is_async_callable(hook):
-            raise HandlerLoadError(
-                f"{what} {path!r} is async def: keyorder catchup runs an async handler on an event loop per task "
-                "thread, so the hook's resources would belong to none of them; give the job a plain function as "
-                "the hook (it runs once per Spark task, before its first message)"
-            )
-    return loaded, lifecycle
+    return loaded, load_lifecycle(setup, teardown, loaded.is_async)
 
 
 def load_for_worker_process(
@@ -147,7 +140,7 @@ def check_signature(path: str, function: Callable[..., Any]) -> None:
     try:
         signature.bind(object())
     except TypeError as error:
-        raise HandlerLoadError(
+        raise HandlerContractError(
             f"handler {path!r} has the signature {signature}: it must accept exactly one positional "
             f"argument, the message ({error})"
         ) from None
@@ -167,7 +160,11 @@ _LIST_TYPES = (
 def declared_input(function: Callable[..., Any]) -> str | None:
     """What the handler's first parameter says it takes, by its annotation: ``ONE`` (``Message``), ``MANY``
     (``Sequence[Message]``, ``list[Message]``, ...), or ``None``: no annotation, or one that says neither (or
-    that does not resolve), in which case nothing is assumed."""
+    that does not resolve), in which case nothing is assumed. So is a wrapper (``functools.wraps``): its
+    signature and annotations are the wrapped function's, which may take the other shape (a per-message
+    adapter over a batch function)."""
+    if getattr(function, "__wrapped__", None) is not None:
+        return None
     try:
         first = next(iter(inspect.signature(function).parameters.values()), None)
         # a callable object's annotations are its class's __call__'s
@@ -190,12 +187,12 @@ def check_input(path: str, function: Callable[..., Any], batch: bool) -> None:
     if declared is None or declared == given:
         return
     if batch:
-        raise HandlerLoadError(
+        raise HandlerContractError(
             f"handler {path!r} takes {ONE} (its annotation), but --batch-max-messages above 1 calls it with {MANY}: "
             "point --handler at a batch function (handle_batch(messages: Sequence[Message])), or set "
             "--batch-max-messages 1"
         )
-    raise HandlerLoadError(
+    raise HandlerContractError(
         f"handler {path!r} takes {MANY} (its annotation), but it would be called with {ONE}: set "
         "--batch-max-messages above 1 to run it as a batch handler (keyorder run), or point --handler at a "
         "per-message function (keyorder catchup calls one per message)"

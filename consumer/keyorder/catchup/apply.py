@@ -61,7 +61,7 @@ from keyorder.core.concurrency import ThreadLimit
 from keyorder.core.errors import error_text
 from keyorder.core.lanes import Delivery, LaneScheduler
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
-from keyorder.engine.worker_pools import call_sync_handler, run_sync_hook
+from keyorder.engine.worker_pools import NO_HOOKS, Lifecycle, call_sync_handler, run_async_hook, run_sync_hook
 from keyorder.message import Message
 
 SUMMARY_SCHEMA = (
@@ -203,25 +203,43 @@ def batch_slices(batch: Any, max_bytes: int) -> Iterator[Any]:
         yield batch.slice(start, rows - start)
 
 
-def thread_safe_caller(loaded: LoadedHandler) -> tuple[Callable[[Message], None], Callable[[], None]]:
-    """``(call, close)``: a plain handler is called directly; an ``async def`` one runs on an event loop
-    of the calling thread's own (created once per thread, all closed by ``close``)."""
+def thread_safe_caller(
+    loaded: LoadedHandler, lifecycle: Lifecycle = NO_HOOKS
+) -> tuple[Callable[[Message], None], Callable[[], None], Callable[[], None]]:
+    """``(call, prepare_thread, close)``: a plain handler is called directly (its hooks are the task's, run
+    around the whole task by ``ApplyHandler``); an ``async def`` one runs on an event loop of the calling
+    thread's own, made by ``prepare_thread`` before the thread's first call, which runs the set-up hook on it
+    (the hooks' resources belong to the loop that runs the handler, as on a pod's asyncio workers); ``close``
+    runs the tear-down hook on each loop (its error logged), then closes them."""
     if not loaded.is_async:
-        return (lambda message: call_sync_handler(loaded.function, message)), (lambda: None)
+        return (lambda message: call_sync_handler(loaded.function, message)), (lambda: None), (lambda: None)
     local, loops, lock = threading.local(), [], threading.Lock()
 
+    def prepare_thread() -> None:
+        if hasattr(local, "loop"):
+            return
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(run_async_hook(lifecycle.setup))
+        except BaseException:
+            loop.close()  # no tear-down after a set-up that failed, as on a pod
+            raise
+        local.loop = loop
+        with lock:
+            loops.append(loop)
+
     def call(message: Message) -> None:
-        if not hasattr(local, "loop"):
-            local.loop = asyncio.new_event_loop()
-            with lock:
-                loops.append(local.loop)
         local.loop.run_until_complete(loaded.function(message))
 
     def close() -> None:
         for loop in loops:
+            try:
+                loop.run_until_complete(run_async_hook(lifecycle.teardown))
+            except Exception:
+                log.exception("the tear-down hook failed on a task thread's event loop")
             loop.close()
 
-    return call, close
+    return call, prepare_thread, close
 
 
 Source = tuple[str, int]
@@ -304,8 +322,11 @@ class TaskRunner:
         report_interval: float = REPORT_INTERVAL,
         fence: Callable[[], str | None] | None = None,
         slice_bytes: int = SLICE_BYTES,
+        prepare_thread: Callable[[], None] = lambda: None,
     ) -> None:
         self.call = call
+        self.prepare_thread = prepare_thread
+        """Run by each handler thread before its first attempt; an error fails the task (not a message)."""
         self.policy = policy
         self.dead_letters = dead_letters
         self.sources = sources
@@ -481,6 +502,7 @@ class TaskRunner:
     def _worker(self) -> None:
         scheduler = self._scheduler
         done: tuple[Delivery, str, float] | None = None
+        prepared = False
         while True:
             with self._lock:
                 if done is not None:
@@ -499,6 +521,9 @@ class TaskRunner:
                     self._work.wait(scheduler.seconds_until_due(self.clock()))
             delivery = taken[0]
             try:
+                if not prepared:  # outside the attempt: a set-up that fails fails the task, no message
+                    self.prepare_thread()
+                    prepared = True
                 outcome, delay = self._attempt(delivery)
             except BaseException as error:
                 with self._lock:
@@ -625,13 +650,15 @@ def summary_batch(rows: list[dict[str, Any]]) -> Any:
     return pyarrow.RecordBatch.from_pylist(rows, schema=schema)
 
 
-def _tear_down_after_failure(teardown: Callable[[], Any] | None) -> None:
-    """A failed task's tear-down: its own error is logged, and the task's error is the one the driver reads
-    (a tear-down error must not turn a blocked key, which is not retried, into a wave that is)."""
+def _tear_down(teardown: Callable[[], Any] | None) -> None:
+    """A task's tear-down, after its last message or its failure: an error is logged, as a pod's is, and fails
+    nothing (the messages were handled; a failed task's own error is the one the driver reads: a tear-down
+    error must not turn a blocked key, which is not retried, into a wave that is, nor fail a wave that
+    succeeded, which would then run again)."""
     try:
         run_sync_hook(teardown)
     except Exception:
-        log.exception("the tear-down hook failed after the task had failed")
+        log.exception("the tear-down hook failed")
 
 
 @dataclass
@@ -664,19 +691,26 @@ class ApplyHandler:
     failure_token: str = "0" * 32
     """The wave attempt's own token (32 hex digits) in the marker of a failed task's ``TaskFailed``."""
     setup: str | None = None
-    """``--handler-setup``: run once per task before its first message (a plain function)."""
+    """``--handler-setup``: run once per task before its first message (an ``async def`` handler's: once per
+    task thread, on the thread's event loop, before its first message)."""
     teardown: str | None = None
-    """``--handler-teardown``: run once per task after its last message, also when the task failed."""
+    """``--handler-teardown``: run once per task (or task thread's loop) after its last message, also when the
+    task failed; an error is logged."""
 
     def __call__(self, frames: Iterator[Any]) -> Iterator[Any]:
         loaded, lifecycle = load_for_catchup(self.handler, self.setup, self.teardown)
-        call, close_loops = thread_safe_caller(loaded)
+        call, prepare_thread, close_loops = thread_safe_caller(loaded, lifecycle)
+        task, attempt = _task_attempt()
+        if not loaded.is_async:  # once per task, before its first message and before the driver's clock starts
+            try:
+                run_sync_hook(lifecycle.setup)
+            except Exception as error:
+                raise TaskFailed.of(error, self.failure_token) from error
         sink = (
             LazyDeadLetters(partial(shipped.load, self.properties_file, shipped.PRODUCER), self.dlq_topic)
             if self.policy.exhausted is ExhaustedPolicy.DLQ
             else None
         )
-        task, attempt = _task_attempt()
         reporter = (
             TaskReporter(self.live_address, WaveAttempt(self.run_id, self.wave, self.wave_attempt), task, attempt)
             if self.live_address is not None
@@ -695,15 +729,10 @@ class ApplyHandler:
             lookahead_bytes=self.lookahead_bytes,
             report=reporter,
             fence=reporter.fenced if reporter is not None else None,
+            prepare_thread=prepare_thread,
         )
         try:
-            run_sync_hook(lifecycle.setup)  # once per task, before its first message (a pod: once per pod)
-            try:
-                runner.run(frames)
-            except BaseException:
-                _tear_down_after_failure(lifecycle.teardown)
-                raise
-            run_sync_hook(lifecycle.teardown)
+            runner.run(frames)
         except Exception as error:  # typed for the driver's retry decision (read_task_failure)
             raise TaskFailed.of(error, self.failure_token) from error
         finally:
@@ -712,7 +741,9 @@ class ApplyHandler:
             if reporter is not None:
                 reporter(runner.handled(), ended=True)  # the driver waits for it before the next attempt
                 reporter.close()
-            close_loops()
+            close_loops()  # an async handler's tear-down, on each thread's loop
+            if not loaded.is_async:
+                _tear_down(lifecycle.teardown)
         if self.progress is not None:
             finished = {
                 self.sources[source]: counts.handled for source, counts in runner.counts.items() if counts.handled

@@ -218,6 +218,26 @@ def refuse(refusal: Refusal) -> int:
     return refusal.exit_status
 
 
+def driver_load_refusal(config: Any) -> Refusal | None:
+    """Load the handler and its hooks on the driver, as each Spark task will, before the group is touched and
+    Spark starts: one that cannot be called as catch-up calls it (``HandlerContractError``: a batch handler, a
+    hook with arguments) is refused, not found by every task of the first wave and its retries. An import that
+    fails here is only a warning: the executors may have what the driver lacks (``spark.executorEnv.*``,
+    ``spark.submit.pyFiles``), as before the driver loaded it."""
+    from keyorder.adapters.handlers import HandlerContractError, HandlerLoadError, load_for_catchup
+
+    try:
+        load_for_catchup(config.handler, config.handler_setup, config.handler_teardown)
+    except HandlerContractError as error:
+        setting = next(
+            (flag for flag in ("--handler-setup", "--handler-teardown") if str(error).startswith(flag)), "--handler"
+        )
+        return Refusal(RefusalKind.SETTINGS, str(error), setting)
+    except HandlerLoadError as error:
+        log.warning("the handler does not load on the driver (each Spark task loads it on its executor): %s", error)
+    return None
+
+
 def catchup_command(args: argparse.Namespace) -> int:
     if args.preflight:
         return preflight_command(args, os.environ)
@@ -237,7 +257,6 @@ def catchup_command(args: argparse.Namespace) -> int:
     from keyorder.catchup.job import CatchupJob, SparkSettingsError, SparkStartError
     from keyorder.catchup.offsets import CatchupKafkaError
     from keyorder.catchup.plan import PlanError
-    from keyorder.catchup.preflight import load as load_handler_error
     from keyorder.catchup.settings import CatchupConfig, environment_problem
     from keyorder.catchup.signals import StopSignals, signal_exit_status
     from keyorder.logs import configure_logging
@@ -250,12 +269,10 @@ def catchup_command(args: argparse.Namespace) -> int:
     if problem is not None:
         variable, reason = problem
         return refuse(Refusal(RefusalKind.SETTINGS, reason, variable or None))
-    # loaded here as each Spark task will: a handler that does not load is refused before the group is touched
-    # and Spark starts, not found by every task of the first wave (and its retries)
-    handler_error = load_handler_error(config.handler, config.handler_setup, config.handler_teardown)
-    if handler_error is not None:
-        return refuse(Refusal(RefusalKind.SETTINGS, handler_error, "--handler"))
     configure_logging(config.log_level, config.log_format)
+    refusal = driver_load_refusal(config)
+    if refusal is not None:
+        return refuse(refusal)
     try:
         job = CatchupJob(config)
     except (ConfigError, CatchupKafkaError) as error:

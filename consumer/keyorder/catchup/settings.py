@@ -286,7 +286,7 @@ def environment_problem(environ: Mapping[str, str]) -> tuple[str, str] | None:
         return BATCH_VARIABLE, (
             f"{BATCH_VARIABLE}={batch}: the pods run a batch handler (a list of messages a call), and keyorder "
             "catchup calls its handler once per message (handler(message)): the batch handler would fail every "
-            "message. Give the job a per-message handler (--handler; docs/handler-tutorial.md shows one wrapping "
-            f"the batch function) and leave {BATCH_VARIABLE} unset or 1 for it"
+            "message. Give the job a per-message handler (--handler; examples/keyorder_example/bulk_sqlite.py's "
+            f"handle calls its handle_batch with [message]) and leave {BATCH_VARIABLE} unset or 1 for it"
         )
     return None

@@ -97,7 +97,7 @@ class LaneSummary:
     ready: int = 0
     """Lanes waiting for a worker."""
     running: int = 0
-    """Lanes whose head is inside a handler (at most one per busy worker)."""
+    """Lanes whose head is inside a handler (one per busy worker, or up to a batch's size with a batch handler)."""
     parked: int = 0
     """Lanes waiting for a retry's due time (blocked ones included)."""
     blocked: int = 0

@@ -40,6 +40,10 @@ before the next call (and no replacement process starts after shutdown began).
 
 Threading: each worker thread owns its ``_Child`` (process, socket and progress block); ``stop``
 only sets the child's stop flag and, after the grace period, kills it.
+
+Why one room of over 600 lines (a few over): what a call's outcomes mean depends on how the child reports them
+(its answer, its progress block, its death), so the pool and ``_Child`` are read together; ``_Child`` (the
+process, its socket and progress block) is the seam if it grows further.
 """
 
 from __future__ import annotations
@@ -465,7 +469,9 @@ class ProcessWorkerPool(ThreadWorkerPool):
         results = child.run(fields, self.handler_timeout, as_batch=self.batch.enabled)
         stats.busy = False
         if batch_call is not None and (
-            not isinstance(results, str) or any(child.slot(index)[0] != NOT_STARTED for index in range(len(batch)))
+            any(result is not None for result in results)  # None: not started, the pool stops
+            if not isinstance(results, str)
+            else any(child.slot(index)[0] != NOT_STARTED for index in range(len(batch)))
         ):  # a call the process began (one it died before is taken and counted again)
             self._count_batch(worker, len(batch), *batch_call)
         if isinstance(results, str):

@@ -549,7 +549,7 @@ class _PoolBase:
             return deliveries
         due = scheduler.seconds_until_due(now)
         # at least a microsecond: a due time a rounding error past now (0.01 + 0.05 against 0.06) is a wait of
-        # 7e-18 s, which a virtual clock's timer fires without time moving: the async pool span on it (a review)
+        # 7e-18 s, which a virtual clock's timer fires without time moving: the async pool spun on it (a review)
         return due if due is None else max(due, MIN_WAIT_SECONDS)
 
     def _settle_outcomes(self, outcomes: list[Settlement]) -> bool:
