@@ -9,7 +9,7 @@ from keyorder.adapters.metrics import KeyorderCollector
 from keyorder.core.lanes import Delivery
 from keyorder.core.retry import RetryPolicy
 from keyorder.engine.poll_loop import PartitionSnapshot, RuntimeSnapshot
-from keyorder.engine.worker_pools import Completions, ThreadWorkerPool
+from keyorder.engine.worker_pools import Completions, ThreadWorkerPool, _Worker
 from keyorder.message import Message
 from tools.docs_tables import generated_tables, render_table
 
@@ -117,3 +117,18 @@ def test_lane_metrics_come_from_the_pods_lane_scheduler():
     assert value("keyorder_lane_backlog_max_ratio") == 0.75
     assert value("keyorder_partition_min_offset_parked") == 1, "offset 10 is the min-offset and it is parked"
     assert value("keyorder_partition_min_offset_blocked") == 0
+
+
+def test_queued_messages_leave_out_every_message_inside_a_handler_call_not_one_per_busy_worker():
+    """A batch handler's busy worker holds many messages: queued is in flight minus the running lanes (a review:
+    it subtracted the busy workers, so one worker's call of 2 read as 1 message queued too many)."""
+    pool = ThreadWorkerPool(lambda _messages: None, 4, RetryPolicy(), None, Completions())
+    pool._scheduler.add([Delivery(Message("t", 0, offset, key, b"{}"), key, _Partition(), 0.0)
+                         for offset, key in ((10, b"a"), (11, b"b"), (12, b"c"))])  # fmt: skip
+    assert len(pool._scheduler.take(0.0, 2)) == 2  # one worker's batch call holds two lanes' heads
+    pool._workers[0] = worker = _Worker(0)
+    worker.stats.busy = True
+    families = {family.name: family for family in KeyorderCollector(_Runtime(), pool).collect()}
+    assert families["keyorder_workers_busy"].samples[0].value == 1
+    assert families["keyorder_lanes_running"].samples[0].value == 2
+    assert families["keyorder_pod_queued_messages"].samples[0].value == 3 - 2  # 3 in flight, 2 inside the call
