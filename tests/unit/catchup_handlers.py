@@ -103,7 +103,17 @@ def fails_setup() -> None:
 
 def fails_teardown() -> None:
     HOOK_CALLS.append("teardown")
+    _CONNECTION.pop("open", None)
     raise ConnectionError("the connection was already gone")
+
+
+def open_once() -> None:
+    """A plain set-up hook beside an async handler: once per task, as on a pod (not once per thread)."""
+    HOOK_CALLS.append("setup")
+
+
+def close_once() -> None:
+    HOOK_CALLS.append("teardown")
 
 
 _LOOP_CONNECTIONS: dict[int, bool] = {}
@@ -139,3 +149,11 @@ async def fails_async_setup() -> None:
 
 def batch_of(messages: Sequence[Message]) -> None:
     """A batch handler, by its annotation: catch-up, which calls one per message, refuses it."""
+
+
+async def cancelled_teardown() -> None:
+    """An async tear-down that cancels its own task's work: ``CancelledError`` is a BaseException."""
+    import asyncio
+
+    HOOK_CALLS.append("async teardown")
+    raise asyncio.CancelledError()

@@ -325,3 +325,36 @@ def test_an_async_hook_beside_a_plain_handler_is_refused_naming_it() -> None:
         HandlerContractError, match=re.escape("--handler-setup 'tests.unit.catchup_handlers:open_async'")
     ):
         load_for_catchup("tests.unit.catchup_handlers:slow", "tests.unit.catchup_handlers:open_async", None)
+
+
+def test_a_plain_hook_beside_an_async_handler_runs_once_per_task_not_once_per_thread() -> None:
+    """A plain set-up making a global client runs once, as on a pod (a review: once per thread leaked N - 1)."""
+    catchup_handlers.HOOK_CALLS.clear()
+    frames = sorted_partition([b"a", b"b", b"c", b"d"], batch_rows=2)
+    handler = with_hooks("slow_async", "open_once", "close_once")
+    handler.task_workers = 4
+    list(handler(iter(frames)))
+    assert catchup_handlers.HOOK_CALLS == ["setup", "teardown"]
+
+
+def test_an_async_tear_down_that_raises_cancelled_error_is_logged_and_every_loop_is_closed(caplog) -> None:
+    """``CancelledError`` is a BaseException: it escaped the task unmarked (retryable), leaving loops open."""
+    catchup_handlers.HOOK_CALLS.clear()
+    frames = sorted_partition([b"a", b"b", b"c"], batch_rows=2)
+    handler = with_hooks("needs_loop_setup", "open_async", "cancelled_teardown")
+    handler.task_workers = 3
+    rows = list(handler(iter(frames)))
+    assert rows and "the tear-down hook failed on a task thread's event loop" in caplog.text
+    assert catchup_handlers.HOOK_CALLS.count("async teardown") == catchup_handlers.HOOK_CALLS.count("async setup")
+
+
+def test_a_handler_the_executor_cannot_load_fails_the_task_as_one_no_retry_would_fix() -> None:
+    from keyorder.catchup.apply import TaskFailure, read_task_failure
+    from keyorder.catchup.job import retryable_wave_error
+
+    frames = sorted_partition([b"a"], batch_rows=2)
+    with pytest.raises(TaskFailed) as failed:
+        list(with_hooks("nope", None, None)(iter(frames)))
+    kind, summary = read_task_failure(str(failed.value), "0" * 32)
+    assert kind is TaskFailure.HANDLER_NOT_LOADED and "has no attribute 'nope'" in summary
+    assert not retryable_wave_error(str(failed.value), kind)

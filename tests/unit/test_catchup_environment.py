@@ -1,7 +1,8 @@
 """``keyorder catchup`` refuses, before it touches the group or starts Spark, an environment it cannot honour:
 a ``KEYORDER_*`` typo, a pods' batch size above 1 (its handler takes a list, catch-up calls one per message),
-and a handler that does not load. Without these a batch handler failed every message and, under the default
-``--on-exhausted dlq``, the whole backlog went to the dead-letter topic and the fence was committed."""
+and a handler it cannot call as it would (one that does not import on the driver is only a warning). Without
+these a batch handler failed every message and, under the default ``--on-exhausted dlq``, the whole backlog
+went to the dead-letter topic and the fence was committed."""
 
 from __future__ import annotations
 

@@ -47,6 +47,18 @@ def per_message(batch_function):  # an adapter a user writes: one message in, a 
 wrapped = per_message(many)
 
 
+def traced(function):  # a decorator that passes its arguments through: read as the function it wraps
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+traced_batch = traced(many)
+traced_one = traced(one)
+
+
 @pytest.mark.parametrize(
     ("function", "declared"),
     [
@@ -64,6 +76,8 @@ wrapped = per_message(many)
         (unresolved, None),  # a name only imported for the type checker: nothing is assumed
         (len, None),  # a C callable
         (wrapped, None),  # functools.wraps copies the batch function's annotations onto the adapter
+        (traced_batch, MANY),  # a pass-through decorator takes what the function it wraps takes
+        (traced_one, ONE),
     ],
 )
 def test_what_the_first_parameter_says_it_takes(function, declared) -> None:

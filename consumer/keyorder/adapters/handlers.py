@@ -58,7 +58,7 @@ def _resolve(path: str, what: str) -> Callable[..., Any]:
         except AttributeError as error:
             raise HandlerLoadError(f"{what} {path!r}: {module_name!r} has no attribute {attribute!r}") from error
     if not callable(target):
-        raise HandlerLoadError(f"{what} {path!r} is a {type(target).__name__}, not a callable")
+        raise HandlerContractError(f"{what} {path!r} is a {type(target).__name__}, not a callable")
     return target
 
 
@@ -160,11 +160,18 @@ _LIST_TYPES = (
 def declared_input(function: Callable[..., Any]) -> str | None:
     """What the handler's first parameter says it takes, by its annotation: ``ONE`` (``Message``), ``MANY``
     (``Sequence[Message]``, ``list[Message]``, ...), or ``None``: no annotation, or one that says neither (or
-    that does not resolve), in which case nothing is assumed. So is a wrapper (``functools.wraps``): its
-    signature and annotations are the wrapped function's, which may take the other shape (a per-message
-    adapter over a batch function)."""
+    that does not resolve), in which case nothing is assumed. A wrapper (``functools.wraps``) carries the
+    wrapped function's annotations: one that passes its arguments through (``*args, **kwargs``, a tracing
+    decorator) is read as the function it wraps; one that names its own parameter may take the other shape
+    (a per-message adapter over a batch function), so nothing is assumed of it."""
     if getattr(function, "__wrapped__", None) is not None:
-        return None
+        try:
+            own = inspect.signature(function, follow_wrapped=False).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        if any(parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD) for parameter in own):
+            return None
+        function = inspect.unwrap(function)
     try:
         first = next(iter(inspect.signature(function).parameters.values()), None)
         # a callable object's annotations are its class's __call__'s

@@ -49,7 +49,7 @@ from typing import Any
 import pandas
 
 from keyorder.adapters.dead_letters import KafkaDeadLetterSink
-from keyorder.adapters.handlers import LoadedHandler, load_for_catchup
+from keyorder.adapters.handlers import HandlerLoadError, LoadedHandler, load_for_catchup
 from keyorder.catchup import shipped
 from keyorder.catchup.datasource import route_of
 from keyorder.catchup.live import REPORT_INTERVAL, TaskReporter, WaveAttempt
@@ -61,7 +61,14 @@ from keyorder.core.concurrency import ThreadLimit
 from keyorder.core.errors import error_text
 from keyorder.core.lanes import Delivery, LaneScheduler
 from keyorder.core.retry import ExhaustedPolicy, RetryPolicy, Verdict
-from keyorder.engine.worker_pools import NO_HOOKS, Lifecycle, call_sync_handler, run_async_hook, run_sync_hook
+from keyorder.engine.worker_pools import (
+    NO_HOOKS,
+    Lifecycle,
+    call_sync_handler,
+    is_async_callable,
+    run_async_hook,
+    run_sync_hook,
+)
 from keyorder.message import Message
 
 SUMMARY_SCHEMA = (
@@ -92,6 +99,9 @@ class TaskFailure(Enum):
     ORDER_VIOLATION = "order-violation"
     ATTEMPT_CLOSED = "attempt-closed"
     """The task stopped because the driver closed its wave attempt (``AttemptClosed``)."""
+    HANDLER_NOT_LOADED = "handler-not-loaded"
+    """The executor could not load the handler or its hooks (``HandlerLoadError``): every task of the wave will
+    meet it again."""
     OTHER = "other"
     """Anything else the task raised: Kafka, a dead-letter write that kept failing."""
 
@@ -103,6 +113,8 @@ class TaskFailure(Enum):
             return cls.ORDER_VIOLATION
         if isinstance(error, AttemptClosed):
             return cls.ATTEMPT_CLOSED
+        if isinstance(error, HandlerLoadError):
+            return cls.HANDLER_NOT_LOADED
         return cls.OTHER
 
 
@@ -203,16 +215,26 @@ def batch_slices(batch: Any, max_bytes: int) -> Iterator[Any]:
         yield batch.slice(start, rows - start)
 
 
-def thread_safe_caller(
-    loaded: LoadedHandler, lifecycle: Lifecycle = NO_HOOKS
-) -> tuple[Callable[[Message], None], Callable[[], None], Callable[[], None]]:
-    """``(call, prepare_thread, close)``: a plain handler is called directly (its hooks are the task's, run
-    around the whole task by ``ApplyHandler``); an ``async def`` one runs on an event loop of the calling
-    thread's own, made by ``prepare_thread`` before the thread's first call, which runs the set-up hook on it
-    (the hooks' resources belong to the loop that runs the handler, as on a pod's asyncio workers); ``close``
-    runs the tear-down hook on each loop (its error logged), then closes them."""
+@dataclass(frozen=True)
+class TaskCaller:
+    """How a task's threads call the handler (``thread_safe_caller``): ``call`` a message; ``prepare_thread``
+    before a thread's first call and ``release_thread`` after its last, on that thread; ``close`` once the
+    threads ended."""
+
+    call: Callable[[Message], None]
+    prepare_thread: Callable[[], None] = lambda: None
+    release_thread: Callable[[], None] = lambda: None
+    close: Callable[[], None] = lambda: None
+
+
+def thread_safe_caller(loaded: LoadedHandler, loop_hooks: Lifecycle = NO_HOOKS) -> TaskCaller:
+    """A plain handler is called directly. An ``async def`` one runs on an event loop of the calling thread's
+    own, made by ``prepare_thread``, which runs ``loop_hooks``' set-up on it (an ``async def`` hook's resources
+    belong to the loop that runs the handler, as on a pod's asyncio workers); ``release_thread`` runs their
+    tear-down on it, on the same thread (an error logged), and closes it. Plain hooks are the task's, run once
+    around it by ``ApplyHandler`` (``split_hooks``)."""
     if not loaded.is_async:
-        return (lambda message: call_sync_handler(loaded.function, message)), (lambda: None), (lambda: None)
+        return TaskCaller(lambda message: call_sync_handler(loaded.function, message))
     local, loops, lock = threading.local(), [], threading.Lock()
 
     def prepare_thread() -> None:
@@ -220,7 +242,7 @@ def thread_safe_caller(
             return
         loop = asyncio.new_event_loop()
         try:
-            loop.run_until_complete(run_async_hook(lifecycle.setup))
+            loop.run_until_complete(run_async_hook(loop_hooks.setup))
         except BaseException:
             loop.close()  # no tear-down after a set-up that failed, as on a pod
             raise
@@ -231,15 +253,43 @@ def thread_safe_caller(
     def call(message: Message) -> None:
         local.loop.run_until_complete(loaded.function(message))
 
-    def close() -> None:
-        for loop in loops:
-            try:
-                loop.run_until_complete(run_async_hook(lifecycle.teardown))
-            except Exception:
-                log.exception("the tear-down hook failed on a task thread's event loop")
+    def release_thread() -> None:
+        loop = getattr(local, "loop", None)
+        if loop is None:
+            return
+        try:
+            loop.run_until_complete(run_async_hook(loop_hooks.teardown))
+        except (Exception, asyncio.CancelledError):
+            log.exception("the tear-down hook failed on a task thread's event loop")
+        finally:
+            with lock:
+                loops.remove(loop)
+            del local.loop
             loop.close()
 
-    return call, prepare_thread, close
+    def close() -> None:  # loops whose thread did not release them (it cannot: release runs in a finally)
+        with lock:
+            left = list(loops)
+            loops.clear()
+        for loop in left:
+            loop.close()
+
+    return TaskCaller(call, prepare_thread, release_thread, close)
+
+
+def split_hooks(lifecycle: Lifecycle) -> tuple[Lifecycle, Lifecycle]:
+    """``(task's, each loop's)``: plain hooks run once per task whatever the handler (a global client made once,
+    closed once), ``async def`` ones on each task thread's loop (they come only with an async handler:
+    ``load_lifecycle``)."""
+    task = Lifecycle(
+        setup=lifecycle.setup if lifecycle.setup and not is_async_callable(lifecycle.setup) else None,
+        teardown=lifecycle.teardown if lifecycle.teardown and not is_async_callable(lifecycle.teardown) else None,
+    )
+    loop = Lifecycle(
+        setup=lifecycle.setup if lifecycle.setup and is_async_callable(lifecycle.setup) else None,
+        teardown=lifecycle.teardown if lifecycle.teardown and is_async_callable(lifecycle.teardown) else None,
+    )
+    return task, loop
 
 
 Source = tuple[str, int]
@@ -323,10 +373,13 @@ class TaskRunner:
         fence: Callable[[], str | None] | None = None,
         slice_bytes: int = SLICE_BYTES,
         prepare_thread: Callable[[], None] = lambda: None,
+        release_thread: Callable[[], None] = lambda: None,
     ) -> None:
         self.call = call
         self.prepare_thread = prepare_thread
         """Run by each handler thread before its first attempt; an error fails the task (not a message)."""
+        self.release_thread = release_thread
+        """Run by each handler thread that was prepared, as it ends."""
         self.policy = policy
         self.dead_letters = dead_letters
         self.sources = sources
@@ -500,9 +553,16 @@ class TaskRunner:
 
     # -- the handler threads ------------------------------------------------------------------------
     def _worker(self) -> None:
+        prepared = [False]  # set once this thread ran ``prepare_thread``: it then releases what it made
+        try:
+            self._work_on(prepared)
+        finally:
+            if prepared[0]:
+                self.release_thread()
+
+    def _work_on(self, prepared: list[bool]) -> None:
         scheduler = self._scheduler
         done: tuple[Delivery, str, float] | None = None
-        prepared = False
         while True:
             with self._lock:
                 if done is not None:
@@ -521,9 +581,9 @@ class TaskRunner:
                     self._work.wait(scheduler.seconds_until_due(self.clock()))
             delivery = taken[0]
             try:
-                if not prepared:  # outside the attempt: a set-up that fails fails the task, no message
+                if not prepared[0]:  # outside the attempt: a set-up that fails fails the task, no message
                     self.prepare_thread()
-                    prepared = True
+                    prepared[0] = True
                 outcome, delay = self._attempt(delivery)
             except BaseException as error:
                 with self._lock:
@@ -657,7 +717,7 @@ def _tear_down(teardown: Callable[[], Any] | None) -> None:
     succeeded, which would then run again)."""
     try:
         run_sync_hook(teardown)
-    except Exception:
+    except (Exception, asyncio.CancelledError):
         log.exception("the tear-down hook failed")
 
 
@@ -698,14 +758,14 @@ class ApplyHandler:
     task failed; an error is logged."""
 
     def __call__(self, frames: Iterator[Any]) -> Iterator[Any]:
-        loaded, lifecycle = load_for_catchup(self.handler, self.setup, self.teardown)
-        call, prepare_thread, close_loops = thread_safe_caller(loaded, lifecycle)
         task, attempt = _task_attempt()
-        if not loaded.is_async:  # once per task, before its first message and before the driver's clock starts
-            try:
-                run_sync_hook(lifecycle.setup)
-            except Exception as error:
-                raise TaskFailed.of(error, self.failure_token) from error
+        try:  # a handler the executor cannot load, or a set-up that fails: the task fails before any message
+            loaded, lifecycle = load_for_catchup(self.handler, self.setup, self.teardown)
+            task_hooks, loop_hooks = split_hooks(lifecycle)
+            run_sync_hook(task_hooks.setup)  # once per task, before the driver's clock (the reporter) starts
+        except Exception as error:
+            raise TaskFailed.of(error, self.failure_token) from error
+        caller = thread_safe_caller(loaded, loop_hooks)
         sink = (
             LazyDeadLetters(partial(shipped.load, self.properties_file, shipped.PRODUCER), self.dlq_topic)
             if self.policy.exhausted is ExhaustedPolicy.DLQ
@@ -717,7 +777,7 @@ class ApplyHandler:
             else None
         )
         runner = TaskRunner(
-            call,
+            caller.call,
             self.policy,
             sink,
             self.sources,
@@ -729,11 +789,12 @@ class ApplyHandler:
             lookahead_bytes=self.lookahead_bytes,
             report=reporter,
             fence=reporter.fenced if reporter is not None else None,
-            prepare_thread=prepare_thread,
+            prepare_thread=caller.prepare_thread,
+            release_thread=caller.release_thread,
         )
         try:
             runner.run(frames)
-        except Exception as error:  # typed for the driver's retry decision (read_task_failure)
+        except (Exception, asyncio.CancelledError) as error:  # typed for the driver's retry decision
             raise TaskFailed.of(error, self.failure_token) from error
         finally:
             if sink is not None:
@@ -741,9 +802,8 @@ class ApplyHandler:
             if reporter is not None:
                 reporter(runner.handled(), ended=True)  # the driver waits for it before the next attempt
                 reporter.close()
-            close_loops()  # an async handler's tear-down, on each thread's loop
-            if not loaded.is_async:
-                _tear_down(lifecycle.teardown)
+            caller.close()
+            _tear_down(task_hooks.teardown)
         if self.progress is not None:
             finished = {
                 self.sources[source]: counts.handled for source, counts in runner.counts.items() if counts.handled

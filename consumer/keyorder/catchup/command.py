@@ -14,8 +14,9 @@ as JSON, where Kubernetes reads a container's termination message (``keyorder.ca
 operator retries a 3 after a back-off and names the setting to change on a 2.
 
 ``--preflight`` only checks that this runtime can run a catch-up (a Java 17+ runtime, PySpark 4 and the
-driver's packages, the handler loads: ``keyorder.catchup.preflight``), one line per check, without Kafka or
-Spark: 0 when all pass, 2 otherwise. Only the handler setting is read (``--handler`` or ``KEYORDER_HANDLER``).
+driver's packages, the handler and its hooks load, no ``KEYORDER_*`` variable the job would refuse:
+``keyorder.catchup.preflight``), one line per check, without Kafka or Spark: 0 when all pass, 2 otherwise.
+It reads ``--handler`` or ``KEYORDER_HANDLER``, and the hooks and the rest from the environment only.
 """
 
 from __future__ import annotations

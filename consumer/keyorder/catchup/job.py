@@ -344,9 +344,10 @@ class Outcome:
         }
 
 
-UNRETRYABLE_FAILURES = frozenset({TaskFailure.KEY_BLOCKED, TaskFailure.ORDER_VIOLATION})
+UNRETRYABLE_FAILURES = frozenset({TaskFailure.KEY_BLOCKED, TaskFailure.ORDER_VIOLATION, TaskFailure.HANDLER_NOT_LOADED})
 """Causes a wave's retry would only meet again: a key failing every attempt under ``block`` (the pods
-take it over), rows out of order (a bug, or a source that changed under the job)."""
+take it over), rows out of order (a bug, or a source that changed under the job), a handler the executors
+cannot load (the image, ``spark.executorEnv.*`` or the shipped code to fix)."""
 WAVE_RETRY_PAUSE_MAX = 600.0
 """The longest pause before a wave's retry, however many retries came before."""
 SETTLE_WAIT = FENCE_LEASE + 2 * QUIET
