@@ -29,7 +29,12 @@ class HandlerContractError(HandlerLoadError):
     """The handler (or a hook) loads, but cannot be called as this command would call it: a signature, an
     annotation of the other shape, an ``async def`` hook beside a plain handler. Unlike an import that fails,
     this does not depend on the environment the code is loaded in (``keyorder catchup``'s driver refuses it
-    before Spark starts; an import error there is only a warning, the executors may import what it cannot)."""
+    before Spark starts; an import error there is only a warning, the executors may import what it cannot).
+    ``setting`` is the flag to change."""
+
+    def __init__(self, message: str, setting: str = "--handler") -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,11 @@ class LoadedHandler:
     function: Callable[..., Any]
     is_async: bool
     path: str
+
+
+def _flag(what: str) -> str:
+    """The flag of what ``_resolve`` loads: ``handler`` is ``--handler``; a hook is named by its flag already."""
+    return what if what.startswith("--") else f"--{what}"
 
 
 def _resolve(path: str, what: str) -> Callable[..., Any]:
@@ -58,7 +68,7 @@ def _resolve(path: str, what: str) -> Callable[..., Any]:
         except AttributeError as error:
             raise HandlerLoadError(f"{what} {path!r}: {module_name!r} has no attribute {attribute!r}") from error
     if not callable(target):
-        raise HandlerContractError(f"{what} {path!r} is a {type(target).__name__}, not a callable")
+        raise HandlerContractError(f"{what} {path!r} is a {type(target).__name__}, not a callable", _flag(what))
     return target
 
 
@@ -80,7 +90,7 @@ def load_hook(path: str, what: str) -> Callable[[], Any]:
         signature.bind()
     except TypeError as error:
         raise HandlerContractError(
-            f"{what} {path!r} has the signature {signature}: it must be callable without arguments ({error})"
+            f"{what} {path!r} has the signature {signature}: it must be callable without arguments ({error})", what
         ) from None
     return target
 
@@ -96,7 +106,8 @@ def load_lifecycle(setup: str | None, teardown: str | None, handler_is_async: bo
             raise HandlerContractError(
                 f"{what} {setup if what == '--handler-setup' else teardown!r} is async def, but the handler is a "
                 "plain function: the hook's resources would belong to no running event loop; make the hook a plain "
-                "function, or the handler async def"
+                "function, or the handler async def",
+                what,
             )
     return Lifecycle(setup=hooks["--handler-setup"], teardown=hooks["--handler-teardown"])
 

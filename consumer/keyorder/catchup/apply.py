@@ -218,13 +218,12 @@ def batch_slices(batch: Any, max_bytes: int) -> Iterator[Any]:
 @dataclass(frozen=True)
 class TaskCaller:
     """How a task's threads call the handler (``thread_safe_caller``): ``call`` a message; ``prepare_thread``
-    before a thread's first call and ``release_thread`` after its last, on that thread; ``close`` once the
-    threads ended."""
+    before a thread's first call and ``release_thread`` after its last, on that thread (``TaskRunner._worker``
+    releases in a ``finally`` every thread it prepared, so nothing is left for the task to close)."""
 
     call: Callable[[Message], None]
     prepare_thread: Callable[[], None] = lambda: None
     release_thread: Callable[[], None] = lambda: None
-    close: Callable[[], None] = lambda: None
 
 
 def thread_safe_caller(loaded: LoadedHandler, loop_hooks: Lifecycle = NO_HOOKS) -> TaskCaller:
@@ -235,7 +234,7 @@ def thread_safe_caller(loaded: LoadedHandler, loop_hooks: Lifecycle = NO_HOOKS) 
     around it by ``ApplyHandler`` (``split_hooks``)."""
     if not loaded.is_async:
         return TaskCaller(lambda message: call_sync_handler(loaded.function, message))
-    local, loops, lock = threading.local(), [], threading.Lock()
+    local = threading.local()
 
     def prepare_thread() -> None:
         if hasattr(local, "loop"):
@@ -247,8 +246,6 @@ def thread_safe_caller(loaded: LoadedHandler, loop_hooks: Lifecycle = NO_HOOKS) 
             loop.close()  # no tear-down after a set-up that failed, as on a pod
             raise
         local.loop = loop
-        with lock:
-            loops.append(loop)
 
     def call(message: Message) -> None:
         local.loop.run_until_complete(loaded.function(message))
@@ -262,34 +259,25 @@ def thread_safe_caller(loaded: LoadedHandler, loop_hooks: Lifecycle = NO_HOOKS) 
         except (Exception, asyncio.CancelledError):
             log.exception("the tear-down hook failed on a task thread's event loop")
         finally:
-            with lock:
-                loops.remove(loop)
             del local.loop
             loop.close()
 
-    def close() -> None:  # loops whose thread did not release them (it cannot: release runs in a finally)
-        with lock:
-            left = list(loops)
-            loops.clear()
-        for loop in left:
-            loop.close()
-
-    return TaskCaller(call, prepare_thread, release_thread, close)
+    return TaskCaller(call, prepare_thread, release_thread)
 
 
 def split_hooks(lifecycle: Lifecycle) -> tuple[Lifecycle, Lifecycle]:
     """``(task's, each loop's)``: plain hooks run once per task whatever the handler (a global client made once,
     closed once), ``async def`` ones on each task thread's loop (they come only with an async handler:
     ``load_lifecycle``)."""
-    task = Lifecycle(
-        setup=lifecycle.setup if lifecycle.setup and not is_async_callable(lifecycle.setup) else None,
-        teardown=lifecycle.teardown if lifecycle.teardown and not is_async_callable(lifecycle.teardown) else None,
-    )
-    loop = Lifecycle(
-        setup=lifecycle.setup if lifecycle.setup and is_async_callable(lifecycle.setup) else None,
-        teardown=lifecycle.teardown if lifecycle.teardown and is_async_callable(lifecycle.teardown) else None,
-    )
-    return task, loop
+
+    def of_kind(is_async: bool) -> Lifecycle:
+        kept = [
+            hook if hook is not None and is_async_callable(hook) == is_async else None
+            for hook in (lifecycle.setup, lifecycle.teardown)
+        ]
+        return Lifecycle(*kept)
+
+    return of_kind(False), of_kind(True)
 
 
 Source = tuple[str, int]
@@ -802,7 +790,6 @@ class ApplyHandler:
             if reporter is not None:
                 reporter(runner.handled(), ended=True)  # the driver waits for it before the next attempt
                 reporter.close()
-            caller.close()
             _tear_down(task_hooks.teardown)
         if self.progress is not None:
             finished = {

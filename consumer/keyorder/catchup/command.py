@@ -230,10 +230,7 @@ def driver_load_refusal(config: Any) -> Refusal | None:
     try:
         load_for_catchup(config.handler, config.handler_setup, config.handler_teardown)
     except HandlerContractError as error:
-        setting = next(
-            (flag for flag in ("--handler-setup", "--handler-teardown") if str(error).startswith(flag)), "--handler"
-        )
-        return Refusal(RefusalKind.SETTINGS, str(error), setting)
+        return Refusal(RefusalKind.SETTINGS, str(error), error.setting)
     except HandlerLoadError as error:
         log.warning("the handler does not load on the driver (each Spark task loads it on its executor): %s", error)
     return None

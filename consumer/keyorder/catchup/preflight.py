@@ -160,13 +160,13 @@ def load(path: str | None, setup: str | None = None, teardown: str | None = None
 
 def preflight(handler: str | None, environ: Mapping[str, str]) -> list[Check]:
     from keyorder.catchup.settings import environment_problem
+    from keyorder.config import env_name
 
     found, errors = import_packages()
+    hooks = (environ.get(env_name("handler_setup")), environ.get(env_name("handler_teardown")))
     return [
         java_check(run_java(environ)),
         packages_check(found, errors),
-        handler_check(
-            handler, load(handler, environ.get("KEYORDER_HANDLER_SETUP"), environ.get("KEYORDER_HANDLER_TEARDOWN"))
-        ),
+        handler_check(handler, load(handler, *hooks)),
         environment_check(environment_problem(environ)),
     ]

@@ -1341,23 +1341,20 @@ def evaluate_targets(report: BenchReport, quick: bool, earlier: BenchReport | No
             "detail": f"{raw.compared_fraction:.2f} x ({raw.rate:,.0f} msg/s raw)",
         }
     for comparison in comparisons(report):
+        if comparison.against == RAW_LOOP:  # a fraction, to two places
+            against = f"the raw loop (best of {max(len(comparison.against_passes), 1)})"
+            times = "{:.2f} x".format
+        else:  # a multiple, to one place
+            against, times = comparison.against, "{:.1f}x".format
         medians = comparison.median_ratio
-        if comparison.against == RAW_LOOP:
-            passes = max(len(comparison.against_passes), 1)
-            name = f"{comparison.row} >= {comparison.factor:g} x the raw loop (best of {passes})"
-            detail = (
-                f"{comparison.ratio:.2f} x (best {comparison.row_rate:,.0f} vs {comparison.against_rate:,.0f} msg/s"
-                + ("" if medians is None else f"; medians {medians:.2f} x")
-                + ")"
-            )
-        else:
-            name = f"{comparison.row} >= {comparison.factor:g} x {comparison.against}"
-            detail = (
-                f"{comparison.ratio:.1f}x (best {comparison.row_rate:,.0f} vs {comparison.against_rate:,.0f} msg/s"
-                + ("" if medians is None else f"; medians {medians:.1f}x")
-                + ")"
-            )
-        targets[name] = {"ok": comparison.met, "required": False, "detail": detail}
+        targets[f"{comparison.row} >= {comparison.factor:g} x {against}"] = {
+            "ok": comparison.met,
+            "required": False,
+            "detail": f"{times(comparison.ratio)} (best {comparison.row_rate:,.0f} vs {comparison.against_rate:,.0f}"
+            + " msg/s"
+            + ("" if medians is None else f"; medians {times(medians)}")
+            + ")",
+        }
     if earlier is not None:
         ratios, below = regressions(report.runs, earlier.runs, REGRESSION_FLOOR)
         if ratios:

@@ -100,20 +100,13 @@ def plot_resize(result: ResizeResult, path: Path) -> Path | None:
         label=f"throughput (trailing {result.window_seconds:g} s window)",
     )
     axes.axvline(0, color="black", linestyle="-", label=f"resize W={result.workers_before} -> {result.workers_after}")
-    if result.ideal_before:
-        axes.axhline(
-            result.ideal_before,
-            color="grey",
-            linestyle=":",
-            label=f"ideal at W={result.workers_before}: {result.ideal_before:,.0f} msg/s",
-        )
+    for ideal, workers, color in (
+        (result.ideal_before, result.workers_before, "grey"),
+        (result.ideal_after, result.workers_after, "green"),
+    ):
+        if ideal:
+            axes.axhline(ideal, color=color, linestyle=":", label=f"ideal at W={workers}: {ideal:,.0f} msg/s")
     if result.ideal_after:
-        axes.axhline(
-            result.ideal_after,
-            color="green",
-            linestyle=":",
-            label=f"ideal at W={result.workers_after}: {result.ideal_after:,.0f} msg/s",
-        )
         axes.axhline(
             result.target_fraction * result.ideal_after,
             color="green",
